@@ -1,0 +1,328 @@
+"""``loopwarden``: run the demo, start/stop a local stack, submit and inspect runs, work the queue."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from loopwarden.stack import LocalStack, StackError, stop_saved, tail
+
+STATE = Path(os.environ.get("LW_STATE_DIR", ".loopwarden"))
+STACK_FILE = STATE / "stack.json"
+DEFAULT_SCENARIO = Path(__file__).resolve().parents[1] / "scenarios" / "demo.yaml"
+
+
+def _settings(nats_url: str | None = None) -> Any:
+    from shared.settings import load_settings
+
+    url = nats_url or os.environ.get("LW_NATS_URL") or os.environ.get("NATS_URL")
+    if url is None and STACK_FILE.exists():
+        url = json.loads(STACK_FILE.read_text())["nats_url"]
+    return load_settings("loopwarden", **({"nats_url": url} if url else {}))
+
+
+def _print(line: str | None) -> None:
+    if line:
+        print(line, flush=True)
+
+
+# --- demo ---------------------------------------------------------------------------------------
+
+
+async def _run_and_watch(nats_url: str, scenario_path: Path | None, task: str | None, timeout: float) -> int:
+    from loopwarden.client import Client, new_run_id
+    from loopwarden.progress import render
+    from shared.messages import RunSubmit
+    from shared.scenario import load_scenario
+
+    async with Client(_settings(nats_url)) as client:
+        run_id = new_run_id()
+        watcher = client.watch(run_id)
+        first = asyncio.ensure_future(watcher.__anext__())  # subscribe before submitting
+        await asyncio.sleep(0.2)
+        if scenario_path is not None:
+            scenario = load_scenario(scenario_path)
+            print(f"scenario: {scenario.name} ({scenario_path})")
+            await client.submit_scenario(scenario, run_id)
+        else:
+            await client.submit(RunSubmit(run_id=run_id, task=task or ""))
+        print(f"run id: {run_id}")
+        pending: asyncio.Future[Any] | None = first
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                print(f"timed out after {timeout:.0f}s", file=sys.stderr)
+                return 1
+            assert pending is not None
+            done, _ = await asyncio.wait({pending}, timeout=min(0.5, remaining))
+            if done:
+                event = pending.result()
+                _print(render(event))
+                pending = asyncio.ensure_future(watcher.__anext__())
+                if event.kind in ("run.completed", "run.stopped", "run.failed"):
+                    break
+                if event.kind == "run.escalated":
+                    print("  (waiting for a human: `loopwarden escalations list`, then `loopwarden escalations "
+                          "resolve ID --action resume|abort`)")
+        pending.cancel()
+        state = await client.wait(run_id, timeout=5)
+        print()
+        print(f"run id:       {run_id}")
+        print(f"status:       {state.status} — {state.final_reason}")
+        print(f"iterations:   {state.iteration.n} (continues {state.continue_count}, retries {state.retry_count})")
+        print(f"tokens:       in {state.usage.input_tokens}, out {state.usage.output_tokens}, "
+              f"cost ${state.usage.cost_usd:.4f}")
+        if state.first_draft_passed is not None:
+            print(f"first draft:  {'passed' if state.first_draft_passed else 'rejected'}")
+        print(f"final answer:\n{state.final_output}")
+        return 0 if state.status == "completed" else 2
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    nats_url = os.environ.get("LW_NATS_URL") or os.environ.get("NATS_URL")
+    stack = LocalStack(state_dir=STATE / "demo", nats_url=nats_url)
+    print("starting " + ("the six services" if nats_url else "nats-server (JetStream) and the six services") + " ...")
+    try:
+        stack.start()
+        print(f"stack up on {stack.nats_url} (logs in {stack.state_dir / 'logs'})")
+        scenario = None if args.live else Path(args.scenario)
+        return asyncio.run(_run_and_watch(stack.nats_url or "", scenario, args.task, args.timeout))
+    except KeyboardInterrupt:
+        print("\ninterrupted: stopping everything", file=sys.stderr)
+        return 130
+    except StackError as err:
+        print(f"could not start the stack: {err}", file=sys.stderr)
+        return 1
+    finally:
+        stack.stop()
+        print("stopped nats-server and the services.")
+
+
+# --- up / down ----------------------------------------------------------------------------------
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    if STACK_FILE.exists():
+        print(f"a stack is already recorded in {STACK_FILE}; run `loopwarden down` first", file=sys.stderr)
+        return 1
+    stack = LocalStack(state_dir=STATE / "stack", nats_url=os.environ.get("LW_NATS_URL"), detach=True)
+    try:
+        stack.start()
+    except StackError as err:
+        stack.stop()
+        print(f"could not start the stack: {err}", file=sys.stderr)
+        return 1
+    stack.save(STACK_FILE)
+    print(f"up: {stack.nats_url}; logs in {stack.state_dir / 'logs'}; `loopwarden down` stops it")
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    stopped = stop_saved(STACK_FILE)
+    print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
+    return 0
+
+
+# --- runs ---------------------------------------------------------------------------------------
+
+
+async def _submit(args: argparse.Namespace) -> int:
+    from loopwarden.client import Client, new_run_id
+    from shared.messages import RunSubmit
+    from shared.scenario import ScenarioError, load_scenario
+
+    async with Client(_settings()) as client:
+        if args.scenario:
+            try:
+                scenario = load_scenario(args.scenario)
+            except ScenarioError as err:
+                print(err, file=sys.stderr)
+                return 2
+            run_id = await client.submit_scenario(scenario)
+        else:
+            run_id = await client.submit(RunSubmit(run_id=new_run_id(), task=args.task))
+        print(run_id)
+        if args.wait:
+            state = await client.wait(run_id, timeout=args.timeout)
+            print(f"{state.status}: {state.final_output}")
+        return 0
+
+
+async def _status(args: argparse.Namespace) -> int:
+    from loopwarden.client import Client
+
+    async with Client(_settings()) as client:
+        state = await client.state(args.run_id)
+        if state is None:
+            print(f"no run {args.run_id}", file=sys.stderr)
+            return 1
+        print(json.dumps({
+            "run_id": state.run_id, "status": state.status, "reason": state.final_reason,
+            "iteration": state.iteration.n, "continues": state.continue_count, "retries": state.retry_count,
+            "usage": state.usage.model_dump(), "passed": state.passed, "first_draft_passed": state.first_draft_passed,
+            "awaiting": state.awaiting.model_dump() if state.awaiting else None, "warnings": state.warnings,
+            "final_output": state.final_output,
+        }, indent=2, ensure_ascii=False))
+        return 0
+
+
+async def _events(args: argparse.Namespace) -> int:
+    from loopwarden.client import Client
+    from loopwarden.progress import render
+
+    async with Client(_settings()) as client:
+        for event in await client.events(args.run_id):
+            if args.json:
+                print(json.dumps({"subject": event.subject, **event.payload}, ensure_ascii=False))
+            else:
+                _print(render(event))
+        return 0
+
+
+async def _escalations(args: argparse.Namespace) -> int:
+    from loopwarden.client import Client
+
+    async with Client(_settings()) as client:
+        if args.action == "list":
+            reply = await client.escalations(args.status)
+        elif args.action == "claim":
+            reply = await client.claim(args.id, args.who)
+        else:
+            result = json.loads(args.result) if args.result else None
+            reply = await client.resolve(args.id, args.who, args.decision, args.note, result)
+        if not reply.ok:
+            print(reply.error, file=sys.stderr)
+            return 1
+        for item in reply.escalations:
+            print(f"{item.escalation_id}  {item.status:8}  {item.kind:15}  run {item.run_id}  {item.reason[:100]}")
+        return 0
+
+
+async def _metrics(args: argparse.Namespace) -> int:
+    from loopwarden.client import Client
+
+    async with Client(_settings()) as client:
+        metrics = await client.tool_metrics()
+    print(f"{'tool':16} {'outputs':>7} {'parse':>6} {'valid':>6} {'repair':>6} {'schema✗':>7} {'corrected':>9} "
+          f"{'attempts':>8} {'retried':>7}")
+    for tool, m in metrics.items():
+        print(f"{tool:16} {m['outputs']:7.0f} {m['parse_success_rate']:6.0%} {m['validation_pass_rate']:6.0%} "
+              f"{m['repair_rate']:6.0%} {m['schema_failures']:7.0f} {m['correction_success_rate']:9.0%} "
+              f"{m['attempts']:8.0f} {m['retried_attempts']:7.0f}")
+    return 0
+
+
+async def _dlq(args: argparse.Namespace) -> int:
+    from loopwarden.client import Client
+
+    async with Client(_settings()) as client:
+        for letter in await client.dead_letters():
+            print(f"{letter.at:%H:%M:%S} {letter.service:10} {letter.subject}: {letter.reason}")
+    return 0
+
+
+def cmd_lint(args: argparse.Namespace) -> int:
+    """Registration errors (refused) and softer problems, for every contract the executor would load."""
+    from services.executor.app import load_registry
+    from shared.contracts.lint import lint_contract
+
+    registry = load_registry(_settings())
+    for name, reason in sorted(registry.refused.items()):
+        print(f"REFUSED {name}: {reason}")
+    issues = [i for t in registry.tools.values() for i in lint_contract(t.declared)]
+    for issue in issues:
+        print(f"lint    {issue}")
+    print(f"{len(registry.tools)} tool(s) registered, {len(registry.refused)} refused, {len(issues)} lint note(s)")
+    return 1 if registry.refused else 0
+
+
+def cmd_check_scenario(args: argparse.Namespace) -> int:
+    from shared.rubric import lint_rubric
+    from shared.scenario import ScenarioError, load_scenario
+
+    status = 0
+    for path in args.paths:
+        try:
+            scenario = load_scenario(path)
+        except ScenarioError as err:
+            print(err, file=sys.stderr)
+            status = 2
+            continue
+        found = lint_rubric(scenario.rubric) if scenario.rubric else None
+        for msg in (found.errors if found else []):
+            print(f"{path}: rubric refused: {msg}", file=sys.stderr)
+            status = 2
+        for msg in (found.flags if found else []):
+            print(f"{path}: rubric flag: {msg}")
+        print(f"{path}: ok ({len(scenario.planner)} planner turn(s), {len(scenario.judge)} judge repl(ies))")
+    return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="loopwarden", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("demo", help="start everything, run a demo agent with live progress, stop everything")
+    p.add_argument("--scenario", default=str(DEFAULT_SCENARIO), help="scripted scenario to replay")
+    p.add_argument("--live", action="store_true", help="no scenario: use the anthropic provider (needs a key)")
+    p.add_argument("--task", default="Explain JetStream message de-duplication in two sentences.")
+    p.add_argument("--timeout", type=float, default=120.0)
+    p.set_defaults(func=cmd_demo)
+
+    sub.add_parser("up", help="start nats-server and the six services in the background").set_defaults(func=cmd_up)
+    sub.add_parser("down", help="stop what `up` started").set_defaults(func=cmd_down)
+
+    p = sub.add_parser("submit", help="submit a run (a scenario file, or a task for the live provider)")
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--scenario")
+    g.add_argument("--task")
+    p.add_argument("--wait", action="store_true")
+    p.add_argument("--timeout", type=float, default=120.0)
+    p.set_defaults(func=lambda a: asyncio.run(_submit(a)))
+
+    p = sub.add_parser("status", help="a run's state")
+    p.add_argument("run_id")
+    p.set_defaults(func=lambda a: asyncio.run(_status(a)))
+
+    p = sub.add_parser("events", help="a run's event history (no Jaeger needed)")
+    p.add_argument("run_id")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=lambda a: asyncio.run(_events(a)))
+
+    p = sub.add_parser("escalations", help="the human queue")
+    esc = p.add_subparsers(dest="action", required=True)
+    q = esc.add_parser("list")
+    q.add_argument("--status", default="open", choices=["open", "claimed", "resolved", "all"])
+    q = esc.add_parser("claim")
+    q.add_argument("id")
+    q.add_argument("--who", default=os.environ.get("USER", "operator"))
+    q = esc.add_parser("resolve")
+    q.add_argument("id")
+    q.add_argument("--who", default=os.environ.get("USER", "operator"))
+    q.add_argument("--action", dest="decision", required=True, choices=["resume", "abort", "provide_result", "accept"])
+    q.add_argument("--note", default="")
+    q.add_argument("--result", help="JSON used as the tool's result (provide_result)")
+    p.set_defaults(func=lambda a: asyncio.run(_escalations(a)))
+
+    sub.add_parser("metrics", help="per-tool contract metrics").set_defaults(func=lambda a: asyncio.run(_metrics(a)))
+    sub.add_parser("dlq", help="dead-lettered messages and why").set_defaults(func=lambda a: asyncio.run(_dlq(a)))
+    sub.add_parser("lint", help="check every tool contract").set_defaults(func=cmd_lint)
+    p = sub.add_parser("check-scenario", help="validate scenario files")
+    p.add_argument("paths", nargs="+")
+    p.set_defaults(func=cmd_check_scenario)
+
+    args = parser.parse_args(argv)
+    with contextlib.suppress(BrokenPipeError):
+        return int(args.func(args) or 0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

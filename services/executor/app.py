@@ -1,0 +1,40 @@
+"""Executor app: settings -> telemetry -> tool registry -> bus -> one consumer per hosted tool."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from faststream.nats import NatsRouter
+
+import services.executor.tools.demo  # noqa: F401  - registers the @tool-declared demo tools
+from services.executor.handlers import Executor
+from services.executor.registry import DECLARED, SCHEMAS_DIR, ToolRegistry
+from shared.bus import Bus
+from shared.settings import Settings
+from shared.telemetry import Telemetry
+
+log = logging.getLogger("loopwarden.executor")
+
+
+def load_registry(settings: Settings) -> ToolRegistry:
+    registry = ToolRegistry(default_dialect=settings.default_schema_dialect)
+    registry.load_declared(DECLARED)
+    registry.load_json_dir(SCHEMAS_DIR)
+    if settings.tool_contract_dir:
+        registry.load_json_dir(Path(settings.tool_contract_dir))
+    if settings.mcp_servers:
+        from services.executor.mcp_tools import mount_mcp_servers
+
+        mount_mcp_servers(registry, json.loads(settings.mcp_servers))
+    return registry
+
+
+def build(bus: Bus, settings: Settings, telemetry: Telemetry, router: NatsRouter) -> Callable[[], Awaitable[None]] | None:
+    registry = load_registry(settings)
+    executor = Executor(bus, settings, telemetry, registry)
+    executor.register(router)
+    log.info("hosting tools: %s", ", ".join(sorted(registry.hosted(settings.hosted_tools))))
+    return executor.publish_contracts

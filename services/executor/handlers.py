@@ -1,0 +1,293 @@
+"""Executor bus handlers: validate arguments, run the tool exactly as often as is safe.
+
+The executor is the *one* layer that retries transient tool failures (exponential backoff,
+full jitter, Retry-After, bounded by attempts and elapsed time, per-tool policy). A
+schema failure is never retried here. When retries are spent on a recoverable failure:
+the tool's fallback runs (through the bus, so another executor may host it), else its
+boundary applies (``use_cached`` here; ``skip_and_note`` and ``ask_human`` in the planner).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from faststream.nats import NatsRouter
+from opentelemetry.trace import Status, StatusCode
+
+from services.executor.ledger import AttemptRecord, FinalPublish, LedgerEntry, on_delivery
+from services.executor.registry import HostedTool, ToolContext, ToolFailure, ToolRegistry
+from shared import subjects as S
+from shared import telemetry as T
+from shared.backoff import BackoffPolicy, next_delay
+from shared.bus import Bus, CasConflict
+from shared.canonical import cache_key
+from shared.contracts.registration import dialect_of_contract
+from shared.contracts.validation import compiled, format_for_model
+from shared.messages import (
+    CachedToolResult,
+    FallbackNote,
+    ToolAttempt,
+    ToolCall,
+    ToolOutcome,
+    ToolResultRaw,
+    Wire,
+)
+from shared.scenario import Scenario, ToolBehaviour
+from shared.settings import Settings
+
+log = logging.getLogger("loopwarden.executor")
+MAX_FALLBACK_DEPTH = 3
+
+
+@dataclass
+class Attempted:
+    ok: bool
+    output: Any = None
+    output_is_text: bool = False
+    failure_type: str | None = None
+    error: str | None = None
+    retry_after_s: float | None = None
+
+
+class Cursor(Wire):
+    next: int = 0
+
+
+def model_error(tool: str, failure_type: str, detail: str, attempts: int) -> str:
+    """Failures written for the model: what happened and what it can do next."""
+    tried = f" after {attempts} attempt(s)" if attempts > 1 else ""
+    if failure_type == "transient":
+        return (f"'{tool}' is temporarily unavailable ({detail}){tried}. Try again later, use another tool, "
+                "or continue without this information.")
+    if failure_type == "timeout":
+        return (f"'{tool}' did not respond in time ({detail}){tried}. It may be overloaded; try a narrower request, "
+                "another tool, or continue without it.")
+    if failure_type == "unknown_outcome":
+        return (f"'{tool}' may or may not have completed: the process running it stopped before recording the "
+                "result, and it is not safe to repeat. A human is checking; do not call it again for this request.")
+    return f"'{tool}' failed and cannot be retried: {detail}. A human has been notified."
+
+
+class Executor:
+    def __init__(self, bus: Bus, settings: Settings, telemetry: T.Telemetry, registry: ToolRegistry) -> None:
+        self.bus, self.settings, self.registry = bus, settings, registry
+        self.tracer = telemetry.tracer("loopwarden.executor")
+        meter = telemetry.meter("loopwarden.executor")
+        self.attempts = meter.create_counter("loopwarden.tool.attempts", description="tool attempts by result")
+        self.failures = meter.create_counter("loopwarden.tool.failures", description="final failures by type")
+        self._scenarios: dict[str, Scenario | None] = {}
+
+    def register(self, router: NatsRouter) -> None:
+        for name in sorted(self.registry.hosted(self.settings.hosted_tools)):
+            self.bus.consumer(router, durable=f"executor_{S.token(name)}", filter_subjects=[S.tool_execute(name)],
+                              model=ToolCall)(self.on_call)
+
+    async def publish_contracts(self) -> None:
+        """Make this executor's contracts visible to the planner and the validator."""
+        for name, hosted in self.registry.hosted(self.settings.hosted_tools).items():
+            await self.bus.kv_put(S.KV_CONTRACTS, S.kv_key(name), hosted.contract)
+        for name, reason in self.registry.refused.items():
+            log.error("tool %s is not available: %s", name, reason)
+
+    # --- the handler ------------------------------------------------------------------------------
+    async def on_call(self, call: ToolCall) -> None:
+        hosted = self.registry.tools[call.tool]
+        contract = hosted.contract
+        with self.tracer.start_as_current_span(
+            f"execute_tool {call.tool}",
+            attributes={T.GEN_AI_OPERATION_NAME: "execute_tool", T.GEN_AI_TOOL_NAME: call.tool,
+                        T.GEN_AI_TOOL_CALL_ID: call.call_id, T.LW_RUN_ID: call.run_id},
+        ) as span:
+            validator = compiled(contract.input_schema, dialect_of_contract(contract, "input"))
+            errors = validator.errors(call.arguments)
+            if errors:
+                span.set_attribute(T.LW_FAILURE_TYPE, "input_invalid")
+                await self.fail(call, "input_invalid",
+                                f"the arguments for '{call.tool}' break its input schema:\n{format_for_model(errors)}",
+                                recoverable=True, errors=errors, schema=contract.input_schema, attempts=0)
+                return
+
+            entry, revision = await self.bus.kv_get(S.KV_TOOL_LEDGER, call.attempt_id, LedgerEntry)
+            match on_delivery(entry):
+                case "republish":
+                    assert entry is not None and entry.final is not None
+                    await self.bus.publish(entry.final.subject, entry.final.payload.encode(),
+                                           msg_id=entry.final.msg_id, run_id=call.run_id)
+                    return
+                case "unknown_outcome":
+                    assert entry is not None
+                    span.set_attribute(T.LW_FAILURE_TYPE, "unknown_outcome")
+                    await self.finish_failure(call, entry, revision, "unknown_outcome",
+                                              "a previous attempt started but never recorded its end")
+                    return
+                case "run":
+                    pass
+            entry = entry or LedgerEntry(attempt_id=call.attempt_id, tool=call.tool, idempotent=contract.idempotent)
+            await self.run_attempts(call, hosted, entry, revision)
+
+    async def run_attempts(self, call: ToolCall, hosted: HostedTool, entry: LedgerEntry, revision: int) -> None:
+        contract = hosted.contract
+        policy = BackoffPolicy(contract.retry.max_attempts, contract.retry.base_delay_s, contract.retry.max_delay_s,
+                               contract.retry.max_elapsed_s)
+        started = time.monotonic()
+        while True:
+            n = len(entry.attempts) + 1
+            entry.attempts.append(AttemptRecord(n=n))
+            revision = await self.save(entry, revision)  # recorded *before* the tool runs
+            with self.tracer.start_as_current_span(
+                f"tool attempt {call.tool}", attributes={T.GEN_AI_TOOL_NAME: call.tool, T.LW_ATTEMPT: n,
+                                                         T.LW_RUN_ID: call.run_id},
+            ) as span:
+                result = await self.attempt(call, hosted, n)
+                entry.attempts[-1] = entry.attempts[-1].model_copy(update={
+                    "finished": True, "ok": result.ok, "failure_type": result.failure_type, "error": result.error})
+                revision = await self.save(entry, revision)
+                delay = None
+                if not result.ok:
+                    span.set_attribute(T.LW_FAILURE_TYPE, result.failure_type or "")
+                    span.set_status(Status(StatusCode.ERROR, result.error or ""))
+                    if result.failure_type in ("transient", "timeout"):
+                        delay = next_delay(policy, n, time.monotonic() - started, result.retry_after_s)
+                    if delay is not None:
+                        span.set_attribute(T.LW_BACKOFF_S, round(delay, 4))
+                self.attempts.add(1, {"tool": call.tool, "result": "ok" if result.ok else result.failure_type or ""})
+                await self.bus.publish(
+                    S.tool_attempt(call.tool),
+                    ToolAttempt(run_id=call.run_id, call_id=call.call_id, attempt_id=call.attempt_id, tool=call.tool,
+                                attempt=n, ok=result.ok, failure_type=result.failure_type,  # type: ignore[arg-type]
+                                error=result.error, next_delay_s=delay),
+                    msg_id=f"{call.attempt_id}.attempt.{n}",
+                )
+            if result.ok:
+                raw = ToolResultRaw(
+                    run_id=call.run_id, iteration=call.iteration, call_id=call.call_id, attempt_id=call.attempt_id,
+                    tool=call.tool, requested_tool=call.requested_tool, arguments=call.arguments,
+                    output=result.output, output_is_text=result.output_is_text, attempts=n,
+                    duration_ms=round((time.monotonic() - started) * 1000, 2), fallback_from=call.fallback_from,
+                )
+                await self.finish(entry, revision, S.RESULT_VALIDATE, raw, f"{call.attempt_id}.raw")
+                return
+            if delay is None:
+                break
+            await asyncio.sleep(delay)
+        await self.after_retries(call, hosted, entry, revision, result)
+
+    async def after_retries(self, call: ToolCall, hosted: HostedTool, entry: LedgerEntry, revision: int,
+                            result: Attempted) -> None:
+        contract = hosted.contract
+        ftype = result.failure_type or "fatal"
+        recoverable = ftype in ("transient", "timeout")
+        depth = call.attempt_id.count(".fb.")
+        if recoverable and contract.fallback and depth < MAX_FALLBACK_DEPTH and \
+                f".fb.{contract.fallback}" not in call.attempt_id and contract.fallback != call.requested_tool:
+            note = FallbackNote(from_tool=call.tool, to_tool=contract.fallback,
+                                reason=model_error(call.tool, ftype, result.error or ftype, len(entry.attempts)))
+            fallback = call.model_copy(update={
+                "tool": contract.fallback, "attempt_id": f"{call.attempt_id}.fb.{contract.fallback}",
+                "fallback_from": note})
+            await self.finish(entry, revision, S.tool_execute(contract.fallback), fallback,
+                              f"{fallback.attempt_id}.call")
+            return
+        if recoverable and contract.boundary == "use_cached":
+            cached, _ = await self.bus.kv_get(S.KV_TOOL_CACHE, cache_key(call.tool, call.arguments), CachedToolResult)
+            if cached is not None:
+                raw = ToolResultRaw(
+                    run_id=call.run_id, iteration=call.iteration, call_id=call.call_id, attempt_id=call.attempt_id,
+                    tool=call.tool, requested_tool=call.requested_tool, arguments=call.arguments, output=cached.data,
+                    attempts=len(entry.attempts), cached=True, fallback_from=call.fallback_from,
+                )
+                await self.finish(entry, revision, S.RESULT_VALIDATE, raw, f"{call.attempt_id}.raw")
+                return
+        await self.finish_failure(call, entry, revision, ftype, result.error or ftype, recoverable=recoverable,
+                                  boundary=contract.boundary)
+
+    async def attempt(self, call: ToolCall, hosted: HostedTool, n: int) -> Attempted:
+        """One execution: the scripted behaviour for this attempt, else the real tool, under its timeout."""
+        contract = hosted.contract
+        behaviour = await self.scripted(call)
+        ctx = ToolContext(run_id=call.run_id, call_id=call.call_id, attempt=n,
+                          demo_store=await self.bus.kv(S.KV_DEMO))
+        try:
+            async with asyncio.timeout(contract.timeout_s):
+                if behaviour is not None and not behaviour.runs_real_tool:
+                    await asyncio.sleep(behaviour.latency_s)
+                    if behaviour.fail is not None:
+                        detail = behaviour.error or f"scripted {behaviour.fail} failure"
+                        if behaviour.fail == "timeout":
+                            return Attempted(False, failure_type="timeout", error=detail)
+                        return Attempted(False, failure_type=behaviour.fail, error=detail,
+                                         retry_after_s=behaviour.retry_after_s)
+                    if behaviour.output_text is not None:
+                        return Attempted(True, output=behaviour.output_text, output_is_text=True)
+                    return Attempted(True, output=behaviour.output)
+                output = await hosted.fn(call.arguments, ctx)
+                if behaviour is not None and behaviour.latency_s:
+                    await asyncio.sleep(behaviour.latency_s)  # e.g. a slow response after the effect happened
+                return Attempted(True, output=output, output_is_text=isinstance(output, str))
+        except TimeoutError:
+            return Attempted(False, failure_type="timeout", error=f"no answer within {contract.timeout_s:g}s")
+        except ToolFailure as failure:
+            return Attempted(False, failure_type=failure.kind, error=str(failure),
+                             retry_after_s=failure.retry_after_s)
+        except Exception as err:  # a bug in the tool: not something a retry fixes
+            log.exception("tool %s crashed", call.tool)
+            return Attempted(False, failure_type="fatal", error=f"the tool crashed: {err!r}")
+
+    async def scripted(self, call: ToolCall) -> ToolBehaviour | None:
+        if call.run_id not in self._scenarios:
+            self._scenarios[call.run_id], _ = await self.bus.kv_get(S.KV_SCENARIOS, call.run_id, Scenario)
+            if len(self._scenarios) > 256:
+                self._scenarios.pop(next(iter(self._scenarios)))
+        scenario = self._scenarios[call.run_id]
+        if scenario is None or call.tool not in scenario.tools:
+            return None
+        key = S.kv_key(call.run_id, call.tool)
+        for _ in range(20):  # the n-th execution attempt of this tool in this run, across replicas
+            cursor, revision = await self.bus.kv_get(S.KV_SCRIPT_CURSORS, key, Cursor)
+            index = cursor.next if cursor else 0
+            try:
+                await self.bus.kv_put(S.KV_SCRIPT_CURSORS, key, Cursor(next=index + 1), revision=revision)
+            except CasConflict:
+                continue
+            return scenario.tool_behaviour(call.tool, index)
+        raise RuntimeError("scripted cursor contention")
+
+    # --- finishing ----------------------------------------------------------------------------
+    async def save(self, entry: LedgerEntry, revision: int) -> int:
+        return await self.bus.kv_put(S.KV_TOOL_LEDGER, entry.attempt_id, entry, revision=revision)
+
+    async def finish(self, entry: LedgerEntry, revision: int, subject: str, payload: Wire, msg_id: str) -> None:
+        """Record the final message in the ledger, then publish it (a redelivery republishes it)."""
+        entry.final = FinalPublish(subject=subject, msg_id=msg_id, payload=payload.model_dump_json(by_alias=True))
+        await self.save(entry, revision)
+        await self.bus.publish(subject, entry.final.payload.encode(), msg_id=msg_id,
+                               run_id=getattr(payload, "run_id", None))
+
+    async def finish_failure(self, call: ToolCall, entry: LedgerEntry, revision: int, ftype: str, detail: str,
+                             *, recoverable: bool = False, boundary: str | None = None) -> None:
+        self.failures.add(1, {"tool": call.tool, "failure_type": ftype})
+        outcome = self.outcome(call, ftype, model_error(call.tool, ftype, detail, len(entry.attempts)),
+                               recoverable=recoverable, attempts=len(entry.attempts), boundary=boundary)
+        await self.finish(entry, revision, S.failure(ftype, call.tool), outcome, f"{call.attempt_id}.outcome")
+
+    async def fail(self, call: ToolCall, ftype: str, error: str, *, recoverable: bool, attempts: int,
+                   **extra: Any) -> None:
+        self.failures.add(1, {"tool": call.tool, "failure_type": ftype})
+        outcome = self.outcome(call, ftype, error, recoverable=recoverable, attempts=attempts, **extra)
+        await self.bus.publish(S.failure(ftype, call.tool), outcome, msg_id=f"{call.attempt_id}.outcome")
+
+    @staticmethod
+    def outcome(call: ToolCall, ftype: str, error: str, *, recoverable: bool, attempts: int,
+                **extra: Any) -> ToolOutcome:
+        return ToolOutcome.model_validate({
+            "run_id": call.run_id, "iteration": call.iteration, "call_id": call.call_id,
+            "attempt_id": call.attempt_id, "tool": call.tool, "requested_tool": call.requested_tool,
+            "arguments": call.arguments, "success": False, "error": error, "recoverable": recoverable,
+            "failure_type": ftype, "attempts": attempts, "fallback_from": call.fallback_from,
+            **{k: v for k, v in extra.items() if v is not None},
+        })
+

@@ -1,0 +1,85 @@
+"""Judge bus handler: score a fresh candidate exactly once.
+
+Verdicts are stored per candidate id; a redelivered request republishes the stored verdict
+instead of calling the judge model again. Any failure — provider error, exhausted script,
+missing setting, unparseable reply — yields a *not judged* verdict with its reason.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from faststream.nats import NatsRouter
+
+from services.judge import scoring
+from shared import subjects as S
+from shared import telemetry as T
+from shared.backoff import BackoffPolicy
+from shared.bus import Bus, CasConflict
+from shared.messages import ChatMessage, JudgeRequest, Verdict
+from shared.providers.base import ModelRequest, ProviderError, complete_with_retry
+from shared.providers.select import provider_for
+from shared.scenario import Scenario
+from shared.settings import Settings
+
+log = logging.getLogger("loopwarden.judge")
+
+
+class Judge:
+    def __init__(self, bus: Bus, settings: Settings, telemetry: T.Telemetry) -> None:
+        self.bus, self.settings = bus, settings
+        self.tracer = telemetry.tracer("loopwarden.judge")
+        meter = telemetry.meter("loopwarden.judge")
+        self.verdicts = meter.create_counter("loopwarden.judge.verdicts", description="verdicts by status")
+
+    def register(self, router: NatsRouter) -> None:
+        self.bus.consumer(router, durable="judge", filter_subjects=[S.JUDGE_SCORE], model=JudgeRequest)(self.on_request)
+
+    async def on_request(self, req: JudgeRequest) -> None:
+        key = S.kv_key(req.candidate.id)
+        stored, _ = await self.bus.kv_get(S.KV_VERDICTS, key, Verdict)
+        if stored is None:
+            verdict = await self.judge(req)
+            try:
+                await self.bus.kv_put(S.KV_VERDICTS, key, verdict, revision=0)
+            except CasConflict:  # another replica judged it first: its verdict stands
+                verdict, _ = await self.bus.kv_get(S.KV_VERDICTS, key, Verdict)
+                assert verdict is not None
+            stored = verdict
+            self.verdicts.add(1, {"status": stored.status})
+        await self.bus.publish(S.JUDGE_VERDICT, stored, msg_id=f"verdict.{req.candidate.id}")
+
+    async def judge(self, req: JudgeRequest) -> Verdict:
+        model = self.settings.judge_model
+        with self.tracer.start_as_current_span(
+            "judge candidate", attributes={T.LW_RUN_ID: req.run_id, "loopwarden.candidate.id": req.candidate.id},
+        ) as span:
+            try:
+                scenario = None
+                if req.scripted:
+                    scenario, _ = await self.bus.kv_get(S.KV_SCENARIOS, req.run_id, Scenario)
+                provider = provider_for(self.settings, "judge", scenario)
+                request = ModelRequest(
+                    purpose="judge", model=model, system=scoring.JUDGE_SYSTEM,
+                    messages=[ChatMessage.user(scoring.judge_prompt(req))],
+                    max_tokens=self.settings.judge_max_output_tokens, run_id=req.run_id, script_index=req.judge_seq,
+                )
+                policy = BackoffPolicy(self.settings.model_retry_attempts, self.settings.model_retry_base_s,
+                                       self.settings.model_retry_max_s, self.settings.model_timeout_s)
+                response = await complete_with_retry(provider, request, policy, self.tracer)
+            except ProviderError as err:
+                verdict = scoring.not_judged(req, f"judge call failed: {err}", model)
+            except Exception as err:  # a judge exception is "not judged", never a default score
+                log.exception("judge failed on %s", req.candidate.id)
+                verdict = scoring.not_judged(req, f"judge raised {type(err).__name__}: {err}", model)
+            else:
+                try:
+                    parsed = scoring.parse_reply(response.text, req.rubric)
+                except scoring.NotJudged as err:
+                    verdict = scoring.not_judged(req, str(err), response.model or model, response.usage)
+                else:
+                    verdict = scoring.score(req, parsed, response.model or model, response.usage)
+            span.set_attribute(T.LW_VERDICT, verdict.status)
+            if verdict.score is not None:
+                span.set_attribute(T.LW_SCORE, verdict.score)
+            return verdict

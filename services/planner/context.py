@@ -1,0 +1,164 @@
+"""Context assembly: what the model sees on each turn, and how many tokens each part costs.
+
+Pure functions. The context is the task (goal), the conversation (history, possibly with
+older turns replaced by a summary), the tool catalogue (tools) and room for the reply
+(output); each section is counted with the real tokenizer for the governor.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from services.planner.state import RunState, ToolCallRecord
+from shared import tokens
+from shared.contracts.validation import format_for_model
+from shared.messages import ChatMessage, SectionTokens, TextBlock, ToolContract, ToolOutcome, ToolResultBlock
+from shared.providers.base import ToolSpec
+
+SYSTEM_PROMPT = """You are an agent that completes the user's task with the tools provided.
+- Call tools through the tool interface only. Writing a tool call as text does not run it.
+- Tool results may be errors written for you: read them, fix the call, or take another approach.
+- Do not invent facts a tool did not return.
+{finish}"""
+FINISH_SUBMIT = "- When you have the answer, call `{tool}` with it. Only a real `{tool}` call submits the answer."
+FINISH_TEXT = "- When you have the answer, reply with it as plain text and no tool calls."
+
+
+def system_prompt(state: RunState) -> str:
+    cfg = state.config
+    if cfg.answer_mode == "submit":
+        finish = FINISH_SUBMIT.format(tool=cfg.terminal_tools[0])
+    else:
+        finish = FINISH_TEXT
+    return SYSTEM_PROMPT.format(finish=finish)
+
+
+def tool_specs(state: RunState, contracts: dict[str, ToolContract]) -> list[ToolSpec]:
+    allowed = state.config.allowed_tools
+    return [
+        ToolSpec(name=c.name, description=c.description, input_schema=c.input_schema)
+        for name, c in sorted(contracts.items())
+        if allowed is None or name in allowed or name in state.config.terminal_tools
+    ]
+
+
+def model_messages(state: RunState) -> list[ChatMessage]:
+    """The conversation to send: never ending on an assistant turn (providers read that as a prefill)."""
+    merged: list[ChatMessage] = []
+    for message in state.messages:
+        if merged and merged[-1].role == message.role:
+            merged[-1] = ChatMessage(role=message.role, content=[*merged[-1].content, *message.content])
+        else:
+            merged.append(message)
+    if merged and merged[-1].role == "assistant":
+        merged.append(ChatMessage.user("Continue."))
+    return merged
+
+
+def sections(system: str, task_message: str, messages: list[ChatMessage], specs: list[ToolSpec],
+             max_output: int) -> SectionTokens:
+    history = sum(4 + tokens.count_json([b.model_dump() for b in m.content]) for m in messages)
+    goal = tokens.count(system) + tokens.count(task_message)
+    return SectionTokens(
+        goal=goal,
+        history=max(0, history - tokens.count(task_message)),
+        tools=sum(tokens.count_json(s.model_dump()) for s in specs),
+        output=max_output,
+    )
+
+
+def opening_message(task: str, lessons: list[str]) -> str:
+    if not lessons:
+        return task
+    listed = "\n".join(f"- {lesson}" for lesson in lessons)
+    return f"{task}\n\nLessons from earlier attempts at this task (reviewers rejected answers for these reasons):\n{listed}"
+
+
+# --- tool results as the model reads them ---------------------------------------------------
+
+
+def render_data(data: Any, max_tokens: int) -> str:
+    text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, indent=None, default=str)
+    cut, dropped = tokens.truncate(text, max_tokens)
+    if dropped:
+        cut += f"\n[result truncated: {dropped} more tokens were cut to protect the context budget]"
+    return cut
+
+
+def render_outcome(outcome: ToolOutcome, max_tokens: int) -> tuple[str, bool]:
+    """The tool_result text for the model and whether it is an error."""
+    notes = []
+    if outcome.fallback_from is not None:
+        fb = outcome.fallback_from
+        notes.append(f"Note: '{fb.from_tool}' failed ({fb.reason}); this result comes from the fallback "
+                     f"tool '{fb.to_tool}' instead.")
+    if outcome.cached:
+        notes.append("Note: the live call failed; this is the last good result for the same arguments, "
+                     "served from cache and possibly stale.")
+    if outcome.success:
+        body = render_data(outcome.data, max_tokens)
+        return ("\n".join([*notes, body]) if notes else body), False
+    if outcome.failure_type in ("input_invalid", "output_invalid"):
+        return schema_feedback(outcome), True
+    return "\n".join([*notes, outcome.error or "the tool failed"]), True
+
+
+def schema_feedback(outcome: ToolOutcome) -> str:
+    """Errors *and* the schema, so the model can build a call that satisfies it."""
+    schema = json.dumps(outcome.schema_ or {}, ensure_ascii=False, sort_keys=True)
+    if outcome.failure_type == "input_invalid":
+        head = f"Your call to '{outcome.tool}' was not executed: its arguments break the tool's input schema."
+        tail = "Make a new call whose arguments satisfy this schema."
+    else:
+        head = f"The tool '{outcome.tool}' returned output that breaks its output contract, so it was rejected."
+        tail = "Make a new call (for example with different arguments) or take another approach."
+    return f"{head}\n{format_for_model(outcome.errors)}\nSchema:\n{schema}\n{tail}"
+
+
+def closing_user_message(calls: list[ToolCallRecord], notes: list[str]) -> ChatMessage | None:
+    """The user turn that answers every tool_use of the last assistant turn, plus notes."""
+    blocks: list[Any] = [
+        ToolResultBlock(tool_use_id=c.call_id, content=c.result_text or "(no result)", is_error=c.is_error)
+        for c in calls
+    ]
+    blocks.extend(TextBlock(text=n) for n in notes if n)
+    return ChatMessage(role="user", content=blocks) if blocks else None
+
+
+def split_for_compaction(messages: list[ChatMessage], keep_recent: int) -> tuple[list[ChatMessage], list[ChatMessage]]:
+    """Older messages to summarize, and recent ones kept verbatim (starting on a user turn).
+
+    A kept user turn whose tool_results answer a summarized tool_use is turned into text,
+    since its tool_use is gone.
+    """
+    if len(messages) <= keep_recent + 1:
+        return [], messages
+    cut = len(messages) - keep_recent
+    while cut < len(messages) and messages[cut].role != "user":
+        cut += 1
+    older, recent = messages[1:cut], messages[cut:]
+    if not older:
+        return [], messages
+    if recent and recent[0].role == "user":
+        blocks: list[Any] = []
+        for b in recent[0].content:
+            if isinstance(b, ToolResultBlock):
+                blocks.append(TextBlock(text=f"(earlier tool result{' — error' if b.is_error else ''}) {b.content}"))
+            else:
+                blocks.append(b)
+        recent = [ChatMessage(role="user", content=blocks), *recent[1:]]
+    return older, [messages[0], *recent]
+
+
+def transcript(messages: list[ChatMessage]) -> str:
+    lines = []
+    for m in messages:
+        for b in m.content:
+            if isinstance(b, TextBlock) and b.text.strip():
+                lines.append(f"{m.role}: {b.text.strip()}")
+            elif isinstance(b, ToolResultBlock):
+                lines.append(f"tool result{' (error)' if b.is_error else ''}: {b.content[:800]}")
+            elif b.type == "tool_use":
+                lines.append(f"assistant called {b.name}({json.dumps(b.input, ensure_ascii=False)[:400]})")
+    return "\n".join(lines)

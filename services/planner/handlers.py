@@ -1,0 +1,302 @@
+"""Planner bus handlers: thin translations between messages and the run state machine.
+
+Each handler is a transaction: load the run (with its KV revision) -> skip if this
+message was already applied (and re-publish what it produced, in case the process died
+between saving and publishing) -> apply -> save with compare-and-swap -> publish with
+deterministic ids -> the bus helper acks. A CAS conflict reloads and applies again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable
+
+from faststream.nats import NatsRouter
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
+
+from services.planner import context as C
+from services.planner import machine as M
+from services.planner.state import RunState
+from shared import subjects as S
+from shared.backoff import BackoffPolicy
+from shared.bus import Bus, CasConflict, TryLater
+from shared.messages import (
+    BudgetDecision,
+    BudgetRequest,
+    ChatMessage,
+    EscalationResolution,
+    RunEvent,
+    RunSubmit,
+    ToolContract,
+    ToolOutcome,
+    Verdict,
+    Wire,
+)
+from shared.providers.base import ModelRequest, ModelResponse, ProviderError, complete_with_retry
+from shared.providers.select import provider_for
+from shared.scenario import Scenario
+from shared.settings import Settings
+from shared.telemetry import LW_ITERATION, LW_RUN_ID, Telemetry
+
+log = logging.getLogger("loopwarden.planner")
+TOOL_FAILURES = ("input_invalid", "output_invalid", "transient", "timeout", "fatal", "unknown_outcome")
+
+
+class Lessons(Wire):
+    reasons: list[str] = []
+
+
+def lessons_key(task: str) -> str:
+    return "task-" + hashlib.sha256(task.strip().lower().encode()).hexdigest()[:24]
+
+
+class Planner:
+    def __init__(self, bus: Bus, settings: Settings, telemetry: Telemetry) -> None:
+        self.bus, self.settings = bus, settings
+        self.tracer = telemetry.tracer("loopwarden.planner")
+        meter = telemetry.meter("loopwarden.planner")
+        self.runs_finished = meter.create_counter("loopwarden.runs.finished", description="runs by final status")
+        self.decisions = meter.create_counter("loopwarden.decide.decisions", description="Decide outcomes by row")
+        self.tokens = meter.create_counter("gen_ai.client.token.usage.total", unit="{token}")
+        self._contracts: tuple[float, dict[str, ToolContract]] = (0.0, {})
+        self._scenarios: dict[str, Scenario | None] = {}
+
+    def register(self, router: NatsRouter) -> None:
+        b = self.bus
+        b.consumer(router, durable="planner_submit", filter_subjects=[S.RUN_SUBMIT], model=RunSubmit)(self.on_submit)
+        b.consumer(router, durable="planner_advance", filter_subjects=[S.RUN_ADVANCE], model=RunEvent)(self.on_advance)
+        b.consumer(
+            router, durable="planner_outcomes", stream=S.STREAM_EVT, model=ToolOutcome,
+            filter_subjects=[f"{S.TOOL_SUCCEEDED_PREFIX}.>", *(f"{S.FAILURE_PREFIX}.{t}.>" for t in TOOL_FAILURES)],
+        )(self.on_outcome)
+        b.consumer(router, durable="planner_verdicts", stream=S.STREAM_EVT, filter_subjects=[S.JUDGE_VERDICT],
+                   model=Verdict)(self.on_verdict)
+        b.consumer(router, durable="planner_resolutions", stream=S.STREAM_EVT, filter_subjects=[S.ESCALATION_RESOLVED],
+                   model=EscalationResolution)(self.on_resolution)
+
+    # --- the transaction -----------------------------------------------------------------------
+    async def transact(self, run_id: str, msg_id: str, apply: Callable[[RunState], M.Outbox | None]) -> None:
+        for _ in range(20):
+            state, revision = await self.bus.kv_get(S.KV_RUNS, run_id, RunState)
+            if state is None:
+                raise TryLater(f"run {run_id} is not stored yet", delay=1.0)
+            if state.seen(msg_id):
+                await self.publish(state.outbox.get(msg_id, []), run_id)
+                return
+            was_done = state.done
+            with self.tracer.start_as_current_span(
+                f"planner apply {msg_id.split('.')[0]}", attributes={LW_RUN_ID: run_id, LW_ITERATION: state.iteration.n}
+            ):
+                out = apply(state)
+            if out is None:
+                return
+            try:
+                await self.bus.kv_put(S.KV_RUNS, run_id, state, revision=revision)
+            except CasConflict:
+                continue
+            await self.publish(out.items, run_id)
+            self.count(out, state, was_done)
+            if state.done and not was_done:
+                await self.record_lessons(state)
+            return
+        raise RuntimeError(f"run {run_id}: too much contention on the run state")
+
+    async def publish(self, items: list[M.PublishRecord], run_id: str) -> None:
+        for item in items:
+            await self.bus.publish(item.subject, item.payload.encode(), msg_id=item.msg_id, run_id=run_id)
+
+    def count(self, out: M.Outbox, state: RunState, was_done: bool) -> None:
+        for item in out.items:
+            if item.subject == S.run_event("decided"):
+                ev = RunEvent.model_validate_json(item.payload)
+                self.decisions.add(1, {"action": ev.detail.get("action", ""), "row": ev.detail.get("row", 0)})
+        if state.done and not was_done:
+            self.runs_finished.add(1, {"status": state.status})
+
+    # --- handlers -------------------------------------------------------------------------------
+    async def on_submit(self, submit: RunSubmit) -> None:
+        existing, _ = await self.bus.kv_get(S.KV_RUNS, submit.run_id, RunState)
+        if existing is not None:
+            await self.publish(existing.outbox.get("submit", []), submit.run_id)
+            return
+        contracts = await self.contracts()
+        lessons: list[str] = []
+        if submit.lessons:
+            stored, _ = await self.bus.kv_get(S.KV_LESSONS, lessons_key(submit.task), Lessons)
+            lessons = stored.reasons if stored else []
+        config = M.resolve_config(submit, self.settings, contracts)
+        out = M.start_run(submit, config, lessons, "submit")
+        try:
+            await self.bus.kv_put(S.KV_RUNS, submit.run_id, out.state, revision=0)
+        except CasConflict:
+            existing, _ = await self.bus.kv_get(S.KV_RUNS, submit.run_id, RunState)
+            if existing is not None:
+                await self.publish(existing.outbox.get("submit", []), submit.run_id)
+            return
+        await self.publish(out.items, submit.run_id)
+
+    async def on_outcome(self, outcome: ToolOutcome) -> None:
+        await self.transact(outcome.run_id, f"outcome.{outcome.call_id}",
+                            lambda s: M.apply_outcome(s, outcome, f"outcome.{outcome.call_id}"))
+
+    async def on_verdict(self, verdict: Verdict) -> None:
+        msg_id = f"verdict.{verdict.candidate_id}"
+        await self.transact(verdict.run_id, msg_id, lambda s: M.apply_verdict(s, verdict, msg_id))
+
+    async def on_resolution(self, res: EscalationResolution) -> None:
+        msg_id = f"resolution.{res.escalation_id}"
+        await self.transact(res.run_id, msg_id, lambda s: M.apply_resolution(s, res, msg_id))
+
+    async def on_advance(self, ev: RunEvent) -> None:
+        msg_id = f"advance.{ev.iteration}"
+        state, _ = await self.bus.kv_get(S.KV_RUNS, ev.run_id, RunState)
+        if state is None:
+            raise TryLater(f"run {ev.run_id} is not stored yet", delay=1.0)
+        if state.seen(msg_id):
+            await self.publish(state.outbox.get(msg_id, []), ev.run_id)
+            return
+        if state.done or state.iteration.n != ev.iteration or state.status != "running":
+            return  # stale: this iteration already moved on
+        contracts = await self.contracts()
+        scenario = await self.scenario(ev.run_id) if state.config.scripted else None
+        try:
+            provider = provider_for(self.settings, "planner", scenario)
+        except ProviderError as err:
+            await self.transact(ev.run_id, msg_id, lambda s: M.apply_provider_failure(s, str(err), msg_id))
+            return
+
+        decision = await self.reserve(state, contracts)
+        if decision.action == "block":
+            reason = "; ".join(decision.reasons) or "budget exhausted"
+            await self.transact(ev.run_id, msg_id, lambda s: M.apply_guard(s, reason, msg_id))
+            return
+
+        compaction: tuple[int, str, ModelResponse] | None = None
+        if decision.action == "compact":
+            compaction = await self.compact(state, provider, decision.model)
+            if compaction is not None:
+                M.apply_compaction(state, compaction[0], compaction[1], compaction[2].usage)
+
+        try:
+            response = await self.model_call(state, provider, contracts, decision)
+        except ProviderError as err:
+            if err.transient:
+                raise TryLater(f"model provider still failing after retries: {err}", delay=5.0) from err
+            reason = f"model call failed: {err}"
+            await self.transact(ev.run_id, msg_id, lambda s: M.apply_provider_failure(s, reason, msg_id))
+            return
+        self.tokens.add(response.usage.input_tokens, {"gen_ai.token.type": "input"})
+        self.tokens.add(response.usage.output_tokens, {"gen_ai.token.type": "output"})
+
+        def apply(s: RunState) -> M.Outbox | None:
+            if s.iteration.n != ev.iteration or s.done or s.status != "running":
+                return None
+            if compaction is not None:
+                M.apply_compaction(s, compaction[0], compaction[1], compaction[2].usage)
+            if decision.model != s.model:
+                s.warnings.append(f"budget: switched model {s.model} -> {decision.model}")
+                s.model = decision.model
+            return M.apply_model_response(s, response, contracts, msg_id)
+
+        await self.transact(ev.run_id, msg_id, apply)
+
+    # --- I/O helpers ------------------------------------------------------------------------------
+    async def contracts(self) -> dict[str, ToolContract]:
+        fetched_at, cached = self._contracts
+        if time.monotonic() - fetched_at < 2.0 and cached:
+            return cached
+        kv = await self.bus.kv(S.KV_CONTRACTS)
+        found: dict[str, ToolContract] = {}
+        try:
+            keys = await kv.keys()
+        except Exception:  # no keys yet
+            keys = []
+        for key in keys:
+            contract, _ = await self.bus.kv_get(S.KV_CONTRACTS, key, ToolContract)
+            if contract is not None:
+                found[contract.name] = contract
+        self._contracts = (time.monotonic(), found)
+        return found
+
+    async def scenario(self, run_id: str) -> Scenario | None:
+        if run_id not in self._scenarios:
+            scenario, _ = await self.bus.kv_get(S.KV_SCENARIOS, run_id, Scenario)
+            if scenario is None:
+                raise TryLater(f"scenario for {run_id} not stored yet", delay=1.0)
+            self._scenarios[run_id] = scenario
+            if len(self._scenarios) > 256:
+                self._scenarios.pop(next(iter(self._scenarios)))
+        return self._scenarios[run_id]
+
+    def request_for(self, state: RunState, contracts: dict[str, ToolContract], model: str,
+                    max_tokens: int) -> ModelRequest:
+        return ModelRequest(
+            purpose="plan", model=model, system=C.system_prompt(state), messages=C.model_messages(state),
+            tools=C.tool_specs(state, contracts), max_tokens=max_tokens, run_id=state.run_id,
+            script_index=state.model_calls,
+        )
+
+    async def reserve(self, state: RunState, contracts: dict[str, ToolContract]) -> BudgetDecision:
+        req = self.request_for(state, contracts, state.model, state.config.max_output_tokens)
+        sections = C.sections(req.system, state.messages[0].text() if state.messages else "", req.messages,
+                              req.tools, req.max_tokens)
+        budget = BudgetRequest(
+            run_id=state.run_id, turn=state.iteration.n, model=state.model, sections=sections, spent=state.usage,
+            context_budget_tokens=state.config.context_budget_tokens, run_token_budget=state.config.run_token_budget,
+            cost_ceiling_usd=state.config.cost_ceiling_usd,
+        )
+        try:
+            return await self.bus.request(S.BUDGET_RESERVE, budget, BudgetDecision)
+        except (NatsTimeout, NoRespondersError, TimeoutError) as err:
+            raise TryLater(f"governor did not answer: {err!r}", delay=1.0) from err
+
+    def policy(self) -> BackoffPolicy:
+        s = self.settings
+        return BackoffPolicy(s.model_retry_attempts, s.model_retry_base_s, s.model_retry_max_s,
+                             max_elapsed_s=s.model_timeout_s)
+
+    async def model_call(self, state: RunState, provider: object, contracts: dict[str, ToolContract],
+                         decision: BudgetDecision) -> ModelResponse:
+        """One model call per (run, iteration): a redelivered advance reuses the stored response."""
+        key = S.kv_key(state.run_id, f"turn{state.iteration.n}")
+        cached, _ = await self.bus.kv_get(S.KV_MODEL_CALLS, key, ModelResponse)
+        if cached is not None:
+            return cached
+        req = self.request_for(state, contracts, decision.model, decision.max_output_tokens)
+        response = await complete_with_retry(provider, req, self.policy(), self.tracer)  # type: ignore[arg-type]
+        await self.bus.kv_put(S.KV_MODEL_CALLS, key, response)
+        return response
+
+    async def compact(self, state: RunState, provider: object, model: str) -> tuple[int, str, ModelResponse] | None:
+        older, _ = C.split_for_compaction(state.messages, state.config.keep_recent_turns)
+        if not older:
+            return None
+        key = S.kv_key(state.run_id, f"compact{state.iteration.n}")
+        response, _ = await self.bus.kv_get(S.KV_MODEL_CALLS, key, ModelResponse)
+        if response is None:
+            req = ModelRequest(
+                purpose="summarize", model=model, run_id=state.run_id, script_index=state.compactions,
+                system="You compress an agent's working history. Keep facts, tool results that matter, decisions "
+                       "and open questions; drop chatter. Be concise.",
+                messages=[ChatMessage.user(f"Task: {state.task}\n\nSummarize this history:\n{C.transcript(older)}")],
+                max_tokens=800,
+            )
+            response = await complete_with_retry(provider, req, self.policy(), self.tracer)  # type: ignore[arg-type]
+            await self.bus.kv_put(S.KV_MODEL_CALLS, key, response)
+        return len(older), response.text, response
+
+    async def record_lessons(self, state: RunState) -> None:
+        if not state.judge_failures:
+            return
+        key = lessons_key(state.task)
+        for _ in range(5):
+            stored, revision = await self.bus.kv_get(S.KV_LESSONS, key, Lessons)
+            merged = list(dict.fromkeys([*(stored.reasons if stored else []), *state.judge_failures]))[-10:]
+            try:
+                await self.bus.kv_put(S.KV_LESSONS, key, Lessons(reasons=merged), revision=revision)
+                return
+            except CasConflict:
+                continue

@@ -1,0 +1,54 @@
+"""Validator bus handler: raw tool results in, validated outcomes (or schema failures) out."""
+
+from __future__ import annotations
+
+import logging
+from faststream.nats import NatsRouter
+
+from services.validator.checking import check_output
+from shared import subjects as S
+from shared import telemetry as T
+from shared.bus import Bus, TryLater
+from shared.canonical import cache_key
+from shared.messages import CachedToolResult, ToolContract, ToolResultRaw
+
+log = logging.getLogger("loopwarden.validator")
+
+
+class Validator:
+    def __init__(self, bus: Bus, telemetry: T.Telemetry) -> None:
+        self.bus = bus
+        self.tracer = telemetry.tracer("loopwarden.validator")
+        meter = telemetry.meter("loopwarden.validator")
+        self.outputs = meter.create_counter(
+            "loopwarden.tool.outputs", description="validated tool outputs by result: valid, repaired, invalid, "
+                                                   "unparseable")
+        self._contracts: dict[str, tuple[str, ToolContract]] = {}
+
+    def register(self, router: NatsRouter) -> None:
+        self.bus.consumer(router, durable="validator", filter_subjects=[S.RESULT_VALIDATE],
+                          model=ToolResultRaw)(self.on_raw)
+
+    async def contract(self, tool: str) -> ToolContract:
+        contract, _ = await self.bus.kv_get(S.KV_CONTRACTS, S.kv_key(tool), ToolContract)
+        if contract is None:
+            raise TryLater(f"no contract registered for tool '{tool}'", delay=1.0)
+        return contract
+
+    async def on_raw(self, raw: ToolResultRaw) -> None:
+        contract = await self.contract(raw.tool)
+        with self.tracer.start_as_current_span(
+            f"validate_output {raw.tool}", attributes={T.GEN_AI_TOOL_NAME: raw.tool, T.LW_RUN_ID: raw.run_id},
+        ) as span:
+            checked = check_output(contract, raw)
+            span.set_attribute("loopwarden.validation.result", checked.result)
+        self.outputs.add(1, {"tool": raw.tool, "result": checked.result})
+        outcome = checked.outcome
+        if outcome.success:
+            if not raw.cached:
+                await self.bus.kv_put(S.KV_TOOL_CACHE, cache_key(raw.tool, raw.arguments),
+                                      CachedToolResult(tool=raw.tool, data=outcome.data))
+            subject = S.tool_succeeded(raw.tool)
+        else:
+            subject = S.failure("output_invalid", raw.tool)
+        await self.bus.publish(subject, outcome, msg_id=f"{raw.attempt_id}.outcome")

@@ -1,0 +1,381 @@
+"""The one bus helper: broker, streams, consumers, buckets, publishing, dead letters.
+
+Handlers stay thin: ``Bus.consumer`` decodes the message into its contract, dead-letters
+what does not fit (with the reason), heartbeats long handlers, acks only after the
+handler returned (its effects are durable by then), and dead-letters a message that keeps
+failing instead of letting it block the consumer or vanish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from faststream import AckPolicy
+from faststream.nats import JStream, NatsBroker, NatsRouter, NatsUserPassword, PullSub
+from faststream.nats.annotations import NatsMessage
+from faststream.nats.opentelemetry import NatsTelemetryMiddleware
+from nats.js.api import (
+    AckPolicy as JsAckPolicy,
+)
+from nats.js.api import (
+    ConsumerConfig,
+    DeliverPolicy,
+    KeyValueConfig,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.client import JetStreamContext
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.kv import KeyValue
+from opentelemetry import context as otel_context
+from opentelemetry import propagate
+from opentelemetry.sdk.trace import TracerProvider
+from pydantic import BaseModel, ValidationError
+
+from shared import subjects as S
+from shared.messages import DeadLetter
+from shared.settings import Settings
+
+log = logging.getLogger("loopwarden.bus")
+M = TypeVar("M", bound=BaseModel)
+Handler = Callable[[M], Awaitable[None]]
+
+RUN_ID_HEADER = "Lw-Run-Id"
+MSG_ID_HEADER = "Nats-Msg-Id"
+
+
+class TryLater(Exception):  # noqa: N818 - it is a signal, not an error
+    """Raised by a handler whose dependency is not ready: redeliver after ``delay``."""
+
+    def __init__(self, reason: str, delay: float = 0.5) -> None:
+        super().__init__(reason)
+        self.delay = delay
+
+
+class CasConflict(Exception):
+    """The key changed since it was read; reload and apply again."""
+
+
+@dataclass(frozen=True)
+class ConsumerSpec:
+    stream: str
+    durable: str
+    filter_subjects: tuple[str, ...]
+
+
+@dataclass
+class Bus:
+    settings: Settings
+    service: str
+    tracer_provider: TracerProvider | None = None
+    broker: NatsBroker = field(init=False)
+    _consumers: list[ConsumerSpec] = field(default_factory=list)
+    _kv: dict[str, KeyValue] = field(default_factory=dict)
+    _connected: bool = False
+
+    def __post_init__(self) -> None:
+        middlewares = []
+        if self.tracer_provider is not None:
+            middlewares.append(NatsTelemetryMiddleware(tracer_provider=self.tracer_provider))
+        s = self.settings
+        security = None
+        if s.nats_user:
+            password = s.nats_password.get_secret_value() if s.nats_password else ""
+            security = NatsUserPassword(username=s.nats_user, password=password)
+        self.broker = NatsBroker(
+            [u.strip() for u in s.nats_url.split(",")],
+            name=f"loopwarden-{self.service}",
+            security=security,
+            middlewares=middlewares,
+            log_level=logging.DEBUG,  # per-message "Received/Processed" lines only at DEBUG
+            max_reconnect_attempts=-1,
+            graceful_timeout=max(10.0, s.ack_wait_s),
+        )
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    @property
+    def js(self) -> JetStreamContext:
+        return self.broker.connection.jetstream()
+
+    async def connect(self) -> None:
+        """Connect and make sure streams, buckets and this service's consumers exist as declared."""
+        await self.broker.connect()
+        await ensure_streams(self.js, self.settings)
+        for spec in self._consumers:
+            await self._reconcile_consumer(spec)
+        self._connected = True
+
+    async def start(self) -> None:
+        if not self._connected:
+            await self.connect()
+        await self.broker.start()
+
+    async def stop(self) -> None:
+        await self.broker.stop()
+
+    async def _reconcile_consumer(self, spec: ConsumerSpec) -> None:
+        # JetStream's create request without an action is create-or-update, so a changed
+        # ack_wait / max_deliver in settings takes effect (faststream alone would keep the
+        # config the durable was first created with).
+        cfg = ConsumerConfig(
+            durable_name=spec.durable,
+            ack_policy=JsAckPolicy.EXPLICIT,
+            deliver_policy=DeliverPolicy.ALL,
+            ack_wait=self.settings.ack_wait_s,
+            max_deliver=self.settings.max_deliver + 2,  # we dead-letter at max_deliver ourselves
+            filter_subjects=list(spec.filter_subjects),
+            max_ack_pending=1000,
+        )
+        await self.js.add_consumer(spec.stream, cfg)
+
+    # --- consuming ---------------------------------------------------------------------------
+    def consumer(
+        self,
+        router: NatsRouter,
+        *,
+        durable: str,
+        filter_subjects: list[str],
+        model: type[M],
+        stream: str = S.STREAM_CMD,
+    ) -> Callable[[Handler[M]], Handler[M]]:
+        """Register ``handler(payload)`` on a durable JetStream pull consumer."""
+        spec = ConsumerSpec(stream, durable, tuple(filter_subjects))
+        self._consumers.append(spec)
+
+        def register(handler: Handler[M]) -> Handler[M]:
+            async def on_message(msg: NatsMessage) -> None:
+                await self._deliver(msg, model, handler)
+
+            on_message.__name__ = handler.__name__
+            router.subscriber(
+                filter_subjects[0] if len(filter_subjects) == 1 else f"{S.P}.>",
+                stream=JStream(stream, declare=False),
+                durable=durable,
+                pull_sub=PullSub(batch_size=1, timeout=1.0),
+                ack_policy=AckPolicy.MANUAL,
+                title=durable,
+            )(on_message)
+            return handler
+
+        return register
+
+    def responder(
+        self,
+        router: NatsRouter,
+        *,
+        subject: str,
+        model: type[M],
+        reply: Callable[[str], BaseModel],
+    ) -> Callable[[Callable[[M], Awaitable[BaseModel]]], Callable[[M], Awaitable[BaseModel]]]:
+        """Register a queue-grouped request/reply handler; a malformed request is dead-lettered
+        and answered with ``reply(reason)`` instead of hanging the caller."""
+
+        def register(handler: Callable[[M], Awaitable[BaseModel]]) -> Callable[[M], Awaitable[BaseModel]]:
+            async def on_request(msg: NatsMessage) -> bytes:
+                raw = msg.raw_message
+                try:
+                    payload = model.model_validate_json(raw.data)
+                except ValidationError as err:
+                    reason = f"does not match contract {model.__name__}: {describe(err)}"
+                    await self.dead_letter(raw, reason, 1)
+                    return reply(reason).model_dump_json().encode()
+                result = await handler(payload)
+                return result.model_dump_json(by_alias=True).encode()
+
+            on_request.__name__ = handler.__name__
+            router.subscriber(subject, queue=self.service, title=f"{self.service}:{subject}")(on_request)
+            return handler
+
+        return register
+
+    async def _deliver(self, msg: Any, model: type[M], handler: Handler[M]) -> None:
+        raw = msg.raw_message
+        deliveries = raw.metadata.num_delivered if raw.metadata else 1
+        try:
+            payload = model.model_validate_json(raw.data)
+        except ValidationError as err:
+            await self.dead_letter(raw, f"does not match contract {model.__name__}: {describe(err)}", deliveries)
+            await msg.ack()
+            return
+        try:
+            async with self.heartbeat(msg):
+                await handler(payload)
+        except TryLater as later:
+            log.info("%s: retry later (%s)", self.service, later)
+            await msg.nack(delay=later.delay)
+            return
+        except Exception as err:
+            if deliveries >= self.settings.max_deliver:
+                log.exception("%s: giving up on %s after %d deliveries", self.service, raw.subject, deliveries)
+                await self.dead_letter(raw, f"handler failed {deliveries} times: {err!r}", deliveries)
+                await msg.ack()
+                return
+            log.warning("%s: handler failed on %s (delivery %d): %r", self.service, raw.subject, deliveries, err)
+            await msg.nack(delay=self.settings.redeliver_delay_s * 2 ** (deliveries - 1))
+            return
+        await msg.ack()
+
+    @contextlib.asynccontextmanager
+    async def heartbeat(self, msg: Any) -> AsyncIterator[None]:
+        """Tell JetStream a long handler (model call, slow tool) is still working on ``msg``."""
+        interval = max(0.2, self.settings.ack_wait_s / 3)
+
+        async def beat() -> None:
+            while True:
+                await asyncio.sleep(interval)
+                with contextlib.suppress(Exception):
+                    await msg.in_progress()
+
+        task = asyncio.create_task(beat())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def dead_letter(self, raw: Any, reason: str, deliveries: int) -> None:
+        body = raw.data.decode("utf-8", errors="replace")
+        letter = DeadLetter(
+            service=self.service,
+            subject=raw.subject,
+            reason=reason,
+            body=body,
+            headers={k: str(v) for k, v in (raw.headers or {}).items()},
+            deliveries=deliveries,
+        )
+        seq = raw.metadata.sequence.stream if raw.metadata else 0
+        await self.publish(
+            S.dead_letter(self.service), letter, msg_id=f"dlq-{self.service}-{raw.subject}-{seq}"
+        )
+        log.error("%s: dead-lettered %s: %s", self.service, raw.subject, reason)
+
+    # --- publishing --------------------------------------------------------------------------
+    async def publish(
+        self,
+        subject: str,
+        payload: BaseModel | bytes,
+        *,
+        msg_id: str | None = None,
+        run_id: str | None = None,
+        traceparent: str | None = None,
+    ) -> None:
+        """Publish to JetStream; ``msg_id`` makes a re-publish after a crash a no-op."""
+        headers = {"content-type": "application/json"}
+        if msg_id:
+            headers[MSG_ID_HEADER] = msg_id
+        run_id = run_id or getattr(payload, "run_id", None)
+        if run_id:
+            headers[RUN_ID_HEADER] = run_id
+        stream = stream_for(subject)
+        body = payload if isinstance(payload, bytes) else payload.model_dump_json(by_alias=True).encode()
+        token = None
+        if traceparent:  # continue a stored trace (e.g. a human resolving an escalation)
+            token = otel_context.attach(propagate.extract({"traceparent": traceparent}))
+        try:
+            await self.broker.publish(body, subject, headers=headers, stream=stream, correlation_id=run_id)
+        finally:
+            if token is not None:
+                otel_context.detach(token)
+
+    async def request(self, subject: str, payload: BaseModel, reply: type[M]) -> M:
+        """Core-NATS request/reply (queue-grouped service), decoded into ``reply``."""
+        resp = await self.broker.request(
+            payload.model_dump_json(by_alias=True).encode(),
+            subject,
+            timeout=self.settings.rpc_timeout_s,
+            headers={"content-type": "application/json"},
+        )
+        return reply.model_validate_json(resp.body)
+
+    # --- key-value ---------------------------------------------------------------------------
+    async def kv(self, bucket: str) -> KeyValue:
+        if bucket not in self._kv:
+            try:
+                self._kv[bucket] = await self.js.key_value(bucket)
+            except BucketNotFoundError:
+                await ensure_buckets(self.js, self.settings, [bucket])
+                self._kv[bucket] = await self.js.key_value(bucket)
+        return self._kv[bucket]
+
+    async def kv_get(self, bucket: str, key: str, model: type[M]) -> tuple[M | None, int]:
+        """The stored model and its revision (0 when absent)."""
+        kv = await self.kv(bucket)
+        try:
+            entry = await kv.get(key)
+        except KeyNotFoundError:
+            return None, 0
+        if entry.value is None or entry.operation in ("DEL", "PURGE"):
+            return None, entry.revision or 0
+        return model.model_validate_json(entry.value), entry.revision or 0
+
+    async def kv_put(self, bucket: str, key: str, value: BaseModel, *, revision: int | None = None) -> int:
+        """Write ``value``; with ``revision`` it is a compare-and-swap (0 = must not exist yet)."""
+        kv = await self.kv(bucket)
+        data = value.model_dump_json(by_alias=True).encode()
+        try:
+            if revision is None:
+                return await kv.put(key, data)
+            if revision == 0:
+                return await kv.create(key, data)
+            return await kv.update(key, data, last=revision)
+        except KeyWrongLastSequenceError as err:
+            raise CasConflict(f"{bucket}/{key} changed since revision {revision}") from err
+        except Exception as err:  # create() on an existing key
+            if "key exists" in str(err).lower() or "wrong last sequence" in str(err).lower():
+                raise CasConflict(f"{bucket}/{key} already exists") from err
+            raise
+
+
+def stream_for(subject: str) -> str | None:
+    for stream, patterns in S.STREAM_SUBJECTS.items():
+        if any(subject.startswith(p[:-1]) for p in patterns):
+            return stream
+    return None
+
+
+async def ensure_streams(js: JetStreamContext, settings: Settings) -> None:
+    for name, subjects in S.STREAM_SUBJECTS.items():
+        cfg = StreamConfig(
+            name=name,
+            subjects=subjects,
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            duplicate_window=settings.duplicate_window_s,
+            max_age=settings.stream_max_age_s,
+        )
+        try:
+            await js.add_stream(cfg)
+        except Exception as err:  # exists with other settings: update what may change
+            if "already in use" not in str(err) and "exist" not in str(err):
+                raise
+            await js.update_stream(cfg)
+
+
+async def ensure_buckets(js: JetStreamContext, settings: Settings, buckets: list[str] | None = None) -> None:
+    for bucket in buckets or S.ALL_BUCKETS:
+        with contextlib.suppress(Exception):
+            await js.key_value(bucket)
+            continue
+        await js.create_key_value(KeyValueConfig(bucket=bucket, history=5, storage=StorageType.FILE))
+
+
+def describe(err: ValidationError) -> str:
+    """A pydantic error in one line naming each bad field by path."""
+    parts = []
+    for e in err.errors()[:8]:
+        loc = ".".join(str(p) for p in e["loc"]) or "(message)"
+        parts.append(f"{loc}: {e['msg']}")
+    more = len(err.errors()) - 8
+    return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str)

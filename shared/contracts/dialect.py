@@ -1,0 +1,248 @@
+"""Schema dialect checks: a tool's schema is refused at registration, never silently ignored.
+
+JSON Schema draft-07, 2019-09 and 2020-12 are different languages: ``definitions`` vs
+``$defs``, array-form ``items``/``additionalItems`` vs ``prefixItems``, ``dependencies``
+vs ``dependentRequired``/``dependentSchemas``, ``unevaluated*``. A validator given a keyword
+its dialect does not define ignores it, so a schema that mixes dialects *looks* strict and
+checks nothing. This module walks the schema the way its dialect reads it and refuses any
+keyword the dialect does not define, naming the keyword and its JSON path.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from jsonschema import exceptions as js_exceptions
+from jsonschema import validators as js_validators
+
+from shared.contracts.formats import SUPPORTED_FORMATS
+
+DIALECT_URIS: dict[str, str] = {
+    "http://json-schema.org/draft-07/schema": "draft-07",
+    "https://json-schema.org/draft-07/schema": "draft-07",
+    "https://json-schema.org/draft/2019-09/schema": "2019-09",
+    "https://json-schema.org/draft/2020-12/schema": "2020-12",
+}
+META_URI = {
+    "draft-07": "http://json-schema.org/draft-07/schema#",
+    "2019-09": "https://json-schema.org/draft/2019-09/schema",
+    "2020-12": "https://json-schema.org/draft/2020-12/schema",
+}
+EXTENSION_PREFIX = "x-"  # vendor extensions (e.g. x-loopwarden-open) are allowed and inert
+
+_ANNOTATIONS = {"$comment", "title", "description", "default", "examples", "readOnly", "writeOnly"}
+_COMMON = _ANNOTATIONS | {
+    "$schema", "$id", "$ref", "type", "enum", "const", "format",
+    "multipleOf", "maximum", "exclusiveMaximum", "minimum", "exclusiveMinimum",
+    "maxLength", "minLength", "pattern",
+    "items", "maxItems", "minItems", "uniqueItems", "contains",
+    "maxProperties", "minProperties", "required", "properties", "patternProperties",
+    "additionalProperties", "propertyNames",
+    "if", "then", "else", "allOf", "anyOf", "oneOf", "not",
+    "contentMediaType", "contentEncoding",
+}
+_MODERN = {
+    "$anchor", "$vocabulary", "$defs", "dependentRequired", "dependentSchemas",
+    "unevaluatedItems", "unevaluatedProperties", "maxContains", "minContains", "deprecated",
+    "contentSchema",
+}
+KEYWORDS: dict[str, frozenset[str]] = {
+    "draft-07": frozenset(_COMMON | {"definitions", "dependencies", "additionalItems"}),
+    "2019-09": frozenset(_COMMON | _MODERN | {"additionalItems", "$recursiveRef", "$recursiveAnchor"}),
+    "2020-12": frozenset(_COMMON | _MODERN | {"prefixItems", "$dynamicRef", "$dynamicAnchor"}),
+}
+# Where a keyword of one dialect lives in another, say what to write instead.
+_HINTS: dict[tuple[str, str], str] = {
+    ("definitions", "modern"): "'definitions' is draft-07; this dialect uses '$defs'",
+    ("dependencies", "modern"): "'dependencies' is draft-07; use 'dependentRequired' or 'dependentSchemas'",
+    ("additionalItems", "2020-12"): "'additionalItems' was removed in 2020-12; use 'items' after 'prefixItems'",
+    ("prefixItems", "old"): "'prefixItems' is 2020-12; this dialect uses array-form 'items'",
+    ("$defs", "draft-07"): "'$defs' is 2019-09+; draft-07 uses 'definitions'",
+    ("$dynamicRef", "old"): "'$dynamicRef' is 2020-12",
+    ("$dynamicAnchor", "old"): "'$dynamicAnchor' is 2020-12",
+    ("$recursiveRef", "other"): "'$recursiveRef' is 2019-09 only",
+    ("$recursiveAnchor", "other"): "'$recursiveAnchor' is 2019-09 only",
+}
+_SCHEMA_VALUED = {
+    "additionalProperties", "additionalItems", "contains", "propertyNames", "not", "if", "then",
+    "else", "unevaluatedItems", "unevaluatedProperties", "contentSchema",
+}
+_SCHEMA_MAPS = {"properties", "patternProperties", "definitions", "$defs", "dependentSchemas"}
+_SCHEMA_ARRAYS = {"allOf", "anyOf", "oneOf", "prefixItems"}
+_REF_SIBLING_OK = _ANNOTATIONS | {"$ref", "$id", "$schema", "definitions"}
+
+
+@dataclass(frozen=True)
+class SchemaProblem:
+    keyword: str
+    path: str  # JSON pointer inside the schema, e.g. "#/properties/items/prefixItems"
+    message: str
+
+
+class ContractError(ValueError):
+    """A tool contract that cannot be registered: names the tool, keyword and path."""
+
+    def __init__(self, tool: str, which: str, problem: SchemaProblem) -> None:
+        self.tool, self.which, self.problem = tool, which, problem
+        super().__init__(
+            f"tool '{tool}' {which}: {problem.message} (keyword '{problem.keyword}' at {problem.path})"
+        )
+
+
+def dialect_of(schema: Any, default: str) -> str:
+    """The dialect a schema declares with ``$schema``, or ``default``."""
+    if not isinstance(schema, dict) or "$schema" not in schema:
+        return default
+    uri = str(schema["$schema"]).rstrip("#")
+    if uri not in DIALECT_URIS:
+        raise _Refusal(
+            SchemaProblem(
+                "$schema", "#/$schema",
+                f"unsupported dialect {schema['$schema']!r}; use draft-07, 2019-09 or 2020-12",
+            )
+        )
+    return DIALECT_URIS[uri]
+
+
+class _Refusal(Exception):
+    def __init__(self, problem: SchemaProblem) -> None:
+        super().__init__(problem.message)
+        self.problem = problem
+
+
+def check_schema(schema: Any, default_dialect: str) -> tuple[str, list[SchemaProblem]]:
+    """Return the schema's dialect and every problem that must stop registration."""
+    try:
+        dialect = dialect_of(schema, default_dialect)
+    except _Refusal as refusal:
+        return default_dialect, [refusal.problem]
+    if not isinstance(schema, dict):
+        return dialect, [SchemaProblem("type", "#", "a tool schema must be a JSON object")]
+    problems = list(_walk(schema, "#", dialect, root=schema))
+    if not problems:
+        problems.extend(_meta_problems(schema, dialect))
+    return dialect, problems
+
+
+def _pointer(base: str, *parts: object) -> str:
+    out = base
+    for part in parts:
+        out += "/" + str(part).replace("~", "~0").replace("/", "~1")
+    return out
+
+
+def _walk(node: Any, path: str, dialect: str, *, root: dict[str, Any]) -> Iterator[SchemaProblem]:
+    if isinstance(node, bool):
+        return
+    if not isinstance(node, dict):
+        yield SchemaProblem("(schema)", path, f"a subschema must be an object or boolean, got {type(node).__name__}")
+        return
+    allowed = KEYWORDS[dialect]
+    for key in node:
+        if key.startswith(EXTENSION_PREFIX):
+            continue
+        if key not in allowed:
+            yield SchemaProblem(key, _pointer(path, key), _foreign_message(key, dialect))
+    if dialect == "draft-07" and "$ref" in node:
+        ignored = sorted(k for k in node if k not in _REF_SIBLING_OK and not k.startswith(EXTENSION_PREFIX))
+        if ignored:
+            yield SchemaProblem(
+                ignored[0], _pointer(path, ignored[0]),
+                f"in draft-07 every keyword beside '$ref' is ignored ({', '.join(ignored)}); wrap them in 'allOf'",
+            )
+    if "definitions" in node and "$defs" in node:
+        yield SchemaProblem(
+            "definitions", _pointer(path, "definitions"), "'definitions' beside '$defs' mixes dialects; keep one"
+        )
+    if "items" in node and isinstance(node["items"], list) and dialect == "2020-12":
+        yield SchemaProblem(
+            "items", _pointer(path, "items"),
+            "array-form 'items' is draft-07/2019-09; in 2020-12 use 'prefixItems' for tuples",
+        )
+    ref = node.get("$ref")
+    if isinstance(ref, str):
+        yield from _check_ref(ref, _pointer(path, "$ref"), root)
+    fmt = node.get("format")
+    if isinstance(fmt, str) and fmt not in SUPPORTED_FORMATS:
+        yield SchemaProblem(
+            "format", _pointer(path, "format"),
+            f"format '{fmt}' is not checked by this runtime and would be ignored; "
+            f"supported: {', '.join(sorted(SUPPORTED_FORMATS))}",
+        )
+    for pattern_path, pattern in _patterns(node, path):
+        try:
+            re.compile(pattern)
+        except re.error as err:
+            yield SchemaProblem("pattern", pattern_path, f"pattern {pattern!r} is not a valid regular expression: {err}")
+
+    for key, value in node.items():
+        if key.startswith(EXTENSION_PREFIX) or key not in allowed:
+            continue
+        if key in _SCHEMA_VALUED:
+            yield from _walk(value, _pointer(path, key), dialect, root=root)
+        elif key in _SCHEMA_MAPS and isinstance(value, dict):
+            for name, sub in value.items():
+                yield from _walk(sub, _pointer(path, key, name), dialect, root=root)
+        elif key in _SCHEMA_ARRAYS and isinstance(value, list):
+            for i, sub in enumerate(value):
+                yield from _walk(sub, _pointer(path, key, i), dialect, root=root)
+        elif key == "items":
+            subs = value if isinstance(value, list) else [value]
+            for i, sub in enumerate(subs):
+                yield from _walk(sub, _pointer(path, key, i) if isinstance(value, list) else _pointer(path, key),
+                                 dialect, root=root)
+        elif key == "dependencies" and isinstance(value, dict):
+            for name, sub in value.items():
+                if isinstance(sub, dict | bool):
+                    yield from _walk(sub, _pointer(path, key, name), dialect, root=root)
+
+
+def _patterns(node: dict[str, Any], path: str) -> Iterator[tuple[str, str]]:
+    if isinstance(node.get("pattern"), str):
+        yield _pointer(path, "pattern"), node["pattern"]
+    if isinstance(node.get("patternProperties"), dict):
+        for pat in node["patternProperties"]:
+            yield _pointer(path, "patternProperties", pat), pat
+
+
+def _foreign_message(key: str, dialect: str) -> str:
+    family = "modern" if dialect in ("2019-09", "2020-12") else "old"
+    for scope in (dialect, family, "other"):
+        hint = _HINTS.get((key, scope))
+        if hint:
+            return f"{hint} (schema dialect is {dialect})"
+    owners = [d for d, kws in KEYWORDS.items() if key in kws]
+    if owners:
+        return f"'{key}' belongs to {', '.join(owners)}, not {dialect}; it would be silently ignored"
+    return f"unknown keyword '{key}' in a {dialect} schema would be silently ignored (use an 'x-' prefix for annotations)"
+
+
+def _check_ref(ref: str, path: str, root: dict[str, Any]) -> Iterator[SchemaProblem]:
+    if not ref.startswith("#"):
+        yield SchemaProblem("$ref", path, f"remote $ref {ref!r} is not allowed; contracts must be self-contained")
+        return
+    if ref == "#" or not ref.startswith("#/"):
+        return  # the root, or an anchor: left to the meta-schema and compiler
+    node: Any = root
+    for raw in ref[2:].split("/"):
+        part = raw.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            yield SchemaProblem("$ref", path, f"$ref {ref!r} points nowhere in this schema")
+            return
+
+
+def _meta_problems(schema: dict[str, Any], dialect: str) -> Iterator[SchemaProblem]:
+    cls = js_validators.validator_for({"$schema": META_URI[dialect]})
+    try:
+        cls.check_schema(schema)
+    except js_exceptions.SchemaError as err:
+        where = "#" + "".join(f"/{p}" for p in err.path)
+        keyword = str(err.path[-1]) if err.path else str(err.validator)
+        yield SchemaProblem(keyword, where, f"not a valid {dialect} schema: {err.message}")

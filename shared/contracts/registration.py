@@ -1,0 +1,76 @@
+"""Registering a tool contract: fail fast on a bad schema, then compile once.
+
+``register_contract`` is the gate every tool passes — Python-declared, JSON-file and MCP
+tools alike: the dialect is resolved, foreign and unknown keywords are refused with their
+path, the meta-schema is checked, objects are closed by default, both schemas compile,
+and repair rules must name registered repairs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from shared.contracts.closing import close_schema
+from shared.contracts.dialect import ContractError, SchemaProblem, check_schema
+from shared.contracts.repair import unknown_rules
+from shared.contracts.validation import compiled, fingerprint
+from shared.messages import ToolContract
+
+
+def register_contract(contract: ToolContract, default_dialect: str = "2020-12") -> ToolContract:
+    """The contract with checked dialect and closed schemas, or ``ContractError``."""
+    dialects = []
+    effective: dict[str, dict[str, Any]] = {}
+    for which, schema in (("inputSchema", contract.input_schema), ("outputSchema", contract.output_schema)):
+        dialect, problems = check_schema(schema, default_dialect)
+        if problems:
+            raise ContractError(contract.name, which, problems[0])
+        if which == "inputSchema" and schema.get("type") != "object":
+            raise ContractError(contract.name, which, SchemaProblem(
+                "type", "#/type", "tool arguments are a JSON object: inputSchema needs \"type\": \"object\""))
+        closed = close_schema(schema, dialect)
+        try:
+            compiled(closed, dialect)
+        except Exception as err:  # a schema the compiler rejects is as bad as an invalid one
+            raise ContractError(contract.name, which, SchemaProblem("(schema)", "#", f"does not compile: {err}")) from err
+        effective[which] = closed
+        dialects.append(dialect)
+    bad_rules = unknown_rules(contract.repairs)
+    if bad_rules:
+        raise ContractError(contract.name, "repairs", SchemaProblem(
+            "rule", "#/repairs", f"unknown repair rule(s): {', '.join(bad_rules)}"))
+    return contract.model_copy(update={
+        "input_schema": effective["inputSchema"],
+        "output_schema": effective["outputSchema"],
+        "dialect": dialects[1] if dialects[0] == dialects[1] else f"{dialects[0]}/{dialects[1]}",
+        "fingerprint": fingerprint([effective["inputSchema"], effective["outputSchema"],
+                                    [r.model_dump() for r in contract.repairs]]),
+    })
+
+
+def dialect_of_contract(contract: ToolContract, which: str) -> str:
+    """The dialect of a registered contract's input or output schema."""
+    parts = (contract.dialect or "2020-12").split("/")
+    return parts[0] if which == "input" or len(parts) == 1 else parts[1]
+
+
+def load_contract_file(path: Path) -> tuple[ToolContract, str | None]:
+    """A contract declared as JSON: the contract fields plus an optional ``entrypoint``."""
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON: {err.msg} at line {err.lineno} column {err.colno}") from err
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a contract file holds one JSON object")
+    entrypoint = data.pop("entrypoint", None)
+    try:
+        contract = ToolContract.model_validate({**data, "source": "json"})
+    except ValidationError as err:
+        from shared.bus import describe
+
+        raise ValueError(f"{path}: {describe(err)}") from err
+    return contract, entrypoint

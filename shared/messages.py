@@ -1,0 +1,487 @@
+"""Wire contracts: every message on the bus is one of these models.
+
+Readers ignore unknown fields (``extra="ignore"``) so a newer writer may add optional
+fields without breaking an older reader; a breaking change gets a new subject version.
+JSON Schemas generated from these models live in ``schemas/messages/`` (drift-tested).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+RUN_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+
+FailureType = Literal[
+    "input_invalid",  # arguments broke the input schema: never executed
+    "output_invalid",  # the tool's output broke its output schema
+    "transient",  # timeout-like or overload: retried with backoff by the executor
+    "timeout",  # the tool exceeded its time limit
+    "fatal",  # non-recoverable: escalates at once
+    "unknown_outcome",  # a non-idempotent call may or may not have happened
+    "loop",  # the model repeats itself
+    "budget",  # tokens or cost exhausted
+    "judge",  # the judge could not score a candidate
+]
+FAILURE_TYPES: tuple[str, ...] = FailureType.__args__  # type: ignore[attr-defined]
+SCHEMA_FAILURES = frozenset({"input_invalid", "output_invalid"})
+Boundary = Literal["skip_and_note", "use_cached", "ask_human"]
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Wire(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+
+# --- conversation -----------------------------------------------------------------------------
+
+
+class TextBlock(Wire):
+    type: Literal["text"] = "text"
+    text: str
+
+
+class ToolUseBlock(Wire):
+    type: Literal["tool_use"] = "tool_use"
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+class ToolResultBlock(Wire):
+    type: Literal["tool_result"] = "tool_result"
+    tool_use_id: str
+    content: str
+    is_error: bool = False
+
+
+Block = Annotated[TextBlock | ToolUseBlock | ToolResultBlock, Field(discriminator="type")]
+
+
+class ChatMessage(Wire):
+    role: Literal["user", "assistant"]
+    content: list[Block]
+
+    @classmethod
+    def user(cls, text: str) -> ChatMessage:
+        return cls(role="user", content=[TextBlock(text=text)])
+
+    def text(self) -> str:
+        return "".join(b.text for b in self.content if isinstance(b, TextBlock))
+
+
+class Usage(Wire):
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            cost_usd=round(self.cost_usd + other.cost_usd, 8),
+        )
+
+
+# --- rubric -----------------------------------------------------------------------------------
+
+JudgeInput = Literal["task", "answer", "tool_history"]
+
+
+class Criterion(Wire):
+    name: str = Field(min_length=1, description="kept exactly as written, in any language")
+    weight: float = Field(1.0, gt=0)
+    hard: bool = Field(False, description="a failed hard criterion forces the score to 0")
+    pass_at: float = Field(0.5, ge=0, le=1, description="a hard criterion fails below this score")
+    description: str | None = None
+    needs: list[JudgeInput] = Field(
+        default_factory=list, description="what the judge must see to decide this criterion"
+    )
+
+
+class Rubric(Wire):
+    criteria: list[Criterion] = Field(min_length=1)
+    threshold: float = Field(0.8, ge=0, le=1)
+    judge_sees: list[JudgeInput] = Field(default_factory=lambda: ["task", "answer"])
+
+    @field_validator("criteria")
+    @classmethod
+    def _unique(cls, v: list[Criterion]) -> list[Criterion]:
+        names = [c.name for c in v]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"criterion names must be unique; repeated: {', '.join(dupes)}")
+        return v
+
+
+# --- runs -------------------------------------------------------------------------------------
+
+
+class RunLimits(Wire):
+    """Per-run overrides of the service defaults; ``None`` keeps the default."""
+
+    max_iterations: int | None = Field(None, ge=1)
+    max_judge_retries: int | None = Field(None, ge=0)
+    max_schema_corrections: int | None = Field(None, ge=0)
+    cost_ceiling_usd: float | None = Field(None, gt=0)
+    run_token_budget: int | None = Field(None, ge=100)
+    context_budget_tokens: int | None = Field(None, ge=100)
+    not_judged_policy: Literal["escalate", "retry", "accept", "fail"] | None = None
+    loop_policy: Literal["stop", "escalate"] | None = None
+    loop_repeat_threshold: int | None = Field(None, ge=2)
+
+
+class RunSubmit(Wire):
+    run_id: str = Field(pattern=RUN_ID_PATTERN)
+    task: str = Field(min_length=1)
+    rubric: Rubric | None = None
+    limits: RunLimits = Field(default_factory=RunLimits)
+    answer_mode: Literal["auto", "submit", "text"] = Field(
+        "auto", description="submit: the answer is the terminal tool's payload; text: a final text turn"
+    )
+    terminal_tools: list[str] = Field(default_factory=lambda: ["submit_result"])
+    tools: list[str] | None = Field(None, description="allowlist of tools; None offers every registered tool")
+    lessons: bool = Field(False, description="start with the failure reasons of earlier runs of this task")
+    scripted: bool = Field(False, description="a scripted scenario is stored under this run id")
+    submitted_at: datetime = Field(default_factory=utcnow)
+
+
+RunStatus = Literal["running", "awaiting_human", "completed", "stopped", "failed"]
+
+
+class RunEvent(Wire):
+    run_id: str
+    kind: str
+    iteration: int = 0
+    status: RunStatus = "running"
+    summary: str = ""
+    detail: dict[str, Any] = Field(default_factory=dict)
+    at: datetime = Field(default_factory=utcnow)
+
+
+# --- tools ------------------------------------------------------------------------------------
+
+
+class RetryPolicy(Wire):
+    max_attempts: int = Field(3, ge=1)
+    base_delay_s: float = Field(0.2, ge=0)
+    max_delay_s: float = Field(5.0, ge=0)
+    max_elapsed_s: float = Field(30.0, gt=0)
+
+
+class RepairRule(Wire):
+    path: str = Field(description="JSON pointer to the field; '*' matches any array index or key")
+    rule: str = Field(description="name of a registered repair, e.g. numeric_string_to_integer")
+
+
+class ToolContract(Wire):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str = Field(min_length=1)
+    input_schema: dict[str, Any] = Field(alias="inputSchema")
+    output_schema: dict[str, Any] = Field(alias="outputSchema")
+    idempotent: bool = False
+    timeout_s: float = Field(10.0, gt=0)
+    retry: RetryPolicy = Field(default_factory=RetryPolicy)
+    fallback: str | None = Field(None, description="tool to use when this one fails recoverably")
+    boundary: Boundary | None = Field(None, description="what to do when retries and fallbacks are spent")
+    terminal: bool = Field(False, description="a successful call ends the run's work (e.g. submit_result)")
+    repairs: list[RepairRule] = Field(default_factory=list)
+    source: Literal["python", "json", "mcp"] = "python"
+    dialect: str | None = None
+    fingerprint: str | None = None
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class ToolCall(Wire):
+    """Command: execute one tool call (``lw.v1.cmd.tool.execute.<tool>``)."""
+
+    run_id: str = Field(pattern=RUN_ID_PATTERN)
+    iteration: int = Field(ge=1)
+    call_id: str = Field(min_length=1)
+    attempt_id: str = Field(min_length=1, description="unique per execution, incl. fallbacks")
+    tool: str
+    requested_tool: str
+    arguments: dict[str, Any]
+    fallback_from: FallbackNote | None = None
+
+
+class FallbackNote(Wire):
+    from_tool: str
+    to_tool: str
+    reason: str
+
+
+class SchemaError(Wire):
+    path: str
+    keyword: str
+    message: str
+    expected: Any = None
+    got: Any = None
+
+
+class ToolResultRaw(Wire):
+    """Command: check a tool's output against its contract (``lw.v1.cmd.result.validate``)."""
+
+    run_id: str
+    iteration: int
+    call_id: str
+    attempt_id: str
+    tool: str
+    requested_tool: str
+    arguments: dict[str, Any]
+    output: Any = None
+    output_is_text: bool = Field(False, description="output is raw text that must parse as JSON")
+    attempts: int = 1
+    duration_ms: float = 0.0
+    cached: bool = False
+    cached_at: datetime | None = None
+    fallback_from: FallbackNote | None = None
+
+
+class ToolOutcome(Wire):
+    """Event: a tool call's final outcome, on ``tool.succeeded.<tool>`` or ``failure.<type>.<tool>``."""
+
+    run_id: str
+    iteration: int
+    call_id: str
+    attempt_id: str
+    tool: str
+    requested_tool: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    success: bool
+    error: str | None = Field(None, description="written for the model: what failed and what to do")
+    recoverable: bool = True
+    data: Any = None
+    failure_type: FailureType | None = None
+    errors: list[SchemaError] = Field(default_factory=list)
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    parsed: bool = True
+    repaired: bool = False
+    repairs: list[str] = Field(default_factory=list)
+    attempts: int = 1
+    cached: bool = False
+    fallback_from: FallbackNote | None = None
+    boundary: Boundary | None = None
+    terminal: bool = False
+
+    @model_validator(mode="after")
+    def _failure_has_type(self) -> ToolOutcome:
+        if not self.success and self.failure_type is None:
+            raise ValueError("a failed outcome needs a failure_type")
+        if not self.success and not self.error:
+            raise ValueError("a failed outcome needs a model-readable error")
+        return self
+
+
+class ToolAttempt(Wire):
+    """Event: one execution attempt (transient retries are visible here and in the trace)."""
+
+    run_id: str
+    call_id: str
+    attempt_id: str
+    tool: str
+    attempt: int
+    ok: bool
+    failure_type: FailureType | None = None
+    error: str | None = None
+    next_delay_s: float | None = None
+
+
+class CachedToolResult(Wire):
+    """The last good (validated) result per (tool, arguments), for the ``use_cached`` boundary."""
+
+    tool: str
+    data: Any
+    at: datetime = Field(default_factory=utcnow)
+
+
+# --- judge ------------------------------------------------------------------------------------
+
+
+class Candidate(Wire):
+    id: str
+    iteration: int
+    kind: Literal["text", "submission"]
+    content: str
+    payload: dict[str, Any] | None = None
+
+
+class JudgeRequest(Wire):
+    run_id: str
+    candidate: Candidate
+    task: str
+    rubric: Rubric
+    judge_seq: int = Field(ge=0, description="this run's n-th judge request (scripted judges replay by it)")
+    scripted: bool = False
+    tool_history: list[str] = Field(default_factory=list)
+
+
+class CriterionScore(Wire):
+    name: str
+    score: float = Field(ge=0, le=1)
+    weight: float
+    hard: bool = False
+    passed: bool = True
+    reason: str = ""
+
+
+class Verdict(Wire):
+    run_id: str
+    candidate_id: str
+    iteration: int
+    status: Literal["passed", "failed", "not_judged"]
+    score: float | None = None
+    threshold: float
+    criteria: list[CriterionScore] = Field(default_factory=list)
+    reasons: list[str] = Field(default_factory=list)
+    not_judged_reason: str | None = None
+    judge_model: str = ""
+    usage: Usage = Field(default_factory=Usage)
+
+    @model_validator(mode="after")
+    def _no_score_when_not_judged(self) -> Verdict:
+        if self.status == "not_judged" and (self.score is not None or not self.not_judged_reason):
+            raise ValueError("a not_judged verdict carries a reason and no score")
+        if self.status != "not_judged" and self.score is None:
+            raise ValueError("a judged verdict carries a score")
+        return self
+
+
+# --- budget -----------------------------------------------------------------------------------
+
+
+class SectionTokens(Wire):
+    goal: int = 0
+    history: int = 0
+    tools: int = 0
+    output: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.goal + self.history + self.tools + self.output
+
+
+class BudgetRequest(Wire):
+    run_id: str
+    turn: int
+    model: str
+    sections: SectionTokens
+    spent: Usage
+    context_budget_tokens: int
+    run_token_budget: int
+    cost_ceiling_usd: float
+    estimated_cost_usd: float = 0.0
+
+
+BudgetAction = Literal["allow", "warn", "compact", "block"]
+
+
+class BudgetDecision(Wire):
+    run_id: str
+    turn: int
+    action: BudgetAction
+    model: str
+    max_output_tokens: int
+    reasons: list[str] = Field(default_factory=list)
+    fired: list[str] = Field(default_factory=list, description="thresholds that fired for the first time")
+    allocations: dict[str, int] = Field(default_factory=dict)
+    usage_ratio: float = 0.0
+
+
+# --- escalation -------------------------------------------------------------------------------
+
+EscalationKind = Literal[
+    "fatal", "unknown_outcome", "schema_cap", "ask_human", "not_judged", "loop", "approval"
+]
+
+
+def escalation_id_for_call(run_id: str, call_id: str) -> str:
+    """The planner and the escalation service both derive a tool failure's escalation id from it."""
+    raw = f"esc-{run_id}-{call_id}"
+    return "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in raw)
+
+
+class EscalationRaise(Wire):
+    escalation_id: str
+    run_id: str
+    kind: EscalationKind
+    reason: str
+    tool: str | None = None
+    call_id: str | None = None
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class Escalation(EscalationRaise):
+    status: Literal["open", "claimed", "resolved"] = "open"
+    created_at: datetime = Field(default_factory=utcnow)
+    claimed_by: str | None = None
+    resolution: EscalationResolution | None = None
+    traceparent: str | None = None
+
+
+EscalationAction = Literal["resume", "abort", "provide_result", "accept"]
+
+
+class EscalationResolution(Wire):
+    escalation_id: str
+    run_id: str
+    action: EscalationAction
+    note: str = ""
+    result: Any = None
+    resolved_by: str
+    resolved_at: datetime = Field(default_factory=utcnow)
+
+
+class EscalationQuery(Wire):
+    status: Literal["open", "claimed", "resolved", "all"] = "open"
+    run_id: str | None = None
+
+
+class EscalationClaim(Wire):
+    escalation_id: str
+    who: str = Field(min_length=1)
+
+
+class EscalationResolve(Wire):
+    escalation_id: str
+    who: str = Field(min_length=1)
+    action: EscalationAction
+    note: str = ""
+    result: Any = None
+
+
+class EscalationReply(Wire):
+    ok: bool
+    error: str | None = None
+    escalations: list[Escalation] = Field(default_factory=list)
+
+
+# --- dead letters -----------------------------------------------------------------------------
+
+
+class DeadLetter(Wire):
+    service: str
+    subject: str
+    reason: str
+    body: str
+    headers: dict[str, str] = Field(default_factory=dict)
+    deliveries: int = 1
+    at: datetime = Field(default_factory=utcnow)
+
+
+Escalation.model_rebuild()
+ToolCall.model_rebuild()
+
+# Every model that travels on the bus or sits in a shared bucket; schemas/ is generated from this.
+WIRE_MODELS: tuple[type[BaseModel], ...] = (
+    RunSubmit, RunEvent, ToolContract, ToolCall, ToolResultRaw, ToolOutcome, ToolAttempt, CachedToolResult,
+    JudgeRequest, Verdict, BudgetRequest, BudgetDecision, EscalationRaise, Escalation,
+    EscalationResolution, EscalationQuery, EscalationClaim, EscalationResolve, EscalationReply,
+    DeadLetter,
+)

@@ -1,0 +1,167 @@
+"""Scripted scenarios: the offline stand-in for a model (and, optionally, for tools).
+
+A scenario replays the planner's turns in order (one per model call), the judge's replies
+in order (raw text allowed, so an unparseable reply can be scripted), compaction
+summaries, and per-tool behaviour per execution attempt. It is validated on load; an error
+names the file and the field (``planner[2].tool_calls[0].name: Field required``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from shared.messages import RunLimits, Rubric
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ScriptedToolCall(_Strict):
+    name: str = Field(min_length=1)
+    input: dict[str, Any] = Field(default_factory=dict)
+    id: str | None = None
+
+
+class ScriptedError(_Strict):
+    type: Literal["rate_limit", "overloaded", "transient", "fatal"]
+    message: str = "scripted provider error"
+    retry_after_s: float | None = None
+
+
+class ScriptedUsage(_Strict):
+    input_tokens: int = Field(ge=0)
+    output_tokens: int = Field(ge=0)
+
+
+class PlannerTurn(_Strict):
+    text: str | None = None
+    tool_calls: list[ScriptedToolCall] = Field(default_factory=list)
+    error: ScriptedError | None = None
+    usage: ScriptedUsage | None = Field(None, description="override the counted usage (e.g. a token-inflating turn)")
+
+    @model_validator(mode="after")
+    def _something(self) -> PlannerTurn:
+        if self.error is None and self.text is None and not self.tool_calls:
+            raise ValueError("a turn needs text, tool_calls or error (use text: \"\" for an empty turn)")
+        return self
+
+
+class JudgeTurn(_Strict):
+    scores: dict[str, float] | None = None
+    reasons: dict[str, str] = Field(default_factory=dict)
+    raw: str | None = Field(None, description="the judge's reply verbatim (may be unparseable on purpose)")
+    error: str | None = Field(None, description="the judge call raises this error")
+
+    @model_validator(mode="after")
+    def _one(self) -> JudgeTurn:
+        given = [x for x in (self.scores, self.raw, self.error) if x is not None]
+        if len(given) != 1:
+            raise ValueError("a judge turn has exactly one of scores, raw or error")
+        return self
+
+
+class ToolBehaviour(_Strict):
+    output: Any = None
+    output_text: str | None = Field(None, description="raw text output; must parse as JSON to pass")
+    fail: Literal["transient", "timeout", "fatal"] | None = None
+    error: str | None = None
+    retry_after_s: float | None = Field(None, ge=0)
+    latency_s: float = Field(0.0, ge=0, description="wait this long (after the real tool ran, if it runs)")
+    times: int | Literal["always"] = 1
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mark_output(cls, data: Any) -> Any:
+        # ``output: null`` is a scripted output (the tool returned null), so presence of the key
+        # is what counts; a stored (dumped) scenario carries the marker itself.
+        if isinstance(data, dict) and "output" in data and "_has_output" not in data:
+            data = {**data, "_has_output": True}
+        return data
+
+    has_output: bool = Field(False, alias="_has_output")
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> ToolBehaviour:
+        kinds = [self.has_output, self.output_text is not None, self.fail is not None]
+        if sum(kinds) > 1:
+            raise ValueError("a tool behaviour has at most one of output, output_text or fail")
+        if isinstance(self.times, int) and self.times < 1:
+            raise ValueError("times must be >= 1 or 'always'")
+        return self
+
+    @property
+    def runs_real_tool(self) -> bool:
+        return not self.has_output and self.output_text is None and self.fail is None
+
+
+class Expectation(_Strict):
+    status: Literal["completed", "stopped", "failed", "awaiting_human"] | None = None
+    final_output_contains: str | None = None
+    escalations: int | None = None
+    passed_first_draft: bool | None = None
+
+
+class Scenario(_Strict):
+    name: str = Field(min_length=1)
+    description: str = ""
+    task: str = Field(min_length=1)
+    planner: list[PlannerTurn] = Field(default_factory=list)
+    judge: list[JudgeTurn] = Field(default_factory=list)
+    summaries: list[str] = Field(default_factory=list)
+    tools: dict[str, list[ToolBehaviour]] = Field(default_factory=dict)
+    rubric: Rubric | None = None
+    limits: RunLimits | None = None
+    answer_mode: Literal["auto", "submit", "text"] = "auto"
+    terminal_tools: list[str] = Field(default_factory=lambda: ["submit_result"])
+    allowed_tools: list[str] | None = None
+    lessons: bool = False
+    expect: Expectation | None = None
+
+    def tool_behaviour(self, tool: str, attempt_index: int) -> ToolBehaviour | None:
+        """The behaviour for the n-th execution attempt of ``tool`` in a run (0-based)."""
+        seen = 0
+        for entry in self.tools.get(tool, []):
+            if entry.times == "always":
+                return entry
+            if attempt_index < seen + entry.times:
+                return entry
+            seen += entry.times
+        return None
+
+
+class ScenarioError(ValueError):
+    pass
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(scenario)"
+
+
+def parse_scenario(data: Any, source: str = "<scenario>") -> Scenario:
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as err:
+        lines = [f"{_loc(tuple(e['loc']))}: {e['msg']}" for e in err.errors()]
+        raise ScenarioError(f"{source}: invalid scenario:\n  " + "\n  ".join(lines)) from None
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as err:
+        raise ScenarioError(f"{p}: cannot read scenario: {err.strerror}") from None
+    try:
+        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as err:
+        raise ScenarioError(f"{p}: not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {err}") from None
+    return parse_scenario(data, str(p))

@@ -1,0 +1,65 @@
+"""Running a service process: settings -> logging -> telemetry -> bus -> handlers -> serve.
+
+Every ``python -m services.<name>`` goes through ``serve`` so that start-up, signal
+handling and shutdown are the same for all six.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+
+from faststream.nats import NatsRouter
+
+from shared.bus import Bus
+from shared.settings import Settings, load_settings
+from shared.telemetry import Telemetry, setup_telemetry
+
+# build(bus, settings, telemetry, router) registers handlers and returns an optional
+# coroutine factory run once the broker is connected (e.g. registering tool contracts).
+Build = Callable[[Bus, Settings, Telemetry, NatsRouter], Callable[[], Awaitable[None]] | None]
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level, stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    for noisy in ("faststream", "nats", "httpx", "httpx2", "anthropic"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(level)))
+
+
+async def serve(service: str, build: Build, settings: Settings | None = None) -> None:
+    settings = settings or load_settings(service)
+    configure_logging(settings.log_level)
+    telemetry = setup_telemetry(service, settings)
+    bus = Bus(settings, service, telemetry.tracer_provider)
+    router = NatsRouter()
+    after_connect = build(bus, settings, telemetry, router)
+    bus.broker.include_router(router)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await bus.connect()
+    if after_connect is not None:
+        await after_connect()
+    await bus.start()
+    logging.getLogger("loopwarden").info("%s ready on %s", service, settings.nats_url)
+    print(f"loopwarden-{service} ready", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await bus.stop()
+        telemetry.shutdown()
+
+
+def main(service: str, build: Build) -> None:
+    settings = load_settings(service)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(service, build, settings))

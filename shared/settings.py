@@ -1,0 +1,156 @@
+"""The one settings object every service and the CLI read (env prefix ``LW_``).
+
+A bad value stops the process at start with the setting's environment name, so an
+operator sees ``LW_MAX_ITERATIONS`` rather than a traceback from deep inside a handler.
+"""
+
+from __future__ import annotations
+
+import sys
+from functools import cached_property
+from typing import Literal
+
+from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ProviderName = Literal["auto", "scripted", "anthropic"]
+NotJudgedPolicy = Literal["escalate", "retry", "accept", "fail"]
+LoopPolicy = Literal["stop", "escalate"]
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="LW_", extra="ignore", frozen=True)
+
+    # --- bus -------------------------------------------------------------------------
+    nats_url: str = Field(
+        "nats://127.0.0.1:4222", validation_alias=AliasChoices("LW_NATS_URL", "NATS_URL")
+    )
+    nats_user: str | None = None
+    nats_password: SecretStr | None = None
+    ack_wait_s: float = Field(30.0, gt=0, description="JetStream ack wait; handlers heartbeat at a third of it")
+    max_deliver: int = Field(6, ge=2, description="deliveries before a message is dead-lettered")
+    redeliver_delay_s: float = Field(0.5, ge=0, description="first nack delay; doubles per delivery")
+    duplicate_window_s: float = Field(600.0, gt=0, description="JetStream de-duplication window")
+    stream_max_age_s: float = Field(7 * 24 * 3600.0, gt=0)
+    rpc_timeout_s: float = Field(5.0, gt=0)
+
+    # --- models ----------------------------------------------------------------------
+    planner_provider: ProviderName = "auto"
+    planner_model: str = "claude-sonnet-4-5"
+    planner_max_output_tokens: int = Field(2048, ge=16)
+    judge_provider: ProviderName = "auto"
+    judge_model: str = "claude-haiku-4-5"
+    judge_max_output_tokens: int = Field(500, ge=16)
+    fallback_model: str | None = Field(
+        "claude-haiku-4-5", description="cheaper model the governor switches to when the budget runs low"
+    )
+    anthropic_api_key: SecretStr | None = Field(
+        None, validation_alias=AliasChoices("LW_ANTHROPIC_API_KEY", "ANTHROPIC_API_KEY")
+    )
+    anthropic_base_url: str | None = Field(
+        None, validation_alias=AliasChoices("LW_ANTHROPIC_BASE_URL", "ANTHROPIC_BASE_URL")
+    )
+    model_timeout_s: float = Field(120.0, gt=0)
+    model_retry_attempts: int = Field(4, ge=1, description="attempts per model call on transient errors")
+    model_retry_base_s: float = Field(0.5, ge=0)
+    model_retry_max_s: float = Field(20.0, gt=0)
+
+    # --- run limits (defaults; a run submission may lower or raise them) -------------
+    max_iterations: int = Field(15, ge=1)
+    max_judge_retries: int = Field(2, ge=0)
+    max_schema_corrections: int = Field(2, ge=0)
+    cost_ceiling_usd: float = Field(0.50, gt=0)
+    not_judged_policy: NotJudgedPolicy = "escalate"
+    loop_window: int = Field(6, ge=2)
+    loop_repeat_threshold: int = Field(3, ge=2)
+    loop_policy: LoopPolicy = "stop"
+    max_tool_result_tokens: int = Field(2000, ge=50, description="a larger tool result is truncated in context")
+
+    # --- token budget (governor) -----------------------------------------------------
+    context_budget_tokens: int = Field(60_000, ge=1000)
+    run_token_budget: int = Field(400_000, ge=1000, description="input+output tokens per run")
+    warn_at: float = Field(0.70, gt=0, lt=1)
+    compact_at: float = Field(0.80, gt=0, lt=1, description="share of the history allocation")
+    keep_recent_turns: int = Field(6, ge=1)
+    budget_exhausted_policy: Literal["fallback_model", "stop"] = "fallback_model"
+
+    # --- executor --------------------------------------------------------------------
+    executor_tools: str = Field("*", description="comma list of tools this executor hosts, '*' for all")
+    tool_contract_dir: str | None = Field(None, description="extra directory of JSON tool contracts")
+    default_schema_dialect: Literal["draft-07", "2019-09", "2020-12"] = "2020-12"
+    mcp_servers: str | None = Field(None, description="JSON list of MCP stdio servers to mount")
+    demo_data_dir: str | None = Field(None, description="where demo tools keep their side effects")
+
+    # --- telemetry -------------------------------------------------------------------
+    otel_exporter_otlp_endpoint: str | None = Field(
+        None, validation_alias=AliasChoices("LW_OTEL_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @field_validator("nats_url")
+    @classmethod
+    def _nats_scheme(cls, v: str) -> str:
+        for url in v.split(","):
+            if not url.strip().startswith(("nats://", "tls://", "ws://", "wss://")):
+                raise ValueError(f"must start with nats://, tls://, ws:// or wss:// (got {url!r})")
+        return v
+
+    @field_validator("executor_tools")
+    @classmethod
+    def _tools_list(cls, v: str) -> str:
+        names = [t.strip() for t in v.split(",") if t.strip()]
+        if not names:
+            raise ValueError("must name at least one tool, or '*'")
+        return v
+
+    @model_validator(mode="after")
+    def _thresholds_ordered(self) -> Settings:
+        if self.warn_at >= 1.0 or self.compact_at >= 1.0:
+            raise ValueError("thresholds must be below 1.0")
+        return self
+
+    # --- derived ---------------------------------------------------------------------
+    @cached_property
+    def hosted_tools(self) -> frozenset[str] | None:
+        """Tools this executor hosts; ``None`` means every registered tool."""
+        names = {t.strip() for t in self.executor_tools.split(",") if t.strip()}
+        return None if "*" in names else frozenset(names)
+
+    def resolved_provider(self, which: Literal["planner", "judge"]) -> Literal["scripted", "anthropic"]:
+        chosen = self.planner_provider if which == "planner" else self.judge_provider
+        if chosen == "auto":
+            return "anthropic" if self.anthropic_api_key else "scripted"
+        return chosen
+
+
+def env_name(field: str) -> str:
+    """The environment variable an operator sets for ``field``."""
+    info = Settings.model_fields.get(field)
+    alias = info.validation_alias if info else None
+    if isinstance(alias, AliasChoices):
+        return " or ".join(str(c) for c in alias.choices)
+    return f"LW_{field.upper()}"
+
+
+class SettingsError(SystemExit):
+    """Raised (as a clean exit) when configuration is invalid."""
+
+
+def describe_settings_error(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        field = str(e["loc"][0]) if e["loc"] else "settings"
+        got = e.get("input")
+        shown = "" if isinstance(got, dict) else f" (got {got!r})"
+        lines.append(f"invalid setting {env_name(field)}: {e['msg']}{shown}")
+    return "\n".join(lines)
+
+
+def load_settings(service: str = "loopwarden", **overrides: object) -> Settings:
+    """Read settings from the environment, or stop the process naming the bad setting."""
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as err:
+        print(f"{service}: {describe_settings_error(err)}", file=sys.stderr)
+        raise SettingsError(2) from None
+

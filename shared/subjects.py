@@ -1,0 +1,118 @@
+"""Every NATS subject, stream, consumer and bucket name, in one place.
+
+Shape: ``lw.<version>.<cmd|evt|rpc|dlq>.<area>.<verb>[.<tokens>]``. Commands go to one
+replica (a shared durable consumer), events fan out (one durable per consuming service),
+and a failure's *type* and *tool* are subject tokens so that routing a failure is a
+subscription, e.g. ``lw.v1.evt.failure.transient.search`` or ``lw.v1.evt.failure.fatal.>``.
+A breaking contract change gets ``lw.v2`` beside ``lw.v1``; additive fields do not.
+"""
+
+from __future__ import annotations
+
+import re
+
+VERSION = "v1"
+P = f"lw.{VERSION}"
+
+# --- commands (JetStream stream LW_CMD) ----------------------------------------------------
+RUN_SUBMIT = f"{P}.cmd.run.submit"
+RUN_ADVANCE = f"{P}.cmd.run.advance"  # planner -> planner: take the next model turn
+TOOL_EXECUTE_PREFIX = f"{P}.cmd.tool.execute"
+RESULT_VALIDATE = f"{P}.cmd.result.validate"
+JUDGE_SCORE = f"{P}.cmd.judge.score"
+ESCALATION_RAISE = f"{P}.cmd.escalation.raise"
+
+# --- request/reply on core NATS (deliberately outside every stream: a stream capturing
+# a request subject would answer it with a PubAck instead of the service's reply) -------
+BUDGET_RESERVE = f"{P}.rpc.budget.reserve"
+ESCALATION_LIST = f"{P}.rpc.escalation.list"
+ESCALATION_CLAIM = f"{P}.rpc.escalation.claim"
+ESCALATION_RESOLVE = f"{P}.rpc.escalation.resolve"
+
+# --- events (JetStream stream LW_EVT) ------------------------------------------------------
+RUN_EVENT_PREFIX = f"{P}.evt.run"
+TOOL_SUCCEEDED_PREFIX = f"{P}.evt.tool.succeeded"
+TOOL_ATTEMPT_PREFIX = f"{P}.evt.tool.attempt"
+TOOL_VALIDATED_PREFIX = f"{P}.evt.tool.validated"
+FAILURE_PREFIX = f"{P}.evt.failure"
+BUDGET_EVENT_PREFIX = f"{P}.evt.budget"
+JUDGE_VERDICT = f"{P}.evt.judge.verdict"
+ESCALATION_EVENT_PREFIX = f"{P}.evt.escalation"
+ESCALATION_RAISED = f"{ESCALATION_EVENT_PREFIX}.raised"
+ESCALATION_CLAIMED = f"{ESCALATION_EVENT_PREFIX}.claimed"
+ESCALATION_RESOLVED = f"{ESCALATION_EVENT_PREFIX}.resolved"
+
+# --- dead letters (JetStream stream LW_DLQ) --------------------------------------------------
+DLQ_PREFIX = f"{P}.dlq"
+
+STREAM_CMD = "LW_CMD"
+STREAM_EVT = "LW_EVT"
+STREAM_DLQ = "LW_DLQ"
+STREAM_SUBJECTS: dict[str, list[str]] = {
+    STREAM_CMD: [f"{P}.cmd.>"],
+    STREAM_EVT: [f"{P}.evt.>"],
+    STREAM_DLQ: [f"{P}.dlq.>"],
+}
+
+# --- key-value buckets -------------------------------------------------------------------------
+KV_RUNS = "lw_runs"  # planner: one key per run, CAS on revision
+KV_MODEL_CALLS = "lw_model_calls"  # planner: model responses per (run, turn)
+KV_SCENARIOS = "lw_scenarios"  # client: scripted scenario per run
+KV_CONTRACTS = "lw_contracts"  # executor: registered tool contracts
+KV_TOOL_LEDGER = "lw_tool_ledger"  # executor: attempts and outcomes per call
+KV_TOOL_CACHE = "lw_tool_cache"  # validator: last good result per (tool, arguments)
+KV_SCRIPT_CURSORS = "lw_script_cursors"  # executor: scripted tool behaviour cursors
+KV_VERDICTS = "lw_verdicts"  # judge: one verdict per candidate
+KV_BUDGETS = "lw_budgets"  # governor: ledger and threshold flags per run
+KV_ESCALATIONS = "lw_escalations"  # escalation: the human queue
+KV_LESSONS = "lw_lessons"  # planner: failure reasons per task, for opt-in lessons
+KV_DEMO = "lw_demo"  # demo tools' side effects (payments ledger)
+ALL_BUCKETS = (
+    KV_RUNS, KV_MODEL_CALLS, KV_SCENARIOS, KV_CONTRACTS, KV_TOOL_LEDGER, KV_TOOL_CACHE,
+    KV_SCRIPT_CURSORS, KV_VERDICTS, KV_BUDGETS, KV_ESCALATIONS, KV_LESSONS, KV_DEMO,
+)
+
+_TOKEN_OK = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def token(value: str) -> str:
+    """Make ``value`` safe as one subject token (no dots, spaces or wildcards)."""
+    cleaned = _TOKEN_OK.sub("_", value)
+    return cleaned or "_"
+
+
+def kv_key(*parts: str) -> str:
+    """A KV key from parts; KV keys allow ``[-/_=.a-zA-Z0-9]``."""
+    return ".".join(re.sub(r"[^-/_=a-zA-Z0-9]", "_", p) or "_" for p in parts)
+
+
+def tool_execute(tool: str) -> str:
+    return f"{TOOL_EXECUTE_PREFIX}.{token(tool)}"
+
+
+def run_event(kind: str) -> str:
+    return f"{RUN_EVENT_PREFIX}.{token(kind)}"
+
+
+def tool_succeeded(tool: str) -> str:
+    return f"{TOOL_SUCCEEDED_PREFIX}.{token(tool)}"
+
+
+def tool_attempt(tool: str) -> str:
+    return f"{TOOL_ATTEMPT_PREFIX}.{token(tool)}"
+
+
+def tool_validated(tool: str) -> str:
+    return f"{TOOL_VALIDATED_PREFIX}.{token(tool)}"
+
+
+def failure(failure_type: str, tool: str | None) -> str:
+    return f"{FAILURE_PREFIX}.{token(failure_type)}.{token(tool or '_')}"
+
+
+def budget_event(level: str) -> str:
+    return f"{BUDGET_EVENT_PREFIX}.{token(level)}"
+
+
+def dead_letter(service: str) -> str:
+    return f"{DLQ_PREFIX}.{token(service)}"
