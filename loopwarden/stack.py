@@ -127,7 +127,10 @@ class LocalStack:
     def start(self) -> LocalStack:
         if self.nats_url is None:
             self.start_nats()
-        started = [self.start_service(name) for name in self.services]
+        started = []
+        for i, name in enumerate(self.services):
+            replica = self.services[:i].count(name) + 1
+            started.append(self.start_service(name, label=name if replica == 1 else f"{name}#{replica}"))
         self.wait_ready(started)
         return self
 

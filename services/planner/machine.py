@@ -62,7 +62,7 @@ class Outbox:
         self.items.append(PublishRecord(subject=subject, msg_id=msg_id, payload=payload.model_dump_json(by_alias=True),
                                         model=type(payload).__name__))
 
-    def event(self, kind: str, summary: str, **detail: Any) -> None:
+    def event(self, kind: str, summary: str, /, **detail: Any) -> None:
         s = self.state
         seq = len(s.applied) * 100 + len(self.items)
         self.add(
@@ -221,7 +221,7 @@ def _dispatch(out: Outbox, call: ToolUseBlock, contracts: dict[str, ToolContract
         return
     record.terminal = contract.terminal or call.name in cfg.terminal_tools
     out.add(S.tool_execute(call.name),
-            ToolCall(run_id=s.run_id, iteration=it.n, call_id=call.id, attempt_id=S.kv_key(call.id), tool=call.name,
+            ToolCall(run_id=s.run_id, iteration=it.n, call_id=call.id, attempt_id=S.kv_key(s.run_id, call.id), tool=call.name,
                      requested_tool=call.name, arguments=call.input),
             f"{s.run_id}.call.{call.id}")
     out.event("tool_dispatched", f"{call.name}({json.dumps(call.input, ensure_ascii=False)[:160]})",

@@ -1,0 +1,73 @@
+"""Generate ``schemas/messages/*.json`` from the wire models (``make schemas``).
+
+The files are the reviewable contract: a change to a message shows up as a diff here, and
+``tests/test_contracts_drift.py`` fails when the models and the files disagree.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from shared import subjects as S
+from shared.messages import WIRE_MODELS
+
+OUT = Path(__file__).resolve().parents[1] / "schemas" / "messages"
+
+# Which contract travels on which subject (the catalogue a new consumer reads first).
+CATALOGUE: dict[str, str] = {
+    S.RUN_SUBMIT: "RunSubmit",
+    S.RUN_ADVANCE: "RunEvent",
+    f"{S.TOOL_EXECUTE_PREFIX}.<tool>": "ToolCall",
+    S.RESULT_VALIDATE: "ToolResultRaw",
+    S.JUDGE_SCORE: "JudgeRequest",
+    S.ESCALATION_RAISE: "EscalationRaise",
+    f"{S.BUDGET_RESERVE} (request/reply)": "BudgetRequest -> BudgetDecision",
+    f"{S.ESCALATION_LIST} (request/reply)": "EscalationQuery -> EscalationReply",
+    f"{S.ESCALATION_CLAIM} (request/reply)": "EscalationClaim -> EscalationReply",
+    f"{S.ESCALATION_RESOLVE} (request/reply)": "EscalationResolve -> EscalationReply",
+    f"{S.RUN_EVENT_PREFIX}.<kind>": "RunEvent",
+    f"{S.TOOL_SUCCEEDED_PREFIX}.<tool>": "ToolOutcome",
+    f"{S.TOOL_ATTEMPT_PREFIX}.<tool>": "ToolAttempt",
+    f"{S.FAILURE_PREFIX}.<input_invalid|output_invalid|transient|timeout|fatal|unknown_outcome>.<tool>": "ToolOutcome",
+    f"{S.FAILURE_PREFIX}.<loop|budget|judge>.<tool|_>": "RunEvent",
+    f"{S.BUDGET_EVENT_PREFIX}.<warn|compact|block|fallback>": "RunEvent",
+    S.JUDGE_VERDICT: "Verdict",
+    S.ESCALATION_RAISED: "Escalation",
+    S.ESCALATION_CLAIMED: "RunEvent",
+    S.ESCALATION_RESOLVED: "EscalationResolution",
+    f"{S.DLQ_PREFIX}.<service>": "DeadLetter",
+    f"kv {S.KV_CONTRACTS}": "ToolContract",
+    f"kv {S.KV_TOOL_CACHE}": "CachedToolResult",
+    f"kv {S.KV_ESCALATIONS}": "Escalation",
+}
+
+
+def render() -> dict[str, str]:
+    """File name -> file content, deterministic."""
+    files: dict[str, str] = {}
+    for model in WIRE_MODELS:
+        schema: dict[str, Any] = model.model_json_schema(by_alias=True)
+        schema = {"$schema": "https://json-schema.org/draft/2020-12/schema",
+                  "$id": f"https://loopwarden.dev/schemas/{S.VERSION}/{model.__name__}.json", **schema}
+        files[f"{model.__name__}.json"] = json.dumps(schema, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    files["catalogue.json"] = json.dumps({"version": S.VERSION, "subjects": CATALOGUE}, indent=2) + "\n"
+    return files
+
+
+def main() -> int:
+    OUT.mkdir(parents=True, exist_ok=True)
+    wanted = render()
+    for stale in OUT.glob("*.json"):
+        if stale.name not in wanted:
+            stale.unlink()
+    for name, content in wanted.items():
+        (OUT / name).write_text(content)
+    print(f"wrote {len(wanted)} files to {OUT}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

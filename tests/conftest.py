@@ -1,0 +1,96 @@
+"""Session fixtures: a real nats-server with JetStream and every service as its own process.
+
+The stack runs two planner and two executor replicas (shared durable consumers, CAS on
+run state), exports spans to an in-test OTLP receiver, and points the anthropic provider
+at an in-test Messages API server: runs submitted with a scenario are replayed by the
+scripted provider, runs submitted without one go through the real Anthropic SDK.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loopwarden.client import Client
+from loopwarden.stack import LocalStack, tail
+from services.planner.state import RunState
+from shared.scenario import parse_scenario
+from shared.settings import Settings
+from shared.telemetry import Telemetry, setup_telemetry
+from tests.support.messages_api import MessagesApiServer
+from tests.support.otlp_collector import OtlpCollector
+
+ROOT = Path(__file__).resolve().parents[1]
+TEST_ENV = {
+    "LW_ACK_WAIT_S": "3",
+    "LW_MAX_DELIVER": "5",
+    "LW_REDELIVER_DELAY_S": "0.2",
+    "LW_MODEL_RETRY_BASE_S": "0.05",
+    "LW_MODEL_RETRY_MAX_S": "0.3",
+    "LW_LOG_LEVEL": "INFO",
+    "ANTHROPIC_API_KEY": "test-key-not-real",
+}
+REPLICAS = ("planner", "planner", "executor", "executor", "validator", "judge", "governor", "escalation")
+
+
+@pytest.fixture(scope="session")
+def otlp() -> Iterator[OtlpCollector]:
+    collector = OtlpCollector().start()
+    yield collector
+    collector.stop()
+
+
+@pytest.fixture(scope="session")
+def messages_api() -> Iterator[MessagesApiServer]:
+    server = MessagesApiServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory, otlp: OtlpCollector,
+          messages_api: MessagesApiServer) -> Iterator[LocalStack]:
+    env = {**TEST_ENV, "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.endpoint, "ANTHROPIC_BASE_URL": messages_api.base_url}
+    st = LocalStack(state_dir=tmp_path_factory.mktemp("stack"), nats_url=os.environ.get("LW_TEST_NATS_URL"),
+                    env=env, services=REPLICAS)
+    try:
+        st.start()
+        yield st
+    finally:
+        st.stop()
+
+
+@pytest.fixture(scope="session")
+def client_telemetry(otlp: OtlpCollector) -> Telemetry:
+    return setup_telemetry("client", Settings(otel_exporter_otlp_endpoint=otlp.endpoint))
+
+
+def settings_for(stack: LocalStack, **overrides: Any) -> Settings:
+    return Settings(nats_url=stack.nats_url, **overrides)
+
+
+@pytest.fixture
+async def client(stack: LocalStack, client_telemetry: Telemetry) -> AsyncIterator[Client]:
+    async with Client(settings_for(stack), telemetry=client_telemetry) as c:
+        yield c
+
+
+async def run_scenario(client: Client, scenario: dict[str, Any], timeout: float = 30.0,
+                       until: tuple[str, ...] = ("completed", "stopped", "failed")) -> RunState:
+    run_id = await client.submit_scenario(parse_scenario(scenario))
+    return await client.wait(run_id, timeout=timeout, until=until)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call" and report.failed and "stack" in getattr(item, "fixturenames", ()):
+        st: LocalStack = item.funcargs.get("stack")  # type: ignore[attr-defined]
+        if st is not None:
+            logs = "\n".join(tail(p.log, 25) for p in st.procs)
+            report.sections.append(("service logs (tail)", logs))

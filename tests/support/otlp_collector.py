@@ -1,0 +1,83 @@
+"""A minimal OTLP/HTTP receiver: the services export real spans to it, as they would to Jaeger."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+
+@dataclass(frozen=True)
+class CollectedSpan:
+    trace_id: str
+    span_id: str
+    parent_id: str
+    name: str
+    service: str
+    attributes: dict[str, Any]
+
+
+def _value(v: Any) -> Any:
+    kind = v.WhichOneof("value")
+    if kind == "array_value":
+        return [_value(x) for x in v.array_value.values]
+    return getattr(v, kind) if kind else None
+
+
+class OtlpCollector:
+    def __init__(self) -> None:
+        self.spans: list[CollectedSpan] = []
+        self.metric_posts = 0
+        self._lock = threading.Lock()
+        collector = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                if self.path.endswith("/v1/traces"):
+                    collector._ingest(body)
+                else:
+                    collector.metric_posts += 1
+                self.send_response(200)
+                self.send_header("content-type", "application/x-protobuf")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def start(self) -> OtlpCollector:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+
+    def _ingest(self, body: bytes) -> None:
+        req = ExportTraceServiceRequest()
+        req.ParseFromString(body)
+        found = []
+        for rs in req.resource_spans:
+            resource = {a.key: _value(a.value) for a in rs.resource.attributes}
+            for ss in rs.scope_spans:
+                for span in ss.spans:
+                    found.append(CollectedSpan(
+                        trace_id=span.trace_id.hex(), span_id=span.span_id.hex(), parent_id=span.parent_span_id.hex(),
+                        name=span.name, service=str(resource.get("service.name", "")),
+                        attributes={a.key: _value(a.value) for a in span.attributes},
+                    ))
+        with self._lock:
+            self.spans.extend(found)
+
+    def trace(self, trace_id: str) -> list[CollectedSpan]:
+        with self._lock:
+            return [s for s in self.spans if s.trace_id == trace_id]
