@@ -18,7 +18,7 @@ from opentelemetry.trace import SpanKind
 
 from services.planner.state import RunState
 from shared import subjects as S
-from shared.bus import RUN_ID_HEADER, Bus
+from shared.bus import RUN_ID_HEADER, Bus, stream_for
 from shared.messages import (
     DeadLetter,
     EscalationAction,
@@ -116,11 +116,12 @@ class Client:
                      timeout: float = 2.0) -> list[Event]:
         """The stored event history (optionally of one run), oldest first."""
         js = self.bus.js
-        sub = await js.subscribe(subjects, ordered_consumer=True,
+        stream = stream_for(subjects.rstrip(">")) or S.STREAM_EVT
+        sub = await js.subscribe(subjects, stream=stream, ordered_consumer=True,
                                  config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL))
         out: list[Event] = []
         try:
-            info = await js.stream_info(S.STREAM_EVT)
+            info = await js.stream_info(stream)
             total = info.state.last_seq
             while True:
                 try:

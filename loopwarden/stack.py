@@ -68,6 +68,7 @@ class LocalStack:
     state_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="loopwarden-")))
     nats_url: str | None = None
     env: dict[str, str] = field(default_factory=dict)
+    env_per_service: dict[str, dict[str, str]] = field(default_factory=dict)
     services: tuple[str, ...] = SERVICES
     detach: bool = False
     procs: list[Proc] = field(default_factory=list)
@@ -102,8 +103,9 @@ class LocalStack:
         label = label or name
         log = self.state_dir / "logs" / f"{label}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
+        env = self.service_env({**self.env_per_service.get(name, {}), **(extra_env or {})})
         popen = subprocess.Popen(
-            [sys.executable, "-m", f"services.{name}"], env=self.service_env(extra_env),
+            [sys.executable, "-m", f"services.{name}"], env=env,
             stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=self.detach,
         )
         proc = Proc(label, popen, log)

@@ -93,6 +93,7 @@ class Bus:
             [u.strip() for u in s.nats_url.split(",")],
             name=f"loopwarden-{self.service}",
             security=security,
+            inbox_prefix=self.inbox_prefix,  # one inbox namespace per service: replies stay private
             middlewares=middlewares,
             log_level=logging.DEBUG,  # per-message "Received/Processed" lines only at DEBUG
             max_reconnect_attempts=-1,
@@ -101,13 +102,18 @@ class Bus:
 
     # --- lifecycle ---------------------------------------------------------------------------
     @property
+    def inbox_prefix(self) -> str:
+        return inbox_prefix(self.service)
+
+    @property
     def js(self) -> JetStreamContext:
         return self.broker.connection.jetstream()
 
     async def connect(self) -> None:
         """Connect and make sure streams, buckets and this service's consumers exist as declared."""
         await self.broker.connect()
-        await ensure_streams(self.js, self.settings)
+        if self.settings.manage_streams:
+            await ensure_streams(self.js, self.settings)
         for spec in self._consumers:
             await self._reconcile_consumer(spec)
         self._connected = True
@@ -160,6 +166,7 @@ class Bus:
                 durable=durable,
                 pull_sub=PullSub(batch_size=1, timeout=1.0),
                 ack_policy=AckPolicy.MANUAL,
+                inbox_prefix=f"{self.inbox_prefix}.".encode(),
                 title=durable,
             )(on_message)
             return handler
@@ -301,6 +308,8 @@ class Bus:
             try:
                 self._kv[bucket] = await self.js.key_value(bucket)
             except BucketNotFoundError:
+                if not self.settings.manage_streams:
+                    raise
                 await ensure_buckets(self.js, self.settings, [bucket])
                 self._kv[bucket] = await self.js.key_value(bucket)
         return self._kv[bucket]
@@ -334,6 +343,10 @@ class Bus:
             raise
 
 
+def inbox_prefix(service: str) -> str:
+    return f"_INBOX_{S.token(service)}"
+
+
 def stream_for(subject: str) -> str | None:
     for stream, patterns in S.STREAM_SUBJECTS.items():
         if any(subject.startswith(p[:-1]) for p in patterns):
@@ -350,6 +363,8 @@ async def ensure_streams(js: JetStreamContext, settings: Settings) -> None:
             storage=StorageType.FILE,
             duplicate_window=settings.duplicate_window_s,
             max_age=settings.stream_max_age_s,
+            num_replicas=settings.stream_replicas,
+            allow_direct=True,
         )
         try:
             await js.add_stream(cfg)
@@ -364,7 +379,8 @@ async def ensure_buckets(js: JetStreamContext, settings: Settings, buckets: list
         with contextlib.suppress(Exception):
             await js.key_value(bucket)
             continue
-        await js.create_key_value(KeyValueConfig(bucket=bucket, history=5, storage=StorageType.FILE))
+        await js.create_key_value(KeyValueConfig(bucket=bucket, history=5, storage=StorageType.FILE,
+                                                 replicas=settings.stream_replicas, direct=True))
 
 
 def describe(err: ValidationError) -> str:

@@ -33,6 +33,9 @@ class Settings(BaseSettings):
     duplicate_window_s: float = Field(600.0, gt=0, description="JetStream de-duplication window")
     stream_max_age_s: float = Field(7 * 24 * 3600.0, gt=0)
     rpc_timeout_s: float = Field(5.0, gt=0)
+    manage_streams: bool = Field(
+        True, description="create/update streams and buckets at start; off where an admin bootstraps them")
+    stream_replicas: int = Field(1, ge=1, le=5, description="JetStream replicas for streams and buckets")
 
     # --- models ----------------------------------------------------------------------
     planner_provider: ProviderName = "auto"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 
 from faststream.nats import NatsRouter
+from nats.js.errors import NoKeysError
 from opentelemetry import propagate
 
 from services.escalation import queue as Q
@@ -81,7 +82,7 @@ class EscalationQueue:
         kv = await self.bus.kv(S.KV_ESCALATIONS)
         try:
             keys = await kv.keys()
-        except Exception:  # an empty bucket has no keys
+        except NoKeysError:
             keys = []
         items = []
         for key in keys:

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 
 from faststream.nats import NatsRouter
+from nats.js.errors import NoKeysError
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
@@ -212,7 +213,7 @@ class Planner:
         found: dict[str, ToolContract] = {}
         try:
             keys = await kv.keys()
-        except Exception:  # no keys yet
+        except NoKeysError:
             keys = []
         for key in keys:
             contract, _ = await self.bus.kv_get(S.KV_CONTRACTS, key, ToolContract)

@@ -1,0 +1,148 @@
+"""No one where they don't belong: the generated NATS config, one user per service, a full run.
+
+A private nats-server runs deploy/nats/auth.conf; an admin bootstraps streams and buckets;
+each service connects as its own user with no stream-management rights; the demo completes.
+Then services try to publish where they have no business and the server refuses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import nats
+import pytest
+import yaml
+
+from loopwarden.client import Client
+from loopwarden.stack import SERVICES, LocalStack, free_port, nats_server_binary, wait_for_port
+from shared.bus import Bus, ensure_buckets, ensure_streams
+from shared.permissions import OUT, render
+from shared.scenario import parse_scenario
+from shared.settings import Settings
+from tests.conftest import ROOT, TEST_ENV
+
+USERS = ("admin", *SERVICES, "client")
+PASSWORDS = {u: f"pw-{u}-{i}" for i, u in enumerate(USERS)}
+
+
+def test_auth_conf_is_generated_from_the_grants() -> None:
+    assert OUT.read_text() == render(), "deploy/nats/auth.conf drifted: run `python -m shared.permissions`"
+
+
+@pytest.fixture(scope="module")
+def locked_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    tmp = tmp_path_factory.mktemp("locked")
+    port = free_port()
+    conf = tmp / "server.conf"
+    conf.write_text(f'listen: "127.0.0.1:{port}"\nserver_name: locked\n'
+                    f'jetstream {{ store_dir: "{tmp / "js"}" }}\n' + OUT.read_text())
+    env = {f"LW_NATS_PASSWORD_{u.upper()}": pw for u, pw in PASSWORDS.items()}
+    check = subprocess.run([nats_server_binary(), "-t", "-c", str(conf)], env=env, capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr + check.stdout
+    proc = subprocess.Popen([nats_server_binary(), "-c", str(conf)], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    wait_for_port(port)
+    yield f"nats://127.0.0.1:{port}"
+    proc.terminate()
+    proc.wait(10)
+
+
+def creds(user: str) -> dict[str, str]:
+    return {"LW_NATS_USER": user, "LW_NATS_PASSWORD": PASSWORDS[user], "LW_MANAGE_STREAMS": "false"}
+
+
+async def test_every_service_as_its_own_user_completes_a_run(locked_server: str, tmp_path: Path) -> None:
+    admin = Settings(nats_url=locked_server, nats_user="admin", nats_password=PASSWORDS["admin"])
+    bus = Bus(admin, "admin")
+    await bus.broker.connect()
+    await ensure_streams(bus.js, admin)
+    await ensure_buckets(bus.js, admin)
+    await bus.broker.stop()
+
+    stack = LocalStack(state_dir=tmp_path, nats_url=locked_server, env=TEST_ENV,
+                       env_per_service={s: creds(s) for s in SERVICES})
+    stack.start()
+    try:
+        settings = Settings(nats_url=locked_server, nats_user="client", nats_password=PASSWORDS["client"],
+                            manage_streams=False)
+        async with Client(settings) as client:
+            demo = parse_scenario(yaml.safe_load((ROOT / "scenarios" / "demo.yaml").read_text()))
+            run_id = await client.submit_scenario(demo)
+            state = await client.wait(run_id, timeout=60)
+            assert state.status == "completed", state.final_reason
+            assert "120 seconds" in (state.final_output or "")
+            assert any(e.kind == "run.completed" for e in await client.events(run_id))
+        logs = "".join(p.log.read_text(errors="replace") for p in stack.procs)
+        assert "Permissions Violation" not in logs and "permissions violation" not in logs.lower()
+    finally:
+        stack.stop()
+
+
+@pytest.mark.parametrize(("user", "subject"), [
+    ("judge", "lw.v1.cmd.tool.execute.charge_card"),  # the judge cannot run tools
+    ("client", "lw.v1.evt.judge.verdict"),  # a client cannot forge a verdict
+    ("validator", "lw.v1.evt.escalation.resolved"),  # nor resolve a human's escalation
+    ("executor", "$KV.lw_runs.some-run"),  # nor rewrite a run's state
+    ("planner", "lw.v1.cmd.run.submit.x"),
+])
+async def test_publishing_outside_a_grant_is_refused(locked_server: str, user: str, subject: str) -> None:
+    errors: list[str] = []
+
+    async def on_error(err: Exception) -> None:
+        errors.append(str(err))
+
+    nc = await nats.connect(locked_server, user=user, password=PASSWORDS[user], error_cb=on_error,
+                            inbox_prefix=f"_INBOX_{user}")
+    try:
+        await nc.publish(subject, b"{}")
+        await nc.flush()
+        for _ in range(50):
+            if errors:
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        await nc.close()
+    assert any("permissions violation" in e.lower() and subject.lower() in e.lower() for e in errors), errors
+
+
+async def test_reading_another_services_inbox_is_refused(locked_server: str) -> None:
+    errors: list[str] = []
+
+    async def on_error(err: Exception) -> None:
+        errors.append(str(err))
+
+    nc = await nats.connect(locked_server, user="judge", password=PASSWORDS["judge"], error_cb=on_error,
+                            inbox_prefix="_INBOX_judge")
+    try:
+        await nc.subscribe("_INBOX_planner.>")
+        await nc.flush()
+        await asyncio.sleep(0.2)
+    finally:
+        await nc.close()
+    assert any("permissions violation" in e.lower() for e in errors), errors
+
+
+def test_cluster_config_is_valid() -> None:
+    env = {f"LW_NATS_PASSWORD_{u.upper()}": "x" for u in USERS}
+    check = subprocess.run([nats_server_binary(), "-t", "-c", "cluster.conf", "--server_name", "nats-1"],
+                           cwd=OUT.parent, env=env, capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr + check.stdout
+
+
+def test_compose_and_manifests_run_every_service_as_its_own_user() -> None:
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    manifests = list(yaml.safe_load_all((ROOT / "deploy" / "k8s" / "loopwarden.yaml").read_text()))
+    deployments = {m["metadata"]["name"]: m for m in manifests if m["kind"] == "Deployment"}
+    for service in SERVICES:
+        spec = compose[service]
+        assert spec["command"] == ["python", "-m", f"services.{service}"]
+        assert spec["environment"]["LW_NATS_USER"] == service
+        assert spec["deploy"]["replicas"] >= 2
+        container = deployments[f"loopwarden-{service}"]["spec"]["template"]["spec"]["containers"][0]
+        assert container["command"] == ["python", "-m", f"services.{service}"]
+        assert {"name": "LW_NATS_USER", "value": service} in container["env"]
+    passwords = {k for k in compose["nats-1"]["environment"]}
+    assert passwords == {f"LW_NATS_PASSWORD_{u.upper()}" for u in USERS}
