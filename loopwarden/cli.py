@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from loopwarden.stack import LocalStack, StackError, stop_saved, tail
+from loopwarden.stack import LocalStack, StackError, stop_saved
 
 STATE = Path(os.environ.get("LW_STATE_DIR", ".loopwarden"))
 STACK_FILE = STATE / "stack.json"
@@ -69,16 +69,20 @@ async def _run_and_watch(nats_url: str, scenario_path: Path | None, task: str | 
                 if event.kind in ("run.completed", "run.stopped", "run.failed"):
                     break
                 if event.kind == "run.escalated":
-                    print("  (waiting for a human: `loopwarden escalations list`, then `loopwarden escalations "
-                          "resolve ID --action resume|abort`)")
+                    print(
+                        "  (waiting for a human: `loopwarden escalations list`, then `loopwarden escalations "
+                        "resolve ID --action resume|abort`)"
+                    )
         pending.cancel()
         state = await client.wait(run_id, timeout=5)
         print()
         print(f"run id:       {run_id}")
         print(f"status:       {state.status} — {state.final_reason}")
         print(f"iterations:   {state.iteration.n} (continues {state.continue_count}, retries {state.retry_count})")
-        print(f"tokens:       in {state.usage.input_tokens}, out {state.usage.output_tokens}, "
-              f"cost ${state.usage.cost_usd:.4f}")
+        print(
+            f"tokens:       in {state.usage.input_tokens}, out {state.usage.output_tokens}, "
+            f"cost ${state.usage.cost_usd:.4f}"
+        )
         if state.first_draft_passed is not None:
             print(f"first draft:  {'passed' if state.first_draft_passed else 'rejected'}")
         print(f"final answer:\n{state.final_output}")
@@ -180,13 +184,26 @@ async def _status(args: argparse.Namespace) -> int:
         if state is None:
             print(f"no run {args.run_id}", file=sys.stderr)
             return 1
-        print(json.dumps({
-            "run_id": state.run_id, "status": state.status, "reason": state.final_reason,
-            "iteration": state.iteration.n, "continues": state.continue_count, "retries": state.retry_count,
-            "usage": state.usage.model_dump(), "passed": state.passed, "first_draft_passed": state.first_draft_passed,
-            "awaiting": state.awaiting.model_dump() if state.awaiting else None, "warnings": state.warnings,
-            "final_output": state.final_output,
-        }, indent=2, ensure_ascii=False))
+        print(
+            json.dumps(
+                {
+                    "run_id": state.run_id,
+                    "status": state.status,
+                    "reason": state.final_reason,
+                    "iteration": state.iteration.n,
+                    "continues": state.continue_count,
+                    "retries": state.retry_count,
+                    "usage": state.usage.model_dump(),
+                    "passed": state.passed,
+                    "first_draft_passed": state.first_draft_passed,
+                    "awaiting": state.awaiting.model_dump() if state.awaiting else None,
+                    "warnings": state.warnings,
+                    "final_output": state.final_output,
+                },
+                indent=2,
+                ensure_ascii=False,
+            )
+        )
         return 0
 
 
@@ -227,12 +244,16 @@ async def _metrics(args: argparse.Namespace) -> int:
 
     async with Client(_settings()) as client:
         metrics = await client.tool_metrics()
-    print(f"{'tool':16} {'outputs':>7} {'parse':>6} {'valid':>6} {'repair':>6} {'schema✗':>7} {'corrected':>9} "
-          f"{'attempts':>8} {'retried':>7}")
+    print(
+        f"{'tool':16} {'outputs':>7} {'parse':>6} {'valid':>6} {'repair':>6} {'schema✗':>7} {'corrected':>9} "
+        f"{'attempts':>8} {'retried':>7}"
+    )
     for tool, m in metrics.items():
-        print(f"{tool:16} {m['outputs']:7.0f} {m['parse_success_rate']:6.0%} {m['validation_pass_rate']:6.0%} "
-              f"{m['repair_rate']:6.0%} {m['schema_failures']:7.0f} {m['correction_success_rate']:9.0%} "
-              f"{m['attempts']:8.0f} {m['retried_attempts']:7.0f}")
+        print(
+            f"{tool:16} {m['outputs']:7.0f} {m['parse_success_rate']:6.0%} {m['validation_pass_rate']:6.0%} "
+            f"{m['repair_rate']:6.0%} {m['schema_failures']:7.0f} {m['correction_success_rate']:9.0%} "
+            f"{m['attempts']:8.0f} {m['retried_attempts']:7.0f}"
+        )
     return 0
 
 
@@ -273,10 +294,10 @@ def cmd_check_scenario(args: argparse.Namespace) -> int:
             status = 2
             continue
         found = lint_rubric(scenario.rubric) if scenario.rubric else None
-        for msg in (found.errors if found else []):
+        for msg in found.errors if found else []:
             print(f"{path}: rubric refused: {msg}", file=sys.stderr)
             status = 2
-        for msg in (found.flags if found else []):
+        for msg in found.flags if found else []:
             print(f"{path}: rubric flag: {msg}")
         print(f"{path}: ok ({len(scenario.planner)} planner turn(s), {len(scenario.judge)} judge repl(ies))")
     return status
@@ -295,8 +316,9 @@ def main(argv: list[str] | None = None) -> int:
 
     sub.add_parser("up", help="start nats-server and the six services in the background").set_defaults(func=cmd_up)
     sub.add_parser("down", help="stop what `up` started").set_defaults(func=cmd_down)
-    sub.add_parser("bootstrap", help="create streams and buckets (admin user; for LW_MANAGE_STREAMS=false)"
-                   ).set_defaults(func=lambda a: asyncio.run(_bootstrap(a)))
+    sub.add_parser(
+        "bootstrap", help="create streams and buckets (admin user; for LW_MANAGE_STREAMS=false)"
+    ).set_defaults(func=lambda a: asyncio.run(_bootstrap(a)))
 
     p = sub.add_parser("submit", help="submit a run (a scenario file, or a task for the live provider)")
     g = p.add_mutually_exclusive_group(required=True)

@@ -74,15 +74,22 @@ class Client:
             self.telemetry.tracer_provider.force_flush()
 
     # --- runs ------------------------------------------------------------------------------------
-    async def submit_scenario(self, scenario: Scenario, run_id: str | None = None,
-                              limits: RunLimits | None = None) -> str:
+    async def submit_scenario(
+        self, scenario: Scenario, run_id: str | None = None, limits: RunLimits | None = None
+    ) -> str:
         """Store the scenario under a new run id and submit its task (replayed by scripted providers)."""
         run_id = run_id or new_run_id()
         await self.bus.kv_put(S.KV_SCENARIOS, run_id, scenario)
         submit = RunSubmit(
-            run_id=run_id, task=scenario.task, rubric=scenario.rubric, limits=limits or scenario.limits or RunLimits(),
-            answer_mode=scenario.answer_mode, terminal_tools=scenario.terminal_tools, tools=scenario.allowed_tools,
-            lessons=scenario.lessons, scripted=True,
+            run_id=run_id,
+            task=scenario.task,
+            rubric=scenario.rubric,
+            limits=limits or scenario.limits or RunLimits(),
+            answer_mode=scenario.answer_mode,
+            terminal_tools=scenario.terminal_tools,
+            tools=scenario.allowed_tools,
+            lessons=scenario.lessons,
+            scripted=True,
         )
         await self.submit(submit)
         return run_id
@@ -91,8 +98,9 @@ class Client:
         assert self.telemetry is not None
         tracer = self.telemetry.tracer("loopwarden.client")
         # The root of the run's trace: every service's spans hang below it.
-        with tracer.start_as_current_span(f"run {submit.run_id}", kind=SpanKind.PRODUCER,
-                                          attributes={LW_RUN_ID: submit.run_id}):
+        with tracer.start_as_current_span(
+            f"run {submit.run_id}", kind=SpanKind.PRODUCER, attributes={LW_RUN_ID: submit.run_id}
+        ):
             await self.bus.publish(S.RUN_SUBMIT, submit, msg_id=f"submit.{submit.run_id}")
         return submit.run_id
 
@@ -100,8 +108,9 @@ class Client:
         state, _ = await self.bus.kv_get(S.KV_RUNS, run_id, RunState)
         return state
 
-    async def wait(self, run_id: str, timeout: float = 60.0, until: tuple[str, ...] = ("completed", "stopped",
-                                                                                        "failed")) -> RunState:
+    async def wait(
+        self, run_id: str, timeout: float = 60.0, until: tuple[str, ...] = ("completed", "stopped", "failed")
+    ) -> RunState:
         deadline = time.monotonic() + timeout
         state = None
         while time.monotonic() < deadline:
@@ -109,16 +118,20 @@ class Client:
             if state is not None and state.status in until:
                 return state
             await asyncio.sleep(0.05)
-        raise TimeoutError(f"run {run_id} did not reach {until} in {timeout:.0f}s (last status: "
-                           f"{state.status if state else 'not stored'})")
+        raise TimeoutError(
+            f"run {run_id} did not reach {until} in {timeout:.0f}s (last status: "
+            f"{state.status if state else 'not stored'})"
+        )
 
-    async def events(self, run_id: str | None = None, subjects: str = f"{S.P}.evt.>",
-                     timeout: float = 2.0) -> list[Event]:
+    async def events(
+        self, run_id: str | None = None, subjects: str = f"{S.P}.evt.>", timeout: float = 2.0
+    ) -> list[Event]:
         """The stored event history (optionally of one run), oldest first."""
         js = self.bus.js
         stream = stream_for(subjects.rstrip(">")) or S.STREAM_EVT
-        sub = await js.subscribe(subjects, stream=stream, ordered_consumer=True,
-                                 config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL))
+        sub = await js.subscribe(
+            subjects, stream=stream, ordered_consumer=True, config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
+        )
         out: list[Event] = []
         try:
             info = await js.stream_info(stream)
@@ -160,19 +173,25 @@ class Client:
 
     # --- escalations ------------------------------------------------------------------------------
     async def escalations(self, status: str = "open", run_id: str | None = None) -> EscalationReply:
-        return await self.bus.request(S.ESCALATION_LIST, EscalationQuery(status=status, run_id=run_id),  # type: ignore[arg-type]
-                                      EscalationReply)
+        return await self.bus.request(
+            S.ESCALATION_LIST,
+            EscalationQuery(status=status, run_id=run_id),
+            EscalationReply,
+        )
 
     async def claim(self, escalation_id: str, who: str) -> EscalationReply:
-        return await self.bus.request(S.ESCALATION_CLAIM, EscalationClaim(escalation_id=escalation_id, who=who),
-                                      EscalationReply)
+        return await self.bus.request(
+            S.ESCALATION_CLAIM, EscalationClaim(escalation_id=escalation_id, who=who), EscalationReply
+        )
 
-    async def resolve(self, escalation_id: str, who: str, action: EscalationAction, note: str = "",
-                      result: Any = None) -> EscalationReply:
+    async def resolve(
+        self, escalation_id: str, who: str, action: EscalationAction, note: str = "", result: Any = None
+    ) -> EscalationReply:
         return await self.bus.request(
             S.ESCALATION_RESOLVE,
             EscalationResolve(escalation_id=escalation_id, who=who, action=action, note=note, result=result),
-            EscalationReply)
+            EscalationReply,
+        )
 
     # --- tool metrics (derived from the event history) -------------------------------------------
     async def tool_metrics(self) -> dict[str, dict[str, float]]:
@@ -194,8 +213,19 @@ def tool_metrics(events: list[Event]) -> dict[str, dict[str, float]]:
     counts: dict[str, dict[str, int]] = {}
 
     def c(tool: str) -> dict[str, int]:
-        return counts.setdefault(tool, {"outputs": 0, "parsed": 0, "valid_first": 0, "repaired": 0,
-                                        "schema_failures": 0, "recovered": 0, "attempts": 0, "retried": 0})
+        return counts.setdefault(
+            tool,
+            {
+                "outputs": 0,
+                "parsed": 0,
+                "valid_first": 0,
+                "repaired": 0,
+                "schema_failures": 0,
+                "recovered": 0,
+                "attempts": 0,
+                "retried": 0,
+            },
+        )
 
     for e in events:
         if e.subject.startswith(S.TOOL_SUCCEEDED_PREFIX) or e.subject.startswith(f"{S.FAILURE_PREFIX}.output_invalid"):
@@ -205,8 +235,9 @@ def tool_metrics(events: list[Event]) -> dict[str, dict[str, float]]:
             row["parsed"] += int(o.parsed)
             row["valid_first"] += int(o.success and not o.repaired)
             row["repaired"] += int(o.repaired)
-        if e.subject.startswith(f"{S.FAILURE_PREFIX}.input_invalid") or \
-                e.subject.startswith(f"{S.FAILURE_PREFIX}.output_invalid"):
+        if e.subject.startswith(f"{S.FAILURE_PREFIX}.input_invalid") or e.subject.startswith(
+            f"{S.FAILURE_PREFIX}.output_invalid"
+        ):
             c(ToolOutcome.model_validate(e.payload).requested_tool)["schema_failures"] += 1
         if e.subject == S.run_event("corrected"):  # a streak of schema failures the model fixed
             ev = RunEvent.model_validate(e.payload)

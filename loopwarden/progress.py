@@ -25,8 +25,10 @@ def render(e: Event) -> str | None:
         if k == "started":
             return f"▶ run started ({d.get('answer_mode')} mode): {p.get('summary', '')[6:]}"
         if k == "model_called":
-            return (f"{tag} model: {p['summary'].split(': ', 1)[-1]} · tokens in {d.get('input_tokens')} "
-                    f"out {d.get('output_tokens')} · ${d.get('cost_usd', 0):.4f}")
+            return (
+                f"{tag} model: {p['summary'].split(': ', 1)[-1]} · tokens in {d.get('input_tokens')} "
+                f"out {d.get('output_tokens')} · ${d.get('cost_usd', 0):.4f}"
+            )
         if k == "tool_dispatched":
             return f"{tag} → {p['summary']}"
         if k == "tool_succeeded":

@@ -81,9 +81,21 @@ class LocalStack:
         log = self.state_dir / "logs" / "nats-server.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         popen = subprocess.Popen(
-            [nats_server_binary(), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(store),
-             "--server_name", f"lw-local-{port}"],
-            stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=self.detach,
+            [
+                nats_server_binary(),
+                "-js",
+                "-a",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "-sd",
+                str(store),
+                "--server_name",
+                f"lw-local-{port}",
+            ],
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=self.detach,
         )
         self.procs.append(Proc("nats-server", popen, log))
         wait_for_port(port)
@@ -105,8 +117,11 @@ class LocalStack:
         log.parent.mkdir(parents=True, exist_ok=True)
         env = self.service_env({**self.env_per_service.get(name, {}), **(extra_env or {})})
         popen = subprocess.Popen(
-            [sys.executable, "-m", f"services.{name}"], env=env,
-            stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=self.detach,
+            [sys.executable, "-m", f"services.{name}"],
+            env=env,
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=self.detach,
         )
         proc = Proc(label, popen, log)
         self.procs.append(proc)
@@ -161,8 +176,16 @@ class LocalStack:
     # --- detached (loopwarden up/down) -----------------------------------------------------------
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"nats_url": self.nats_url, "state_dir": str(self.state_dir),
-                                    "pids": {p.name: p.popen.pid for p in self.procs}}, indent=2))
+        path.write_text(
+            json.dumps(
+                {
+                    "nats_url": self.nats_url,
+                    "state_dir": str(self.state_dir),
+                    "pids": {p.name: p.popen.pid for p in self.procs},
+                },
+                indent=2,
+            )
+        )
 
 
 def stop_saved(path: Path) -> list[str]:

@@ -51,7 +51,7 @@ RUN_ID_HEADER = "Lw-Run-Id"
 MSG_ID_HEADER = "Nats-Msg-Id"
 
 
-class TryLater(Exception):  # noqa: N818 - it is a signal, not an error
+class TryLater(Exception):
     """Raised by a handler whose dependency is not ready: redeliver after ``delay``."""
 
     def __init__(self, reason: str, delay: float = 0.5) -> None:
@@ -124,7 +124,17 @@ class Bus:
         await self.broker.start()
 
     async def stop(self) -> None:
-        await self.broker.stop()
+        """Drain in-flight handlers, or just close if the server is already gone."""
+        try:
+            connected = self.broker.connection.is_connected
+        except Exception:  # never connected
+            connected = False
+        if connected:
+            await self.broker.stop()
+            return
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(2):
+                await self.broker.stop()
 
     async def _reconcile_consumer(self, spec: ConsumerSpec) -> None:
         # JetStream's create request without an action is create-or-update, so a changed
@@ -259,9 +269,7 @@ class Bus:
             deliveries=deliveries,
         )
         seq = raw.metadata.sequence.stream if raw.metadata else 0
-        await self.publish(
-            S.dead_letter(self.service), letter, msg_id=f"dlq-{self.service}-{raw.subject}-{seq}"
-        )
+        await self.publish(S.dead_letter(self.service), letter, msg_id=f"dlq-{self.service}-{raw.subject}-{seq}")
         log.error("%s: dead-lettered %s: %s", self.service, raw.subject, reason)
 
     # --- publishing --------------------------------------------------------------------------
@@ -379,8 +387,11 @@ async def ensure_buckets(js: JetStreamContext, settings: Settings, buckets: list
         with contextlib.suppress(Exception):
             await js.key_value(bucket)
             continue
-        await js.create_key_value(KeyValueConfig(bucket=bucket, history=5, storage=StorageType.FILE,
-                                                 replicas=settings.stream_replicas, direct=True))
+        await js.create_key_value(
+            KeyValueConfig(
+                bucket=bucket, history=5, storage=StorageType.FILE, replicas=settings.stream_replicas, direct=True
+            )
+        )
 
 
 def describe(err: ValidationError) -> str:

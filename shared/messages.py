@@ -107,7 +107,7 @@ class Criterion(Wire):
 class Rubric(Wire):
     criteria: list[Criterion] = Field(min_length=1)
     threshold: float = Field(0.8, ge=0, le=1)
-    judge_sees: list[JudgeInput] = Field(default_factory=lambda: ["task", "answer"])
+    judge_sees: list[JudgeInput] = Field(default_factory=lambda: list[JudgeInput](["task", "answer"]))
 
     @field_validator("criteria")
     @classmethod
@@ -396,9 +396,7 @@ class BudgetDecision(Wire):
 
 # --- escalation -------------------------------------------------------------------------------
 
-EscalationKind = Literal[
-    "fatal", "unknown_outcome", "schema_cap", "ask_human", "not_judged", "loop", "approval"
-]
+EscalationKind = Literal["fatal", "unknown_outcome", "schema_cap", "ask_human", "not_judged", "loop", "approval"]
 
 
 def escalation_id_for_call(run_id: str, call_id: str) -> str:
@@ -480,8 +478,24 @@ ToolCall.model_rebuild()
 
 # Every model that travels on the bus or sits in a shared bucket; schemas/ is generated from this.
 WIRE_MODELS: tuple[type[BaseModel], ...] = (
-    RunSubmit, RunEvent, ToolContract, ToolCall, ToolResultRaw, ToolOutcome, ToolAttempt, CachedToolResult,
-    JudgeRequest, Verdict, BudgetRequest, BudgetDecision, EscalationRaise, Escalation,
-    EscalationResolution, EscalationQuery, EscalationClaim, EscalationResolve, EscalationReply,
+    RunSubmit,
+    RunEvent,
+    ToolContract,
+    ToolCall,
+    ToolResultRaw,
+    ToolOutcome,
+    ToolAttempt,
+    CachedToolResult,
+    JudgeRequest,
+    Verdict,
+    BudgetRequest,
+    BudgetDecision,
+    EscalationRaise,
+    Escalation,
+    EscalationResolution,
+    EscalationQuery,
+    EscalationClaim,
+    EscalationResolve,
+    EscalationReply,
     DeadLetter,
 )

@@ -32,19 +32,36 @@ class Grant:
 F = S.FAILURE_PREFIX
 GRANTS: dict[str, Grant] = {
     "planner": Grant(
-        publish=(S.RUN_ADVANCE, f"{S.TOOL_EXECUTE_PREFIX}.>", S.JUDGE_SCORE, S.ESCALATION_RAISE,
-                 f"{S.RUN_EVENT_PREFIX}.>", f"{F}.loop.>", f"{F}.budget.>", f"{F}.judge.>", S.BUDGET_RESERVE,
-                 S.dead_letter("planner")),
+        publish=(
+            S.RUN_ADVANCE,
+            f"{S.TOOL_EXECUTE_PREFIX}.>",
+            S.JUDGE_SCORE,
+            S.ESCALATION_RAISE,
+            f"{S.RUN_EVENT_PREFIX}.>",
+            f"{F}.loop.>",
+            f"{F}.budget.>",
+            f"{F}.judge.>",
+            S.BUDGET_RESERVE,
+            S.dead_letter("planner"),
+        ),
         kv_write=(S.KV_RUNS, S.KV_MODEL_CALLS, S.KV_LESSONS),
         kv_read=(S.KV_CONTRACTS, S.KV_SCENARIOS),
-        consumers=((S.STREAM_CMD, "planner_submit"), (S.STREAM_CMD, "planner_advance"),
-                   (S.STREAM_EVT, "planner_outcomes"), (S.STREAM_EVT, "planner_verdicts"),
-                   (S.STREAM_EVT, "planner_resolutions")),
+        consumers=(
+            (S.STREAM_CMD, "planner_submit"),
+            (S.STREAM_CMD, "planner_advance"),
+            (S.STREAM_EVT, "planner_outcomes"),
+            (S.STREAM_EVT, "planner_verdicts"),
+            (S.STREAM_EVT, "planner_resolutions"),
+        ),
     ),
     "executor": Grant(
-        publish=(S.RESULT_VALIDATE, f"{S.TOOL_EXECUTE_PREFIX}.>", f"{S.TOOL_ATTEMPT_PREFIX}.>",
-                 *(f"{F}.{t}.>" for t in ("input_invalid", "transient", "timeout", "fatal", "unknown_outcome")),
-                 S.dead_letter("executor")),
+        publish=(
+            S.RESULT_VALIDATE,
+            f"{S.TOOL_EXECUTE_PREFIX}.>",
+            f"{S.TOOL_ATTEMPT_PREFIX}.>",
+            *(f"{F}.{t}.>" for t in ("input_invalid", "transient", "timeout", "fatal", "unknown_outcome")),
+            S.dead_letter("executor"),
+        ),
         kv_write=(S.KV_TOOL_LEDGER, S.KV_CONTRACTS, S.KV_SCRIPT_CURSORS, S.KV_DEMO),
         kv_read=(S.KV_SCENARIOS, S.KV_TOOL_CACHE),
         consumers=(),  # one durable per hosted tool: filled in from the tool registry by ``grants()``
@@ -105,21 +122,33 @@ def rights(service: str, grant: Grant) -> tuple[list[str], list[str]]:
     pub = list(grant.publish)
     sub = [f"{inbox_prefix(service)}.>", *grant.subscribe]
     for stream, durable in grant.consumers:
-        pub += [f"$JS.API.CONSUMER.INFO.{stream}.{durable}",
-                f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.{durable}",
-                f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}",
-                f"$JS.ACK.{stream}.{durable}.>"]
+        pub += [
+            f"$JS.API.CONSUMER.INFO.{stream}.{durable}",
+            f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.{durable}",
+            f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}",
+            f"$JS.ACK.{stream}.{durable}.>",
+        ]
     for bucket in (*grant.kv_write, *grant.kv_read):
         kv_stream = f"KV_{bucket}"
-        pub += [f"$JS.API.STREAM.INFO.{kv_stream}", f"$JS.API.DIRECT.GET.{kv_stream}.>",
-                f"$JS.API.STREAM.MSG.GET.{kv_stream}", f"$JS.API.CONSUMER.CREATE.{kv_stream}",
-                f"$JS.API.CONSUMER.INFO.{kv_stream}.>",
-                f"$JS.API.CONSUMER.CREATE.{kv_stream}.>", f"$JS.API.CONSUMER.DELETE.{kv_stream}.>"]
+        pub += [
+            f"$JS.API.STREAM.INFO.{kv_stream}",
+            f"$JS.API.DIRECT.GET.{kv_stream}.>",
+            f"$JS.API.STREAM.MSG.GET.{kv_stream}",
+            f"$JS.API.CONSUMER.CREATE.{kv_stream}",
+            f"$JS.API.CONSUMER.INFO.{kv_stream}.>",
+            f"$JS.API.CONSUMER.CREATE.{kv_stream}.>",
+            f"$JS.API.CONSUMER.DELETE.{kv_stream}.>",
+        ]
     pub += [f"$KV.{b}.>" for b in grant.kv_write]
     for stream in grant.read_streams:
-        pub += [f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.CONSUMER.CREATE.{stream}",
-                f"$JS.API.CONSUMER.INFO.{stream}.>",
-                f"$JS.API.CONSUMER.CREATE.{stream}.>", f"$JS.API.CONSUMER.DELETE.{stream}.>", "$JS.FC.>"]
+        pub += [
+            f"$JS.API.STREAM.INFO.{stream}",
+            f"$JS.API.CONSUMER.CREATE.{stream}",
+            f"$JS.API.CONSUMER.INFO.{stream}.>",
+            f"$JS.API.CONSUMER.CREATE.{stream}.>",
+            f"$JS.API.CONSUMER.DELETE.{stream}.>",
+            "$JS.FC.>",
+        ]
     if grant.kv_write or grant.kv_read or grant.read_streams:
         pub.append("$JS.FC.>")
     return list(dict.fromkeys(pub)), list(dict.fromkeys(sub))

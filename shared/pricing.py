@@ -29,5 +29,6 @@ def cost_usd(model: str, input_tokens: int, output_tokens: int) -> float:
 
 
 def usage_for(model: str, input_tokens: int, output_tokens: int) -> Usage:
-    return Usage(input_tokens=input_tokens, output_tokens=output_tokens,
-                 cost_usd=cost_usd(model, input_tokens, output_tokens))
+    return Usage(
+        input_tokens=input_tokens, output_tokens=output_tokens, cost_usd=cost_usd(model, input_tokens, output_tokens)
+    )

@@ -18,11 +18,17 @@ _INVISIBLE: list[tuple[re.Pattern[str], str, str]] = [
     (re.compile(r"session[\s_-]*id|세션\s*(id|아이디)", re.I), "the session id", "answer"),
     (re.compile(r"\brun[\s_-]*id\b|실행\s*(id|아이디)", re.I), "the run id", "answer"),
     (re.compile(r"\btrace[\s_-]*id\b|\bspan\b", re.I), "trace data", "answer"),
-    (re.compile(r"tool[\s_-]*calls?|called the|used the .* tool|도구\s*(호출|사용)", re.I),
-     "the tool-call history", "tool_history"),
+    (
+        re.compile(r"tool[\s_-]*calls?|called the|used the .* tool|도구\s*(호출|사용)", re.I),
+        "the tool-call history",
+        "tool_history",
+    ),
     (re.compile(r"\blogs?\b|로그", re.I), "logs", "answer"),
-    (re.compile(r"conversation|chat history|previous (turns|messages)|대화\s*(기록|내역)", re.I),
-     "the conversation", "answer"),
+    (
+        re.compile(r"conversation|chat history|previous (turns|messages)|대화\s*(기록|내역)", re.I),
+        "the conversation",
+        "answer",
+    ),
     (re.compile(r"latency|response time|how long|응답\s*시간", re.I), "timings", "answer"),
 ]
 
@@ -49,7 +55,11 @@ def lint_rubric(rubric: Rubric) -> RubricLint:
             continue
         text = f"{c.name} {c.description or ''}"
         for pattern, thing, would_need in _INVISIBLE:
-            if pattern.search(text) and would_need not in c.needs and (would_need != "tool_history" or would_need not in sees):
+            if (
+                pattern.search(text)
+                and would_need not in c.needs
+                and (would_need != "tool_history" or would_need not in sees)
+            ):
                 out.flags.append(
                     f"criterion '{c.name}' refers to {thing}, which the judge does not receive "
                     f"(it sees: {', '.join(sorted(sees))}); it may never pass"

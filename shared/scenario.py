@@ -15,7 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from shared.messages import RunLimits, Rubric
+from shared.messages import Rubric, RunLimits
 
 
 class _Strict(BaseModel):
@@ -48,7 +48,7 @@ class PlannerTurn(_Strict):
     @model_validator(mode="after")
     def _something(self) -> PlannerTurn:
         if self.error is None and self.text is None and not self.tool_calls:
-            raise ValueError("a turn needs text, tool_calls or error (use text: \"\" for an empty turn)")
+            raise ValueError('a turn needs text, tool_calls or error (use text: "" for an empty turn)')
         return self
 
 

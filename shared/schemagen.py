@@ -50,8 +50,11 @@ def render() -> dict[str, str]:
     files: dict[str, str] = {}
     for model in WIRE_MODELS:
         schema: dict[str, Any] = model.model_json_schema(by_alias=True)
-        schema = {"$schema": "https://json-schema.org/draft/2020-12/schema",
-                  "$id": f"https://loopwarden.dev/schemas/{S.VERSION}/{model.__name__}.json", **schema}
+        schema = {
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "$id": f"https://loopwarden.dev/schemas/{S.VERSION}/{model.__name__}.json",
+            **schema,
+        }
         files[f"{model.__name__}.json"] = json.dumps(schema, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
     files["catalogue.json"] = json.dumps({"version": S.VERSION, "subjects": CATALOGUE}, indent=2) + "\n"
     return files

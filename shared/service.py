@@ -21,12 +21,14 @@ from shared.telemetry import Telemetry, setup_telemetry
 
 # build(bus, settings, telemetry, router) registers handlers and returns an optional
 # coroutine factory run once the broker is connected (e.g. registering tool contracts).
-Build = Callable[[Bus, Settings, Telemetry, NatsRouter], Callable[[], Awaitable[None]] | None]
+AfterConnect = Callable[[], Awaitable[None]] | None
+Build = Callable[[Bus, Settings, Telemetry, NatsRouter], AfterConnect]
 
 
 def configure_logging(level: str) -> None:
     logging.basicConfig(
-        level=level, stream=sys.stderr,
+        level=level,
+        stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     for noisy in ("faststream", "nats", "httpx", "httpx2", "anthropic"):
@@ -46,16 +48,35 @@ async def serve(service: str, build: Build, settings: Settings | None = None) ->
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    await bus.connect()
-    if after_connect is not None:
-        await after_connect()
-    await bus.start()
-    logging.getLogger("loopwarden").info("%s ready on %s", service, settings.nats_url)
-    print(f"loopwarden-{service} ready", flush=True)
+
+    async def startup() -> None:
+        await bus.connect()
+        if after_connect is not None:
+            await after_connect()
+        await bus.start()
+        logging.getLogger("loopwarden").info("%s ready on %s", service, settings.nats_url)
+        print(f"loopwarden-{service} ready", flush=True)
+
+    # A stop signal must win even while start-up is stuck (e.g. reconnecting to a server
+    # that died with the same Ctrl-C).
+    starting = asyncio.create_task(startup())
+    stopping = asyncio.create_task(stop.wait())
     try:
-        await stop.wait()
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if starting.done():
+            starting.result()  # start-up errors surface here
+            await stopping
+        else:
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await starting
     finally:
-        await bus.stop()
+        stopping.cancel()
+        try:
+            async with asyncio.timeout(settings.ack_wait_s + 5):
+                await bus.stop()  # drains in-flight handlers; unacked messages go to a peer
+        except (TimeoutError, Exception):
+            logging.getLogger("loopwarden").warning("%s: shutdown did not drain cleanly", service)
         telemetry.shutdown()
 
 

@@ -22,9 +22,7 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LW_", extra="ignore", frozen=True)
 
     # --- bus -------------------------------------------------------------------------
-    nats_url: str = Field(
-        "nats://127.0.0.1:4222", validation_alias=AliasChoices("LW_NATS_URL", "NATS_URL")
-    )
+    nats_url: str = Field("nats://127.0.0.1:4222", validation_alias=AliasChoices("LW_NATS_URL", "NATS_URL"))
     nats_user: str | None = None
     nats_password: SecretStr | None = None
     ack_wait_s: float = Field(30.0, gt=0, description="JetStream ack wait; handlers heartbeat at a third of it")
@@ -34,7 +32,8 @@ class Settings(BaseSettings):
     stream_max_age_s: float = Field(7 * 24 * 3600.0, gt=0)
     rpc_timeout_s: float = Field(5.0, gt=0)
     manage_streams: bool = Field(
-        True, description="create/update streams and buckets at start; off where an admin bootstraps them")
+        True, description="create/update streams and buckets at start; off where an admin bootstraps them"
+    )
     stream_replicas: int = Field(1, ge=1, le=5, description="JetStream replicas for streams and buckets")
 
     # --- models ----------------------------------------------------------------------
@@ -156,4 +155,3 @@ def load_settings(service: str = "loopwarden", **overrides: object) -> Settings:
     except ValidationError as err:
         print(f"{service}: {describe_settings_error(err)}", file=sys.stderr)
         raise SettingsError(2) from None
-

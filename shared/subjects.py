@@ -68,8 +68,18 @@ KV_ESCALATIONS = "lw_escalations"  # escalation: the human queue
 KV_LESSONS = "lw_lessons"  # planner: failure reasons per task, for opt-in lessons
 KV_DEMO = "lw_demo"  # demo tools' side effects (payments ledger)
 ALL_BUCKETS = (
-    KV_RUNS, KV_MODEL_CALLS, KV_SCENARIOS, KV_CONTRACTS, KV_TOOL_LEDGER, KV_TOOL_CACHE,
-    KV_SCRIPT_CURSORS, KV_VERDICTS, KV_BUDGETS, KV_ESCALATIONS, KV_LESSONS, KV_DEMO,
+    KV_RUNS,
+    KV_MODEL_CALLS,
+    KV_SCENARIOS,
+    KV_CONTRACTS,
+    KV_TOOL_LEDGER,
+    KV_TOOL_CACHE,
+    KV_SCRIPT_CURSORS,
+    KV_VERDICTS,
+    KV_BUDGETS,
+    KV_ESCALATIONS,
+    KV_LESSONS,
+    KV_DEMO,
 )
 
 _TOKEN_OK = re.compile(r"[^A-Za-z0-9_-]")

@@ -79,8 +79,11 @@ def setup_telemetry(
     than installed globally, so tests can build several in one process.
     """
     resource = Resource.create(
-        {"service.name": f"loopwarden-{service}", "service.namespace": "loopwarden",
-         "service.instance.id": f"{service}-{os.getpid()}"}
+        {
+            "service.name": f"loopwarden-{service}",
+            "service.namespace": "loopwarden",
+            "service.instance.id": f"{service}-{os.getpid()}",
+        }
     )
     tracer_provider = TracerProvider(resource=resource)
     readers: list[MetricReader] = [metric_reader] if metric_reader else []
@@ -93,9 +96,7 @@ def setup_telemetry(
         tracer_provider.add_span_processor(
             BatchSpanProcessor(OTLPSpanExporter(endpoint=f"{base}/v1/traces"), schedule_delay_millis=500)
         )
-        readers.append(
-            PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=f"{base}/v1/metrics"), 5000)
-        )
+        readers.append(PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=f"{base}/v1/metrics"), 5000))
     if span_exporter is not None:
         tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter, schedule_delay_millis=200))
     meter_provider = MeterProvider(resource=resource, metric_readers=readers)

@@ -52,11 +52,16 @@ def messages_api() -> Iterator[MessagesApiServer]:
 
 
 @pytest.fixture(scope="session")
-def stack(tmp_path_factory: pytest.TempPathFactory, otlp: OtlpCollector,
-          messages_api: MessagesApiServer) -> Iterator[LocalStack]:
+def stack(
+    tmp_path_factory: pytest.TempPathFactory, otlp: OtlpCollector, messages_api: MessagesApiServer
+) -> Iterator[LocalStack]:
     env = {**TEST_ENV, "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.endpoint, "ANTHROPIC_BASE_URL": messages_api.base_url}
-    st = LocalStack(state_dir=tmp_path_factory.mktemp("stack"), nats_url=os.environ.get("LW_TEST_NATS_URL"),
-                    env=env, services=REPLICAS)
+    st = LocalStack(
+        state_dir=tmp_path_factory.mktemp("stack"),
+        nats_url=os.environ.get("LW_TEST_NATS_URL"),
+        env=env,
+        services=REPLICAS,
+    )
     try:
         st.start()
         yield st
@@ -79,8 +84,12 @@ async def client(stack: LocalStack, client_telemetry: Telemetry) -> AsyncIterato
         yield c
 
 
-async def run_scenario(client: Client, scenario: dict[str, Any], timeout: float = 30.0,
-                       until: tuple[str, ...] = ("completed", "stopped", "failed")) -> RunState:
+async def run_scenario(
+    client: Client,
+    scenario: dict[str, Any],
+    timeout: float = 30.0,
+    until: tuple[str, ...] = ("completed", "stopped", "failed"),
+) -> RunState:
     run_id = await client.submit_scenario(parse_scenario(scenario))
     return await client.wait(run_id, timeout=timeout, until=until)
 

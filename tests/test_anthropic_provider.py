@@ -18,18 +18,33 @@ def tool_use(name: str, args: dict, id_: str) -> dict:
 
 async def test_tool_loop_through_the_sdk(client: Client, messages_api: MessagesApiServer) -> None:
     key = f"k{uuid.uuid4().hex[:8]}"
-    messages_api.script(key, [
-        {"status": 429, "headers": {"retry-after": "0.1"}},  # rate limited: retried once, by us
-        {"content": [{"type": "text", "text": "Computing."},
-                     tool_use("calculator", {"expr": "6*7"}, "toolu_a1")], "usage": USAGE},
-        {"content": [tool_use("calculator", {"expression": "6*7"}, "toolu_a2")], "usage": USAGE},
-        {"content": [tool_use("submit_result", {"answer": "6*7 = 42"}, "toolu_a3")], "usage": USAGE},
-        {"content": [{"type": "text", "text": json.dumps({"scores": {"correct": 1.0}, "reasons": {}})}],
-         "usage": {"input_tokens": 50, "output_tokens": 5}},  # the judge, through the same SDK
-    ])
+    messages_api.script(
+        key,
+        [
+            {"status": 429, "headers": {"retry-after": "0.1"}},  # rate limited: retried once, by us
+            {
+                "content": [
+                    {"type": "text", "text": "Computing."},
+                    tool_use("calculator", {"expr": "6*7"}, "toolu_a1"),
+                ],
+                "usage": USAGE,
+            },
+            {"content": [tool_use("calculator", {"expression": "6*7"}, "toolu_a2")], "usage": USAGE},
+            {"content": [tool_use("submit_result", {"answer": "6*7 = 42"}, "toolu_a3")], "usage": USAGE},
+            {
+                "content": [{"type": "text", "text": json.dumps({"scores": {"correct": 1.0}, "reasons": {}})}],
+                "usage": {"input_tokens": 50, "output_tokens": 5},
+            },  # the judge, through the same SDK
+        ],
+    )
     run_id = f"run-anth-{key}"
-    await client.submit(RunSubmit(run_id=run_id, task=f"What is 6*7? [script:{key}]",
-                                  rubric=Rubric(criteria=[{"name": "correct"}], threshold=0.5)))
+    await client.submit(
+        RunSubmit(
+            run_id=run_id,
+            task=f"What is 6*7? [script:{key}]",
+            rubric=Rubric(criteria=[{"name": "correct"}], threshold=0.5),
+        )
+    )
     state = await client.wait(run_id)
     assert state.status == "completed", state.final_reason
     assert state.final_output == "6*7 = 42"
@@ -60,10 +75,13 @@ async def test_tool_loop_through_the_sdk(client: Client, messages_api: MessagesA
 
 async def test_overloaded_then_fatal_provider_errors(client: Client, messages_api: MessagesApiServer) -> None:
     key = f"k{uuid.uuid4().hex[:8]}"
-    messages_api.script(key, [
-        {"status": 529, "error": {"type": "overloaded_error", "message": "Overloaded"}},
-        {"status": 401, "error": {"type": "authentication_error", "message": "invalid x-api-key"}},
-    ])
+    messages_api.script(
+        key,
+        [
+            {"status": 529, "error": {"type": "overloaded_error", "message": "Overloaded"}},
+            {"status": 401, "error": {"type": "authentication_error", "message": "invalid x-api-key"}},
+        ],
+    )
     run_id = f"run-anth-{key}"
     await client.submit(RunSubmit(run_id=run_id, task=f"Anything. [script:{key}]"))
     state = await client.wait(run_id)

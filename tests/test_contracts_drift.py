@@ -17,7 +17,12 @@ def test_message_schemas_match_the_models() -> None:
         elif name not in wanted:
             problems.append(f"stale schemas/messages/{name} (no model generates it)")
         elif on_disk[name] != wanted[name]:
-            diff = difflib.unified_diff(on_disk[name].splitlines(), wanted[name].splitlines(),
-                                        f"schemas/messages/{name} (committed)", f"{name} (from models)", lineterm="")
+            diff = difflib.unified_diff(
+                on_disk[name].splitlines(),
+                wanted[name].splitlines(),
+                f"schemas/messages/{name} (committed)",
+                f"{name} (from models)",
+                lineterm="",
+            )
             problems.append("\n".join(list(diff)[:60]))
     assert not problems, "contracts drifted from the models; run `make schemas` and review:\n" + "\n\n".join(problems)

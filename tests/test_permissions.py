@@ -37,13 +37,16 @@ def locked_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tmp = tmp_path_factory.mktemp("locked")
     port = free_port()
     conf = tmp / "server.conf"
-    conf.write_text(f'listen: "127.0.0.1:{port}"\nserver_name: locked\n'
-                    f'jetstream {{ store_dir: "{tmp / "js"}" }}\n' + OUT.read_text())
+    conf.write_text(
+        f'listen: "127.0.0.1:{port}"\nserver_name: locked\n'
+        f'jetstream {{ store_dir: "{tmp / "js"}" }}\n' + OUT.read_text()
+    )
     env = {f"LW_NATS_PASSWORD_{u.upper()}": pw for u, pw in PASSWORDS.items()}
     check = subprocess.run([nats_server_binary(), "-t", "-c", str(conf)], env=env, capture_output=True, text=True)
     assert check.returncode == 0, check.stderr + check.stdout
-    proc = subprocess.Popen([nats_server_binary(), "-c", str(conf)], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [nats_server_binary(), "-c", str(conf)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     wait_for_port(port)
     yield f"nats://127.0.0.1:{port}"
     proc.terminate()
@@ -62,12 +65,14 @@ async def test_every_service_as_its_own_user_completes_a_run(locked_server: str,
     await ensure_buckets(bus.js, admin)
     await bus.broker.stop()
 
-    stack = LocalStack(state_dir=tmp_path, nats_url=locked_server, env=TEST_ENV,
-                       env_per_service={s: creds(s) for s in SERVICES})
+    stack = LocalStack(
+        state_dir=tmp_path, nats_url=locked_server, env=TEST_ENV, env_per_service={s: creds(s) for s in SERVICES}
+    )
     stack.start()
     try:
-        settings = Settings(nats_url=locked_server, nats_user="client", nats_password=PASSWORDS["client"],
-                            manage_streams=False)
+        settings = Settings(
+            nats_url=locked_server, nats_user="client", nats_password=PASSWORDS["client"], manage_streams=False
+        )
         async with Client(settings) as client:
             demo = parse_scenario(yaml.safe_load((ROOT / "scenarios" / "demo.yaml").read_text()))
             run_id = await client.submit_scenario(demo)
@@ -81,21 +86,25 @@ async def test_every_service_as_its_own_user_completes_a_run(locked_server: str,
         stack.stop()
 
 
-@pytest.mark.parametrize(("user", "subject"), [
-    ("judge", "lw.v1.cmd.tool.execute.charge_card"),  # the judge cannot run tools
-    ("client", "lw.v1.evt.judge.verdict"),  # a client cannot forge a verdict
-    ("validator", "lw.v1.evt.escalation.resolved"),  # nor resolve a human's escalation
-    ("executor", "$KV.lw_runs.some-run"),  # nor rewrite a run's state
-    ("planner", "lw.v1.cmd.run.submit.x"),
-])
+@pytest.mark.parametrize(
+    ("user", "subject"),
+    [
+        ("judge", "lw.v1.cmd.tool.execute.charge_card"),  # the judge cannot run tools
+        ("client", "lw.v1.evt.judge.verdict"),  # a client cannot forge a verdict
+        ("validator", "lw.v1.evt.escalation.resolved"),  # nor resolve a human's escalation
+        ("executor", "$KV.lw_runs.some-run"),  # nor rewrite a run's state
+        ("planner", "lw.v1.cmd.run.submit.x"),
+    ],
+)
 async def test_publishing_outside_a_grant_is_refused(locked_server: str, user: str, subject: str) -> None:
     errors: list[str] = []
 
     async def on_error(err: Exception) -> None:
         errors.append(str(err))
 
-    nc = await nats.connect(locked_server, user=user, password=PASSWORDS[user], error_cb=on_error,
-                            inbox_prefix=f"_INBOX_{user}")
+    nc = await nats.connect(
+        locked_server, user=user, password=PASSWORDS[user], error_cb=on_error, inbox_prefix=f"_INBOX_{user}"
+    )
     try:
         await nc.publish(subject, b"{}")
         await nc.flush()
@@ -114,8 +123,9 @@ async def test_reading_another_services_inbox_is_refused(locked_server: str) -> 
     async def on_error(err: Exception) -> None:
         errors.append(str(err))
 
-    nc = await nats.connect(locked_server, user="judge", password=PASSWORDS["judge"], error_cb=on_error,
-                            inbox_prefix="_INBOX_judge")
+    nc = await nats.connect(
+        locked_server, user="judge", password=PASSWORDS["judge"], error_cb=on_error, inbox_prefix="_INBOX_judge"
+    )
     try:
         await nc.subscribe("_INBOX_planner.>")
         await nc.flush()
@@ -127,8 +137,13 @@ async def test_reading_another_services_inbox_is_refused(locked_server: str) -> 
 
 def test_cluster_config_is_valid() -> None:
     env = {f"LW_NATS_PASSWORD_{u.upper()}": "x" for u in USERS}
-    check = subprocess.run([nats_server_binary(), "-t", "-c", "cluster.conf", "--server_name", "nats-1"],
-                           cwd=OUT.parent, env=env, capture_output=True, text=True)
+    check = subprocess.run(
+        [nats_server_binary(), "-t", "-c", "cluster.conf", "--server_name", "nats-1"],
+        cwd=OUT.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert check.returncode == 0, check.stderr + check.stdout
 
 

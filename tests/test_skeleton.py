@@ -33,9 +33,19 @@ async def test_demo_run_completes_with_its_final_answer(client: Client) -> None:
     kinds = [e.kind for e in await client.events(state.run_id)]
     # every hop of the loop left an event: budget decisions happen per turn (no event unless a
     # threshold fires), the rest are visible in the run's own history
-    for expected in ("run.started", "run.model_called", "run.tool_dispatched", "tool.attempt.search",
-                     "tool.succeeded.search", "tool.succeeded.calculator", "tool.succeeded.submit_result",
-                     "run.judge_requested", "judge.verdict", "run.decided", "run.completed"):
+    for expected in (
+        "run.started",
+        "run.model_called",
+        "run.tool_dispatched",
+        "tool.attempt.search",
+        "tool.succeeded.search",
+        "tool.succeeded.calculator",
+        "tool.succeeded.submit_result",
+        "run.judge_requested",
+        "judge.verdict",
+        "run.decided",
+        "run.completed",
+    ):
         assert expected in kinds, f"{expected} missing from {kinds}"
     # the transient 503 was retried by the executor, without the model seeing it
     attempts = [e.payload for e in await client.events(state.run_id) if e.kind == "tool.attempt.search"]
@@ -56,7 +66,8 @@ async def test_run_state_is_in_kv_and_updated_by_cas(client: Client) -> None:
 async def test_parallel_tool_calls_are_all_recorded_across_planner_replicas(client: Client) -> None:
     """Three outcomes of one turn land on two planner replicas concurrently; CAS keeps all three."""
     scenario = {
-        "name": "parallel", "task": "Compute three things.",
+        "name": "parallel",
+        "task": "Compute three things.",
         "planner": [
             {"tool_calls": [{"name": "calculator", "input": {"expression": f"{i} * 7"}} for i in range(1, 4)]},
             {"tool_calls": [{"name": "submit_result", "input": {"answer": "7, 14 and 21"}}]},
@@ -85,10 +96,14 @@ async def test_a_malformed_message_is_dead_lettered_and_does_not_block(client: C
 
 
 async def test_a_scenario_that_runs_out_of_turns_fails_clearly(client: Client) -> None:
-    state = await run_scenario(client, {
-        "name": "short", "task": "Say something.",
-        "planner": [{"tool_calls": [{"name": "calculator", "input": {"expression": "1+1"}}]}],
-    })
+    state = await run_scenario(
+        client,
+        {
+            "name": "short",
+            "task": "Say something.",
+            "planner": [{"tool_calls": [{"name": "calculator", "input": {"expression": "1+1"}}]}],
+        },
+    )
     assert state.status == "failed"
     assert "has 1 planner turn(s); model call #2 has no scripted reply" in (state.final_reason or "")
 
@@ -105,11 +120,16 @@ async def test_duplicate_submission_is_absorbed(client: Client) -> None:
 
 def test_a_bad_setting_stops_a_service_naming_it(stack: LocalStack) -> None:
     env = stack.service_env({"LW_MAX_ITERATIONS": "lots"})
-    proc = subprocess.run([sys.executable, "-m", "services.planner"], env=env, capture_output=True, text=True,
-                          timeout=30)
+    proc = subprocess.run(
+        [sys.executable, "-m", "services.planner"], env=env, capture_output=True, text=True, timeout=30
+    )
     assert proc.returncode == 2
     assert "LW_MAX_ITERATIONS" in proc.stderr and "valid integer" in proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "services.judge"], env={**env, "LW_MAX_ITERATIONS": "3",
-                                                                         "LW_NATS_URL": "http://x"},
-                          capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        [sys.executable, "-m", "services.judge"],
+        env={**env, "LW_MAX_ITERATIONS": "3", "LW_NATS_URL": "http://x"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert proc.returncode == 2 and "LW_NATS_URL" in proc.stderr

@@ -15,8 +15,12 @@ SCENARIO = {
     "name": "touches-every-service",
     "task": "Charge the order, then confirm.",
     "planner": [
-        {"text": "Charging.", "tool_calls": [{"name": "sql_query", "id": "toolu_q1",
-                                              "input": {"query": "select * from orders where id = 1001"}}]},
+        {
+            "text": "Charging.",
+            "tool_calls": [
+                {"name": "sql_query", "id": "toolu_q1", "input": {"query": "select * from orders where id = 1001"}}
+            ],
+        },
         {"tool_calls": [{"name": "submit_result", "input": {"answer": "Order 1001 is handled by a human."}}]},
     ],
     "judge": [{"scores": {"clear": 0.9}}],

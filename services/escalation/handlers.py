@@ -45,26 +45,38 @@ class EscalationQueue:
     def __init__(self, bus: Bus, telemetry: T.Telemetry) -> None:
         self.bus = bus
         self.raised = telemetry.meter("loopwarden.escalation").create_counter(
-            "loopwarden.escalations.raised", description="escalations by kind")
+            "loopwarden.escalations.raised", description="escalations by kind"
+        )
 
     def register(self, router: NatsRouter) -> None:
         b = self.bus
-        b.consumer(router, durable="escalation_raise", filter_subjects=[S.ESCALATION_RAISE],
-                   model=EscalationRaise)(self.on_raise)
-        b.consumer(router, durable="escalation_failures", stream=S.STREAM_EVT, model=ToolOutcome,
-                   filter_subjects=[f"{S.FAILURE_PREFIX}.{t}.>" for t in HUMAN_FAILURES])(self.on_failure)
+        b.consumer(router, durable="escalation_raise", filter_subjects=[S.ESCALATION_RAISE], model=EscalationRaise)(
+            self.on_raise
+        )
+        b.consumer(
+            router,
+            durable="escalation_failures",
+            stream=S.STREAM_EVT,
+            model=ToolOutcome,
+            filter_subjects=[f"{S.FAILURE_PREFIX}.{t}.>" for t in HUMAN_FAILURES],
+        )(self.on_failure)
         error = lambda reason: EscalationReply(ok=False, error=reason)  # noqa: E731
         b.responder(router, subject=S.ESCALATION_LIST, model=EscalationQuery, reply=error)(self.on_list)
         b.responder(router, subject=S.ESCALATION_CLAIM, model=EscalationClaim, reply=error)(self.on_claim)
         b.responder(router, subject=S.ESCALATION_RESOLVE, model=EscalationResolve, reply=error)(self.on_resolve)
 
     async def on_failure(self, outcome: ToolOutcome) -> None:
-        await self.on_raise(EscalationRaise(
-            escalation_id=escalation_id_for_call(outcome.run_id, outcome.call_id), run_id=outcome.run_id,
-            kind=outcome.failure_type if outcome.failure_type in HUMAN_FAILURES else "fatal",  # type: ignore[arg-type]
-            reason=outcome.error or "tool failure", tool=outcome.tool, call_id=outcome.call_id,
-            details={"arguments": outcome.arguments, "attempts": outcome.attempts},
-        ))
+        await self.on_raise(
+            EscalationRaise(
+                escalation_id=escalation_id_for_call(outcome.run_id, outcome.call_id),
+                run_id=outcome.run_id,
+                kind=outcome.failure_type if outcome.failure_type in HUMAN_FAILURES else "fatal",
+                reason=outcome.error or "tool failure",
+                tool=outcome.tool,
+                call_id=outcome.call_id,
+                details={"arguments": outcome.arguments, "attempts": outcome.attempts},
+            )
+        )
 
     async def on_raise(self, req: EscalationRaise) -> None:
         item = Q.raise_item(req, current_traceparent())
@@ -104,10 +116,16 @@ class EscalationQueue:
                 return EscalationReply(ok=False, error=str(err))
             except CasConflict:
                 continue
-            await self.bus.publish(S.ESCALATION_CLAIMED,
-                                   RunEvent(run_id=item.run_id, kind="escalation.claimed", summary=req.who,
-                                            detail={"escalation_id": req.escalation_id}),
-                                   msg_id=f"claimed.{req.escalation_id}.{req.who}")
+            await self.bus.publish(
+                S.ESCALATION_CLAIMED,
+                RunEvent(
+                    run_id=item.run_id,
+                    kind="escalation.claimed",
+                    summary=req.who,
+                    detail={"escalation_id": req.escalation_id},
+                ),
+                msg_id=f"claimed.{req.escalation_id}.{req.who}",
+            )
             return EscalationReply(ok=True, escalations=[claimed])
         return EscalationReply(ok=False, error="too much contention; try again")
 
@@ -123,7 +141,8 @@ class EscalationQueue:
                 return EscalationReply(ok=False, error=str(err))
             except CasConflict:
                 continue
-            await self.bus.publish(S.ESCALATION_RESOLVED, resolution, msg_id=f"resolved.{req.escalation_id}",
-                                   traceparent=item.traceparent)
+            await self.bus.publish(
+                S.ESCALATION_RESOLVED, resolution, msg_id=f"resolved.{req.escalation_id}", traceparent=item.traceparent
+            )
             return EscalationReply(ok=True, escalations=[resolved])
         return EscalationReply(ok=False, error="too much contention; try again")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from faststream.nats import NatsRouter
@@ -13,6 +12,7 @@ import services.executor.tools.demo  # noqa: F401  - registers the @tool-declare
 from services.executor.handlers import Executor
 from services.executor.registry import DECLARED, SCHEMAS_DIR, ToolRegistry
 from shared.bus import Bus
+from shared.service import AfterConnect
 from shared.settings import Settings
 from shared.telemetry import Telemetry
 
@@ -32,7 +32,7 @@ def load_registry(settings: Settings) -> ToolRegistry:
     return registry
 
 
-def build(bus: Bus, settings: Settings, telemetry: Telemetry, router: NatsRouter) -> Callable[[], Awaitable[None]] | None:
+def build(bus: Bus, settings: Settings, telemetry: Telemetry, router: NatsRouter) -> AfterConnect:
     registry = load_registry(settings)
     executor = Executor(bus, settings, telemetry, registry)
     executor.register(router)

@@ -61,14 +61,20 @@ def model_error(tool: str, failure_type: str, detail: str, attempts: int) -> str
     """Failures written for the model: what happened and what it can do next."""
     tried = f" after {attempts} attempt(s)" if attempts > 1 else ""
     if failure_type == "transient":
-        return (f"'{tool}' is temporarily unavailable ({detail}){tried}. Try again later, use another tool, "
-                "or continue without this information.")
+        return (
+            f"'{tool}' is temporarily unavailable ({detail}){tried}. Try again later, use another tool, "
+            "or continue without this information."
+        )
     if failure_type == "timeout":
-        return (f"'{tool}' did not respond in time ({detail}){tried}. It may be overloaded; try a narrower request, "
-                "another tool, or continue without it.")
+        return (
+            f"'{tool}' did not respond in time ({detail}){tried}. It may be overloaded; try a narrower request, "
+            "another tool, or continue without it."
+        )
     if failure_type == "unknown_outcome":
-        return (f"'{tool}' may or may not have completed: the process running it stopped before recording the "
-                "result, and it is not safe to repeat. A human is checking; do not call it again for this request.")
+        return (
+            f"'{tool}' may or may not have completed: the process running it stopped before recording the "
+            "result, and it is not safe to repeat. A human is checking; do not call it again for this request."
+        )
     return f"'{tool}' failed and cannot be retried: {detail}. A human has been notified."
 
 
@@ -83,8 +89,9 @@ class Executor:
 
     def register(self, router: NatsRouter) -> None:
         for name in sorted(self.registry.hosted(self.settings.hosted_tools)):
-            self.bus.consumer(router, durable=f"executor_{S.token(name)}", filter_subjects=[S.tool_execute(name)],
-                              model=ToolCall)(self.on_call)
+            self.bus.consumer(
+                router, durable=f"executor_{S.token(name)}", filter_subjects=[S.tool_execute(name)], model=ToolCall
+            )(self.on_call)
 
     async def publish_contracts(self) -> None:
         """Make this executor's contracts visible to the planner and the validator."""
@@ -99,30 +106,46 @@ class Executor:
         contract = hosted.contract
         with self.tracer.start_as_current_span(
             f"execute_tool {call.tool}",
-            attributes={T.GEN_AI_OPERATION_NAME: "execute_tool", T.GEN_AI_TOOL_NAME: call.tool,
-                        T.GEN_AI_TOOL_CALL_ID: call.call_id, T.LW_RUN_ID: call.run_id},
+            attributes={
+                T.GEN_AI_OPERATION_NAME: "execute_tool",
+                T.GEN_AI_TOOL_NAME: call.tool,
+                T.GEN_AI_TOOL_CALL_ID: call.call_id,
+                T.LW_RUN_ID: call.run_id,
+            },
         ) as span:
             validator = compiled(contract.input_schema, dialect_of_contract(contract, "input"))
             errors = validator.errors(call.arguments)
             if errors:
                 span.set_attribute(T.LW_FAILURE_TYPE, "input_invalid")
-                await self.fail(call, "input_invalid",
-                                f"the arguments for '{call.tool}' break its input schema:\n{format_for_model(errors)}",
-                                recoverable=True, errors=errors, schema=contract.input_schema, attempts=0)
+                await self.fail(
+                    call,
+                    "input_invalid",
+                    f"the arguments for '{call.tool}' break its input schema:\n{format_for_model(errors)}",
+                    recoverable=True,
+                    errors=errors,
+                    schema=contract.input_schema,
+                    attempts=0,
+                )
                 return
 
             entry, revision = await self.bus.kv_get(S.KV_TOOL_LEDGER, call.attempt_id, LedgerEntry)
             match on_delivery(entry):
                 case "republish":
                     assert entry is not None and entry.final is not None
-                    await self.bus.publish(entry.final.subject, entry.final.payload.encode(),
-                                           msg_id=entry.final.msg_id, run_id=call.run_id)
+                    await self.bus.publish(
+                        entry.final.subject, entry.final.payload.encode(), msg_id=entry.final.msg_id, run_id=call.run_id
+                    )
                     return
                 case "unknown_outcome":
                     assert entry is not None
                     span.set_attribute(T.LW_FAILURE_TYPE, "unknown_outcome")
-                    await self.finish_failure(call, entry, revision, "unknown_outcome",
-                                              "a previous attempt started but never recorded its end")
+                    await self.finish_failure(
+                        call,
+                        entry,
+                        revision,
+                        "unknown_outcome",
+                        "a previous attempt started but never recorded its end",
+                    )
                     return
                 case "run":
                     pass
@@ -131,20 +154,30 @@ class Executor:
 
     async def run_attempts(self, call: ToolCall, hosted: HostedTool, entry: LedgerEntry, revision: int) -> None:
         contract = hosted.contract
-        policy = BackoffPolicy(contract.retry.max_attempts, contract.retry.base_delay_s, contract.retry.max_delay_s,
-                               contract.retry.max_elapsed_s)
+        policy = BackoffPolicy(
+            contract.retry.max_attempts,
+            contract.retry.base_delay_s,
+            contract.retry.max_delay_s,
+            contract.retry.max_elapsed_s,
+        )
         started = time.monotonic()
         while True:
             n = len(entry.attempts) + 1
             entry.attempts.append(AttemptRecord(n=n))
             revision = await self.save(entry, revision)  # recorded *before* the tool runs
             with self.tracer.start_as_current_span(
-                f"tool attempt {call.tool}", attributes={T.GEN_AI_TOOL_NAME: call.tool, T.LW_ATTEMPT: n,
-                                                         T.LW_RUN_ID: call.run_id},
+                f"tool attempt {call.tool}",
+                attributes={T.GEN_AI_TOOL_NAME: call.tool, T.LW_ATTEMPT: n, T.LW_RUN_ID: call.run_id},
             ) as span:
                 result = await self.attempt(call, hosted, n)
-                entry.attempts[-1] = entry.attempts[-1].model_copy(update={
-                    "finished": True, "ok": result.ok, "failure_type": result.failure_type, "error": result.error})
+                entry.attempts[-1] = entry.attempts[-1].model_copy(
+                    update={
+                        "finished": True,
+                        "ok": result.ok,
+                        "failure_type": result.failure_type,
+                        "error": result.error,
+                    }
+                )
                 revision = await self.save(entry, revision)
                 delay = None
                 if not result.ok:
@@ -157,17 +190,33 @@ class Executor:
                 self.attempts.add(1, {"tool": call.tool, "result": "ok" if result.ok else result.failure_type or ""})
                 await self.bus.publish(
                     S.tool_attempt(call.tool),
-                    ToolAttempt(run_id=call.run_id, call_id=call.call_id, attempt_id=call.attempt_id, tool=call.tool,
-                                attempt=n, ok=result.ok, failure_type=result.failure_type,  # type: ignore[arg-type]
-                                error=result.error, next_delay_s=delay),
+                    ToolAttempt(
+                        run_id=call.run_id,
+                        call_id=call.call_id,
+                        attempt_id=call.attempt_id,
+                        tool=call.tool,
+                        attempt=n,
+                        ok=result.ok,
+                        failure_type=result.failure_type,
+                        error=result.error,
+                        next_delay_s=delay,
+                    ),
                     msg_id=f"{call.attempt_id}.attempt.{n}",
                 )
             if result.ok:
                 raw = ToolResultRaw(
-                    run_id=call.run_id, iteration=call.iteration, call_id=call.call_id, attempt_id=call.attempt_id,
-                    tool=call.tool, requested_tool=call.requested_tool, arguments=call.arguments,
-                    output=result.output, output_is_text=result.output_is_text, attempts=n,
-                    duration_ms=round((time.monotonic() - started) * 1000, 2), fallback_from=call.fallback_from,
+                    run_id=call.run_id,
+                    iteration=call.iteration,
+                    call_id=call.call_id,
+                    attempt_id=call.attempt_id,
+                    tool=call.tool,
+                    requested_tool=call.requested_tool,
+                    arguments=call.arguments,
+                    output=result.output,
+                    output_is_text=result.output_is_text,
+                    attempts=n,
+                    duration_ms=round((time.monotonic() - started) * 1000, 2),
+                    fallback_from=call.fallback_from,
                 )
                 await self.finish(entry, revision, S.RESULT_VALIDATE, raw, f"{call.attempt_id}.raw")
                 return
@@ -176,41 +225,63 @@ class Executor:
             await asyncio.sleep(delay)
         await self.after_retries(call, hosted, entry, revision, result)
 
-    async def after_retries(self, call: ToolCall, hosted: HostedTool, entry: LedgerEntry, revision: int,
-                            result: Attempted) -> None:
+    async def after_retries(
+        self, call: ToolCall, hosted: HostedTool, entry: LedgerEntry, revision: int, result: Attempted
+    ) -> None:
         contract = hosted.contract
         ftype = result.failure_type or "fatal"
         recoverable = ftype in ("transient", "timeout")
         depth = call.attempt_id.count(".fb.")
-        if recoverable and contract.fallback and depth < MAX_FALLBACK_DEPTH and \
-                f".fb.{contract.fallback}" not in call.attempt_id and contract.fallback != call.requested_tool:
-            note = FallbackNote(from_tool=call.tool, to_tool=contract.fallback,
-                                reason=model_error(call.tool, ftype, result.error or ftype, len(entry.attempts)))
-            fallback = call.model_copy(update={
-                "tool": contract.fallback, "attempt_id": f"{call.attempt_id}.fb.{contract.fallback}",
-                "fallback_from": note})
-            await self.finish(entry, revision, S.tool_execute(contract.fallback), fallback,
-                              f"{fallback.attempt_id}.call")
+        if (
+            recoverable
+            and contract.fallback
+            and depth < MAX_FALLBACK_DEPTH
+            and f".fb.{contract.fallback}" not in call.attempt_id
+            and contract.fallback != call.requested_tool
+        ):
+            note = FallbackNote(
+                from_tool=call.tool,
+                to_tool=contract.fallback,
+                reason=model_error(call.tool, ftype, result.error or ftype, len(entry.attempts)),
+            )
+            fallback = call.model_copy(
+                update={
+                    "tool": contract.fallback,
+                    "attempt_id": f"{call.attempt_id}.fb.{contract.fallback}",
+                    "fallback_from": note,
+                }
+            )
+            await self.finish(
+                entry, revision, S.tool_execute(contract.fallback), fallback, f"{fallback.attempt_id}.call"
+            )
             return
         if recoverable and contract.boundary == "use_cached":
             cached, _ = await self.bus.kv_get(S.KV_TOOL_CACHE, cache_key(call.tool, call.arguments), CachedToolResult)
             if cached is not None:
                 raw = ToolResultRaw(
-                    run_id=call.run_id, iteration=call.iteration, call_id=call.call_id, attempt_id=call.attempt_id,
-                    tool=call.tool, requested_tool=call.requested_tool, arguments=call.arguments, output=cached.data,
-                    attempts=len(entry.attempts), cached=True, fallback_from=call.fallback_from,
+                    run_id=call.run_id,
+                    iteration=call.iteration,
+                    call_id=call.call_id,
+                    attempt_id=call.attempt_id,
+                    tool=call.tool,
+                    requested_tool=call.requested_tool,
+                    arguments=call.arguments,
+                    output=cached.data,
+                    attempts=len(entry.attempts),
+                    cached=True,
+                    fallback_from=call.fallback_from,
                 )
                 await self.finish(entry, revision, S.RESULT_VALIDATE, raw, f"{call.attempt_id}.raw")
                 return
-        await self.finish_failure(call, entry, revision, ftype, result.error or ftype, recoverable=recoverable,
-                                  boundary=contract.boundary)
+        await self.finish_failure(
+            call, entry, revision, ftype, result.error or ftype, recoverable=recoverable, boundary=contract.boundary
+        )
 
     async def attempt(self, call: ToolCall, hosted: HostedTool, n: int) -> Attempted:
         """One execution: the scripted behaviour for this attempt, else the real tool, under its timeout."""
         contract = hosted.contract
         behaviour = await self.scripted(call)
-        ctx = ToolContext(run_id=call.run_id, call_id=call.call_id, attempt=n,
-                          demo_store=await self.bus.kv(S.KV_DEMO))
+        ctx = ToolContext(run_id=call.run_id, call_id=call.call_id, attempt=n, demo_store=await self.bus.kv(S.KV_DEMO))
         try:
             async with asyncio.timeout(contract.timeout_s):
                 if behaviour is not None and not behaviour.runs_real_tool:
@@ -219,8 +290,9 @@ class Executor:
                         detail = behaviour.error or f"scripted {behaviour.fail} failure"
                         if behaviour.fail == "timeout":
                             return Attempted(False, failure_type="timeout", error=detail)
-                        return Attempted(False, failure_type=behaviour.fail, error=detail,
-                                         retry_after_s=behaviour.retry_after_s)
+                        return Attempted(
+                            False, failure_type=behaviour.fail, error=detail, retry_after_s=behaviour.retry_after_s
+                        )
                     if behaviour.output_text is not None:
                         return Attempted(True, output=behaviour.output_text, output_is_text=True)
                     return Attempted(True, output=behaviour.output)
@@ -231,8 +303,7 @@ class Executor:
         except TimeoutError:
             return Attempted(False, failure_type="timeout", error=f"no answer within {contract.timeout_s:g}s")
         except ToolFailure as failure:
-            return Attempted(False, failure_type=failure.kind, error=str(failure),
-                             retry_after_s=failure.retry_after_s)
+            return Attempted(False, failure_type=failure.kind, error=str(failure), retry_after_s=failure.retry_after_s)
         except Exception as err:  # a bug in the tool: not something a retry fixes
             log.exception("tool %s crashed", call.tool)
             return Attempted(False, failure_type="fatal", error=f"the tool crashed: {err!r}")
@@ -264,30 +335,58 @@ class Executor:
         """Record the final message in the ledger, then publish it (a redelivery republishes it)."""
         entry.final = FinalPublish(subject=subject, msg_id=msg_id, payload=payload.model_dump_json(by_alias=True))
         await self.save(entry, revision)
-        await self.bus.publish(subject, entry.final.payload.encode(), msg_id=msg_id,
-                               run_id=getattr(payload, "run_id", None))
+        await self.bus.publish(
+            subject, entry.final.payload.encode(), msg_id=msg_id, run_id=getattr(payload, "run_id", None)
+        )
 
-    async def finish_failure(self, call: ToolCall, entry: LedgerEntry, revision: int, ftype: str, detail: str,
-                             *, recoverable: bool = False, boundary: str | None = None) -> None:
+    async def finish_failure(
+        self,
+        call: ToolCall,
+        entry: LedgerEntry,
+        revision: int,
+        ftype: str,
+        detail: str,
+        *,
+        recoverable: bool = False,
+        boundary: str | None = None,
+    ) -> None:
         self.failures.add(1, {"tool": call.tool, "failure_type": ftype})
-        outcome = self.outcome(call, ftype, model_error(call.tool, ftype, detail, len(entry.attempts)),
-                               recoverable=recoverable, attempts=len(entry.attempts), boundary=boundary)
+        outcome = self.outcome(
+            call,
+            ftype,
+            model_error(call.tool, ftype, detail, len(entry.attempts)),
+            recoverable=recoverable,
+            attempts=len(entry.attempts),
+            boundary=boundary,
+        )
         await self.finish(entry, revision, S.failure(ftype, call.tool), outcome, f"{call.attempt_id}.outcome")
 
-    async def fail(self, call: ToolCall, ftype: str, error: str, *, recoverable: bool, attempts: int,
-                   **extra: Any) -> None:
+    async def fail(
+        self, call: ToolCall, ftype: str, error: str, *, recoverable: bool, attempts: int, **extra: Any
+    ) -> None:
         self.failures.add(1, {"tool": call.tool, "failure_type": ftype})
         outcome = self.outcome(call, ftype, error, recoverable=recoverable, attempts=attempts, **extra)
         await self.bus.publish(S.failure(ftype, call.tool), outcome, msg_id=f"{call.attempt_id}.outcome")
 
     @staticmethod
-    def outcome(call: ToolCall, ftype: str, error: str, *, recoverable: bool, attempts: int,
-                **extra: Any) -> ToolOutcome:
-        return ToolOutcome.model_validate({
-            "run_id": call.run_id, "iteration": call.iteration, "call_id": call.call_id,
-            "attempt_id": call.attempt_id, "tool": call.tool, "requested_tool": call.requested_tool,
-            "arguments": call.arguments, "success": False, "error": error, "recoverable": recoverable,
-            "failure_type": ftype, "attempts": attempts, "fallback_from": call.fallback_from,
-            **{k: v for k, v in extra.items() if v is not None},
-        })
-
+    def outcome(
+        call: ToolCall, ftype: str, error: str, *, recoverable: bool, attempts: int, **extra: Any
+    ) -> ToolOutcome:
+        return ToolOutcome.model_validate(
+            {
+                "run_id": call.run_id,
+                "iteration": call.iteration,
+                "call_id": call.call_id,
+                "attempt_id": call.attempt_id,
+                "tool": call.tool,
+                "requested_tool": call.requested_tool,
+                "arguments": call.arguments,
+                "success": False,
+                "error": error,
+                "recoverable": recoverable,
+                "failure_type": ftype,
+                "attempts": attempts,
+                "fallback_from": call.fallback_from,
+                **{k: v for k, v in extra.items() if v is not None},
+            }
+        )

@@ -126,12 +126,22 @@ def tool(
     """Declare a tool contract in Python, next to the function that implements it."""
 
     def wrap(fn: ToolFn) -> ToolFn:
-        contract = ToolContract.model_validate({
-            "name": name, "description": description, "inputSchema": input_schema, "outputSchema": output_schema,
-            "idempotent": idempotent, "timeout_s": timeout_s, "retry": retry or RetryPolicy(),
-            "fallback": fallback, "boundary": boundary, "terminal": terminal, "repairs": repairs or [],
-            "source": "python",
-        })
+        contract = ToolContract.model_validate(
+            {
+                "name": name,
+                "description": description,
+                "inputSchema": input_schema,
+                "outputSchema": output_schema,
+                "idempotent": idempotent,
+                "timeout_s": timeout_s,
+                "retry": retry or RetryPolicy(),
+                "fallback": fallback,
+                "boundary": boundary,
+                "terminal": terminal,
+                "repairs": repairs or [],
+                "source": "python",
+            }
+        )
         DECLARED.append((contract, fn))
         return fn
 

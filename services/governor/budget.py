@@ -53,8 +53,15 @@ def rebalance(alloc: dict[str, int], used: SectionTokens) -> dict[str, int]:
     return out
 
 
-def evaluate(req: BudgetRequest, ledger: BudgetLedger, *, warn_at: float, compact_at: float,
-             fallback_model: str | None, exhausted_policy: str) -> BudgetDecision:
+def evaluate(
+    req: BudgetRequest,
+    ledger: BudgetLedger,
+    *,
+    warn_at: float,
+    compact_at: float,
+    fallback_model: str | None,
+    exhausted_policy: str,
+) -> BudgetDecision:
     """The decision for one model call. Mutates ``ledger`` flags; the caller stores both."""
     alloc = rebalance(allocate(req.context_budget_tokens), req.sections)
     reasons: list[str] = []
@@ -76,10 +83,18 @@ def evaluate(req: BudgetRequest, ledger: BudgetLedger, *, warn_at: float, compac
         action = "block"
         reasons.append(f"cost ceiling ${req.cost_ceiling_usd:.2f} reached (spent ${req.spent.cost_usd:.4f})")
     elif req.spent.cost_usd + estimate > req.cost_ceiling_usd:
-        cheaper = fallback_model and cost_usd(fallback_model, req.sections.total - req.sections.output,
-                                              req.sections.output) < estimate
-        if exhausted_policy == "fallback_model" and cheaper and fallback_model and req.spent.cost_usd + cost_usd(
-                fallback_model, req.sections.total - req.sections.output, req.sections.output) <= req.cost_ceiling_usd:
+        cheaper = (
+            fallback_model
+            and cost_usd(fallback_model, req.sections.total - req.sections.output, req.sections.output) < estimate
+        )
+        if (
+            exhausted_policy == "fallback_model"
+            and cheaper
+            and fallback_model
+            and req.spent.cost_usd
+            + cost_usd(fallback_model, req.sections.total - req.sections.output, req.sections.output)
+            <= req.cost_ceiling_usd
+        ):
             model = fallback_model
             ledger.fallback_active = True
             fire("fallback")
@@ -96,8 +111,10 @@ def evaluate(req: BudgetRequest, ledger: BudgetLedger, *, warn_at: float, compac
             reasons.append(f"context {req.sections.total} tokens exceeds its budget {req.context_budget_tokens}")
         else:
             action = "block"
-            reasons.append(f"context {req.sections.total} tokens exceeds its budget {req.context_budget_tokens} "
-                           "and compaction cannot help")
+            reasons.append(
+                f"context {req.sections.total} tokens exceeds its budget {req.context_budget_tokens} "
+                "and compaction cannot help"
+            )
     if action == "allow" and history_ratio >= compact_at and ledger.compact_armed:
         action = "compact"
         reasons.append(f"history at {history_ratio:.0%} of its allocation ({req.sections.history}/{alloc['history']})")
@@ -117,7 +134,13 @@ def evaluate(req: BudgetRequest, ledger: BudgetLedger, *, warn_at: float, compac
         fire("block")
     remaining = max(0, req.run_token_budget - spent_tokens - (req.sections.total - req.sections.output))
     return BudgetDecision(
-        run_id=req.run_id, turn=req.turn, action=action, model=model,  # type: ignore[arg-type]
+        run_id=req.run_id,
+        turn=req.turn,
+        action=action,
+        model=model,
         max_output_tokens=max(16, min(req.sections.output, alloc["output"] or req.sections.output, remaining)),
-        reasons=reasons, fired=fired, allocations=alloc, usage_ratio=round(ratio, 4),
+        reasons=reasons,
+        fired=fired,
+        allocations=alloc,
+        usage_ratio=round(ratio, 4),
     )

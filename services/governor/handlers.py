@@ -18,11 +18,16 @@ class Governor:
         self.bus, self.settings = bus, settings
         self.tracer = telemetry.tracer("loopwarden.governor")
         self.decisions = telemetry.meter("loopwarden.governor").create_counter(
-            "loopwarden.budget.decisions", description="budget decisions by action")
+            "loopwarden.budget.decisions", description="budget decisions by action"
+        )
 
     def register(self, router: NatsRouter) -> None:
-        self.bus.responder(router, subject=S.BUDGET_RESERVE, model=BudgetRequest,
-                           reply=lambda reason: RunEvent(run_id="-", kind="error", summary=reason))(self.on_reserve)
+        self.bus.responder(
+            router,
+            subject=S.BUDGET_RESERVE,
+            model=BudgetRequest,
+            reply=lambda reason: RunEvent(run_id="-", kind="error", summary=reason),
+        )(self.on_reserve)
 
     async def on_reserve(self, req: BudgetRequest) -> BudgetDecision:
         s = self.settings
@@ -33,10 +38,17 @@ class Governor:
             if str(req.turn) in ledger.decisions:
                 return ledger.decisions[str(req.turn)]
             with self.tracer.start_as_current_span(
-                "budget reserve", attributes={T.LW_RUN_ID: req.run_id, T.GEN_AI_REQUEST_MODEL: req.model},
+                "budget reserve",
+                attributes={T.LW_RUN_ID: req.run_id, T.GEN_AI_REQUEST_MODEL: req.model},
             ) as span:
-                decision = evaluate(req, ledger, warn_at=s.warn_at, compact_at=s.compact_at,
-                                    fallback_model=s.fallback_model, exhausted_policy=s.budget_exhausted_policy)
+                decision = evaluate(
+                    req,
+                    ledger,
+                    warn_at=s.warn_at,
+                    compact_at=s.compact_at,
+                    fallback_model=s.fallback_model,
+                    exhausted_policy=s.budget_exhausted_policy,
+                )
                 span.set_attribute(T.LW_BUDGET_ACTION, decision.action)
             ledger.decisions[str(req.turn)] = decision
             try:
@@ -48,8 +60,13 @@ class Governor:
                 level = flag if flag in ("warn", "compact", "block") else "fallback"
                 await self.bus.publish(
                     S.budget_event(level),
-                    RunEvent(run_id=req.run_id, kind=f"budget.{level}", iteration=req.turn,
-                             summary="; ".join(decision.reasons), detail=decision.model_dump(mode="json")),
+                    RunEvent(
+                        run_id=req.run_id,
+                        kind=f"budget.{level}",
+                        iteration=req.turn,
+                        summary="; ".join(decision.reasons),
+                        detail=decision.model_dump(mode="json"),
+                    ),
                     msg_id=f"{req.run_id}.budget.{req.turn}.{flag}",
                 )
             return decision

@@ -43,8 +43,8 @@ class Judge:
             try:
                 await self.bus.kv_put(S.KV_VERDICTS, key, verdict, revision=0)
             except CasConflict:  # another replica judged it first: its verdict stands
-                verdict, _ = await self.bus.kv_get(S.KV_VERDICTS, key, Verdict)
-                assert verdict is not None
+                existing, _ = await self.bus.kv_get(S.KV_VERDICTS, key, Verdict)
+                verdict = existing or verdict
             stored = verdict
             self.verdicts.add(1, {"status": stored.status})
         await self.bus.publish(S.JUDGE_VERDICT, stored, msg_id=f"verdict.{req.candidate.id}")
@@ -52,7 +52,8 @@ class Judge:
     async def judge(self, req: JudgeRequest) -> Verdict:
         model = self.settings.judge_model
         with self.tracer.start_as_current_span(
-            "judge candidate", attributes={T.LW_RUN_ID: req.run_id, "loopwarden.candidate.id": req.candidate.id},
+            "judge candidate",
+            attributes={T.LW_RUN_ID: req.run_id, "loopwarden.candidate.id": req.candidate.id},
         ) as span:
             try:
                 scenario = None
@@ -60,12 +61,20 @@ class Judge:
                     scenario, _ = await self.bus.kv_get(S.KV_SCENARIOS, req.run_id, Scenario)
                 provider = provider_for(self.settings, "judge", scenario)
                 request = ModelRequest(
-                    purpose="judge", model=model, system=scoring.JUDGE_SYSTEM,
+                    purpose="judge",
+                    model=model,
+                    system=scoring.JUDGE_SYSTEM,
                     messages=[ChatMessage.user(scoring.judge_prompt(req))],
-                    max_tokens=self.settings.judge_max_output_tokens, run_id=req.run_id, script_index=req.judge_seq,
+                    max_tokens=self.settings.judge_max_output_tokens,
+                    run_id=req.run_id,
+                    script_index=req.judge_seq,
                 )
-                policy = BackoffPolicy(self.settings.model_retry_attempts, self.settings.model_retry_base_s,
-                                       self.settings.model_retry_max_s, self.settings.model_timeout_s)
+                policy = BackoffPolicy(
+                    self.settings.model_retry_attempts,
+                    self.settings.model_retry_base_s,
+                    self.settings.model_retry_max_s,
+                    self.settings.model_timeout_s,
+                )
                 response = await complete_with_retry(provider, request, policy, self.tracer)
             except ProviderError as err:
                 verdict = scoring.not_judged(req, f"judge call failed: {err}", model)

@@ -32,8 +32,11 @@ def judge_prompt(req: JudgeRequest) -> str:
     if "task" in req.rubric.judge_sees:
         parts.append(f"Task:\n{req.task}")
     label = "Submitted payload" if req.candidate.kind == "submission" else "Candidate answer"
-    body = json.dumps(req.candidate.payload, ensure_ascii=False, indent=2) if req.candidate.payload else \
-        req.candidate.content
+    body = (
+        json.dumps(req.candidate.payload, ensure_ascii=False, indent=2)
+        if req.candidate.payload
+        else req.candidate.content
+    )
     parts.append(f"{label}:\n{body}")
     if req.tool_history:
         parts.append("Tool calls made:\n" + "\n".join(f"- {h}" for h in req.tool_history))
@@ -47,7 +50,7 @@ class Parsed:
     reasons: dict[str, str]
 
 
-class NotJudged(Exception):  # noqa: N818
+class NotJudged(Exception):
     """The reply cannot be turned into scores; the message says why."""
 
 
@@ -58,7 +61,7 @@ def _json_object(text: str) -> dict[str, Any]:
     candidates = [m.group(1) for m in _FENCE.finditer(text)]
     start = text.find("{")
     if start >= 0:
-        candidates.append(text[start: text.rfind("}") + 1])
+        candidates.append(text[start : text.rfind("}") + 1])
     for chunk in candidates:
         try:
             value = json.loads(chunk)
@@ -98,8 +101,11 @@ def score(req: JudgeRequest, parsed: Parsed, judge_model: str, usage: Usage) -> 
         passed = s >= c.pass_at if c.hard else True
         if not passed:
             hard_failures.append(c.name)
-        results.append(CriterionScore(name=c.name, score=s, weight=c.weight, hard=c.hard, passed=passed,
-                                      reason=parsed.reasons.get(c.name, "")))
+        results.append(
+            CriterionScore(
+                name=c.name, score=s, weight=c.weight, hard=c.hard, passed=passed, reason=parsed.reasons.get(c.name, "")
+            )
+        )
     total_weight = sum(c.weight for c in rubric.criteria)
     weighted = sum(r.score * r.weight for r in results) / total_weight
     reasons = [f"{r.name}: {r.reason}" for r in results if r.reason and r.score < 1.0]
@@ -107,12 +113,29 @@ def score(req: JudgeRequest, parsed: Parsed, judge_model: str, usage: Usage) -> 
         weighted = 0.0
         reasons.insert(0, "required criteria not met: " + ", ".join(hard_failures))
     status = "passed" if weighted >= rubric.threshold and not hard_failures else "failed"
-    return Verdict(run_id=req.run_id, candidate_id=req.candidate.id, iteration=req.candidate.iteration,
-                   status=status, score=round(weighted, 4), threshold=rubric.threshold, criteria=results,
-                   reasons=reasons, judge_model=judge_model, usage=usage)
+    return Verdict(
+        run_id=req.run_id,
+        candidate_id=req.candidate.id,
+        iteration=req.candidate.iteration,
+        status=status,
+        score=round(weighted, 4),
+        threshold=rubric.threshold,
+        criteria=results,
+        reasons=reasons,
+        judge_model=judge_model,
+        usage=usage,
+    )
 
 
 def not_judged(req: JudgeRequest, reason: str, judge_model: str, usage: Usage | None = None) -> Verdict:
-    return Verdict(run_id=req.run_id, candidate_id=req.candidate.id, iteration=req.candidate.iteration,
-                   status="not_judged", score=None, threshold=req.rubric.threshold, not_judged_reason=reason,
-                   judge_model=judge_model, usage=usage or Usage())
+    return Verdict(
+        run_id=req.run_id,
+        candidate_id=req.candidate.id,
+        iteration=req.candidate.iteration,
+        status="not_judged",
+        score=None,
+        threshold=req.rubric.threshold,
+        not_judged_reason=reason,
+        judge_model=judge_model,
+        usage=usage or Usage(),
+    )

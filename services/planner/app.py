@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-
 from faststream.nats import NatsRouter
 
 from services.planner.handlers import Planner
 from shared.bus import Bus
+from shared.service import AfterConnect
 from shared.settings import Settings
 from shared.telemetry import Telemetry
 
 
-def build(bus: Bus, settings: Settings, telemetry: Telemetry, router: NatsRouter) -> Callable[[], Awaitable[None]] | None:
+def build(bus: Bus, settings: Settings, telemetry: Telemetry, router: NatsRouter) -> AfterConnect:
     Planner(bus, settings, telemetry).register(router)
     return None

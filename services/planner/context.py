@@ -56,8 +56,9 @@ def model_messages(state: RunState) -> list[ChatMessage]:
     return merged
 
 
-def sections(system: str, task_message: str, messages: list[ChatMessage], specs: list[ToolSpec],
-             max_output: int) -> SectionTokens:
+def sections(
+    system: str, task_message: str, messages: list[ChatMessage], specs: list[ToolSpec], max_output: int
+) -> SectionTokens:
     history = sum(4 + tokens.count_json([b.model_dump() for b in m.content]) for m in messages)
     goal = tokens.count(system) + tokens.count(task_message)
     return SectionTokens(
@@ -72,7 +73,8 @@ def opening_message(task: str, lessons: list[str]) -> str:
     if not lessons:
         return task
     listed = "\n".join(f"- {lesson}" for lesson in lessons)
-    return f"{task}\n\nLessons from earlier attempts at this task (reviewers rejected answers for these reasons):\n{listed}"
+    head = "Lessons from earlier attempts at this task (reviewers rejected answers for these reasons):"
+    return f"{task}\n\n{head}\n{listed}"
 
 
 # --- tool results as the model reads them ---------------------------------------------------
@@ -91,11 +93,15 @@ def render_outcome(outcome: ToolOutcome, max_tokens: int) -> tuple[str, bool]:
     notes = []
     if outcome.fallback_from is not None:
         fb = outcome.fallback_from
-        notes.append(f"Note: '{fb.from_tool}' failed ({fb.reason}); this result comes from the fallback "
-                     f"tool '{fb.to_tool}' instead.")
+        notes.append(
+            f"Note: '{fb.from_tool}' failed ({fb.reason}); this result comes from the fallback "
+            f"tool '{fb.to_tool}' instead."
+        )
     if outcome.cached:
-        notes.append("Note: the live call failed; this is the last good result for the same arguments, "
-                     "served from cache and possibly stale.")
+        notes.append(
+            "Note: the live call failed; this is the last good result for the same arguments, "
+            "served from cache and possibly stale."
+        )
     if outcome.success:
         body = render_data(outcome.data, max_tokens)
         return ("\n".join([*notes, body]) if notes else body), False

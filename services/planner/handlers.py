@@ -14,13 +14,14 @@ import time
 from collections.abc import Callable
 
 from faststream.nats import NatsRouter
-from nats.js.errors import NoKeysError
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
+from nats.js.errors import NoKeysError
+from pydantic import Field
 
 from services.planner import context as C
 from services.planner import machine as M
-from services.planner.state import RunState
+from services.planner.state import PublishRecord, RunState
 from shared import subjects as S
 from shared.backoff import BackoffPolicy
 from shared.bus import Bus, CasConflict, TryLater
@@ -47,7 +48,7 @@ TOOL_FAILURES = ("input_invalid", "output_invalid", "transient", "timeout", "fat
 
 
 class Lessons(Wire):
-    reasons: list[str] = []
+    reasons: list[str] = Field(default_factory=list)
 
 
 def lessons_key(task: str) -> str:
@@ -70,13 +71,22 @@ class Planner:
         b.consumer(router, durable="planner_submit", filter_subjects=[S.RUN_SUBMIT], model=RunSubmit)(self.on_submit)
         b.consumer(router, durable="planner_advance", filter_subjects=[S.RUN_ADVANCE], model=RunEvent)(self.on_advance)
         b.consumer(
-            router, durable="planner_outcomes", stream=S.STREAM_EVT, model=ToolOutcome,
+            router,
+            durable="planner_outcomes",
+            stream=S.STREAM_EVT,
+            model=ToolOutcome,
             filter_subjects=[f"{S.TOOL_SUCCEEDED_PREFIX}.>", *(f"{S.FAILURE_PREFIX}.{t}.>" for t in TOOL_FAILURES)],
         )(self.on_outcome)
-        b.consumer(router, durable="planner_verdicts", stream=S.STREAM_EVT, filter_subjects=[S.JUDGE_VERDICT],
-                   model=Verdict)(self.on_verdict)
-        b.consumer(router, durable="planner_resolutions", stream=S.STREAM_EVT, filter_subjects=[S.ESCALATION_RESOLVED],
-                   model=EscalationResolution)(self.on_resolution)
+        b.consumer(
+            router, durable="planner_verdicts", stream=S.STREAM_EVT, filter_subjects=[S.JUDGE_VERDICT], model=Verdict
+        )(self.on_verdict)
+        b.consumer(
+            router,
+            durable="planner_resolutions",
+            stream=S.STREAM_EVT,
+            filter_subjects=[S.ESCALATION_RESOLVED],
+            model=EscalationResolution,
+        )(self.on_resolution)
 
     # --- the transaction -----------------------------------------------------------------------
     async def transact(self, run_id: str, msg_id: str, apply: Callable[[RunState], M.Outbox | None]) -> None:
@@ -105,7 +115,7 @@ class Planner:
             return
         raise RuntimeError(f"run {run_id}: too much contention on the run state")
 
-    async def publish(self, items: list[M.PublishRecord], run_id: str) -> None:
+    async def publish(self, items: list[PublishRecord], run_id: str) -> None:
         for item in items:
             await self.bus.publish(item.subject, item.payload.encode(), msg_id=item.msg_id, run_id=run_id)
 
@@ -140,8 +150,11 @@ class Planner:
         await self.publish(out.items, submit.run_id)
 
     async def on_outcome(self, outcome: ToolOutcome) -> None:
-        await self.transact(outcome.run_id, f"outcome.{outcome.call_id}",
-                            lambda s: M.apply_outcome(s, outcome, f"outcome.{outcome.call_id}"))
+        await self.transact(
+            outcome.run_id,
+            f"outcome.{outcome.call_id}",
+            lambda s: M.apply_outcome(s, outcome, f"outcome.{outcome.call_id}"),
+        )
 
     async def on_verdict(self, verdict: Verdict) -> None:
         msg_id = f"verdict.{verdict.candidate_id}"
@@ -166,7 +179,8 @@ class Planner:
         try:
             provider = provider_for(self.settings, "planner", scenario)
         except ProviderError as err:
-            await self.transact(ev.run_id, msg_id, lambda s: M.apply_provider_failure(s, str(err), msg_id))
+            reason = str(err)
+            await self.transact(ev.run_id, msg_id, lambda s: M.apply_provider_failure(s, reason, msg_id))
             return
 
         decision = await self.reserve(state, contracts)
@@ -232,21 +246,33 @@ class Planner:
                 self._scenarios.pop(next(iter(self._scenarios)))
         return self._scenarios[run_id]
 
-    def request_for(self, state: RunState, contracts: dict[str, ToolContract], model: str,
-                    max_tokens: int) -> ModelRequest:
+    def request_for(
+        self, state: RunState, contracts: dict[str, ToolContract], model: str, max_tokens: int
+    ) -> ModelRequest:
         return ModelRequest(
-            purpose="plan", model=model, system=C.system_prompt(state), messages=C.model_messages(state),
-            tools=C.tool_specs(state, contracts), max_tokens=max_tokens, run_id=state.run_id,
+            purpose="plan",
+            model=model,
+            system=C.system_prompt(state),
+            messages=C.model_messages(state),
+            tools=C.tool_specs(state, contracts),
+            max_tokens=max_tokens,
+            run_id=state.run_id,
             script_index=state.model_calls,
         )
 
     async def reserve(self, state: RunState, contracts: dict[str, ToolContract]) -> BudgetDecision:
         req = self.request_for(state, contracts, state.model, state.config.max_output_tokens)
-        sections = C.sections(req.system, state.messages[0].text() if state.messages else "", req.messages,
-                              req.tools, req.max_tokens)
+        sections = C.sections(
+            req.system, state.messages[0].text() if state.messages else "", req.messages, req.tools, req.max_tokens
+        )
         budget = BudgetRequest(
-            run_id=state.run_id, turn=state.iteration.n, model=state.model, sections=sections, spent=state.usage,
-            context_budget_tokens=state.config.context_budget_tokens, run_token_budget=state.config.run_token_budget,
+            run_id=state.run_id,
+            turn=state.iteration.n,
+            model=state.model,
+            sections=sections,
+            spent=state.usage,
+            context_budget_tokens=state.config.context_budget_tokens,
+            run_token_budget=state.config.run_token_budget,
             cost_ceiling_usd=state.config.cost_ceiling_usd,
         )
         try:
@@ -256,11 +282,13 @@ class Planner:
 
     def policy(self) -> BackoffPolicy:
         s = self.settings
-        return BackoffPolicy(s.model_retry_attempts, s.model_retry_base_s, s.model_retry_max_s,
-                             max_elapsed_s=s.model_timeout_s)
+        return BackoffPolicy(
+            s.model_retry_attempts, s.model_retry_base_s, s.model_retry_max_s, max_elapsed_s=s.model_timeout_s
+        )
 
-    async def model_call(self, state: RunState, provider: object, contracts: dict[str, ToolContract],
-                         decision: BudgetDecision) -> ModelResponse:
+    async def model_call(
+        self, state: RunState, provider: object, contracts: dict[str, ToolContract], decision: BudgetDecision
+    ) -> ModelResponse:
         """One model call per (run, iteration): a redelivered advance reuses the stored response."""
         key = S.kv_key(state.run_id, f"turn{state.iteration.n}")
         cached, _ = await self.bus.kv_get(S.KV_MODEL_CALLS, key, ModelResponse)
@@ -279,9 +307,12 @@ class Planner:
         response, _ = await self.bus.kv_get(S.KV_MODEL_CALLS, key, ModelResponse)
         if response is None:
             req = ModelRequest(
-                purpose="summarize", model=model, run_id=state.run_id, script_index=state.compactions,
+                purpose="summarize",
+                model=model,
+                run_id=state.run_id,
+                script_index=state.compactions,
                 system="You compress an agent's working history. Keep facts, tool results that matter, decisions "
-                       "and open questions; drop chatter. Be concise.",
+                "and open questions; drop chatter. Be concise.",
                 messages=[ChatMessage.user(f"Task: {state.task}\n\nSummarize this history:\n{C.transcript(older)}")],
                 max_tokens=800,
             )

@@ -36,7 +36,7 @@ def check_call(
     history: list[tuple[str, str]], tool: str, sig: str, *, window: int, threshold: int
 ) -> LoopFinding | None:
     """``history`` is [(tool, signature)] of earlier calls in this run, oldest first."""
-    recent = [*history[-(window - 1):], (tool, sig)] if window > 1 else [(tool, sig)]
+    recent = [*history[-(window - 1) :], (tool, sig)] if window > 1 else [(tool, sig)]
     same = sum(1 for _, s in recent if s == sig)
     if same >= threshold:
         return LoopFinding("identical", f"'{tool}' called {same} times with the same arguments")

@@ -59,16 +59,23 @@ class Outbox:
     items: list[PublishRecord] = field(default_factory=list)
 
     def add(self, subject: str, payload: BaseModel, msg_id: str) -> None:
-        self.items.append(PublishRecord(subject=subject, msg_id=msg_id, payload=payload.model_dump_json(by_alias=True),
-                                        model=type(payload).__name__))
+        self.items.append(
+            PublishRecord(
+                subject=subject,
+                msg_id=msg_id,
+                payload=payload.model_dump_json(by_alias=True),
+                model=type(payload).__name__,
+            )
+        )
 
     def event(self, kind: str, summary: str, /, **detail: Any) -> None:
         s = self.state
         seq = len(s.applied) * 100 + len(self.items)
         self.add(
             S.run_event(kind),
-            RunEvent(run_id=s.run_id, kind=kind, iteration=s.iteration.n, status=s.status, summary=summary,
-                     detail=detail),
+            RunEvent(
+                run_id=s.run_id, kind=kind, iteration=s.iteration.n, status=s.status, summary=summary, detail=detail
+            ),
             f"{s.run_id}.evt.{kind}.{s.iteration.n}.{seq}",
         )
 
@@ -85,8 +92,9 @@ def resolve_config(submit: RunSubmit, settings: Settings, contracts: dict[str, T
     return RunConfig(
         max_iterations=lim.max_iterations or settings.max_iterations,
         max_judge_retries=settings.max_judge_retries if lim.max_judge_retries is None else lim.max_judge_retries,
-        max_schema_corrections=(settings.max_schema_corrections if lim.max_schema_corrections is None
-                                else lim.max_schema_corrections),
+        max_schema_corrections=(
+            settings.max_schema_corrections if lim.max_schema_corrections is None else lim.max_schema_corrections
+        ),
         cost_ceiling_usd=lim.cost_ceiling_usd or settings.cost_ceiling_usd,
         run_token_budget=lim.run_token_budget or settings.run_token_budget,
         context_budget_tokens=lim.context_budget_tokens or settings.context_budget_tokens,
@@ -109,7 +117,11 @@ def resolve_config(submit: RunSubmit, settings: Settings, contracts: dict[str, T
 
 def start_run(submit: RunSubmit, config: RunConfig, lessons: list[str], msg_id: str) -> Outbox:
     state = RunState(
-        run_id=submit.run_id, task=submit.task, config=config, iteration=Iteration(n=1), model=config.model,
+        run_id=submit.run_id,
+        task=submit.task,
+        config=config,
+        iteration=Iteration(n=1),
+        model=config.model,
         messages=[ChatMessage.user(C.opening_message(submit.task, lessons))],
     )
     out = Outbox(state)
@@ -120,8 +132,13 @@ def start_run(submit: RunSubmit, config: RunConfig, lessons: list[str], msg_id: 
             _finish(out, "failed", f"rubric refused: {err}")
             state.remember(msg_id, out.items)
             return out
-    out.event("started", f"task: {submit.task[:200]}", lessons=len(lessons), warnings=state.warnings,
-              answer_mode=config.answer_mode)
+    out.event(
+        "started",
+        f"task: {submit.task[:200]}",
+        lessons=len(lessons),
+        warnings=state.warnings,
+        answer_mode=config.answer_mode,
+    )
     _advance(out)
     state.remember(msg_id, out.items)
     return out
@@ -132,17 +149,22 @@ def start_run(submit: RunSubmit, config: RunConfig, lessons: list[str], msg_id: 
 
 def _advance(out: Outbox) -> None:
     s = out.state
-    out.add(S.RUN_ADVANCE, RunEvent(run_id=s.run_id, kind="advance", iteration=s.iteration.n),
-            f"{s.run_id}.adv.{s.iteration.n}")
+    out.add(
+        S.RUN_ADVANCE,
+        RunEvent(run_id=s.run_id, kind="advance", iteration=s.iteration.n),
+        f"{s.run_id}.adv.{s.iteration.n}",
+    )
 
 
 def apply_guard(state: RunState, reason: str, msg_id: str, failure: str = "budget") -> Outbox:
     """A guard (budget, cost, iteration cap) blocked the iteration before its model call."""
     out = Outbox(state)
     state.iteration.guard = reason
-    out.add(S.failure(failure, None),
-            RunEvent(run_id=state.run_id, kind=f"guard.{failure}", iteration=state.iteration.n, summary=reason),
-            f"{state.run_id}.guard.{state.iteration.n}")
+    out.add(
+        S.failure(failure, None),
+        RunEvent(run_id=state.run_id, kind=f"guard.{failure}", iteration=state.iteration.n, summary=reason),
+        f"{state.run_id}.guard.{state.iteration.n}",
+    )
     _decide(out)
     state.remember(msg_id, out.items)
     return out
@@ -155,8 +177,9 @@ def apply_provider_failure(state: RunState, reason: str, msg_id: str) -> Outbox:
     return out
 
 
-def apply_model_response(state: RunState, response: ModelResponse, contracts: dict[str, ToolContract],
-                         msg_id: str) -> Outbox:
+def apply_model_response(
+    state: RunState, response: ModelResponse, contracts: dict[str, ToolContract], msg_id: str
+) -> Outbox:
     out = Outbox(state)
     it = state.iteration
     cfg = state.config
@@ -168,17 +191,24 @@ def apply_model_response(state: RunState, response: ModelResponse, contracts: di
         state.last_text = text
     blocks: list[Any] = ([TextBlock(text=text)] if text else []) + list(response.tool_calls)
     state.messages.append(ChatMessage(role="assistant", content=blocks or [TextBlock(text="")]))
-    out.event("model_called", f"model turn {it.n}: {len(response.tool_calls)} tool call(s), {len(text)} chars",
-              input_tokens=response.usage.input_tokens, output_tokens=response.usage.output_tokens,
-              cost_usd=response.usage.cost_usd, model=response.model)
+    out.event(
+        "model_called",
+        f"model turn {it.n}: {len(response.tool_calls)} tool call(s), {len(text)} chars",
+        input_tokens=response.usage.input_tokens,
+        output_tokens=response.usage.output_tokens,
+        cost_usd=response.usage.cost_usd,
+        model=response.model,
+    )
 
     if not response.tool_calls:
         if cfg.answer_mode == "text" and text.strip():
             it.candidate = Candidate(id=f"{state.run_id}-c{it.n}", iteration=it.n, kind="text", content=text)
             state.last_answer = text
         elif text.strip() and _describes_tool_call(text, contracts):
-            it.notes.append("Your last reply described a tool call in text. That does not run anything: to call a "
-                            "tool, use the tool interface.")
+            it.notes.append(
+                "Your last reply described a tool call in text. That does not run anything: to call a "
+                "tool, use the tool interface."
+            )
             out.event("simulated_call", "a tool call was described in text, not made")
         _finish_iteration(out)
         state.remember(msg_id, out.items)
@@ -203,8 +233,14 @@ def _describes_tool_call(text: str, contracts: dict[str, ToolContract]) -> bool:
 def _dispatch(out: Outbox, call: ToolUseBlock, contracts: dict[str, ToolContract]) -> None:
     s, it, cfg = out.state, out.state.iteration, out.state.config
     sig = signature(call.name, call.input)
-    record = ToolCallRecord(call_id=call.id, tool=call.name, arguments=call.input, iteration=it.n, signature=sig,
-                            terminal=call.name in cfg.terminal_tools)
+    record = ToolCallRecord(
+        call_id=call.id,
+        tool=call.name,
+        arguments=call.input,
+        iteration=it.n,
+        signature=sig,
+        terminal=call.name in cfg.terminal_tools,
+    )
     it.tool_calls.append(record)
     contract = contracts.get(call.name)
     offered = cfg.allowed_tools is None or call.name in cfg.allowed_tools or call.name in cfg.terminal_tools
@@ -220,12 +256,25 @@ def _dispatch(out: Outbox, call: ToolUseBlock, contracts: dict[str, ToolContract
         _on_loop(out, record, finding.kind, finding.reflection)
         return
     record.terminal = contract.terminal or call.name in cfg.terminal_tools
-    out.add(S.tool_execute(call.name),
-            ToolCall(run_id=s.run_id, iteration=it.n, call_id=call.id, attempt_id=S.kv_key(s.run_id, call.id), tool=call.name,
-                     requested_tool=call.name, arguments=call.input),
-            f"{s.run_id}.call.{call.id}")
-    out.event("tool_dispatched", f"{call.name}({json.dumps(call.input, ensure_ascii=False)[:160]})",
-              tool=call.name, call_id=call.id)
+    out.add(
+        S.tool_execute(call.name),
+        ToolCall(
+            run_id=s.run_id,
+            iteration=it.n,
+            call_id=call.id,
+            attempt_id=S.kv_key(s.run_id, call.id),
+            tool=call.name,
+            requested_tool=call.name,
+            arguments=call.input,
+        ),
+        f"{s.run_id}.call.{call.id}",
+    )
+    out.event(
+        "tool_dispatched",
+        f"{call.name}({json.dumps(call.input, ensure_ascii=False)[:160]})",
+        tool=call.name,
+        call_id=call.id,
+    )
 
 
 def _block(record: ToolCallRecord, message: str) -> None:
@@ -238,14 +287,27 @@ def _on_loop(out: Outbox, record: ToolCallRecord, kind: str, reflection: str) ->
     s = out.state
     s.loop_reflections += 1
     _block(record, reflection)
-    out.add(S.failure("loop", record.tool),
-            RunEvent(run_id=s.run_id, kind="loop", iteration=s.iteration.n, summary=reflection,
-                     detail={"pattern": kind, "call_id": record.call_id, "reflections": s.loop_reflections}),
-            f"{s.run_id}.loop.{record.call_id}")
+    out.add(
+        S.failure("loop", record.tool),
+        RunEvent(
+            run_id=s.run_id,
+            kind="loop",
+            iteration=s.iteration.n,
+            summary=reflection,
+            detail={"pattern": kind, "call_id": record.call_id, "reflections": s.loop_reflections},
+        ),
+        f"{s.run_id}.loop.{record.call_id}",
+    )
     if s.loop_reflections > MAX_LOOP_REFLECTIONS:
         if s.config.loop_policy == "escalate":
-            _escalate(out, S.kv_key(f"esc-{s.run_id}-loop-{s.iteration.n}"), "loop",
-                      f"the model keeps looping ({kind}) after a reflection", record.tool, record.call_id)
+            _escalate(
+                out,
+                S.kv_key(f"esc-{s.run_id}-loop-{s.iteration.n}"),
+                "loop",
+                f"the model keeps looping ({kind}) after a reflection",
+                record.tool,
+                record.call_id,
+            )
         else:
             s.iteration.guard = f"loop persisted after {MAX_LOOP_REFLECTIONS} reflection(s): {kind}"
 
@@ -271,52 +333,86 @@ def apply_outcome(state: RunState, outcome: ToolOutcome, msg_id: str) -> Outbox:
         record.status = "succeeded"
         if state.schema_streak.get(tool, 0) > 0:
             stats["recovered"] += 1
-            out.event("corrected", f"{tool}: the model corrected a schema failure", tool=tool,
-                      after=state.schema_streak[tool])
+            out.event(
+                "corrected", f"{tool}: the model corrected a schema failure", tool=tool, after=state.schema_streak[tool]
+            )
         state.schema_streak[tool] = 0
         if record.terminal:
             state.last_submission = dict(record.arguments)
-        out.event("tool_succeeded", f"{outcome.tool} ok" + (" (repaired)" if outcome.repaired else ""),
-                  tool=outcome.tool, call_id=record.call_id, repaired=outcome.repaired, cached=outcome.cached,
-                  fallback=outcome.fallback_from.to_tool if outcome.fallback_from else None)
+        out.event(
+            "tool_succeeded",
+            f"{outcome.tool} ok" + (" (repaired)" if outcome.repaired else ""),
+            tool=outcome.tool,
+            call_id=record.call_id,
+            repaired=outcome.repaired,
+            cached=outcome.cached,
+            fallback=outcome.fallback_from.to_tool if outcome.fallback_from else None,
+        )
     else:
         record.status = "failed"
         ftype = outcome.failure_type or "fatal"
-        out.event("tool_failed", f"{outcome.tool} failed ({ftype}): {(outcome.error or '')[:160]}",
-                  tool=outcome.tool, call_id=record.call_id, failure_type=ftype)
+        out.event(
+            "tool_failed",
+            f"{outcome.tool} failed ({ftype}): {(outcome.error or '')[:160]}",
+            tool=outcome.tool,
+            call_id=record.call_id,
+            failure_type=ftype,
+        )
         state.error_history.append(error_key(tool, outcome.error or ftype))
         if ftype in ("input_invalid", "output_invalid"):
             stats["failures"] += 1
             state.schema_streak[tool] = state.schema_streak.get(tool, 0) + 1
             if state.schema_streak[tool] > cfg.max_schema_corrections:
                 stats["escalated"] += 1
-                _escalate(out, S.kv_key(f"esc-{state.run_id}-{record.call_id}-schema"), "schema_cap",
-                          f"'{tool}' failed its contract {state.schema_streak[tool]} times in a row "
-                          f"(cap {cfg.max_schema_corrections}): {outcome.error}", tool, record.call_id)
+                _escalate(
+                    out,
+                    S.kv_key(f"esc-{state.run_id}-{record.call_id}-schema"),
+                    "schema_cap",
+                    f"'{tool}' failed its contract {state.schema_streak[tool]} times in a row "
+                    f"(cap {cfg.max_schema_corrections}): {outcome.error}",
+                    tool,
+                    record.call_id,
+                )
                 record.status = "awaiting_human"
         elif ftype in ("fatal", "unknown_outcome"):
             # The escalation service raises these itself from its failure subscription.
             record.status = "awaiting_human"
-            _await(out, escalation_id_for_call(state.run_id, record.call_id), ftype,
-                   outcome.error or ftype, record.call_id)
+            _await(
+                out, escalation_id_for_call(state.run_id, record.call_id), ftype, outcome.error or ftype, record.call_id
+            )
         elif outcome.boundary == "skip_and_note":
             record.status = "skipped"
             record.is_error = False
-            record.result_text = (f"[{tool} skipped] {outcome.error} Continue without it and mention in your answer "
-                                  "that this information is missing.")
+            record.result_text = (
+                f"[{tool} skipped] {outcome.error} Continue without it and mention in your answer "
+                "that this information is missing."
+            )
         elif outcome.boundary == "ask_human":
             record.status = "awaiting_human"
-            _escalate(out, escalation_id_for_call(state.run_id, record.call_id), "ask_human",
-                      f"'{tool}' failed and its boundary asks a human: {outcome.error}", tool, record.call_id)
+            _escalate(
+                out,
+                escalation_id_for_call(state.run_id, record.call_id),
+                "ask_human",
+                f"'{tool}' failed and its boundary asks a human: {outcome.error}",
+                tool,
+                record.call_id,
+            )
         finding = check_errors(state.error_history, threshold=cfg.loop_repeat_threshold)
         if finding is not None and record.status == "failed":
             state.error_history.clear()
             state.loop_reflections += 1
             it.notes.append(finding.reflection)
-            out.add(S.failure("loop", tool),
-                    RunEvent(run_id=state.run_id, kind="loop", iteration=it.n, summary=finding.reflection,
-                             detail={"pattern": finding.kind}),
-                    f"{state.run_id}.loop.err.{record.call_id}")
+            out.add(
+                S.failure("loop", tool),
+                RunEvent(
+                    run_id=state.run_id,
+                    kind="loop",
+                    iteration=it.n,
+                    summary=finding.reflection,
+                    detail={"pattern": finding.kind},
+                ),
+                f"{state.run_id}.loop.err.{record.call_id}",
+            )
             if state.loop_reflections > MAX_LOOP_REFLECTIONS and cfg.loop_policy == "stop":
                 it.guard = f"loop persisted after a reflection: {finding.kind}"
     if not it.pending and state.awaiting is None:
@@ -335,13 +431,23 @@ def _await(out: Outbox, escalation_id: str, kind: str, reason: str, call_id: str
     out.event("escalated", f"waiting for a human ({kind}): {reason[:200]}", escalation_id=escalation_id, kind=kind)
 
 
-def _escalate(out: Outbox, escalation_id: str, kind: str, reason: str, tool: str | None, call_id: str | None,
-              **details: Any) -> None:
+def _escalate(
+    out: Outbox, escalation_id: str, kind: str, reason: str, tool: str | None, call_id: str | None, **details: Any
+) -> None:
     s = out.state
-    out.add(S.ESCALATION_RAISE,
-            EscalationRaise(escalation_id=escalation_id, run_id=s.run_id, kind=kind,  # type: ignore[arg-type]
-                            reason=reason, tool=tool, call_id=call_id, details=details),
-            f"{s.run_id}.esc.{escalation_id}")
+    out.add(
+        S.ESCALATION_RAISE,
+        EscalationRaise(
+            escalation_id=escalation_id,
+            run_id=s.run_id,
+            kind=kind,
+            reason=reason,
+            tool=tool,
+            call_id=call_id,
+            details=details,
+        ),
+        f"{s.run_id}.esc.{escalation_id}",
+    )
     _await(out, escalation_id, kind, reason, call_id)
 
 
@@ -353,8 +459,12 @@ def apply_resolution(state: RunState, res: EscalationResolution, msg_id: str) ->
     awaiting = state.awaiting
     state.awaiting = None
     state.status = "running"
-    out.event("resumed", f"human {res.resolved_by}: {res.action} {res.note[:160]}", action=res.action,
-              escalation_id=res.escalation_id)
+    out.event(
+        "resumed",
+        f"human {res.resolved_by}: {res.action} {res.note[:160]}",
+        action=res.action,
+        escalation_id=res.escalation_id,
+    )
     if res.action == "abort":
         _finish(out, "stopped", f"aborted by {res.resolved_by}: {res.note or awaiting.reason}")
         state.remember(msg_id, out.items)
@@ -362,8 +472,14 @@ def apply_resolution(state: RunState, res: EscalationResolution, msg_id: str) ->
     it = state.iteration
     if awaiting.kind == "not_judged":
         if res.action == "accept" and it.verdict is not None:
-            it.verdict = it.verdict.model_copy(update={"status": "passed", "score": 1.0, "not_judged_reason": None,
-                                                       "reasons": [f"accepted by {res.resolved_by}: {res.note}"]})
+            it.verdict = it.verdict.model_copy(
+                update={
+                    "status": "passed",
+                    "score": 1.0,
+                    "not_judged_reason": None,
+                    "reasons": [f"accepted by {res.resolved_by}: {res.note}"],
+                }
+            )
             _decide(out)
         else:
             it.notes.append(f"A reviewer asks for a revision: {res.note}")
@@ -401,22 +517,38 @@ def _finish_iteration(out: Outbox) -> None:
     if submitted and it.candidate is None:
         payload = submitted[-1].arguments
         content = _submission_text(payload)
-        it.candidate = Candidate(id=f"{s.run_id}-c{it.n}", iteration=it.n, kind="submission", content=content,
-                                 payload=payload)
+        it.candidate = Candidate(
+            id=f"{s.run_id}-c{it.n}", iteration=it.n, kind="submission", content=content, payload=payload
+        )
         if content.strip():
             s.last_answer = content
     rubric = s.config.rubric
     if it.candidate is not None and rubric is not None and not it.judge_requested and it.guard is None:
         it.judge_requested = True
-        history = [f"{c.tool}({json.dumps(c.arguments, ensure_ascii=False)[:200]}) -> {c.status}"
-                   for c in it.tool_calls] if "tool_history" in rubric.judge_sees else []
-        out.add(S.JUDGE_SCORE,
-                JudgeRequest(run_id=s.run_id, candidate=it.candidate, task=s.task, rubric=rubric,
-                             judge_seq=s.judge_seq, scripted=s.config.scripted, tool_history=history),
-                f"{s.run_id}.judge.{it.candidate.id}")
+        history = (
+            [f"{c.tool}({json.dumps(c.arguments, ensure_ascii=False)[:200]}) -> {c.status}" for c in it.tool_calls]
+            if "tool_history" in rubric.judge_sees
+            else []
+        )
+        out.add(
+            S.JUDGE_SCORE,
+            JudgeRequest(
+                run_id=s.run_id,
+                candidate=it.candidate,
+                task=s.task,
+                rubric=rubric,
+                judge_seq=s.judge_seq,
+                scripted=s.config.scripted,
+                tool_history=history,
+            ),
+            f"{s.run_id}.judge.{it.candidate.id}",
+        )
         s.judge_seq += 1
-        out.event("judge_requested", f"candidate {it.candidate.id} ({len(it.candidate.content)} chars) sent to the judge",
-                  candidate_id=it.candidate.id)
+        out.event(
+            "judge_requested",
+            f"candidate {it.candidate.id} ({len(it.candidate.content)} chars) sent to the judge",
+            candidate_id=it.candidate.id,
+        )
         return
     _decide(out)
 
@@ -438,8 +570,14 @@ def _submission_text(payload: dict[str, Any]) -> str:
 def apply_verdict(state: RunState, verdict: Verdict, msg_id: str) -> Outbox:
     out = Outbox(state)
     it = state.iteration
-    fresh = (it.candidate is not None and verdict.candidate_id == it.candidate.id and it.verdict is None
-             and it.judge_requested and not state.done and state.awaiting is None)
+    fresh = (
+        it.candidate is not None
+        and verdict.candidate_id == it.candidate.id
+        and it.verdict is None
+        and it.judge_requested
+        and not state.done
+        and state.awaiting is None
+    )
     if not fresh:
         out.event("verdict_ignored", f"verdict for {verdict.candidate_id} is not for the current candidate")
         state.remember(msg_id, out.items)
@@ -450,20 +588,34 @@ def apply_verdict(state: RunState, verdict: Verdict, msg_id: str) -> Outbox:
     if verdict.status == "failed":
         state.judge_failures.extend(
             f"{c.name}: {c.reason}" if c.reason else f"{c.name} scored {c.score:.2f}"
-            for c in verdict.criteria if not c.passed or c.score < 1.0
+            for c in verdict.criteria
+            if not c.passed or c.score < 1.0
         )
-    out.event("judged", _verdict_summary(verdict), status=verdict.status, score=verdict.score,
-              candidate_id=verdict.candidate_id, criteria={c.name: c.score for c in verdict.criteria})
+    out.event(
+        "judged",
+        _verdict_summary(verdict),
+        status=verdict.status,
+        score=verdict.score,
+        candidate_id=verdict.candidate_id,
+        criteria={c.name: c.score for c in verdict.criteria},
+    )
     if verdict.status == "not_judged":
-        out.add(S.failure("judge", None),
-                RunEvent(run_id=state.run_id, kind="not_judged", iteration=it.n,
-                         summary=verdict.not_judged_reason or ""),
-                f"{state.run_id}.notjudged.{verdict.candidate_id}")
+        out.add(
+            S.failure("judge", None),
+            RunEvent(run_id=state.run_id, kind="not_judged", iteration=it.n, summary=verdict.not_judged_reason or ""),
+            f"{state.run_id}.notjudged.{verdict.candidate_id}",
+        )
         policy = state.config.not_judged_policy
         if policy == "escalate":
-            _escalate(out, S.kv_key(f"esc-{state.run_id}-{verdict.candidate_id}"), "not_judged",
-                      f"the judge could not score the candidate: {verdict.not_judged_reason}", None, None,
-                      candidate=it.candidate.content[:2000] if it.candidate else "")
+            _escalate(
+                out,
+                S.kv_key(f"esc-{state.run_id}-{verdict.candidate_id}"),
+                "not_judged",
+                f"the judge could not score the candidate: {verdict.not_judged_reason}",
+                None,
+                None,
+                candidate=it.candidate.content[:2000] if it.candidate else "",
+            )
             state.remember(msg_id, out.items)
             return out
         if policy == "fail":
@@ -509,8 +661,12 @@ def _decide(out: Outbox, force_failed: bool = False) -> None:
     s, it = out.state, out.state.iteration
     decision = decide(facts_for(s, force_failed))
     it.decision = DecisionRecord(action=decision.action.value, row=decision.row, reason=decision.reason)
-    out.event("decided", f"row {decision.row}: {decision.action.value} — {decision.reason}",
-              action=decision.action.value, row=decision.row)
+    out.event(
+        "decided",
+        f"row {decision.row}: {decision.action.value} — {decision.reason}",
+        action=decision.action.value,
+        row=decision.row,
+    )
     if decision.action is Action.COMPLETE:
         if it.guard is not None:
             _finish(out, "stopped", f"guard: {it.guard}")
@@ -547,50 +703,67 @@ def retry_guidance(verdict: Verdict | None, mode: str, terminal: list[str]) -> s
     failed = [c for c in verdict.criteria if not c.passed or c.score < 1.0]
     if failed:
         lines.append("Criteria to improve:")
-        lines.extend(f"- {c.name} ({c.score:.2f}{', required' if c.hard else ''}): {c.reason or 'not met'}"
-                     for c in failed)
+        lines.extend(
+            f"- {c.name} ({c.score:.2f}{', required' if c.hard else ''}): {c.reason or 'not met'}" for c in failed
+        )
     lines.extend(f"- {r}" for r in verdict.reasons if r and not any(r.startswith(c.name) for c in failed))
-    finish = f"then call {terminal[0]} with the revised answer" if mode == "submit" and terminal else \
-        "then reply with the revised answer"
+    finish = (
+        f"then call {terminal[0]} with the revised answer"
+        if mode == "submit" and terminal
+        else "then reply with the revised answer"
+    )
     lines.append(f"Revise the answer to address these points. Use tools again if you need more information, {finish}.")
     return "\n".join(lines)
 
 
 def _synthesis_nudge(s: RunState) -> str:
     if s.config.answer_mode == "submit":
-        return (f"You have not submitted an answer yet. When you have what you need, call "
-                f"{s.config.terminal_tools[0]} with your answer.")
+        return (
+            f"You have not submitted an answer yet. When you have what you need, call "
+            f"{s.config.terminal_tools[0]} with your answer."
+        )
     return "Please write your final answer now, as plain text."
 
 
 def _start_iteration(out: Outbox, kind: str) -> None:
     s = out.state
     n = s.iteration.n + 1
-    s.iteration = Iteration(n=n, kind=kind)  # type: ignore[arg-type]  # a fresh iteration: no candidate, no score
+    s.iteration = Iteration(n=n, kind=kind)  # a fresh iteration: no candidate, no score
     if n > s.config.max_iterations:
         s.iteration.guard = f"max iterations ({s.config.max_iterations}) reached"
         _decide(out)
         return
     if s.usage.cost_usd >= s.config.cost_ceiling_usd:
         s.iteration.guard = f"cost ceiling ${s.config.cost_ceiling_usd:.2f} reached (spent ${s.usage.cost_usd:.4f})"
-        out.add(S.failure("budget", None),
-                RunEvent(run_id=s.run_id, kind="guard.cost", iteration=n, summary=s.iteration.guard),
-                f"{s.run_id}.guard.cost.{n}")
+        out.add(
+            S.failure("budget", None),
+            RunEvent(run_id=s.run_id, kind="guard.cost", iteration=n, summary=s.iteration.guard),
+            f"{s.run_id}.guard.cost.{n}",
+        )
         _decide(out)
         return
     _advance(out)
 
 
-def _finish(out: Outbox, status: str, reason: str, passed: bool | None = None,
-            accepted: Candidate | None = None) -> None:
+def _finish(
+    out: Outbox, status: str, reason: str, passed: bool | None = None, accepted: Candidate | None = None
+) -> None:
     s = out.state
     s.status = status  # type: ignore[assignment]
     s.final_reason = reason
     s.passed = passed
     s.final_output = final_output(s, accepted)
-    out.event(status, f"{status}: {reason}", final_output=s.final_output, passed=passed,
-              first_draft_passed=s.first_draft_passed, iterations=s.iteration.n, continues=s.continue_count,
-              retries=s.retry_count, usage=s.usage.model_dump())
+    out.event(
+        status,
+        f"{status}: {reason}",
+        final_output=s.final_output,
+        passed=passed,
+        first_draft_passed=s.first_draft_passed,
+        iterations=s.iteration.n,
+        continues=s.continue_count,
+        retries=s.retry_count,
+        usage=s.usage.model_dump(),
+    )
 
 
 def final_output(s: RunState, accepted: Candidate | None) -> str:

@@ -38,9 +38,16 @@ def _leaf_errors(errors: list[JsError]) -> list[JsError]:
 
 def check_output(contract: ToolContract, raw: ToolResultRaw) -> Checked:
     base: dict[str, Any] = {
-        "run_id": raw.run_id, "iteration": raw.iteration, "call_id": raw.call_id, "attempt_id": raw.attempt_id,
-        "tool": raw.tool, "requested_tool": raw.requested_tool, "arguments": raw.arguments,
-        "attempts": raw.attempts, "cached": raw.cached, "fallback_from": raw.fallback_from,
+        "run_id": raw.run_id,
+        "iteration": raw.iteration,
+        "call_id": raw.call_id,
+        "attempt_id": raw.attempt_id,
+        "tool": raw.tool,
+        "requested_tool": raw.requested_tool,
+        "arguments": raw.arguments,
+        "attempts": raw.attempts,
+        "cached": raw.cached,
+        "fallback_from": raw.fallback_from,
         "terminal": contract.terminal,
     }
     output = raw.output
@@ -48,8 +55,9 @@ def check_output(contract: ToolContract, raw: ToolResultRaw) -> Checked:
         try:
             output = json.loads(raw.output)
         except (json.JSONDecodeError, TypeError) as err:
-            error = SchemaError(path="$", keyword="json", message=f"the output is not valid JSON ({err})",
-                                got=str(raw.output)[:120])
+            error = SchemaError(
+                path="$", keyword="json", message=f"the output is not valid JSON ({err})", got=str(raw.output)[:120]
+            )
             return Checked(_invalid(base, contract, [error], parsed=False), "unparseable")
     validator = compiled(contract.output_schema, dialect_of_contract(contract, "output"))
     if validator.is_valid(output):
@@ -57,14 +65,27 @@ def check_output(contract: ToolContract, raw: ToolResultRaw) -> Checked:
     if contract.repairs:
         repaired, done = apply_repairs(output, _leaf_errors(validator.raw_errors(output)), contract.repairs)
         if done and validator.is_valid(repaired):
-            return Checked(ToolOutcome.model_validate(
-                {**base, "success": True, "data": repaired, "repaired": True, "repairs": done}), "repaired")
+            return Checked(
+                ToolOutcome.model_validate(
+                    {**base, "success": True, "data": repaired, "repaired": True, "repairs": done}
+                ),
+                "repaired",
+            )
     return Checked(_invalid(base, contract, validator.errors(output)), "invalid")
 
 
-def _invalid(base: dict[str, Any], contract: ToolContract, errors: list[SchemaError], parsed: bool = True) -> ToolOutcome:
-    return ToolOutcome.model_validate({
-        **base, "success": False, "failure_type": "output_invalid", "recoverable": True, "parsed": parsed,
-        "errors": errors, "schema": contract.output_schema,
-        "error": f"'{base['tool']}' returned output that breaks its output contract:\n{format_for_model(errors)}",
-    })
+def _invalid(
+    base: dict[str, Any], contract: ToolContract, errors: list[SchemaError], parsed: bool = True
+) -> ToolOutcome:
+    return ToolOutcome.model_validate(
+        {
+            **base,
+            "success": False,
+            "failure_type": "output_invalid",
+            "recoverable": True,
+            "parsed": parsed,
+            "errors": errors,
+            "schema": contract.output_schema,
+            "error": f"'{base['tool']}' returned output that breaks its output contract:\n{format_for_model(errors)}",
+        }
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+
 from faststream.nats import NatsRouter
 
 from services.validator.checking import check_output
@@ -21,13 +22,15 @@ class Validator:
         self.tracer = telemetry.tracer("loopwarden.validator")
         meter = telemetry.meter("loopwarden.validator")
         self.outputs = meter.create_counter(
-            "loopwarden.tool.outputs", description="validated tool outputs by result: valid, repaired, invalid, "
-                                                   "unparseable")
+            "loopwarden.tool.outputs",
+            description="validated tool outputs by result: valid, repaired, invalid, unparseable",
+        )
         self._contracts: dict[str, tuple[str, ToolContract]] = {}
 
     def register(self, router: NatsRouter) -> None:
-        self.bus.consumer(router, durable="validator", filter_subjects=[S.RESULT_VALIDATE],
-                          model=ToolResultRaw)(self.on_raw)
+        self.bus.consumer(router, durable="validator", filter_subjects=[S.RESULT_VALIDATE], model=ToolResultRaw)(
+            self.on_raw
+        )
 
     async def contract(self, tool: str) -> ToolContract:
         contract, _ = await self.bus.kv_get(S.KV_CONTRACTS, S.kv_key(tool), ToolContract)
@@ -38,7 +41,8 @@ class Validator:
     async def on_raw(self, raw: ToolResultRaw) -> None:
         contract = await self.contract(raw.tool)
         with self.tracer.start_as_current_span(
-            f"validate_output {raw.tool}", attributes={T.GEN_AI_TOOL_NAME: raw.tool, T.LW_RUN_ID: raw.run_id},
+            f"validate_output {raw.tool}",
+            attributes={T.GEN_AI_TOOL_NAME: raw.tool, T.LW_RUN_ID: raw.run_id},
         ) as span:
             checked = check_output(contract, raw)
             span.set_attribute("loopwarden.validation.result", checked.result)
@@ -46,8 +50,11 @@ class Validator:
         outcome = checked.outcome
         if outcome.success:
             if not raw.cached:
-                await self.bus.kv_put(S.KV_TOOL_CACHE, cache_key(raw.tool, raw.arguments),
-                                      CachedToolResult(tool=raw.tool, data=outcome.data))
+                await self.bus.kv_put(
+                    S.KV_TOOL_CACHE,
+                    cache_key(raw.tool, raw.arguments),
+                    CachedToolResult(tool=raw.tool, data=outcome.data),
+                )
             subject = S.tool_succeeded(raw.tool)
         else:
             subject = S.failure("output_invalid", raw.tool)

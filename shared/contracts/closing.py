@@ -18,8 +18,20 @@ import copy
 from typing import Any
 
 OPEN_MARKER = "x-loopwarden-open"
-_SUBSCHEMA_KEYS = ("additionalProperties", "items", "contains", "propertyNames", "not", "if", "then", "else",
-                   "unevaluatedItems", "unevaluatedProperties", "additionalItems", "contentSchema")
+_SUBSCHEMA_KEYS = (
+    "additionalProperties",
+    "items",
+    "contains",
+    "propertyNames",
+    "not",
+    "if",
+    "then",
+    "else",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+    "additionalItems",
+    "contentSchema",
+)
 _SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems", "items")
 

@@ -35,18 +35,54 @@ EXTENSION_PREFIX = "x-"  # vendor extensions (e.g. x-loopwarden-open) are allowe
 
 _ANNOTATIONS = {"$comment", "title", "description", "default", "examples", "readOnly", "writeOnly"}
 _COMMON = _ANNOTATIONS | {
-    "$schema", "$id", "$ref", "type", "enum", "const", "format",
-    "multipleOf", "maximum", "exclusiveMaximum", "minimum", "exclusiveMinimum",
-    "maxLength", "minLength", "pattern",
-    "items", "maxItems", "minItems", "uniqueItems", "contains",
-    "maxProperties", "minProperties", "required", "properties", "patternProperties",
-    "additionalProperties", "propertyNames",
-    "if", "then", "else", "allOf", "anyOf", "oneOf", "not",
-    "contentMediaType", "contentEncoding",
+    "$schema",
+    "$id",
+    "$ref",
+    "type",
+    "enum",
+    "const",
+    "format",
+    "multipleOf",
+    "maximum",
+    "exclusiveMaximum",
+    "minimum",
+    "exclusiveMinimum",
+    "maxLength",
+    "minLength",
+    "pattern",
+    "items",
+    "maxItems",
+    "minItems",
+    "uniqueItems",
+    "contains",
+    "maxProperties",
+    "minProperties",
+    "required",
+    "properties",
+    "patternProperties",
+    "additionalProperties",
+    "propertyNames",
+    "if",
+    "then",
+    "else",
+    "allOf",
+    "anyOf",
+    "oneOf",
+    "not",
+    "contentMediaType",
+    "contentEncoding",
 }
 _MODERN = {
-    "$anchor", "$vocabulary", "$defs", "dependentRequired", "dependentSchemas",
-    "unevaluatedItems", "unevaluatedProperties", "maxContains", "minContains", "deprecated",
+    "$anchor",
+    "$vocabulary",
+    "$defs",
+    "dependentRequired",
+    "dependentSchemas",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+    "maxContains",
+    "minContains",
+    "deprecated",
     "contentSchema",
 }
 KEYWORDS: dict[str, frozenset[str]] = {
@@ -67,8 +103,17 @@ _HINTS: dict[tuple[str, str], str] = {
     ("$recursiveAnchor", "other"): "'$recursiveAnchor' is 2019-09 only",
 }
 _SCHEMA_VALUED = {
-    "additionalProperties", "additionalItems", "contains", "propertyNames", "not", "if", "then",
-    "else", "unevaluatedItems", "unevaluatedProperties", "contentSchema",
+    "additionalProperties",
+    "additionalItems",
+    "contains",
+    "propertyNames",
+    "not",
+    "if",
+    "then",
+    "else",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+    "contentSchema",
 }
 _SCHEMA_MAPS = {"properties", "patternProperties", "definitions", "$defs", "dependentSchemas"}
 _SCHEMA_ARRAYS = {"allOf", "anyOf", "oneOf", "prefixItems"}
@@ -87,9 +132,7 @@ class ContractError(ValueError):
 
     def __init__(self, tool: str, which: str, problem: SchemaProblem) -> None:
         self.tool, self.which, self.problem = tool, which, problem
-        super().__init__(
-            f"tool '{tool}' {which}: {problem.message} (keyword '{problem.keyword}' at {problem.path})"
-        )
+        super().__init__(f"tool '{tool}' {which}: {problem.message} (keyword '{problem.keyword}' at {problem.path})")
 
 
 def dialect_of(schema: Any, default: str) -> str:
@@ -100,7 +143,8 @@ def dialect_of(schema: Any, default: str) -> str:
     if uri not in DIALECT_URIS:
         raise _Refusal(
             SchemaProblem(
-                "$schema", "#/$schema",
+                "$schema",
+                "#/$schema",
                 f"unsupported dialect {schema['$schema']!r}; use draft-07, 2019-09 or 2020-12",
             )
         )
@@ -150,7 +194,8 @@ def _walk(node: Any, path: str, dialect: str, *, root: dict[str, Any]) -> Iterat
         ignored = sorted(k for k in node if k not in _REF_SIBLING_OK and not k.startswith(EXTENSION_PREFIX))
         if ignored:
             yield SchemaProblem(
-                ignored[0], _pointer(path, ignored[0]),
+                ignored[0],
+                _pointer(path, ignored[0]),
                 f"in draft-07 every keyword beside '$ref' is ignored ({', '.join(ignored)}); wrap them in 'allOf'",
             )
     if "definitions" in node and "$defs" in node:
@@ -159,7 +204,8 @@ def _walk(node: Any, path: str, dialect: str, *, root: dict[str, Any]) -> Iterat
         )
     if "items" in node and isinstance(node["items"], list) and dialect == "2020-12":
         yield SchemaProblem(
-            "items", _pointer(path, "items"),
+            "items",
+            _pointer(path, "items"),
             "array-form 'items' is draft-07/2019-09; in 2020-12 use 'prefixItems' for tuples",
         )
     ref = node.get("$ref")
@@ -168,7 +214,8 @@ def _walk(node: Any, path: str, dialect: str, *, root: dict[str, Any]) -> Iterat
     fmt = node.get("format")
     if isinstance(fmt, str) and fmt not in SUPPORTED_FORMATS:
         yield SchemaProblem(
-            "format", _pointer(path, "format"),
+            "format",
+            _pointer(path, "format"),
             f"format '{fmt}' is not checked by this runtime and would be ignored; "
             f"supported: {', '.join(sorted(SUPPORTED_FORMATS))}",
         )
@@ -176,7 +223,9 @@ def _walk(node: Any, path: str, dialect: str, *, root: dict[str, Any]) -> Iterat
         try:
             re.compile(pattern)
         except re.error as err:
-            yield SchemaProblem("pattern", pattern_path, f"pattern {pattern!r} is not a valid regular expression: {err}")
+            yield SchemaProblem(
+                "pattern", pattern_path, f"pattern {pattern!r} is not a valid regular expression: {err}"
+            )
 
     for key, value in node.items():
         if key.startswith(EXTENSION_PREFIX) or key not in allowed:
@@ -192,8 +241,9 @@ def _walk(node: Any, path: str, dialect: str, *, root: dict[str, Any]) -> Iterat
         elif key == "items":
             subs = value if isinstance(value, list) else [value]
             for i, sub in enumerate(subs):
-                yield from _walk(sub, _pointer(path, key, i) if isinstance(value, list) else _pointer(path, key),
-                                 dialect, root=root)
+                yield from _walk(
+                    sub, _pointer(path, key, i) if isinstance(value, list) else _pointer(path, key), dialect, root=root
+                )
         elif key == "dependencies" and isinstance(value, dict):
             for name, sub in value.items():
                 if isinstance(sub, dict | bool):
@@ -217,7 +267,9 @@ def _foreign_message(key: str, dialect: str) -> str:
     owners = [d for d, kws in KEYWORDS.items() if key in kws]
     if owners:
         return f"'{key}' belongs to {', '.join(owners)}, not {dialect}; it would be silently ignored"
-    return f"unknown keyword '{key}' in a {dialect} schema would be silently ignored (use an 'x-' prefix for annotations)"
+    return (
+        f"unknown keyword '{key}' in a {dialect} schema would be silently ignored (use an 'x-' prefix for annotations)"
+    )
 
 
 def _check_ref(ref: str, path: str, root: dict[str, Any]) -> Iterator[SchemaProblem]:

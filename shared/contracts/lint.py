@@ -41,8 +41,11 @@ def lint_contract(contract: ToolContract, declared: dict[str, dict[str, Any]] | 
         for path, code, message in _lint(schema, "#", which == "inputSchema", name=None):
             issues.append(LintIssue(contract.name, which, path, code, message))
     if len(contract.description) < 20:
-        issues.append(LintIssue(contract.name, "description", "#", "short-description",
-                                "say what the tool does and when not to use it"))
+        issues.append(
+            LintIssue(
+                contract.name, "description", "#", "short-description", "say what the tool does and when not to use it"
+            )
+        )
     return issues
 
 

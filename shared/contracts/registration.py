@@ -30,26 +30,37 @@ def register_contract(contract: ToolContract, default_dialect: str = "2020-12") 
         if problems:
             raise ContractError(contract.name, which, problems[0])
         if which == "inputSchema" and schema.get("type") != "object":
-            raise ContractError(contract.name, which, SchemaProblem(
-                "type", "#/type", "tool arguments are a JSON object: inputSchema needs \"type\": \"object\""))
+            raise ContractError(
+                contract.name,
+                which,
+                SchemaProblem("type", "#/type", 'tool arguments are a JSON object: inputSchema needs "type": "object"'),
+            )
         closed = close_schema(schema, dialect)
         try:
             compiled(closed, dialect)
         except Exception as err:  # a schema the compiler rejects is as bad as an invalid one
-            raise ContractError(contract.name, which, SchemaProblem("(schema)", "#", f"does not compile: {err}")) from err
+            raise ContractError(
+                contract.name, which, SchemaProblem("(schema)", "#", f"does not compile: {err}")
+            ) from err
         effective[which] = closed
         dialects.append(dialect)
     bad_rules = unknown_rules(contract.repairs)
     if bad_rules:
-        raise ContractError(contract.name, "repairs", SchemaProblem(
-            "rule", "#/repairs", f"unknown repair rule(s): {', '.join(bad_rules)}"))
-    return contract.model_copy(update={
-        "input_schema": effective["inputSchema"],
-        "output_schema": effective["outputSchema"],
-        "dialect": dialects[1] if dialects[0] == dialects[1] else f"{dialects[0]}/{dialects[1]}",
-        "fingerprint": fingerprint([effective["inputSchema"], effective["outputSchema"],
-                                    [r.model_dump() for r in contract.repairs]]),
-    })
+        raise ContractError(
+            contract.name,
+            "repairs",
+            SchemaProblem("rule", "#/repairs", f"unknown repair rule(s): {', '.join(bad_rules)}"),
+        )
+    return contract.model_copy(
+        update={
+            "input_schema": effective["inputSchema"],
+            "output_schema": effective["outputSchema"],
+            "dialect": dialects[1] if dialects[0] == dialects[1] else f"{dialects[0]}/{dialects[1]}",
+            "fingerprint": fingerprint(
+                [effective["inputSchema"], effective["outputSchema"], [r.model_dump() for r in contract.repairs]]
+            ),
+        }
+    )
 
 
 def dialect_of_contract(contract: ToolContract, which: str) -> str:

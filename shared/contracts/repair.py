@@ -22,7 +22,7 @@ _INT = re.compile(r"^\s*-?\d+\s*$")
 _NUM = re.compile(r"^\s*-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$")
 
 
-class NoRepair(Exception):  # noqa: N818
+class NoRepair(Exception):
     pass
 
 

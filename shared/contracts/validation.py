@@ -64,9 +64,7 @@ class CompiledSchema:
         for err in self.raw_errors(instance):
             explained.extend(explain(err))
         if not explained:  # the engines disagree: trust the failing one, but say so
-            explained.append(
-                SchemaError(path="$", keyword="schema", message="the value does not satisfy the schema")
-            )
+            explained.append(SchemaError(path="$", keyword="schema", message="the value does not satisfy the schema"))
         if len(explained) > limit:
             more = len(explained) - limit
             explained = explained[:limit]
@@ -94,7 +92,12 @@ def show(value: Any, limit: int = 60) -> str:
 
 
 _JSON_TYPES = {
-    dict: "object", list: "array", str: "string", bool: "boolean", int: "integer", float: "number",
+    dict: "object",
+    list: "array",
+    str: "string",
+    bool: "boolean",
+    int: "integer",
+    float: "number",
     type(None): "null",
 }
 
@@ -124,15 +127,22 @@ def explain(err: JsError) -> list[SchemaError]:
     elif kw == "required":
         missing = [r for r in val if isinstance(got, dict) and r not in got]
         return [
-            SchemaError(path=path, keyword="required", message=f"{path} is missing required field '{m}'",
-                        expected=m, got=sorted(got) if isinstance(got, dict) else None)
+            SchemaError(
+                path=path,
+                keyword="required",
+                message=f"{path} is missing required field '{m}'",
+                expected=m,
+                got=sorted(got) if isinstance(got, dict) else None,
+            )
             for m in missing
         ] or [SchemaError(path=path, keyword=kw, message=f"{path}: {err.message}")]
     elif kw in ("additionalProperties", "unevaluatedProperties"):
         allowed = sorted((err.schema.get("properties") or {}).keys()) if isinstance(err.schema, dict) else []
         extra = _extra_fields(err)
-        msg = (f"{path} has unexpected field(s) {', '.join(repr(x) for x in extra) or '(unknown)'}; "
-               f"allowed fields: {', '.join(allowed) or 'none'}")
+        msg = (
+            f"{path} has unexpected field(s) {', '.join(repr(x) for x in extra) or '(unknown)'}; "
+            f"allowed fields: {', '.join(allowed) or 'none'}"
+        )
         return [SchemaError(path=path, keyword=kw, message=msg, expected=allowed, got=extra)]
     elif kw in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
         op = {"minimum": ">=", "maximum": "<=", "exclusiveMinimum": ">", "exclusiveMaximum": "<"}[kw]
@@ -171,10 +181,7 @@ def _extra_fields(err: JsError) -> list[str]:
         return []
     props = err.schema.get("properties") or {}
     patterns = err.schema.get("patternProperties") or {}
-    return sorted(
-        k for k in err.instance
-        if k not in props and not any(re.search(p, k) for p in patterns)
-    )
+    return sorted(k for k in err.instance if k not in props and not any(re.search(p, k) for p in patterns))
 
 
 def _explain_branches(err: JsError) -> list[SchemaError]:
@@ -186,10 +193,11 @@ def _explain_branches(err: JsError) -> list[SchemaError]:
     branches = err.validator_value if isinstance(err.validator_value, list) else []
 
     def closeness(item: tuple[int, list[JsError]]) -> tuple[int, int, int]:
-        idx, errs = item
+        _, errs = item
         # A branch whose discriminator (const/enum) matched is the variant that was meant.
-        discriminator_failed = any(e.validator in ("const", "enum") and len(e.absolute_path) <= len(err.absolute_path) + 1
-                                   for e in errs)
+        discriminator_failed = any(
+            e.validator in ("const", "enum") and len(e.absolute_path) <= len(err.absolute_path) + 1 for e in errs
+        )
         deepest = max((len(e.absolute_path) for e in errs), default=0)
         return (1 if discriminator_failed else 0, len(errs), -deepest)
 

@@ -37,8 +37,14 @@ def to_api_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
             elif isinstance(block, ToolUseBlock):
                 blocks.append({"type": "tool_use", "id": block.id, "name": block.name, "input": block.input})
             elif isinstance(block, ToolResultBlock):
-                blocks.append({"type": "tool_result", "tool_use_id": block.tool_use_id,
-                               "content": block.content, "is_error": block.is_error})
+                blocks.append(
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": block.tool_use_id,
+                        "content": block.content,
+                        "is_error": block.is_error,
+                    }
+                )
         if blocks:
             out.append({"role": message.role, "content": blocks})
     return out
@@ -64,19 +70,30 @@ class AnthropicProvider:
         try:
             message = await self._client.messages.create(**kwargs)
         except anthropic.RateLimitError as err:
-            raise ProviderError(f"rate limited by the model provider (HTTP 429): {err.message}",
-                                transient=True, retry_after_s=_retry_after(err), kind="rate_limit") from err
+            raise ProviderError(
+                f"rate limited by the model provider (HTTP 429): {err.message}",
+                transient=True,
+                retry_after_s=_retry_after(err),
+                kind="rate_limit",
+            ) from err
         except anthropic.InternalServerError as err:  # 500, 503, 529 overloaded
             kind = "overloaded" if err.status_code == 529 else "server_error"
-            raise ProviderError(f"model provider unavailable (HTTP {err.status_code}): {err.message}",
-                                transient=True, retry_after_s=_retry_after(err), kind=kind) from err
+            raise ProviderError(
+                f"model provider unavailable (HTTP {err.status_code}): {err.message}",
+                transient=True,
+                retry_after_s=_retry_after(err),
+                kind=kind,
+            ) from err
         except anthropic.APITimeoutError as err:
             raise ProviderError("model call timed out", transient=True, kind="timeout") from err
         except anthropic.APIConnectionError as err:
             raise ProviderError(f"cannot reach the model provider: {err}", transient=True, kind="connection") from err
         except anthropic.APIStatusError as err:
-            raise ProviderError(f"model provider refused the request (HTTP {err.status_code}): {err.message}",
-                                transient=False, kind=f"http_{err.status_code}") from err
+            raise ProviderError(
+                f"model provider refused the request (HTTP {err.status_code}): {err.message}",
+                transient=False,
+                kind=f"http_{err.status_code}",
+            ) from err
         text_parts: list[str] = []
         calls: list[ToolUseBlock] = []
         for block in message.content:
@@ -85,5 +102,10 @@ class AnthropicProvider:
             elif block.type == "tool_use":
                 calls.append(ToolUseBlock(id=block.id, name=block.name, input=dict(block.input or {})))
         usage = usage_for(message.model, message.usage.input_tokens, message.usage.output_tokens)
-        return ModelResponse(text="".join(text_parts), tool_calls=calls, usage=usage, model=message.model,
-                             stop_reason=message.stop_reason or "")
+        return ModelResponse(
+            text="".join(text_parts),
+            tool_calls=calls,
+            usage=usage,
+            model=message.model,
+            stop_reason=message.stop_reason or "",
+        )

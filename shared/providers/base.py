@@ -43,8 +43,9 @@ class ProviderError(Exception):
     """A model call failed. ``transient`` errors (rate limit, overload, 5xx, timeouts) are
     retried by ``complete_with_retry``; the rest fail the call at once."""
 
-    def __init__(self, message: str, *, transient: bool, retry_after_s: float | None = None,
-                 kind: str = "error") -> None:
+    def __init__(
+        self, message: str, *, transient: bool, retry_after_s: float | None = None, kind: str = "error"
+    ) -> None:
         super().__init__(message)
         self.transient = transient
         self.retry_after_s = retry_after_s

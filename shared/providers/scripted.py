@@ -51,8 +51,9 @@ class ScriptedProvider:
         turn = turns[i]
         if turn.error is not None:
             transient = turn.error.type != "fatal"
-            raise ProviderError(turn.error.message, transient=transient, retry_after_s=turn.error.retry_after_s,
-                                kind=turn.error.type)
+            raise ProviderError(
+                turn.error.message, transient=transient, retry_after_s=turn.error.retry_after_s, kind=turn.error.type
+            )
         calls = [
             ToolUseBlock(id=c.id or f"toolu_{i + 1:03d}_{j + 1:02d}", name=c.name, input=c.input)
             for j, c in enumerate(turn.tool_calls)
@@ -64,7 +65,10 @@ class ScriptedProvider:
             inp = request_tokens(request)
             out = tokens.count(text) + sum(tokens.count_json(c.model_dump()) for c in calls)
         return ModelResponse(
-            text=text, tool_calls=calls, usage=usage_for(request.model, inp, out), model=request.model,
+            text=text,
+            tool_calls=calls,
+            usage=usage_for(request.model, inp, out),
+            model=request.model,
             stop_reason="tool_use" if calls else "end_turn",
         )
 
@@ -81,12 +85,11 @@ class ScriptedProvider:
         if turn.raw is not None:
             text = turn.raw
         else:
-            text = json.dumps(
-                {"scores": turn.scores, "reasons": turn.reasons}, ensure_ascii=False
-            )
+            text = json.dumps({"scores": turn.scores, "reasons": turn.reasons}, ensure_ascii=False)
         inp, out = request_tokens(request), tokens.count(text)
-        return ModelResponse(text=text, usage=usage_for(request.model, inp, out), model=request.model,
-                             stop_reason="end_turn")
+        return ModelResponse(
+            text=text, usage=usage_for(request.model, inp, out), model=request.model, stop_reason="end_turn"
+        )
 
     def _summary(self, request: ModelRequest) -> ModelResponse:
         summaries = self.scenario.summaries
@@ -103,5 +106,6 @@ class ScriptedProvider:
                     lines.append(f"- {message.role}: {first[0][:160]}")
             text = "Extractive summary of earlier turns:\n" + "\n".join(lines)
         inp, out = request_tokens(request), tokens.count(text)
-        return ModelResponse(text=text, usage=usage_for(request.model, inp, out), model=request.model,
-                             stop_reason="end_turn")
+        return ModelResponse(
+            text=text, usage=usage_for(request.model, inp, out), model=request.model, stop_reason="end_turn"
+        )

@@ -20,12 +20,17 @@ def provider_for(settings: Settings, which: Literal["planner", "judge"], scenari
         return ScriptedProvider(scenario)
     if chosen == "anthropic":
         if settings.anthropic_api_key is None:
-            raise ProviderError(f"{which} provider is anthropic but ANTHROPIC_API_KEY is not set",
-                                transient=False, kind="config")
-        return AnthropicProvider(settings.anthropic_api_key.get_secret_value(), settings.anthropic_base_url,
-                                 settings.model_timeout_s)
+            raise ProviderError(
+                f"{which} provider is anthropic but ANTHROPIC_API_KEY is not set", transient=False, kind="config"
+            )
+        return AnthropicProvider(
+            settings.anthropic_api_key.get_secret_value(), settings.anthropic_base_url, settings.model_timeout_s
+        )
     if scenario is None:
         raise ProviderError(
             f"{which} provider is scripted but this run has no scenario; submit one with --scenario or set "
-            "ANTHROPIC_API_KEY", transient=False, kind="config")
+            "ANTHROPIC_API_KEY",
+            transient=False,
+            kind="config",
+        )
     return ScriptedProvider(scenario)

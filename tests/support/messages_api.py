@@ -30,7 +30,7 @@ class MessagesApiServer:
         api = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 raw = self.rfile.read(int(self.headers.get("content-length", 0)))
                 body = json.loads(raw or b"{}")
                 status, headers, payload = api.answer(self.path, body, dict(self.headers))
@@ -87,7 +87,17 @@ class MessagesApiServer:
             "input_tokens": tokens.count(json.dumps(body)),
             "output_tokens": tokens.count(json.dumps(content)),
         }
-        return 200, {}, {
-            "id": f"msg_{uuid.uuid4().hex[:24]}", "type": "message", "role": "assistant", "model": body["model"],
-            "content": content, "stop_reason": stop, "stop_sequence": None, "usage": usage,
-        }
+        return (
+            200,
+            {},
+            {
+                "id": f"msg_{uuid.uuid4().hex[:24]}",
+                "type": "message",
+                "role": "assistant",
+                "model": body["model"],
+                "content": content,
+                "stop_reason": stop,
+                "stop_sequence": None,
+                "usage": usage,
+            },
+        )

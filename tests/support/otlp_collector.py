@@ -35,7 +35,7 @@ class OtlpCollector:
         collector = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("content-length", 0)))
                 if self.path.endswith("/v1/traces"):
                     collector._ingest(body)
@@ -70,11 +70,16 @@ class OtlpCollector:
             resource = {a.key: _value(a.value) for a in rs.resource.attributes}
             for ss in rs.scope_spans:
                 for span in ss.spans:
-                    found.append(CollectedSpan(
-                        trace_id=span.trace_id.hex(), span_id=span.span_id.hex(), parent_id=span.parent_span_id.hex(),
-                        name=span.name, service=str(resource.get("service.name", "")),
-                        attributes={a.key: _value(a.value) for a in span.attributes},
-                    ))
+                    found.append(
+                        CollectedSpan(
+                            trace_id=span.trace_id.hex(),
+                            span_id=span.span_id.hex(),
+                            parent_id=span.parent_span_id.hex(),
+                            name=span.name,
+                            service=str(resource.get("service.name", "")),
+                            attributes={a.key: _value(a.value) for a in span.attributes},
+                        )
+                    )
         with self._lock:
             self.spans.extend(found)
 

@@ -10,11 +10,16 @@ from shared.messages import BudgetRequest, SectionTokens, Usage
 
 
 def req(turn: int = 1, history: int = 1000, spent: int = 0, cost: float = 0.0, **kw) -> BudgetRequest:  # type: ignore[no-untyped-def]
-    return BudgetRequest(run_id="r", turn=turn, model="claude-sonnet-4-5",
-                         sections=SectionTokens(goal=500, history=history, tools=800, output=1000),
-                         spent=Usage(input_tokens=spent, output_tokens=0, cost_usd=cost),
-                         context_budget_tokens=kw.get("context", 20_000), run_token_budget=kw.get("run", 100_000),
-                         cost_ceiling_usd=kw.get("ceiling", 1.0))
+    return BudgetRequest(
+        run_id="r",
+        turn=turn,
+        model="claude-sonnet-4-5",
+        sections=SectionTokens(goal=500, history=history, tools=800, output=1000),
+        spent=Usage(input_tokens=spent, output_tokens=0, cost_usd=cost),
+        context_budget_tokens=kw.get("context", 20_000),
+        run_token_budget=kw.get("run", 100_000),
+        cost_ceiling_usd=kw.get("ceiling", 1.0),
+    )
 
 
 def ev(r: BudgetRequest, ledger: BudgetLedger, fallback: str | None = "claude-haiku-4-5"):  # type: ignore[no-untyped-def]
@@ -25,10 +30,16 @@ def test_default_shares() -> None:
     assert allocate(10_000) == {"goal": 1000, "history": 4000, "tools": 3000, "output": 2000}
 
 
-@given(total=st.integers(1000, 10**6), goal=st.integers(0, 10**6), history=st.integers(0, 10**6),
-       tools=st.integers(0, 10**6), output=st.integers(0, 10**6))
-def test_rebalance_moves_only_donor_slack_and_keeps_the_total(total: int, goal: int, history: int, tools: int,
-                                                              output: int) -> None:
+@given(
+    total=st.integers(1000, 10**6),
+    goal=st.integers(0, 10**6),
+    history=st.integers(0, 10**6),
+    tools=st.integers(0, 10**6),
+    output=st.integers(0, 10**6),
+)
+def test_rebalance_moves_only_donor_slack_and_keeps_the_total(
+    total: int, goal: int, history: int, tools: int, output: int
+) -> None:
     base = allocate(total)
     after = rebalance(base, SectionTokens(goal=goal, history=history, tools=tools, output=output))
     assert sum(after.values()) == total

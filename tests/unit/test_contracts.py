@@ -21,8 +21,9 @@ OUT = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": 
 
 
 def contract(inp: dict[str, Any], out: dict[str, Any] | None = None, **kw: Any) -> ToolContract:
-    return ToolContract.model_validate({"name": "t", "description": "a tool used in tests only",
-                                        "inputSchema": inp, "outputSchema": out or OUT, **kw})
+    return ToolContract.model_validate(
+        {"name": "t", "description": "a tool used in tests only", "inputSchema": inp, "outputSchema": out or OUT, **kw}
+    )
 
 
 def refusal(inp: dict[str, Any]) -> ContractError:
@@ -31,40 +32,84 @@ def refusal(inp: dict[str, Any]) -> ContractError:
     return err.value
 
 
-@pytest.mark.parametrize(("schema", "keyword", "path"), [
-    ({"$schema": D7, "type": "object", "properties": {"a": {"type": "array", "prefixItems": [{}]}}},
-     "prefixItems", "#/properties/a/prefixItems"),
-    ({"$schema": D7, "type": "object", "unevaluatedProperties": False}, "unevaluatedProperties",
-     "#/unevaluatedProperties"),
-    ({"$schema": D7, "type": "object", "$defs": {"x": {"type": "string"}}}, "$defs", "#/$defs"),
-    ({"$schema": D7, "type": "object", "properties": {"a": {"type": "object", "dependentRequired": {}}}},
-     "dependentRequired", "#/properties/a/dependentRequired"),
-    ({"$schema": D20, "type": "object", "properties": {"a": {"type": "array", "items": [{"type": "string"}]}}},
-     "items", "#/properties/a/items"),
-    ({"$schema": D20, "type": "object", "properties": {"a": {"type": "array", "additionalItems": False}}},
-     "additionalItems", "#/properties/a/additionalItems"),
-    ({"$schema": D20, "type": "object", "definitions": {"x": {}}}, "definitions", "#/definitions"),
-    ({"$schema": D20, "type": "object", "dependencies": {"a": ["b"]}}, "dependencies", "#/dependencies"),
-    ({"$schema": D19, "type": "object", "properties": {"a": {"type": "array", "prefixItems": [{}]}}},
-     "prefixItems", "#/properties/a/prefixItems"),
-    ({"type": "object", "$defs": {"x": {}}, "definitions": {"y": {}}}, "definitions", "#/definitions"),
-    ({"type": "object", "properties": {"a": {"type": "string", "nullable": True}}}, "nullable",
-     "#/properties/a/nullable"),
-    ({"type": "object", "properties": {"type": {"type": "string", "example": "x"}}}, "example",
-     "#/properties/type/example"),
-    ({"$schema": D7, "type": "object", "properties": {"a": {"$ref": "#/definitions/s", "minLength": 2}},
-      "definitions": {"s": {"type": "string"}}}, "minLength", "#/properties/a/minLength"),
-    ({"type": "object", "properties": {"a": {"$ref": "https://example.com/s.json"}}}, "$ref",
-     "#/properties/a/$ref"),
-    ({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}, "$ref", "#/properties/a/$ref"),
-    ({"type": "object", "properties": {"a": {"type": "string", "format": "colour"}}}, "format",
-     "#/properties/a/format"),
-    ({"type": "object", "properties": {"a": {"type": "strng"}}}, "type", "#/properties/a/type"),
-    ({"type": "object", "properties": {"a": {"type": "string", "pattern": "(unclosed"}}}, "pattern",
-     "#/properties/a/pattern"),
-    ({"$schema": "http://json-schema.org/draft-04/schema#", "type": "object"}, "$schema", "#/$schema"),
-    ({"type": "array"}, "type", "#/type"),
-])
+@pytest.mark.parametrize(
+    ("schema", "keyword", "path"),
+    [
+        (
+            {"$schema": D7, "type": "object", "properties": {"a": {"type": "array", "prefixItems": [{}]}}},
+            "prefixItems",
+            "#/properties/a/prefixItems",
+        ),
+        (
+            {"$schema": D7, "type": "object", "unevaluatedProperties": False},
+            "unevaluatedProperties",
+            "#/unevaluatedProperties",
+        ),
+        ({"$schema": D7, "type": "object", "$defs": {"x": {"type": "string"}}}, "$defs", "#/$defs"),
+        (
+            {"$schema": D7, "type": "object", "properties": {"a": {"type": "object", "dependentRequired": {}}}},
+            "dependentRequired",
+            "#/properties/a/dependentRequired",
+        ),
+        (
+            {"$schema": D20, "type": "object", "properties": {"a": {"type": "array", "items": [{"type": "string"}]}}},
+            "items",
+            "#/properties/a/items",
+        ),
+        (
+            {"$schema": D20, "type": "object", "properties": {"a": {"type": "array", "additionalItems": False}}},
+            "additionalItems",
+            "#/properties/a/additionalItems",
+        ),
+        ({"$schema": D20, "type": "object", "definitions": {"x": {}}}, "definitions", "#/definitions"),
+        ({"$schema": D20, "type": "object", "dependencies": {"a": ["b"]}}, "dependencies", "#/dependencies"),
+        (
+            {"$schema": D19, "type": "object", "properties": {"a": {"type": "array", "prefixItems": [{}]}}},
+            "prefixItems",
+            "#/properties/a/prefixItems",
+        ),
+        ({"type": "object", "$defs": {"x": {}}, "definitions": {"y": {}}}, "definitions", "#/definitions"),
+        (
+            {"type": "object", "properties": {"a": {"type": "string", "nullable": True}}},
+            "nullable",
+            "#/properties/a/nullable",
+        ),
+        (
+            {"type": "object", "properties": {"type": {"type": "string", "example": "x"}}},
+            "example",
+            "#/properties/type/example",
+        ),
+        (
+            {
+                "$schema": D7,
+                "type": "object",
+                "properties": {"a": {"$ref": "#/definitions/s", "minLength": 2}},
+                "definitions": {"s": {"type": "string"}},
+            },
+            "minLength",
+            "#/properties/a/minLength",
+        ),
+        (
+            {"type": "object", "properties": {"a": {"$ref": "https://example.com/s.json"}}},
+            "$ref",
+            "#/properties/a/$ref",
+        ),
+        ({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}, "$ref", "#/properties/a/$ref"),
+        (
+            {"type": "object", "properties": {"a": {"type": "string", "format": "colour"}}},
+            "format",
+            "#/properties/a/format",
+        ),
+        ({"type": "object", "properties": {"a": {"type": "strng"}}}, "type", "#/properties/a/type"),
+        (
+            {"type": "object", "properties": {"a": {"type": "string", "pattern": "(unclosed"}}},
+            "pattern",
+            "#/properties/a/pattern",
+        ),
+        ({"$schema": "http://json-schema.org/draft-04/schema#", "type": "object"}, "$schema", "#/$schema"),
+        ({"type": "array"}, "type", "#/type"),
+    ],
+)
 def test_registration_refuses_with_keyword_and_path(schema: dict[str, Any], keyword: str, path: str) -> None:
     err = refusal(schema)
     assert err.problem.keyword == keyword
@@ -72,28 +117,49 @@ def test_registration_refuses_with_keyword_and_path(schema: dict[str, Any], keyw
     assert f"keyword '{keyword}' at {path}" in str(err) and "tool 't' inputSchema" in str(err)
 
 
-@pytest.mark.parametrize("schema", [
-    {"$schema": D7, "type": "object", "definitions": {"s": {"type": "string"}},
-     "properties": {"a": {"$ref": "#/definitions/s"}, "t": {"type": "array", "items": [{"type": "string"}],
-                                                         "additionalItems": False}},
-     "dependencies": {"a": ["t"]}},
-    {"$schema": D19, "type": "object", "$defs": {"s": {"type": "string"}},
-     "properties": {"a": {"$ref": "#/$defs/s", "minLength": 1}}, "unevaluatedProperties": False,
-     "dependentRequired": {"a": []}},
-    {"$schema": D20, "type": "object", "$defs": {"s": {"type": "string"}},
-     "properties": {"a": {"$ref": "#/$defs/s"}, "t": {"type": "array", "prefixItems": [{"type": "string"}],
-                                                   "items": False}},
-     "x-owner": "search-team"},
-    {"type": "object", "properties": {"when": {"type": "string", "format": "date-time"}}},
-])
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {
+            "$schema": D7,
+            "type": "object",
+            "definitions": {"s": {"type": "string"}},
+            "properties": {
+                "a": {"$ref": "#/definitions/s"},
+                "t": {"type": "array", "items": [{"type": "string"}], "additionalItems": False},
+            },
+            "dependencies": {"a": ["t"]},
+        },
+        {
+            "$schema": D19,
+            "type": "object",
+            "$defs": {"s": {"type": "string"}},
+            "properties": {"a": {"$ref": "#/$defs/s", "minLength": 1}},
+            "unevaluatedProperties": False,
+            "dependentRequired": {"a": []},
+        },
+        {
+            "$schema": D20,
+            "type": "object",
+            "$defs": {"s": {"type": "string"}},
+            "properties": {
+                "a": {"$ref": "#/$defs/s"},
+                "t": {"type": "array", "prefixItems": [{"type": "string"}], "items": False},
+            },
+            "x-owner": "search-team",
+        },
+        {"type": "object", "properties": {"when": {"type": "string", "format": "date-time"}}},
+    ],
+)
 def test_registration_accepts_each_dialect_in_its_own_words(schema: dict[str, Any]) -> None:
     assert register_contract(contract(schema)).fingerprint
 
 
 def test_output_schema_is_checked_too() -> None:
     with pytest.raises(ContractError) as err:
-        register_contract(contract({"type": "object"}, {"$schema": D7, "type": "object",
-                                                        "properties": {"r": {"prefixItems": []}}}))
+        register_contract(
+            contract({"type": "object"}, {"$schema": D7, "type": "object", "properties": {"r": {"prefixItems": []}}})
+        )
     assert "outputSchema" in str(err.value) and "#/properties/r/prefixItems" in str(err.value)
 
 
@@ -104,13 +170,20 @@ def test_unknown_repair_rule_is_refused() -> None:
 
 # --- closed by default ---------------------------------------------------------------------------
 
+
 def test_objects_are_closed_unless_they_opt_out() -> None:
-    schema = {"type": "object", "properties": {
-        "closed": {"type": "object", "properties": {"a": {"type": "string"}}},
-        "explicit": {"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": True},
-        "vendor": {"type": "object", "x-loopwarden-open": True, "properties": {
-            "inner": {"type": "object", "properties": {"a": {"type": "string"}}}}},
-    }}
+    schema = {
+        "type": "object",
+        "properties": {
+            "closed": {"type": "object", "properties": {"a": {"type": "string"}}},
+            "explicit": {"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": True},
+            "vendor": {
+                "type": "object",
+                "x-loopwarden-open": True,
+                "properties": {"inner": {"type": "object", "properties": {"a": {"type": "string"}}}},
+            },
+        },
+    }
     v = compiled(close_schema(schema, "2020-12"), "2020-12")
     assert not v.is_valid({"closed": {"a": "x", "b": 1}})
     assert v.is_valid({"explicit": {"a": "x", "b": 1}})
@@ -119,19 +192,35 @@ def test_objects_are_closed_unless_they_opt_out() -> None:
 
 
 def test_closing_does_not_break_allof_composition() -> None:
-    schema = {"$defs": {"base": {"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]}},
-              "allOf": [{"$ref": "#/$defs/base"}, {"properties": {"name": {"type": "string"}}}]}
+    schema = {
+        "$defs": {"base": {"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]}},
+        "allOf": [{"$ref": "#/$defs/base"}, {"properties": {"name": {"type": "string"}}}],
+    }
     v = compiled(close_schema(schema, "2020-12"), "2020-12")
     assert v.is_valid({"id": "1", "name": "n"})
     assert not v.is_valid({"id": "1", "name": "n", "extra": True})  # closed through unevaluatedProperties
 
 
 def test_not_found_variant_passes() -> None:
-    hosted = register_contract(contract({"type": "object"}, {"oneOf": [
-        {"type": "object", "properties": {"status": {"const": "success"}, "items": {"type": "array"}},
-         "required": ["status", "items"]},
-        {"type": "object", "properties": {"status": {"const": "not_found"}, "reason": {"type": "string"}},
-         "required": ["status", "reason"]}]}))
+    hosted = register_contract(
+        contract(
+            {"type": "object"},
+            {
+                "oneOf": [
+                    {
+                        "type": "object",
+                        "properties": {"status": {"const": "success"}, "items": {"type": "array"}},
+                        "required": ["status", "items"],
+                    },
+                    {
+                        "type": "object",
+                        "properties": {"status": {"const": "not_found"}, "reason": {"type": "string"}},
+                        "required": ["status", "reason"],
+                    },
+                ]
+            },
+        )
+    )
     v = compiled(hosted.output_schema, "2020-12")
     assert v.is_valid({"status": "not_found", "reason": "no such order"})
     assert not v.is_valid({"status": "not_found"})
@@ -139,11 +228,16 @@ def test_not_found_variant_passes() -> None:
 
 # --- errors a model can act on -------------------------------------------------------------------
 
-TICKET = {"type": "object", "properties": {
-    "priority": {"type": "string", "enum": ["low", "medium", "high", "urgent"]},
-    "due_date": {"type": "string", "pattern": r"^\d{4}-\d{2}-\d{2}$"},
-    "title": {"type": "string", "minLength": 3, "maxLength": 120},
-    "count": {"type": "integer", "minimum": 1}}, "required": ["title", "priority"]}
+TICKET = {
+    "type": "object",
+    "properties": {
+        "priority": {"type": "string", "enum": ["low", "medium", "high", "urgent"]},
+        "due_date": {"type": "string", "pattern": r"^\d{4}-\d{2}-\d{2}$"},
+        "title": {"type": "string", "minLength": 3, "maxLength": 120},
+        "count": {"type": "integer", "minimum": 1},
+    },
+    "required": ["title", "priority"],
+}
 
 
 def test_errors_say_where_what_was_expected_and_what_was_got() -> None:
@@ -165,26 +259,46 @@ def test_errors_are_bounded() -> None:
 
 
 def test_oneof_errors_come_from_the_variant_that_was_meant() -> None:
-    schema = {"oneOf": [
-        {"type": "object", "properties": {"status": {"const": "success"}, "totalCount": {"type": "integer"}},
-         "required": ["status", "totalCount"], "additionalProperties": False},
-        {"type": "object", "properties": {"status": {"const": "not_found"}, "reason": {"type": "string"}},
-         "required": ["status", "reason"], "additionalProperties": False}]}
+    schema = {
+        "oneOf": [
+            {
+                "type": "object",
+                "properties": {"status": {"const": "success"}, "totalCount": {"type": "integer"}},
+                "required": ["status", "totalCount"],
+                "additionalProperties": False,
+            },
+            {
+                "type": "object",
+                "properties": {"status": {"const": "not_found"}, "reason": {"type": "string"}},
+                "required": ["status", "reason"],
+                "additionalProperties": False,
+            },
+        ]
+    }
     errors = compiled(schema, "2020-12").errors({"status": "success", "totalCount": "1"})
     assert [e.message for e in errors] == [
-        "$.totalCount must be an integer; got string '1' (closest allowed variant: status='success')"]
+        "$.totalCount must be an integer; got string '1' (closest allowed variant: status='success')"
+    ]
 
 
 # --- repairs -------------------------------------------------------------------------------------
 
+
 def test_a_registered_repair_fixes_only_its_field_and_error() -> None:
-    schema = {"type": "object", "properties": {"totalCount": {"type": "integer"}, "page": {"type": "integer"},
-                                               "results": {"type": "array", "items": {
-                                                   "type": "object", "properties": {"score": {"type": "number"}}}}}}
+    schema = {
+        "type": "object",
+        "properties": {
+            "totalCount": {"type": "integer"},
+            "page": {"type": "integer"},
+            "results": {"type": "array", "items": {"type": "object", "properties": {"score": {"type": "number"}}}},
+        },
+    }
     v = compiled(schema, "2020-12")
     value = {"totalCount": "3", "page": "2", "results": [{"score": "0.5"}, {"score": 1}]}
-    rules = [RepairRule(path="/totalCount", rule="numeric_string_to_integer"),
-             RepairRule(path="/results/*/score", rule="numeric_string_to_number")]
+    rules = [
+        RepairRule(path="/totalCount", rule="numeric_string_to_integer"),
+        RepairRule(path="/results/*/score", rule="numeric_string_to_number"),
+    ]
     fixed, done = apply_repairs(value, v.raw_errors(value), rules)
     assert fixed == {"totalCount": 3, "page": "2", "results": [{"score": 0.5}, {"score": 1}]}
     assert len(done) == 2 and value["totalCount"] == "3"  # the original is untouched

@@ -8,17 +8,26 @@ import pytest
 
 from services.planner.decide import Action, IterationFacts, decide
 
-BASE = IterationFacts(guard_blocked=False, tool_results_pending=False, verdict=None, retries_used=0, max_retries=2,
-                      terminal_tool_ran=False, answer_produced=False)
+BASE = IterationFacts(
+    guard_blocked=False,
+    tool_results_pending=False,
+    verdict=None,
+    retries_used=0,
+    max_retries=2,
+    terminal_tool_ran=False,
+    answer_produced=False,
+)
 
 ROWS = [
     # (facts, action, row)
-    (replace(BASE, guard_blocked=True, tool_results_pending=True, verdict="failed", answer_produced=True),
-     Action.COMPLETE, 1),
+    (
+        replace(BASE, guard_blocked=True, tool_results_pending=True, verdict="failed", answer_produced=True),
+        Action.COMPLETE,
+        1,
+    ),
     (replace(BASE, tool_results_pending=True, verdict="failed", terminal_tool_ran=True), Action.CONTINUE, 2),
     (replace(BASE, verdict="failed", retries_used=1, terminal_tool_ran=True, answer_produced=True), Action.RETRY, 3),
-    (replace(BASE, verdict="failed", retries_used=2, terminal_tool_ran=True, answer_produced=True),
-     Action.COMPLETE, 4),
+    (replace(BASE, verdict="failed", retries_used=2, terminal_tool_ran=True, answer_produced=True), Action.COMPLETE, 4),
     (replace(BASE, verdict="passed", terminal_tool_ran=True), Action.COMPLETE, 5),
     (replace(BASE, terminal_tool_ran=True), Action.COMPLETE, 5),
     (BASE, Action.CONTINUE, 6),

@@ -7,13 +7,26 @@ import pytest
 from services.judge.scoring import NotJudged, parse_reply, score
 from shared.messages import Candidate, JudgeRequest, Rubric, Usage
 
-RUBRIC = Rubric.model_validate({"threshold": 0.8, "criteria": [
-    {"name": "정확성", "weight": 2}, {"name": "출처 인용", "weight": 1, "hard": True}, {"name": "concise"}]})
+RUBRIC = Rubric.model_validate(
+    {
+        "threshold": 0.8,
+        "criteria": [
+            {"name": "정확성", "weight": 2},
+            {"name": "출처 인용", "weight": 1, "hard": True},
+            {"name": "concise"},
+        ],
+    }
+)
 
 
 def request(rubric: Rubric = RUBRIC) -> JudgeRequest:
-    return JudgeRequest(run_id="r", candidate=Candidate(id="r-c1", iteration=1, kind="text", content="answer"),
-                        task="t", rubric=rubric, judge_seq=0)
+    return JudgeRequest(
+        run_id="r",
+        candidate=Candidate(id="r-c1", iteration=1, kind="text", content="answer"),
+        task="t",
+        rubric=rubric,
+        judge_seq=0,
+    )
 
 
 def verdict(reply: str):  # type: ignore[no-untyped-def]
@@ -43,15 +56,18 @@ def test_fenced_json_and_flat_scores_parse() -> None:
     assert verdict('{"정확성": 1, "출처 인용": 1, "concise": 0}').score == 0.75
 
 
-@pytest.mark.parametrize(("reply", "why"), [
-    ("I think it is fine", "not a JSON object"),
-    ('{"scores": {"정확성": 0.9, "concise": 1}}', "no score for criterion '출처 인용'"),
-    ('{"scores": {"정확성": 9, "출처 인용": 1, "concise": 1}}', "outside 0.0-1.0"),
-    ('{"scores": {"정확성": "high", "출처 인용": 1, "concise": 1}}', "not a number"),
-    ('{"scores": {"정확성": true, "출처 인용": 1, "concise": 1}}', "not a number"),
-    ('{"scores": {"정확성": NaN, "출처 인용": 1, "concise": 1}}', "not a number"),
-    ('{"scores": [1, 1, 1]}', "no 'scores' object"),
-])
+@pytest.mark.parametrize(
+    ("reply", "why"),
+    [
+        ("I think it is fine", "not a JSON object"),
+        ('{"scores": {"정확성": 0.9, "concise": 1}}', "no score for criterion '출처 인용'"),
+        ('{"scores": {"정확성": 9, "출처 인용": 1, "concise": 1}}', "outside 0.0-1.0"),
+        ('{"scores": {"정확성": "high", "출처 인용": 1, "concise": 1}}', "not a number"),
+        ('{"scores": {"정확성": true, "출처 인용": 1, "concise": 1}}', "not a number"),
+        ('{"scores": {"정확성": NaN, "출처 인용": 1, "concise": 1}}', "not a number"),
+        ('{"scores": [1, 1, 1]}', "no 'scores' object"),
+    ],
+)
 def test_unusable_replies_are_not_judged_never_scored(reply: str, why: str) -> None:
     with pytest.raises(NotJudged, match=why):
         parse_reply(reply, RUBRIC)

@@ -38,8 +38,9 @@ def test_identical_calls_alternation_and_repeated_errors() -> None:
     assert check_call(hist, "search", a, window=6, threshold=3).kind == "identical"  # type: ignore[union-attr]
     assert check_call(hist[:1], "search", a, window=6, threshold=3) is None
     c = signature("calc", {"e": "1"})
-    assert check_call([("search", a), ("calc", c), ("search", a)], "calc", c, window=6,
-                      threshold=3).kind == "alternating"  # type: ignore[union-attr]
+    assert (
+        check_call([("search", a), ("calc", c), ("search", a)], "calc", c, window=6, threshold=3).kind == "alternating"
+    )  # type: ignore[union-attr]
     errs = [error_key("search", "HTTP 503 after 1.2s")] * 2 + [error_key("search", "HTTP 503 after 2.9s")]
     assert check_errors(errs, threshold=3).kind == "repeated_error"  # type: ignore[union-attr]
     assert check_errors(errs[:2], threshold=3) is None
@@ -61,11 +62,24 @@ def test_ledger_decides_what_a_redelivery_may_do() -> None:
 def test_rubric_lint_refuses_declared_needs_and_flags_invisible_things() -> None:
     with pytest.raises(RubricError, match="needs tool_history"):
         check_rubric(Rubric.model_validate({"criteria": [{"name": "used search", "needs": ["tool_history"]}]}))
-    flags = lint_rubric(Rubric.model_validate({"criteria": [
-        {"name": "includes the session id"}, {"name": "응답에 세션 ID를 포함할 것"}, {"name": "accurate"}]})).flags
+    flags = lint_rubric(
+        Rubric.model_validate(
+            {
+                "criteria": [
+                    {"name": "includes the session id"},
+                    {"name": "응답에 세션 ID를 포함할 것"},
+                    {"name": "accurate"},
+                ]
+            }
+        )
+    ).flags
     assert len(flags) == 2 and "session id" in flags[0]
-    seen = Rubric.model_validate({"judge_sees": ["task", "answer", "tool_history"],
-                                  "criteria": [{"name": "called the search tool", "needs": ["tool_history"]}]})
+    seen = Rubric.model_validate(
+        {
+            "judge_sees": ["task", "answer", "tool_history"],
+            "criteria": [{"name": "called the search tool", "needs": ["tool_history"]}],
+        }
+    )
     assert check_rubric(seen) == []
     with pytest.raises(ValueError, match="unique"):
         Rubric.model_validate({"criteria": [{"name": "a"}, {"name": "a"}]})
@@ -73,8 +87,15 @@ def test_rubric_lint_refuses_declared_needs_and_flags_invisible_things() -> None
 
 def test_scenario_errors_name_the_field() -> None:
     with pytest.raises(ScenarioError) as err:
-        parse_scenario({"name": "x", "task": "t", "planner": [{"tool_calls": [{"input": {}}]}],
-                        "judge": [{"scores": {"a": 1}, "raw": "x"}], "tools": {"s": [{"fail": "maybe"}]}})
+        parse_scenario(
+            {
+                "name": "x",
+                "task": "t",
+                "planner": [{"tool_calls": [{"input": {}}]}],
+                "judge": [{"scores": {"a": 1}, "raw": "x"}],
+                "tools": {"s": [{"fail": "maybe"}]},
+            }
+        )
     text = str(err.value)
     assert "planner[0].tool_calls[0].name: Field required" in text
     assert "judge[0]: Value error, a judge turn has exactly one of scores, raw or error" in text
@@ -82,8 +103,13 @@ def test_scenario_errors_name_the_field() -> None:
 
 
 def test_scripted_tool_behaviour_counts_attempts() -> None:
-    sc = parse_scenario({"name": "x", "task": "t", "tools": {"s": [
-        {"fail": "transient", "times": 2}, {"output": None}, {"fail": "fatal", "times": "always"}]}})
+    sc = parse_scenario(
+        {
+            "name": "x",
+            "task": "t",
+            "tools": {"s": [{"fail": "transient", "times": 2}, {"output": None}, {"fail": "fatal", "times": "always"}]},
+        }
+    )
     kinds = [(b.fail, b.has_output) for b in (sc.tool_behaviour("s", i) for i in range(5))]  # type: ignore[union-attr]
     assert kinds == [("transient", False), ("transient", False), (None, True), ("fatal", False), ("fatal", False)]
     assert sc.tool_behaviour("other", 0) is None
