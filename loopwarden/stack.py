@@ -59,6 +59,7 @@ class Proc:
     name: str
     popen: subprocess.Popen[bytes]
     log: Path
+    service: str = ""
 
 
 @dataclass
@@ -123,7 +124,7 @@ class LocalStack:
             stderr=subprocess.STDOUT,
             start_new_session=self.detach,
         )
-        proc = Proc(label, popen, log)
+        proc = Proc(label, popen, log, service=name)
         self.procs.append(proc)
         return proc
 
@@ -134,7 +135,7 @@ class LocalStack:
             for proc in list(waiting):
                 if proc.popen.poll() is not None:
                     raise StackError(f"{proc.name} exited with code {proc.popen.returncode}:\n{tail(proc.log)}")
-                if f"loopwarden-{proc.name.split('#')[0]} ready".encode() in proc.log.read_bytes():
+                if f"loopwarden-{proc.service} ready".encode() in proc.log.read_bytes():
                     waiting.remove(proc)
             time.sleep(0.1)
         if waiting:

@@ -79,6 +79,7 @@ class Bus:
     _consumers: list[ConsumerSpec] = field(default_factory=list)
     _kv: dict[str, KeyValue] = field(default_factory=dict)
     _connected: bool = False
+    on_stop: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         middlewares = []
@@ -118,23 +119,34 @@ class Bus:
             await self._reconcile_consumer(spec)
         self._connected = True
 
+    async def reconcile_consumers(self) -> None:
+        for spec in self._consumers:
+            await self._reconcile_consumer(spec)
+
     async def start(self) -> None:
         if not self._connected:
             await self.connect()
         await self.broker.start()
 
     async def stop(self) -> None:
-        """Drain in-flight handlers, or just close if the server is already gone."""
+        """Drain in-flight handlers (or just close if the server is already gone), then run
+        the ``on_stop`` hooks (e.g. closing MCP sessions), each bounded."""
         try:
             connected = self.broker.connection.is_connected
         except Exception:  # never connected
             connected = False
-        if connected:
-            await self.broker.stop()
-            return
-        with contextlib.suppress(Exception):
-            async with asyncio.timeout(2):
+        try:
+            if connected:
                 await self.broker.stop()
+            else:
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(2):
+                        await self.broker.stop()
+        finally:
+            for hook in self.on_stop:
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(5):
+                        await hook()
 
     async def _reconcile_consumer(self, spec: ConsumerSpec) -> None:
         # JetStream's create request without an action is create-or-update, so a changed

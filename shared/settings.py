@@ -6,16 +6,43 @@ operator sees ``LW_MAX_ITERATIONS`` rather than a traceback from deep inside a h
 
 from __future__ import annotations
 
+import json
 import sys
 from functools import cached_property
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ProviderName = Literal["auto", "scripted", "anthropic"]
 NotJudgedPolicy = Literal["escalate", "retry", "accept", "fail"]
 LoopPolicy = Literal["stop", "escalate"]
+
+
+class McpServerSpec(BaseModel):
+    """One MCP server the executor mounts over stdio (an item of ``LW_MCP_SERVERS``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]+$")
+    command: list[str] = Field(min_length=1)
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+    tools: list[str] | None = Field(None, description="mount only these tools")
+    prefix: str = Field("", description="prefix for the mounted tool names")
+    output_schemas: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="outputSchema for tools whose server declares none"
+    )
+    repairs: dict[str, list[dict[str, str]]] = Field(default_factory=dict)
+    timeout_s: float = Field(10.0, gt=0)
 
 
 class Settings(BaseSettings):
@@ -97,6 +124,25 @@ class Settings(BaseSettings):
                 raise ValueError(f"must start with nats://, tls://, ws:// or wss:// (got {url!r})")
         return v
 
+    @field_validator("mcp_servers")
+    @classmethod
+    def _mcp_servers(cls, v: str | None) -> str | None:
+        if v:
+            try:
+                data = json.loads(v)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"not JSON: {err.msg} at column {err.colno}") from None
+            if not isinstance(data, list):
+                raise ValueError("must be a JSON list of servers")
+            for i, item in enumerate(data):
+                try:
+                    McpServerSpec.model_validate(item)
+                except ValidationError as err:
+                    first = err.errors()[0]
+                    where = ".".join(str(p) for p in first["loc"])
+                    raise ValueError(f"server #{i}: {where}: {first['msg']}") from None
+        return v
+
     @field_validator("executor_tools")
     @classmethod
     def _tools_list(cls, v: str) -> str:
@@ -117,6 +163,10 @@ class Settings(BaseSettings):
         """Tools this executor hosts; ``None`` means every registered tool."""
         names = {t.strip() for t in self.executor_tools.split(",") if t.strip()}
         return None if "*" in names else frozenset(names)
+
+    @property
+    def mcp_server_specs(self) -> list[McpServerSpec]:
+        return [McpServerSpec.model_validate(x) for x in json.loads(self.mcp_servers)] if self.mcp_servers else []
 
     def resolved_provider(self, which: Literal["planner", "judge"]) -> Literal["scripted", "anthropic"]:
         chosen = self.planner_provider if which == "planner" else self.judge_provider

@@ -8,7 +8,9 @@ scripted provider, runs submitted without one go through the real Anthropic SDK.
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,18 @@ TEST_ENV = {
     "ANTHROPIC_API_KEY": "test-key-not-real",
 }
 REPLICAS = ("planner", "planner", "executor", "executor", "validator", "judge", "governor", "escalation")
+MCP_ORDERS = {
+    "name": "orders",
+    "command": [sys.executable, "-m", "services.executor.tools.mcp_orders"],
+    "output_schemas": {
+        "inventory_report": {
+            "type": "object",
+            "required": ["sku", "count"],
+            "properties": {"sku": {"type": "string"}, "count": {"type": "integer", "minimum": 0}},
+        }
+    },
+    "repairs": {"inventory_report": [{"path": "/count", "rule": "numeric_string_to_integer"}]},
+}
 
 
 @pytest.fixture(scope="session")
@@ -61,6 +75,7 @@ def stack(
         nats_url=os.environ.get("LW_TEST_NATS_URL"),
         env=env,
         services=REPLICAS,
+        env_per_service={"executor": {"LW_MCP_SERVERS": json.dumps([MCP_ORDERS])}},
     )
     try:
         st.start()

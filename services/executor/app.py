@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
@@ -25,11 +24,7 @@ def load_registry(settings: Settings) -> ToolRegistry:
     registry.load_json_dir(SCHEMAS_DIR)
     if settings.tool_contract_dir:
         registry.load_json_dir(Path(settings.tool_contract_dir))
-    if settings.mcp_servers:
-        from services.executor.mcp_tools import mount_mcp_servers
-
-        mount_mcp_servers(registry, json.loads(settings.mcp_servers))
-    return registry
+    return registry  # MCP tools are mounted once connected (Executor.start)
 
 
 def build(bus: Bus, settings: Settings, telemetry: Telemetry, router: NatsRouter) -> AfterConnect:
@@ -37,4 +32,4 @@ def build(bus: Bus, settings: Settings, telemetry: Telemetry, router: NatsRouter
     executor = Executor(bus, settings, telemetry, registry)
     executor.register(router)
     log.info("hosting tools: %s", ", ".join(sorted(registry.hosted(settings.hosted_tools))))
-    return executor.publish_contracts
+    return executor.start

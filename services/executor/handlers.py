@@ -86,12 +86,29 @@ class Executor:
         self.attempts = meter.create_counter("loopwarden.tool.attempts", description="tool attempts by result")
         self.failures = meter.create_counter("loopwarden.tool.failures", description="final failures by type")
         self._scenarios: dict[str, Scenario | None] = {}
+        self._consuming: set[str] = set()
+        self.mounts: list[Any] = []
 
-    def register(self, router: NatsRouter) -> None:
+    def register(self, router: NatsRouter | Any) -> None:
         for name in sorted(self.registry.hosted(self.settings.hosted_tools)):
+            if name in self._consuming:
+                continue
+            self._consuming.add(name)
             self.bus.consumer(
                 router, durable=f"executor_{S.token(name)}", filter_subjects=[S.tool_execute(name)], model=ToolCall
             )(self.on_call)
+
+    async def start(self) -> None:
+        """After connecting: mount MCP servers, consume their tools too, publish every contract."""
+        specs = self.settings.mcp_server_specs
+        if specs:
+            from services.executor.mcp_tools import mount_mcp_servers
+
+            self.mounts = await mount_mcp_servers(self.registry, specs)
+            self.bus.on_stop.extend(m.close for m in self.mounts)
+            self.register(self.bus.broker)  # the router is already included: add to the broker itself
+            await self.bus.reconcile_consumers()
+        await self.publish_contracts()
 
     async def publish_contracts(self) -> None:
         """Make this executor's contracts visible to the planner and the validator."""
@@ -294,12 +311,12 @@ class Executor:
                             False, failure_type=behaviour.fail, error=detail, retry_after_s=behaviour.retry_after_s
                         )
                     if behaviour.output_text is not None:
-                        return Attempted(True, output=behaviour.output_text, output_is_text=True)
-                    return Attempted(True, output=behaviour.output)
+                        return self.hooked(hosted, behaviour.output_text)
+                    return self.hooked(hosted, behaviour.output)
                 output = await hosted.fn(call.arguments, ctx)
                 if behaviour is not None and behaviour.latency_s:
                     await asyncio.sleep(behaviour.latency_s)  # e.g. a slow response after the effect happened
-                return Attempted(True, output=output, output_is_text=isinstance(output, str))
+                return self.hooked(hosted, output)
         except TimeoutError:
             return Attempted(False, failure_type="timeout", error=f"no answer within {contract.timeout_s:g}s")
         except ToolFailure as failure:
@@ -307,6 +324,16 @@ class Executor:
         except Exception as err:  # a bug in the tool: not something a retry fixes
             log.exception("tool %s crashed", call.tool)
             return Attempted(False, failure_type="fatal", error=f"the tool crashed: {err!r}")
+
+    @staticmethod
+    def hooked(hosted: HostedTool, output: Any) -> Attempted:
+        """Apply the tool's post-call hook; validation happens after it, in the validator."""
+        if hosted.post_hook is not None:
+            try:
+                output = hosted.post_hook(output)
+            except Exception as err:
+                return Attempted(False, failure_type="fatal", error=f"the post-call hook failed: {err!r}")
+        return Attempted(True, output=output, output_is_text=isinstance(output, str))
 
     async def scripted(self, call: ToolCall) -> ToolBehaviour | None:
         if call.run_id not in self._scenarios:

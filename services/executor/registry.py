@@ -22,6 +22,7 @@ from shared.messages import RepairRule, RetryPolicy, ToolContract
 log = logging.getLogger("loopwarden.executor")
 
 ToolFn = Callable[[dict[str, Any], "ToolContext"], Awaitable[Any]]
+PostHook = Callable[[Any], Any]
 SCHEMAS_DIR = Path(__file__).resolve().parents[2] / "schemas" / "tools"
 
 
@@ -47,6 +48,7 @@ class HostedTool:
     contract: ToolContract  # as registered: checked dialect, closed objects
     declared: ToolContract  # as written, for lint
     fn: ToolFn
+    post_hook: PostHook | None = None  # runs on the output before it is validated
 
 
 @dataclass
@@ -55,21 +57,21 @@ class ToolRegistry:
     tools: dict[str, HostedTool] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)
 
-    def register(self, contract: ToolContract, fn: ToolFn) -> HostedTool | None:
+    def register(self, contract: ToolContract, fn: ToolFn, post_hook: PostHook | None = None) -> HostedTool | None:
         try:
             registered = register_contract(contract, self.default_dialect)
         except ContractError as err:
             self.refused[contract.name] = str(err)
             log.error("refused tool registration: %s", err)
             return None
-        hosted = HostedTool(registered, contract, fn)
+        hosted = HostedTool(registered, contract, fn, post_hook)
         self.tools[contract.name] = hosted
         return hosted
 
     def load_json_dir(self, directory: Path) -> None:
         for path in sorted(directory.glob("*.json")):
             try:
-                contract, entrypoint = load_contract_file(path)
+                contract, entrypoint, hook_entrypoint = load_contract_file(path)
             except ValueError as err:
                 self.refused[path.stem] = str(err)
                 log.error("refused tool contract file: %s", err)
@@ -80,33 +82,34 @@ class ToolRegistry:
                 continue
             try:
                 fn = resolve_entrypoint(entrypoint)
+                hook = resolve_entrypoint(hook_entrypoint) if hook_entrypoint else None
             except (ImportError, AttributeError, ValueError) as err:
-                self.refused[contract.name] = f"{path}: entrypoint {entrypoint!r} cannot be loaded: {err}"
+                self.refused[contract.name] = f"{path}: entrypoint cannot be loaded: {err}"
                 log.error("%s", self.refused[contract.name])
                 continue
-            self.register(contract, fn)
+            self.register(contract, fn, hook)
 
-    def load_declared(self, declared: list[tuple[ToolContract, ToolFn]]) -> None:
-        for contract, fn in declared:
-            self.register(contract, fn)
+    def load_declared(self, declared: list[tuple[ToolContract, ToolFn, PostHook | None]]) -> None:
+        for contract, fn, hook in declared:
+            self.register(contract, fn, hook)
 
     def hosted(self, names: frozenset[str] | None) -> dict[str, HostedTool]:
         return {n: t for n, t in self.tools.items() if names is None or n in names}
 
 
-def resolve_entrypoint(entrypoint: str) -> ToolFn:
+def resolve_entrypoint(entrypoint: str) -> Any:
     module_name, _, attr = entrypoint.partition(":")
     if not module_name or not attr:
         raise ValueError("expected 'package.module:function'")
     fn = getattr(importlib.import_module(module_name), attr)
     if not callable(fn):
         raise ValueError(f"{entrypoint} is not callable")
-    return fn  # type: ignore[no-any-return]
+    return fn
 
 
 # --- Python declarations ------------------------------------------------------------------------
 
-DECLARED: list[tuple[ToolContract, ToolFn]] = []
+DECLARED: list[tuple[ToolContract, ToolFn, PostHook | None]] = []
 
 
 def tool(
@@ -122,6 +125,7 @@ def tool(
     boundary: str | None = None,
     terminal: bool = False,
     repairs: list[RepairRule] | None = None,
+    post_hook: PostHook | None = None,
 ) -> Callable[[ToolFn], ToolFn]:
     """Declare a tool contract in Python, next to the function that implements it."""
 
@@ -142,7 +146,7 @@ def tool(
                 "source": "python",
             }
         )
-        DECLARED.append((contract, fn))
+        DECLARED.append((contract, fn, post_hook))
         return fn
 
     return wrap

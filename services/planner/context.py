@@ -112,7 +112,7 @@ def render_outcome(outcome: ToolOutcome, max_tokens: int) -> tuple[str, bool]:
 
 def schema_feedback(outcome: ToolOutcome) -> str:
     """Errors *and* the schema, so the model can build a call that satisfies it."""
-    schema = json.dumps(outcome.schema_ or {}, ensure_ascii=False, sort_keys=True)
+    schema = json.dumps(outcome.schema_ or {}, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
     if outcome.failure_type == "input_invalid":
         head = f"Your call to '{outcome.tool}' was not executed: its arguments break the tool's input schema."
         tail = "Make a new call whose arguments satisfy this schema."

@@ -29,6 +29,7 @@ from shared.messages import (
     BudgetDecision,
     BudgetRequest,
     ChatMessage,
+    EscalationRaise,
     EscalationResolution,
     RunEvent,
     RunSubmit,
@@ -63,6 +64,9 @@ class Planner:
         self.runs_finished = meter.create_counter("loopwarden.runs.finished", description="runs by final status")
         self.decisions = meter.create_counter("loopwarden.decide.decisions", description="Decide outcomes by row")
         self.tokens = meter.create_counter("gen_ai.client.token.usage.total", unit="{token}")
+        self.corrections = meter.create_counter(
+            "loopwarden.tool.corrections", description="schema-failure streaks by outcome: recovered, escalated"
+        )
         self._contracts: tuple[float, dict[str, ToolContract]] = (0.0, {})
         self._scenarios: dict[str, Scenario | None] = {}
 
@@ -124,6 +128,12 @@ class Planner:
             if item.subject == S.run_event("decided"):
                 ev = RunEvent.model_validate_json(item.payload)
                 self.decisions.add(1, {"action": ev.detail.get("action", ""), "row": ev.detail.get("row", 0)})
+            elif item.subject == S.run_event("corrected"):
+                ev = RunEvent.model_validate_json(item.payload)
+                self.corrections.add(1, {"tool": str(ev.detail.get("tool")), "outcome": "recovered"})
+            elif item.subject == S.ESCALATION_RAISE and '"schema_cap"' in item.payload:
+                raised = EscalationRaise.model_validate_json(item.payload)
+                self.corrections.add(1, {"tool": str(raised.tool), "outcome": "escalated"})
         if state.done and not was_done:
             self.runs_finished.add(1, {"status": state.status})
 

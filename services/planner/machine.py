@@ -250,7 +250,14 @@ def _dispatch(out: Outbox, call: ToolUseBlock, contracts: dict[str, ToolContract
         out.event("tool_blocked", f"unknown tool {call.name}")
         s.tool_history.append((call.name, sig))
         return
-    finding = check_call(s.tool_history, call.name, sig, window=cfg.loop_window, threshold=cfg.loop_repeat_threshold)
+    # A tool in a schema-failure streak is on the correction path, which has its own cap and
+    # ends with a human: repeating an invalid call is a failed correction, not a loop.
+    in_correction = s.schema_streak.get(call.name, 0) > 0
+    finding = (
+        None
+        if in_correction
+        else check_call(s.tool_history, call.name, sig, window=cfg.loop_window, threshold=cfg.loop_repeat_threshold)
+    )
     s.tool_history.append((call.name, sig))
     if finding is not None:
         _on_loop(out, record, finding.kind, finding.reflection)

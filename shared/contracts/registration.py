@@ -69,8 +69,8 @@ def dialect_of_contract(contract: ToolContract, which: str) -> str:
     return parts[0] if which == "input" or len(parts) == 1 else parts[1]
 
 
-def load_contract_file(path: Path) -> tuple[ToolContract, str | None]:
-    """A contract declared as JSON: the contract fields plus an optional ``entrypoint``."""
+def load_contract_file(path: Path) -> tuple[ToolContract, str | None, str | None]:
+    """A contract declared as JSON: the contract fields, an ``entrypoint`` and an optional ``postHook``."""
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as err:
@@ -78,10 +78,11 @@ def load_contract_file(path: Path) -> tuple[ToolContract, str | None]:
     if not isinstance(data, dict):
         raise ValueError(f"{path}: a contract file holds one JSON object")
     entrypoint = data.pop("entrypoint", None)
+    post_hook = data.pop("postHook", None)
     try:
         contract = ToolContract.model_validate({**data, "source": "json"})
     except ValidationError as err:
         from shared.bus import describe
 
         raise ValueError(f"{path}: {describe(err)}") from err
-    return contract, entrypoint
+    return contract, entrypoint, post_hook

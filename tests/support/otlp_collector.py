@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 
@@ -30,7 +31,7 @@ def _value(v: Any) -> Any:
 class OtlpCollector:
     def __init__(self) -> None:
         self.spans: list[CollectedSpan] = []
-        self.metric_posts = 0
+        self.metrics: dict[tuple[str, str], list[dict[str, Any]]] = {}  # (service, metric) -> points' attributes
         self._lock = threading.Lock()
         collector = self
 
@@ -40,7 +41,7 @@ class OtlpCollector:
                 if self.path.endswith("/v1/traces"):
                     collector._ingest(body)
                 else:
-                    collector.metric_posts += 1
+                    collector._ingest_metrics(body)
                 self.send_response(200)
                 self.send_header("content-type", "application/x-protobuf")
                 self.end_headers()
@@ -82,6 +83,24 @@ class OtlpCollector:
                     )
         with self._lock:
             self.spans.extend(found)
+
+    def _ingest_metrics(self, body: bytes) -> None:
+        req = ExportMetricsServiceRequest()
+        req.ParseFromString(body)
+        for rm in req.resource_metrics:
+            service = next((_value(a.value) for a in rm.resource.attributes if a.key == "service.name"), "")
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    kind = metric.WhichOneof("data")
+                    points = getattr(metric, kind).data_points if kind else []
+                    with self._lock:
+                        self.metrics.setdefault((str(service), metric.name), []).extend(
+                            {
+                                **{a.key: _value(a.value) for a in p.attributes},
+                                "_value": getattr(p, "as_int", 0) or getattr(p, "as_double", 0),
+                            }
+                            for p in points
+                        )
 
     def trace(self, trace_id: str) -> list[CollectedSpan]:
         with self._lock:

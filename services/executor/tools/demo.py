@@ -83,6 +83,16 @@ async def exchange_rate(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any
     }
 
 
+def normalize_rate(output: Any) -> Any:
+    """Post-call hook: the rate service sometimes sends the rate as a string; round it to 6 places."""
+    if isinstance(output, dict) and isinstance(output.get("rate"), str | int | float):
+        try:
+            return {**output, "rate": round(float(output["rate"]), 6)}
+        except ValueError:
+            return output  # leave it: output validation will say what is wrong
+    return output
+
+
 # --- calculator --------------------------------------------------------------------------------
 
 _OPS: dict[type, Callable[..., float]] = {
