@@ -35,6 +35,7 @@ bench: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check shared services loopwarden tests bench
+	$(VENV)/bin/ruff format --check shared services loopwarden tests bench
 	$(VENV)/bin/mypy
 	$(VENV)/bin/loopwarden lint
 

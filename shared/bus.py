@@ -36,6 +36,7 @@ from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSe
 from nats.js.kv import KeyValue
 from opentelemetry import context as otel_context
 from opentelemetry import propagate
+from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
 from pydantic import BaseModel, ValidationError
 
@@ -75,6 +76,7 @@ class Bus:
     settings: Settings
     service: str
     tracer_provider: TracerProvider | None = None
+    meter_provider: MeterProvider | None = None
     broker: NatsBroker = field(init=False)
     _consumers: list[ConsumerSpec] = field(default_factory=list)
     _kv: dict[str, KeyValue] = field(default_factory=dict)
@@ -82,6 +84,13 @@ class Bus:
     on_stop: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        self._failures = (
+            self.meter_provider.get_meter("loopwarden.bus").create_counter(
+                "loopwarden.failures", description="failure events by type and tool (every service, one metric)"
+            )
+            if self.meter_provider
+            else None
+        )
         middlewares = []
         if self.tracer_provider is not None:
             middlewares.append(NatsTelemetryMiddleware(tracer_provider=self.tracer_provider))
@@ -307,7 +316,14 @@ class Bus:
         if traceparent:  # continue a stored trace (e.g. a human resolving an escalation)
             token = otel_context.attach(propagate.extract({"traceparent": traceparent}))
         try:
-            await self.broker.publish(body, subject, headers=headers, stream=stream, correlation_id=run_id)
+            ack = await self.broker.publish(body, subject, headers=headers, stream=stream, correlation_id=run_id)
+            if (
+                self._failures is not None
+                and subject.startswith(S.FAILURE_PREFIX + ".")
+                and not getattr(ack, "duplicate", False)
+            ):
+                _, ftype, tool = subject.rsplit(".", 2)
+                self._failures.add(1, {"failure.type": ftype, "tool": tool})
         finally:
             if token is not None:
                 otel_context.detach(token)

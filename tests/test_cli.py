@@ -124,3 +124,16 @@ def test_up_submit_status_events_down(tmp_path) -> None:
     assert "stopped: " in down.stdout and "nats-server" in down.stdout
     assert not (tmp_path / "stack.json").exists()
     assert not [e for e in Path("/proc").glob("[0-9]*/environ") if _inherits(e, tmp_path)]
+
+
+def test_bench_runs_in_short_form() -> None:
+    """`make bench` measures speed; here it only has to run, and the engines must agree."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--only", "validation"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "engines disagree on            0 of 302" in proc.stdout

@@ -25,8 +25,8 @@ from shared import telemetry as T
 from shared.backoff import BackoffPolicy, next_delay
 from shared.bus import Bus, CasConflict
 from shared.canonical import cache_key
-from shared.contracts.registration import dialect_of_contract
-from shared.contracts.validation import compiled, format_for_model
+from shared.contracts.registration import validator_for
+from shared.contracts.validation import format_for_model
 from shared.messages import (
     CachedToolResult,
     FallbackNote,
@@ -84,7 +84,6 @@ class Executor:
         self.tracer = telemetry.tracer("loopwarden.executor")
         meter = telemetry.meter("loopwarden.executor")
         self.attempts = meter.create_counter("loopwarden.tool.attempts", description="tool attempts by result")
-        self.failures = meter.create_counter("loopwarden.tool.failures", description="final failures by type")
         self._scenarios: dict[str, Scenario | None] = {}
         self._consuming: set[str] = set()
         self.mounts: list[Any] = []
@@ -130,7 +129,7 @@ class Executor:
                 T.LW_RUN_ID: call.run_id,
             },
         ) as span:
-            validator = compiled(contract.input_schema, dialect_of_contract(contract, "input"))
+            validator = validator_for(contract, "input")
             errors = validator.errors(call.arguments)
             if errors:
                 span.set_attribute(T.LW_FAILURE_TYPE, "input_invalid")
@@ -377,7 +376,6 @@ class Executor:
         recoverable: bool = False,
         boundary: str | None = None,
     ) -> None:
-        self.failures.add(1, {"tool": call.tool, "failure_type": ftype})
         outcome = self.outcome(
             call,
             ftype,
@@ -391,7 +389,6 @@ class Executor:
     async def fail(
         self, call: ToolCall, ftype: str, error: str, *, recoverable: bool, attempts: int, **extra: Any
     ) -> None:
-        self.failures.add(1, {"tool": call.tool, "failure_type": ftype})
         outcome = self.outcome(call, ftype, error, recoverable=recoverable, attempts=attempts, **extra)
         await self.bus.publish(S.failure(ftype, call.tool), outcome, msg_id=f"{call.attempt_id}.outcome")
 

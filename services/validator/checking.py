@@ -12,9 +12,9 @@ from typing import Any, Literal
 
 from jsonschema.exceptions import ValidationError as JsError
 
-from shared.contracts.registration import dialect_of_contract
+from shared.contracts.registration import validator_for
 from shared.contracts.repair import apply_repairs
-from shared.contracts.validation import compiled, format_for_model
+from shared.contracts.validation import format_for_model
 from shared.messages import SchemaError, ToolContract, ToolOutcome, ToolResultRaw
 
 Result = Literal["valid", "repaired", "invalid", "unparseable"]
@@ -59,7 +59,7 @@ def check_output(contract: ToolContract, raw: ToolResultRaw) -> Checked:
                 path="$", keyword="json", message=f"the output is not valid JSON ({err})", got=str(raw.output)[:120]
             )
             return Checked(_invalid(base, contract, [error], parsed=False), "unparseable")
-    validator = compiled(contract.output_schema, dialect_of_contract(contract, "output"))
+    validator = validator_for(contract, "output")
     if validator.is_valid(output):
         return Checked(ToolOutcome.model_validate({**base, "success": True, "data": output}), "valid")
     if contract.repairs:

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
 from shared.contracts.closing import close_schema
 from shared.contracts.dialect import ContractError, SchemaProblem, check_schema
 from shared.contracts.repair import unknown_rules
-from shared.contracts.validation import compiled, fingerprint
+from shared.contracts.validation import CompiledSchema, compiled, fingerprint
 from shared.messages import ToolContract
 
 
@@ -67,6 +67,13 @@ def dialect_of_contract(contract: ToolContract, which: str) -> str:
     """The dialect of a registered contract's input or output schema."""
     parts = (contract.dialect or "2020-12").split("/")
     return parts[0] if which == "input" or len(parts) == 1 else parts[1]
+
+
+def validator_for(contract: ToolContract, which: Literal["input", "output"]) -> CompiledSchema:
+    """The compiled validator of a registered contract's input or output schema (cached by fingerprint)."""
+    schema = contract.input_schema if which == "input" else contract.output_schema
+    key = f"{contract.fingerprint}:{which}" if contract.fingerprint else None
+    return compiled(schema, dialect_of_contract(contract, which), key)
 
 
 def load_contract_file(path: Path) -> tuple[ToolContract, str | None, str | None]:

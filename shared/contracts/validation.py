@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from functools import lru_cache
 from typing import Any
 
 import jsonschema_rs
@@ -72,15 +71,23 @@ class CompiledSchema:
         return explained
 
 
-@lru_cache(maxsize=512)
-def _compile_cached(key: str, schema_json: str, dialect: str) -> CompiledSchema:
-    return CompiledSchema(json.loads(schema_json), dialect)
+_CACHE: dict[str, CompiledSchema] = {}
+_CACHE_MAX = 1024
 
 
-def compiled(schema: dict[str, Any], dialect: str) -> CompiledSchema:
-    """The compiled validator for ``schema`` (compiled at most once per process)."""
-    schema_json = json.dumps(schema, sort_keys=True)
-    return _compile_cached(fingerprint(schema) + dialect, schema_json, dialect)
+def compiled(schema: dict[str, Any], dialect: str, key: str | None = None) -> CompiledSchema:
+    """The compiled validator for ``schema``, compiled at most once per process.
+
+    ``key`` (a contract's fingerprint) makes the lookup a dict hit on the hot path; without
+    it the schema is fingerprinted, which costs a serialization per call.
+    """
+    cache_key = f"{key or fingerprint(schema)}:{dialect}"
+    found = _CACHE.get(cache_key)
+    if found is None:
+        if len(_CACHE) >= _CACHE_MAX:
+            _CACHE.pop(next(iter(_CACHE)))
+        found = _CACHE[cache_key] = CompiledSchema(schema, dialect)
+    return found
 
 
 # --- explanations ---------------------------------------------------------------------------

@@ -1,0 +1,155 @@
+"""The fast engine (pass/fail) and the explaining engine must agree, on any instance, in every dialect."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shared.contracts.closing import close_schema
+from shared.contracts.dialect import check_schema
+from shared.contracts.validation import compiled
+
+D7 = "http://json-schema.org/draft-07/schema#"
+D19 = "https://json-schema.org/draft/2019-09/schema"
+
+SCHEMAS: list[dict[str, Any]] = [
+    {
+        "type": "object",
+        "properties": {
+            "priority": {"enum": ["low", "medium", "high"]},
+            "n": {"type": "integer", "minimum": 0, "exclusiveMaximum": 10},
+            "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+        },
+        "required": ["priority"],
+    },
+    {
+        "type": "object",
+        "oneOf": [
+            {"properties": {"status": {"const": "ok"}, "v": {"type": "number"}}, "required": ["status", "v"]},
+            {"properties": {"status": {"const": "not_found"}}, "required": ["status"]},
+        ],
+    },
+    {
+        "type": "object",
+        "properties": {
+            "when": {"type": "string", "format": "date-time"},
+            "day": {"type": "string", "format": "date"},
+            "url": {"type": "string", "format": "uri"},
+            "id": {"type": "string", "format": "uuid"},
+            "ip": {"type": "string", "format": "ipv4"},
+            "mail": {"type": "string", "format": "email"},
+        },
+    },
+    {"type": "array", "prefixItems": [{"type": "string"}, {"type": "integer"}], "items": False, "minItems": 1},
+    {
+        "type": "object",
+        "$defs": {"pos": {"type": "number", "minimum": 0}},
+        "properties": {"a": {"$ref": "#/$defs/pos"}, "b": {"type": "string", "pattern": "^[a-z]{2,4}$"}},
+        "dependentRequired": {"a": ["b"]},
+    },
+    {
+        "type": "object",
+        "if": {"properties": {"kind": {"const": "x"}}, "required": ["kind"]},
+        "then": {"required": ["x"]},
+        "else": {"not": {"required": ["x"]}},
+    },
+    {
+        "type": "object",
+        "allOf": [
+            {"properties": {"a": {"type": "string"}}, "required": ["a"]},
+            {"properties": {"b": {"type": "integer"}}},
+        ],
+    },
+    {
+        "$schema": D7,
+        "type": "object",
+        "definitions": {"s": {"type": "string", "maxLength": 3}},
+        "properties": {"t": {"type": "array", "items": [{"$ref": "#/definitions/s"}], "additionalItems": False}},
+        "dependencies": {"t": ["u"]},
+    },
+    {
+        "$schema": D19,
+        "type": "object",
+        "properties": {"a": {"type": "integer"}},
+        "unevaluatedProperties": False,
+        "minProperties": 1,
+        "maxProperties": 3,
+    },
+    {"type": ["string", "null"], "minLength": 2, "maxLength": 5},
+    {"type": "number", "multipleOf": 0.5, "minimum": -2},
+]
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-20, 20)
+    | st.floats(-10, 10, allow_nan=False)
+    | st.sampled_from(
+        [
+            "",
+            "x",
+            "ok",
+            "low",
+            "high",
+            "not_found",
+            "2024-02-30",
+            "2024-02-29T10:00:00Z",
+            "https://x.y/z",
+            "no uri",
+            "192.168.0.1",
+            "01.2.3.4",
+            "a@b",
+            "ab",
+            "abcdef",
+            "123e4567-e89b-12d3-a456-426614174000",
+            "kind",
+            "x",
+        ]
+    ),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "priority",
+                    "n",
+                    "tags",
+                    "status",
+                    "v",
+                    "when",
+                    "day",
+                    "url",
+                    "id",
+                    "ip",
+                    "mail",
+                    "a",
+                    "b",
+                    "kind",
+                    "x",
+                    "t",
+                    "u",
+                    "extra",
+                ]
+            ),
+            children,
+            max_size=5,
+        )
+    ),
+    max_leaves=12,
+)
+
+
+@pytest.mark.parametrize("index", range(len(SCHEMAS)))
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instance=json_values)
+def test_fast_and_explaining_engines_agree(index: int, instance: Any) -> None:
+    schema = SCHEMAS[index]
+    dialect, problems = check_schema(schema, "2020-12")
+    assert not problems, problems
+    v = compiled(close_schema(schema, dialect), dialect)
+    assert v.is_valid(instance) == (not v.raw_errors(instance))
+    if not v.is_valid(instance):
+        assert v.errors(instance)  # a failure always comes with an explanation
