@@ -8,6 +8,7 @@ scripted provider, runs submitted without one go through the real Anthropic SDK.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
@@ -20,6 +21,7 @@ import pytest
 from loopwarden.client import Client
 from loopwarden.stack import LocalStack, tail
 from services.planner.state import RunState
+from shared.messages import Escalation
 from shared.scenario import parse_scenario
 from shared.settings import Settings
 from shared.telemetry import Telemetry, setup_telemetry
@@ -107,6 +109,19 @@ async def run_scenario(
 ) -> RunState:
     run_id = await client.submit_scenario(parse_scenario(scenario))
     return await client.wait(run_id, timeout=timeout, until=until)
+
+
+async def escalations_of(client: Client, run_id: str, count: int = 1, timeout: float = 10.0) -> list[Escalation]:
+    """The run's open escalations, once ``count`` exist: the queue item is created by the escalation
+    service from its own message, a moment after the run's state says it is waiting."""
+    items: list[Escalation] = []
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        items = (await client.escalations(run_id=run_id)).escalations
+        if len(items) >= count:
+            return items
+        await asyncio.sleep(0.05)
+    return items
 
 
 @pytest.hookimpl(hookwrapper=True)

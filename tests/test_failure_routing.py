@@ -17,7 +17,7 @@ from loopwarden.stack import LocalStack
 from shared import subjects as S
 from shared.messages import escalation_id_for_call
 from shared.scenario import parse_scenario
-from tests.conftest import ROOT, run_scenario
+from tests.conftest import ROOT, escalations_of, run_scenario
 from tests.support.otlp_collector import OtlpCollector
 from tests.test_tool_contracts import GOOD_SEARCH, submit, tool_results
 from tests.test_tracing import spans_of_run
@@ -177,6 +177,7 @@ async def test_ask_human_boundary_waits_for_a_person(client: Client) -> None:
     )
     state = await client.wait(run_id, until=("awaiting_human",))
     assert state.awaiting is not None and state.awaiting.kind == "ask_human"
+    assert [e.escalation_id for e in await escalations_of(client, run_id)] == [state.awaiting.escalation_id]
     result = {"status": "charged", "charge_id": "ch_manual_1", "amount_cents": 1200}
     reply = await client.resolve(state.awaiting.escalation_id, "finance", "provide_result", result=result)
     assert reply.ok, reply.error
@@ -202,11 +203,7 @@ async def test_a_fatal_error_reaches_the_queue_through_its_subscription(client: 
     state = await client.wait(run_id, until=("awaiting_human",))
     esc_id = escalation_id_for_call(run_id, "toolu_fatal")
     assert state.awaiting is not None and state.awaiting.escalation_id == esc_id
-    for _ in range(50):
-        items = (await client.escalations(run_id=run_id)).escalations
-        if items:
-            break
-        await asyncio.sleep(0.1)
+    items = await escalations_of(client, run_id)
     assert [(e.kind, e.tool) for e in items] == [("fatal", "sql_query")]
     assert "permission denied" in items[0].reason and "cannot be retried" in items[0].reason
     # it arrived by the escalation service's own subscription to failure.fatal.> ...
@@ -431,7 +428,7 @@ async def test_killing_the_executor_mid_call(stack: LocalStack, client: Client, 
         state = await client.wait(run_id, timeout=60, until=("awaiting_human",))
         assert state.awaiting is not None and state.awaiting.kind == "unknown_outcome"
         assert await charges(client, run_id) == 1  # not run a second time
-        items = (await client.escalations(run_id=run_id)).escalations
+        items = await escalations_of(client, run_id)
         assert [e.kind for e in items] == ["unknown_outcome"]
         assert "may or may not have completed" in items[0].reason
         done = await client.resolve(

@@ -15,7 +15,7 @@ from loopwarden.stack import LocalStack
 from services.planner.state import RunState
 from shared import subjects as S
 from shared.messages import ToolContract
-from tests.conftest import ROOT, run_scenario
+from tests.conftest import ROOT, escalations_of, run_scenario
 from tests.support.otlp_collector import OtlpCollector
 
 GOOD_SEARCH = {
@@ -127,9 +127,9 @@ async def test_a_correction_that_never_succeeds_escalates_after_the_cap(client: 
     assert state.awaiting is not None and state.awaiting.kind == "schema_cap"
     assert state.model_calls == 3  # the model got two corrections; the third failure went to a human
     assert [r.is_error for r in tool_results(state)] == [True, True]
-    reply = await client.escalations(run_id=state.run_id)
-    assert [(e.kind, e.tool) for e in reply.escalations] == [("schema_cap", "calculator")]
-    assert "failed its contract 3 times in a row (cap 2)" in reply.escalations[0].reason
+    items = await escalations_of(client, state.run_id)
+    assert [(e.kind, e.tool) for e in items] == [("schema_cap", "calculator")]
+    assert "failed its contract 3 times in a row (cap 2)" in items[0].reason
     assert (await client.resolve(state.awaiting.escalation_id, "oncall", "abort", "broken prompt")).ok
     done = await client.wait(state.run_id)
     assert done.status == "stopped" and "aborted by oncall" in (done.final_reason or "")

@@ -7,6 +7,7 @@ import asyncio
 from loopwarden.client import Client
 from shared.messages import escalation_id_for_call
 from shared.scenario import parse_scenario
+from tests.conftest import escalations_of
 from tests.support.otlp_collector import CollectedSpan, OtlpCollector
 
 SERVICES = {f"loopwarden-{s}" for s in ("planner", "executor", "validator", "judge", "governor", "escalation")}
@@ -48,12 +49,8 @@ async def test_one_run_is_one_trace_across_all_six_services(client: Client, otlp
     run_id = await client.submit_scenario(parse_scenario(SCENARIO))
     state = await client.wait(run_id, until=("awaiting_human",))
     esc_id = escalation_id_for_call(run_id, "toolu_q1")
-    for _ in range(50):  # raised by the escalation service from its failure subscription
-        reply = await client.escalations(run_id=run_id)
-        if reply.escalations:
-            break
-        await asyncio.sleep(0.1)
-    assert [e.escalation_id for e in reply.escalations] == [esc_id]
+    items = await escalations_of(client, run_id)  # raised by the escalation service from its subscription
+    assert [e.escalation_id for e in items] == [esc_id]
     assert (await client.resolve(esc_id, "oncall", "resume", "charged manually")).ok
     state = await client.wait(run_id)
     assert state.status == "completed", state.final_reason

@@ -213,6 +213,8 @@ class Planner:
             reason = f"model call failed: {err}"
             await self.transact(ev.run_id, msg_id, lambda s: M.apply_provider_failure(s, reason, msg_id))
             return
+        if any(call.name not in contracts for call in response.tool_calls):
+            contracts = await self.contracts(refresh=True)  # a tool may have registered a moment ago
         self.tokens.add(response.usage.input_tokens, {"gen_ai.token.type": "input"})
         self.tokens.add(response.usage.output_tokens, {"gen_ai.token.type": "output"})
 
@@ -229,9 +231,10 @@ class Planner:
         await self.transact(ev.run_id, msg_id, apply)
 
     # --- I/O helpers ------------------------------------------------------------------------------
-    async def contracts(self) -> dict[str, ToolContract]:
+    async def contracts(self, refresh: bool = False) -> dict[str, ToolContract]:
+        """Registered tools (cached for 2 s; ``refresh`` when a call names a tool not in the cache)."""
         fetched_at, cached = self._contracts
-        if time.monotonic() - fetched_at < 2.0 and cached:
+        if not refresh and time.monotonic() - fetched_at < 2.0 and cached:
             return cached
         kv = await self.bus.kv(S.KV_CONTRACTS)
         found: dict[str, ToolContract] = {}
