@@ -66,34 +66,33 @@ def evaluate(
     alloc = rebalance(allocate(req.context_budget_tokens), req.sections)
     reasons: list[str] = []
     fired: list[str] = []
-    model = fallback_model if ledger.fallback_active and fallback_model else req.model
-    spent_tokens = req.spent.input_tokens + req.spent.output_tokens
-    projected = spent_tokens + req.sections.total
-    ratio = projected / req.run_token_budget
-    history_ratio = req.sections.history / alloc["history"] if alloc["history"] else 1.0
 
     def fire(flag: str) -> None:
         if flag not in ledger.fired:
             ledger.fired.append(flag)
             fired.append(flag)
 
+    model = fallback_model if ledger.fallback_active and fallback_model else req.model
+    # The reply is capped at the output allocation, so that is what it can cost.
+    output = min(req.sections.output, alloc["output"]) if alloc["output"] else req.sections.output
+    prompt = req.sections.goal + req.sections.history + req.sections.tools
+    context_total = prompt + output
+    spent_tokens = req.spent.input_tokens + req.spent.output_tokens
+    ratio = (spent_tokens + context_total) / req.run_token_budget
+    history_ratio = req.sections.history / alloc["history"] if alloc["history"] else 1.0
+
     action = "allow"
-    estimate = cost_usd(model, req.sections.total - req.sections.output, req.sections.output)
+    estimate = cost_usd(model, prompt, output)
     if req.spent.cost_usd >= req.cost_ceiling_usd:
         action = "block"
         reasons.append(f"cost ceiling ${req.cost_ceiling_usd:.2f} reached (spent ${req.spent.cost_usd:.4f})")
     elif req.spent.cost_usd + estimate > req.cost_ceiling_usd:
-        cheaper = (
-            fallback_model
-            and cost_usd(fallback_model, req.sections.total - req.sections.output, req.sections.output) < estimate
-        )
+        cheaper = cost_usd(fallback_model, prompt, output) if fallback_model else estimate
         if (
             exhausted_policy == "fallback_model"
-            and cheaper
             and fallback_model
-            and req.spent.cost_usd
-            + cost_usd(fallback_model, req.sections.total - req.sections.output, req.sections.output)
-            <= req.cost_ceiling_usd
+            and cheaper < estimate
+            and req.spent.cost_usd + cheaper <= req.cost_ceiling_usd
         ):
             model = fallback_model
             ledger.fallback_active = True
@@ -104,15 +103,17 @@ def evaluate(
             reasons.append(f"next call (~${estimate:.4f}) would cross the cost ceiling ${req.cost_ceiling_usd:.2f}")
     if action != "block" and ratio >= 1.0:
         action = "block"
-        reasons.append(f"run token budget {req.run_token_budget} exhausted ({projected} with this call)")
-    if action != "block" and req.sections.total > req.context_budget_tokens:
+        reasons.append(
+            f"run token budget {req.run_token_budget} exhausted ({spent_tokens + context_total} with this call)"
+        )
+    if action != "block" and context_total > req.context_budget_tokens:
         if req.sections.history > 0 and ledger.compact_armed:
             action = "compact"
-            reasons.append(f"context {req.sections.total} tokens exceeds its budget {req.context_budget_tokens}")
+            reasons.append(f"context {context_total} tokens exceeds its budget {req.context_budget_tokens}")
         else:
             action = "block"
             reasons.append(
-                f"context {req.sections.total} tokens exceeds its budget {req.context_budget_tokens} "
+                f"context {context_total} tokens exceeds its budget {req.context_budget_tokens} "
                 "and compaction cannot help"
             )
     if action == "allow" and history_ratio >= compact_at and ledger.compact_armed:
@@ -125,20 +126,22 @@ def evaluate(
         ledger.compact_armed = True
         if "compact" in ledger.fired:
             ledger.fired.remove("compact")  # re-armed: the next crossing fires again
-    if action == "allow" and ratio >= warn_at:
-        if "warn" not in ledger.fired:
+    if ratio >= warn_at and "warn" not in ledger.fired:
+        # Layered: the warning fires once when its threshold is crossed, even on a turn whose
+        # action is a compaction or a block (a jump past every threshold still warns first).
+        reasons.append(f"run has used {ratio:.0%} of its token budget")
+        if action == "allow":
             action = "warn"
-            reasons.append(f"run has used {ratio:.0%} of its token budget")
         fire("warn")
     if action == "block":
         fire("block")
-    remaining = max(0, req.run_token_budget - spent_tokens - (req.sections.total - req.sections.output))
+    remaining = max(0, req.run_token_budget - spent_tokens - prompt)
     return BudgetDecision(
         run_id=req.run_id,
         turn=req.turn,
         action=action,
         model=model,
-        max_output_tokens=max(16, min(req.sections.output, alloc["output"] or req.sections.output, remaining)),
+        max_output_tokens=max(16, min(output, remaining)),
         reasons=reasons,
         fired=fired,
         allocations=alloc,
