@@ -14,7 +14,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from faststream import AckPolicy
 from faststream.nats import JStream, NatsBroker, NatsRouter, NatsUserPassword, PullSub
@@ -46,6 +46,7 @@ from shared.settings import Settings
 
 log = logging.getLogger("loopwarden.bus")
 M = TypeVar("M", bound=BaseModel)
+R = TypeVar("R")
 Handler = Callable[[M], Awaitable[None]]
 
 RUN_ID_HEADER = "Lw-Run-Id"
@@ -361,6 +362,30 @@ class Bus:
             return None, entry.revision or 0
         return model.model_validate_json(entry.value), entry.revision or 0
 
+    async def update(
+        self,
+        bucket: str,
+        key: str,
+        model: type[M],
+        change: Callable[[M | None], tuple[M, R] | Unchanged[R]],
+        attempts: int = 20,
+    ) -> R:
+        """Read-modify-write under compare-and-swap: ``change`` gets the current value (None if
+        absent) and returns the new value with a result, or ``Unchanged(result)``. A conflict
+        (another writer got there first) re-reads and calls ``change`` again."""
+        for _ in range(attempts):
+            current, revision = await self.kv_get(bucket, key, model)
+            outcome = change(current)
+            if isinstance(outcome, Unchanged):
+                return outcome.result
+            new, result = outcome
+            try:
+                await self.kv_put(bucket, key, new, revision=revision)
+            except CasConflict:
+                continue
+            return result
+        raise CasConflict(f"{bucket}/{key}: still contended after {attempts} attempts")
+
     async def kv_put(self, bucket: str, key: str, value: BaseModel, *, revision: int | None = None) -> int:
         """Write ``value``; with ``revision`` it is a compare-and-swap (0 = must not exist yet)."""
         kv = await self.kv(bucket)
@@ -377,6 +402,13 @@ class Bus:
             if "key exists" in str(err).lower() or "wrong last sequence" in str(err).lower():
                 raise CasConflict(f"{bucket}/{key} already exists") from err
             raise
+
+
+class Unchanged(Generic[R]):
+    """Returned by an ``update`` change function that has nothing to write."""
+
+    def __init__(self, result: R) -> None:
+        self.result = result
 
 
 def inbox_prefix(service: str) -> str:

@@ -10,6 +10,8 @@ the trace context of the run that raised it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import TypeVar
 
 from faststream.nats import NatsRouter
 from nats.js.errors import NoKeysError
@@ -25,6 +27,7 @@ from shared.messages import (
     EscalationQuery,
     EscalationRaise,
     EscalationReply,
+    EscalationResolution,
     EscalationResolve,
     RunEvent,
     ToolOutcome,
@@ -32,6 +35,7 @@ from shared.messages import (
 )
 
 log = logging.getLogger("loopwarden.escalation")
+R = TypeVar("R")
 HUMAN_FAILURES = ("fatal", "unknown_outcome")
 
 
@@ -105,44 +109,46 @@ class EscalationQueue:
         return EscalationReply(ok=True, escalations=items)
 
     async def on_claim(self, req: EscalationClaim) -> EscalationReply:
-        for _ in range(10):
-            item, revision = await self.bus.kv_get(S.KV_ESCALATIONS, req.escalation_id, Escalation)
-            if item is None:
-                return EscalationReply(ok=False, error=f"no escalation {req.escalation_id}")
-            try:
-                claimed = Q.claim(item, req.who)
-                await self.bus.kv_put(S.KV_ESCALATIONS, req.escalation_id, claimed, revision=revision)
-            except Q.QueueError as err:
-                return EscalationReply(ok=False, error=str(err))
-            except CasConflict:
-                continue
-            await self.bus.publish(
-                S.ESCALATION_CLAIMED,
-                RunEvent(
-                    run_id=item.run_id,
-                    kind="escalation.claimed",
-                    summary=req.who,
-                    detail={"escalation_id": req.escalation_id},
-                ),
-                msg_id=f"claimed.{req.escalation_id}.{req.who}",
-            )
-            return EscalationReply(ok=True, escalations=[claimed])
-        return EscalationReply(ok=False, error="too much contention; try again")
+        def claim(item: Escalation) -> tuple[Escalation, Escalation]:
+            claimed = Q.claim(item, req.who)
+            return claimed, claimed
+
+        try:
+            claimed = await self.change(req.escalation_id, claim)
+        except Q.QueueError as err:
+            return EscalationReply(ok=False, error=str(err))
+        await self.bus.publish(
+            S.ESCALATION_CLAIMED,
+            RunEvent(
+                run_id=claimed.run_id,
+                kind="escalation.claimed",
+                summary=req.who,
+                detail={"escalation_id": req.escalation_id},
+            ),
+            msg_id=f"claimed.{req.escalation_id}.{req.who}",
+        )
+        return EscalationReply(ok=True, escalations=[claimed])
 
     async def on_resolve(self, req: EscalationResolve) -> EscalationReply:
-        for _ in range(10):
-            item, revision = await self.bus.kv_get(S.KV_ESCALATIONS, req.escalation_id, Escalation)
+        def resolve(item: Escalation) -> tuple[Escalation, tuple[Escalation, EscalationResolution]]:
+            resolved, resolution = Q.resolve(item, req)
+            return resolved, (resolved, resolution)
+
+        try:
+            resolved, resolution = await self.change(req.escalation_id, resolve)
+        except Q.QueueError as err:
+            return EscalationReply(ok=False, error=str(err))
+        await self.bus.publish(
+            S.ESCALATION_RESOLVED, resolution, msg_id=f"resolved.{req.escalation_id}", traceparent=resolved.traceparent
+        )
+        return EscalationReply(ok=True, escalations=[resolved])
+
+    async def change(self, escalation_id: str, step: Callable[[Escalation], tuple[Escalation, R]]) -> R:
+        """Apply a queue rule to one item under compare-and-swap (a missing item is a QueueError)."""
+
+        def apply(item: Escalation | None) -> tuple[Escalation, R]:
             if item is None:
-                return EscalationReply(ok=False, error=f"no escalation {req.escalation_id}")
-            try:
-                resolved, resolution = Q.resolve(item, req)
-                await self.bus.kv_put(S.KV_ESCALATIONS, req.escalation_id, resolved, revision=revision)
-            except Q.QueueError as err:
-                return EscalationReply(ok=False, error=str(err))
-            except CasConflict:
-                continue
-            await self.bus.publish(
-                S.ESCALATION_RESOLVED, resolution, msg_id=f"resolved.{req.escalation_id}", traceparent=item.traceparent
-            )
-            return EscalationReply(ok=True, escalations=[resolved])
-        return EscalationReply(ok=False, error="too much contention; try again")
+                raise Q.QueueError(f"no escalation {escalation_id}")
+            return step(item)
+
+        return await self.bus.update(S.KV_ESCALATIONS, escalation_id, Escalation, apply)

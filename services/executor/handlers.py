@@ -23,7 +23,7 @@ from services.executor.registry import HostedTool, ToolContext, ToolFailure, Too
 from shared import subjects as S
 from shared import telemetry as T
 from shared.backoff import BackoffPolicy, next_delay
-from shared.bus import Bus, CasConflict
+from shared.bus import Bus
 from shared.canonical import cache_key
 from shared.contracts.registration import validator_for
 from shared.contracts.validation import format_for_model
@@ -55,6 +55,23 @@ class Attempted:
 
 class Cursor(Wire):
     next: int = 0
+
+
+def raw_result(call: ToolCall, output: Any, attempts: int, **extra: Any) -> ToolResultRaw:
+    """What the validator checks: a call's output with where it came from."""
+    return ToolResultRaw(
+        run_id=call.run_id,
+        iteration=call.iteration,
+        call_id=call.call_id,
+        attempt_id=call.attempt_id,
+        tool=call.tool,
+        requested_tool=call.requested_tool,
+        arguments=call.arguments,
+        output=output,
+        attempts=attempts,
+        fallback_from=call.fallback_from,
+        **extra,
+    )
 
 
 def model_error(tool: str, failure_type: str, detail: str, attempts: int) -> str:
@@ -220,19 +237,12 @@ class Executor:
                     msg_id=f"{call.attempt_id}.attempt.{n}",
                 )
             if result.ok:
-                raw = ToolResultRaw(
-                    run_id=call.run_id,
-                    iteration=call.iteration,
-                    call_id=call.call_id,
-                    attempt_id=call.attempt_id,
-                    tool=call.tool,
-                    requested_tool=call.requested_tool,
-                    arguments=call.arguments,
-                    output=result.output,
+                raw = raw_result(
+                    call,
+                    result.output,
+                    n,
                     output_is_text=result.output_is_text,
-                    attempts=n,
                     duration_ms=round((time.monotonic() - started) * 1000, 2),
-                    fallback_from=call.fallback_from,
                 )
                 await self.finish(entry, revision, S.RESULT_VALIDATE, raw, f"{call.attempt_id}.raw")
                 return
@@ -274,19 +284,7 @@ class Executor:
         if recoverable and contract.boundary == "use_cached":
             cached, _ = await self.bus.kv_get(S.KV_TOOL_CACHE, cache_key(call.tool, call.arguments), CachedToolResult)
             if cached is not None:
-                raw = ToolResultRaw(
-                    run_id=call.run_id,
-                    iteration=call.iteration,
-                    call_id=call.call_id,
-                    attempt_id=call.attempt_id,
-                    tool=call.tool,
-                    requested_tool=call.requested_tool,
-                    arguments=call.arguments,
-                    output=cached.data,
-                    attempts=len(entry.attempts),
-                    cached=True,
-                    fallback_from=call.fallback_from,
-                )
+                raw = raw_result(call, cached.data, len(entry.attempts), cached=True)
                 await self.finish(entry, revision, S.RESULT_VALIDATE, raw, f"{call.attempt_id}.raw")
                 return
         await self.finish_failure(
@@ -342,16 +340,13 @@ class Executor:
         scenario = self._scenarios[call.run_id]
         if scenario is None or call.tool not in scenario.tools:
             return None
-        key = S.kv_key(call.run_id, call.tool)
-        for _ in range(20):  # the n-th execution attempt of this tool in this run, across replicas
-            cursor, revision = await self.bus.kv_get(S.KV_SCRIPT_CURSORS, key, Cursor)
+
+        def take(cursor: Cursor | None) -> tuple[Cursor, int]:  # the n-th attempt of this tool in this run
             index = cursor.next if cursor else 0
-            try:
-                await self.bus.kv_put(S.KV_SCRIPT_CURSORS, key, Cursor(next=index + 1), revision=revision)
-            except CasConflict:
-                continue
-            return scenario.tool_behaviour(call.tool, index)
-        raise RuntimeError("scripted cursor contention")
+            return Cursor(next=index + 1), index
+
+        index = await self.bus.update(S.KV_SCRIPT_CURSORS, S.kv_key(call.run_id, call.tool), Cursor, take)
+        return scenario.tool_behaviour(call.tool, index)
 
     # --- finishing ----------------------------------------------------------------------------
     async def save(self, entry: LedgerEntry, revision: int) -> int:

@@ -8,7 +8,7 @@ from faststream.nats import NatsRouter
 from services.governor.budget import BudgetLedger, evaluate
 from shared import subjects as S
 from shared import telemetry as T
-from shared.bus import Bus, CasConflict
+from shared.bus import Bus, Unchanged
 from shared.messages import BudgetDecision, BudgetRequest, RunEvent
 from shared.settings import Settings
 
@@ -31,43 +31,39 @@ class Governor:
 
     async def on_reserve(self, req: BudgetRequest) -> BudgetDecision:
         s = self.settings
-        key = S.kv_key(req.run_id)
-        for _ in range(10):
-            ledger, revision = await self.bus.kv_get(S.KV_BUDGETS, key, BudgetLedger)
+
+        def decide(ledger: BudgetLedger | None) -> tuple[BudgetLedger, BudgetDecision] | Unchanged[BudgetDecision]:
             ledger = ledger or BudgetLedger(run_id=req.run_id)
-            if str(req.turn) in ledger.decisions:
-                return ledger.decisions[str(req.turn)]
-            with self.tracer.start_as_current_span(
-                "budget reserve",
-                attributes={T.LW_RUN_ID: req.run_id, T.GEN_AI_REQUEST_MODEL: req.model},
-            ) as span:
-                decision = evaluate(
-                    req,
-                    ledger,
-                    warn_at=s.warn_at,
-                    compact_at=s.compact_at,
-                    fallback_model=s.fallback_model,
-                    exhausted_policy=s.budget_exhausted_policy,
-                )
-                span.set_attribute(T.LW_BUDGET_ACTION, decision.action)
+            if str(req.turn) in ledger.decisions:  # asked again (a redelivery): the same answer
+                return Unchanged(ledger.decisions[str(req.turn)])
+            decision = evaluate(
+                req,
+                ledger,
+                warn_at=s.warn_at,
+                compact_at=s.compact_at,
+                fallback_model=s.fallback_model,
+                exhausted_policy=s.budget_exhausted_policy,
+            )
             ledger.decisions[str(req.turn)] = decision
-            try:
-                await self.bus.kv_put(S.KV_BUDGETS, key, ledger, revision=revision)
-            except CasConflict:
-                continue
-            self.decisions.add(1, {"action": decision.action})
-            for flag in decision.fired:
-                level = flag if flag in ("warn", "compact", "block") else "fallback"
-                await self.bus.publish(
-                    S.budget_event(level),
-                    RunEvent(
-                        run_id=req.run_id,
-                        kind=f"budget.{level}",
-                        iteration=req.turn,
-                        summary="; ".join(decision.reasons),
-                        detail=decision.model_dump(mode="json"),
-                    ),
-                    msg_id=f"{req.run_id}.budget.{req.turn}.{flag}",
-                )
-            return decision
-        raise RuntimeError(f"budget ledger for {req.run_id}: too much contention")
+            return ledger, decision
+
+        with self.tracer.start_as_current_span(
+            "budget reserve", attributes={T.LW_RUN_ID: req.run_id, T.GEN_AI_REQUEST_MODEL: req.model}
+        ) as span:
+            decision = await self.bus.update(S.KV_BUDGETS, S.kv_key(req.run_id), BudgetLedger, decide)
+            span.set_attribute(T.LW_BUDGET_ACTION, decision.action)
+        self.decisions.add(1, {"action": decision.action})
+        for flag in decision.fired:
+            level = flag if flag in ("warn", "compact", "block") else "fallback"
+            await self.bus.publish(
+                S.budget_event(level),
+                RunEvent(
+                    run_id=req.run_id,
+                    kind=f"budget.{level}",
+                    iteration=req.turn,
+                    summary="; ".join(decision.reasons),
+                    detail=decision.model_dump(mode="json"),
+                ),
+                msg_id=f"{req.run_id}.budget.{req.turn}.{flag}",
+            )
+        return decision

@@ -12,6 +12,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from faststream.nats import NatsRouter
 from nats.errors import NoRespondersError
@@ -24,7 +25,7 @@ from services.planner import machine as M
 from services.planner.state import PublishRecord, RunState
 from shared import subjects as S
 from shared.backoff import BackoffPolicy
-from shared.bus import Bus, CasConflict, TryLater
+from shared.bus import Bus, CasConflict, TryLater, Unchanged
 from shared.messages import (
     BudgetDecision,
     BudgetRequest,
@@ -46,6 +47,13 @@ from shared.telemetry import LW_ITERATION, LW_RUN_ID, Telemetry
 
 log = logging.getLogger("loopwarden.planner")
 TOOL_FAILURES = ("input_invalid", "output_invalid", "transient", "timeout", "fatal", "unknown_outcome")
+
+
+@dataclass
+class Applied:
+    state: RunState
+    items: list[PublishRecord]
+    was_done: bool
 
 
 class Lessons(Wire):
@@ -94,37 +102,35 @@ class Planner:
 
     # --- the transaction -----------------------------------------------------------------------
     async def transact(self, run_id: str, msg_id: str, apply: Callable[[RunState], M.Outbox | None]) -> None:
-        for _ in range(20):
-            state, revision = await self.bus.kv_get(S.KV_RUNS, run_id, RunState)
+        """Apply one message to the run under CAS, then publish what it produced."""
+
+        def step(state: RunState | None) -> tuple[RunState, Applied] | Unchanged[Applied | None]:
             if state is None:
                 raise TryLater(f"run {run_id} is not stored yet", delay=1.0)
-            if state.seen(msg_id):
-                await self.publish(state.outbox.get(msg_id, []), run_id)
-                return
+            if state.seen(msg_id):  # applied before: re-publish its outbox (deduplicated downstream)
+                return Unchanged(Applied(state, state.outbox.get(msg_id, []), was_done=True))
             was_done = state.done
             with self.tracer.start_as_current_span(
                 f"planner apply {msg_id.split('.')[0]}", attributes={LW_RUN_ID: run_id, LW_ITERATION: state.iteration.n}
             ):
                 out = apply(state)
-            if out is None:
-                return
-            try:
-                await self.bus.kv_put(S.KV_RUNS, run_id, state, revision=revision)
-            except CasConflict:
-                continue
-            await self.publish(out.items, run_id)
-            self.count(out, state, was_done)
-            if state.done and not was_done:
-                await self.record_lessons(state)
+            return Unchanged(None) if out is None else (state, Applied(state, out.items, was_done))
+
+        applied = await self.bus.update(S.KV_RUNS, run_id, RunState, step)
+        if applied is None:
             return
-        raise RuntimeError(f"run {run_id}: too much contention on the run state")
+        await self.publish(applied.items, run_id)
+        if not applied.was_done:
+            self.count(applied.items, applied.state)
+            if applied.state.done:
+                await self.record_lessons(applied.state)
 
     async def publish(self, items: list[PublishRecord], run_id: str) -> None:
         for item in items:
             await self.bus.publish(item.subject, item.payload.encode(), msg_id=item.msg_id, run_id=run_id)
 
-    def count(self, out: M.Outbox, state: RunState, was_done: bool) -> None:
-        for item in out.items:
+    def count(self, items: list[PublishRecord], state: RunState) -> None:
+        for item in items:
             if item.subject == S.run_event("decided"):
                 ev = RunEvent.model_validate_json(item.payload)
                 self.decisions.add(1, {"action": ev.detail.get("action", ""), "row": ev.detail.get("row", 0)})
@@ -134,7 +140,7 @@ class Planner:
             elif item.subject == S.ESCALATION_RAISE and '"schema_cap"' in item.payload:
                 raised = EscalationRaise.model_validate_json(item.payload)
                 self.corrections.add(1, {"tool": str(raised.tool), "outcome": "escalated"})
-        if state.done and not was_done:
+        if state.done:
             self.runs_finished.add(1, {"status": state.status})
 
     # --- handlers -------------------------------------------------------------------------------
@@ -336,12 +342,9 @@ class Planner:
     async def record_lessons(self, state: RunState) -> None:
         if not state.judge_failures:
             return
-        key = lessons_key(state.task)
-        for _ in range(5):
-            stored, revision = await self.bus.kv_get(S.KV_LESSONS, key, Lessons)
-            merged = list(dict.fromkeys([*(stored.reasons if stored else []), *state.judge_failures]))[-10:]
-            try:
-                await self.bus.kv_put(S.KV_LESSONS, key, Lessons(reasons=merged), revision=revision)
-                return
-            except CasConflict:
-                continue
+
+        def merge(stored: Lessons | None) -> tuple[Lessons, None]:
+            known = stored.reasons if stored else []
+            return Lessons(reasons=list(dict.fromkeys([*known, *state.judge_failures]))[-10:]), None
+
+        await self.bus.update(S.KV_LESSONS, lessons_key(state.task), Lessons, merge)

@@ -17,23 +17,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from shared.contracts.walk import children, pointer
+
 OPEN_MARKER = "x-loopwarden-open"
-_SUBSCHEMA_KEYS = (
-    "additionalProperties",
-    "items",
-    "contains",
-    "propertyNames",
-    "not",
-    "if",
-    "then",
-    "else",
-    "unevaluatedItems",
-    "unevaluatedProperties",
-    "additionalItems",
-    "contentSchema",
-)
-_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems", "items")
 
 
 def close_schema(schema: dict[str, Any], dialect: str) -> dict[str, Any]:
@@ -70,23 +56,8 @@ def _close(node: Any, path: str, dialect: str, *, in_all_of: bool, composed: set
     if "allOf" in node and not explicit and not in_all_of and dialect != "draft-07" and _has_fields(node):
         node["unevaluatedProperties"] = False
 
-    def walk(sub: Any, sub_path: str, member: bool = False) -> None:
-        _close(sub, sub_path, dialect, in_all_of=member, composed=composed)
-
-    for key in _SUBSCHEMA_KEYS:
-        if isinstance(node.get(key), dict):
-            walk(node[key], f"{path}/{key}")
-    for key in _SUBSCHEMA_MAPS:
-        if isinstance(node.get(key), dict):
-            for name, sub in node[key].items():
-                walk(sub, f"{path}/{key}/{name}")
-    for key in _SUBSCHEMA_LISTS:
-        if isinstance(node.get(key), list):
-            for i, sub in enumerate(node[key]):
-                walk(sub, f"{path}/{key}/{i}")
-    if isinstance(node.get("allOf"), list):
-        for i, sub in enumerate(node["allOf"]):
-            walk(sub, f"{path}/allOf/{i}", member=True)
+    for key, parts, sub in children(node):
+        _close(sub, pointer(path, *parts), dialect, in_all_of=key == "allOf", composed=composed)
 
 
 def _has_fields(node: dict[str, Any]) -> bool:

@@ -19,6 +19,8 @@ from jsonschema import exceptions as js_exceptions
 from jsonschema import validators as js_validators
 
 from shared.contracts.formats import SUPPORTED_FORMATS
+from shared.contracts.walk import children
+from shared.contracts.walk import pointer as _pointer
 
 DIALECT_URIS: dict[str, str] = {
     "http://json-schema.org/draft-07/schema": "draft-07",
@@ -102,21 +104,6 @@ _HINTS: dict[tuple[str, str], str] = {
     ("$recursiveRef", "other"): "'$recursiveRef' is 2019-09 only",
     ("$recursiveAnchor", "other"): "'$recursiveAnchor' is 2019-09 only",
 }
-_SCHEMA_VALUED = {
-    "additionalProperties",
-    "additionalItems",
-    "contains",
-    "propertyNames",
-    "not",
-    "if",
-    "then",
-    "else",
-    "unevaluatedItems",
-    "unevaluatedProperties",
-    "contentSchema",
-}
-_SCHEMA_MAPS = {"properties", "patternProperties", "definitions", "$defs", "dependentSchemas"}
-_SCHEMA_ARRAYS = {"allOf", "anyOf", "oneOf", "prefixItems"}
 _REF_SIBLING_OK = _ANNOTATIONS | {"$ref", "$id", "$schema", "definitions"}
 
 
@@ -171,13 +158,6 @@ def check_schema(schema: Any, default_dialect: str) -> tuple[str, list[SchemaPro
     return dialect, problems
 
 
-def _pointer(base: str, *parts: object) -> str:
-    out = base
-    for part in parts:
-        out += "/" + str(part).replace("~", "~0").replace("/", "~1")
-    return out
-
-
 def _walk(node: Any, path: str, dialect: str, *, root: dict[str, Any]) -> Iterator[SchemaProblem]:
     if isinstance(node, bool):
         return
@@ -227,27 +207,9 @@ def _walk(node: Any, path: str, dialect: str, *, root: dict[str, Any]) -> Iterat
                 "pattern", pattern_path, f"pattern {pattern!r} is not a valid regular expression: {err}"
             )
 
-    for key, value in node.items():
-        if key.startswith(EXTENSION_PREFIX) or key not in allowed:
-            continue
-        if key in _SCHEMA_VALUED:
-            yield from _walk(value, _pointer(path, key), dialect, root=root)
-        elif key in _SCHEMA_MAPS and isinstance(value, dict):
-            for name, sub in value.items():
-                yield from _walk(sub, _pointer(path, key, name), dialect, root=root)
-        elif key in _SCHEMA_ARRAYS and isinstance(value, list):
-            for i, sub in enumerate(value):
-                yield from _walk(sub, _pointer(path, key, i), dialect, root=root)
-        elif key == "items":
-            subs = value if isinstance(value, list) else [value]
-            for i, sub in enumerate(subs):
-                yield from _walk(
-                    sub, _pointer(path, key, i) if isinstance(value, list) else _pointer(path, key), dialect, root=root
-                )
-        elif key == "dependencies" and isinstance(value, dict):
-            for name, sub in value.items():
-                if isinstance(sub, dict | bool):
-                    yield from _walk(sub, _pointer(path, key, name), dialect, root=root)
+    for key, parts, sub in children(node):
+        if not key.startswith(EXTENSION_PREFIX) and key in allowed:
+            yield from _walk(sub, _pointer(path, *parts), dialect, root=root)
 
 
 def _patterns(node: dict[str, Any], path: str) -> Iterator[tuple[str, str]]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.contracts.closing import OPEN_MARKER
+from shared.contracts.walk import children, pointer
 from shared.messages import ToolContract
 
 _CATEGORY_NAMES = re.compile(
@@ -64,14 +65,7 @@ def _lint(node: Any, path: str, is_input: bool, name: str | None) -> Iterator[tu
             yield path, "string-should-be-enum", f"'{name}' looks like a category; declare its values with enum"
     if is_input and name and "description" not in node and "$ref" not in node:
         yield path, "no-description", f"'{name}' has no description; the model reads it as instructions"
-    for prop, sub in (node.get("properties") or {}).items():
-        yield from _lint(sub, f"{path}/properties/{prop}", is_input, prop)
-    for key in ("items", "additionalProperties", "not", "if", "then", "else", "contains"):
-        if isinstance(node.get(key), dict):
-            yield from _lint(node[key], f"{path}/{key}", is_input, name)
-    for key in ("oneOf", "anyOf", "allOf", "prefixItems"):
-        for i, sub in enumerate(node.get(key) or []):
-            yield from _lint(sub, f"{path}/{key}/{i}", is_input, name)
-    for key in ("$defs", "definitions"):
-        for def_name, sub in (node.get(key) or {}).items():
-            yield from _lint(sub, f"{path}/{key}/{def_name}", is_input, None)
+    for key, parts, sub in children(node):
+        # a property's own name travels down; items inherit the array's name; definitions have none
+        child_name = str(parts[1]) if key == "properties" else (name if key in ("items", "prefixItems") else None)
+        yield from _lint(sub, pointer(path, *parts), is_input, child_name)
