@@ -166,6 +166,13 @@ async def _submit(args: argparse.Namespace) -> int:
             except ScenarioError as err:
                 print(err, file=sys.stderr)
                 return 2
+            if args.wait:
+                state, mismatches = await client.run_and_check(scenario, timeout=args.timeout)
+                print(state.run_id)
+                print(f"{state.status}: {state.final_output}")
+                for line in mismatches:
+                    print(f"EXPECTATION NOT MET: {line}", file=sys.stderr)
+                return 1 if mismatches else 0
             run_id = await client.submit_scenario(scenario)
         else:
             run_id = await client.submit(RunSubmit(run_id=new_run_id(), task=args.task))
@@ -281,6 +288,58 @@ def cmd_lint(args: argparse.Namespace) -> int:
     return 1 if registry.refused else 0
 
 
+def _json_arg(value: str) -> Any:
+    text = Path(value[1:]).read_text() if value.startswith("@") else value
+    return json.loads(text)
+
+
+def cmd_check_contract(args: argparse.Namespace) -> int:
+    """Register a contract file as the executor would; optionally check an input or an output."""
+    from services.validator.checking import check_output
+    from shared.contracts.dialect import ContractError
+    from shared.contracts.registration import load_contract_file, register_contract, validator_for
+    from shared.contracts.validation import format_for_model
+    from shared.messages import ToolResultRaw
+
+    try:
+        declared, _, _ = load_contract_file(Path(args.path))
+        contract = register_contract(declared, _settings().default_schema_dialect)
+    except (ValueError, ContractError) as err:
+        print(f"REFUSED {err}")
+        return 2
+    print(f"registered {contract.name} (dialect {contract.dialect}, fingerprint {contract.fingerprint})")
+    status = 0
+    if args.input is not None:
+        errors = validator_for(contract, "input").errors(_json_arg(args.input))
+        print("input: valid" if not errors else f"input: invalid\n{format_for_model(errors)}")
+        status = status or (1 if errors else 0)
+    if args.output is not None:
+        raw_text = args.output[1:] if args.output.startswith("@") else None
+        output = Path(raw_text).read_text() if raw_text else args.output
+        checked = check_output(
+            contract,
+            ToolResultRaw(
+                run_id="cli",
+                iteration=1,
+                call_id="cli",
+                attempt_id="cli",
+                tool=contract.name,
+                requested_tool=contract.name,
+                arguments={},
+                output=output,
+                output_is_text=True,
+            ),
+        )
+        outcome = checked.outcome
+        if outcome.success:
+            note = f" ({'; '.join(outcome.repairs)})" if outcome.repaired else ""
+            print(f"output: {checked.result}{note}")
+        else:
+            print(f"output: {checked.result}\n{format_for_model(outcome.errors)}")
+            status = status or 1
+    return status
+
+
 def cmd_check_scenario(args: argparse.Namespace) -> int:
     from shared.rubric import lint_rubric
     from shared.scenario import ScenarioError, load_scenario
@@ -355,6 +414,11 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("metrics", help="per-tool contract metrics").set_defaults(func=lambda a: asyncio.run(_metrics(a)))
     sub.add_parser("dlq", help="dead-lettered messages and why").set_defaults(func=lambda a: asyncio.run(_dlq(a)))
     sub.add_parser("lint", help="check every tool contract").set_defaults(func=cmd_lint)
+    p = sub.add_parser("check-contract", help="register a tool contract file; optionally check an instance")
+    p.add_argument("path")
+    p.add_argument("--input", help="arguments as JSON, or @file.json")
+    p.add_argument("--output", help="a tool output as JSON text, or @file.json")
+    p.set_defaults(func=cmd_check_contract)
     p = sub.add_parser("check-scenario", help="validate scenario files")
     p.add_argument("paths", nargs="+")
     p.set_defaults(func=cmd_check_scenario)

@@ -193,6 +193,26 @@ class Client:
             EscalationReply,
         )
 
+    async def run_and_check(self, scenario: Scenario, timeout: float = 120.0) -> tuple[RunState, list[str]]:
+        """Run a scenario to its end (or to a human, if that is what it expects) and compare with ``expect``."""
+        run_id = await self.submit_scenario(scenario)
+        expect = scenario.expect
+        ended: tuple[str, ...] = ("completed", "stopped", "failed")
+        until = (*ended, "awaiting_human") if expect is not None and expect.status == "awaiting_human" else ended
+        state = await self.wait(run_id, timeout=timeout, until=until)
+        if expect is None:
+            return state, []
+        escalations: list[Any] = []
+        deadline = time.monotonic() + 10
+        while True:  # queue items are created by the escalation service a moment after the state says so
+            escalations = (await self.escalations(status="all", run_id=run_id)).escalations
+            if expect.escalations is None or len(escalations) >= expect.escalations or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.05)
+        return state, expect.mismatches(
+            state.status, state.final_output, len(escalations), state.first_draft_passed, state.model_calls
+        )
+
     # --- tool metrics (derived from the event history) -------------------------------------------
     async def tool_metrics(self) -> dict[str, dict[str, float]]:
         return tool_metrics(await self.events())

@@ -105,6 +105,24 @@ class Expectation(_Strict):
     final_output_contains: str | None = None
     escalations: int | None = None
     passed_first_draft: bool | None = None
+    max_model_calls: int | None = Field(None, ge=0)
+
+    def mismatches(
+        self, status: str, final_output: str | None, escalations: int, first_draft_passed: bool | None, model_calls: int
+    ) -> list[str]:
+        """What differs between this expectation and how the run ended (empty when it matches)."""
+        out = []
+        if self.status is not None and status != self.status:
+            out.append(f"status: expected {self.status}, got {status}")
+        if self.final_output_contains is not None and self.final_output_contains not in (final_output or ""):
+            out.append(f"final output does not contain {self.final_output_contains!r}: {(final_output or '')[:200]!r}")
+        if self.escalations is not None and escalations != self.escalations:
+            out.append(f"escalations: expected {self.escalations}, got {escalations}")
+        if self.passed_first_draft is not None and first_draft_passed != self.passed_first_draft:
+            out.append(f"passed_first_draft: expected {self.passed_first_draft}, got {first_draft_passed}")
+        if self.max_model_calls is not None and model_calls > self.max_model_calls:
+            out.append(f"model calls: expected at most {self.max_model_calls}, got {model_calls}")
+        return out
 
 
 class Scenario(_Strict):

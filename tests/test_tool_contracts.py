@@ -247,7 +247,8 @@ async def contracts_in_kv(client: Client) -> list[ToolContract]:
 def test_a_mixed_dialect_contract_file_is_refused_but_the_rest_load(stack: LocalStack, tmp_path: Any) -> None:
     contract = json.loads((ROOT / "schemas" / "tools" / "search.json").read_text())
     contract["name"] = "search_v2"
-    contract["inputSchema"]["definitions"] = {"q": {"type": "string"}}  # beside... nothing: 2020-12 says $defs
+    contract["inputSchema"]["$defs"] = {"q": {"type": "string"}}
+    contract["inputSchema"]["definitions"] = {"r": {"type": "string"}}  # both containers: mixed dialects
     (tmp_path / "search_v2.json").write_text(json.dumps(contract))
     ok = json.loads((ROOT / "schemas" / "tools" / "submit_result.json").read_text())
     ok["name"] = "submit_v2"
@@ -258,8 +259,8 @@ def test_a_mixed_dialect_contract_file_is_refused_but_the_rest_load(stack: Local
     )
     assert proc.returncode == 1  # something was refused
     assert (
-        "REFUSED search_v2: tool 'search_v2' inputSchema: 'definitions' is draft-07; this dialect uses '$defs'"
-        in proc.stdout
+        "REFUSED search_v2: tool 'search_v2' inputSchema: 'definitions' beside '$defs' mixes dialects "
+        "(schema dialect is 2020-12); keep '$defs'" in proc.stdout
     )
     assert "(keyword 'definitions' at #/definitions)" in proc.stdout
     assert "REFUSED submit_v2" not in proc.stdout  # the valid contract beside it still registers

@@ -92,6 +92,15 @@ KEYWORDS: dict[str, frozenset[str]] = {
     "2019-09": frozenset(_COMMON | _MODERN | {"additionalItems", "$recursiveRef", "$recursiveAnchor"}),
     "2020-12": frozenset(_COMMON | _MODERN | {"prefixItems", "$dynamicRef", "$dynamicAnchor"}),
 }
+# Where reusable subschemas are kept. Either container works in any dialect ($ref is a JSON
+# pointer, and both engines resolve it the same way), so one alone is allowed (lint notes
+# the legacy one); both in one schema is a mixed dialect and is refused.
+NATIVE_CONTAINER = {"draft-07": "definitions", "2019-09": "$defs", "2020-12": "$defs"}
+_CONTAINER_OK: dict[str, frozenset[str]] = {
+    "draft-07": frozenset({"$defs"}),
+    "2019-09": frozenset({"definitions"}),
+    "2020-12": frozenset({"definitions"}),
+}
 # Where a keyword of one dialect lives in another, say what to write instead.
 _HINTS: dict[tuple[str, str], str] = {
     ("definitions", "modern"): "'definitions' is draft-07; this dialect uses '$defs'",
@@ -153,6 +162,7 @@ def check_schema(schema: Any, default_dialect: str) -> tuple[str, list[SchemaPro
     if not isinstance(schema, dict):
         return dialect, [SchemaProblem("type", "#", "a tool schema must be a JSON object")]
     problems = list(_walk(schema, "#", dialect, root=schema))
+    problems.extend(_mixed_containers(schema, dialect))
     if not problems:
         problems.extend(_meta_problems(schema, dialect))
     return dialect, problems
@@ -164,7 +174,7 @@ def _walk(node: Any, path: str, dialect: str, *, root: dict[str, Any]) -> Iterat
     if not isinstance(node, dict):
         yield SchemaProblem("(schema)", path, f"a subschema must be an object or boolean, got {type(node).__name__}")
         return
-    allowed = KEYWORDS[dialect]
+    allowed = KEYWORDS[dialect] | _CONTAINER_OK[dialect]
     for key in node:
         if key.startswith(EXTENSION_PREFIX):
             continue
@@ -178,10 +188,6 @@ def _walk(node: Any, path: str, dialect: str, *, root: dict[str, Any]) -> Iterat
                 _pointer(path, ignored[0]),
                 f"in draft-07 every keyword beside '$ref' is ignored ({', '.join(ignored)}); wrap them in 'allOf'",
             )
-    if "definitions" in node and "$defs" in node:
-        yield SchemaProblem(
-            "definitions", _pointer(path, "definitions"), "'definitions' beside '$defs' mixes dialects; keep one"
-        )
     if "items" in node and isinstance(node["items"], list) and dialect == "2020-12":
         yield SchemaProblem(
             "items",
@@ -210,6 +216,30 @@ def _walk(node: Any, path: str, dialect: str, *, root: dict[str, Any]) -> Iterat
     for key, parts, sub in children(node):
         if not key.startswith(EXTENSION_PREFIX) and key in allowed:
             yield from _walk(sub, _pointer(path, *parts), dialect, root=root)
+
+
+def _mixed_containers(schema: dict[str, Any], dialect: str) -> Iterator[SchemaProblem]:
+    """``definitions`` and ``$defs`` in one schema: refuse at the first one foreign to the dialect."""
+    found: dict[str, list[str]] = {"definitions": [], "$defs": []}
+
+    def visit(node: Any, path: str) -> None:
+        if not isinstance(node, dict):
+            return
+        for container in found:
+            if isinstance(node.get(container), dict):
+                found[container].append(_pointer(path, container))
+        for _, parts, sub in children(node):
+            visit(sub, _pointer(path, *parts))
+
+    visit(schema, "#")
+    if found["definitions"] and found["$defs"]:
+        native = NATIVE_CONTAINER[dialect]
+        foreign = "$defs" if native == "definitions" else "definitions"
+        yield SchemaProblem(
+            foreign,
+            found[foreign][0],
+            f"'{foreign}' beside '{native}' mixes dialects (schema dialect is {dialect}); keep '{native}'",
+        )
 
 
 def _patterns(node: dict[str, Any], path: str) -> Iterator[tuple[str, str]]:

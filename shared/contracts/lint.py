@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.contracts.closing import OPEN_MARKER
+from shared.contracts.dialect import NATIVE_CONTAINER, dialect_of
 from shared.contracts.walk import children, pointer
 from shared.messages import ToolContract
 
@@ -34,13 +35,30 @@ class LintIssue:
         return f"{self.tool} {self.schema} {self.path}: [{self.code}] {self.message}"
 
 
-def lint_contract(contract: ToolContract, declared: dict[str, dict[str, Any]] | None = None) -> list[LintIssue]:
+def lint_contract(
+    contract: ToolContract, declared: dict[str, dict[str, Any]] | None = None, default_dialect: str = "2020-12"
+) -> list[LintIssue]:
     """Lint the schemas as *declared* (before closing), so an open object is seen as open."""
     issues: list[LintIssue] = []
     schemas = declared or {"inputSchema": contract.input_schema, "outputSchema": contract.output_schema}
     for which, schema in schemas.items():
         for path, code, message in _lint(schema, "#", which == "inputSchema", name=None):
             issues.append(LintIssue(contract.name, which, path, code, message))
+        try:
+            native = NATIVE_CONTAINER[dialect_of(schema, default_dialect)]
+        except Exception:  # an unsupported dialect is a registration error, not a lint note
+            continue
+        legacy = "definitions" if native == "$defs" else "$defs"
+        if legacy in schema and native not in schema:
+            issues.append(
+                LintIssue(
+                    contract.name,
+                    which,
+                    f"#/{legacy}",
+                    "legacy-container",
+                    f"'{legacy}' works, but this dialect's own name for it is '{native}'",
+                )
+            )
     if len(contract.description) < 20:
         issues.append(
             LintIssue(

@@ -45,7 +45,11 @@ def refusal(inp: dict[str, Any]) -> ContractError:
             "unevaluatedProperties",
             "#/unevaluatedProperties",
         ),
-        ({"$schema": D7, "type": "object", "$defs": {"x": {"type": "string"}}}, "$defs", "#/$defs"),
+        (
+            {"$schema": D7, "type": "object", "definitions": {"a": {}}, "properties": {"p": {"$defs": {"x": {}}}}},
+            "$defs",
+            "#/properties/p/$defs",
+        ),
         (
             {"$schema": D7, "type": "object", "properties": {"a": {"type": "object", "dependentRequired": {}}}},
             "dependentRequired",
@@ -61,7 +65,11 @@ def refusal(inp: dict[str, Any]) -> ContractError:
             "additionalItems",
             "#/properties/a/additionalItems",
         ),
-        ({"$schema": D20, "type": "object", "definitions": {"x": {}}}, "definitions", "#/definitions"),
+        (
+            {"$schema": D20, "type": "object", "$defs": {"a": {"$ref": "#/definitions/x"}}, "definitions": {"x": {}}},
+            "definitions",
+            "#/definitions",
+        ),
         ({"$schema": D20, "type": "object", "dependencies": {"a": ["b"]}}, "dependencies", "#/dependencies"),
         (
             {"$schema": D19, "type": "object", "properties": {"a": {"type": "array", "prefixItems": [{}]}}},
@@ -153,6 +161,30 @@ def test_registration_refuses_with_keyword_and_path(schema: dict[str, Any], keyw
 )
 def test_registration_accepts_each_dialect_in_its_own_words(schema: dict[str, Any]) -> None:
     assert register_contract(contract(schema)).fingerprint
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {
+            "$schema": D20,
+            "type": "object",
+            "definitions": {"s": {"type": "string"}},
+            "properties": {"a": {"$ref": "#/definitions/s"}},
+        },
+        {
+            "$schema": D7,
+            "type": "object",
+            "$defs": {"s": {"type": "string"}},
+            "properties": {"a": {"$ref": "#/$defs/s"}},
+        },
+    ],
+)
+def test_a_lone_legacy_definitions_container_works_and_is_linted(schema: dict[str, Any]) -> None:
+    registered = register_contract(contract(schema))
+    v = compiled(registered.input_schema, registered.dialect or "")
+    assert v.is_valid({"a": "x"}) and not v.is_valid({"a": 1})  # the $ref really is followed
+    assert "legacy-container" in {i.code for i in lint_contract(contract(schema))}
 
 
 def test_output_schema_is_checked_too() -> None:

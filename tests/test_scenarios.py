@@ -1,0 +1,42 @@
+"""Every scenario file in scenarios/ runs end to end and ends the way its `expect` says."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from loopwarden.client import Client
+from shared.scenario import load_scenario
+from tests.conftest import ROOT
+
+FILES = sorted((ROOT / "scenarios").glob("*.y*ml")) + sorted((ROOT / "scenarios").glob("*.json"))
+
+
+def test_there_are_scenarios() -> None:
+    assert len(FILES) >= 10
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
+async def test_scenario_meets_its_expectation(client: Client, path: Path) -> None:
+    scenario = load_scenario(path)
+    assert scenario.expect is not None, f"{path.name} has no expect block"
+    state, mismatches = await client.run_and_check(scenario, timeout=90)
+    assert not mismatches, f"{path.name} (run {state.run_id}): " + "; ".join(mismatches)
+
+
+async def test_a_wrong_expectation_is_reported(client: Client) -> None:
+    scenario = load_scenario(ROOT / "scenarios" / "submit-then-confirm.yaml")
+    wrong = scenario.model_copy(
+        update={
+            "expect": scenario.expect.model_copy(  # type: ignore[union-attr]
+                update={"status": "stopped", "final_output_contains": "nope", "max_model_calls": 0}
+            )
+        }
+    )
+    _, mismatches = await client.run_and_check(wrong)
+    assert mismatches == [
+        "status: expected stopped, got completed",
+        "final output does not contain 'nope': 'JetStream keys de-duplication on Nats-Msg-Id.'",
+        "model calls: expected at most 0, got 1",
+    ]
