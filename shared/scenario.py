@@ -44,6 +44,7 @@ class PlannerTurn(_Strict):
     tool_calls: list[ScriptedToolCall] = Field(default_factory=list)
     error: ScriptedError | None = None
     usage: ScriptedUsage | None = Field(None, description="override the counted usage (e.g. a token-inflating turn)")
+    latency_s: float = Field(0.0, ge=0, description="the model takes this long to answer")
 
     @model_validator(mode="after")
     def _something(self) -> PlannerTurn:

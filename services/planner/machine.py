@@ -479,11 +479,12 @@ def apply_resolution(state: RunState, res: EscalationResolution, msg_id: str) ->
     it = state.iteration
     if awaiting.kind == "not_judged":
         if res.action == "accept" and it.verdict is not None:
-            it.verdict = it.verdict.model_copy(
+            it.verdict = it.verdict.model_copy(  # a person judged it: say so, do not pass it off as the judge's
                 update={
                     "status": "passed",
                     "score": 1.0,
                     "not_judged_reason": None,
+                    "judge_model": f"human:{res.resolved_by}",
                     "reasons": [f"accepted by {res.resolved_by}: {res.note}"],
                 }
             )

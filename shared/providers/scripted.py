@@ -8,6 +8,7 @@ error, never a silent empty reply.
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from shared import tokens
@@ -35,6 +36,9 @@ class ScriptedProvider:
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         if request.purpose == "plan":
+            turns = self.scenario.planner
+            if request.script_index < len(turns) and turns[request.script_index].latency_s:
+                await asyncio.sleep(turns[request.script_index].latency_s)
             return self._plan(request)
         if request.purpose == "summarize":
             return self._summary(request)

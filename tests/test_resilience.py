@@ -1,0 +1,84 @@
+"""Nothing lost when a process dies, and old readers ignore new fields (independent upgrades)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+from loopwarden.client import Client
+from loopwarden.stack import LocalStack
+from shared import subjects as S
+from shared.messages import RunSubmit
+from shared.scenario import parse_scenario
+from shared.settings import Settings
+from tests.conftest import TEST_ENV
+
+
+async def test_killing_the_planner_mid_model_call_loses_nothing(tmp_path: Path) -> None:
+    """One planner; it dies during a slow model turn; a new one takes the redelivered turn over."""
+    stack = LocalStack(
+        state_dir=tmp_path,
+        env=TEST_ENV,
+        services=("planner", "executor", "validator", "judge", "governor", "escalation"),
+    )
+    stack.start()
+    try:
+        async with Client(Settings(nats_url=stack.nats_url)) as client:
+            run_id = await client.submit_scenario(
+                parse_scenario(
+                    {
+                        "name": "planner-dies",
+                        "task": "Compute, then submit.",
+                        "planner": [
+                            {"tool_calls": [{"name": "calculator", "input": {"expression": "6*7"}}]},
+                            {
+                                "latency_s": 2.0,
+                                "text": "thinking hard",
+                                "tool_calls": [{"name": "submit_result", "input": {"answer": "42"}}],
+                            },
+                        ],
+                    }
+                )
+            )
+            for _ in range(200):  # wait until the slow second turn is in flight
+                state = await client.state(run_id)
+                if state and state.iteration.n == 2:
+                    break
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.5)
+            planner = next(p for p in stack.procs if p.name == "planner")
+            os.kill(planner.popen.pid, signal.SIGKILL)
+            planner.popen.wait()
+            replacement = stack.start_service("planner", label="planner-replacement")
+            stack.wait_ready([replacement])
+            state = await client.wait(run_id, timeout=60)
+            assert state.status == "completed" and state.final_output == "42"
+            kinds = [e.kind for e in await client.events(run_id)]
+            assert kinds.count("run.completed") == 1 and kinds.count("tool.succeeded.submit_result") == 1
+            assert kinds.count("tool.succeeded.calculator") == 1  # the first turn's work was not redone
+    finally:
+        stack.stop()
+
+
+async def test_a_message_with_fields_an_older_reader_does_not_know_is_processed(client: Client) -> None:
+    from shared.scenario import parse_scenario as parse
+
+    scenario = parse(
+        {
+            "name": "newer-writer",
+            "task": "Submit 7.",
+            "planner": [{"tool_calls": [{"name": "submit_result", "input": {"answer": "7"}}]}],
+        }
+    )
+    run_id = "run-newer-writer-" + os.urandom(4).hex()
+    await client.bus.kv_put(S.KV_SCENARIOS, run_id, scenario)
+    body = RunSubmit(run_id=run_id, task="Submit 7.", scripted=True).model_dump(mode="json")
+    body["priority_class"] = "gold"  # a field from a newer client
+    body["limits"]["max_parallel_tools"] = 4
+    import json
+
+    await client.bus.publish(S.RUN_SUBMIT, json.dumps(body).encode(), msg_id=f"submit.{run_id}")
+    state = await client.wait(run_id)
+    assert state.status == "completed" and state.final_output == "7"
