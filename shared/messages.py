@@ -189,6 +189,7 @@ class ToolContract(Wire):
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
     fallback: str | None = Field(None, description="tool to use when this one fails recoverably")
     boundary: Boundary | None = Field(None, description="what to do when retries and fallbacks are spent")
+    group: str | None = Field(None, description="a group of tools that share an error boundary (LW_BOUNDARIES)")
     terminal: bool = Field(False, description="a successful call ends the run's work (e.g. submit_result)")
     repairs: list[RepairRule] = Field(default_factory=list)
     source: Literal["python", "json", "mcp"] = "python"

@@ -108,6 +108,10 @@ class Settings(BaseSettings):
     tool_contract_dir: str | None = Field(None, description="extra directory of JSON tool contracts")
     default_schema_dialect: Literal["draft-07", "2019-09", "2020-12"] = "2020-12"
     mcp_servers: str | None = Field(None, description="JSON list of MCP stdio servers to mount")
+    boundaries: dict[str, Literal["skip_and_note", "use_cached", "ask_human"]] = Field(
+        default_factory=dict,
+        description='JSON: tool or group name -> error boundary, e.g. {"enrichment": "skip_and_note"}',
+    )
     demo_data_dir: str | None = Field(None, description="where demo tools keep their side effects")
 
     # --- telemetry -------------------------------------------------------------------

@@ -214,7 +214,16 @@ async def test_a_fatal_error_reaches_the_queue_through_its_subscription(client: 
     assert not [e for e in raised if e.payload.get("escalation_id") == esc_id]
     tried = attempts(await client.events(run_id), "sql_query")
     assert len(tried) == 1  # fatal: not retried
-    await client.resolve(esc_id, "dba", "abort", "no access")
+    # a person claims it; nobody else can take it over or resolve it
+    assert (await client.claim(esc_id, "dba")).ok
+    taken = await client.claim(esc_id, "intern")
+    assert not taken.ok and "claimed by dba" in (taken.error or "")
+    assert not (await client.resolve(esc_id, "intern", "resume")).ok
+    assert (await client.resolve(esc_id, "dba", "abort", "no access")).ok
+    done = await client.wait(run_id)
+    assert done.status == "stopped" and "aborted by dba: no access" in (done.final_reason or "")
+    again = await client.resolve(esc_id, "dba", "resume")
+    assert not again.ok and "already resolved" in (again.error or "")
 
 
 async def test_a_new_consumer_of_one_tools_transient_failures_is_just_a_subscription(client: Client) -> None:

@@ -19,7 +19,7 @@ log = logging.getLogger("loopwarden.executor")
 
 
 def load_registry(settings: Settings) -> ToolRegistry:
-    registry = ToolRegistry(default_dialect=settings.default_schema_dialect)
+    registry = ToolRegistry(default_dialect=settings.default_schema_dialect, boundaries=dict(settings.boundaries))
     registry.load_declared(DECLARED)
     registry.load_json_dir(SCHEMAS_DIR)
     if settings.tool_contract_dir:

@@ -54,10 +54,19 @@ class HostedTool:
 @dataclass
 class ToolRegistry:
     default_dialect: str = "2020-12"
+    boundaries: dict[str, str] = field(default_factory=dict)  # tool or group name -> boundary
     tools: dict[str, HostedTool] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)
 
     def register(self, contract: ToolContract, fn: ToolFn, post_hook: PostHook | None = None) -> HostedTool | None:
+        # the boundary: the tool's own, else one configured for its name, else for its group
+        boundary = (
+            contract.boundary
+            or self.boundaries.get(contract.name)
+            or (self.boundaries.get(contract.group) if contract.group else None)
+        )
+        if boundary != contract.boundary:
+            contract = contract.model_copy(update={"boundary": boundary})
         try:
             registered = register_contract(contract, self.default_dialect)
         except ContractError as err:
@@ -123,6 +132,7 @@ def tool(
     retry: RetryPolicy | None = None,
     fallback: str | None = None,
     boundary: str | None = None,
+    group: str | None = None,
     terminal: bool = False,
     repairs: list[RepairRule] | None = None,
     post_hook: PostHook | None = None,
@@ -141,6 +151,7 @@ def tool(
                 "retry": retry or RetryPolicy(),
                 "fallback": fallback,
                 "boundary": boundary,
+                "group": group,
                 "terminal": terminal,
                 "repairs": repairs or [],
                 "source": "python",

@@ -342,6 +342,7 @@ COMPANIES = {
     idempotent=True,
     timeout_s=3.0,
     boundary="skip_and_note",
+    group="enrichment",
     retry=RetryPolicy(max_attempts=2, base_delay_s=0.05, max_delay_s=0.2, max_elapsed_s=2.0),
 )
 async def enrich_company(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
