@@ -142,7 +142,9 @@ class RunSubmit(Wire):
     rubric: Rubric | None = None
     limits: RunLimits = Field(default_factory=RunLimits)
     answer_mode: Literal["auto", "submit", "text"] = Field(
-        "auto", description="submit: the answer is the terminal tool's payload; text: a final text turn"
+        "auto",
+        description="submit: only the terminal tool's payload is an answer; text: only a final text turn; "
+        "auto: either (a text that merely describes a tool call is neither)",
     )
     terminal_tools: list[str] = Field(default_factory=lambda: ["submit_result"])
     tools: list[str] | None = Field(None, description="allowlist of tools; None offers every registered tool")

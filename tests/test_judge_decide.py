@@ -401,3 +401,26 @@ async def test_lessons_from_earlier_runs_are_opt_in(client: Client) -> None:
     opening = second.messages[0].text()
     assert "Lessons from earlier attempts" in opening and "cites a source: names no URL" in opening
     assert second.first_draft_passed is True and second.retry_count == 0
+
+
+async def test_answer_modes_text_submission_or_either(client: Client) -> None:
+    text_answer = [{"tool_calls": [search()]}, {"text": "JetStream drops repeated Nats-Msg-Ids."}]
+    tools = {"search": [{"output": GOOD_SEARCH}]}
+    auto = await run_scenario(client, {"name": "auto-text", "task": "t", "planner": text_answer, "tools": tools})
+    assert auto.status == "completed" and auto.final_output == "JetStream drops repeated Nats-Msg-Ids."
+    assert auto.submitted is False  # answered, but nothing was submitted through the terminal tool
+    assert decisions(await client.events(auto.run_id))[-1] == (7, "complete")
+    strict = await run_scenario(
+        client,
+        {
+            "name": "submit-only",
+            "task": "t",
+            "answer_mode": "submit",
+            "planner": [*text_answer, submit("JetStream drops repeated ids.")],
+            "tools": tools,
+        },
+    )
+    assert strict.status == "completed" and strict.submitted is True
+    assert [r for r, _ in decisions(await client.events(strict.run_id))] == [2, 6, 5]  # text was not an answer
+    completed = next(e for e in await client.events(strict.run_id) if e.kind == "run.completed")
+    assert completed.payload["detail"]["submitted"] is True

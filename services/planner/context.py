@@ -27,7 +27,7 @@ FINISH_TEXT = "- When you have the answer, reply with it as plain text and no to
 
 def system_prompt(state: RunState) -> str:
     cfg = state.config
-    if cfg.answer_mode == "submit":
+    if cfg.answer_mode != "text":
         finish = FINISH_SUBMIT.format(tool=cfg.terminal_tools[0])
     else:
         finish = FINISH_TEXT

@@ -87,8 +87,8 @@ def resolve_config(submit: RunSubmit, settings: Settings, contracts: dict[str, T
     lim = submit.limits
     terminal = [t for t in submit.terminal_tools if t]
     mode = submit.answer_mode
-    if mode == "auto":
-        mode = "submit" if any(t in contracts for t in terminal) else "text"
+    if mode == "auto" and not any(t in contracts for t in terminal):
+        mode = "text"  # no terminal tool to call: answers are text
     return RunConfig(
         max_iterations=lim.max_iterations or settings.max_iterations,
         max_judge_retries=settings.max_judge_retries if lim.max_judge_retries is None else lim.max_judge_retries,
@@ -201,15 +201,17 @@ def apply_model_response(
     )
 
     if not response.tool_calls:
-        if cfg.answer_mode == "text" and text.strip():
-            it.candidate = Candidate(id=f"{state.run_id}-c{it.n}", iteration=it.n, kind="text", content=text)
-            state.last_answer = text
-        elif text.strip() and _describes_tool_call(text, contracts):
+        # A text that only *claims* a tool call is not an answer (nor a submission): say so and go on.
+        simulated = bool(text.strip()) and cfg.answer_mode != "text" and _describes_tool_call(text, contracts)
+        if simulated:
             it.notes.append(
                 "Your last reply described a tool call in text. That does not run anything: to call a "
                 "tool, use the tool interface."
             )
             out.event("simulated_call", "a tool call was described in text, not made")
+        elif cfg.answer_mode != "submit" and text.strip():
+            it.candidate = Candidate(id=f"{state.run_id}-c{it.n}", iteration=it.n, kind="text", content=text)
+            state.last_answer = text
         _finish_iteration(out)
         state.remember(msg_id, out.items)
         return out
@@ -522,6 +524,8 @@ def apply_resolution(state: RunState, res: EscalationResolution, msg_id: str) ->
 def _finish_iteration(out: Outbox) -> None:
     s, it = out.state, out.state.iteration
     submitted = [c for c in it.tool_calls if c.terminal and c.status in ("succeeded", "resolved_by_human")]
+    if submitted:
+        s.submitted = True  # read from the tool-call history: the terminal tool really ran
     if submitted and it.candidate is None:
         payload = submitted[-1].arguments
         content = _submission_text(payload)
@@ -717,7 +721,7 @@ def retry_guidance(verdict: Verdict | None, mode: str, terminal: list[str]) -> s
     lines.extend(f"- {r}" for r in verdict.reasons if r and not any(r.startswith(c.name) for c in failed))
     finish = (
         f"then call {terminal[0]} with the revised answer"
-        if mode == "submit" and terminal
+        if mode != "text" and terminal
         else "then reply with the revised answer"
     )
     lines.append(f"Revise the answer to address these points. Use tools again if you need more information, {finish}.")
@@ -725,12 +729,12 @@ def retry_guidance(verdict: Verdict | None, mode: str, terminal: list[str]) -> s
 
 
 def _synthesis_nudge(s: RunState) -> str:
-    if s.config.answer_mode == "submit":
-        return (
-            f"You have not submitted an answer yet. When you have what you need, call "
-            f"{s.config.terminal_tools[0]} with your answer."
-        )
-    return "Please write your final answer now, as plain text."
+    if s.config.answer_mode == "text":
+        return "Please write your final answer now, as plain text."
+    return (
+        f"You have not submitted an answer yet. When you have what you need, call "
+        f"{s.config.terminal_tools[0]} with your answer."
+    )
 
 
 def _start_iteration(out: Outbox, kind: str) -> None:
@@ -765,6 +769,7 @@ def _finish(
         status,
         f"{status}: {reason}",
         final_output=s.final_output,
+        submitted=s.submitted,
         passed=passed,
         first_draft_passed=s.first_draft_passed,
         iterations=s.iteration.n,

@@ -37,7 +37,7 @@ class RunConfig(_State):
     loop_policy: Literal["stop", "escalate"]
     loop_window: int
     loop_repeat_threshold: int
-    answer_mode: Literal["submit", "text"]
+    answer_mode: Literal["auto", "submit", "text"]
     terminal_tools: list[str]
     allowed_tools: list[str] | None
     rubric: Rubric | None
@@ -131,6 +131,7 @@ class RunState(_State):
     last_text: str = ""
     last_answer: str = ""
     last_submission: dict[str, Any] | None = None
+    submitted: bool = Field(False, description="a terminal tool executed successfully (tool-call history)")
     final_output: str | None = None
     final_reason: str | None = None
     passed: bool | None = None
