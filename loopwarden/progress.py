@@ -2,16 +2,8 @@
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 from loopwarden.client import Event
 from shared import subjects as S
-
-
-def _args(value: Any, limit: int = 70) -> str:
-    text = json.dumps(value, ensure_ascii=False)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def render(e: Event) -> str | None:

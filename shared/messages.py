@@ -25,8 +25,6 @@ FailureType = Literal[
     "budget",  # tokens or cost exhausted
     "judge",  # the judge could not score a candidate
 ]
-FAILURE_TYPES: tuple[str, ...] = FailureType.__args__  # type: ignore[attr-defined]
-SCHEMA_FAILURES = frozenset({"input_invalid", "output_invalid"})
 Boundary = Literal["skip_and_note", "use_cached", "ask_human"]
 
 
@@ -243,7 +241,6 @@ class ToolResultRaw(Wire):
     attempts: int = 1
     duration_ms: float = 0.0
     cached: bool = False
-    cached_at: datetime | None = None
     fallback_from: FallbackNote | None = None
 
 
@@ -379,7 +376,6 @@ class BudgetRequest(Wire):
     context_budget_tokens: int
     run_token_budget: int
     cost_ceiling_usd: float
-    estimated_cost_usd: float = 0.0
 
 
 BudgetAction = Literal["allow", "warn", "compact", "block"]

@@ -10,7 +10,7 @@ streams and buckets (``loopwarden bootstrap``) so services need no stream-manage
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from shared import subjects as S
@@ -26,7 +26,6 @@ class Grant:
     consumers: tuple[tuple[str, str], ...] = ()  # (stream, durable name or prefix*)
     read_streams: tuple[str, ...] = ()  # ephemeral ordered consumers (history, watch)
     responds: bool = False
-    extra_publish: tuple[str, ...] = field(default=())
 
 
 F = S.FAILURE_PREFIX

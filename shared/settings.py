@@ -112,7 +112,6 @@ class Settings(BaseSettings):
         default_factory=dict,
         description='JSON: tool or group name -> error boundary, e.g. {"enrichment": "skip_and_note"}',
     )
-    demo_data_dir: str | None = Field(None, description="where demo tools keep their side effects")
 
     # --- telemetry -------------------------------------------------------------------
     otel_exporter_otlp_endpoint: str | None = Field(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Literal, assert_never
+from typing import Literal
 
 
 class Action(StrEnum):
@@ -62,15 +62,3 @@ def decide(f: IterationFacts) -> Decision:
     if not f.answer_produced:
         return Decision(Action.CONTINUE, 6, "no answer synthesized yet: synthesis turn")
     return Decision(Action.COMPLETE, 7, "answer exists")
-
-
-def describe(action: Action) -> str:
-    match action:
-        case Action.COMPLETE:
-            return "complete the run"
-        case Action.CONTINUE:
-            return "continue with another model turn"
-        case Action.RETRY:
-            return "retry with the judge's reasons"
-        case _:
-            assert_never(action)
