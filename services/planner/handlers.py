@@ -114,7 +114,10 @@ class Planner:
                 f"planner apply {msg_id.split('.')[0]}", attributes={LW_RUN_ID: run_id, LW_ITERATION: state.iteration.n}
             ):
                 out = apply(state)
-            return Unchanged(None) if out is None else (state, Applied(state, out.items, was_done))
+            if out is None:
+                return Unchanged(None)
+            state.remember(msg_id, out.items)  # applied once: a redelivery re-publishes, never re-applies
+            return state, Applied(state, out.items, was_done)
 
         applied = await self.bus.update(S.KV_RUNS, run_id, RunState, step)
         if applied is None:
@@ -155,7 +158,8 @@ class Planner:
             stored, _ = await self.bus.kv_get(S.KV_LESSONS, lessons_key(submit.task), Lessons)
             lessons = stored.reasons if stored else []
         config = M.resolve_config(submit, self.settings, contracts)
-        out = M.start_run(submit, config, lessons, "submit")
+        out = M.start_run(submit, config, lessons)
+        out.state.remember("submit", out.items)
         try:
             await self.bus.kv_put(S.KV_RUNS, submit.run_id, out.state, revision=0)
         except CasConflict:
@@ -169,16 +173,16 @@ class Planner:
         await self.transact(
             outcome.run_id,
             f"outcome.{outcome.call_id}",
-            lambda s: M.apply_outcome(s, outcome, f"outcome.{outcome.call_id}"),
+            lambda s: M.apply_outcome(s, outcome),
         )
 
     async def on_verdict(self, verdict: Verdict) -> None:
         msg_id = f"verdict.{verdict.candidate_id}"
-        await self.transact(verdict.run_id, msg_id, lambda s: M.apply_verdict(s, verdict, msg_id))
+        await self.transact(verdict.run_id, msg_id, lambda s: M.apply_verdict(s, verdict))
 
     async def on_resolution(self, res: EscalationResolution) -> None:
         msg_id = f"resolution.{res.escalation_id}"
-        await self.transact(res.run_id, msg_id, lambda s: M.apply_resolution(s, res, msg_id))
+        await self.transact(res.run_id, msg_id, lambda s: M.apply_resolution(s, res))
 
     async def on_advance(self, ev: RunEvent) -> None:
         msg_id = f"advance.{ev.iteration}"
@@ -196,13 +200,13 @@ class Planner:
             provider = provider_for(self.settings, "planner", scenario)
         except ProviderError as err:
             reason = str(err)
-            await self.transact(ev.run_id, msg_id, lambda s: M.apply_provider_failure(s, reason, msg_id))
+            await self.transact(ev.run_id, msg_id, lambda s: M.apply_provider_failure(s, reason))
             return
 
         decision = await self.reserve(state, contracts)
         if decision.action == "block":
             reason = "; ".join(decision.reasons) or "budget exhausted"
-            await self.transact(ev.run_id, msg_id, lambda s: M.apply_guard(s, reason, msg_id))
+            await self.transact(ev.run_id, msg_id, lambda s: M.apply_guard(s, reason))
             return
 
         compaction: tuple[int, str, ModelResponse] | None = None
@@ -217,7 +221,7 @@ class Planner:
             if err.transient:
                 raise TryLater(f"model provider still failing after retries: {err}", delay=5.0) from err
             reason = f"model call failed: {err}"
-            await self.transact(ev.run_id, msg_id, lambda s: M.apply_provider_failure(s, reason, msg_id))
+            await self.transact(ev.run_id, msg_id, lambda s: M.apply_provider_failure(s, reason))
             return
         if any(call.name not in contracts for call in response.tool_calls):
             contracts = await self.contracts(refresh=True)  # a tool may have registered a moment ago
@@ -232,7 +236,7 @@ class Planner:
             if decision.model != s.model:
                 s.warnings.append(f"budget: switched model {s.model} -> {decision.model}")
                 s.model = decision.model
-            return M.apply_model_response(s, response, contracts, msg_id)
+            return M.apply_model_response(s, response, contracts)
 
         await self.transact(ev.run_id, msg_id, apply)
 

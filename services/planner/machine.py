@@ -1,7 +1,8 @@
 """The run state machine: pure transitions from (state, message) to (state', messages to publish).
 
-No bus and no I/O here: handlers load the state, call one ``apply_*`` function, save the
-state with compare-and-swap, then publish what it returned (with deterministic message
+No bus and no I/O here: handlers load the state, call one ``apply_*`` function, remember the
+message as applied (with what it produced), save the state with compare-and-swap, then
+publish what it returned (with deterministic message
 ids, so a re-publish after a crash is absorbed by JetStream de-duplication).
 """
 
@@ -115,7 +116,7 @@ def resolve_config(submit: RunSubmit, settings: Settings, contracts: dict[str, T
     )
 
 
-def start_run(submit: RunSubmit, config: RunConfig, lessons: list[str], msg_id: str) -> Outbox:
+def start_run(submit: RunSubmit, config: RunConfig, lessons: list[str]) -> Outbox:
     state = RunState(
         run_id=submit.run_id,
         task=submit.task,
@@ -130,7 +131,6 @@ def start_run(submit: RunSubmit, config: RunConfig, lessons: list[str], msg_id: 
             state.warnings.extend(check_rubric(config.rubric))
         except RubricError as err:
             _finish(out, "failed", f"rubric refused: {err}")
-            state.remember(msg_id, out.items)
             return out
     out.event(
         "started",
@@ -140,7 +140,6 @@ def start_run(submit: RunSubmit, config: RunConfig, lessons: list[str], msg_id: 
         answer_mode=config.answer_mode,
     )
     _advance(out)
-    state.remember(msg_id, out.items)
     return out
 
 
@@ -156,7 +155,7 @@ def _advance(out: Outbox) -> None:
     )
 
 
-def apply_guard(state: RunState, reason: str, msg_id: str, failure: str = "budget") -> Outbox:
+def apply_guard(state: RunState, reason: str, failure: str = "budget") -> Outbox:
     """A guard (budget, cost, iteration cap) blocked the iteration before its model call."""
     out = Outbox(state)
     state.iteration.guard = reason
@@ -166,20 +165,16 @@ def apply_guard(state: RunState, reason: str, msg_id: str, failure: str = "budge
         f"{state.run_id}.guard.{state.iteration.n}",
     )
     _decide(out)
-    state.remember(msg_id, out.items)
     return out
 
 
-def apply_provider_failure(state: RunState, reason: str, msg_id: str) -> Outbox:
+def apply_provider_failure(state: RunState, reason: str) -> Outbox:
     out = Outbox(state)
     _finish(out, "failed", reason)
-    state.remember(msg_id, out.items)
     return out
 
 
-def apply_model_response(
-    state: RunState, response: ModelResponse, contracts: dict[str, ToolContract], msg_id: str
-) -> Outbox:
+def apply_model_response(state: RunState, response: ModelResponse, contracts: dict[str, ToolContract]) -> Outbox:
     out = Outbox(state)
     it = state.iteration
     cfg = state.config
@@ -213,14 +208,12 @@ def apply_model_response(
             it.candidate = Candidate(id=f"{state.run_id}-c{it.n}", iteration=it.n, kind="text", content=text)
             state.last_answer = text
         _finish_iteration(out)
-        state.remember(msg_id, out.items)
         return out
 
     for call in response.tool_calls:
         _dispatch(out, call, contracts)
     if not it.pending and state.awaiting is None:
         _finish_iteration(out)
-    state.remember(msg_id, out.items)
     return out
 
 
@@ -324,12 +317,11 @@ def _on_loop(out: Outbox, record: ToolCallRecord, kind: str, reflection: str) ->
 # --- tool outcomes ----------------------------------------------------------------------------
 
 
-def apply_outcome(state: RunState, outcome: ToolOutcome, msg_id: str) -> Outbox:
+def apply_outcome(state: RunState, outcome: ToolOutcome) -> Outbox:
     out = Outbox(state)
     it = state.iteration
     record = next((c for c in it.tool_calls if c.call_id == outcome.call_id), None)
     if record is None or record.status != "dispatched" or state.done:
-        state.remember(msg_id, [])
         return out  # stale or duplicate: nothing to do
     cfg = state.config
     record.outcome = outcome
@@ -426,7 +418,6 @@ def apply_outcome(state: RunState, outcome: ToolOutcome, msg_id: str) -> Outbox:
                 it.guard = f"loop persisted after a reflection: {finding.kind}"
     if not it.pending and state.awaiting is None:
         _finish_iteration(out)
-    state.remember(msg_id, out.items)
     return out
 
 
@@ -460,10 +451,9 @@ def _escalate(
     _await(out, escalation_id, kind, reason, call_id)
 
 
-def apply_resolution(state: RunState, res: EscalationResolution, msg_id: str) -> Outbox:
+def apply_resolution(state: RunState, res: EscalationResolution) -> Outbox:
     out = Outbox(state)
     if state.awaiting is None or state.awaiting.escalation_id != res.escalation_id or state.done:
-        state.remember(msg_id, [])
         return out
     awaiting = state.awaiting
     state.awaiting = None
@@ -476,7 +466,6 @@ def apply_resolution(state: RunState, res: EscalationResolution, msg_id: str) ->
     )
     if res.action == "abort":
         _finish(out, "stopped", f"aborted by {res.resolved_by}: {res.note or awaiting.reason}")
-        state.remember(msg_id, out.items)
         return out
     it = state.iteration
     if awaiting.kind == "not_judged":
@@ -494,7 +483,6 @@ def apply_resolution(state: RunState, res: EscalationResolution, msg_id: str) ->
         else:
             it.notes.append(f"A reviewer asks for a revision: {res.note}")
             _decide(out, force_failed=True)
-        state.remember(msg_id, out.items)
         return out
     record = next((c for c in it.tool_calls if c.call_id == awaiting.call_id), None)
     if record is not None:
@@ -514,7 +502,6 @@ def apply_resolution(state: RunState, res: EscalationResolution, msg_id: str) ->
         it.notes.append(f"A human reviewed the loop and says: {res.note or 'try a different approach'}")
     if not it.pending:
         _finish_iteration(out)
-    state.remember(msg_id, out.items)
     return out
 
 
@@ -579,7 +566,7 @@ def _submission_text(payload: dict[str, Any]) -> str:
     return "\n\n".join([answer, *rest])
 
 
-def apply_verdict(state: RunState, verdict: Verdict, msg_id: str) -> Outbox:
+def apply_verdict(state: RunState, verdict: Verdict) -> Outbox:
     out = Outbox(state)
     it = state.iteration
     fresh = (
@@ -592,7 +579,6 @@ def apply_verdict(state: RunState, verdict: Verdict, msg_id: str) -> Outbox:
     )
     if not fresh:
         out.event("verdict_ignored", f"verdict for {verdict.candidate_id} is not for the current candidate")
-        state.remember(msg_id, out.items)
         return out
     it.verdict = verdict
     if verdict.status != "not_judged" and state.first_draft_passed is None:
@@ -628,14 +614,11 @@ def apply_verdict(state: RunState, verdict: Verdict, msg_id: str) -> Outbox:
                 None,
                 candidate=it.candidate.content[:2000] if it.candidate else "",
             )
-            state.remember(msg_id, out.items)
             return out
         if policy == "fail":
             _finish(out, "failed", f"the candidate could not be judged: {verdict.not_judged_reason}")
-            state.remember(msg_id, out.items)
             return out
     _decide(out)
-    state.remember(msg_id, out.items)
     return out
 
 
