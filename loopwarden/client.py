@@ -116,12 +116,22 @@ class Client:
         while time.monotonic() < deadline:
             state = await self.state(run_id)
             if state is not None and state.status in until:
+                if state.done:
+                    await self._settled(run_id, state.status, deadline)
                 return state
             await asyncio.sleep(0.05)
         raise TimeoutError(
             f"run {run_id} did not reach {until} in {timeout:.0f}s (last status: "
             f"{state.status if state else 'not stored'})"
         )
+
+    async def _settled(self, run_id: str, status: str, deadline: float) -> None:
+        """Wait until the run's final event is in the stream. The planner saves the state, then
+        publishes; the final event is published last, so once it is there, the history is whole."""
+        while time.monotonic() < deadline:
+            if await self.events(run_id, subjects=S.run_event(status), timeout=0.2):
+                return
+            await asyncio.sleep(0.02)
 
     async def events(
         self, run_id: str | None = None, subjects: str = f"{S.P}.evt.>", timeout: float = 2.0
