@@ -32,7 +32,7 @@ from shared.messages import (
     ToolAttempt,
     ToolOutcome,
 )
-from shared.scenario import Scenario
+from shared.scenario import Outcome, Scenario
 from shared.settings import Settings
 from shared.telemetry import LW_RUN_ID, Telemetry, setup_telemetry
 
@@ -83,7 +83,7 @@ class Client:
         submit = RunSubmit(
             run_id=run_id,
             task=scenario.task,
-            rubric=scenario.rubric,
+            rubric=scenario.effective_rubric(),
             limits=limits or scenario.limits or RunLimits(),
             answer_mode=scenario.answer_mode,
             terminal_tools=scenario.terminal_tools,
@@ -220,7 +220,19 @@ class Client:
                 break
             await asyncio.sleep(0.05)
         return state, expect.mismatches(
-            state.status, state.final_output, len(escalations), state.first_draft_passed, state.model_calls
+            Outcome(
+                status=state.status,
+                final_output=state.final_output,
+                escalations=len(escalations),
+                escalation_kinds=[e.kind for e in escalations],
+                passed=state.passed,
+                first_draft_passed=state.first_draft_passed,
+                submitted=state.submitted,
+                model_calls=state.model_calls,
+                judge_calls=state.judge_seq,
+                retries=state.retry_count,
+                continues=state.continue_count,
+            )
         )
 
     # --- tool metrics (derived from the event history) -------------------------------------------

@@ -101,28 +101,69 @@ class ToolBehaviour(_Strict):
         return not self.has_output and self.output_text is None and self.fail is None
 
 
+class Outcome(BaseModel):
+    """How a run ended, as an expectation sees it."""
+
+    status: str
+    final_output: str | None
+    escalations: int
+    escalation_kinds: list[str]
+    passed: bool | None
+    first_draft_passed: bool | None
+    submitted: bool
+    model_calls: int
+    judge_calls: int
+    retries: int
+    continues: int
+
+
 class Expectation(_Strict):
     status: Literal["completed", "stopped", "failed", "awaiting_human"] | None = None
     final_output_contains: str | None = None
-    escalations: int | None = None
+    final_output_equals: str | None = None
+    final_output_not_empty: bool | None = None
+    escalations: int | None = Field(None, ge=0)
+    escalation_kinds: list[str] | None = None
+    passed: bool | None = None
     passed_first_draft: bool | None = None
+    submitted: bool | None = None
+    model_calls: int | None = Field(None, ge=0)
     max_model_calls: int | None = Field(None, ge=0)
+    judge_calls: int | None = Field(None, ge=0)
+    retries: int | None = Field(None, ge=0)
+    continues: int | None = Field(None, ge=0)
 
-    def mismatches(
-        self, status: str, final_output: str | None, escalations: int, first_draft_passed: bool | None, model_calls: int
-    ) -> list[str]:
+    def mismatches(self, got: Outcome) -> list[str]:
         """What differs between this expectation and how the run ended (empty when it matches)."""
         out = []
-        if self.status is not None and status != self.status:
-            out.append(f"status: expected {self.status}, got {status}")
-        if self.final_output_contains is not None and self.final_output_contains not in (final_output or ""):
-            out.append(f"final output does not contain {self.final_output_contains!r}: {(final_output or '')[:200]!r}")
-        if self.escalations is not None and escalations != self.escalations:
-            out.append(f"escalations: expected {self.escalations}, got {escalations}")
-        if self.passed_first_draft is not None and first_draft_passed != self.passed_first_draft:
-            out.append(f"passed_first_draft: expected {self.passed_first_draft}, got {first_draft_passed}")
-        if self.max_model_calls is not None and model_calls > self.max_model_calls:
-            out.append(f"model calls: expected at most {self.max_model_calls}, got {model_calls}")
+        final = got.final_output or ""
+        exact = {
+            "status": got.status,
+            "escalations": got.escalations,
+            "passed": got.passed,
+            "passed_first_draft": got.first_draft_passed,
+            "submitted": got.submitted,
+            "model_calls": got.model_calls,
+            "judge_calls": got.judge_calls,
+            "retries": got.retries,
+            "continues": got.continues,
+        }
+        for name, value in exact.items():
+            wanted = getattr(self, name)
+            if wanted is not None and value != wanted:
+                out.append(f"{name}: expected {wanted}, got {value}")
+        if self.final_output_contains is not None and self.final_output_contains not in final:
+            out.append(f"final output does not contain {self.final_output_contains!r}: {final[:200]!r}")
+        if self.final_output_equals is not None and final != self.final_output_equals:
+            out.append(f"final output: expected {self.final_output_equals!r}, got {final[:200]!r}")
+        if self.final_output_not_empty and not final.strip():
+            out.append("final output is empty")
+        if self.escalation_kinds is not None and sorted(got.escalation_kinds) != sorted(self.escalation_kinds):
+            out.append(
+                f"escalation kinds: expected {sorted(self.escalation_kinds)}, got {sorted(got.escalation_kinds)}"
+            )
+        if self.max_model_calls is not None and got.model_calls > self.max_model_calls:
+            out.append(f"model calls: expected at most {self.max_model_calls}, got {got.model_calls}")
         return out
 
 
@@ -141,6 +182,14 @@ class Scenario(_Strict):
     allowed_tools: list[str] | None = None
     lessons: bool = False
     expect: Expectation | None = None
+
+    def effective_rubric(self) -> Rubric | None:
+        """The rubric, or — when the scenario scripts judge replies but no rubric — one criterion per
+        name its judge scores (equal weights, threshold 0.8), so a scripted judge is always consulted."""
+        if self.rubric is not None or not self.judge:
+            return self.rubric
+        names = list(dict.fromkeys(name for turn in self.judge for name in (turn.scores or {})))
+        return Rubric.model_validate({"threshold": 0.8, "criteria": [{"name": n} for n in names or ["overall"]]})
 
     def tool_behaviour(self, tool: str, attempt_index: int) -> ToolBehaviour | None:
         """The behaviour for the n-th execution attempt of ``tool`` in a run (0-based)."""

@@ -40,3 +40,38 @@ async def test_a_wrong_expectation_is_reported(client: Client) -> None:
         "final output does not contain 'nope': 'JetStream keys de-duplication on Nats-Msg-Id.'",
         "model calls: expected at most 0, got 1",
     ]
+
+
+async def test_a_scripted_judge_without_a_rubric_is_still_consulted(client: Client) -> None:
+    from shared.scenario import parse_scenario
+
+    scenario = parse_scenario(
+        {
+            "name": "judge-without-rubric",
+            "task": "Explain.",
+            "planner": [{"text": "a thin draft"}, {"text": "a better draft"}],
+            "judge": [
+                {"scores": {"accuracy": 0.4, "cites a source": 0.5}},
+                {"scores": {"accuracy": 0.9, "cites a source": 1.0}},
+            ],
+            "expect": {
+                "status": "completed",
+                "final_output_equals": "a better draft",
+                "judge_calls": 2,
+                "retries": 1,
+                "passed": True,
+                "passed_first_draft": False,
+                "submitted": False,
+            },
+        }
+    )
+    assert [c.name for c in scenario.effective_rubric().criteria] == ["accuracy", "cites a source"]  # type: ignore[union-attr]
+    _, mismatches = await client.run_and_check(scenario)
+    assert not mismatches, mismatches
+
+
+def test_an_unknown_expectation_is_refused_by_name() -> None:
+    from shared.scenario import ScenarioError, parse_scenario
+
+    with pytest.raises(ScenarioError, match=r"expect\.final_output_startswith: Extra inputs are not permitted"):
+        parse_scenario({"name": "x", "task": "t", "expect": {"final_output_startswith": "a"}})
