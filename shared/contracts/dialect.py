@@ -18,7 +18,6 @@ from typing import Any
 from jsonschema import exceptions as js_exceptions
 from jsonschema import validators as js_validators
 
-from shared.contracts.formats import SUPPORTED_FORMATS
 from shared.contracts.walk import children
 from shared.contracts.walk import pointer as _pointer
 
@@ -197,13 +196,12 @@ def _walk(node: Any, path: str, dialect: str, *, root: dict[str, Any]) -> Iterat
     ref = node.get("$ref")
     if isinstance(ref, str):
         yield from _check_ref(ref, _pointer(path, "$ref"), root)
-    fmt = node.get("format")
-    if isinstance(fmt, str) and fmt not in SUPPORTED_FORMATS:
+    nested = node.get("$schema")
+    if path != "#" and isinstance(nested, str) and DIALECT_URIS.get(nested.rstrip("#")) != dialect:
         yield SchemaProblem(
-            "format",
-            _pointer(path, "format"),
-            f"format '{fmt}' is not checked by this runtime and would be ignored; "
-            f"supported: {', '.join(sorted(SUPPORTED_FORMATS))}",
+            "$schema",
+            _pointer(path, "$schema"),
+            f"a subschema declaring {nested!r} inside a {dialect} schema mixes dialects",
         )
     for pattern_path, pattern in _patterns(node, path):
         try:
@@ -264,8 +262,23 @@ def _foreign_message(key: str, dialect: str) -> str:
     )
 
 
+def _embedded_ids(node: Any) -> set[str]:
+    ids: set[str] = set()
+    if isinstance(node, dict):
+        if isinstance(node.get("$id"), str):
+            ids.add(node["$id"].rstrip("#"))
+        for value in node.values():
+            ids |= _embedded_ids(value)
+    elif isinstance(node, list):
+        for item in node:
+            ids |= _embedded_ids(item)
+    return ids
+
+
 def _check_ref(ref: str, path: str, root: dict[str, Any]) -> Iterator[SchemaProblem]:
     if not ref.startswith("#"):
+        if ref.split("#", 1)[0] in _embedded_ids(root):
+            return  # a resource embedded in this schema (by its $id): not remote
         yield SchemaProblem("$ref", path, f"remote $ref {ref!r} is not allowed; contracts must be self-contained")
         return
     if ref == "#" or not ref.startswith("#/"):

@@ -2,8 +2,8 @@
 
 ``format`` is an annotation unless a validator asserts it, and the two engines we use
 (jsonschema-rs for the fast pass/fail, python-jsonschema to explain) ship different
-format sets. Giving both the same functions keeps their answers identical; a schema using
-a format outside this set is refused at registration instead of being silently unchecked.
+format sets. Giving both the same functions keeps their answers identical. Formats outside
+this set stay annotations, as the spec says; ``loopwarden lint`` points them out.
 """
 
 from __future__ import annotations
@@ -20,6 +20,10 @@ _UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4
 _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:[^\s]*$")
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+$")
 _HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+_URI_REFERENCE = re.compile(r"^[^\s]*$")
+_JSON_POINTER = re.compile(r"^(/([^~/]|~[01])*)*$")
+_RELATIVE_JSON_POINTER = re.compile(r"^(0|[1-9][0-9]*)(#|(/([^~/]|~[01])*)*)$")
+_DURATION = re.compile(r"^P(?!$)((\d+Y)?(\d+M)?(\d+D)?(T(?=\d)(\d+H)?(\d+M)?(\d+(\.\d+)?S)?)?|\d+W)$")
 
 
 def _date(value: str) -> bool:
@@ -103,6 +107,15 @@ _STRING_CHECKS: dict[str, Callable[[str], bool]] = {
     "ipv6": _ipv6,
     "hostname": _hostname,
     "regex": _regex,
+    "uri-reference": lambda v: bool(_URI_REFERENCE.match(v)),
+    "iri": lambda v: bool(_URI.match(v)),
+    "iri-reference": lambda v: bool(_URI_REFERENCE.match(v)),
+    "idn-email": lambda v: bool(_EMAIL.match(v)),
+    "idn-hostname": lambda v: bool(v) and len(v) <= 253 and not any(c.isspace() for c in v),
+    "json-pointer": lambda v: bool(_JSON_POINTER.match(v)),
+    "relative-json-pointer": lambda v: bool(_RELATIVE_JSON_POINTER.match(v)),
+    "duration": lambda v: bool(_DURATION.match(v)),
+    "uri-template": lambda v: v.count("{") == v.count("}") and not any(c.isspace() for c in v),
 }
 SUPPORTED_FORMATS = frozenset(_STRING_CHECKS)
 

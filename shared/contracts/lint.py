@@ -15,6 +15,7 @@ from typing import Any
 
 from shared.contracts.closing import OPEN_MARKER
 from shared.contracts.dialect import NATIVE_CONTAINER, dialect_of
+from shared.contracts.formats import SUPPORTED_FORMATS
 from shared.contracts.walk import children, pointer
 from shared.messages import ToolContract
 
@@ -81,6 +82,9 @@ def _lint(node: Any, path: str, is_input: bool, name: str | None) -> Iterator[tu
     if "string" in types and name and _CATEGORY_NAMES.search(name):
         if not any(k in node for k in ("enum", "const", "pattern", "format")):
             yield path, "string-should-be-enum", f"'{name}' looks like a category; declare its values with enum"
+    fmt = node.get("format")
+    if isinstance(fmt, str) and fmt not in SUPPORTED_FORMATS:
+        yield path, "unchecked-format", f"format '{fmt}' is an annotation here: nothing checks it"
     if is_input and name and "description" not in node and "$ref" not in node:
         yield path, "no-description", f"'{name}' has no description; the model reads it as instructions"
     for key, parts, sub in children(node):

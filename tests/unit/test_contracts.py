@@ -104,9 +104,9 @@ def refusal(inp: dict[str, Any]) -> ContractError:
         ),
         ({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}, "$ref", "#/properties/a/$ref"),
         (
-            {"type": "object", "properties": {"a": {"type": "string", "format": "colour"}}},
-            "format",
-            "#/properties/a/format",
+            {"$schema": D20, "type": "object", "properties": {"a": {"$schema": D7, "type": "string"}}},
+            "$schema",
+            "#/properties/a/$schema",
         ),
         ({"type": "object", "properties": {"a": {"type": "strng"}}}, "type", "#/properties/a/type"),
         (
@@ -185,6 +185,36 @@ def test_a_lone_legacy_definitions_container_works_and_is_linted(schema: dict[st
     v = compiled(registered.input_schema, registered.dialect or "")
     assert v.is_valid({"a": "x"}) and not v.is_valid({"a": 1})  # the $ref really is followed
     assert "legacy-container" in {i.code for i in lint_contract(contract(schema))}
+
+
+def test_unknown_formats_are_annotations_and_known_ones_are_asserted() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "c": {"type": "string", "format": "colour"},
+            "d": {"type": "string", "format": "duration"},
+            "p": {"type": "string", "format": "json-pointer"},
+        },
+    }
+    registered = register_contract(contract(schema))
+    v = compiled(registered.input_schema, "2020-12")
+    assert v.is_valid({"c": "not a colour at all", "d": "P3DT4H", "p": "/a/b~1c"})
+    assert not v.is_valid({"d": "3 days"}) and not v.is_valid({"p": "a/b"})
+    assert ("#/properties/c", "unchecked-format") in {(i.path, i.code) for i in lint_contract(contract(schema))}
+
+
+def test_a_ref_to_an_embedded_id_is_not_remote() -> None:
+    schema = {
+        "$id": "https://example.com/root",
+        "type": "object",
+        "$defs": {
+            "addr": {"$id": "https://example.com/address", "type": "object", "properties": {"city": {"type": "string"}}}
+        },
+        "properties": {"home": {"$ref": "https://example.com/address"}},
+    }
+    registered = register_contract(contract(schema))
+    v = compiled(registered.input_schema, "2020-12")
+    assert v.is_valid({"home": {"city": "Seoul"}}) and not v.is_valid({"home": {"city": 3}})
 
 
 def test_output_schema_is_checked_too() -> None:
