@@ -398,9 +398,10 @@ class BudgetDecision(Wire):
 EscalationKind = Literal["fatal", "unknown_outcome", "schema_cap", "ask_human", "not_judged", "loop", "approval"]
 
 
-def escalation_id_for_call(run_id: str, call_id: str) -> str:
-    """The planner and the escalation service both derive a tool failure's escalation id from it."""
-    raw = f"esc-{run_id}-{call_id}"
+def escalation_id_for_call(run_id: str, iteration: int, call_id: str) -> str:
+    """The planner and the escalation service both derive a tool failure's escalation id from it
+    (scoped to the iteration: a scripted model may reuse a call id in a later turn)."""
+    raw = f"esc-{run_id}-i{iteration}-{call_id}"
     return "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in raw)
 
 

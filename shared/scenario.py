@@ -47,6 +47,13 @@ class PlannerTurn(_Strict):
     latency_s: float = Field(0.0, ge=0, description="the model takes this long to answer")
 
     @model_validator(mode="after")
+    def _unique_ids(self) -> PlannerTurn:
+        ids = [c.id for c in self.tool_calls if c.id]
+        if len(ids) != len(set(ids)):
+            raise ValueError("tool call ids must be unique within a turn")
+        return self
+
+    @model_validator(mode="after")
     def _something(self) -> PlannerTurn:
         if self.error is None and self.text is None and not self.tool_calls:
             raise ValueError('a turn needs text, tool_calls or error (use text: "" for an empty turn)')

@@ -201,7 +201,7 @@ async def test_a_fatal_error_reaches_the_queue_through_its_subscription(client: 
         )
     )
     state = await client.wait(run_id, until=("awaiting_human",))
-    esc_id = escalation_id_for_call(run_id, "toolu_fatal")
+    esc_id = escalation_id_for_call(run_id, 1, "toolu_fatal")
     assert state.awaiting is not None and state.awaiting.escalation_id == esc_id
     items = await escalations_of(client, run_id)
     assert [(e.kind, e.tool) for e in items] == [("fatal", "sql_query")]
@@ -453,3 +453,20 @@ async def test_killing_the_executor_mid_call(stack: LocalStack, client: Client, 
     finally:
         second.popen.terminate()
         second.popen.wait(15)
+
+
+async def test_a_call_id_reused_in_a_later_turn_is_a_new_call(client: Client) -> None:
+    state = await run_scenario(
+        client,
+        {
+            "name": "reused-ids",
+            "task": "Two sums.",
+            "planner": [
+                {"tool_calls": [{"name": "calculator", "id": "t1", "input": {"expression": "1+1"}}]},
+                {"tool_calls": [{"name": "calculator", "id": "t1", "input": {"expression": "2+2"}}]},
+                {"tool_calls": [{"name": "submit_result", "id": "t1", "input": {"answer": "2 and 4"}}]},
+            ],
+        },
+    )
+    assert state.status == "completed", state.final_reason
+    assert [json.loads(r.content).get("result") for r in tool_results(state)[:2]] == [2, 4]

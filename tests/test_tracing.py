@@ -48,7 +48,7 @@ async def spans_of_run(otlp: OtlpCollector, client: Client, run_id: str, want: s
 async def test_one_run_is_one_trace_across_all_six_services(client: Client, otlp: OtlpCollector) -> None:
     run_id = await client.submit_scenario(parse_scenario(SCENARIO))
     state = await client.wait(run_id, until=("awaiting_human",))
-    esc_id = escalation_id_for_call(run_id, "toolu_q1")
+    esc_id = escalation_id_for_call(run_id, 1, "toolu_q1")
     items = await escalations_of(client, run_id)  # raised by the escalation service from its subscription
     assert [e.escalation_id for e in items] == [esc_id]
     assert (await client.resolve(esc_id, "oncall", "resume", "charged manually")).ok

@@ -72,7 +72,7 @@ class EscalationQueue:
     async def on_failure(self, outcome: ToolOutcome) -> None:
         await self.on_raise(
             EscalationRaise(
-                escalation_id=escalation_id_for_call(outcome.run_id, outcome.call_id),
+                escalation_id=escalation_id_for_call(outcome.run_id, outcome.iteration, outcome.call_id),
                 run_id=outcome.run_id,
                 kind=outcome.failure_type if outcome.failure_type in HUMAN_FAILURES else "fatal",
                 reason=outcome.error or "tool failure",

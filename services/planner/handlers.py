@@ -172,7 +172,7 @@ class Planner:
     async def on_outcome(self, outcome: ToolOutcome) -> None:
         await self.transact(
             outcome.run_id,
-            f"outcome.{outcome.call_id}",
+            f"outcome.{outcome.iteration}.{outcome.call_id}",
             lambda s: M.apply_outcome(s, outcome),
         )
 

@@ -264,12 +264,12 @@ def _dispatch(out: Outbox, call: ToolUseBlock, contracts: dict[str, ToolContract
             run_id=s.run_id,
             iteration=it.n,
             call_id=call.id,
-            attempt_id=S.kv_key(s.run_id, call.id),
+            attempt_id=S.kv_key(s.run_id, f"i{it.n}", call.id),
             tool=call.name,
             requested_tool=call.name,
             arguments=call.input,
         ),
-        f"{s.run_id}.call.{call.id}",
+        f"{s.run_id}.call.{it.n}.{call.id}",
     )
     out.event(
         "tool_dispatched",
@@ -367,7 +367,7 @@ def apply_outcome(state: RunState, outcome: ToolOutcome) -> Outbox:
                 stats["escalated"] += 1
                 _escalate(
                     out,
-                    S.kv_key(f"esc-{state.run_id}-{record.call_id}-schema"),
+                    escalation_id_for_call(state.run_id, it.n, record.call_id) + "-schema",
                     "schema_cap",
                     f"'{tool}' failed its contract {state.schema_streak[tool]} times in a row "
                     f"(cap {cfg.max_schema_corrections}): {outcome.error}",
@@ -379,7 +379,11 @@ def apply_outcome(state: RunState, outcome: ToolOutcome) -> Outbox:
             # The escalation service raises these itself from its failure subscription.
             record.status = "awaiting_human"
             _await(
-                out, escalation_id_for_call(state.run_id, record.call_id), ftype, outcome.error or ftype, record.call_id
+                out,
+                escalation_id_for_call(state.run_id, it.n, record.call_id),
+                ftype,
+                outcome.error or ftype,
+                record.call_id,
             )
         elif outcome.boundary == "skip_and_note":
             record.status = "skipped"
@@ -392,7 +396,7 @@ def apply_outcome(state: RunState, outcome: ToolOutcome) -> Outbox:
             record.status = "awaiting_human"
             _escalate(
                 out,
-                escalation_id_for_call(state.run_id, record.call_id),
+                escalation_id_for_call(state.run_id, it.n, record.call_id),
                 "ask_human",
                 f"'{tool}' failed and its boundary asks a human: {outcome.error}",
                 tool,
