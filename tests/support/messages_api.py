@@ -13,15 +13,15 @@ import re
 import threading
 import uuid
 from collections import defaultdict
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from shared import tokens
+from tests.support.http_server import LocalHttpServer, QuietHandler
 
 MARKER = re.compile(r"\[script:([A-Za-z0-9_-]+)\]")
 
 
-class MessagesApiServer:
+class MessagesApiServer(LocalHttpServer):
     def __init__(self) -> None:
         self.scripts: dict[str, list[dict[str, Any]]] = {}
         self.requests: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -29,7 +29,7 @@ class MessagesApiServer:
         self._lock = threading.Lock()
         api = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_POST(self) -> None:
                 raw = self.rfile.read(int(self.headers.get("content-length", 0)))
                 body = json.loads(raw or b"{}")
@@ -43,22 +43,11 @@ class MessagesApiServer:
                 self.end_headers()
                 self.wfile.write(data)
 
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        super().__init__(Handler)
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def start(self) -> MessagesApiServer:
-        self.thread.start()
-        return self
-
-    def stop(self) -> None:
-        self.server.shutdown()
+        return self.url
 
     def script(self, key: str, replies: list[dict[str, Any]]) -> None:
         with self._lock:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from tests.support.http_server import LocalHttpServer, QuietHandler
 
 
 @dataclass(frozen=True)
@@ -28,14 +29,14 @@ def _value(v: Any) -> Any:
     return getattr(v, kind) if kind else None
 
 
-class OtlpCollector:
+class OtlpCollector(LocalHttpServer):
     def __init__(self) -> None:
         self.spans: list[CollectedSpan] = []
         self.metrics: dict[tuple[str, str], list[dict[str, Any]]] = {}  # (service, metric) -> points' attributes
         self._lock = threading.Lock()
         collector = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("content-length", 0)))
                 if self.path.endswith("/v1/traces"):
@@ -46,22 +47,11 @@ class OtlpCollector:
                 self.send_header("content-type", "application/x-protobuf")
                 self.end_headers()
 
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        super().__init__(Handler)
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def start(self) -> OtlpCollector:
-        self.thread.start()
-        return self
-
-    def stop(self) -> None:
-        self.server.shutdown()
+        return self.url
 
     def _ingest(self, body: bytes) -> None:
         req = ExportTraceServiceRequest()
