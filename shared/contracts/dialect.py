@@ -10,14 +10,16 @@ keyword the dialect does not define, naming the keyword and its JSON path.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from jsonschema import FormatChecker
 from jsonschema import exceptions as js_exceptions
 from jsonschema import validators as js_validators
 
+from shared.contracts.ecma import is_regex, pattern_problem
+from shared.contracts.refs import Resources, index, resolve
 from shared.contracts.walk import children
 from shared.contracts.walk import pointer as _pointer
 
@@ -34,7 +36,8 @@ META_URI = {
 }
 EXTENSION_PREFIX = "x-"  # vendor extensions (e.g. x-loopwarden-open) are allowed and inert
 
-_ANNOTATIONS = {"$comment", "title", "description", "default", "examples", "readOnly", "writeOnly"}
+# draft-07 has no "deprecated", but it is an annotation like readOnly (2019-09 names it so): inert, allowed.
+_ANNOTATIONS = {"$comment", "title", "description", "default", "examples", "readOnly", "writeOnly", "deprecated"}
 _COMMON = _ANNOTATIONS | {
     "$schema",
     "$id",
@@ -112,7 +115,7 @@ _HINTS: dict[tuple[str, str], str] = {
     ("$recursiveRef", "other"): "'$recursiveRef' is 2019-09 only",
     ("$recursiveAnchor", "other"): "'$recursiveAnchor' is 2019-09 only",
 }
-_REF_SIBLING_OK = _ANNOTATIONS | {"$ref", "$id", "$schema", "definitions"}
+_REF_SIBLING_OK = _ANNOTATIONS | {"$ref", "$id", "$schema", "definitions", "$defs"}
 
 
 @dataclass(frozen=True)
@@ -160,14 +163,14 @@ def check_schema(schema: Any, default_dialect: str) -> tuple[str, list[SchemaPro
         return default_dialect, [refusal.problem]
     if not isinstance(schema, dict):
         return dialect, [SchemaProblem("type", "#", "a tool schema must be a JSON object")]
-    problems = list(_walk(schema, "#", dialect, root=schema))
+    problems = list(_walk(schema, "#", dialect, root=schema, res=index(schema)))
     problems.extend(_mixed_containers(schema, dialect))
     if not problems:
         problems.extend(_meta_problems(schema, dialect))
     return dialect, problems
 
 
-def _walk(node: Any, path: str, dialect: str, *, root: dict[str, Any]) -> Iterator[SchemaProblem]:
+def _walk(node: Any, path: str, dialect: str, *, root: dict[str, Any], res: Resources) -> Iterator[SchemaProblem]:
     if isinstance(node, bool):
         return
     if not isinstance(node, dict):
@@ -195,7 +198,7 @@ def _walk(node: Any, path: str, dialect: str, *, root: dict[str, Any]) -> Iterat
         )
     ref = node.get("$ref")
     if isinstance(ref, str):
-        yield from _check_ref(ref, _pointer(path, "$ref"), root)
+        yield from _check_ref(ref, path, res)
     nested = node.get("$schema")
     if path != "#" and isinstance(nested, str) and DIALECT_URIS.get(nested.rstrip("#")) != dialect:
         yield SchemaProblem(
@@ -204,16 +207,13 @@ def _walk(node: Any, path: str, dialect: str, *, root: dict[str, Any]) -> Iterat
             f"a subschema declaring {nested!r} inside a {dialect} schema mixes dialects",
         )
     for pattern_path, pattern in _patterns(node, path):
-        try:
-            re.compile(pattern)
-        except re.error as err:
-            yield SchemaProblem(
-                "pattern", pattern_path, f"pattern {pattern!r} is not a valid regular expression: {err}"
-            )
+        problem = pattern_problem(pattern)
+        if problem:
+            yield SchemaProblem("pattern", pattern_path, problem)
 
     for key, parts, sub in children(node):
         if not key.startswith(EXTENSION_PREFIX) and key in allowed:
-            yield from _walk(sub, _pointer(path, *parts), dialect, root=root)
+            yield from _walk(sub, _pointer(path, *parts), dialect, root=root, res=res)
 
 
 def _mixed_containers(schema: dict[str, Any], dialect: str) -> Iterator[SchemaProblem]:
@@ -262,43 +262,31 @@ def _foreign_message(key: str, dialect: str) -> str:
     )
 
 
-def _embedded_ids(node: Any) -> set[str]:
-    ids: set[str] = set()
-    if isinstance(node, dict):
-        if isinstance(node.get("$id"), str):
-            ids.add(node["$id"].rstrip("#"))
-        for value in node.values():
-            ids |= _embedded_ids(value)
-    elif isinstance(node, list):
-        for item in node:
-            ids |= _embedded_ids(item)
-    return ids
+def _check_ref(ref: str, holder: str, res: Resources) -> Iterator[SchemaProblem]:
+    found = resolve(res, ref, holder)
+    if found.remote:
+        yield SchemaProblem(
+            "$ref",
+            _pointer(holder, "$ref"),
+            f"remote $ref {ref!r} is not allowed; contracts must be self-contained",
+        )
+    elif found.problem:
+        yield SchemaProblem("$ref", _pointer(holder, "$ref"), found.problem)
 
 
-def _check_ref(ref: str, path: str, root: dict[str, Any]) -> Iterator[SchemaProblem]:
-    if not ref.startswith("#"):
-        if ref.split("#", 1)[0] in _embedded_ids(root):
-            return  # a resource embedded in this schema (by its $id): not remote
-        yield SchemaProblem("$ref", path, f"remote $ref {ref!r} is not allowed; contracts must be self-contained")
-        return
-    if ref == "#" or not ref.startswith("#/"):
-        return  # the root, or an anchor: left to the meta-schema and compiler
-    node: Any = root
-    for raw in ref[2:].split("/"):
-        part = raw.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            yield SchemaProblem("$ref", path, f"$ref {ref!r} points nowhere in this schema")
-            return
+def _meta_checker() -> FormatChecker:
+    checker = FormatChecker()  # the meta-schemas' own format checks, with ECMA-262 for "regex"
+    checker.checks("regex")(lambda value: not isinstance(value, str) or is_regex(value))
+    return checker
+
+
+_META_CHECKER = _meta_checker()
 
 
 def _meta_problems(schema: dict[str, Any], dialect: str) -> Iterator[SchemaProblem]:
     cls = js_validators.validator_for({"$schema": META_URI[dialect]})
     try:
-        cls.check_schema(schema)
+        cls.check_schema(schema, format_checker=_META_CHECKER)
     except js_exceptions.SchemaError as err:
         where = "#" + "".join(f"/{p}" for p in err.path)
         keyword = str(err.path[-1]) if err.path else str(err.validator)

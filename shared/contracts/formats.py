@@ -13,17 +13,22 @@ import re
 from collections.abc import Callable
 from datetime import date, datetime
 
-_DATE_TIME = re.compile(r"^(\d{4})-(\d{2})-(\d{2})[Tt](\d{2}):(\d{2}):(\d{2})(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
-_TIME = re.compile(r"^(\d{2}):(\d{2}):(\d{2})(\.\d+)?([Zz]|[+-](\d{2}):(\d{2}))$")
-_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
-_UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
-_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:[^\s]*$")
-_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+$")
-_HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
-_URI_REFERENCE = re.compile(r"^[^\s]*$")
-_JSON_POINTER = re.compile(r"^(/([^~/]|~[01])*)*$")
-_RELATIVE_JSON_POINTER = re.compile(r"^(0|[1-9][0-9]*)(#|(/([^~/]|~[01])*)*)$")
-_DURATION = re.compile(r"^P(?!$)((\d+Y)?(\d+M)?(\d+D)?(T(?=\d)(\d+H)?(\d+M)?(\d+(\.\d+)?S)?)?|\d+W)$")
+from shared.contracts.ecma import is_regex
+
+# ASCII only and anchored at the very end (``\Z``): ``$`` would accept a trailing newline and
+# ``\d`` any Unicode digit ("12:3৪:00" is not a time).
+_A = re.ASCII
+_DATE_TIME = re.compile(r"^(\d{4})-(\d{2})-(\d{2})[Tt](\d{2}):(\d{2}):(\d{2})(\.\d+)?([Zz]|[+-]\d{2}:\d{2})\Z", _A)
+_TIME = re.compile(r"^(\d{2}):(\d{2}):(\d{2})(\.\d+)?([Zz]|[+-](\d{2}):(\d{2}))\Z", _A)
+_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}\Z", _A)
+_UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\Z")
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:[^\s]*\Z")
+_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\Z")
+_HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)\Z")
+_URI_REFERENCE = re.compile(r"^[^\s]*\Z")
+_JSON_POINTER = re.compile(r"^(/([^~/]|~[01])*)*\Z")
+_RELATIVE_JSON_POINTER = re.compile(r"^(0|[1-9][0-9]*)(#|(/([^~/]|~[01])*)*)\Z")
+_DURATION = re.compile(r"^P(?!\Z)((\d+Y)?(\d+M)?(\d+D)?(T(?=\d)(\d+H)?(\d+M)?(\d+(\.\d+)?S)?)?|\d+W)\Z", _A)
 
 
 def _date(value: str) -> bool:
@@ -64,7 +69,7 @@ def _time(value: str) -> bool:
 
 def _ipv4(value: str) -> bool:
     parts = value.split(".")
-    if len(parts) != 4 or any(not p.isdigit() or (len(p) > 1 and p[0] == "0") for p in parts):
+    if len(parts) != 4 or any(not (p.isascii() and p.isdigit()) or (len(p) > 1 and p[0] == "0") for p in parts):
         return False
     try:
         ipaddress.IPv4Address(value)
@@ -74,6 +79,8 @@ def _ipv4(value: str) -> bool:
 
 
 def _ipv6(value: str) -> bool:
+    if not value.isascii():
+        return False
     try:
         ipaddress.IPv6Address(value)
     except ValueError:
@@ -88,14 +95,6 @@ def _hostname(value: str) -> bool:
     return all(_HOST_LABEL.match(label) for label in labels)
 
 
-def _regex(value: str) -> bool:
-    try:
-        re.compile(value)
-    except re.error:
-        return False
-    return True
-
-
 _STRING_CHECKS: dict[str, Callable[[str], bool]] = {
     "date-time": _date_time,
     "date": _date,
@@ -106,7 +105,7 @@ _STRING_CHECKS: dict[str, Callable[[str], bool]] = {
     "ipv4": _ipv4,
     "ipv6": _ipv6,
     "hostname": _hostname,
-    "regex": _regex,
+    "regex": is_regex,
     "uri-reference": lambda v: bool(_URI_REFERENCE.match(v)),
     "iri": lambda v: bool(_URI.match(v)),
     "iri-reference": lambda v: bool(_URI_REFERENCE.match(v)),

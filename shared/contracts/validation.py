@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from typing import Any
 
 import jsonschema_rs
@@ -19,6 +18,8 @@ from jsonschema import validators as js_validators
 from jsonschema.exceptions import ValidationError as JsError
 
 from shared.contracts.dialect import META_URI
+from shared.contracts.ecma import search
+from shared.contracts.explainer import explainer_class
 from shared.contracts.formats import FORMAT_FUNCTIONS, RS_FORMAT_FUNCTIONS
 from shared.messages import SchemaError
 
@@ -46,14 +47,14 @@ class CompiledSchema:
             validate_formats=True,
             ignore_unknown_formats=True,  # an unknown format is an annotation, in both engines
         )
-        cls = js_validators.validator_for(with_dialect)
+        cls = explainer_class(js_validators.validator_for(with_dialect))
         self._explainer = cls(with_dialect, format_checker=_FORMAT_CHECKER)
 
     def is_valid(self, instance: Any) -> bool:
         return bool(self._fast.is_valid(instance))
 
     def raw_errors(self, instance: Any) -> list[JsError]:
-        return sorted(self._explainer.iter_errors(instance), key=lambda e: (list(e.absolute_path), e.validator))
+        return sorted(self._explainer.iter_errors(instance), key=_error_order)
 
     def errors(self, instance: Any, limit: int = MAX_ERRORS) -> list[SchemaError]:
         """Every failure (bounded), each with path, expectation and what was got."""
@@ -69,6 +70,12 @@ class CompiledSchema:
             explained = explained[:limit]
             explained.append(SchemaError(path="$", keyword="more", message=f"and {more} more error(s)"))
         return explained
+
+
+def _error_order(err: JsError) -> tuple[list[tuple[int, int, str]], str]:
+    """Errors by instance path, then keyword; a ``false`` subschema's error has no keyword (None)."""
+    path = [(0, p, "") if isinstance(p, int) else (1, 0, str(p)) for p in err.absolute_path]
+    return path, "" if err.validator is None else str(err.validator)
 
 
 _CACHE: dict[str, CompiledSchema] = {}
@@ -120,8 +127,10 @@ def _article(type_name: str) -> str:
 def explain(err: JsError) -> list[SchemaError]:
     """Turn one jsonschema error into model-readable errors (oneOf/anyOf pick the closest branch)."""
     path = err.json_path
-    kw = str(err.validator)
     val, got = err.validator_value, err.instance
+    if err.validator is None:  # a `false` subschema: nothing is allowed here
+        return [SchemaError(path=path, keyword="false", message=f"{path} is not allowed here; got {show(got)}")]
+    kw = str(err.validator)
     if kw in ("oneOf", "anyOf") and err.context:
         return _explain_branches(err)
     if kw == "enum":
@@ -184,11 +193,14 @@ def _got(value: Any) -> Any:
 
 
 def _extra_fields(err: JsError) -> list[str]:
+    extras = getattr(err, "extras", None)
+    if isinstance(extras, list):  # named by the keyword itself (see explainer.py)
+        return [str(e) for e in extras]
     if not isinstance(err.instance, dict) or not isinstance(err.schema, dict):
         return []
     props = err.schema.get("properties") or {}
     patterns = err.schema.get("patternProperties") or {}
-    return sorted(k for k in err.instance if k not in props and not any(re.search(p, k) for p in patterns))
+    return sorted(k for k in err.instance if k not in props and not any(search(p, k) for p in patterns))
 
 
 def _explain_branches(err: JsError) -> list[SchemaError]:
