@@ -58,9 +58,19 @@ class _Ctx:
 
 def close_schema(schema: dict[str, Any], dialect: str) -> dict[str, Any]:
     """A copy of ``schema`` with undeclared extra fields refused, except where opted out."""
-    out = copy.deepcopy(schema)
+    out: dict[str, Any] = _unshared_copy(schema)
     _Closer(out, dialect).run()
     return out
+
+
+def _unshared_copy(node: Any) -> Any:
+    """A deep copy in which no two places share an object (``copy.deepcopy`` keeps sharing): a subschema
+    object used twice by a Python-declared schema is closed, or not, at each place on its own."""
+    if isinstance(node, dict):
+        return {k: _unshared_copy(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_unshared_copy(v) for v in node]
+    return copy.copy(node)
 
 
 class _Closer:

@@ -123,7 +123,31 @@ def _unevaluated_properties(validator: Any, up: Any, instance: Any, schema: Any)
         else:
             error = ValidationError(f"Unevaluated properties are not valid under the given schema ({listed})")
         error.extras = sorted(bad)
+        error.allowed = sorted(_declared_names(validator, schema, depth=0))
         yield error
+
+
+def _declared_names(validator: Any, schema: Any, depth: int) -> set[str]:
+    """The field names ``schema`` and everything it applies in place declare (for the explanation)."""
+    if not isinstance(schema, dict) or depth > 16:
+        return set()
+    names = set(schema.get("properties") or {})
+    for keyword in ("allOf", "anyOf", "oneOf"):
+        for sub in schema.get(keyword) or []:
+            names |= _declared_names(validator, sub, depth + 1)
+    for keyword in ("if", "then", "else"):
+        names |= _declared_names(validator, schema.get(keyword), depth + 1)
+    for sub in (schema.get("dependentSchemas") or {}).values():
+        names |= _declared_names(validator, sub, depth + 1)
+    ref = schema.get("$ref")
+    if isinstance(ref, str):
+        try:
+            resolved = validator._resolver.lookup(ref)
+        except Exception:  # an explanation never fails on a reference it cannot follow
+            return names
+        inner = validator.evolve(schema=resolved.contents, _resolver=resolved.resolver)
+        names |= _declared_names(inner, resolved.contents, depth + 1)
+    return names
 
 
 _MODERN = ("https://json-schema.org/draft/2019-09/schema", "https://json-schema.org/draft/2020-12/schema")

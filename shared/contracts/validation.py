@@ -153,7 +153,9 @@ def explain(err: JsError) -> list[SchemaError]:
             for m in missing
         ] or [SchemaError(path=path, keyword=kw, message=f"{path}: {err.message}")]
     elif kw in ("additionalProperties", "unevaluatedProperties"):
-        allowed = sorted((err.schema.get("properties") or {}).keys()) if isinstance(err.schema, dict) else []
+        allowed = getattr(err, "allowed", None)
+        if not isinstance(allowed, list):
+            allowed = sorted((err.schema.get("properties") or {}).keys()) if isinstance(err.schema, dict) else []
         extra = _extra_fields(err)
         msg = (
             f"{path} has unexpected field(s) {', '.join(repr(x) for x in extra) or '(unknown)'}; "
