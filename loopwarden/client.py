@@ -62,7 +62,7 @@ class Client:
 
     def __post_init__(self) -> None:
         self.telemetry = self.telemetry or setup_telemetry("client", self.settings)
-        self.bus = Bus(self.settings, "client", self.telemetry.tracer_provider)
+        self.bus = Bus(self.settings, "client", self.telemetry.bus_tracer_provider)
 
     async def __aenter__(self) -> Client:
         await self.bus.connect()

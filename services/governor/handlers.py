@@ -9,7 +9,7 @@ from services.governor.budget import BudgetLedger, evaluate
 from shared import subjects as S
 from shared import telemetry as T
 from shared.bus import Bus, Unchanged
-from shared.messages import BudgetDecision, BudgetRequest, RunEvent
+from shared.messages import BudgetDecision, BudgetRequest, ErrorReply, RunEvent
 from shared.settings import Settings
 
 
@@ -26,7 +26,7 @@ class Governor:
             router,
             subject=S.BUDGET_RESERVE,
             model=BudgetRequest,
-            reply=lambda reason: RunEvent(run_id="-", kind="error", summary=reason),
+            reply=lambda reason: ErrorReply(error=reason),  # typed: the planner parses it
         )(self.on_reserve)
 
     async def on_reserve(self, req: BudgetRequest) -> BudgetDecision:

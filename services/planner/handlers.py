@@ -25,7 +25,7 @@ from services.planner import machine as M
 from services.planner.state import PublishRecord, RunState
 from shared import subjects as S
 from shared.backoff import BackoffPolicy
-from shared.bus import Bus, CasConflict, TryLater, Unchanged
+from shared.bus import Bus, CasConflict, RequestRefused, TryLater, Unchanged
 from shared.messages import (
     BudgetDecision,
     BudgetRequest,
@@ -203,7 +203,12 @@ class Planner:
             await self.transact(ev.run_id, msg_id, lambda s: M.apply_provider_failure(s, reason))
             return
 
-        decision = await self.reserve(state, contracts)
+        try:
+            decision = await self.reserve(state, contracts)
+        except RequestRefused as err:  # the governor could not read our request: a bug, not a budget
+            reason = f"the governor refused the budget request: {err}"
+            await self.transact(ev.run_id, msg_id, lambda s: M.apply_provider_failure(s, reason))
+            return
         if decision.action == "block":
             reason = "; ".join(decision.reasons) or "budget exhausted"
             await self.transact(ev.run_id, msg_id, lambda s: M.apply_guard(s, reason))

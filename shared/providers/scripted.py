@@ -42,6 +42,9 @@ class ScriptedProvider:
             return self._plan(request)
         if request.purpose == "summarize":
             return self._summary(request)
+        judged = self.scenario.judge
+        if request.script_index < len(judged) and judged[request.script_index].latency_s:
+            await asyncio.sleep(judged[request.script_index].latency_s)
         return self._judge(request)
 
     def _plan(self, request: ModelRequest) -> ModelResponse:
