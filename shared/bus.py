@@ -655,20 +655,39 @@ class Bus:
         model: type[M],
         change: Callable[[M | None], tuple[M, R] | Unchanged[R]],
         attempts: int = 20,
+        *,
+        known: tuple[M, int] | None = None,
+        saved: Callable[[M | None, int], None] | None = None,
     ) -> R:
         """Read-modify-write under compare-and-swap: ``change`` gets the current value (None if
         absent) and returns the new value with a result, or ``Unchanged(result)``. A conflict
-        (another writer got there first) re-reads and calls ``change`` again."""
+        (another writer got there first) re-reads and calls ``change`` again.
+
+        ``known`` is a (value, revision) the caller already holds (e.g. what it wrote last): it is
+        tried first without reading; ``change`` may mutate it. ``saved(value, revision)`` is told
+        what is stored once the update is done, so the caller can keep it for next time."""
+        current: M | None
         for _ in range(attempts):
-            current, revision = await self.kv_get(bucket, key, model)
+            guessed = known is not None
+            if known is not None:
+                current, revision = known
+                known = None
+            else:
+                current, revision = await self.kv_get(bucket, key, model)
             outcome = change(current)
             if isinstance(outcome, Unchanged):
+                if guessed:  # "nothing to do" is only trusted on what is really stored
+                    continue
+                if saved is not None:
+                    saved(current, revision)
                 return outcome.result
             new, result = outcome
             try:
-                await self.kv_put(bucket, key, new, revision=revision)
+                revision = await self.kv_put(bucket, key, new, revision=revision)
             except CasConflict:
                 continue
+            if saved is not None:
+                saved(new, revision)
             return result
         raise CasConflict(f"{bucket}/{key}: still contended after {attempts} attempts")
 

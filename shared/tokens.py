@@ -25,6 +25,13 @@ def encoding() -> tiktoken.Encoding:
 def count(text: str) -> int:
     if not text:
         return 0
+    return _count(text)
+
+
+@lru_cache(maxsize=32_768)
+def _count(text: str) -> int:
+    """Each distinct text is counted once: a run's history is re-counted every turn, and its
+    older messages are the same strings turn after turn."""
     return len(encoding().encode(text, disallowed_special=()))
 
 

@@ -3,7 +3,8 @@ the same answer and thresholds fire once."""
 
 from __future__ import annotations
 
-from faststream.nats import NatsRouter
+from collections import OrderedDict
+from typing import Any
 
 from services.governor.budget import BudgetLedger, evaluate
 from shared import subjects as S
@@ -21,7 +22,19 @@ class Governor:
             "loopwarden.budget.decisions", description="budget decisions by action"
         )
 
-    def register(self, router: NatsRouter) -> None:
+        # The ledger this replica last stored per run, with its revision: tried first under CAS
+        # (a conflict re-reads), so a turn costs one KV write and no read.
+        self._ledgers: OrderedDict[str, tuple[BudgetLedger, int]] = OrderedDict()
+
+    def keep(self, key: str, ledger: BudgetLedger | None, revision: int) -> None:
+        if ledger is None:
+            return
+        self._ledgers[key] = (ledger, revision)
+        self._ledgers.move_to_end(key)
+        while len(self._ledgers) > 1024:
+            self._ledgers.popitem(last=False)
+
+    def register(self, router: Any) -> None:
         self.bus.responder(
             router,
             subject=S.BUDGET_RESERVE,
@@ -50,7 +63,15 @@ class Governor:
         with self.tracer.start_as_current_span(
             "budget reserve", attributes={T.LW_RUN_ID: req.run_id, T.GEN_AI_REQUEST_MODEL: req.model}
         ) as span:
-            decision = await self.bus.update(S.KV_BUDGETS, S.kv_key(req.run_id), BudgetLedger, decide)
+            key = S.kv_key(req.run_id)
+            decision = await self.bus.update(
+                S.KV_BUDGETS,
+                key,
+                BudgetLedger,
+                decide,
+                known=self._ledgers.pop(key, None),
+                saved=lambda v, rev: self.keep(key, v, rev),
+            )
             span.set_attribute(T.LW_BUDGET_ACTION, decision.action)
         self.decisions.add(1, {"action": decision.action})
         for flag in decision.fired:
