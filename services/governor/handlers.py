@@ -13,6 +13,8 @@ from shared.bus import Bus, Unchanged
 from shared.messages import BudgetDecision, BudgetRequest, ErrorReply, RunEvent
 from shared.settings import Settings
 
+KEEP_DECISIONS = 8  # recent turns whose decision a redelivered request gets again
+
 
 class Governor:
     def __init__(self, bus: Bus, settings: Settings, telemetry: T.Telemetry) -> None:
@@ -58,6 +60,8 @@ class Governor:
                 exhausted_policy=s.budget_exhausted_policy,
             )
             ledger.decisions[str(req.turn)] = decision
+            for old in sorted(ledger.decisions, key=int)[:-KEEP_DECISIONS]:  # the ledger does not grow with the run
+                del ledger.decisions[old]
             return ledger, decision
 
         with self.tracer.start_as_current_span(
