@@ -71,6 +71,7 @@ class Planner:
     def __init__(self, bus: Bus, settings: Settings, telemetry: Telemetry) -> None:
         self.bus, self.settings = bus, settings
         self.tracer = telemetry.tracer("loopwarden.planner")
+        self.tracing = telemetry.exporting
         meter = telemetry.meter("loopwarden.planner")
         self.runs_finished = meter.create_counter("loopwarden.runs.finished", description="runs by final status")
         self.decisions = meter.create_counter("loopwarden.decide.decisions", description="Decide outcomes by row")
@@ -135,9 +136,13 @@ class Planner:
             if state.seen(msg_id):  # applied before: re-publish its outbox (deduplicated downstream)
                 return Unchanged(Applied(state, state.outbox.get(msg_id, []), was_done=True))
             was_done = state.done
-            with self.tracer.start_as_current_span(
-                f"planner apply {msg_id.split('.')[0]}", attributes={LW_RUN_ID: run_id, LW_ITERATION: state.iteration.n}
-            ):
+            if self.tracing:
+                with self.tracer.start_as_current_span(
+                    f"planner apply {msg_id.split('.')[0]}",
+                    attributes={LW_RUN_ID: run_id, LW_ITERATION: state.iteration.n},
+                ):
+                    out = apply(state)
+            else:
                 out = apply(state)
             if out is None:
                 return Unchanged(None)
