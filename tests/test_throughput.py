@@ -98,7 +98,7 @@ async def test_sigkill_of_an_executor_holding_many_calls_loses_nothing(one_each:
                 break
             await asyncio.sleep(0.05)
         assert held >= k, f"the executor held {held} calls at once, not {k}"
-        executor = next(p for p in one_each.procs if p.name == "executor" and p.popen.poll() is None)
+        executor = next(p for p in one_each.procs if p.service == "executor" and p.popen.poll() is None)
         os.kill(executor.popen.pid, signal.SIGKILL)
         executor.popen.wait()
         replacement = one_each.start_service("executor", label=f"executor-replacement-{time.monotonic_ns()}")
@@ -109,6 +109,34 @@ async def test_sigkill_of_an_executor_holding_many_calls_loses_nothing(one_each:
             kinds = [e.kind for e in await client.events(rid)]
             assert kinds.count("tool.succeeded.calculator") == 1, kinds
             assert kinds.count("run.completed") == 1
+
+
+async def test_a_stopped_executor_hands_back_the_calls_it_could_not_finish(one_each: LocalStack) -> None:
+    """SIGTERM: in-flight calls get the grace period (LW_ACK_WAIT_S here), the rest are handed back."""
+    from shared.settings import Settings
+
+    k = 6
+    async with Client(Settings(nats_url=one_each.nats_url)) as client:
+        ids = await asyncio.gather(
+            *(client.submit_scenario(parse_scenario(slow_run(200 + i, 0.0, 8.0, 0.0))) for i in range(k))
+        )
+        held = 0
+        for _ in range(300):
+            held = (await client.bus.js.consumer_info(S.STREAM_CMD, "executor_calculator")).num_ack_pending or 0
+            if held >= k:
+                break
+            await asyncio.sleep(0.05)
+        assert held >= k
+        executor = next(p for p in one_each.procs if p.service == "executor" and p.popen.poll() is None)
+        executor.popen.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(executor.popen.wait, 30) == 0  # a clean exit, without waiting for the tools
+        replacement = one_each.start_service("executor", label=f"executor-after-stop-{time.monotonic_ns()}")
+        one_each.wait_ready([replacement])
+        for rid in ids:
+            state = await client.wait(rid, timeout=90)
+            assert state.status == "completed", state.final_reason
+            kinds = [e.kind for e in await client.events(rid)]
+            assert kinds.count("tool.succeeded.calculator") == 1, kinds
 
 
 # --- every bad message lands in the DLQ with its reason -------------------------------------------
@@ -189,3 +217,11 @@ async def test_a_handler_that_kills_its_process_on_every_delivery_is_dead_letter
     assert exits[:2] == [3, 3]
     assert len(letters) == 1 and letters[0].subject == subject and letters[0].deliveries == 3
     assert "not completed after 2 deliveries" in letters[0].reason
+
+
+async def test_the_benchmarks_in_process_floor_drives_a_whole_run() -> None:
+    """`make bench` compares the service loop with this in-process driver of the same domain code."""
+    from bench.throughput import floor_steps
+
+    durations = await floor_steps(1, 6)
+    assert len(durations) == 5 and all(d > 0 for d in durations)
