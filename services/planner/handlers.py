@@ -247,7 +247,7 @@ class Planner:
             return
 
         try:
-            decision = await self.reserve(state, contracts)
+            decision, planned = await self.reserve(state, contracts)
         except RequestRefused as err:  # the governor could not read our request: a bug, not a budget
             reason = f"the governor refused the budget request: {err}"
             await self.transact(ev.run_id, msg_id, lambda s: M.apply_provider_failure(s, reason))
@@ -265,7 +265,8 @@ class Planner:
                 M.apply_compaction(state, compaction[0], compaction[1], compaction[2].usage)
 
         try:
-            response, storing = await self.model_call(state, provider, contracts, decision)
+            reuse = planned if compaction is None else None  # compaction changed the history
+            response, storing = await self.model_call(state, provider, contracts, decision, reuse)
         except ProviderError as err:
             if err.transient:
                 raise TryLater(f"model provider still failing after retries: {err}", delay=5.0) from err
@@ -336,7 +337,8 @@ class Planner:
             script_index=state.model_calls,
         )
 
-    async def reserve(self, state: RunState, contracts: dict[str, ToolContract]) -> BudgetDecision:
+    async def reserve(self, state: RunState, contracts: dict[str, ToolContract]) -> tuple[BudgetDecision, ModelRequest]:
+        """The governor's decision for this turn, and the request it was counted on."""
         req = self.request_for(state, contracts, state.model, state.config.max_output_tokens)
         sections = C.sections(
             req.system, state.messages[0].text() if state.messages else "", req.messages, req.tools, req.max_tokens
@@ -352,7 +354,7 @@ class Planner:
             cost_ceiling_usd=state.config.cost_ceiling_usd,
         )
         try:
-            return await self.bus.request(S.BUDGET_RESERVE, budget, BudgetDecision)
+            return await self.bus.request(S.BUDGET_RESERVE, budget, BudgetDecision), req
         except (NatsTimeout, NoRespondersError, TimeoutError) as err:
             raise TryLater(f"governor did not answer: {err!r}", delay=1.0) from err
 
@@ -363,7 +365,12 @@ class Planner:
         )
 
     async def model_call(
-        self, state: RunState, provider: object, contracts: dict[str, ToolContract], decision: BudgetDecision
+        self,
+        state: RunState,
+        provider: object,
+        contracts: dict[str, ToolContract],
+        decision: BudgetDecision,
+        planned: ModelRequest | None = None,
     ) -> tuple[ModelResponse, asyncio.Task[int] | None]:
         """One model call per (run, iteration): a redelivered advance reuses the stored response.
         Only a redelivery can find one stored, so a first delivery does not look. The response is
@@ -373,7 +380,10 @@ class Planner:
             cached, _ = await self.bus.kv_get(S.KV_MODEL_CALLS, key, ModelResponse)
             if cached is not None:
                 return cached, None
-        req = self.request_for(state, contracts, decision.model, decision.max_output_tokens)
+        if planned is not None:  # the request the budget was counted on: not built twice
+            req = planned.model_copy(update={"model": decision.model, "max_tokens": decision.max_output_tokens})
+        else:
+            req = self.request_for(state, contracts, decision.model, decision.max_output_tokens)
         response = await complete_with_retry(provider, req, self.policy(), self.tracer)  # type: ignore[arg-type]
         return response, asyncio.create_task(self.bus.kv_put(S.KV_MODEL_CALLS, key, response))
 
