@@ -5,18 +5,20 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench import e2e, validation
+from bench import e2e, throughput, validation
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="bench")
     parser.add_argument("--quick", action="store_true", help="short measurements (used by the test suite)")
-    parser.add_argument("--only", choices=["validation", "e2e"])
+    parser.add_argument("--only", choices=["validation", "e2e", "throughput"])
     args = parser.parse_args()
     if args.only in (None, "validation"):
         print("\n".join(validation.report(validation.run(seconds=0.3 if args.quick else 2.0))), flush=True)
     if args.only in (None, "e2e"):
         print("\n".join(e2e.report(e2e.run(n=4 if args.quick else 20))), flush=True)
+    if args.only in (None, "throughput"):
+        print("\n".join(throughput.report(throughput.run(quick=args.quick))), flush=True)
     return 0
 
 

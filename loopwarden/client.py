@@ -61,8 +61,10 @@ class Client:
     bus: Bus = field(init=False)
 
     def __post_init__(self) -> None:
+        self._waiters: dict[str, set[asyncio.Event]] = {}
+        self._run_events: Any = None
         self.telemetry = self.telemetry or setup_telemetry("client", self.settings)
-        self.bus = Bus(self.settings, "client", self.telemetry.tracer_provider)
+        self.bus = Bus(self.settings, "client", self.telemetry.bus_tracer_provider)
 
     async def __aenter__(self) -> Client:
         await self.bus.connect()
@@ -111,27 +113,58 @@ class Client:
     async def wait(
         self, run_id: str, timeout: float = 60.0, until: tuple[str, ...] = ("completed", "stopped", "failed")
     ) -> RunState:
+        """The run's state once its status is in ``until``. Reacts to the run's own events (one
+        subscription per client, dispatched by run id) instead of polling; the state is read
+        again only when one of the run's events arrives (and once a second as a safety net)."""
         deadline = time.monotonic() + timeout
+        changed = await self._on_run_events(run_id)
         state = None
-        while time.monotonic() < deadline:
-            state = await self.state(run_id)
-            if state is not None and state.status in until:
-                if state.done:
-                    await self._settled(run_id, state.status, deadline)
-                return state
-            await asyncio.sleep(0.05)
+        try:
+            while time.monotonic() < deadline:
+                changed.clear()
+                state = await self.state(run_id)
+                if state is not None and state.status in until:
+                    if state.done:
+                        await self._settled(run_id, state.status, deadline, changed)
+                    return state
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(max(0.01, min(1.0, deadline - time.monotonic()))):
+                        await changed.wait()
+        finally:
+            waiters = self._waiters.get(run_id)
+            if waiters is not None:
+                waiters.discard(changed)
+                if not waiters:
+                    del self._waiters[run_id]
         raise TimeoutError(
             f"run {run_id} did not reach {until} in {timeout:.0f}s (last status: "
             f"{state.status if state else 'not stored'})"
         )
 
-    async def _settled(self, run_id: str, status: str, deadline: float) -> None:
+    async def _on_run_events(self, run_id: str) -> asyncio.Event:
+        """An event set whenever one of the run's events is published."""
+        if self._run_events is None:
+
+            async def dispatch(msg: Any) -> None:
+                rid = (msg.headers or {}).get(RUN_ID_HEADER, "")
+                for waiter in self._waiters.get(rid, ()):
+                    waiter.set()
+
+            self._run_events = await self.bus.nc.subscribe(f"{S.RUN_EVENT_PREFIX}.>", cb=dispatch)
+        changed = asyncio.Event()
+        self._waiters.setdefault(run_id, set()).add(changed)
+        return changed
+
+    async def _settled(self, run_id: str, status: str, deadline: float, changed: asyncio.Event) -> None:
         """Wait until the run's final event is in the stream. The planner saves the state, then
         publishes; the final event is published last, so once it is there, the history is whole."""
         while time.monotonic() < deadline:
             if await self.events(run_id, subjects=S.run_event(status), timeout=0.2):
                 return
-            await asyncio.sleep(0.02)
+            changed.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(0.2):
+                    await changed.wait()
 
     async def events(
         self, run_id: str | None = None, subjects: str = f"{S.P}.evt.>", timeout: float = 2.0

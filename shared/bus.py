@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from faststream import AckPolicy
-from faststream.nats import JStream, NatsBroker, NatsRouter, NatsUserPassword, PullSub
-from faststream.nats.annotations import NatsMessage
-from faststream.nats.opentelemetry import NatsTelemetryMiddleware
+from faststream.nats import NatsBroker, NatsUserPassword
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js.api import (
     AckPolicy as JsAckPolicy,
 )
@@ -38,10 +42,11 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import SpanKind, Tracer
 from pydantic import BaseModel, ValidationError
 
 from shared import subjects as S
-from shared.messages import DeadLetter
+from shared.messages import DeadLetter, ErrorReply
 from shared.settings import Settings
 
 log = logging.getLogger("loopwarden.bus")
@@ -51,6 +56,14 @@ Handler = Callable[[M], Awaitable[None]]
 
 RUN_ID_HEADER = "Lw-Run-Id"
 MSG_ID_HEADER = "Nats-Msg-Id"
+LW_RUN_ID_ATTR = "loopwarden.run.id"
+PULL_EXPIRES_S = 5.0  # a pull request's lifetime; a new one is sent as slots free up
+_DELIVERIES: contextvars.ContextVar[int] = contextvars.ContextVar("lw_deliveries", default=1)
+
+
+def current_deliveries() -> int:
+    """How many times the message the running handler works on has been delivered (1 = first)."""
+    return _DELIVERIES.get()
 
 
 class TryLater(Exception):
@@ -65,11 +78,186 @@ class CasConflict(Exception):
     """The key changed since it was read; reload and apply again."""
 
 
+class RequestRefused(Exception):
+    """The service answered a request with an ``ErrorReply`` (the request was dead-lettered)."""
+
+
+class Undecodable(Exception):
+    """A message body that does not decode into its contract (the reason names why)."""
+
+
+def decode(model: type[M], data: bytes) -> M:
+    """``data`` as ``model``, or ``Undecodable`` with a one-line reason - whatever the body is
+    (not UTF-8, not JSON, nested beyond any parser's depth, or not the contract)."""
+    try:
+        return model.model_validate_json(data)
+    except ValidationError as err:
+        raise Undecodable(f"does not match contract {model.__name__}: {describe(err)}") from None
+    except RecursionError:
+        raise Undecodable(f"does not decode as {model.__name__}: nested too deeply") from None
+    except Exception as err:
+        raise Undecodable(f"does not decode as {model.__name__}: {type(err).__name__}: {err}") from None
+
+
 @dataclass(frozen=True)
 class ConsumerSpec:
     stream: str
     durable: str
     filter_subjects: tuple[str, ...]
+
+
+@dataclass
+class _Responder:
+    subject: str
+    model: type[Any]
+    handler: Callable[[Any], Awaitable[BaseModel]]
+    reply: Callable[[str], BaseModel]
+
+
+class _RunLocks:
+    """One lock per run id, dropped when nobody holds or waits for it."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: str | None) -> AsyncIterator[None]:
+        if not key:
+            yield
+            return
+        lock, users = self._locks.get(key, (None, 0))
+        if lock is None:
+            lock = asyncio.Lock()
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users <= 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
+
+
+class _Pull:
+    """One durable pull consumer driven directly on nats-py: pull requests ask for as many
+    messages as there are free slots; each delivered message runs as its own task."""
+
+    def __init__(self, bus: Bus, spec: ConsumerSpec, model: type[Any], handler: Handler[Any]) -> None:
+        self.bus, self.spec, self.model, self.handler = bus, spec, model, handler
+        self.limit = bus.settings.in_flight_for(bus.service)
+        self.held: dict[int, Msg] = {}  # id(msg) -> msg (nats-py messages are not hashable)
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.pending = 0  # messages asked for and not yet delivered
+        self.requests: deque[float] = deque()  # expiry time of each live pull request
+        self.wake = asyncio.Event()
+        self.stopping = False
+        self.sub: Subscription | None = None
+        self.loop_task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        nc = self.bus.nc
+        self.inbox = nc.new_inbox()  # under this service's inbox prefix (permissions)
+        self.next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{self.spec.stream}.{self.spec.durable}"
+        self.sub = await nc.subscribe(self.inbox, cb=self.on_msg)
+        self.loop_task = asyncio.create_task(self.loop(), name=f"pull {self.spec.durable}")
+
+    async def on_msg(self, msg: Msg) -> None:
+        try:
+            await self._on_msg(msg)
+        except Exception:  # nats-py would swallow it silently
+            log.exception("%s: could not take a message on %s", self.bus.service, self.spec.durable)
+
+    async def _on_msg(self, msg: Msg) -> None:
+        status = msg.headers.get("Status") if msg.headers else None
+        if status:
+            if status == "100":  # idle heartbeat
+                return
+            left = msg.headers.get("Nats-Pending-Messages") if msg.headers else None
+            self.pending = max(0, self.pending - int(left)) if left and left.isdigit() else 0
+            if self.requests:
+                self.requests.popleft()
+            self.wake.set()
+            return
+        self.pending = max(0, self.pending - 1)
+        if self.stopping:  # shutting down: hand it back at once
+            with contextlib.suppress(Exception):
+                await msg.nak()
+            return
+        self.held[id(msg)] = msg
+        task = asyncio.create_task(self.run(msg))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def run(self, msg: Msg) -> None:
+        try:
+            run_id = msg.headers.get(RUN_ID_HEADER) if msg.headers else None
+            async with self.bus._run_locks.hold(run_id):
+                if self.bus._tracer is None:
+                    await self.bus._deliver(msg, self.model, self.handler)
+                else:
+                    ctx = self.bus._extract(msg.headers)
+                    with self.bus._span(f"{msg.subject} process", SpanKind.CONSUMER, ctx, msg.headers):
+                        await self.bus._deliver(msg, self.model, self.handler)
+        except asyncio.CancelledError:  # shutdown ran out of time: hand the message back
+            with contextlib.suppress(Exception):
+                await msg.nak()
+            raise
+        except Exception:
+            log.exception("%s: delivering %s failed; it will be redelivered", self.bus.service, msg.subject)
+        finally:
+            self.held.pop(id(msg), None)
+            self.wake.set()
+
+    async def loop(self) -> None:
+        nc = self.bus.nc
+        while not self.stopping:
+            now = time.monotonic()
+            while self.requests and self.requests[0] < now - 0.5:  # expired without a status reaching us
+                self.requests.popleft()
+            if not self.requests:
+                self.pending = 0
+            free = self.limit - len(self.held) - self.pending
+            if free > 0 and (self.pending == 0 or free >= max(1, self.limit // 4)):
+                req = {"batch": free, "expires": int(PULL_EXPIRES_S * 1e9)}
+                try:
+                    await nc.publish(self.next_subject, json.dumps(req).encode(), reply=self.inbox)
+                    self.pending += free
+                    self.requests.append(now + PULL_EXPIRES_S)
+                except Exception as err:  # disconnected: try again shortly
+                    log.warning("%s: pull request for %s failed: %r", self.bus.service, self.spec.durable, err)
+                    await asyncio.sleep(0.5)
+                    continue
+            self.wake.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(PULL_EXPIRES_S / 2):
+                    await self.wake.wait()
+
+    async def stop(self, grace: float) -> None:
+        """Stop asking for messages, let in-flight ones finish within ``grace``, hand back the rest."""
+        self.stopping = True
+        self.wake.set()
+        if self.loop_task is not None:
+            self.loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.loop_task
+        if self.tasks:
+            _, late = await asyncio.wait(set(self.tasks), timeout=grace)
+            for task in late:
+                task.cancel()
+            if late:
+                await asyncio.wait(late, timeout=2)
+        if self.sub is not None:
+            with contextlib.suppress(Exception):
+                await self.sub.unsubscribe()
+
+
+def _stream_seq(raw: Any) -> int:
+    try:
+        return int(raw.metadata.sequence.stream)
+    except Exception:
+        return 0
 
 
 @dataclass
@@ -92,9 +280,18 @@ class Bus:
             if self.meter_provider
             else None
         )
-        middlewares = []
-        if self.tracer_provider is not None:
-            middlewares.append(NatsTelemetryMiddleware(tracer_provider=self.tracer_provider))
+        self._tracer: Tracer | None = (
+            self.tracer_provider.get_tracer("loopwarden.bus") if self.tracer_provider is not None else None
+        )
+        self._pulls: list[_Pull] = []
+        self._responders: list[_Responder] = []
+        self._subs: list[Subscription] = []
+        self._beating: dict[int, Any] = {}
+        self._background: set[asyncio.Task[Any]] = set()
+        self._run_locks = _RunLocks()
+        self._started = False
+        self._js: JetStreamContext | None = None
+        self._rpc_slots = asyncio.Semaphore(self.settings.in_flight_for(self.service))
         s = self.settings
         security = None
         if s.nats_user:
@@ -105,8 +302,7 @@ class Bus:
             name=f"loopwarden-{self.service}",
             security=security,
             inbox_prefix=self.inbox_prefix,  # one inbox namespace per service: replies stay private
-            middlewares=middlewares,
-            log_level=logging.DEBUG,  # per-message "Received/Processed" lines only at DEBUG
+            log_level=logging.DEBUG,
             max_reconnect_attempts=-1,
             graceful_timeout=max(10.0, s.ack_wait_s),
         )
@@ -117,8 +313,14 @@ class Bus:
         return inbox_prefix(self.service)
 
     @property
+    def nc(self) -> NatsClient:
+        return self.broker.connection
+
+    @property
     def js(self) -> JetStreamContext:
-        return self.broker.connection.jetstream()
+        if self._js is None:
+            self._js = self.broker.connection.jetstream()
+        return self._js
 
     async def connect(self) -> None:
         """Connect and make sure streams, buckets and this service's consumers exist as declared."""
@@ -133,19 +335,42 @@ class Bus:
         for spec in self._consumers:
             await self._reconcile_consumer(spec)
 
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     async def start(self) -> None:
+        """Start consuming: every registered durable and request/reply subject."""
         if not self._connected:
             await self.connect()
-        await self.broker.start()
+        for r in self._responders:
+
+            async def on_request(msg: Msg, r: _Responder = r) -> None:
+                self._spawn(self._answer(r, msg))
+
+            self._subs.append(await self.nc.subscribe(r.subject, queue=self.service, cb=on_request))
+        for pull in self._pulls:
+            await pull.start()
+        self._spawn(self._heartbeats())
+        self._started = True
 
     async def stop(self) -> None:
-        """Drain in-flight handlers (or just close if the server is already gone), then run
-        the ``on_stop`` hooks (e.g. closing MCP sessions), each bounded."""
+        """Finish in-flight handlers (handing back what does not finish in time), close the
+        connection (or just close if the server is already gone), then run the ``on_stop``
+        hooks (e.g. closing MCP sessions), each bounded."""
         try:
             connected = self.broker.connection.is_connected
         except Exception:  # never connected
             connected = False
         try:
+            for sub in self._subs:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+            grace = max(1.0, min(self.settings.ack_wait_s, 10.0)) if connected else 0.5
+            await asyncio.gather(*(pull.stop(grace) for pull in self._pulls), return_exceptions=True)
+            for task in list(self._background):
+                task.cancel()
             if connected:
                 await self.broker.stop()
             else:
@@ -160,8 +385,7 @@ class Bus:
 
     async def _reconcile_consumer(self, spec: ConsumerSpec) -> None:
         # JetStream's create request without an action is create-or-update, so a changed
-        # ack_wait / max_deliver in settings takes effect (faststream alone would keep the
-        # config the durable was first created with).
+        # ack_wait / max_deliver in settings takes effect.
         cfg = ConsumerConfig(
             durable_name=spec.durable,
             ack_policy=JsAckPolicy.EXPLICIT,
@@ -169,116 +393,139 @@ class Bus:
             ack_wait=self.settings.ack_wait_s,
             max_deliver=self.settings.max_deliver + 2,  # we dead-letter at max_deliver ourselves
             filter_subjects=list(spec.filter_subjects),
-            max_ack_pending=1000,
+            max_ack_pending=self.settings.ack_pending_for(self.service),
         )
         await self.js.add_consumer(spec.stream, cfg)
 
     # --- consuming ---------------------------------------------------------------------------
     def consumer(
         self,
-        router: NatsRouter,
+        router: Any,
         *,
         durable: str,
         filter_subjects: list[str],
         model: type[M],
         stream: str = S.STREAM_CMD,
     ) -> Callable[[Handler[M]], Handler[M]]:
-        """Register ``handler(payload)`` on a durable JetStream pull consumer."""
+        """Register ``handler(payload)`` on a durable JetStream pull consumer.
+
+        The bus drives the pull subscription itself (no framework per message): up to
+        ``LW_MAX_IN_FLIGHT`` messages of this replica run at once, messages of one run are
+        handled one after another (a lock per ``Lw-Run-Id``), every in-flight message is
+        heartbeaten. ``router`` is accepted for the services' registration code and unused."""
         spec = ConsumerSpec(stream, durable, tuple(filter_subjects))
         self._consumers.append(spec)
 
         def register(handler: Handler[M]) -> Handler[M]:
-            async def on_message(msg: NatsMessage) -> None:
-                await self._deliver(msg, model, handler)
-
-            on_message.__name__ = handler.__name__
-            router.subscriber(
-                filter_subjects[0] if len(filter_subjects) == 1 else f"{S.P}.>",
-                stream=JStream(stream, declare=False),
-                durable=durable,
-                pull_sub=PullSub(batch_size=1, timeout=1.0),
-                ack_policy=AckPolicy.MANUAL,
-                inbox_prefix=f"{self.inbox_prefix}.".encode(),
-                title=durable,
-            )(on_message)
+            pull = _Pull(self, spec, model, handler)
+            self._pulls.append(pull)
+            if self._started:  # registered after start (e.g. tools mounted late): consume now
+                self._spawn(pull.start())
             return handler
 
         return register
 
     def responder(
         self,
-        router: NatsRouter,
+        router: Any,
         *,
         subject: str,
         model: type[M],
         reply: Callable[[str], BaseModel],
     ) -> Callable[[Callable[[M], Awaitable[BaseModel]]], Callable[[M], Awaitable[BaseModel]]]:
-        """Register a queue-grouped request/reply handler; a malformed request is dead-lettered
-        and answered with ``reply(reason)`` instead of hanging the caller."""
+        """Register a queue-grouped request/reply handler. Every request gets an answer: a
+        malformed one (or one whose handler fails) is dead-lettered with its reason and answered
+        with ``reply(reason)`` instead of hanging the caller."""
 
         def register(handler: Callable[[M], Awaitable[BaseModel]]) -> Callable[[M], Awaitable[BaseModel]]:
-            async def on_request(msg: NatsMessage) -> bytes:
-                raw = msg.raw_message
-                try:
-                    payload = model.model_validate_json(raw.data)
-                except ValidationError as err:
-                    reason = f"does not match contract {model.__name__}: {describe(err)}"
-                    await self.dead_letter(raw, reason, 1)
-                    return reply(reason).model_dump_json().encode()
-                result = await handler(payload)
-                return result.model_dump_json(by_alias=True).encode()
-
-            on_request.__name__ = handler.__name__
-            router.subscriber(subject, queue=self.service, title=f"{self.service}:{subject}")(on_request)
+            self._responders.append(_Responder(subject, model, handler, reply))
             return handler
 
         return register
 
-    async def _deliver(self, msg: Any, model: type[M], handler: Handler[M]) -> None:
-        raw = msg.raw_message
-        deliveries = raw.metadata.num_delivered if raw.metadata else 1
+    async def _answer(self, r: _Responder, msg: Msg) -> None:
+        async with self._rpc_slots:
+            ctx = self._extract(msg.headers) if self._tracer is not None else None
+            with self._span(f"{msg.subject} process", SpanKind.SERVER, ctx, msg.headers):
+                try:
+                    payload = decode(r.model, msg.data)
+                except Undecodable as err:
+                    reason = str(err)
+                    out: BaseModel = r.reply(reason)
+                    with contextlib.suppress(Exception):
+                        await self.dead_letter(msg, reason, 1)
+                else:
+                    try:
+                        out = await r.handler(payload)
+                    except Exception as err:
+                        log.exception("%s: request on %s failed", self.service, msg.subject)
+                        reason = f"handler failed: {err!r}"
+                        out = r.reply(reason)
+                        with contextlib.suppress(Exception):
+                            await self.dead_letter(msg, reason, 1)
+                if msg.reply:
+                    with contextlib.suppress(Exception):
+                        await self.nc.publish(msg.reply, out.model_dump_json(by_alias=True).encode())
+
+    async def _deliver(self, msg: Msg, model: type[M], handler: Handler[M]) -> None:
+        """Decode, run the handler, then ack; dead-letter what cannot be delivered, with its reason."""
         try:
-            payload = model.model_validate_json(raw.data)
-        except ValidationError as err:
-            await self.dead_letter(raw, f"does not match contract {model.__name__}: {describe(err)}", deliveries)
+            deliveries = msg.metadata.num_delivered
+        except Exception:
+            deliveries = 1
+        limit = self.settings.max_deliver
+        if deliveries > limit:
+            # It never completed: the handler crashed its process (or hung) on every delivery.
+            # Dead-letter it *before* running the handler again.
+            await self.dead_letter(
+                msg, f"not completed after {deliveries - 1} deliveries (the handler crashed or hung)", deliveries
+            )
             await msg.ack()
             return
         try:
-            async with self.heartbeat(msg):
-                await handler(payload)
+            payload = decode(model, msg.data)
+        except Undecodable as err:
+            await self.dead_letter(msg, str(err), deliveries)
+            await msg.ack()
+            return
+        token = _DELIVERIES.set(deliveries)
+        try:
+            await handler(payload)
         except TryLater as later:
             log.info("%s: retry later (%s)", self.service, later)
-            await msg.nack(delay=later.delay)
+            await msg.nak(delay=later.delay)
             return
         except Exception as err:
-            if deliveries >= self.settings.max_deliver:
-                log.exception("%s: giving up on %s after %d deliveries", self.service, raw.subject, deliveries)
-                await self.dead_letter(raw, f"handler failed {deliveries} times: {err!r}", deliveries)
+            if deliveries >= limit:
+                log.exception("%s: giving up on %s after %d deliveries", self.service, msg.subject, deliveries)
+                await self.dead_letter(msg, f"handler failed {deliveries} times: {err!r}", deliveries)
                 await msg.ack()
                 return
-            log.warning("%s: handler failed on %s (delivery %d): %r", self.service, raw.subject, deliveries, err)
-            await msg.nack(delay=self.settings.redeliver_delay_s * 2 ** (deliveries - 1))
+            log.warning("%s: handler failed on %s (delivery %d): %r", self.service, msg.subject, deliveries, err)
+            await msg.nak(delay=self.settings.redeliver_delay_s * 2 ** (deliveries - 1))
             return
+        finally:
+            _DELIVERIES.reset(token)
         await msg.ack()
 
     @contextlib.asynccontextmanager
     async def heartbeat(self, msg: Any) -> AsyncIterator[None]:
-        """Tell JetStream a long handler (model call, slow tool) is still working on ``msg``."""
-        interval = max(0.2, self.settings.ack_wait_s / 3)
-
-        async def beat() -> None:
-            while True:
-                await asyncio.sleep(interval)
-                with contextlib.suppress(Exception):
-                    await msg.in_progress()
-
-        task = asyncio.create_task(beat())
+        """Tell JetStream a long piece of work is still going on ``msg`` (every message a consumer
+        holds is heartbeaten by the bus already; this is for work outside a consumer)."""
+        self._beating[id(msg)] = msg
         try:
             yield
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            self._beating.pop(id(msg), None)
+
+    async def _heartbeats(self) -> None:
+        interval = max(0.2, self.settings.ack_wait_s / 3)
+        while True:
+            await asyncio.sleep(interval)
+            held = [m for pull in self._pulls for m in pull.held.values()] + list(self._beating.values())
+            for m in held:
+                with contextlib.suppress(Exception):
+                    await m.in_progress()
 
     async def dead_letter(self, raw: Any, reason: str, deliveries: int) -> None:
         body = raw.data.decode("utf-8", errors="replace")
@@ -290,9 +537,28 @@ class Bus:
             headers={k: str(v) for k, v in (raw.headers or {}).items()},
             deliveries=deliveries,
         )
-        seq = raw.metadata.sequence.stream if raw.metadata else 0
-        await self.publish(S.dead_letter(self.service), letter, msg_id=f"dlq-{self.service}-{raw.subject}-{seq}")
+        seq = _stream_seq(raw)  # a core NATS request has no JetStream metadata
+        msg_id = f"dlq-{self.service}-{raw.subject}-{seq}" if seq else f"dlq-{self.service}-{uuid.uuid4().hex}"
+        await self.publish(S.dead_letter(self.service), letter, msg_id=msg_id)
         log.error("%s: dead-lettered %s: %s", self.service, raw.subject, reason)
+
+    # --- tracing (only when spans are exported) ------------------------------------------------
+    def _extract(self, headers: dict[str, str] | None) -> otel_context.Context | None:
+        return propagate.extract(headers or {})
+
+    @contextlib.contextmanager
+    def _span(
+        self, name: str, kind: SpanKind, ctx: otel_context.Context | None, headers: dict[str, str] | None
+    ) -> Iterator[None]:
+        if self._tracer is None:
+            yield
+            return
+        attrs: dict[str, str] = {"messaging.system": "nats", "messaging.destination.name": name.rsplit(" ", 1)[0]}
+        run_id = (headers or {}).get(RUN_ID_HEADER)
+        if run_id:
+            attrs[LW_RUN_ID_ATTR] = run_id
+        with self._tracer.start_as_current_span(name, context=ctx, kind=kind, attributes=attrs):
+            yield
 
     # --- publishing --------------------------------------------------------------------------
     async def publish(
@@ -304,40 +570,60 @@ class Bus:
         run_id: str | None = None,
         traceparent: str | None = None,
     ) -> None:
-        """Publish to JetStream; ``msg_id`` makes a re-publish after a crash a no-op."""
+        """Publish to JetStream and await its PubAck; ``msg_id`` makes a re-publish after a crash a no-op."""
         headers = {"content-type": "application/json"}
         if msg_id:
             headers[MSG_ID_HEADER] = msg_id
         run_id = run_id or getattr(payload, "run_id", None)
         if run_id:
             headers[RUN_ID_HEADER] = run_id
-        stream = stream_for(subject)
         body = payload if isinstance(payload, bytes) else payload.model_dump_json(by_alias=True).encode()
-        token = None
-        if traceparent:  # continue a stored trace (e.g. a human resolving an escalation)
-            token = otel_context.attach(propagate.extract({"traceparent": traceparent}))
-        try:
-            ack = await self.broker.publish(body, subject, headers=headers, stream=stream, correlation_id=run_id)
-            if (
-                self._failures is not None
-                and subject.startswith(S.FAILURE_PREFIX + ".")
-                and not getattr(ack, "duplicate", False)
-            ):
-                _, ftype, tool = subject.rsplit(".", 2)
-                self._failures.add(1, {"failure.type": ftype, "tool": tool})
-        finally:
-            if token is not None:
-                otel_context.detach(token)
+        if self._tracer is not None:
+            token = None
+            if traceparent:  # continue a stored trace (e.g. a human resolving an escalation)
+                token = otel_context.attach(propagate.extract({"traceparent": traceparent}))
+            try:
+                with self._span(f"{subject} publish", SpanKind.PRODUCER, None, headers):
+                    propagate.inject(headers)
+                    ack = await self.js.publish(subject, body, headers=headers, stream=stream_for(subject))
+            finally:
+                if token is not None:
+                    otel_context.detach(token)
+        else:
+            ack = await self.js.publish(subject, body, headers=headers, stream=stream_for(subject))
+        if self._failures is not None and subject.startswith(S.FAILURE_PREFIX + ".") and not ack.duplicate:
+            _, ftype, tool = subject.rsplit(".", 2)
+            self._failures.add(1, {"failure.type": ftype, "tool": tool})
+
+    async def publish_all(self, items: list[tuple[str, bytes, str | None]], run_id: str | None = None) -> None:
+        """Publish several messages in order and await their PubAcks together (one wait, not one each)."""
+        if len(items) == 1:
+            subject, body, msg_id = items[0]
+            await self.publish(subject, body, msg_id=msg_id, run_id=run_id)
+            return
+        await asyncio.gather(
+            *(self.publish(subject, body, msg_id=msg_id, run_id=run_id) for subject, body, msg_id in items)
+        )
 
     async def request(self, subject: str, payload: BaseModel, reply: type[M]) -> M:
-        """Core-NATS request/reply (queue-grouped service), decoded into ``reply``."""
-        resp = await self.broker.request(
-            payload.model_dump_json(by_alias=True).encode(),
-            subject,
-            timeout=self.settings.rpc_timeout_s,
-            headers={"content-type": "application/json"},
-        )
-        return reply.model_validate_json(resp.body)
+        """Core-NATS request/reply (queue-grouped service), decoded into ``reply``; an
+        ``ErrorReply`` from the service raises ``RequestRefused`` with its reason."""
+        headers = {"content-type": "application/json"}
+        data = payload.model_dump_json(by_alias=True).encode()
+        if self._tracer is not None:
+            with self._span(f"{subject} publish", SpanKind.CLIENT, None, headers):
+                propagate.inject(headers)
+                resp = await self.nc.request(subject, data, timeout=self.settings.rpc_timeout_s, headers=headers)
+        else:
+            resp = await self.nc.request(subject, data, timeout=self.settings.rpc_timeout_s, headers=headers)
+        try:
+            return reply.model_validate_json(resp.data)
+        except ValidationError:
+            try:
+                refused = ErrorReply.model_validate_json(resp.data)
+            except ValidationError:
+                raise
+            raise RequestRefused(refused.error) from None
 
     # --- key-value ---------------------------------------------------------------------------
     async def kv(self, bucket: str) -> KeyValue:
@@ -369,20 +655,39 @@ class Bus:
         model: type[M],
         change: Callable[[M | None], tuple[M, R] | Unchanged[R]],
         attempts: int = 20,
+        *,
+        known: tuple[M, int] | None = None,
+        saved: Callable[[M | None, int], None] | None = None,
     ) -> R:
         """Read-modify-write under compare-and-swap: ``change`` gets the current value (None if
         absent) and returns the new value with a result, or ``Unchanged(result)``. A conflict
-        (another writer got there first) re-reads and calls ``change`` again."""
+        (another writer got there first) re-reads and calls ``change`` again.
+
+        ``known`` is a (value, revision) the caller already holds (e.g. what it wrote last): it is
+        tried first without reading; ``change`` may mutate it. ``saved(value, revision)`` is told
+        what is stored once the update is done, so the caller can keep it for next time."""
+        current: M | None
         for _ in range(attempts):
-            current, revision = await self.kv_get(bucket, key, model)
+            guessed = known is not None
+            if known is not None:
+                current, revision = known
+                known = None
+            else:
+                current, revision = await self.kv_get(bucket, key, model)
             outcome = change(current)
             if isinstance(outcome, Unchanged):
+                if guessed:  # "nothing to do" is only trusted on what is really stored
+                    continue
+                if saved is not None:
+                    saved(current, revision)
                 return outcome.result
             new, result = outcome
             try:
-                await self.kv_put(bucket, key, new, revision=revision)
+                revision = await self.kv_put(bucket, key, new, revision=revision)
             except CasConflict:
                 continue
+            if saved is not None:
+                saved(new, revision)
             return result
         raise CasConflict(f"{bucket}/{key}: still contended after {attempts} attempts")
 

@@ -473,6 +473,13 @@ class DeadLetter(Wire):
     at: datetime = Field(default_factory=utcnow)
 
 
+class ErrorReply(Wire):
+    """The answer to a request a service could not serve (malformed, or its handler failed)."""
+
+    ok: Literal[False] = False
+    error: str
+
+
 Escalation.model_rebuild()
 ToolCall.model_rebuild()
 
@@ -498,4 +505,5 @@ WIRE_MODELS: tuple[type[BaseModel], ...] = (
     EscalationResolve,
     EscalationReply,
     DeadLetter,
+    ErrorReply,
 )

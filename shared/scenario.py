@@ -65,6 +65,7 @@ class JudgeTurn(_Strict):
     reasons: dict[str, str] = Field(default_factory=dict)
     raw: str | None = Field(None, description="the judge's reply verbatim (may be unparseable on purpose)")
     error: str | None = Field(None, description="the judge call raises this error")
+    latency_s: float = Field(0.0, ge=0, description="the judge takes this long to answer")
 
     @model_validator(mode="after")
     def _one(self) -> JudgeTurn:

@@ -24,7 +24,7 @@ CATALOGUE: dict[str, str] = {
     S.RESULT_VALIDATE: "ToolResultRaw",
     S.JUDGE_SCORE: "JudgeRequest",
     S.ESCALATION_RAISE: "EscalationRaise",
-    f"{S.BUDGET_RESERVE} (request/reply)": "BudgetRequest -> BudgetDecision",
+    f"{S.BUDGET_RESERVE} (request/reply)": "BudgetRequest -> BudgetDecision | ErrorReply",
     f"{S.ESCALATION_LIST} (request/reply)": "EscalationQuery -> EscalationReply",
     f"{S.ESCALATION_CLAIM} (request/reply)": "EscalationClaim -> EscalationReply",
     f"{S.ESCALATION_RESOLVE} (request/reply)": "EscalationResolve -> EscalationReply",

@@ -39,7 +39,7 @@ async def serve(service: str, build: Build, settings: Settings | None = None) ->
     settings = settings or load_settings(service)
     configure_logging(settings.log_level)
     telemetry = setup_telemetry(service, settings)
-    bus = Bus(settings, service, telemetry.tracer_provider, telemetry.meter_provider)
+    bus = Bus(settings, service, telemetry.bus_tracer_provider, telemetry.meter_provider)
     router = NatsRouter()
     after_connect = build(bus, settings, telemetry, router)
     bus.broker.include_router(router)

@@ -16,6 +16,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PositiveInt,
     SecretStr,
     ValidationError,
     field_validator,
@@ -62,6 +63,15 @@ class Settings(BaseSettings):
         True, description="create/update streams and buckets at start; off where an admin bootstraps them"
     )
     stream_replicas: int = Field(1, ge=1, le=5, description="JetStream replicas for streams and buckets")
+    max_in_flight: int = Field(
+        64, ge=1, le=10_000, description="messages one replica handles at once (model and tool calls are I/O-bound)"
+    )
+    max_in_flight_by_service: dict[str, PositiveInt] = Field(
+        default_factory=dict, description='JSON: per-service override of LW_MAX_IN_FLIGHT, e.g. {"executor": 256}'
+    )
+    max_ack_pending: int | None = Field(
+        None, ge=1, description="unacked messages per durable across its replicas (default: 8 x max in flight)"
+    )
 
     # --- models ----------------------------------------------------------------------
     planner_provider: ProviderName = "auto"
@@ -170,6 +180,14 @@ class Settings(BaseSettings):
     @property
     def mcp_server_specs(self) -> list[McpServerSpec]:
         return [McpServerSpec.model_validate(x) for x in json.loads(self.mcp_servers)] if self.mcp_servers else []
+
+    def in_flight_for(self, service: str) -> int:
+        """How many messages one replica of ``service`` handles at once."""
+        return max(1, self.max_in_flight_by_service.get(service, self.max_in_flight))
+
+    def ack_pending_for(self, service: str) -> int:
+        """A durable's ``max_ack_pending``: room for up to eight replicas each at full concurrency."""
+        return self.max_ack_pending or 8 * self.in_flight_for(service)
 
     def resolved_provider(self, which: Literal["planner", "judge"]) -> Literal["scripted", "anthropic"]:
         chosen = self.planner_provider if which == "planner" else self.judge_provider

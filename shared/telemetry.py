@@ -16,7 +16,7 @@ from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetr
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
-from opentelemetry.trace import Tracer
+from opentelemetry.trace import NoOpTracer, Tracer
 
 from shared.settings import Settings
 
@@ -51,9 +51,17 @@ LW_BUDGET_ACTION = "loopwarden.budget.action"
 class Telemetry:
     tracer_provider: TracerProvider
     meter_provider: MeterProvider
+    exporting: bool = True  # False: no span goes anywhere, so none is made (no-op tracers)
 
     def tracer(self, name: str) -> Tracer:
+        if not self.exporting:
+            return NoOpTracer()
         return self.tracer_provider.get_tracer(name)
+
+    @property
+    def bus_tracer_provider(self) -> TracerProvider | None:
+        """What the bus traces messages with: nothing when no span is exported."""
+        return self.tracer_provider if self.exporting else None
 
     def meter(self, name: str) -> otel_metrics.Meter:
         return self.meter_provider.get_meter(name)
@@ -75,8 +83,9 @@ def setup_telemetry(
 ) -> Telemetry:
     """Build providers for ``service``; export OTLP/HTTP when an endpoint is configured.
 
-    Providers are passed explicitly to the broker middleware and to our own spans rather
-    than installed globally, so tests can build several in one process.
+    Providers are passed explicitly to the bus and to our own spans rather than installed
+    globally, so tests can build several in one process. With no exporter configured no span
+    is made at all (like ``OTEL_SDK_DISABLED``): tracers are no-ops and the bus skips tracing.
     """
     resource = Resource.create(
         {
@@ -100,4 +109,4 @@ def setup_telemetry(
     if span_exporter is not None:
         tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter, schedule_delay_millis=200))
     meter_provider = MeterProvider(resource=resource, metric_readers=readers)
-    return Telemetry(tracer_provider, meter_provider)
+    return Telemetry(tracer_provider, meter_provider, exporting=bool(endpoint) or span_exporter is not None)

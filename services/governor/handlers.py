@@ -3,14 +3,17 @@ the same answer and thresholds fire once."""
 
 from __future__ import annotations
 
-from faststream.nats import NatsRouter
+from collections import OrderedDict
+from typing import Any
 
 from services.governor.budget import BudgetLedger, evaluate
 from shared import subjects as S
 from shared import telemetry as T
 from shared.bus import Bus, Unchanged
-from shared.messages import BudgetDecision, BudgetRequest, RunEvent
+from shared.messages import BudgetDecision, BudgetRequest, ErrorReply, RunEvent
 from shared.settings import Settings
+
+KEEP_DECISIONS = 8  # recent turns whose decision a redelivered request gets again
 
 
 class Governor:
@@ -21,12 +24,24 @@ class Governor:
             "loopwarden.budget.decisions", description="budget decisions by action"
         )
 
-    def register(self, router: NatsRouter) -> None:
+        # The ledger this replica last stored per run, with its revision: tried first under CAS
+        # (a conflict re-reads), so a turn costs one KV write and no read.
+        self._ledgers: OrderedDict[str, tuple[BudgetLedger, int]] = OrderedDict()
+
+    def keep(self, key: str, ledger: BudgetLedger | None, revision: int) -> None:
+        if ledger is None:
+            return
+        self._ledgers[key] = (ledger, revision)
+        self._ledgers.move_to_end(key)
+        while len(self._ledgers) > 1024:
+            self._ledgers.popitem(last=False)
+
+    def register(self, router: Any) -> None:
         self.bus.responder(
             router,
             subject=S.BUDGET_RESERVE,
             model=BudgetRequest,
-            reply=lambda reason: RunEvent(run_id="-", kind="error", summary=reason),
+            reply=lambda reason: ErrorReply(error=reason),  # typed: the planner parses it
         )(self.on_reserve)
 
     async def on_reserve(self, req: BudgetRequest) -> BudgetDecision:
@@ -45,12 +60,22 @@ class Governor:
                 exhausted_policy=s.budget_exhausted_policy,
             )
             ledger.decisions[str(req.turn)] = decision
+            for old in sorted(ledger.decisions, key=int)[:-KEEP_DECISIONS]:  # the ledger does not grow with the run
+                del ledger.decisions[old]
             return ledger, decision
 
         with self.tracer.start_as_current_span(
             "budget reserve", attributes={T.LW_RUN_ID: req.run_id, T.GEN_AI_REQUEST_MODEL: req.model}
         ) as span:
-            decision = await self.bus.update(S.KV_BUDGETS, S.kv_key(req.run_id), BudgetLedger, decide)
+            key = S.kv_key(req.run_id)
+            decision = await self.bus.update(
+                S.KV_BUDGETS,
+                key,
+                BudgetLedger,
+                decide,
+                known=self._ledgers.pop(key, None),
+                saved=lambda v, rev: self.keep(key, v, rev),
+            )
             span.set_attribute(T.LW_BUDGET_ACTION, decision.action)
         self.decisions.add(1, {"action": decision.action})
         for flag in decision.fired:

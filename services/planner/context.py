@@ -59,7 +59,7 @@ def model_messages(state: RunState) -> list[ChatMessage]:
 def sections(
     system: str, task_message: str, messages: list[ChatMessage], specs: list[ToolSpec], max_output: int
 ) -> SectionTokens:
-    history = sum(4 + tokens.count_json([b.model_dump() for b in m.content]) for m in messages)
+    history = sum(4 + tokens.count_content(m.content) for m in messages)
     goal = tokens.count(system) + tokens.count(task_message)
     return SectionTokens(
         goal=goal,

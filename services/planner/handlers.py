@@ -8,9 +8,11 @@ deterministic ids -> the bus helper acks. A CAS conflict reloads and applies aga
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -25,7 +27,7 @@ from services.planner import machine as M
 from services.planner.state import PublishRecord, RunState
 from shared import subjects as S
 from shared.backoff import BackoffPolicy
-from shared.bus import Bus, CasConflict, TryLater, Unchanged
+from shared.bus import Bus, CasConflict, RequestRefused, TryLater, Unchanged, current_deliveries
 from shared.messages import (
     BudgetDecision,
     BudgetRequest,
@@ -46,6 +48,7 @@ from shared.settings import Settings
 from shared.telemetry import LW_ITERATION, LW_RUN_ID, Telemetry
 
 log = logging.getLogger("loopwarden.planner")
+CMD = f"{S.P}.cmd."
 TOOL_FAILURES = ("input_invalid", "output_invalid", "transient", "timeout", "fatal", "unknown_outcome")
 
 
@@ -68,6 +71,7 @@ class Planner:
     def __init__(self, bus: Bus, settings: Settings, telemetry: Telemetry) -> None:
         self.bus, self.settings = bus, settings
         self.tracer = telemetry.tracer("loopwarden.planner")
+        self.tracing = telemetry.exporting
         meter = telemetry.meter("loopwarden.planner")
         self.runs_finished = meter.create_counter("loopwarden.runs.finished", description="runs by final status")
         self.decisions = meter.create_counter("loopwarden.decide.decisions", description="Decide outcomes by row")
@@ -77,6 +81,28 @@ class Planner:
         )
         self._contracts: tuple[float, dict[str, ToolContract]] = (0.0, {})
         self._scenarios: dict[str, Scenario | None] = {}
+        # The state this replica last stored or read per run, with its revision: a transaction
+        # tries its CAS on it without reading first (a conflict re-reads), so a step parses the
+        # run state once instead of three times. One run is handled at a time per replica.
+        self._states: OrderedDict[str, tuple[RunState, int]] = OrderedDict()
+
+    STATE_CACHE = 128
+
+    def keep(self, run_id: str, state: RunState | None, revision: int) -> None:
+        if state is None:
+            self._states.pop(run_id, None)
+            return
+        self._states[run_id] = (state, revision)
+        self._states.move_to_end(run_id)
+        while len(self._states) > self.STATE_CACHE:
+            self._states.popitem(last=False)
+
+    async def load(self, run_id: str, fresh: bool = False) -> RunState | None:
+        if not fresh and run_id in self._states:
+            return self._states[run_id][0]
+        state, revision = await self.bus.kv_get(S.KV_RUNS, run_id, RunState)
+        self.keep(run_id, state, revision)
+        return state
 
     def register(self, router: NatsRouter) -> None:
         b = self.bus
@@ -110,16 +136,23 @@ class Planner:
             if state.seen(msg_id):  # applied before: re-publish its outbox (deduplicated downstream)
                 return Unchanged(Applied(state, state.outbox.get(msg_id, []), was_done=True))
             was_done = state.done
-            with self.tracer.start_as_current_span(
-                f"planner apply {msg_id.split('.')[0]}", attributes={LW_RUN_ID: run_id, LW_ITERATION: state.iteration.n}
-            ):
+            if self.tracing:
+                with self.tracer.start_as_current_span(
+                    f"planner apply {msg_id.split('.')[0]}",
+                    attributes={LW_RUN_ID: run_id, LW_ITERATION: state.iteration.n},
+                ):
+                    out = apply(state)
+            else:
                 out = apply(state)
             if out is None:
                 return Unchanged(None)
             state.remember(msg_id, out.items)  # applied once: a redelivery re-publishes, never re-applies
             return state, Applied(state, out.items, was_done)
 
-        applied = await self.bus.update(S.KV_RUNS, run_id, RunState, step)
+        known = self._states.pop(run_id, None)  # handed to the update, which may change it
+        applied = await self.bus.update(
+            S.KV_RUNS, run_id, RunState, step, known=known, saved=lambda v, rev: self.keep(run_id, v, rev)
+        )
         if applied is None:
             return
         await self.publish(applied.items, run_id)
@@ -129,8 +162,10 @@ class Planner:
                 await self.record_lessons(applied.state)
 
     async def publish(self, items: list[PublishRecord], run_id: str) -> None:
-        for item in items:
-            await self.bus.publish(item.subject, item.payload.encode(), msg_id=item.msg_id, run_id=run_id)
+        """The outbox at once (acks awaited together): commands that start the next piece of work
+        first, then the events in their order (the run's final event stays last)."""
+        ordered = [i for i in items if i.subject.startswith(CMD)] + [i for i in items if not i.subject.startswith(CMD)]
+        await self.bus.publish_all([(i.subject, i.payload.encode(), i.msg_id) for i in ordered], run_id=run_id)
 
     def count(self, items: list[PublishRecord], state: RunState) -> None:
         for item in items:
@@ -161,7 +196,8 @@ class Planner:
         out = M.start_run(submit, config, lessons)
         out.state.remember("submit", out.items)
         try:
-            await self.bus.kv_put(S.KV_RUNS, submit.run_id, out.state, revision=0)
+            revision = await self.bus.kv_put(S.KV_RUNS, submit.run_id, out.state, revision=0)
+            self.keep(submit.run_id, out.state, revision)
         except CasConflict:
             existing, _ = await self.bus.kv_get(S.KV_RUNS, submit.run_id, RunState)
             if existing is not None:
@@ -184,15 +220,22 @@ class Planner:
         msg_id = f"resolution.{res.escalation_id}"
         await self.transact(res.run_id, msg_id, lambda s: M.apply_resolution(s, res))
 
+    @staticmethod
+    def takes(state: RunState, ev: RunEvent) -> bool:
+        """Whether the run is (still) at the turn ``ev`` asks for."""
+        return not state.done and state.iteration.n == ev.iteration and state.status == "running"
+
     async def on_advance(self, ev: RunEvent) -> None:
         msg_id = f"advance.{ev.iteration}"
-        state, _ = await self.bus.kv_get(S.KV_RUNS, ev.run_id, RunState)
+        state = await self.load(ev.run_id)
+        if state is not None and not state.seen(msg_id) and not self.takes(state, ev):
+            state = await self.load(ev.run_id, fresh=True)  # what this replica kept may be behind
         if state is None:
             raise TryLater(f"run {ev.run_id} is not stored yet", delay=1.0)
         if state.seen(msg_id):
             await self.publish(state.outbox.get(msg_id, []), ev.run_id)
             return
-        if state.done or state.iteration.n != ev.iteration or state.status != "running":
+        if not self.takes(state, ev):
             return  # stale: this iteration already moved on
         contracts = await self.contracts()
         scenario = await self.scenario(ev.run_id) if state.config.scripted else None
@@ -203,7 +246,12 @@ class Planner:
             await self.transact(ev.run_id, msg_id, lambda s: M.apply_provider_failure(s, reason))
             return
 
-        decision = await self.reserve(state, contracts)
+        try:
+            decision, planned = await self.reserve(state, contracts)
+        except RequestRefused as err:  # the governor could not read our request: a bug, not a budget
+            reason = f"the governor refused the budget request: {err}"
+            await self.transact(ev.run_id, msg_id, lambda s: M.apply_provider_failure(s, reason))
+            return
         if decision.action == "block":
             reason = "; ".join(decision.reasons) or "budget exhausted"
             await self.transact(ev.run_id, msg_id, lambda s: M.apply_guard(s, reason))
@@ -213,10 +261,12 @@ class Planner:
         if decision.action == "compact":
             compaction = await self.compact(state, provider, decision.model)
             if compaction is not None:
+                self._states.pop(ev.run_id, None)  # changed here for the request only: re-read to apply
                 M.apply_compaction(state, compaction[0], compaction[1], compaction[2].usage)
 
         try:
-            response = await self.model_call(state, provider, contracts, decision)
+            reuse = planned if compaction is None else None  # compaction changed the history
+            response, storing = await self.model_call(state, provider, contracts, decision, reuse)
         except ProviderError as err:
             if err.transient:
                 raise TryLater(f"model provider still failing after retries: {err}", delay=5.0) from err
@@ -238,7 +288,11 @@ class Planner:
                 s.model = decision.model
             return M.apply_model_response(s, response, contracts)
 
-        await self.transact(ev.run_id, msg_id, apply)
+        try:
+            await self.transact(ev.run_id, msg_id, apply)
+        finally:
+            if storing is not None:
+                await storing
 
     # --- I/O helpers ------------------------------------------------------------------------------
     async def contracts(self, refresh: bool = False) -> dict[str, ToolContract]:
@@ -283,7 +337,8 @@ class Planner:
             script_index=state.model_calls,
         )
 
-    async def reserve(self, state: RunState, contracts: dict[str, ToolContract]) -> BudgetDecision:
+    async def reserve(self, state: RunState, contracts: dict[str, ToolContract]) -> tuple[BudgetDecision, ModelRequest]:
+        """The governor's decision for this turn, and the request it was counted on."""
         req = self.request_for(state, contracts, state.model, state.config.max_output_tokens)
         sections = C.sections(
             req.system, state.messages[0].text() if state.messages else "", req.messages, req.tools, req.max_tokens
@@ -299,7 +354,7 @@ class Planner:
             cost_ceiling_usd=state.config.cost_ceiling_usd,
         )
         try:
-            return await self.bus.request(S.BUDGET_RESERVE, budget, BudgetDecision)
+            return await self.bus.request(S.BUDGET_RESERVE, budget, BudgetDecision), req
         except (NatsTimeout, NoRespondersError, TimeoutError) as err:
             raise TryLater(f"governor did not answer: {err!r}", delay=1.0) from err
 
@@ -310,17 +365,27 @@ class Planner:
         )
 
     async def model_call(
-        self, state: RunState, provider: object, contracts: dict[str, ToolContract], decision: BudgetDecision
-    ) -> ModelResponse:
-        """One model call per (run, iteration): a redelivered advance reuses the stored response."""
+        self,
+        state: RunState,
+        provider: object,
+        contracts: dict[str, ToolContract],
+        decision: BudgetDecision,
+        planned: ModelRequest | None = None,
+    ) -> tuple[ModelResponse, asyncio.Task[int] | None]:
+        """One model call per (run, iteration): a redelivered advance reuses the stored response.
+        Only a redelivery can find one stored, so a first delivery does not look. The response is
+        stored while the caller saves the run (returned: the task to await)."""
         key = S.kv_key(state.run_id, f"turn{state.iteration.n}")
-        cached, _ = await self.bus.kv_get(S.KV_MODEL_CALLS, key, ModelResponse)
-        if cached is not None:
-            return cached
-        req = self.request_for(state, contracts, decision.model, decision.max_output_tokens)
+        if current_deliveries() > 1:
+            cached, _ = await self.bus.kv_get(S.KV_MODEL_CALLS, key, ModelResponse)
+            if cached is not None:
+                return cached, None
+        if planned is not None:  # the request the budget was counted on: not built twice
+            req = planned.model_copy(update={"model": decision.model, "max_tokens": decision.max_output_tokens})
+        else:
+            req = self.request_for(state, contracts, decision.model, decision.max_output_tokens)
         response = await complete_with_retry(provider, req, self.policy(), self.tracer)  # type: ignore[arg-type]
-        await self.bus.kv_put(S.KV_MODEL_CALLS, key, response)
-        return response
+        return response, asyncio.create_task(self.bus.kv_put(S.KV_MODEL_CALLS, key, response))
 
     async def compact(self, state: RunState, provider: object, model: str) -> tuple[int, str, ModelResponse] | None:
         older, _ = C.split_for_compaction(state.messages, state.config.keep_recent_turns)

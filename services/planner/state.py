@@ -19,7 +19,8 @@ from shared.messages import (
 )
 
 MAX_APPLIED = 256  # message ids remembered for de-duplication
-MAX_OUTBOX = 32  # outboxes kept for re-publishing after a crash
+MAX_OUTBOX = 12  # outboxes kept for re-publishing after a crash (the latest few are the ones a redelivery needs;
+# every state write carries them, so more would make each step dearer)
 
 
 class _State(BaseModel):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 from faststream.nats import NatsRouter
 
@@ -25,17 +26,23 @@ class Validator:
             "loopwarden.tool.outputs",
             description="validated tool outputs by result: valid, repaired, invalid, unparseable",
         )
-        self._contracts: dict[str, tuple[str, ToolContract]] = {}
+        self._contracts: dict[str, tuple[float, ToolContract]] = {}
 
     def register(self, router: NatsRouter) -> None:
         self.bus.consumer(router, durable="validator", filter_subjects=[S.RESULT_VALIDATE], model=ToolResultRaw)(
             self.on_raw
         )
 
+    CONTRACT_TTL_S = 2.0  # like the planner: a re-registered contract is seen within 2 s
+
     async def contract(self, tool: str) -> ToolContract:
+        fetched_at, cached = self._contracts.get(tool, (0.0, None))
+        if cached is not None and time.monotonic() - fetched_at < self.CONTRACT_TTL_S:
+            return cached
         contract, _ = await self.bus.kv_get(S.KV_CONTRACTS, S.kv_key(tool), ToolContract)
         if contract is None:
             raise TryLater(f"no contract registered for tool '{tool}'", delay=1.0)
+        self._contracts[tool] = (time.monotonic(), contract)
         return contract
 
     async def on_raw(self, raw: ToolResultRaw) -> None:
@@ -49,7 +56,7 @@ class Validator:
         self.outputs.add(1, {"tool": raw.tool, "result": checked.result})
         outcome = checked.outcome
         if outcome.success:
-            if not raw.cached:
+            if not raw.cached and contract.boundary == "use_cached":  # only read for that boundary
                 await self.bus.kv_put(
                     S.KV_TOOL_CACHE,
                     cache_key(raw.tool, raw.arguments),

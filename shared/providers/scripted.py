@@ -22,7 +22,7 @@ def request_tokens(request: ModelRequest) -> int:
     """Input tokens of a request, counted with the real tokenizer."""
     total = tokens.count(request.system)
     for message in request.messages:
-        total += 4 + tokens.count_json([b.model_dump() for b in message.content])
+        total += 4 + tokens.count_content(message.content)
     for tool in request.tools:
         total += tokens.count_json(tool.model_dump())
     return total
@@ -42,6 +42,9 @@ class ScriptedProvider:
             return self._plan(request)
         if request.purpose == "summarize":
             return self._summary(request)
+        judged = self.scenario.judge
+        if request.script_index < len(judged) and judged[request.script_index].latency_s:
+            await asyncio.sleep(judged[request.script_index].latency_s)
         return self._judge(request)
 
     def _plan(self, request: ModelRequest) -> ModelResponse:

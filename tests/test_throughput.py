@@ -1,0 +1,227 @@
+"""Many runs in flight on one replica of each service, nothing lost when a busy replica dies,
+and every message that cannot be delivered ends in the DLQ with its reason."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loopwarden.client import Client
+from loopwarden.stack import LocalStack
+from shared import subjects as S
+from shared.bus import RequestRefused
+from shared.messages import BudgetDecision, DeadLetter, ErrorReply, RunEvent
+from shared.scenario import parse_scenario
+from tests.conftest import TEST_ENV
+
+ROOT = Path(__file__).resolve().parents[1]
+ONE_EACH = ("planner", "executor", "validator", "judge", "governor", "escalation")
+MODEL_S, TOOL_S, JUDGE_S = 1.0, 3.5, 1.0  # the tool outlasts LW_ACK_WAIT_S=3: only heartbeats keep it
+
+
+def slow_run(i: int, model_s: float = MODEL_S, tool_s: float = TOOL_S, judge_s: float = JUDGE_S) -> dict[str, Any]:
+    """Two slow model turns around one slow tool call, then a slow judge."""
+    return {
+        "name": f"slow-{i}",
+        "task": f"What is {i} times 2?",
+        "planner": [
+            {"latency_s": model_s, "tool_calls": [{"name": "calculator", "input": {"expression": f"{i}*2"}}]},
+            {"latency_s": model_s, "text": f"{i} times 2 is {i * 2}."},
+        ],
+        "tools": {"calculator": [{"latency_s": tool_s}]},
+        "judge": [{"latency_s": judge_s, "scores": {"correct": 1.0}}],
+        "rubric": {"threshold": 0.5, "criteria": [{"name": "correct"}]},
+        "answer_mode": "text",
+    }
+
+
+@pytest.fixture(scope="module")
+def one_each(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    stack = LocalStack(state_dir=tmp_path_factory.mktemp("one-each"), env=TEST_ENV, services=ONE_EACH)
+    try:
+        stack.start()
+        yield stack
+    finally:
+        stack.stop()
+
+
+@pytest.fixture
+async def one_client(one_each: LocalStack) -> AsyncIterator[Client]:
+    from shared.settings import Settings
+
+    async with Client(Settings(nats_url=one_each.nats_url)) as c:
+        yield c
+
+
+async def test_concurrent_slow_runs_overlap_on_one_replica_of_each_service(one_client: Client) -> None:
+    k = 8
+    per_run = 2 * MODEL_S + TOOL_S + JUDGE_S
+    runs = [parse_scenario(slow_run(i)) for i in range(k)]
+    t0 = time.monotonic()
+    ids = await asyncio.gather(*(one_client.submit_scenario(sc) for sc in runs))
+    states = await asyncio.gather(*(one_client.wait(rid, timeout=120) for rid in ids))
+    wall = time.monotonic() - t0
+    for i, state in enumerate(states):
+        assert state.status == "completed", state.final_reason
+        assert state.final_output == f"{i} times 2 is {i * 2}."
+        assert state.judge_seq == 1 and state.model_calls == 2  # every slow step really ran
+    # One at a time they would take k x per_run; overlapped, little more than one run.
+    assert wall < 0.3 * k * per_run, f"{k} runs took {wall:.1f}s; one at a time would be {k * per_run:.0f}s"
+    # The tool outlasted the ack wait: heartbeats kept every in-flight call from being redelivered.
+    info = await one_client.bus.js.consumer_info(S.STREAM_CMD, "executor_calculator")
+    assert info.num_redelivered == 0
+    assert info.config.max_ack_pending is not None and info.config.max_ack_pending >= 64
+
+
+async def test_sigkill_of_an_executor_holding_many_calls_loses_nothing(one_each: LocalStack) -> None:
+    from shared.settings import Settings
+
+    k = 10
+    async with Client(Settings(nats_url=one_each.nats_url)) as client:
+        ids = await asyncio.gather(
+            *(client.submit_scenario(parse_scenario(slow_run(100 + i, 0.0, 4.0, 0.0))) for i in range(k))
+        )
+        held = 0
+        for _ in range(300):  # until the executor holds every run's call at once
+            info = await client.bus.js.consumer_info(S.STREAM_CMD, "executor_calculator")
+            held = info.num_ack_pending or 0
+            if held >= k:
+                break
+            await asyncio.sleep(0.05)
+        assert held >= k, f"the executor held {held} calls at once, not {k}"
+        executor = next(p for p in one_each.procs if p.service == "executor" and p.popen.poll() is None)
+        os.kill(executor.popen.pid, signal.SIGKILL)
+        executor.popen.wait()
+        replacement = one_each.start_service("executor", label=f"executor-replacement-{time.monotonic_ns()}")
+        one_each.wait_ready([replacement])
+        for rid in ids:
+            state = await client.wait(rid, timeout=90)
+            assert state.status == "completed", state.final_reason
+            kinds = [e.kind for e in await client.events(rid)]
+            assert kinds.count("tool.succeeded.calculator") == 1, kinds
+            assert kinds.count("run.completed") == 1
+
+
+async def test_a_stopped_executor_hands_back_the_calls_it_could_not_finish(one_each: LocalStack) -> None:
+    """SIGTERM: in-flight calls get the grace period (LW_ACK_WAIT_S here), the rest are handed back."""
+    from shared.settings import Settings
+
+    k = 6
+    async with Client(Settings(nats_url=one_each.nats_url)) as client:
+        ids = await asyncio.gather(
+            *(client.submit_scenario(parse_scenario(slow_run(200 + i, 0.0, 8.0, 0.0))) for i in range(k))
+        )
+        held = 0
+        for _ in range(300):
+            held = (await client.bus.js.consumer_info(S.STREAM_CMD, "executor_calculator")).num_ack_pending or 0
+            if held >= k:
+                break
+            await asyncio.sleep(0.05)
+        assert held >= k
+        executor = next(p for p in one_each.procs if p.service == "executor" and p.popen.poll() is None)
+        executor.popen.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(executor.popen.wait, 30) == 0  # a clean exit, without waiting for the tools
+        replacement = one_each.start_service("executor", label=f"executor-after-stop-{time.monotonic_ns()}")
+        one_each.wait_ready([replacement])
+        for rid in ids:
+            state = await client.wait(rid, timeout=90)
+            assert state.status == "completed", state.final_reason
+            kinds = [e.kind for e in await client.events(rid)]
+            assert kinds.count("tool.succeeded.calculator") == 1, kinds
+
+
+# --- every bad message lands in the DLQ with its reason -------------------------------------------
+
+
+async def letters_where(client: Client, marker: str, timeout: float = 15.0) -> list[DeadLetter]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = [d for d in await client.dead_letters() if marker in d.body]
+        if found:
+            return found
+        await asyncio.sleep(0.2)
+    return []
+
+
+async def test_deeply_nested_json_is_dead_lettered_at_once(client: Client) -> None:
+    marker = "nested-" + os.urandom(4).hex()
+    depth = 100_000
+    body = b'{"run_id": "' + marker.encode() + b'", "task": ' + b"[" * depth + b"]" * depth + b"}"
+    await client.bus.publish(S.RUN_SUBMIT, body, msg_id=f"submit.{marker}")
+    letters = await letters_where(client, marker)
+    assert len(letters) == 1, "a message nested too deeply must be dead-lettered, once"
+    letter = letters[0]
+    assert letter.service == "planner" and letter.subject == S.RUN_SUBMIT
+    assert "RunSubmit" in letter.reason and letter.deliveries == 1, letter.reason
+
+
+async def test_a_malformed_request_is_answered_and_dead_lettered(client: Client) -> None:
+    marker = "badreq-" + os.urandom(4).hex()
+    resp = await client.bus.nc.request(S.BUDGET_RESERVE, f'{{"run_id": "{marker}", "turn": "x"}}'.encode(), timeout=5)
+    reply = ErrorReply.model_validate_json(resp.data)  # typed: the planner can read it
+    assert reply.ok is False and "BudgetRequest" in reply.error
+    letters = await letters_where(client, marker)
+    assert [(d.service, d.subject) for d in letters] == [("governor", S.BUDGET_RESERVE)]
+    assert "BudgetRequest" in letters[0].reason
+
+    nested = b'{"run_id": "' + marker.encode() + b'-deep", "sections": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    resp = await client.bus.nc.request(S.BUDGET_RESERVE, nested, timeout=5)
+    assert ErrorReply.model_validate_json(resp.data).ok is False
+    # The bus helper turns the typed error into an exception the caller handles.
+    with pytest.raises(RequestRefused, match="BudgetRequest"):
+        await client.bus.request(S.BUDGET_RESERVE, RunEvent(run_id=marker, kind="not-a-budget-request"), BudgetDecision)
+
+
+async def test_a_handler_that_kills_its_process_on_every_delivery_is_dead_lettered(
+    client: Client, stack: LocalStack, tmp_path: Path
+) -> None:
+    marker = "crash-" + os.urandom(4).hex()
+    subject = f"{S.P}.cmd.test.crash.{marker}"
+    log = tmp_path / "deliveries.log"
+    env = {
+        **os.environ,
+        **TEST_ENV,
+        "LW_NATS_URL": str(stack.nats_url),
+        "LW_ACK_WAIT_S": "1",
+        "LW_MAX_DELIVER": "2",
+        "LW_CRASH_SUBJECT": subject,
+        "LW_CRASH_LOG": str(log),
+    }
+    env.pop("NATS_URL", None)
+    await client.bus.publish(subject, RunEvent(run_id=marker, kind="crash"), msg_id=marker)
+    exits: list[int | None] = []
+    letters: list[DeadLetter] = []
+    for _ in range(6):  # restart it as a supervisor would, until the message is gone
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "tests.support.crashing_consumer", cwd=ROOT, env=env, stdout=subprocess.DEVNULL
+        )
+        deadline = time.monotonic() + 20
+        while proc.returncode is None and time.monotonic() < deadline and not letters:
+            letters = await letters_where(client, marker, timeout=0.5)
+        exits.append(proc.returncode)
+        if proc.returncode is None:
+            proc.terminate()
+            await proc.wait()
+        if letters:
+            break
+    assert log.read_text().split() == [marker, marker], "the handler ran exactly max_deliver times"
+    assert exits[:2] == [3, 3]
+    assert len(letters) == 1 and letters[0].subject == subject and letters[0].deliveries == 3
+    assert "not completed after 2 deliveries" in letters[0].reason
+
+
+async def test_the_benchmarks_in_process_floor_drives_a_whole_run() -> None:
+    """`make bench` compares the service loop with this in-process driver of the same domain code."""
+    from bench.throughput import floor_steps
+
+    durations = await floor_steps(1, 6)
+    assert len(durations) == 5 and all(d > 0 for d in durations)
