@@ -170,6 +170,8 @@ class Planner:
         await self.publish(out.items, submit.run_id)
 
     async def on_outcome(self, outcome: ToolOutcome) -> None:
+        if outcome.will_retry:
+            return  # a transient failure the executor goes on from: not the call's outcome
         await self.transact(
             outcome.run_id,
             f"outcome.{outcome.iteration}.{outcome.call_id}",

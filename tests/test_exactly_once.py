@@ -1,0 +1,118 @@
+"""Nothing runs twice: a non-idempotent tool runs at most once per call, whatever point its
+executor dies at, and the tool that runs is the one the subject names.
+
+A real executor process, hosting only the counted test tool ``transfer_funds`` (each run of
+it writes one charge to ``lw_demo``), is started with ``LW_FAULT_INJECT=<point>``: it exits
+(``os._exit``, like a SIGKILL) at that point of the call. A second, healthy executor then
+takes the redelivered command over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from loopwarden.client import Client
+from loopwarden.stack import LocalStack
+from shared import subjects as S
+from shared.messages import ToolCall
+from shared.scenario import parse_scenario
+from tests.conftest import ROOT, escalations_of
+from tests.test_tool_contracts import submit
+
+TOOLS_DIR = ROOT / "tests" / "tools"
+FAULT_EXIT = 70
+
+
+async def charges(client: Client, run_id: str) -> int:
+    kv = await client.bus.kv(S.KV_DEMO)
+    try:
+        keys = await kv.keys()
+    except Exception:  # no keys at all
+        return 0
+    return sum(1 for k in keys if k.startswith(f"charge.{run_id}."))
+
+
+def money_scenario(name: str, tool: str = "transfer_funds") -> dict[str, object]:
+    args = {"customer_id": "cus_crash1", "amount_cents": 700, "currency": "eur"}
+    return {
+        "name": name,
+        "task": "Move 7 EUR, once.",
+        "planner": [{"tool_calls": [{"name": tool, "id": "toolu_money", "input": args}]}, submit("moved")],
+    }
+
+
+# --- a crash at each point between the side effect and the final record ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("point", "charged_before_crash", "outcome"),
+    [
+        ("after_start_recorded", 0, "unknown_outcome"),  # cannot be told apart from a crash mid-call
+        ("after_side_effect", 1, "unknown_outcome"),  # charged, nothing recorded: a human decides
+        ("after_final_recorded", 1, "completed"),  # the recorded result is published by the next delivery
+        ("after_final_published", 1, "completed"),  # published, not acked: republished, deduplicated
+    ],
+)
+async def test_an_executor_dying_at_any_point_never_charges_twice(
+    stack: LocalStack, client: Client, point: str, charged_before_crash: int, outcome: str
+) -> None:
+    env = {"LW_TOOL_CONTRACT_DIR": str(TOOLS_DIR), "LW_EXECUTOR_TOOLS": "transfer_funds"}
+    faulty = stack.start_service(
+        "executor", label=f"executor-fault-{point}", extra_env={**env, "LW_FAULT_INJECT": point}
+    )
+    stack.wait_ready([faulty])
+    run_id = await client.submit_scenario(parse_scenario(money_scenario(f"crash-{point}")))
+    code = await asyncio.to_thread(faulty.popen.wait, 60)
+    assert code == FAULT_EXIT, f"the executor was to exit at {point}"
+    assert await charges(client, run_id) == charged_before_crash
+    healthy = stack.start_service("executor", label=f"executor-after-{point}", extra_env=env)
+    try:
+        stack.wait_ready([healthy])
+        if outcome == "unknown_outcome":
+            state = await client.wait(run_id, timeout=60, until=("awaiting_human",))
+            assert state.awaiting is not None and state.awaiting.kind == "unknown_outcome"
+            items = await escalations_of(client, run_id)
+            assert [e.kind for e in items] == ["unknown_outcome"]
+        else:
+            state = await client.wait(run_id, timeout=60)
+            assert state.status == "completed", state.final_reason
+            kinds = [e.kind for e in await client.events(run_id)]
+            assert kinds.count("tool.succeeded.transfer_funds") == 1
+        assert await charges(client, run_id) == charged_before_crash  # the second executor charged nothing
+    finally:
+        healthy.popen.terminate()
+        await asyncio.to_thread(healthy.popen.wait, 15)
+
+
+# --- the subject names the tool ----------------------------------------------------------------------
+
+
+async def test_a_command_on_the_search_subject_naming_charge_card_is_dead_lettered(client: Client) -> None:
+    run_id = "run-subject-boundary-" + os.urandom(4).hex()
+    forged = ToolCall(
+        run_id=run_id,
+        iteration=1,
+        call_id="toolu_forged",
+        attempt_id=S.kv_key(run_id, "i1", "toolu_forged"),
+        tool="charge_card",
+        requested_tool="charge_card",
+        arguments={"customer_id": "cus_forged1", "amount_cents": 100, "currency": "usd"},
+    )
+    await client.bus.publish(S.tool_execute("search"), forged, msg_id=f"forged-{run_id}")
+    letter = None
+    for _ in range(200):
+        letters = [d for d in await client.dead_letters() if run_id in d.body]
+        if letters:
+            letter = letters[0]
+            break
+        await asyncio.sleep(0.05)
+    assert letter is not None, "the forged command was not dead-lettered"
+    assert letter.service == "executor" and letter.subject == S.tool_execute("search")
+    assert "charge_card" in letter.reason and "search" in letter.reason
+    await asyncio.sleep(0.5)
+    assert await charges(client, run_id) == 0
+    events = await client.events(run_id)
+    assert not any("charge_card" in e.kind for e in events)  # nothing ran, nothing was reported as run
