@@ -42,6 +42,7 @@ from pydantic import BaseModel, ValidationError
 
 from shared import subjects as S
 from shared.messages import DeadLetter
+from shared.payloads import PayloadError, PayloadStore, ensure_store
 from shared.settings import Settings
 
 log = logging.getLogger("loopwarden.bus")
@@ -83,8 +84,10 @@ class Bus:
     _kv: dict[str, KeyValue] = field(default_factory=dict)
     _connected: bool = False
     on_stop: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    payloads: PayloadStore = field(init=False)  # claim check: large bodies by reference
 
     def __post_init__(self) -> None:
+        self.payloads = PayloadStore(self.settings)
         self._failures = (
             self.meter_provider.get_meter("loopwarden.bus").create_counter(
                 "loopwarden.failures", description="failure events by type and tool (every service, one metric)"
@@ -220,9 +223,10 @@ class Bus:
             async def on_request(msg: NatsMessage) -> bytes:
                 raw = msg.raw_message
                 try:
-                    payload = model.model_validate_json(raw.data)
-                except ValidationError as err:
-                    reason = f"does not match contract {model.__name__}: {describe(err)}"
+                    data = await self.payloads.inflate(self.broker.connection, raw.data, raw.headers)
+                    payload = model.model_validate_json(data)
+                except (ValidationError, PayloadError) as err:
+                    reason = undecodable(model, err)
                     await self.dead_letter(raw, reason, 1)
                     return reply(reason).model_dump_json().encode()
                 result = await handler(payload)
@@ -238,9 +242,10 @@ class Bus:
         raw = msg.raw_message
         deliveries = raw.metadata.num_delivered if raw.metadata else 1
         try:
-            payload = model.model_validate_json(raw.data)
-        except ValidationError as err:
-            await self.dead_letter(raw, f"does not match contract {model.__name__}: {describe(err)}", deliveries)
+            data = await self.payloads.inflate(self.broker.connection, raw.data, raw.headers)
+            payload = model.model_validate_json(data)
+        except (ValidationError, PayloadError) as err:
+            await self.dead_letter(raw, undecodable(model, err), deliveries)
             await msg.ack()
             return
         try:
@@ -313,6 +318,7 @@ class Bus:
             headers[RUN_ID_HEADER] = run_id
         stream = stream_for(subject)
         body = payload if isinstance(payload, bytes) else payload.model_dump_json(by_alias=True).encode()
+        body = await self.payloads.offload(self.broker.connection, body, headers)
         token = None
         if traceparent:  # continue a stored trace (e.g. a human resolving an escalation)
             token = otel_context.attach(propagate.extract({"traceparent": traceparent}))
@@ -331,13 +337,11 @@ class Bus:
 
     async def request(self, subject: str, payload: BaseModel, reply: type[M]) -> M:
         """Core-NATS request/reply (queue-grouped service), decoded into ``reply``."""
-        resp = await self.broker.request(
-            payload.model_dump_json(by_alias=True).encode(),
-            subject,
-            timeout=self.settings.rpc_timeout_s,
-            headers={"content-type": "application/json"},
-        )
-        return reply.model_validate_json(resp.body)
+        headers = {"content-type": "application/json"}
+        nc = self.broker.connection
+        body = await self.payloads.offload(nc, payload.model_dump_json(by_alias=True).encode(), headers)
+        resp = await self.broker.request(body, subject, timeout=self.settings.rpc_timeout_s, headers=headers)
+        return reply.model_validate_json(await self.payloads.inflate(nc, resp.body, resp.headers))
 
     # --- key-value ---------------------------------------------------------------------------
     async def kv(self, bucket: str) -> KeyValue:
@@ -360,7 +364,8 @@ class Bus:
             return None, 0
         if entry.value is None or entry.operation in ("DEL", "PURGE"):
             return None, entry.revision or 0
-        return model.model_validate_json(entry.value), entry.revision or 0
+        value = await self.payloads.inflate_value(self.broker.connection, entry.value)
+        return model.model_validate_json(value), entry.revision or 0
 
     async def update(
         self,
@@ -390,6 +395,7 @@ class Bus:
         """Write ``value``; with ``revision`` it is a compare-and-swap (0 = must not exist yet)."""
         kv = await self.kv(bucket)
         data = value.model_dump_json(by_alias=True).encode()
+        data = await self.payloads.offload_value(self.broker.connection, data)
         try:
             if revision is None:
                 return await kv.put(key, data)
@@ -443,6 +449,8 @@ async def ensure_streams(js: JetStreamContext, settings: Settings) -> None:
 
 
 async def ensure_buckets(js: JetStreamContext, settings: Settings, buckets: list[str] | None = None) -> None:
+    if buckets is None:
+        await ensure_store(js, settings)  # the claim-check object store beside the KV buckets
     for bucket in buckets or S.ALL_BUCKETS:
         with contextlib.suppress(Exception):
             await js.key_value(bucket)
@@ -452,6 +460,13 @@ async def ensure_buckets(js: JetStreamContext, settings: Settings, buckets: list
                 bucket=bucket, history=5, storage=StorageType.FILE, replicas=settings.stream_replicas, direct=True
             )
         )
+
+
+def undecodable(model: type[BaseModel], err: ValidationError | PayloadError) -> str:
+    """Why a message could not be decoded: its contract's errors, or its payload reference's."""
+    if isinstance(err, PayloadError):
+        return f"payload reference cannot be resolved: {err}"
+    return f"does not match contract {model.__name__}: {describe(err)}"
 
 
 def describe(err: ValidationError) -> str:

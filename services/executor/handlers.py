@@ -10,7 +10,6 @@ boundary applies (``use_cached`` here; ``skip_and_note`` and ``ask_human`` in th
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import time
@@ -18,7 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from faststream.nats import NatsRouter
+from nats.errors import MaxPayloadError
+from nats.js.errors import APIError, ServiceUnavailableError
 from opentelemetry.trace import Status, StatusCode
+from pydantic_core import PydanticSerializationError
 
 from services.executor.ledger import FinalPublish, LedgerEntry, claim, on_delivery
 from services.executor.registry import HostedTool, ToolContext, ToolFailure, ToolRegistry
@@ -193,8 +195,8 @@ class Executor:
             entry, revision = await self.bus.kv_get(S.KV_TOOL_LEDGER, call.attempt_id, LedgerEntry)
             match on_delivery(entry):
                 case "republish":
-                    assert entry is not None and entry.final is not None
-                    await self.publish_final(entry.final, call.run_id)
+                    assert entry is not None
+                    await self.deliver(call, entry, revision)
                     return
                 case "unknown_outcome":
                     assert entry is not None
@@ -285,11 +287,7 @@ class Executor:
                     output_is_text=result.output_is_text,
                     duration_ms=round((time.monotonic() - started) * 1000, 2),
                 )
-                too_big = self.oversized(raw)
-                if too_big is not None:
-                    await self.finish_oversized(call, hosted, entry, revision, too_big, n)
-                    return
-                await self.finish(entry, revision, S.RESULT_VALIDATE, raw, f"{call.attempt_id}.raw")
+                await self.finish_result(call, hosted, entry, revision, raw)
                 return
             if delay is None:
                 break
@@ -351,7 +349,7 @@ class Executor:
                 }
             )
             await self.finish(
-                entry, revision, S.tool_execute(contract.fallback), fallback, f"{fallback.attempt_id}.call"
+                call, entry, revision, S.tool_execute(contract.fallback), fallback, f"{fallback.attempt_id}.call"
             )
             return
         if recoverable and contract.boundary == "use_cached":
@@ -359,7 +357,7 @@ class Executor:
             if cached is not None:
                 await self.interim_failure(call, entry, result, attempts)
                 raw = raw_result(call, cached.data, attempts, cached=True)
-                await self.finish(entry, revision, S.RESULT_VALIDATE, raw, f"{call.attempt_id}.raw")
+                await self.finish_result(call, hosted, entry, revision, raw)
                 return
         await self.finish_failure(
             call,
@@ -446,21 +444,25 @@ class Executor:
     async def save(self, entry: LedgerEntry, revision: int) -> int:
         return await self.bus.kv_put(S.KV_TOOL_LEDGER, entry.attempt_id, entry, revision=revision)
 
-    def oversized(self, raw: ToolResultRaw) -> int | None:
-        """The output's size when it is above the hard limit for a tool result, else None."""
-        output = raw.output
-        size = len(output.encode()) if isinstance(output, str) else len(json.dumps(output, default=str).encode())
-        return size if size > self.settings.tool_output_max_bytes else None
-
-    async def finish_oversized(
-        self, call: ToolCall, hosted: HostedTool, entry: LedgerEntry, revision: int, size: int, attempts: int
+    async def finish_result(
+        self, call: ToolCall, hosted: HostedTool, entry: LedgerEntry, revision: int, raw: ToolResultRaw
     ) -> None:
-        """An output above the hard limit: a typed failure the model sees (the tool ran; it is not run again)."""
-        limit = self.settings.tool_output_max_bytes
+        """The result goes to the validator, unless it cannot travel: a value that is not JSON is a fatal
+        failure, one above the hard size limit a failure the model sees (the tool ran; it never runs again)."""
+        try:
+            body = raw.model_dump_json(by_alias=True)
+        except (PydanticSerializationError, ValueError, TypeError) as err:
+            detail = f"it returned a value that cannot be sent as JSON ({type(err).__name__}: {str(err)[:200]})"
+            await self.finish_failure(call, entry, revision, "fatal", detail, attempts=raw.attempts)
+            return
+        size, limit = len(body.encode()), self.settings.tool_output_max_bytes
+        if size <= limit:
+            await self.finish(call, entry, revision, S.RESULT_VALIDATE, body, f"{call.attempt_id}.raw")
+            return
         error = SchemaError(
             path="",
             keyword="maxBytes",
-            message=f"the output is {_mb(size)}, above the {_mb(limit)} limit for one tool result",
+            message=f"the result is {_mb(size)}, above the {_mb(limit)} limit for one tool result",
             expected=f"at most {limit} bytes",
             got=f"{size} bytes",
         )
@@ -470,28 +472,55 @@ class Executor:
             f"'{call.tool}' returned {_mb(size)}, more than the {_mb(limit)} a tool result may have. "
             "Ask for less (a narrower query, fewer rows or fields) or continue without it.",
             recoverable=True,
-            attempts=attempts,
+            attempts=raw.attempts,
             errors=[error],
             schema=hosted.contract.output_schema,
-            parsed=True,
         )
         await self.finish(
-            entry, revision, S.failure("output_invalid", call.tool), outcome, f"{call.attempt_id}.outcome"
+            call, entry, revision, S.failure("output_invalid", call.tool), outcome, f"{call.attempt_id}.outcome"
         )
 
-    async def finish(self, entry: LedgerEntry, revision: int, subject: str, payload: Wire, msg_id: str) -> None:
+    async def finish(
+        self, call: ToolCall, entry: LedgerEntry, revision: int, subject: str, payload: Wire | str, msg_id: str
+    ) -> None:
         """Record the final message in the ledger, then publish it (a redelivery republishes it)."""
-        entry.final = FinalPublish(subject=subject, msg_id=msg_id, payload=payload.model_dump_json(by_alias=True))
+        body = payload if isinstance(payload, str) else payload.model_dump_json(by_alias=True)
+        entry.final = FinalPublish(subject=subject, msg_id=msg_id, payload=body)
         try:
-            await self.save(entry, revision)
+            revision = await self.save(entry, revision)
         except CasConflict:
             # Another delivery of this call got its final recorded first (it is the one that counts).
-            stored, _ = await self.bus.kv_get(S.KV_TOOL_LEDGER, entry.attempt_id, LedgerEntry)
+            stored, revision = await self.bus.kv_get(S.KV_TOOL_LEDGER, entry.attempt_id, LedgerEntry)
             if stored is None or stored.final is None:
                 raise
             entry.final = stored.final
         self.fault("after_final_recorded")
-        await self.publish_final(entry.final, getattr(payload, "run_id", None))
+        await self.deliver(call, entry, revision)
+
+    async def deliver(self, call: ToolCall, entry: LedgerEntry, revision: int) -> None:
+        """Publish the recorded final message."""
+        assert entry.final is not None
+        try:
+            await self.publish_final(entry.final, call.run_id)
+        except (MaxPayloadError, APIError) as err:
+            if isinstance(err, ServiceUnavailableError):
+                raise  # the server is busy: the redelivery publishes the recorded final again
+            await self.undeliverable(call, entry, revision, err)
+
+    async def undeliverable(self, call: ToolCall, entry: LedgerEntry, revision: int, err: Exception) -> None:
+        """The server refuses the final message for good: the call ends as a failure event that says so,
+        recorded in its place (never a command dead-lettered with the run left running)."""
+        assert entry.final is not None
+        log.error("executor: %s refused on %s: %r", entry.final.subject, call.attempt_id, err)
+        detail = f"its result could not be delivered ({type(err).__name__}: {str(err)[:200]})"
+        outcome = self.outcome(call, "fatal", model_error(call.tool, "fatal", detail, 1), recoverable=False, attempts=1)
+        entry.final = FinalPublish(
+            subject=S.failure("fatal", call.tool),
+            msg_id=f"{call.attempt_id}.undeliverable",
+            payload=outcome.model_dump_json(by_alias=True),
+        )
+        await self.save(entry, revision)
+        await self.publish_final(entry.final, call.run_id)
 
     async def publish_final(self, final: FinalPublish, run_id: str | None) -> None:
         await self.bus.publish(final.subject, final.payload.encode(), msg_id=final.msg_id, run_id=run_id)
@@ -516,7 +545,7 @@ class Executor:
             attempts=attempts,
             boundary=boundary,
         )
-        await self.finish(entry, revision, S.failure(ftype, call.tool), outcome, f"{call.attempt_id}.outcome")
+        await self.finish(call, entry, revision, S.failure(ftype, call.tool), outcome, f"{call.attempt_id}.outcome")
 
     async def fail(
         self, call: ToolCall, ftype: str, error: str, *, recoverable: bool, attempts: int, **extra: Any
