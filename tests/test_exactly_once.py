@@ -20,7 +20,7 @@ from shared import subjects as S
 from shared.messages import ToolCall
 from shared.scenario import parse_scenario
 from tests.conftest import ROOT, escalations_of
-from tests.test_tool_contracts import submit
+from tests.test_tool_contracts import GOOD_SEARCH, submit, tool_results
 
 TOOLS_DIR = ROOT / "tests" / "tools"
 FAULT_EXIT = 70
@@ -116,3 +116,76 @@ async def test_a_command_on_the_search_subject_naming_charge_card_is_dead_letter
     assert await charges(client, run_id) == 0
     events = await client.events(run_id)
     assert not any("charge_card" in e.kind for e in events)  # nothing ran, nothing was reported as run
+
+
+# --- a non-idempotent call cut off by its timeout is not retried ----------------------------------------
+
+
+async def test_a_timed_out_non_idempotent_call_is_an_unknown_outcome_not_a_retry(
+    stack: LocalStack, client: Client
+) -> None:
+    """slow_charge allows 3 attempts, but its charge happens before the (scripted) slow answer runs
+    into the 1 s timeout: retrying would charge again, so the outcome goes to a human."""
+    env = {"LW_TOOL_CONTRACT_DIR": str(TOOLS_DIR), "LW_EXECUTOR_TOOLS": "slow_charge"}
+    proc = stack.start_service("executor", label="executor-slow-charge", extra_env=env)
+    try:
+        stack.wait_ready([proc])
+        scenario = money_scenario("slow-charge", tool="slow_charge")
+        scenario["tools"] = {"slow_charge": [{"latency_s": 3, "times": "always"}]}
+        run_id = await client.submit_scenario(parse_scenario(scenario))
+        state = await client.wait(run_id, timeout=60, until=("awaiting_human",))
+        assert state.awaiting is not None and state.awaiting.kind == "unknown_outcome"
+        items = await escalations_of(client, run_id)
+        assert [e.kind for e in items] == ["unknown_outcome"]
+        assert await charges(client, run_id) == 1
+        attempts = [e for e in await client.events(run_id) if e.kind == "tool.attempt.slow_charge"]
+        assert len(attempts) == 1 and attempts[0].payload["failure_type"] == "timeout"
+    finally:
+        proc.popen.terminate()
+        await asyncio.to_thread(proc.popen.wait, 15)
+
+
+# --- every transient failure is an event ------------------------------------------------------------
+
+
+async def test_every_transient_failure_is_published_with_its_attempt_and_whether_it_is_retried(
+    client: Client,
+) -> None:
+    scenario = {
+        "name": "transient-events",
+        "task": "Search, then submit.",
+        "planner": [
+            {"tool_calls": [{"name": "search", "id": "toolu_s", "input": {"query": "dedupe"}}]},
+            submit("found"),
+        ],
+        "tools": {"search": [{"fail": "transient", "error": "HTTP 503", "times": 2}, {"output": GOOD_SEARCH}]},
+    }
+    run_id = await client.submit_scenario(parse_scenario(scenario))
+    state = await client.wait(run_id)
+    assert state.status == "completed", state.final_reason  # the planner waited for the real outcome
+    events = await client.events(run_id)
+    failures = [e.payload for e in events if e.kind == "failure.transient.search"]
+    assert [(f["attempts"], f["will_retry"]) for f in failures] == [(1, True), (2, True)]
+    assert [e.kind for e in events].count("tool.succeeded.search") == 1
+    [result] = [r for r in tool_results(state) if r.tool_use_id == "toolu_s"]
+    assert not result.is_error
+
+
+async def test_the_last_transient_failure_is_the_outcome_and_says_it_is_not_retried(client: Client) -> None:
+    scenario = {
+        "name": "transient-final",
+        "task": "Search, then submit.",
+        "planner": [
+            {"tool_calls": [{"name": "search", "id": "toolu_s", "input": {"query": "dedupe"}}]},
+            submit("search is down"),
+        ],
+        "tools": {"search": [{"fail": "transient", "error": "HTTP 503", "times": "always"}]},
+    }
+    run_id = await client.submit_scenario(parse_scenario(scenario))
+    state = await client.wait(run_id)
+    events = await client.events(run_id)
+    failures = [e.payload for e in events if e.kind == "failure.transient.search"]
+    assert failures and all(f["will_retry"] for f in failures[:-1]) and not failures[-1]["will_retry"]
+    assert [f["attempts"] for f in failures] == list(range(1, len(failures) + 1))
+    [result] = [r for r in tool_results(state) if r.tool_use_id == "toolu_s"]
+    assert result.is_error  # the model saw the final failure, once
