@@ -24,6 +24,7 @@ from tests.test_tool_contracts import GOOD_SEARCH, submit, tool_results
 
 TOOLS_DIR = ROOT / "tests" / "tools"
 FAULT_EXIT = 70
+ONLY = {"LW_TOOL_CONTRACT_DIR": str(TOOLS_DIR), "LW_MCP_SERVERS": ""}  # the test tools, no MCP server to mount
 
 
 async def charges(client: Client, run_id: str) -> int:
@@ -59,7 +60,7 @@ def money_scenario(name: str, tool: str = "transfer_funds") -> dict[str, object]
 async def test_an_executor_dying_at_any_point_never_charges_twice(
     stack: LocalStack, client: Client, point: str, charged_before_crash: int, outcome: str
 ) -> None:
-    env = {"LW_TOOL_CONTRACT_DIR": str(TOOLS_DIR), "LW_EXECUTOR_TOOLS": "transfer_funds"}
+    env = {**ONLY, "LW_EXECUTOR_TOOLS": "transfer_funds"}
     faulty = stack.start_service(
         "executor", label=f"executor-fault-{point}", extra_env={**env, "LW_FAULT_INJECT": point}
     )
@@ -126,7 +127,7 @@ async def test_a_timed_out_non_idempotent_call_is_an_unknown_outcome_not_a_retry
 ) -> None:
     """slow_charge allows 3 attempts, but its charge happens before the (scripted) slow answer runs
     into the 1 s timeout: retrying would charge again, so the outcome goes to a human."""
-    env = {"LW_TOOL_CONTRACT_DIR": str(TOOLS_DIR), "LW_EXECUTOR_TOOLS": "slow_charge"}
+    env = {**ONLY, "LW_EXECUTOR_TOOLS": "slow_charge"}
     proc = stack.start_service("executor", label="executor-slow-charge", extra_env=env)
     try:
         stack.wait_ready([proc])
@@ -189,3 +190,20 @@ async def test_the_last_transient_failure_is_the_outcome_and_says_it_is_not_retr
     assert [f["attempts"] for f in failures] == list(range(1, len(failures) + 1))
     [result] = [r for r in tool_results(state) if r.tool_use_id == "toolu_s"]
     assert result.is_error  # the model saw the final failure, once
+
+
+async def test_a_call_costs_two_ledger_writes_create_and_final(client: Client) -> None:
+    scenario = {
+        "name": "ledger-writes",
+        "task": "Compute, then submit.",
+        "planner": [
+            {"tool_calls": [{"name": "calculator", "id": "toolu_c", "input": {"expression": "2+3"}}]},
+            submit("5"),
+        ],
+    }
+    run_id = await client.submit_scenario(parse_scenario(scenario))
+    state = await client.wait(run_id)
+    assert state.status == "completed"
+    kv = await client.bus.kv(S.KV_TOOL_LEDGER)
+    history = await kv.history(S.kv_key(run_id, "i1", "toolu_c"))
+    assert len(history) == 2  # created before the tool ran, final recorded before it was published

@@ -44,6 +44,7 @@ async def bulk_executor(stack: LocalStack) -> AsyncIterator[Proc]:
     env = {
         "LW_TOOL_CONTRACT_DIR": str(TOOLS_DIR),
         "LW_EXECUTOR_TOOLS": "bulk_report,odd_value",
+        "LW_MCP_SERVERS": "",  # no MCP server to mount: a faster start
         "LW_TOOL_OUTPUT_MAX_BYTES": str(HARD_LIMIT),
     }
     proc = stack.start_service("executor", label="executor-bulk", extra_env=env)
