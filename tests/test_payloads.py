@@ -12,18 +12,21 @@ import asyncio
 import json
 import os
 from collections.abc import AsyncIterator
+from pathlib import Path
 
+import nats
 import pytest
+from nats.js.api import ObjectStoreConfig
 
 from loopwarden.client import Client
 from loopwarden.stack import LocalStack, Proc
 from shared import subjects as S
 from shared.bus import Bus
 from shared.messages import RunSubmit
-from shared.payloads import KV_REF_KEY, PayloadError, PayloadRef, bounded, digest_of
+from shared.payloads import BUCKET, KV_REF_KEY, PayloadError, PayloadRef, bounded, digest_of
 from shared.scenario import parse_scenario
 from shared.settings import Settings
-from tests.conftest import ROOT, escalations_of, settings_for
+from tests.conftest import ROOT, TEST_ENV, escalations_of, settings_for
 from tests.test_tool_contracts import submit, tool_results
 
 TOOLS_DIR = ROOT / "tests" / "tools"
@@ -245,3 +248,47 @@ def test_a_bounded_value_keeps_its_head_and_says_how_big_it_was() -> None:
 def test_settings_refuse_a_bad_fault_point() -> None:
     with pytest.raises(ValueError, match="fault_inject"):
         Settings(fault_inject="somewhere")  # type: ignore[arg-type]
+
+
+# --- a final message the server refuses for good ----------------------------------------------------
+
+
+async def test_a_result_the_server_refuses_for_good_ends_as_a_failure_event_not_a_running_run(
+    tmp_path: Path,
+) -> None:
+    """The operator capped the payload bucket at 2 MB; a 3 MB result can be stored nowhere. The call
+    ends as a fatal failure event that says so (the tool ran once), and the run waits for a human."""
+    stack = LocalStack(state_dir=tmp_path, env=TEST_ENV, services=()).start()  # the server only
+    try:
+        nc = await nats.connect(stack.nats_url)
+        await nc.jetstream().create_object_store(BUCKET, ObjectStoreConfig(max_bytes=2_000_000))
+        await nc.close()
+        env = {
+            "LW_TOOL_CONTRACT_DIR": str(TOOLS_DIR),
+            "LW_EXECUTOR_TOOLS": "bulk_report",
+            "LW_TOOL_OUTPUT_MAX_BYTES": str(HARD_LIMIT),
+        }
+        procs = [
+            stack.start_service("planner"),
+            stack.start_service("governor"),
+            stack.start_service("executor", extra_env=env),
+        ]
+        stack.wait_ready(procs)
+        async with Client(Settings(nats_url=stack.nats_url)) as client:
+            scenario = {
+                "name": "bucket-full",
+                "task": "Build the big report, then submit.",
+                "planner": [
+                    {"tool_calls": [{"name": "bulk_report", "id": "toolu_full", "input": {"megabytes": 3}}]},
+                    submit("done"),
+                ],
+            }
+            run_id = await client.submit_scenario(parse_scenario(scenario))
+            state = await client.wait(run_id, timeout=90, until=("awaiting_human", "completed", "failed"))
+            assert state.status == "awaiting_human" and state.awaiting is not None
+            assert state.awaiting.kind == "fatal" and "could not be delivered" in state.awaiting.reason
+            fatal = [e for e in await client.events(run_id) if e.kind == "failure.fatal.bulk_report"]
+            assert len(fatal) == 1 and "maximum bytes exceeded" in fatal[0].payload["error"]
+            assert await runs_of(client, "bulk", run_id) == 1
+    finally:
+        stack.stop()

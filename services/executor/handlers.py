@@ -18,7 +18,7 @@ from typing import Any
 
 from faststream.nats import NatsRouter
 from nats.errors import MaxPayloadError
-from nats.js.errors import APIError, ServiceUnavailableError
+from nats.js.errors import APIError
 from opentelemetry.trace import Status, StatusCode
 from pydantic_core import PydanticSerializationError
 
@@ -494,6 +494,11 @@ class Executor:
             if stored is None or stored.final is None:
                 raise
             entry.final = stored.final
+        except (MaxPayloadError, APIError) as err:
+            if not refused_for_good(err):
+                raise
+            await self.undeliverable(call, entry, revision, err)  # e.g. the result exceeds the bucket's limits
+            return
         self.fault("after_final_recorded")
         await self.deliver(call, entry, revision)
 
@@ -503,8 +508,8 @@ class Executor:
         try:
             await self.publish_final(entry.final, call.run_id)
         except (MaxPayloadError, APIError) as err:
-            if isinstance(err, ServiceUnavailableError):
-                raise  # the server is busy: the redelivery publishes the recorded final again
+            if not refused_for_good(err):
+                raise  # e.g. the server is busy: the redelivery publishes the recorded final again
             await self.undeliverable(call, entry, revision, err)
 
     async def undeliverable(self, call: ToolCall, entry: LedgerEntry, revision: int, err: Exception) -> None:
@@ -575,6 +580,17 @@ class Executor:
                 **{k: v for k, v in extra.items() if v is not None},
             }
         )
+
+
+def refused_for_good(err: Exception) -> bool:
+    """A refusal that a redelivery would only meet again: too large for the connection, or a limit of the
+    stream or bucket (JetStream reports "maximum bytes exceeded" as a 503 with its own error code)."""
+    if isinstance(err, MaxPayloadError):
+        return True
+    if not isinstance(err, APIError):
+        return False
+    text = (err.description or "").lower()
+    return bool(err.code and 400 <= err.code < 500 and err.code != 408) or "maximum" in text or "exceed" in text
 
 
 def _mb(size: int) -> str:
