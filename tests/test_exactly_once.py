@@ -20,6 +20,7 @@ from shared import subjects as S
 from shared.messages import ToolCall
 from shared.scenario import parse_scenario
 from tests.conftest import ROOT, escalations_of
+from tests.support.otlp_collector import OtlpCollector
 from tests.test_tool_contracts import GOOD_SEARCH, submit, tool_results
 
 TOOLS_DIR = ROOT / "tests" / "tools"
@@ -207,3 +208,32 @@ async def test_a_call_costs_two_ledger_writes_create_and_final(client: Client) -
     kv = await client.bus.kv(S.KV_TOOL_LEDGER)
     history = await kv.history(S.kv_key(run_id, "i1", "toolu_c"))
     assert len(history) == 2  # created before the tool ran, final recorded before it was published
+
+
+async def test_retried_transient_failures_are_counted_in_the_failures_metric(
+    client: Client, otlp: OtlpCollector
+) -> None:
+    scenario = {
+        "name": "transient-metric",
+        "task": "Compute, then submit.",
+        "planner": [
+            {"tool_calls": [{"name": "calculator", "id": "toolu_m", "input": {"expression": "1+1"}}]},
+            submit("2"),
+        ],
+        # two 503s, then the real calculator: the call succeeds, its retried failures still count
+        "tools": {"calculator": [{"fail": "transient", "error": "HTTP 503", "times": 2}, {"latency_s": 0}]},
+    }
+    run_id = await client.submit_scenario(parse_scenario(scenario))
+    state = await client.wait(run_id)
+    assert state.status == "completed", state.final_reason
+
+    def counted() -> float:
+        points = otlp.metrics.get(("loopwarden-executor", "loopwarden.failures"), [])
+        mine = [p["_value"] for p in points if p.get("tool") == "calculator" and p.get("failure.type") == "transient"]
+        return max(mine, default=0)
+
+    for _ in range(120):  # metrics are exported every 5 s
+        if counted() >= 2:
+            break
+        await asyncio.sleep(0.25)
+    assert counted() >= 2
