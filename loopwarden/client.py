@@ -32,6 +32,7 @@ from shared.messages import (
     ToolAttempt,
     ToolOutcome,
 )
+from shared.payloads import digest_of
 from shared.scenario import Outcome, Scenario
 from shared.settings import Settings
 from shared.telemetry import LW_RUN_ID, Telemetry, setup_telemetry
@@ -79,9 +80,12 @@ class Client:
     async def submit_scenario(
         self, scenario: Scenario, run_id: str | None = None, limits: RunLimits | None = None
     ) -> str:
-        """Store the scenario under a new run id and submit its task (replayed by scripted providers)."""
+        """Submit a scenario's task with the scenario bound to it (replayed by scripted providers).
+
+        The scenario travels in the submit message (by reference when large) with its digest; only the
+        planner stores it, so no client can write another run's scenario."""
         run_id = run_id or new_run_id()
-        await self.bus.kv_put(S.KV_SCENARIOS, run_id, scenario)
+        data = scenario.model_dump(mode="json", by_alias=True)
         submit = RunSubmit(
             run_id=run_id,
             task=scenario.task,
@@ -92,6 +96,8 @@ class Client:
             tools=scenario.allowed_tools,
             lessons=scenario.lessons,
             scripted=True,
+            scenario=data,
+            scenario_digest=digest_of(data),
         )
         await self.submit(submit)
         return run_id

@@ -47,6 +47,7 @@ from pydantic import BaseModel, ValidationError
 
 from shared import subjects as S
 from shared.messages import DeadLetter, ErrorReply
+from shared.payloads import PayloadError, PayloadStore, ensure_store
 from shared.settings import Settings
 
 log = logging.getLogger("loopwarden.bus")
@@ -271,8 +272,10 @@ class Bus:
     _kv: dict[str, KeyValue] = field(default_factory=dict)
     _connected: bool = False
     on_stop: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    payloads: PayloadStore = field(init=False)  # claim check: large bodies by reference
 
     def __post_init__(self) -> None:
+        self.payloads = PayloadStore(self.settings)
         self._failures = (
             self.meter_provider.get_meter("loopwarden.bus").create_counter(
                 "loopwarden.failures", description="failure events by type and tool (every service, one metric)"
@@ -448,7 +451,7 @@ class Bus:
             ctx = self._extract(msg.headers) if self._tracer is not None else None
             with self._span(f"{msg.subject} process", SpanKind.SERVER, ctx, msg.headers):
                 try:
-                    payload = decode(r.model, msg.data)
+                    payload = await self._decode(r.model, msg)
                 except Undecodable as err:
                     reason = str(err)
                     out: BaseModel = r.reply(reason)
@@ -467,6 +470,15 @@ class Bus:
                     with contextlib.suppress(Exception):
                         await self.nc.publish(msg.reply, out.model_dump_json(by_alias=True).encode())
 
+    async def _decode(self, model: type[M], msg: Msg) -> M:
+        """The body as ``model``, fetched from the payload store first when it travelled by
+        reference; ``Undecodable`` names why it cannot be had."""
+        try:
+            data = await self.payloads.inflate(self.nc, msg.data, msg.headers)
+        except PayloadError as err:
+            raise Undecodable(f"payload reference cannot be resolved: {err}") from None
+        return decode(model, data)
+
     async def _deliver(self, msg: Msg, model: type[M], handler: Handler[M]) -> None:
         """Decode, run the handler, then ack; dead-letter what cannot be delivered, with its reason."""
         try:
@@ -483,7 +495,7 @@ class Bus:
             await msg.ack()
             return
         try:
-            payload = decode(model, msg.data)
+            payload = await self._decode(model, msg)
         except Undecodable as err:
             await self.dead_letter(msg, str(err), deliveries)
             await msg.ack()
@@ -578,6 +590,7 @@ class Bus:
         if run_id:
             headers[RUN_ID_HEADER] = run_id
         body = payload if isinstance(payload, bytes) else payload.model_dump_json(by_alias=True).encode()
+        body = await self.payloads.offload(self.nc, body, headers)
         if self._tracer is not None:
             token = None
             if traceparent:  # continue a stored trace (e.g. a human resolving an escalation)
@@ -609,18 +622,19 @@ class Bus:
         """Core-NATS request/reply (queue-grouped service), decoded into ``reply``; an
         ``ErrorReply`` from the service raises ``RequestRefused`` with its reason."""
         headers = {"content-type": "application/json"}
-        data = payload.model_dump_json(by_alias=True).encode()
+        data = await self.payloads.offload(self.nc, payload.model_dump_json(by_alias=True).encode(), headers)
         if self._tracer is not None:
             with self._span(f"{subject} publish", SpanKind.CLIENT, None, headers):
                 propagate.inject(headers)
                 resp = await self.nc.request(subject, data, timeout=self.settings.rpc_timeout_s, headers=headers)
         else:
             resp = await self.nc.request(subject, data, timeout=self.settings.rpc_timeout_s, headers=headers)
+        body = await self.payloads.inflate(self.nc, resp.data, resp.headers)
         try:
-            return reply.model_validate_json(resp.data)
+            return reply.model_validate_json(body)
         except ValidationError:
             try:
-                refused = ErrorReply.model_validate_json(resp.data)
+                refused = ErrorReply.model_validate_json(body)
             except ValidationError:
                 raise
             raise RequestRefused(refused.error) from None
@@ -646,7 +660,8 @@ class Bus:
             return None, 0
         if entry.value is None or entry.operation in ("DEL", "PURGE"):
             return None, entry.revision or 0
-        return model.model_validate_json(entry.value), entry.revision or 0
+        value = await self.payloads.inflate_value(self.broker.connection, entry.value)
+        return model.model_validate_json(value), entry.revision or 0
 
     async def update(
         self,
@@ -695,6 +710,7 @@ class Bus:
         """Write ``value``; with ``revision`` it is a compare-and-swap (0 = must not exist yet)."""
         kv = await self.kv(bucket)
         data = value.model_dump_json(by_alias=True).encode()
+        data = await self.payloads.offload_value(self.broker.connection, data)
         try:
             if revision is None:
                 return await kv.put(key, data)
@@ -748,6 +764,8 @@ async def ensure_streams(js: JetStreamContext, settings: Settings) -> None:
 
 
 async def ensure_buckets(js: JetStreamContext, settings: Settings, buckets: list[str] | None = None) -> None:
+    if buckets is None:
+        await ensure_store(js, settings)  # the claim-check object store beside the KV buckets
     for bucket in buckets or S.ALL_BUCKETS:
         with contextlib.suppress(Exception):
             await js.key_value(bucket)

@@ -149,6 +149,10 @@ class RunSubmit(Wire):
     lessons: bool = Field(False, description="start with the failure reasons of earlier runs of this task")
     scripted: bool = Field(False, description="a scripted scenario is stored under this run id")
     submitted_at: datetime = Field(default_factory=utcnow)
+    scenario: dict[str, Any] | None = Field(
+        None, description="the scripted scenario, bound to the run at submit (only the planner stores it)"
+    )
+    scenario_digest: str | None = Field(None, description="sha256 of the scenario's canonical JSON")
 
 
 RunStatus = Literal["running", "awaiting_human", "completed", "stopped", "failed"]
@@ -210,6 +214,7 @@ class ToolCall(Wire):
     requested_tool: str
     arguments: dict[str, Any]
     fallback_from: FallbackNote | None = None
+    scripted: bool = Field(False, description="the run was submitted as scripted: its scenario applies to tools")
 
 
 class FallbackNote(Wire):
@@ -269,6 +274,11 @@ class ToolOutcome(Wire):
     fallback_from: FallbackNote | None = None
     boundary: Boundary | None = None
     terminal: bool = False
+    will_retry: bool = Field(
+        False,
+        description="a transient failure of one attempt after which the executor goes on with this call (another "
+        "attempt, the fallback tool or the cached result): an event for subscribers, not the call's outcome",
+    )
 
     @model_validator(mode="after")
     def _failure_has_type(self) -> ToolOutcome:

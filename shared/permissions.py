@@ -15,6 +15,7 @@ from pathlib import Path
 
 from shared import subjects as S
 from shared.bus import inbox_prefix
+from shared.payloads import BUCKET as PAYLOAD_BUCKET
 
 
 @dataclass(frozen=True)
@@ -43,8 +44,8 @@ GRANTS: dict[str, Grant] = {
             S.BUDGET_RESERVE,
             S.dead_letter("planner"),
         ),
-        kv_write=(S.KV_RUNS, S.KV_MODEL_CALLS, S.KV_LESSONS),
-        kv_read=(S.KV_CONTRACTS, S.KV_SCENARIOS),
+        kv_write=(S.KV_RUNS, S.KV_MODEL_CALLS, S.KV_LESSONS, S.KV_SCENARIOS),  # scenarios: bound at submit
+        kv_read=(S.KV_CONTRACTS,),
         consumers=(
             (S.STREAM_CMD, "planner_submit"),
             (S.STREAM_CMD, "planner_advance"),
@@ -93,8 +94,7 @@ GRANTS: dict[str, Grant] = {
     "client": Grant(
         publish=(S.RUN_SUBMIT, f"{S.P}.rpc.escalation.>"),
         subscribe=(f"{S.P}.evt.>",),
-        kv_write=(S.KV_SCENARIOS,),
-        kv_read=(S.KV_RUNS,),
+        kv_read=(S.KV_RUNS,),  # no scenario writes: the scenario travels in the submit
         read_streams=(S.STREAM_EVT, S.STREAM_DLQ),
     ),
 }
@@ -150,7 +150,27 @@ def rights(service: str, grant: Grant) -> tuple[list[str], list[str]]:
         ]
     if grant.kv_write or grant.kv_read or grant.read_streams:
         pub.append("$JS.FC.>")
+    pub += payload_rights()
     return list(dict.fromkeys(pub)), list(dict.fromkeys(sub))
+
+
+def payload_rights() -> list[str]:
+    """Everyone may store and read large bodies by reference (claim check, ``shared/payloads.py``): objects
+    are content-addressed and checked against their digest when read, so writing one forges nothing."""
+    stream = f"OBJ_{PAYLOAD_BUCKET}"
+    return [
+        f"$O.{PAYLOAD_BUCKET}.C.>",
+        f"$O.{PAYLOAD_BUCKET}.M.>",
+        f"$JS.API.STREAM.INFO.{stream}",
+        f"$JS.API.STREAM.MSG.GET.{stream}",
+        f"$JS.API.DIRECT.GET.{stream}.>",
+        "$JS.API.STREAM.NAMES",
+        f"$JS.API.CONSUMER.CREATE.{stream}",
+        f"$JS.API.CONSUMER.CREATE.{stream}.>",
+        f"$JS.API.CONSUMER.INFO.{stream}.>",
+        f"$JS.API.CONSUMER.DELETE.{stream}.>",
+        "$JS.FC.>",
+    ]
 
 
 def render(tools: list[str] | None = None) -> str:

@@ -27,6 +27,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 ProviderName = Literal["auto", "scripted", "anthropic"]
 NotJudgedPolicy = Literal["escalate", "retry", "accept", "fail"]
 LoopPolicy = Literal["stop", "escalate"]
+FaultPoint = Literal["after_start_recorded", "after_side_effect", "after_final_recorded", "after_final_published"]
 
 
 class McpServerSpec(BaseModel):
@@ -128,6 +129,24 @@ class Settings(BaseSettings):
         None, validation_alias=AliasChoices("LW_OTEL_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    # --- large payloads and fault injection (issue 9) ----------------------------------
+    payload_inline_limit_bytes: int = Field(
+        256 * 1024,
+        ge=1024,
+        description="a message body or KV value larger than this travels by reference (JetStream Object Store); "
+        "capped below the server's max_payload",
+    )
+    tool_output_max_bytes: int = Field(
+        16 * 1024 * 1024, ge=1024, description="a tool output above this is a failure the model sees, never retried"
+    )
+    run_state_result_max_bytes: int = Field(
+        16 * 1024, ge=256, description="the planner keeps at most this much of one tool result in its run state"
+    )
+    fault_inject: FaultPoint | None = Field(
+        None,
+        description="TEST ONLY: the executor exits (os._exit) at this point of every tool call; unset in production",
+    )
 
     @field_validator("nats_url")
     @classmethod

@@ -11,25 +11,31 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from faststream.nats import NatsRouter
+from nats.errors import MaxPayloadError
+from nats.js.errors import APIError
 from opentelemetry.trace import Status, StatusCode
+from pydantic_core import PydanticSerializationError
 
-from services.executor.ledger import AttemptRecord, FinalPublish, LedgerEntry, on_delivery
+from services.executor.ledger import FinalPublish, LedgerEntry, claim, on_delivery
 from services.executor.registry import HostedTool, ToolContext, ToolFailure, ToolRegistry
 from shared import subjects as S
 from shared import telemetry as T
 from shared.backoff import BackoffPolicy, next_delay
-from shared.bus import Bus
+from shared.bus import Bus, CasConflict, TryLater
 from shared.canonical import cache_key
 from shared.contracts.registration import validator_for
 from shared.contracts.validation import format_for_model
 from shared.messages import (
     CachedToolResult,
+    DeadLetter,
     FallbackNote,
+    SchemaError,
     ToolAttempt,
     ToolCall,
     ToolOutcome,
@@ -37,7 +43,7 @@ from shared.messages import (
     Wire,
 )
 from shared.scenario import Scenario, ToolBehaviour
-from shared.settings import Settings
+from shared.settings import FaultPoint, Settings
 
 log = logging.getLogger("loopwarden.executor")
 MAX_FALLBACK_DEPTH = 3
@@ -51,6 +57,7 @@ class Attempted:
     failure_type: str | None = None
     error: str | None = None
     retry_after_s: float | None = None
+    effect_unknown: bool = False  # the real tool was cut off (timeout): it may have done its work
 
 
 class Cursor(Wire):
@@ -104,6 +111,9 @@ class Executor:
         self._scenarios: dict[str, Scenario | None] = {}
         self._consuming: set[str] = set()
         self.mounts: list[Any] = []
+        self.fault_point: FaultPoint | None = settings.fault_inject  # read once, at start
+        if self.fault_point is not None:
+            log.warning("TEST FAULT INJECTION: this executor exits at %s of every tool call", self.fault_point)
 
     def register(self, router: NatsRouter | Any) -> None:
         for name in sorted(self.registry.hosted(self.settings.hosted_tools)):
@@ -112,7 +122,17 @@ class Executor:
             self._consuming.add(name)
             self.bus.consumer(
                 router, durable=f"executor_{S.token(name)}", filter_subjects=[S.tool_execute(name)], model=ToolCall
-            )(self.on_call)
+            )(self.handler_for(name))
+
+    def handler_for(self, tool: str) -> Any:
+        """The handler of ``tool``'s subject: it runs that tool and no other (the subject is the boundary
+        that per-tool permissions and consumers draw)."""
+
+        async def on_call(call: ToolCall) -> None:
+            await self.on_call(call, tool)
+
+        on_call.__name__ = f"on_call_{S.token(tool)}"
+        return on_call
 
     async def start(self) -> None:
         """After connecting: mount MCP servers, consume their tools too, publish every contract."""
@@ -133,9 +153,20 @@ class Executor:
         for name, reason in self.registry.refused.items():
             log.error("tool %s is not available: %s", name, reason)
 
+    def fault(self, point: FaultPoint) -> None:
+        """Test-only fault injection: die here, as a SIGKILL would, when this point is configured."""
+        if self.fault_point == point:
+            log.error("TEST FAULT INJECTION: exiting at %s", point)
+            logging.shutdown()
+            os._exit(70)
+
     # --- the handler ------------------------------------------------------------------------------
-    async def on_call(self, call: ToolCall) -> None:
-        hosted = self.registry.tools[call.tool]
+    async def on_call(self, call: ToolCall, subject_tool: str | None = None) -> None:
+        subject_tool = subject_tool or call.tool
+        if call.tool != subject_tool:
+            await self.refuse(call, subject_tool)
+            return
+        hosted = self.registry.tools[subject_tool]
         contract = hosted.contract
         with self.tracer.start_as_current_span(
             f"execute_tool {call.tool}",
@@ -164,10 +195,8 @@ class Executor:
             entry, revision = await self.bus.kv_get(S.KV_TOOL_LEDGER, call.attempt_id, LedgerEntry)
             match on_delivery(entry):
                 case "republish":
-                    assert entry is not None and entry.final is not None
-                    await self.bus.publish(
-                        entry.final.subject, entry.final.payload.encode(), msg_id=entry.final.msg_id, run_id=call.run_id
-                    )
+                    assert entry is not None
+                    await self.deliver(call, entry, revision)
                     return
                 case "unknown_outcome":
                     assert entry is not None
@@ -177,13 +206,35 @@ class Executor:
                         entry,
                         revision,
                         "unknown_outcome",
-                        "a previous attempt started but never recorded its end",
+                        "a previous delivery started it but no result was recorded",
+                        attempts=entry.runs,
                     )
                     return
                 case "run":
                     pass
-            entry = entry or LedgerEntry(attempt_id=call.attempt_id, tool=call.tool, idempotent=contract.idempotent)
+            entry = claim(entry, call.attempt_id, call.tool, contract.idempotent)
+            try:
+                revision = await self.save(entry, revision)  # recorded *before* the tool runs
+            except CasConflict as err:  # another executor claimed it a moment ago: decide again
+                raise TryLater(f"ledger entry {call.attempt_id} changed while claiming it", delay=0.5) from err
+            self.fault("after_start_recorded")
             await self.run_attempts(call, hosted, entry, revision)
+            self.fault("after_final_published")
+
+    async def refuse(self, call: ToolCall, subject_tool: str) -> None:
+        """A command on one tool's subject that names another tool: dead-lettered, nothing runs."""
+        subject = S.tool_execute(subject_tool)
+        reason = (
+            f"the message names tool '{call.tool}' but arrived on the subject of '{subject_tool}' ({subject}); "
+            "the executor runs only the tool its subject names"
+        )
+        letter = DeadLetter(
+            service="executor", subject=subject, reason=reason, body=call.model_dump_json(by_alias=True)
+        )
+        await self.bus.publish(
+            S.dead_letter("executor"), letter, msg_id=f"dlq-executor-mismatch-{subject_tool}-{call.attempt_id}"
+        )
+        log.error("executor: dead-lettered %s: %s", subject, reason)
 
     async def run_attempts(self, call: ToolCall, hosted: HostedTool, entry: LedgerEntry, revision: int) -> None:
         contract = hosted.contract
@@ -194,29 +245,21 @@ class Executor:
             contract.retry.max_elapsed_s,
         )
         started = time.monotonic()
+        n = 0
         while True:
-            n = len(entry.attempts) + 1
-            entry.attempts.append(AttemptRecord(n=n))
-            revision = await self.save(entry, revision)  # recorded *before* the tool runs
+            n += 1
             with self.tracer.start_as_current_span(
                 f"tool attempt {call.tool}",
                 attributes={T.GEN_AI_TOOL_NAME: call.tool, T.LW_ATTEMPT: n, T.LW_RUN_ID: call.run_id},
             ) as span:
                 result = await self.attempt(call, hosted, n)
-                entry.attempts[-1] = entry.attempts[-1].model_copy(
-                    update={
-                        "finished": True,
-                        "ok": result.ok,
-                        "failure_type": result.failure_type,
-                        "error": result.error,
-                    }
-                )
-                revision = await self.save(entry, revision)
                 delay = None
                 if not result.ok:
                     span.set_attribute(T.LW_FAILURE_TYPE, result.failure_type or "")
                     span.set_status(Status(StatusCode.ERROR, result.error or ""))
-                    if result.failure_type in ("transient", "timeout"):
+                    # A non-idempotent tool cut off mid-call may have done its work: never run it again.
+                    may_repeat = contract.idempotent or not result.effect_unknown
+                    if result.failure_type in ("transient", "timeout") and may_repeat:
                         delay = next_delay(policy, n, time.monotonic() - started, result.retry_after_s)
                     if delay is not None:
                         span.set_attribute(T.LW_BACKOFF_S, round(delay, 4))
@@ -234,7 +277,7 @@ class Executor:
                         error=result.error,
                         next_delay_s=delay,
                     ),
-                    msg_id=f"{call.attempt_id}.attempt.{n}",
+                    msg_id=f"{call.attempt_id}.attempt.{entry.runs}.{n}",
                 )
             if result.ok:
                 raw = raw_result(
@@ -244,18 +287,45 @@ class Executor:
                     output_is_text=result.output_is_text,
                     duration_ms=round((time.monotonic() - started) * 1000, 2),
                 )
-                await self.finish(entry, revision, S.RESULT_VALIDATE, raw, f"{call.attempt_id}.raw")
+                await self.finish_result(call, hosted, entry, revision, raw)
                 return
             if delay is None:
                 break
+            await self.interim_failure(call, entry, result, n)
             await asyncio.sleep(delay)
-        await self.after_retries(call, hosted, entry, revision, result)
+        await self.after_retries(call, hosted, entry, revision, result, n)
+
+    async def interim_failure(self, call: ToolCall, entry: LedgerEntry, result: Attempted, n: int) -> None:
+        """A transient failure the executor goes on from (retry, fallback, cached result): published like
+        every failure, so subscribers and the failures metric see it, marked ``will_retry``."""
+        ftype = result.failure_type or "transient"
+        outcome = self.outcome(
+            call,
+            ftype,
+            model_error(call.tool, ftype, result.error or ftype, n),
+            recoverable=True,
+            attempts=n,
+            will_retry=True,
+        )
+        await self.bus.publish(
+            S.failure(ftype, call.tool), outcome, msg_id=f"{call.attempt_id}.failure.{entry.runs}.{n}"
+        )
 
     async def after_retries(
-        self, call: ToolCall, hosted: HostedTool, entry: LedgerEntry, revision: int, result: Attempted
+        self, call: ToolCall, hosted: HostedTool, entry: LedgerEntry, revision: int, result: Attempted, attempts: int
     ) -> None:
         contract = hosted.contract
         ftype = result.failure_type or "fatal"
+        if result.effect_unknown and not contract.idempotent:
+            await self.finish_failure(
+                call,
+                entry,
+                revision,
+                "unknown_outcome",
+                f"it was cut off ({result.error or ftype}) and may have done its work",
+                attempts=attempts,
+            )
+            return
         recoverable = ftype in ("transient", "timeout")
         depth = call.attempt_id.count(".fb.")
         if (
@@ -265,10 +335,11 @@ class Executor:
             and f".fb.{contract.fallback}" not in call.attempt_id
             and contract.fallback != call.requested_tool
         ):
+            await self.interim_failure(call, entry, result, attempts)
             note = FallbackNote(
                 from_tool=call.tool,
                 to_tool=contract.fallback,
-                reason=model_error(call.tool, ftype, result.error or ftype, len(entry.attempts)),
+                reason=model_error(call.tool, ftype, result.error or ftype, attempts),
             )
             fallback = call.model_copy(
                 update={
@@ -278,24 +349,34 @@ class Executor:
                 }
             )
             await self.finish(
-                entry, revision, S.tool_execute(contract.fallback), fallback, f"{fallback.attempt_id}.call"
+                call, entry, revision, S.tool_execute(contract.fallback), fallback, f"{fallback.attempt_id}.call"
             )
             return
         if recoverable and contract.boundary == "use_cached":
             cached, _ = await self.bus.kv_get(S.KV_TOOL_CACHE, cache_key(call.tool, call.arguments), CachedToolResult)
             if cached is not None:
-                raw = raw_result(call, cached.data, len(entry.attempts), cached=True)
-                await self.finish(entry, revision, S.RESULT_VALIDATE, raw, f"{call.attempt_id}.raw")
+                await self.interim_failure(call, entry, result, attempts)
+                raw = raw_result(call, cached.data, attempts, cached=True)
+                await self.finish_result(call, hosted, entry, revision, raw)
                 return
         await self.finish_failure(
-            call, entry, revision, ftype, result.error or ftype, recoverable=recoverable, boundary=contract.boundary
+            call,
+            entry,
+            revision,
+            ftype,
+            result.error or ftype,
+            recoverable=recoverable,
+            boundary=contract.boundary,
+            attempts=attempts,
         )
 
     async def attempt(self, call: ToolCall, hosted: HostedTool, n: int) -> Attempted:
-        """One execution: the scripted behaviour for this attempt, else the real tool, under its timeout."""
+        """One execution: the scripted behaviour for this attempt (scripted runs only), else the real tool,
+        under its timeout."""
         contract = hosted.contract
         behaviour = await self.scripted(call)
         ctx = ToolContext(run_id=call.run_id, call_id=call.call_id, attempt=n, demo_store=await self.bus.kv(S.KV_DEMO))
+        real_tool_started = False
         try:
             async with asyncio.timeout(contract.timeout_s):
                 if behaviour is not None and not behaviour.runs_real_tool:
@@ -310,12 +391,19 @@ class Executor:
                     if behaviour.output_text is not None:
                         return self.hooked(hosted, behaviour.output_text)
                     return self.hooked(hosted, behaviour.output)
+                real_tool_started = True
                 output = await hosted.fn(call.arguments, ctx)
+                self.fault("after_side_effect")
                 if behaviour is not None and behaviour.latency_s:
                     await asyncio.sleep(behaviour.latency_s)  # e.g. a slow response after the effect happened
                 return self.hooked(hosted, output)
         except TimeoutError:
-            return Attempted(False, failure_type="timeout", error=f"no answer within {contract.timeout_s:g}s")
+            return Attempted(
+                False,
+                failure_type="timeout",
+                error=f"no answer within {contract.timeout_s:g}s",
+                effect_unknown=real_tool_started,
+            )
         except ToolFailure as failure:
             return Attempted(False, failure_type=failure.kind, error=str(failure), retry_after_s=failure.retry_after_s)
         except Exception as err:  # a bug in the tool: not something a retry fixes
@@ -333,6 +421,10 @@ class Executor:
         return Attempted(True, output=output, output_is_text=isinstance(output, str))
 
     async def scripted(self, call: ToolCall) -> ToolBehaviour | None:
+        """Scripted tool behaviour: only for a run submitted as scripted (the flag travels in the call, set by
+        the planner from the run's submission); a live run never reads a scenario."""
+        if not call.scripted:
+            return None
         if call.run_id not in self._scenarios:
             self._scenarios[call.run_id], _ = await self.bus.kv_get(S.KV_SCENARIOS, call.run_id, Scenario)
             if len(self._scenarios) > 256:
@@ -352,13 +444,91 @@ class Executor:
     async def save(self, entry: LedgerEntry, revision: int) -> int:
         return await self.bus.kv_put(S.KV_TOOL_LEDGER, entry.attempt_id, entry, revision=revision)
 
-    async def finish(self, entry: LedgerEntry, revision: int, subject: str, payload: Wire, msg_id: str) -> None:
-        """Record the final message in the ledger, then publish it (a redelivery republishes it)."""
-        entry.final = FinalPublish(subject=subject, msg_id=msg_id, payload=payload.model_dump_json(by_alias=True))
-        await self.save(entry, revision)
-        await self.bus.publish(
-            subject, entry.final.payload.encode(), msg_id=msg_id, run_id=getattr(payload, "run_id", None)
+    async def finish_result(
+        self, call: ToolCall, hosted: HostedTool, entry: LedgerEntry, revision: int, raw: ToolResultRaw
+    ) -> None:
+        """The result goes to the validator, unless it cannot travel: a value that is not JSON is a fatal
+        failure, one above the hard size limit a failure the model sees (the tool ran; it never runs again)."""
+        try:
+            body = raw.model_dump_json(by_alias=True)
+        except (PydanticSerializationError, ValueError, TypeError) as err:
+            detail = f"it returned a value that cannot be sent as JSON ({type(err).__name__}: {str(err)[:200]})"
+            await self.finish_failure(call, entry, revision, "fatal", detail, attempts=raw.attempts)
+            return
+        size, limit = len(body.encode()), self.settings.tool_output_max_bytes
+        if size <= limit:
+            await self.finish(call, entry, revision, S.RESULT_VALIDATE, body, f"{call.attempt_id}.raw")
+            return
+        error = SchemaError(
+            path="",
+            keyword="maxBytes",
+            message=f"the result is {_mb(size)}, above the {_mb(limit)} limit for one tool result",
+            expected=f"at most {limit} bytes",
+            got=f"{size} bytes",
         )
+        outcome = self.outcome(
+            call,
+            "output_invalid",
+            f"'{call.tool}' returned {_mb(size)}, more than the {_mb(limit)} a tool result may have. "
+            "Ask for less (a narrower query, fewer rows or fields) or continue without it.",
+            recoverable=True,
+            attempts=raw.attempts,
+            errors=[error],
+            schema=hosted.contract.output_schema,
+        )
+        await self.finish(
+            call, entry, revision, S.failure("output_invalid", call.tool), outcome, f"{call.attempt_id}.outcome"
+        )
+
+    async def finish(
+        self, call: ToolCall, entry: LedgerEntry, revision: int, subject: str, payload: Wire | str, msg_id: str
+    ) -> None:
+        """Record the final message in the ledger, then publish it (a redelivery republishes it)."""
+        body = payload if isinstance(payload, str) else payload.model_dump_json(by_alias=True)
+        entry.final = FinalPublish(subject=subject, msg_id=msg_id, payload=body)
+        try:
+            revision = await self.save(entry, revision)
+        except CasConflict:
+            # Another delivery of this call got its final recorded first (it is the one that counts).
+            stored, revision = await self.bus.kv_get(S.KV_TOOL_LEDGER, entry.attempt_id, LedgerEntry)
+            if stored is None or stored.final is None:
+                raise
+            entry.final = stored.final
+        except (MaxPayloadError, APIError) as err:
+            if not refused_for_good(err):
+                raise
+            await self.undeliverable(call, entry, revision, err)  # e.g. the result exceeds the bucket's limits
+            return
+        self.fault("after_final_recorded")
+        await self.deliver(call, entry, revision)
+
+    async def deliver(self, call: ToolCall, entry: LedgerEntry, revision: int) -> None:
+        """Publish the recorded final message."""
+        assert entry.final is not None
+        try:
+            await self.publish_final(entry.final, call.run_id)
+        except (MaxPayloadError, APIError) as err:
+            if not refused_for_good(err):
+                raise  # e.g. the server is busy: the redelivery publishes the recorded final again
+            await self.undeliverable(call, entry, revision, err)
+
+    async def undeliverable(self, call: ToolCall, entry: LedgerEntry, revision: int, err: Exception) -> None:
+        """The server refuses the final message for good: the call ends as a failure event that says so,
+        recorded in its place (never a command dead-lettered with the run left running)."""
+        assert entry.final is not None
+        log.error("executor: %s refused on %s: %r", entry.final.subject, call.attempt_id, err)
+        detail = f"its result could not be delivered ({type(err).__name__}: {str(err)[:200]})"
+        outcome = self.outcome(call, "fatal", model_error(call.tool, "fatal", detail, 1), recoverable=False, attempts=1)
+        entry.final = FinalPublish(
+            subject=S.failure("fatal", call.tool),
+            msg_id=f"{call.attempt_id}.undeliverable",
+            payload=outcome.model_dump_json(by_alias=True),
+        )
+        await self.save(entry, revision)
+        await self.publish_final(entry.final, call.run_id)
+
+    async def publish_final(self, final: FinalPublish, run_id: str | None) -> None:
+        await self.bus.publish(final.subject, final.payload.encode(), msg_id=final.msg_id, run_id=run_id)
 
     async def finish_failure(
         self,
@@ -370,16 +540,17 @@ class Executor:
         *,
         recoverable: bool = False,
         boundary: str | None = None,
+        attempts: int = 1,
     ) -> None:
         outcome = self.outcome(
             call,
             ftype,
-            model_error(call.tool, ftype, detail, len(entry.attempts)),
+            model_error(call.tool, ftype, detail, attempts),
             recoverable=recoverable,
-            attempts=len(entry.attempts),
+            attempts=attempts,
             boundary=boundary,
         )
-        await self.finish(entry, revision, S.failure(ftype, call.tool), outcome, f"{call.attempt_id}.outcome")
+        await self.finish(call, entry, revision, S.failure(ftype, call.tool), outcome, f"{call.attempt_id}.outcome")
 
     async def fail(
         self, call: ToolCall, ftype: str, error: str, *, recoverable: bool, attempts: int, **extra: Any
@@ -409,3 +580,18 @@ class Executor:
                 **{k: v for k, v in extra.items() if v is not None},
             }
         )
+
+
+def refused_for_good(err: Exception) -> bool:
+    """A refusal that a redelivery would only meet again: too large for the connection, or a limit of the
+    stream or bucket (JetStream reports "maximum bytes exceeded" as a 503 with its own error code)."""
+    if isinstance(err, MaxPayloadError):
+        return True
+    if not isinstance(err, APIError):
+        return False
+    text = (err.description or "").lower()
+    return bool(err.code and 400 <= err.code < 500 and err.code != 408) or "maximum" in text or "exceed" in text
+
+
+def _mb(size: int) -> str:
+    return f"{size / 1_000_000:.1f} MB"

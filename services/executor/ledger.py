@@ -1,10 +1,20 @@
 """The idempotency ledger (pure): what happened to each execution of a tool call.
 
-Every attempt is recorded *before* the tool runs and completed after it returns. On a
-redelivered command the ledger tells the executor what to do: republish a recorded
-result, run again (idempotent tool, or a previous attempt that is known to have failed),
-or — for a non-idempotent tool whose last attempt has no recorded end — refuse to guess:
-the outcome is ``unknown_outcome`` and a human decides.
+Two writes per call, no more: the entry is *created* (compare-and-swap on "absent")
+before the tool first runs, and the *final* message — the result for the validator, the
+fallback command, or the failure event — is recorded in one update after the last attempt,
+*before* it is published. Every crash point is then covered:
+
+* created, tool not (yet) run or its effect unknown -> no final: a non-idempotent tool is
+  ``unknown_outcome`` (a human decides; it is never run again for this call), an
+  idempotent one runs again;
+* final recorded, not published (or published, not acked) -> the final is re-published
+  with its message id, so the stream drops the duplicate.
+
+There is deliberately no "attempt ended" record in between: a process that dies after the
+side effect and before the final record leaves exactly the state of one that died during
+the call, and both are unknown outcomes. A redelivery that runs an idempotent tool again
+claims the entry with another CAS update (``runs`` + 1), so two executors never both run it.
 """
 
 from __future__ import annotations
@@ -17,15 +27,6 @@ from pydantic import BaseModel, Field
 from shared.messages import utcnow
 
 
-class AttemptRecord(BaseModel):
-    n: int
-    started_at: datetime = Field(default_factory=utcnow)
-    finished: bool = False
-    ok: bool = False
-    failure_type: str | None = None
-    error: str | None = None
-
-
 class FinalPublish(BaseModel):
     subject: str
     msg_id: str
@@ -36,7 +37,8 @@ class LedgerEntry(BaseModel):
     attempt_id: str
     tool: str
     idempotent: bool
-    attempts: list[AttemptRecord] = Field(default_factory=list)
+    runs: int = Field(1, ge=1, description="deliveries that started executing this call")
+    started_at: datetime = Field(default_factory=utcnow)
     final: FinalPublish | None = None
 
 
@@ -49,7 +51,12 @@ def on_delivery(entry: LedgerEntry | None) -> Verdict:
         return "run"
     if entry.final is not None:
         return "republish"
-    in_flight = bool(entry.attempts) and not entry.attempts[-1].finished
-    if in_flight and not entry.idempotent:
-        return "unknown_outcome"
-    return "run"
+    # Started before and no final recorded: the effect may or may not have happened.
+    return "run" if entry.idempotent else "unknown_outcome"
+
+
+def claim(entry: LedgerEntry | None, attempt_id: str, tool: str, idempotent: bool) -> LedgerEntry:
+    """The entry to write (CAS) before the tool runs for this delivery."""
+    if entry is None:
+        return LedgerEntry(attempt_id=attempt_id, tool=tool, idempotent=idempotent)
+    return entry.model_copy(update={"runs": entry.runs + 1})

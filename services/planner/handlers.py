@@ -32,6 +32,7 @@ from shared.messages import (
     BudgetDecision,
     BudgetRequest,
     ChatMessage,
+    DeadLetter,
     EscalationRaise,
     EscalationResolution,
     RunEvent,
@@ -41,9 +42,10 @@ from shared.messages import (
     Verdict,
     Wire,
 )
+from shared.payloads import bounded_outcome, digest_of
 from shared.providers.base import ModelRequest, ModelResponse, ProviderError, complete_with_retry
 from shared.providers.select import provider_for
-from shared.scenario import Scenario
+from shared.scenario import Scenario, ScenarioError, parse_scenario
 from shared.settings import Settings
 from shared.telemetry import LW_ITERATION, LW_RUN_ID, Telemetry
 
@@ -183,6 +185,8 @@ class Planner:
 
     # --- handlers -------------------------------------------------------------------------------
     async def on_submit(self, submit: RunSubmit) -> None:
+        if submit.scenario is not None and not await self.bind_scenario(submit):
+            return
         existing, _ = await self.bus.kv_get(S.KV_RUNS, submit.run_id, RunState)
         if existing is not None:
             await self.publish(existing.outbox.get("submit", []), submit.run_id)
@@ -206,6 +210,10 @@ class Planner:
         await self.publish(out.items, submit.run_id)
 
     async def on_outcome(self, outcome: ToolOutcome) -> None:
+        if outcome.will_retry:
+            return  # a transient failure the executor goes on from: not the call's outcome
+        # the run state is a KV value: it keeps a bounded form of a large result, never megabytes
+        outcome = bounded_outcome(outcome, self.settings.run_state_result_max_bytes)
         await self.transact(
             outcome.run_id,
             f"outcome.{outcome.iteration}.{outcome.call_id}",
@@ -313,6 +321,34 @@ class Planner:
         self._contracts = (time.monotonic(), found)
         return found
 
+    async def bind_scenario(self, submit: RunSubmit) -> bool:
+        """Store the submitted scenario for the run, create-only: the planner is its only writer, so a
+        scripted run replays what was submitted with it, and nothing changes it afterwards. A scenario
+        that does not match its digest, does not parse, or differs from one already bound is refused."""
+        problem = None
+        if submit.scenario_digest != digest_of(submit.scenario):
+            problem = "the submitted scenario does not match its scenario_digest"
+        else:
+            try:
+                scenario = parse_scenario(submit.scenario, f"scenario of {submit.run_id}")
+            except ScenarioError as err:
+                problem = str(err)
+            else:
+                try:
+                    await self.bus.kv_put(S.KV_SCENARIOS, submit.run_id, scenario, revision=0)
+                except CasConflict:  # bound before (a redelivery): it must be the same scenario
+                    stored, _ = await self.bus.kv_get(S.KV_SCENARIOS, submit.run_id, Scenario)
+                    if stored is None or _scenario_digest(stored) != _scenario_digest(scenario):
+                        problem = f"another scenario is already bound to run {submit.run_id}"
+        if problem is None:
+            return True
+        letter = DeadLetter(
+            service="planner", subject=S.RUN_SUBMIT, reason=problem, body=submit.model_dump_json(by_alias=True)
+        )
+        await self.bus.publish(S.dead_letter("planner"), letter, msg_id=f"dlq-planner-scenario-{submit.run_id}")
+        log.error("planner: refused the submit of %s: %s", submit.run_id, problem)
+        return False
+
     async def scenario(self, run_id: str) -> Scenario | None:
         if run_id not in self._scenarios:
             scenario, _ = await self.bus.kv_get(S.KV_SCENARIOS, run_id, Scenario)
@@ -417,3 +453,7 @@ class Planner:
             return Lessons(reasons=list(dict.fromkeys([*known, *state.judge_failures]))[-10:]), None
 
         await self.bus.update(S.KV_LESSONS, lessons_key(state.task), Lessons, merge)
+
+
+def _scenario_digest(scenario: Scenario) -> str:
+    return digest_of(scenario.model_dump(mode="json", by_alias=True))

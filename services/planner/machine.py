@@ -268,6 +268,7 @@ def _dispatch(out: Outbox, call: ToolUseBlock, contracts: dict[str, ToolContract
             tool=call.name,
             requested_tool=call.name,
             arguments=call.input,
+            scripted=cfg.scripted,
         ),
         f"{s.run_id}.call.{it.n}.{call.id}",
     )

@@ -1,4 +1,4 @@
-"""Backoff, loop detection, the idempotency ledger, rubric lint, scenario loading, final output."""
+"""Backoff, loop detection, rubric lint, scenario loading, final output."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import random
 
 import pytest
 
-from services.executor.ledger import AttemptRecord, FinalPublish, LedgerEntry, on_delivery
 from services.planner.loops import check_call, check_errors, error_key, signature
 from shared.backoff import BackoffPolicy, next_delay
 from shared.messages import Rubric
@@ -44,19 +43,6 @@ def test_identical_calls_alternation_and_repeated_errors() -> None:
     errs = [error_key("search", "HTTP 503 after 1.2s")] * 2 + [error_key("search", "HTTP 503 after 2.9s")]
     assert check_errors(errs, threshold=3).kind == "repeated_error"  # type: ignore[union-attr]
     assert check_errors(errs[:2], threshold=3) is None
-
-
-def test_ledger_decides_what_a_redelivery_may_do() -> None:
-    fresh = LedgerEntry(attempt_id="a", tool="charge_card", idempotent=False)
-    assert on_delivery(None) == "run"
-    assert on_delivery(fresh) == "run"
-    started = fresh.model_copy(update={"attempts": [AttemptRecord(n=1)]})
-    assert on_delivery(started) == "unknown_outcome"  # died mid-call: never re-run blindly
-    assert on_delivery(started.model_copy(update={"idempotent": True})) == "run"
-    failed = fresh.model_copy(update={"attempts": [AttemptRecord(n=1, finished=True, failure_type="transient")]})
-    assert on_delivery(failed) == "run"  # a recorded failure is known: retrying is safe
-    done = failed.model_copy(update={"final": FinalPublish(subject="s", msg_id="m", payload="{}")})
-    assert on_delivery(done) == "republish"
 
 
 def test_rubric_lint_refuses_declared_needs_and_flags_invisible_things() -> None:
