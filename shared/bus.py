@@ -234,6 +234,35 @@ class Bus:
 
         return register
 
+    def subject_responder(
+        self,
+        router: NatsRouter,
+        *,
+        subject: str,
+        model: type[M],
+        reply: Callable[[str], BaseModel],
+    ) -> Callable[[Callable[[M, str], Awaitable[BaseModel]]], Callable[[M, str], Awaitable[BaseModel]]]:
+        """``responder`` for handlers that need the subject the request arrived on (e.g. an identity
+        token the server's permissions guarantee); ``subject`` may be a wildcard."""
+
+        def register(handler: Callable[[M, str], Awaitable[BaseModel]]) -> Callable[[M, str], Awaitable[BaseModel]]:
+            async def on_request(msg: NatsMessage) -> bytes:
+                raw = msg.raw_message
+                try:
+                    payload = model.model_validate_json(raw.data)
+                except ValidationError as err:
+                    reason = f"does not match contract {model.__name__}: {describe(err)}"
+                    await self.dead_letter(raw, reason, 1)
+                    return reply(reason).model_dump_json().encode()
+                result = await handler(payload, raw.subject)
+                return result.model_dump_json(by_alias=True).encode()
+
+            on_request.__name__ = f"{handler.__name__}_{S.token(subject)}"
+            router.subscriber(subject, queue=self.service, title=f"{self.service}:{subject}")(on_request)
+            return handler
+
+        return register
+
     async def _deliver(self, msg: Any, model: type[M], handler: Handler[M]) -> None:
         raw = msg.raw_message
         deliveries = raw.metadata.num_delivered if raw.metadata else 1
