@@ -96,6 +96,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     try:
         stack.start()
         print(f"stack up on {stack.nats_url} (logs in {stack.state_dir / 'logs'})")
+        _print(_console_line(stack))
         scenario = None if args.live else Path(args.scenario)
         return asyncio.run(_run_and_watch(stack.nats_url or "", scenario, args.task, args.timeout))
     except KeyboardInterrupt:
@@ -125,7 +126,15 @@ def cmd_up(args: argparse.Namespace) -> int:
         return 1
     stack.save(STACK_FILE)
     print(f"up: {stack.nats_url}; logs in {stack.state_dir / 'logs'}; `loopwarden down` stops it")
+    _print(_console_line(stack))
     return 0
+
+
+def _console_line(stack: LocalStack) -> str | None:
+    if stack.console_url is None:
+        return None
+    where = f" (operator passwords in {stack.console_passwords})" if stack.console_passwords else ""
+    return f"console: {stack.console_url}{where}"
 
 
 async def _bootstrap(args: argparse.Namespace) -> int:

@@ -129,6 +129,10 @@ class Settings(BaseSettings):
     console_host: str = "127.0.0.1"
     console_port: int = Field(8700, ge=0, le=65535)
     console_users: str | None = Field(None, description="JSON: operator -> bcrypt hash of their console password")
+    console_secret: SecretStr | None = Field(
+        None, description="signs console sessions; set the same value on every replica (default: random per process)"
+    )
+    console_session_s: float = Field(12 * 3600.0, gt=0, description="how long a console login lasts")
     jaeger_url: str = Field("http://127.0.0.1:16686", description="Jaeger UI base; runs link to <url>/trace/<id>")
 
     # --- telemetry -------------------------------------------------------------------

@@ -242,5 +242,7 @@ def _result(action: str, form: Any) -> Any:
 
 
 def create_app(settings: Settings, client: Client) -> tuple[Starlette, Console]:
-    console = Console(settings, client, Sessions.from_setting(settings.console_users))
+    secret = settings.console_secret.get_secret_value() if settings.console_secret else None
+    sessions = Sessions.from_settings(settings.console_users, secret, settings.console_session_s)
+    console = Console(settings, client, sessions)
     return Starlette(routes=console.routes()), console
