@@ -92,7 +92,8 @@ async def _run_and_watch(nats_url: str, scenario_path: Path | None, task: str | 
 def cmd_demo(args: argparse.Namespace) -> int:
     nats_url = os.environ.get("LW_NATS_URL") or os.environ.get("NATS_URL")
     stack = LocalStack(state_dir=STATE / "demo", nats_url=nats_url)
-    print("starting " + ("the six services" if nats_url else "nats-server (JetStream) and the six services") + " ...")
+    what = "the six services" if nats_url else "nats-server (JetStream), the six services"
+    print(f"starting {what} and the console ...")
     try:
         stack.start()
         print(f"stack up on {stack.nats_url} (logs in {stack.state_dir / 'logs'})")
@@ -241,7 +242,7 @@ async def _escalations(args: argparse.Namespace) -> int:
 
     settings = _settings()
     # An operator's NATS user may publish only its own subjects and read only its own inbox.
-    who = args.who or settings.nats_user or os.environ.get("USER", "operator")
+    who = getattr(args, "who", None) or settings.nats_user or os.environ.get("USER", "operator")
     async with Client(settings, identity=settings.nats_user or "client") as client:
         if args.action == "list":
             reply = await client.escalations(

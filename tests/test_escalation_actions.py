@@ -4,6 +4,9 @@ queue shows what is worth acting on. Runs on the session stack (real nats-server
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import sys
 import uuid
 from typing import Any
 
@@ -11,6 +14,7 @@ import pytest
 import yaml
 
 from loopwarden.client import Client
+from loopwarden.stack import LocalStack
 from shared import subjects as S
 from shared.messages import Escalation, EscalationClaim, EscalationReply
 from shared.scenario import parse_scenario
@@ -179,3 +183,38 @@ async def test_a_request_on_a_subject_without_an_operator_is_refused_and_recorde
     assert [e.payload["action"] for e in refusals] == ["claim"]
     assert (await client.resolve(item.escalation_id, "oncall", "abort")).ok
     await client.wait(run_id)
+
+
+async def cli(stack_url: str, *args: str) -> tuple[int, str, str]:
+    env = {**os.environ, "LW_NATS_URL": stack_url, "LW_LOG_LEVEL": "WARNING"}
+    env.pop("LW_NATS_USER", None)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "loopwarden.cli", "escalations", *args, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await proc.communicate()
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
+async def test_the_cli_lists_shows_claims_renews_and_resolves(client: Client, stack: LocalStack) -> None:
+    run_id, item = await raised(client, "correction-escalates")
+    url = str(stack.nats_url)
+    code, out, _ = await cli(url, "list", "--kind", "schema_cap", "--tool", "calculator", "--run", run_id)
+    assert code == 0 and item.escalation_id in out and "schema_cap" in out
+    code, out, _ = await cli(url, "list", "--run", run_id, "--older-than", "3600")
+    assert code == 0 and item.escalation_id not in out
+    code, out, _ = await cli(url, "show", item.escalation_id)
+    shown = json.loads(out)
+    assert code == 0 and shown["details"]["arguments"] == {"expr": "1+1"} and "final_answer" in shown["allowed_actions"]
+    code, out, _ = await cli(url, "claim", item.escalation_id, "--as", "oncall")
+    assert code == 0 and "claimed by oncall" in out and "lease until" in out
+    code, out, err = await cli(url, "renew", item.escalation_id, "--as", "intern")
+    assert code == 1 and "not claimed by intern" in err
+    code, out, _ = await cli(url, "renew", item.escalation_id, "--as", "oncall")
+    assert code == 0
+    code, out, err = await cli(
+        url, "resolve", item.escalation_id, "--as", "oncall", "--action", "final_answer", "--answer", "Two."
+    )
+    assert code == 0, err
+    state = await client.wait(run_id)
+    assert state.status == "completed" and state.final_output == "Two."
