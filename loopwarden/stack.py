@@ -157,6 +157,11 @@ class LocalStack:
             replica = self.services[:i].count(name) + 1
             started.append(self.start_service(name, label=name if replica == 1 else f"{name}#{replica}"))
         self.wait_ready(started)
+        for proc in started:
+            if proc.service == "console":  # the address it really listens on
+                from services.console.local import url_from_log
+
+                self.console_url = url_from_log(proc.log.read_text(errors="replace")) or self.console_url
         return self
 
     def stop(self, timeout: float = 10.0) -> None:

@@ -21,7 +21,7 @@ import yaml
 from playwright.async_api import Browser, Page, async_playwright, expect
 
 from loopwarden.client import Client
-from loopwarden.stack import LocalStack, free_port
+from loopwarden.stack import LocalStack
 from services.console.auth import hash_password
 from shared import subjects as S
 from shared.scenario import parse_scenario
@@ -59,7 +59,7 @@ def human_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack
         "LW_ESCALATION_SLAS": json.dumps({"loop": {"after_s": SLA_S, "action": "abort"}}),
         "LW_OPERATORS": json.dumps({"alice": ["*"], "bob": ["not_judged"]}),
         "LW_CONSOLE_USERS": json.dumps({u: hash_password(p, rounds=4) for u, p in PASSWORDS.items()}),
-        "LW_CONSOLE_PORT": str(free_port()),
+        "LW_CONSOLE_PORT": "0",  # any free port: the stack reads the real one from the ready line
         "LW_JAEGER_URL": JAEGER,
     }
     stack = LocalStack(

@@ -35,8 +35,9 @@ async def serve(settings: Settings) -> None:
         if task.done():
             task.result()  # the port is taken, or similar: say so and stop
             raise SystemExit(f"console: could not listen on {settings.console_host}:{settings.console_port}")
-        log.info("console on http://%s:%d", settings.console_host, settings.console_port)
-        print(f"loopwarden-console ready on http://{settings.console_host}:{settings.console_port}", flush=True)
+        port = server.servers[0].sockets[0].getsockname()[1] if server.servers else settings.console_port
+        log.info("console on http://%s:%d", settings.console_host, port)
+        print(f"loopwarden-console ready on http://{settings.console_host}:{port}", flush=True)
         try:
             await task
         finally:

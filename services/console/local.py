@@ -5,6 +5,7 @@ to a file in the stack's state folder (never a fixed default password)."""
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import socket
 from pathlib import Path
@@ -28,10 +29,10 @@ def console_env(state_dir: Path, env: dict[str, str]) -> tuple[dict[str, str], s
     from shared.permissions import OPERATORS
 
     extra: dict[str, str] = {}
-    port = int(env.get("LW_CONSOLE_PORT") or 0)
-    if not port:
-        port = DEFAULT_PORT if _free(DEFAULT_PORT) else _any_port()
-        extra["LW_CONSOLE_PORT"] = str(port)
+    configured = env.get("LW_CONSOLE_PORT")
+    if configured is None:  # 8700 when free, else any port (the console says which in its ready line)
+        configured = str(DEFAULT_PORT) if _free(DEFAULT_PORT) else "0"
+        extra["LW_CONSOLE_PORT"] = configured
     note = None
     if not env.get("LW_CONSOLE_USERS"):
         passwords = {name: secrets.token_urlsafe(9) for name in OPERATORS}
@@ -41,10 +42,10 @@ def console_env(state_dir: Path, env: dict[str, str]) -> tuple[dict[str, str], s
         path.chmod(0o600)
         note = str(path)
     host = env.get("LW_CONSOLE_HOST") or "127.0.0.1"
-    return extra, f"http://{host}:{port}", note
+    return extra, f"http://{host}:{configured}", note
 
 
-def _any_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def url_from_log(text: str) -> str | None:
+    """The console's address from its ready line (the real port, also when it was chosen at bind)."""
+    found = re.search(r"loopwarden-console ready on (http://\S+)", text)
+    return found.group(1) if found else None
