@@ -39,10 +39,28 @@ CHROMIUM_FLAGS = [
 PASSWORDS = {"alice": "alice-pw-7", "bob": "bob-pw-7"}
 JAEGER = "http://jaeger.invalid:16686"
 LEASE_S = 3.0
-SLA_S = 4.0
+SLA_S = 6.0
 CORRECTION = yaml.safe_load((ROOT / "scenarios" / "correction-escalates.yaml").read_text())
 SAME = {"tool_calls": [{"name": "calculator", "input": {"expression": "3*3"}}]}
 LOOP = {"name": "loop-sla", "task": "3*3?", "planner": [SAME] * 5, "limits": {"loop_policy": "escalate"}}
+CHARGE = {
+    "name": "ask-human-sla",
+    "task": "Charge cus_ada1 12.00 USD.",
+    "planner": [
+        {
+            "tool_calls": [
+                {"name": "charge_card", "input": {"customer_id": "cus_ada1", "amount_cents": 1200, "currency": "usd"}}
+            ]
+        },
+        {
+            "tool_calls": [
+                {"name": "submit_result", "input": {"answer": "Not charged: the gateway was down, nobody answered."}}
+            ]
+        },
+    ],
+    "tools": {"charge_card": [{"fail": "transient", "error": "payment gateway 503", "times": "always"}]},
+}
+UNJUDGED = yaml.safe_load((ROOT / "scenarios" / "judge-unparseable.yaml").read_text())
 
 pytestmark = pytest.mark.skipif(
     not shutil.which(CHROMIUM) and not os.path.exists(CHROMIUM),
@@ -56,7 +74,13 @@ def human_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack
         **TEST_ENV,
         "LW_ESCALATION_LEASE_S": str(LEASE_S),
         "LW_ESCALATION_SWEEP_S": "0.2",
-        "LW_ESCALATION_SLAS": json.dumps({"loop": {"after_s": SLA_S, "action": "abort"}}),
+        "LW_ESCALATION_SLAS": json.dumps(
+            {
+                "loop": {"after_s": SLA_S, "action": "abort"},
+                "ask_human": {"after_s": SLA_S, "action": "fall_back"},
+                "not_judged": {"after_s": SLA_S, "action": "accept_if_judged"},
+            }
+        ),
         "LW_OPERATORS": json.dumps({"alice": ["*"], "bob": ["not_judged"]}),
         "LW_CONSOLE_USERS": json.dumps({u: hash_password(p, rounds=4) for u, p in PASSWORDS.items()}),
         "LW_CONSOLE_PORT": "0",  # any free port: the stack reads the real one from the ready line
@@ -231,3 +255,29 @@ async def test_an_unrenewed_claim_expires_back_to_the_queue(client: Client) -> N
     assert (await client.claim(esc_id, "alice")).ok
     assert (await client.resolve(esc_id, "alice", "abort")).ok
     assert (await client.wait(run_id)).status == "stopped"
+
+
+async def test_an_sla_that_falls_back_resumes_the_run(client: Client) -> None:
+    run_id, esc_id = await waiting(client, CHARGE)
+    item = (await client.show(esc_id)).escalations[0]
+    assert (item.kind, item.sla_action) == ("ask_human", "fall_back")
+    state = await client.wait(run_id, timeout=SLA_S + 30)
+    assert state.status == "completed", state.final_reason
+    assert "nobody answered" in (state.final_output or "")
+    results = [b.content for m in state.messages for b in m.content if b.type == "tool_result"]
+    assert any("no human decided within the SLA: continue without this result" in r for r in results), results
+    resolution = (await client.show(esc_id)).escalations[0].resolution
+    assert resolution is not None and (resolution.action, resolution.by_sla, resolution.resolved_by) == (
+        "resume",
+        True,
+        "sla",
+    )
+
+
+async def test_an_sla_accepts_only_what_was_judged_else_the_model_revises(client: Client) -> None:
+    run_id, esc_id = await waiting(client, UNJUDGED)
+    state = await client.wait(run_id, timeout=SLA_S + 30)
+    # nothing was judged, so the SLA does not accept it: the model revises and the judge passes it
+    assert state.status == "completed" and state.passed is True and state.retry_count == 1, state.final_reason
+    resolution = (await client.show(esc_id)).escalations[0].resolution
+    assert resolution is not None and (resolution.action, resolution.by_sla) == ("reject", True)
