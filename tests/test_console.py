@@ -148,6 +148,7 @@ async def test_an_operator_logs_in_claims_provides_the_result_and_the_run_comple
     await row.locator("a", has_text=esc_id).click()
     await expect(page.locator("#reason")).to_contain_text("failed its contract 3 times")
     await expect(page.locator("#arguments")).to_contain_text('"expr": "1+1"')
+    await expect(page.locator("#failure-type")).to_have_text("input_invalid")
     await expect(page.locator("form[id^=form-]")).to_have_count(5)
     await page.click("#claim")
     await expect(page.locator("#flash")).to_have_text("claim: done")

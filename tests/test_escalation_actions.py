@@ -85,7 +85,7 @@ async def test_an_item_carries_what_a_person_needs_to_act(client: Client) -> Non
     _, item = await raised(client, "correction-escalates")
     assert (item.kind, item.tool) == ("schema_cap", "calculator")
     assert "failed its contract 3 times" in item.reason
-    assert item.details["arguments"] == {"expr": "1+1"}
+    assert item.details["arguments"] == {"expr": "1+1"} and item.details["failure_type"] == "input_invalid"
     assert "expression" in str(item.details["error"])  # the model-readable error names the missing field
     assert item.context and item.context[0].role == "user" and "Add one and one" in item.context[0].text()
     assert item.allowed_actions == ["provide_result", "retry", "resume", "final_answer", "abort"]

@@ -201,7 +201,12 @@ class EscalationQueue:
                 reason=outcome.error or "tool failure",
                 tool=outcome.tool,
                 call_id=outcome.call_id,
-                details={"arguments": outcome.arguments, "attempts": outcome.attempts, "error": outcome.error},
+                details={
+                    "arguments": outcome.arguments,
+                    "attempts": outcome.attempts,
+                    "error": outcome.error,
+                    "failure_type": outcome.failure_type,
+                },
             )
         )
 
@@ -243,6 +248,9 @@ class EscalationQueue:
             details.setdefault("arguments", call.get("arguments"))
             if call.get("result_text"):
                 details.setdefault("error", call.get("result_text"))
+            outcome = call.get("outcome") or {}
+            if outcome.get("failure_type"):
+                details.setdefault("failure_type", outcome["failure_type"])
         return req.model_copy(update={"details": details}), context
 
     # --- reading -------------------------------------------------------------------------------------
