@@ -133,6 +133,9 @@ class Settings(BaseSettings):
         None, description="signs console sessions; set the same value on every replica (default: random per process)"
     )
     console_session_s: float = Field(12 * 3600.0, gt=0, description="how long a console login lasts")
+    console_passwords_file: str | None = Field(
+        None, description="without LW_CONSOLE_USERS: write a fresh password per operator here (local stack)"
+    )
     jaeger_url: str = Field("http://127.0.0.1:16686", description="Jaeger UI base; runs link to <url>/trace/<id>")
 
     # --- telemetry -------------------------------------------------------------------

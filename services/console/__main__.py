@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from pathlib import Path
 
 import uvicorn
 
@@ -19,6 +20,13 @@ log = logging.getLogger("loopwarden.console")
 
 async def serve(settings: Settings) -> None:
     configure_logging(settings.log_level)
+    if not settings.console_users and settings.console_passwords_file:
+        from services.console.local import generated_users
+        from shared.permissions import OPERATORS
+
+        users = generated_users(Path(settings.console_passwords_file), list(OPERATORS))
+        settings = settings.model_copy(update={"console_users": users})
+        log.warning("operator passwords for this console are in %s", settings.console_passwords_file)
     if not settings.console_users:
         log.warning("LW_CONSOLE_USERS is not set: nobody can log in to the console")
     telemetry = setup_telemetry("console", settings)
