@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-all bench lint typecheck schemas install up down clean help
+.PHONY: run test test-all bench lint typecheck schemas install browser up down clean help
 
 help:
 	@echo "make run     start NATS + the six services, run the demo agent, stop everything"
@@ -21,13 +21,24 @@ $(STAMP): pyproject.toml requirements.lock
 
 install: $(STAMP)
 
+# The console's browser tests drive Debian's chromium-headless-shell through Playwright
+# (Playwright's own browser download does not work on these machines).
+CHROMIUM ?= /usr/bin/chromium-headless-shell
+browser:
+	@test -x $(CHROMIUM) || { \
+	  echo "installing chromium-headless-shell (Debian) for the console's browser tests ..."; \
+	  (apt-get update -qq && apt-get install -y -qq chromium-headless-shell) >/dev/null \
+	  || { echo "error: $(CHROMIUM) is missing and could not be installed; run as root:" \
+	            "apt-get update && apt-get install -y chromium-headless-shell" >&2; exit 1; }; }
+	@test -x $(CHROMIUM) || { echo "error: $(CHROMIUM) still missing after the install" >&2; exit 1; }
+
 run: $(STAMP)
 	$(VENV)/bin/loopwarden demo $(ARGS)
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(PY) -m pytest -q $(ARGS)
 
-test-all: $(STAMP)
+test-all: $(STAMP) browser
 	LW_SLOW_TESTS=full $(PY) -m pytest -q $(ARGS)
 
 bench: $(STAMP)

@@ -92,10 +92,12 @@ async def _run_and_watch(nats_url: str, scenario_path: Path | None, task: str | 
 def cmd_demo(args: argparse.Namespace) -> int:
     nats_url = os.environ.get("LW_NATS_URL") or os.environ.get("NATS_URL")
     stack = LocalStack(state_dir=STATE / "demo", nats_url=nats_url)
-    print("starting " + ("the six services" if nats_url else "nats-server (JetStream) and the six services") + " ...")
+    what = "the six services" if nats_url else "nats-server (JetStream), the six services"
+    print(f"starting {what} and the console ...")
     try:
         stack.start()
         print(f"stack up on {stack.nats_url} (logs in {stack.state_dir / 'logs'})")
+        _print(_console_line(stack))
         scenario = None if args.live else Path(args.scenario)
         return asyncio.run(_run_and_watch(stack.nats_url or "", scenario, args.task, args.timeout))
     except KeyboardInterrupt:
@@ -125,7 +127,15 @@ def cmd_up(args: argparse.Namespace) -> int:
         return 1
     stack.save(STACK_FILE)
     print(f"up: {stack.nats_url}; logs in {stack.state_dir / 'logs'}; `loopwarden down` stops it")
+    _print(_console_line(stack))
     return 0
+
+
+def _console_line(stack: LocalStack) -> str | None:
+    if stack.console_url is None:
+        return None
+    where = f" (operator passwords in {stack.console_passwords})" if stack.console_passwords else ""
+    return f"console: {stack.console_url}{where}"
 
 
 async def _bootstrap(args: argparse.Namespace) -> int:
@@ -230,19 +240,45 @@ async def _events(args: argparse.Namespace) -> int:
 async def _escalations(args: argparse.Namespace) -> int:
     from loopwarden.client import Client
 
-    async with Client(_settings()) as client:
+    settings = _settings()
+    # An operator's NATS user may publish only its own subjects and read only its own inbox.
+    who = getattr(args, "who", None) or settings.nats_user or os.environ.get("USER", "operator")
+    async with Client(settings, identity=settings.nats_user or "client") as client:
         if args.action == "list":
-            reply = await client.escalations(args.status)
+            reply = await client.escalations(
+                args.status,
+                args.run,
+                kind=args.kind,
+                tool=args.tool,
+                older_than_s=args.older_than,
+                newer_than_s=args.newer_than,
+            )
+        elif args.action == "show":
+            reply = await client.show(args.id)
         elif args.action == "claim":
-            reply = await client.claim(args.id, args.who)
+            reply = await client.claim(args.id, who)
+        elif args.action == "renew":
+            reply = await client.renew(args.id, who)
         else:
-            result = json.loads(args.result) if args.result else None
-            reply = await client.resolve(args.id, args.who, args.decision, args.note, result)
+            result = _json_arg(args.result) if args.result else None
+            if args.decision == "final_answer" and args.answer is not None:
+                result = args.answer
+            reply = await client.resolve(args.id, who, args.decision, args.note, result)
         if not reply.ok:
             print(reply.error, file=sys.stderr)
             return 1
+        if args.action == "show":
+            print(reply.escalations[0].model_dump_json(indent=2))
+            return 0
         for item in reply.escalations:
-            print(f"{item.escalation_id}  {item.status:8}  {item.kind:15}  run {item.run_id}  {item.reason[:100]}")
+            lease = f"  lease until {item.lease_expires_at:%H:%M:%S}" if item.lease_expires_at else ""
+            holder = f" by {item.claimed_by}" if item.claimed_by else ""
+            print(
+                f"{item.escalation_id}  {item.status + holder:16}  {item.kind:15}  tool {item.tool or '-':14}  "
+                f"run {item.run_id}  {item.reason[:80]}{lease}"
+            )
+        for key in reply.unreadable:
+            print(f"{key}  UNREADABLE (the record does not parse; `escalations show {key}` says why)", file=sys.stderr)
         return 0
 
 
@@ -398,17 +434,32 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("escalations", help="the human queue")
     esc = p.add_subparsers(dest="action", required=True)
-    q = esc.add_parser("list")
-    q.add_argument("--status", default="open", choices=["open", "claimed", "resolved", "all"])
-    q = esc.add_parser("claim")
+    q = esc.add_parser("list", help="items by state, kind, tool, run and age")
+    q.add_argument("--status", "--state", default="open", choices=["open", "claimed", "resolved", "all"])
+    q.add_argument("--kind")
+    q.add_argument("--tool")
+    q.add_argument("--run")
+    q.add_argument("--older-than", type=float, metavar="SECONDS")
+    q.add_argument("--newer-than", type=float, metavar="SECONDS")
+    q = esc.add_parser("show", help="one item whole: context, arguments, allowed actions, trail")
     q.add_argument("id")
-    q.add_argument("--who", default=os.environ.get("USER", "operator"))
+    who_help = "the operator (default: LW_NATS_USER); the server enforces it with per-operator users"
+    for verb in ("claim", "renew"):
+        q = esc.add_parser(verb)
+        q.add_argument("id")
+        q.add_argument("--as", "--who", dest="who", help=who_help)
     q = esc.add_parser("resolve")
     q.add_argument("id")
-    q.add_argument("--who", default=os.environ.get("USER", "operator"))
-    q.add_argument("--action", dest="decision", required=True, choices=["resume", "abort", "provide_result", "accept"])
-    q.add_argument("--note", default="")
-    q.add_argument("--result", help="JSON used as the tool's result (provide_result)")
+    q.add_argument("--as", "--who", dest="who", help=who_help)
+    q.add_argument(
+        "--action",
+        dest="decision",
+        required=True,
+        choices=["resume", "abort", "provide_result", "accept", "approve", "reject", "final_answer", "retry"],
+    )
+    q.add_argument("--note", default="", help="the reason; for retry, the instruction for the model")
+    q.add_argument("--result", help="JSON (or @file) used as the tool's result (provide_result)")
+    q.add_argument("--answer", help="the final answer's text (final_answer)")
     p.set_defaults(func=lambda a: asyncio.run(_escalations(a)))
 
     sub.add_parser("metrics", help="per-tool contract metrics").set_defaults(func=lambda a: asyncio.run(_metrics(a)))

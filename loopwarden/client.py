@@ -59,13 +59,14 @@ class Event:
 class Client:
     settings: Settings
     telemetry: Telemetry | None = None
+    identity: str = "client"  # the NATS user this client is (an operator's name, "console", ...): its inbox prefix
     bus: Bus = field(init=False)
 
     def __post_init__(self) -> None:
         self._waiters: dict[str, set[asyncio.Event]] = {}
         self._run_events: Any = None
-        self.telemetry = self.telemetry or setup_telemetry("client", self.settings)
-        self.bus = Bus(self.settings, "client", self.telemetry.bus_tracer_provider)
+        self.telemetry = self.telemetry or setup_telemetry(self.identity, self.settings)
+        self.bus = Bus(self.settings, self.identity, self.telemetry.bus_tracer_provider)
 
     async def __aenter__(self) -> Client:
         await self.bus.connect()
@@ -221,24 +222,57 @@ class Client:
         return [DeadLetter.model_validate(e.payload) for e in await self.events(subjects=f"{S.DLQ_PREFIX}.>")]
 
     # --- escalations ------------------------------------------------------------------------------
-    async def escalations(self, status: str = "open", run_id: str | None = None) -> EscalationReply:
+    # Who claims, renews or resolves is the operator token of the subject (``...claim.<who>``, or
+    # ``...claim.console.<who>`` when the console acts for them): with per-operator NATS users the
+    # server lets only that operator publish there, so ``who`` must be the user this client is.
+    async def escalations(
+        self,
+        status: str = "open",
+        run_id: str | None = None,
+        *,
+        kind: str | None = None,
+        tool: str | None = None,
+        older_than_s: float | None = None,
+        newer_than_s: float | None = None,
+    ) -> EscalationReply:
         return await self.bus.request(
             S.ESCALATION_LIST,
-            EscalationQuery(status=status, run_id=run_id),
+            EscalationQuery(
+                status=status,
+                run_id=run_id,
+                kind=kind,
+                tool=tool,
+                older_than_s=older_than_s,
+                newer_than_s=newer_than_s,
+            ),
             EscalationReply,
         )
 
-    async def claim(self, escalation_id: str, who: str) -> EscalationReply:
+    async def show(self, escalation_id: str) -> EscalationReply:
+        return await self.bus.request(S.ESCALATION_SHOW, EscalationQuery(escalation_id=escalation_id), EscalationReply)
+
+    async def claim(self, escalation_id: str, who: str, via: str | None = None) -> EscalationReply:
         return await self.bus.request(
-            S.ESCALATION_CLAIM, EscalationClaim(escalation_id=escalation_id, who=who), EscalationReply
+            S.escalation_rpc("claim", who, via), EscalationClaim(escalation_id=escalation_id), EscalationReply
+        )
+
+    async def renew(self, escalation_id: str, who: str, via: str | None = None) -> EscalationReply:
+        return await self.bus.request(
+            S.escalation_rpc("renew", who, via), EscalationClaim(escalation_id=escalation_id), EscalationReply
         )
 
     async def resolve(
-        self, escalation_id: str, who: str, action: EscalationAction, note: str = "", result: Any = None
+        self,
+        escalation_id: str,
+        who: str,
+        action: EscalationAction,
+        note: str = "",
+        result: Any = None,
+        via: str | None = None,
     ) -> EscalationReply:
         return await self.bus.request(
-            S.ESCALATION_RESOLVE,
-            EscalationResolve(escalation_id=escalation_id, who=who, action=action, note=note, result=result),
+            S.escalation_rpc("resolve", who, via),
+            EscalationResolve(escalation_id=escalation_id, action=action, note=note, result=result),
             EscalationReply,
         )
 

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SERVICES = ("planner", "executor", "validator", "judge", "governor", "escalation")
+SERVICES = ("planner", "executor", "validator", "judge", "governor", "escalation", "console")
 
 
 class StackError(RuntimeError):
@@ -73,6 +73,8 @@ class LocalStack:
     services: tuple[str, ...] = SERVICES
     detach: bool = False
     procs: list[Proc] = field(default_factory=list)
+    console_url: str | None = None
+    console_passwords: str | None = None  # file with generated operator passwords (when none were configured)
 
     # --- nats ---------------------------------------------------------------------------------
     def start_nats(self) -> str:
@@ -117,6 +119,11 @@ class LocalStack:
         log = self.state_dir / "logs" / f"{label}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         env = self.service_env({**self.env_per_service.get(name, {}), **(extra_env or {})})
+        if name == "console":  # a port, and operator passwords when none are configured
+            from services.console.local import console_env
+
+            extra, self.console_url, self.console_passwords = console_env(self.state_dir, env)
+            env.update(extra)
         popen = subprocess.Popen(
             [sys.executable, "-m", f"services.{name}"],
             env=env,
@@ -150,6 +157,11 @@ class LocalStack:
             replica = self.services[:i].count(name) + 1
             started.append(self.start_service(name, label=name if replica == 1 else f"{name}#{replica}"))
         self.wait_ready(started)
+        for proc in started:
+            if proc.service == "console":  # the address it really listens on
+                from services.console.local import url_from_log
+
+                self.console_url = url_from_log(proc.log.read_text(errors="replace")) or self.console_url
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -183,6 +195,7 @@ class LocalStack:
                     "nats_url": self.nats_url,
                     "state_dir": str(self.state_dir),
                     "pids": {p.name: p.popen.pid for p in self.procs},
+                    "console_url": self.console_url,
                 },
                 indent=2,
             )

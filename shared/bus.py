@@ -111,8 +111,9 @@ class ConsumerSpec:
 class _Responder:
     subject: str
     model: type[Any]
-    handler: Callable[[Any], Awaitable[BaseModel]]
+    handler: Callable[..., Awaitable[BaseModel]]
     reply: Callable[[str], BaseModel]
+    with_subject: bool = False  # the handler also gets the subject the request arrived on
 
 
 class _RunLocks:
@@ -446,6 +447,23 @@ class Bus:
 
         return register
 
+    def subject_responder(
+        self,
+        router: Any,
+        *,
+        subject: str,
+        model: type[M],
+        reply: Callable[[str], BaseModel],
+    ) -> Callable[[Callable[[M, str], Awaitable[BaseModel]]], Callable[[M, str], Awaitable[BaseModel]]]:
+        """``responder`` for handlers that need the subject the request arrived on (e.g. an identity
+        token the server's permissions guarantee); ``subject`` may be a wildcard."""
+
+        def register(handler: Callable[[M, str], Awaitable[BaseModel]]) -> Callable[[M, str], Awaitable[BaseModel]]:
+            self._responders.append(_Responder(subject, model, handler, reply, with_subject=True))
+            return handler
+
+        return register
+
     async def _answer(self, r: _Responder, msg: Msg) -> None:
         async with self._rpc_slots:
             ctx = self._extract(msg.headers) if self._tracer is not None else None
@@ -459,7 +477,7 @@ class Bus:
                         await self.dead_letter(msg, reason, 1)
                 else:
                     try:
-                        out = await r.handler(payload)
+                        out = await (r.handler(payload, msg.subject) if r.with_subject else r.handler(payload))
                     except Exception as err:
                         log.exception("%s: request on %s failed", self.service, msg.subject)
                         reason = f"handler failed: {err!r}"

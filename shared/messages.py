@@ -405,7 +405,9 @@ class BudgetDecision(Wire):
 
 # --- escalation -------------------------------------------------------------------------------
 
-EscalationKind = Literal["fatal", "unknown_outcome", "schema_cap", "ask_human", "not_judged", "loop", "approval"]
+EscalationKind = Literal[
+    "fatal", "unknown_outcome", "schema_cap", "ask_human", "not_judged", "loop", "approval", "spawn"
+]  # "spawn": the sub-agent spawn gate (no producer yet; the queue, SLAs and surfaces already handle it)
 
 
 def escalation_id_for_call(run_id: str, iteration: int, call_id: str) -> str:
@@ -431,9 +433,26 @@ class Escalation(EscalationRaise):
     claimed_by: str | None = None
     resolution: EscalationResolution | None = None
     traceparent: str | None = None
+    claimed_via: str | None = Field(None, description="the service that claimed on the operator's behalf (console)")
+    lease_expires_at: datetime | None = Field(None, description="a claim not renewed by then returns to the queue")
+    sla_deadline: datetime | None = Field(None, description="when the SLA's default action is applied")
+    sla_action: SlaAction | None = None
+    allowed_actions: list[EscalationAction] = Field(default_factory=list)
+    context: list[ChatMessage] = Field(default_factory=list, description="the run's last turns when it was raised")
+    trail: list[EscalationEvent] = Field(default_factory=list, description="claims, renewals, expiries, refusals")
 
 
-EscalationAction = Literal["resume", "abort", "provide_result", "accept"]
+EscalationAction = Literal[
+    "resume",  # continue with the note as the human's word on the failure
+    "abort",  # end the run (stopped)
+    "provide_result",  # the tool's result by hand, validated against its output contract
+    "accept",  # not_judged: the candidate passes (same as approve)
+    "approve",  # not_judged / approval / spawn: yes
+    "reject",  # not_judged: revise with the note; approval / spawn: no
+    "final_answer",  # end the run completed with this answer (``result`` is the text)
+    "retry",  # the model tries again with the note as its instruction
+]
+SlaAction = Literal["abort", "deny", "accept_if_judged", "fall_back"]
 
 
 class EscalationResolution(Wire):
@@ -444,21 +463,48 @@ class EscalationResolution(Wire):
     result: Any = None
     resolved_by: str
     resolved_at: datetime = Field(default_factory=utcnow)
+    via: str | None = Field(None, description="the service that acted on resolved_by's behalf (console)")
+    by_sla: bool = Field(False, description="taken by the SLA when its deadline passed, not by a person")
+
+
+EscalationEventKind = Literal["claimed", "renewed", "expired", "released", "refused", "sla_applied", "resolved"]
+
+
+class EscalationEvent(Wire):
+    """Something that happened to a queue item (``lw.v1.evt.escalation.<kind>``); identities are the
+    ones the server enforced (taken from the request subject), never a payload field."""
+
+    escalation_id: str
+    run_id: str = ""
+    kind: EscalationEventKind
+    operator: str | None = None
+    via: str | None = None
+    action: str | None = None
+    reason: str = ""
+    lease_expires_at: datetime | None = None
+    at: datetime = Field(default_factory=utcnow)
 
 
 class EscalationQuery(Wire):
     status: Literal["open", "claimed", "resolved", "all"] = "open"
     run_id: str | None = None
+    kind: str | None = None
+    tool: str | None = None
+    older_than_s: float | None = Field(None, ge=0, description="only items raised at least this long ago")
+    newer_than_s: float | None = Field(None, ge=0, description="only items raised at most this long ago")
+    escalation_id: str | None = Field(None, description="show one item (lw.v1.rpc.escalation.show)")
 
 
 class EscalationClaim(Wire):
+    """Claim (or renew) an item. Who claims is the operator token of the request subject."""
+
     escalation_id: str
-    who: str = Field(min_length=1)
+    who: str | None = Field(None, description="ignored: identity comes from the subject the server allowed")
 
 
 class EscalationResolve(Wire):
     escalation_id: str
-    who: str = Field(min_length=1)
+    who: str | None = Field(None, description="ignored: identity comes from the subject the server allowed")
     action: EscalationAction
     note: str = ""
     result: Any = None
@@ -468,6 +514,7 @@ class EscalationReply(Wire):
     ok: bool
     error: str | None = None
     escalations: list[Escalation] = Field(default_factory=list)
+    unreadable: list[str] = Field(default_factory=list, description="keys in lw_escalations that failed to parse")
 
 
 # --- dead letters -----------------------------------------------------------------------------
@@ -514,6 +561,7 @@ WIRE_MODELS: tuple[type[BaseModel], ...] = (
     EscalationClaim,
     EscalationResolve,
     EscalationReply,
+    EscalationEvent,
     DeadLetter,
     ErrorReply,
 )

@@ -88,16 +88,50 @@ GRANTS: dict[str, Grant] = {
         publish=(f"{S.ESCALATION_EVENT_PREFIX}.>", S.dead_letter("escalation")),
         subscribe=(f"{S.P}.rpc.escalation.>",),
         kv_write=(S.KV_ESCALATIONS,),
+        kv_read=(S.KV_RUNS, S.KV_CONTRACTS),  # the run's last turns; provided results meet the tool's contract
         consumers=((S.STREAM_CMD, "escalation_raise"), (S.STREAM_EVT, "escalation_failures")),
         responds=True,
     ),
+    # Submits runs and reads the queue; it cannot claim or resolve (operators have their own users).
     "client": Grant(
-        publish=(S.RUN_SUBMIT, f"{S.P}.rpc.escalation.>"),
+        publish=(S.RUN_SUBMIT, S.ESCALATION_LIST, S.ESCALATION_SHOW),
         subscribe=(f"{S.P}.evt.>",),
         kv_read=(S.KV_RUNS,),  # no scenario writes: the scenario travels in the submit
         read_streams=(S.STREAM_EVT, S.STREAM_DLQ),
     ),
 }
+
+
+# The web console acts for the operator logged in to it: ``<verb>.console.<operator>``, so the
+# escalation service records both identities, each one something the server enforced.
+GRANTS["console"] = Grant(
+    publish=(
+        S.ESCALATION_LIST,
+        S.ESCALATION_SHOW,
+        *(f"{S.ESCALATION_RPC_PREFIX}.{verb}.console.*" for verb in S.ESCALATION_VERBS),
+    ),
+    kv_read=(S.KV_RUNS,),
+    read_streams=(S.STREAM_EVT,),
+)
+
+# Operators: one NATS user each, allowed to publish only their own claim/renew/resolve subjects.
+# The value is the kinds each may act on (the escalation service's LW_OPERATORS roster; '*' = all).
+OPERATORS: dict[str, tuple[str, ...]] = {
+    "alice": ("*",),
+    "bob": ("not_judged", "approval", "spawn"),
+}
+
+
+def operator_grant(name: str) -> Grant:
+    own = tuple(S.escalation_rpc(verb, name) for verb in S.ESCALATION_VERBS)
+    return Grant(publish=(S.ESCALATION_LIST, S.ESCALATION_SHOW, *own))
+
+
+def operator_roster() -> str:
+    """``LW_OPERATORS`` for the escalation service, from the same roster the users are generated from."""
+    import json
+
+    return json.dumps({name: list(kinds) for name, kinds in OPERATORS.items()})
 
 
 def grants(tools: list[str] | None = None) -> dict[str, Grant]:
@@ -109,7 +143,8 @@ def grants(tools: list[str] | None = None) -> dict[str, Grant]:
         tools = sorted(load_registry(Settings()).tools)
     executor = GRANTS["executor"]
     durables = tuple((S.STREAM_CMD, f"executor_{S.token(t)}") for t in tools)
-    return {**GRANTS, "executor": Grant(**{**executor.__dict__, "consumers": durables})}
+    operators = {name: operator_grant(name) for name in OPERATORS}
+    return {**GRANTS, "executor": Grant(**{**executor.__dict__, "consumers": durables}), **operators}
 
 
 def _quote(items: list[str]) -> str:

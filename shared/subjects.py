@@ -126,3 +126,20 @@ def budget_event(level: str) -> str:
 
 def dead_letter(service: str) -> str:
     return f"{DLQ_PREFIX}.{token(service)}"
+
+
+# --- the human queue's identity-bearing subjects (appended with the console) -----------------
+# ``<verb>.<operator>``: the operator's own NATS user may publish only its own; the console's
+# user may publish ``<verb>.console.<operator>`` for the operator logged in to it.
+ESCALATION_RPC_PREFIX = f"{P}.rpc.escalation"
+ESCALATION_SHOW = f"{ESCALATION_RPC_PREFIX}.show"
+ESCALATION_VERBS = ("claim", "renew", "resolve")
+ESCALATION_RENEWED = f"{ESCALATION_EVENT_PREFIX}.renewed"
+ESCALATION_EXPIRED = f"{ESCALATION_EVENT_PREFIX}.expired"
+ESCALATION_REFUSED = f"{ESCALATION_EVENT_PREFIX}.refused"
+ESCALATION_SLA_APPLIED = f"{ESCALATION_EVENT_PREFIX}.sla_applied"
+
+
+def escalation_rpc(verb: str, operator: str, via: str | None = None) -> str:
+    """The subject an operator (or the console on their behalf) sends a claim/renew/resolve to."""
+    return f"{ESCALATION_RPC_PREFIX}.{token(verb)}." + (f"{token(via)}." if via else "") + token(operator)

@@ -19,12 +19,12 @@ import yaml
 from loopwarden.client import Client
 from loopwarden.stack import SERVICES, LocalStack, free_port, nats_server_binary, wait_for_port
 from shared.bus import Bus, ensure_buckets, ensure_streams
-from shared.permissions import OUT, render
+from shared.permissions import OPERATORS, OUT, render
 from shared.scenario import parse_scenario
 from shared.settings import Settings
 from tests.conftest import ROOT, TEST_ENV
 
-USERS = ("admin", *SERVICES, "client")
+USERS = ("admin", *SERVICES, "client", *OPERATORS)
 PASSWORDS = {u: f"pw-{u}-{i}" for i, u in enumerate(USERS)}
 
 

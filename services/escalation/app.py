@@ -1,4 +1,4 @@
-"""Escalation app: settings -> telemetry -> bus -> queue handlers."""
+"""Escalation app: settings -> telemetry -> bus -> queue handlers (cache loaded before serving)."""
 
 from __future__ import annotations
 
@@ -12,5 +12,6 @@ from shared.telemetry import Telemetry
 
 
 def build(bus: Bus, settings: Settings, telemetry: Telemetry, router: NatsRouter) -> AfterConnect:
-    EscalationQueue(bus, telemetry).register(router)
-    return None
+    queue = EscalationQueue(bus, telemetry, settings)
+    queue.register(router)
+    return queue.start

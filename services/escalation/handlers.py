@@ -3,40 +3,63 @@
 Items arrive two ways: an explicit raise command (the planner asks for a human), and by
 *subscription* to failure events that always need one (``fatal``, ``unknown_outcome``) —
 routing a failure type to humans is a consumer filter, not code elsewhere. People list,
-claim and resolve through request/reply; a resolution is published as an event carrying
-the trace context of the run that raised it.
+show, claim, renew and resolve through request/reply. Who claims or resolves is the
+operator token of the request subject, which the NATS server only lets that operator's
+user (or the console's, as ``...console.<operator>``) publish to. A resolution is
+published as an event carrying the trace context of the run that raised it.
+
+Listing reads a cache of the bucket kept current by a KV watcher (one record that does not
+parse is reported by key, never hides the others); a sweeper returns lapsed leases to the
+queue and applies SLA default actions. Every rule is in ``queue.py``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 import logging
+import uuid
 from collections.abc import Callable
-from typing import TypeVar
+from datetime import datetime
+from typing import Any, TypeVar
 
 from faststream.nats import NatsRouter
-from nats.js.errors import NoKeysError
 from opentelemetry import propagate
+from pydantic import ValidationError
 
 from services.escalation import queue as Q
 from shared import subjects as S
 from shared import telemetry as T
-from shared.bus import Bus, CasConflict
+from shared.bus import Bus, CasConflict, Unchanged, describe
+from shared.contracts.registration import validator_for
 from shared.messages import (
+    ChatMessage,
     Escalation,
     EscalationClaim,
+    EscalationEvent,
     EscalationQuery,
     EscalationRaise,
     EscalationReply,
     EscalationResolution,
     EscalationResolve,
-    RunEvent,
+    ToolContract,
     ToolOutcome,
     escalation_id_for_call,
+    utcnow,
 )
+from shared.settings import Settings
 
 log = logging.getLogger("loopwarden.escalation")
 R = TypeVar("R")
 HUMAN_FAILURES = ("fatal", "unknown_outcome")
+EVENT_SUBJECT = {
+    "claimed": S.ESCALATION_CLAIMED,
+    "renewed": S.ESCALATION_RENEWED,
+    "expired": S.ESCALATION_EXPIRED,
+    "refused": S.ESCALATION_REFUSED,
+    "sla_applied": S.ESCALATION_SLA_APPLIED,
+}
 
 
 def current_traceparent() -> str | None:
@@ -46,11 +69,22 @@ def current_traceparent() -> str | None:
 
 
 class EscalationQueue:
-    def __init__(self, bus: Bus, telemetry: T.Telemetry) -> None:
+    def __init__(self, bus: Bus, telemetry: T.Telemetry, settings: Settings | None = None) -> None:
         self.bus = bus
-        self.raised = telemetry.meter("loopwarden.escalation").create_counter(
-            "loopwarden.escalations.raised", description="escalations by kind"
+        self.settings = settings or bus.settings
+        meter = telemetry.meter("loopwarden.escalation")
+        self.raised = meter.create_counter("loopwarden.escalations.raised", description="escalations by kind")
+        self.refused = meter.create_counter(
+            "loopwarden.escalations.refused", description="claims and resolutions refused, by verb"
         )
+        self.slas = Q.sla_rules(json.loads(self.settings.escalation_slas) if self.settings.escalation_slas else None)
+        self.roster: dict[str, list[str]] | None = (
+            json.loads(self.settings.operators) if self.settings.operators else None
+        )
+        self.items: dict[str, Escalation] = {}
+        self.unreadable: dict[str, str] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        bus.on_stop.append(self.stop)
 
     def register(self, router: NatsRouter) -> None:
         b = self.bus
@@ -66,9 +100,98 @@ class EscalationQueue:
         )(self.on_failure)
         error = lambda reason: EscalationReply(ok=False, error=reason)  # noqa: E731
         b.responder(router, subject=S.ESCALATION_LIST, model=EscalationQuery, reply=error)(self.on_list)
-        b.responder(router, subject=S.ESCALATION_CLAIM, model=EscalationClaim, reply=error)(self.on_claim)
-        b.responder(router, subject=S.ESCALATION_RESOLVE, model=EscalationResolve, reply=error)(self.on_resolve)
+        b.responder(router, subject=S.ESCALATION_SHOW, model=EscalationQuery, reply=error)(self.on_show)
+        for subject in (S.ESCALATION_CLAIM, f"{S.ESCALATION_CLAIM}.>"):
+            b.subject_responder(router, subject=subject, model=EscalationClaim, reply=error)(self.on_claim)
+        renew = f"{S.ESCALATION_RPC_PREFIX}.renew"
+        for subject in (renew, f"{renew}.>"):
+            b.subject_responder(router, subject=subject, model=EscalationClaim, reply=error)(self.on_renew)
+        for subject in (S.ESCALATION_RESOLVE, f"{S.ESCALATION_RESOLVE}.>"):
+            b.subject_responder(router, subject=subject, model=EscalationResolve, reply=error)(self.on_resolve)
 
+    # --- the watched cache and the sweeper ----------------------------------------------------------
+    async def start(self) -> None:
+        """Load the bucket into the cache (before any request is served), then keep it current."""
+        kv = await self.bus.kv(S.KV_ESCALATIONS)
+        watcher = await kv.watchall()
+        while True:
+            entry = await watcher.updates(timeout=30)  # type: ignore[no-untyped-call]
+            if entry is None:  # the initial values are in
+                break
+            self._apply_entry(entry)
+        self._tasks.append(asyncio.create_task(self._watch(watcher)))
+        self._tasks.append(asyncio.create_task(self._sweep()))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    async def _watch(self, watcher: Any) -> None:
+        try:
+            async for entry in watcher:
+                if entry is not None:
+                    self._apply_entry(entry)
+        finally:
+            with contextlib.suppress(Exception):
+                await watcher.stop()
+
+    def _apply_entry(self, entry: Any) -> None:
+        key = entry.key
+        if entry.operation in ("DEL", "PURGE") or entry.value is None:
+            self.items.pop(key, None)
+            self.unreadable.pop(key, None)
+            return
+        try:
+            self.items[key] = Escalation.model_validate_json(entry.value)
+            self.unreadable.pop(key, None)
+        except ValidationError as err:
+            self.items.pop(key, None)
+            self.unreadable[key] = describe(err)
+            log.error("lw_escalations/%s does not parse (skipped, the rest are listed): %s", key, describe(err))
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.escalation_sweep_s)
+            try:
+                await self.sweep(utcnow())
+            except Exception:  # a bad moment (reconnect) must not end the sweeper
+                log.exception("escalation sweep failed")
+
+    async def sweep(self, now: datetime) -> None:
+        for item in Q.due(list(self.items.values()), now):
+            await self._expire_or_sla(item.escalation_id, now)
+
+    async def _expire_or_sla(self, escalation_id: str, now: datetime) -> None:
+        Swept = tuple[EscalationEvent, EscalationResolution | None] | None
+
+        def step(item: Escalation | None) -> tuple[Escalation, Swept] | Unchanged[Swept]:
+            if item is None:
+                return Unchanged(None)
+            sla = Q.apply_sla(item, now)
+            if sla is not None:
+                new, resolution = sla
+                return new, (new.trail[-1], resolution)
+            expired = Q.expire(item, now)
+            if expired is not None:
+                return expired[0], (expired[1], None)
+            return Unchanged(None)
+
+        try:
+            outcome = await self.bus.update(S.KV_ESCALATIONS, escalation_id, Escalation, step)
+        except CasConflict:
+            return  # another replica is on it
+        if outcome is None:
+            return
+        event, resolution = outcome
+        await self._event(event)
+        if resolution is not None:
+            log.warning("escalation %s: SLA applied %s", escalation_id, resolution.action)
+            await self._publish_resolution(escalation_id, resolution)
+
+    # --- raising -------------------------------------------------------------------------------------
     async def on_failure(self, outcome: ToolOutcome) -> None:
         await self.on_raise(
             EscalationRaise(
@@ -78,77 +201,179 @@ class EscalationQueue:
                 reason=outcome.error or "tool failure",
                 tool=outcome.tool,
                 call_id=outcome.call_id,
-                details={"arguments": outcome.arguments, "attempts": outcome.attempts},
+                details={
+                    "arguments": outcome.arguments,
+                    "attempts": outcome.attempts,
+                    "error": outcome.error,
+                    "failure_type": outcome.failure_type,
+                },
             )
         )
 
     async def on_raise(self, req: EscalationRaise) -> None:
-        item = Q.raise_item(req, current_traceparent())
+        existing, _ = await self.bus.kv_get(S.KV_ESCALATIONS, req.escalation_id, Escalation)
+        if existing is not None:  # already queued: publish the same event again (deduplicated)
+            await self.bus.publish(S.ESCALATION_RAISED, existing, msg_id=f"raised.{req.escalation_id}")
+            return
+        req, context = await self._with_context(req)
+        item = Q.raise_item(req, current_traceparent(), sla=self.slas.get(req.kind), context=context)
         try:
             await self.bus.kv_put(S.KV_ESCALATIONS, req.escalation_id, item, revision=0)
         except CasConflict:
             stored, _ = await self.bus.kv_get(S.KV_ESCALATIONS, req.escalation_id, Escalation)
-            item = stored or item  # already queued: publish the same event again (deduplicated)
+            item = stored or item
         else:
             self.raised.add(1, {"kind": req.kind})
             log.warning("escalation %s (%s) for run %s: %s", req.escalation_id, req.kind, req.run_id, req.reason)
+        self.items[item.escalation_id] = item
         await self.bus.publish(S.ESCALATION_RAISED, item, msg_id=f"raised.{req.escalation_id}")
 
+    async def _with_context(self, req: EscalationRaise) -> tuple[EscalationRaise, list[ChatMessage]]:
+        """The run's last turns, and the call's arguments and model-readable error when the raise lacks them."""
+        kv = await self.bus.kv(S.KV_RUNS)
+        try:
+            entry = await kv.get(req.run_id)
+            run = json.loads(entry.value or b"{}")
+        except Exception:  # no state yet, or unreadable: the item is still worth raising
+            return req, []
+        turns = self.settings.escalation_context_turns
+        context = []
+        for raw in (run.get("messages") or [])[-turns:] if turns else []:
+            with contextlib.suppress(ValidationError):
+                context.append(ChatMessage.model_validate(raw))
+        details = dict(req.details)
+        calls = (run.get("iteration") or {}).get("tool_calls") or []
+        call = next((c for c in calls if isinstance(c, dict) and c.get("call_id") == req.call_id), None)
+        if call is not None:
+            details.setdefault("arguments", call.get("arguments"))
+            if call.get("result_text"):
+                details.setdefault("error", call.get("result_text"))
+            outcome = call.get("outcome") or {}
+            if outcome.get("failure_type"):
+                details.setdefault("failure_type", outcome["failure_type"])
+        return req.model_copy(update={"details": details}), context
+
+    # --- reading -------------------------------------------------------------------------------------
     async def on_list(self, query: EscalationQuery) -> EscalationReply:
-        kv = await self.bus.kv(S.KV_ESCALATIONS)
-        try:
-            keys = await kv.keys()
-        except NoKeysError:
-            keys = []
-        items = []
-        for key in keys:
-            item, _ = await self.bus.kv_get(S.KV_ESCALATIONS, key, Escalation)
-            if item and (query.status in ("all", item.status)) and (query.run_id in (None, item.run_id)):
-                items.append(item)
-        items.sort(key=lambda e: e.created_at)
-        return EscalationReply(ok=True, escalations=items)
+        items = Q.select(list(self.items.values()), query, utcnow())
+        return EscalationReply(ok=True, escalations=items, unreadable=sorted(self.unreadable))
 
-    async def on_claim(self, req: EscalationClaim) -> EscalationReply:
-        def claim(item: Escalation) -> tuple[Escalation, Escalation]:
-            claimed = Q.claim(item, req.who)
-            return claimed, claimed
+    async def on_show(self, query: EscalationQuery) -> EscalationReply:
+        if not query.escalation_id:
+            return EscalationReply(ok=False, error="show needs escalation_id")
+        item = self.items.get(query.escalation_id)
+        if item is None:
+            try:
+                item, _ = await self.bus.kv_get(S.KV_ESCALATIONS, query.escalation_id, Escalation)
+            except ValidationError as err:
+                return EscalationReply(ok=False, error=f"{query.escalation_id} does not parse: {describe(err)}")
+        if item is None:
+            return EscalationReply(ok=False, error=f"no escalation {query.escalation_id}")
+        return EscalationReply(ok=True, escalations=[item])
 
+    # --- acting --------------------------------------------------------------------------------------
+    async def on_claim(self, req: EscalationClaim, subject: str) -> EscalationReply:
+        return await self._act("claim", req.escalation_id, subject, self._claim_step)
+
+    async def on_renew(self, req: EscalationClaim, subject: str) -> EscalationReply:
+        return await self._act("renew", req.escalation_id, subject, self._renew_step)
+
+    def _claim_step(self, item: Escalation, actor: Q.Actor, now: datetime) -> tuple[Escalation, Any]:
+        Q.authorize(actor, item, self.roster)
+        claimed = Q.claim(item, actor, now=now, lease_s=self.settings.escalation_lease_s)
+        return claimed, None
+
+    def _renew_step(self, item: Escalation, actor: Q.Actor, now: datetime) -> tuple[Escalation, Any]:
+        Q.authorize(actor, item, self.roster)
+        return Q.renew(item, actor, now=now, lease_s=self.settings.escalation_lease_s), None
+
+    async def on_resolve(self, req: EscalationResolve, subject: str) -> EscalationReply:
+        result_errors = await self._result_errors(req)
+
+        def step(item: Escalation, actor: Q.Actor, now: datetime) -> tuple[Escalation, Any]:
+            Q.authorize(actor, item, self.roster)
+            errors = result_errors.get(item.tool or "") if req.action == "provide_result" else None
+            return Q.resolve(item, req, actor, now=now, result_errors=errors)
+
+        return await self._act("resolve", req.escalation_id, subject, step)
+
+    async def _result_errors(self, req: EscalationResolve) -> dict[str, list[str]]:
+        """For provide_result: the tool's output contract errors of ``req.result`` (by tool)."""
+        if req.action != "provide_result":
+            return {}
+        item = self.items.get(req.escalation_id)
+        if item is None:
+            item, _ = await self.bus.kv_get(S.KV_ESCALATIONS, req.escalation_id, Escalation)
+        if item is None or not item.tool:
+            return {}
+        contract, _ = await self.bus.kv_get(S.KV_CONTRACTS, S.kv_key(item.tool), ToolContract)
+        if contract is None:
+            return {item.tool: [f"no output contract is registered for '{item.tool}'"]}
+        errors = validator_for(contract, "output").errors(req.result)
+        return {item.tool: [f"{e.path}: {e.message}" for e in errors]} if errors else {}
+
+    async def _act(
+        self,
+        verb: str,
+        escalation_id: str,
+        subject: str,
+        step: Callable[[Escalation, Q.Actor, datetime], tuple[Escalation, Any]],
+    ) -> EscalationReply:
+        actor: Q.Actor | None = None
         try:
-            claimed = await self.change(req.escalation_id, claim)
+            actor = Q.actor_from_subject(subject, S.ESCALATION_RPC_PREFIX, verb)
+            who = actor
+            now = utcnow()
+
+            def apply(item: Escalation | None) -> tuple[Escalation, tuple[Escalation, Any]]:
+                if item is None:
+                    raise Q.QueueError(f"no escalation {escalation_id}")
+                new, extra = step(item, who, now)
+                return new, (new, extra)
+
+            new, extra = await self.bus.update(S.KV_ESCALATIONS, escalation_id, Escalation, apply)
+        except Q.Refused as err:
+            await self._refuse(verb, escalation_id, actor, str(err))
+            return EscalationReply(ok=False, error=f"refused: {err}")
         except Q.QueueError as err:
             return EscalationReply(ok=False, error=str(err))
+        self.items[new.escalation_id] = new
+        await self._event(new.trail[-1])
+        if isinstance(extra, EscalationResolution):
+            await self._publish_resolution(escalation_id, extra, new.traceparent)
+        return EscalationReply(ok=True, escalations=[new])
+
+    async def _refuse(self, verb: str, escalation_id: str, actor: Q.Actor | None, reason: str) -> None:
+        self.refused.add(1, {"verb": verb})
+        log.warning("refused %s of %s by %s: %s", verb, escalation_id, actor.label if actor else "?", reason)
+        item = self.items.get(escalation_id)
+        event = Q.refusal(item, escalation_id, actor, verb, reason)
+        await self._event(event, msg_id=f"refused.{escalation_id}.{uuid.uuid4().hex[:12]}")
+        if item is not None:  # the item's own trail shows the attempt too
+
+            def record(current: Escalation | None) -> tuple[Escalation, None] | Unchanged[None]:
+                if current is None:
+                    return Unchanged(None)
+                return current.model_copy(update={"trail": [*current.trail, event][-Q.MAX_TRAIL :]}), None
+
+            with contextlib.suppress(CasConflict):
+                await self.bus.update(S.KV_ESCALATIONS, escalation_id, Escalation, record)
+
+    async def _event(self, event: EscalationEvent, msg_id: str | None = None) -> None:
+        if event.kind == "resolved":
+            return  # the resolution itself is the event (lw.v1.evt.escalation.resolved)
+        subject = EVENT_SUBJECT[event.kind]
+        who = event.operator or "-"
         await self.bus.publish(
-            S.ESCALATION_CLAIMED,
-            RunEvent(
-                run_id=claimed.run_id,
-                kind="escalation.claimed",
-                summary=req.who,
-                detail={"escalation_id": req.escalation_id},
-            ),
-            msg_id=f"claimed.{req.escalation_id}.{req.who}",
+            subject, event, msg_id=msg_id or f"{event.kind}.{event.escalation_id}.{who}.{event.at.isoformat()}"
         )
-        return EscalationReply(ok=True, escalations=[claimed])
 
-    async def on_resolve(self, req: EscalationResolve) -> EscalationReply:
-        def resolve(item: Escalation) -> tuple[Escalation, tuple[Escalation, EscalationResolution]]:
-            resolved, resolution = Q.resolve(item, req)
-            return resolved, (resolved, resolution)
-
-        try:
-            resolved, resolution = await self.change(req.escalation_id, resolve)
-        except Q.QueueError as err:
-            return EscalationReply(ok=False, error=str(err))
+    async def _publish_resolution(
+        self, escalation_id: str, resolution: EscalationResolution, traceparent: str | None = None
+    ) -> None:
+        if traceparent is None:
+            item = self.items.get(escalation_id)
+            traceparent = item.traceparent if item else None
         await self.bus.publish(
-            S.ESCALATION_RESOLVED, resolution, msg_id=f"resolved.{req.escalation_id}", traceparent=resolved.traceparent
+            S.ESCALATION_RESOLVED, resolution, msg_id=f"resolved.{escalation_id}", traceparent=traceparent
         )
-        return EscalationReply(ok=True, escalations=[resolved])
-
-    async def change(self, escalation_id: str, step: Callable[[Escalation], tuple[Escalation, R]]) -> R:
-        """Apply a queue rule to one item under compare-and-swap (a missing item is a QueueError)."""
-
-        def apply(item: Escalation | None) -> tuple[Escalation, R]:
-            if item is None:
-                raise Q.QueueError(f"no escalation {escalation_id}")
-            return step(item)
-
-        return await self.bus.update(S.KV_ESCALATIONS, escalation_id, Escalation, apply)

@@ -1,43 +1,373 @@
-"""The human queue's rules (pure): raise once, claim exclusively, resolve once."""
+"""The human queue's rules (pure): raise once, claim exclusively under a lease, resolve once.
+
+Who acts is an ``Actor`` the handlers derived from the request subject the NATS server let
+through (``lw.v1.rpc.escalation.<verb>.<operator>`` or ``...<verb>.console.<operator>``);
+nothing here reads an identity from a payload. Time is passed in, so every rule — lease
+expiry, SLA deadlines, filters by age — is a plain function of its arguments.
+"""
 
 from __future__ import annotations
 
-from shared.messages import Escalation, EscalationRaise, EscalationResolution, EscalationResolve
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, assert_never
+
+from shared.messages import (
+    ChatMessage,
+    Escalation,
+    EscalationAction,
+    EscalationEvent,
+    EscalationEventKind,
+    EscalationKind,
+    EscalationQuery,
+    EscalationRaise,
+    EscalationResolution,
+    EscalationResolve,
+    SlaAction,
+    utcnow,
+)
+
+CONSOLE = "console"
+TOOL_KINDS: tuple[EscalationKind, ...] = ("fatal", "unknown_outcome", "schema_cap", "ask_human")
+GATE_KINDS: tuple[EscalationKind, ...] = ("approval", "spawn")
+MAX_TRAIL = 50
 
 
 class QueueError(ValueError):
     pass
 
 
-def raise_item(req: EscalationRaise, traceparent: str | None) -> Escalation:
-    return Escalation(**req.model_dump(), traceparent=traceparent)
+class Refused(QueueError):
+    """The operator may not do this (recorded as a ``refused`` event)."""
 
 
-def claim(item: Escalation, who: str) -> Escalation:
+@dataclass(frozen=True)
+class Actor:
+    """An identity the server enforced: the operator, and the service acting for them (if any)."""
+
+    operator: str
+    via: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.operator} (via {self.via})" if self.via else self.operator
+
+
+@dataclass(frozen=True)
+class SlaRule:
+    after_s: float
+    action: SlaAction
+
+
+def allowed_actions(kind: EscalationKind) -> list[EscalationAction]:
+    """What a person may do with an item of this kind (the console shows exactly these)."""
+    if kind in TOOL_KINDS:
+        return ["provide_result", "retry", "resume", "final_answer", "abort"]
+    if kind == "not_judged":
+        return ["approve", "accept", "reject", "final_answer", "abort"]
+    if kind == "loop":
+        return ["retry", "resume", "final_answer", "abort"]
+    if kind in GATE_KINDS:
+        return ["approve", "reject", "abort"]
+    raise AssertionError(f"unknown kind {kind}")  # pragma: no cover - closed by EscalationKind
+
+
+# --- identity -------------------------------------------------------------------------------------
+
+
+def actor_from_subject(subject: str, prefix: str, verb: str) -> Actor:
+    """``<prefix>.<verb>.<operator>`` or ``<prefix>.<verb>.console.<operator>``; anything else is refused."""
+    head = f"{prefix}.{verb}"
+    tokens = subject[len(head) + 1 :].split(".") if subject.startswith(head + ".") else []
+    if len(tokens) == 1 and tokens[0] and tokens[0] != CONSOLE:
+        return Actor(tokens[0])
+    if len(tokens) == 2 and tokens[0] == CONSOLE and tokens[1] and tokens[1] != CONSOLE:
+        return Actor(tokens[1], via=CONSOLE)
+    raise Refused(
+        f"no verified identity on {subject!r}: send to {head}.<operator> with that operator's credentials "
+        "(a name written in the payload is not an identity)"
+    )
+
+
+def authorize(actor: Actor, item: Escalation, roster: dict[str, list[str]] | None) -> None:
+    """The roster maps operator -> kinds they may act on ('*' = all); no roster = every operator, every kind."""
+    if roster is None:
+        return
+    kinds = roster.get(actor.operator)
+    if kinds is None:
+        raise Refused(f"{actor.operator} is not an operator of this queue")
+    if "*" not in kinds and item.kind not in kinds:
+        allowed = ", ".join(kinds) or "none"
+        raise Refused(f"{actor.operator} may not act on {item.kind} escalations (allowed: {allowed})")
+
+
+# --- raising --------------------------------------------------------------------------------------
+
+
+def raise_item(
+    req: EscalationRaise,
+    traceparent: str | None,
+    *,
+    now: datetime | None = None,
+    sla: SlaRule | None = None,
+    context: list[ChatMessage] | None = None,
+) -> Escalation:
+    now = now or utcnow()
+    return Escalation(
+        **req.model_dump(),
+        traceparent=traceparent,
+        created_at=now,
+        sla_deadline=now + timedelta(seconds=sla.after_s) if sla else None,
+        sla_action=sla.action if sla else None,
+        allowed_actions=allowed_actions(req.kind),
+        context=context or [],
+    )
+
+
+def _event(
+    item: Escalation, kind: EscalationEventKind, actor: Actor | None, now: datetime, **fields: Any
+) -> EscalationEvent:
+    return EscalationEvent(
+        escalation_id=item.escalation_id,
+        run_id=item.run_id,
+        kind=kind,
+        operator=actor.operator if actor else None,
+        via=actor.via if actor else None,
+        at=now,
+        **fields,
+    )
+
+
+def _with_trail(item: Escalation, event: EscalationEvent, **update: Any) -> Escalation:
+    return item.model_copy(update={**update, "trail": [*item.trail, event][-MAX_TRAIL:]})
+
+
+def refusal(
+    item: Escalation | None, escalation_id: str, actor: Actor | None, action: str, reason: str
+) -> EscalationEvent:
+    return EscalationEvent(
+        escalation_id=escalation_id,
+        run_id=item.run_id if item else "",
+        kind="refused",
+        operator=actor.operator if actor else None,
+        via=actor.via if actor else None,
+        action=action,
+        reason=reason,
+    )
+
+
+# --- claims and leases ----------------------------------------------------------------------------
+
+
+def _lease_live(item: Escalation, now: datetime) -> bool:
+    return item.status == "claimed" and (item.lease_expires_at is None or item.lease_expires_at > now)
+
+
+def claim(
+    item: Escalation, who: str | Actor, *, now: datetime | None = None, lease_s: float | None = None
+) -> Escalation:
+    """Take the item (or take it again, as its holder). A lapsed lease of someone else is free to take."""
+    actor = who if isinstance(who, Actor) else Actor(who)
+    now = now or utcnow()
     if item.status == "resolved":
         raise QueueError(f"{item.escalation_id} is already resolved")
-    if item.status == "claimed" and item.claimed_by != who:
+    if _lease_live(item, now) and item.claimed_by != actor.operator:
         raise QueueError(f"{item.escalation_id} is claimed by {item.claimed_by}")
-    return item.model_copy(update={"status": "claimed", "claimed_by": who})
+    expires = now + timedelta(seconds=lease_s) if lease_s else None
+    event = _event(item, "claimed", actor, now, lease_expires_at=expires)
+    return _with_trail(
+        item,
+        event,
+        status="claimed",
+        claimed_by=actor.operator,
+        claimed_via=actor.via,
+        lease_expires_at=expires,
+    )
 
 
-def resolve(item: Escalation, req: EscalationResolve) -> tuple[Escalation, EscalationResolution]:
+def renew(item: Escalation, actor: Actor, *, now: datetime, lease_s: float) -> Escalation:
+    """Extend the holder's lease; only the holder, only while the lease is live."""
     if item.status == "resolved":
         raise QueueError(f"{item.escalation_id} is already resolved")
-    if item.status == "claimed" and item.claimed_by != req.who:
+    if item.status != "claimed" or item.claimed_by != actor.operator:
+        raise QueueError(f"{item.escalation_id} is not claimed by {actor.operator}; claim it first")
+    if not _lease_live(item, now):
+        raise QueueError(f"{item.escalation_id}: the lease of {actor.operator} has expired; claim it again")
+    expires = now + timedelta(seconds=lease_s)
+    return _with_trail(item, _event(item, "renewed", actor, now, lease_expires_at=expires), lease_expires_at=expires)
+
+
+def expire(item: Escalation, now: datetime) -> tuple[Escalation, EscalationEvent] | None:
+    """A claim whose lease lapsed returns the item to the queue (None: nothing to do)."""
+    if item.status != "claimed" or item.lease_expires_at is None or item.lease_expires_at > now:
+        return None
+    event = _event(
+        item,
+        "expired",
+        Actor(item.claimed_by or "?", item.claimed_via),
+        now,
+        reason=f"lease of {item.claimed_by} expired at {item.lease_expires_at.isoformat()}",
+    )
+    return _with_trail(item, event, status="open", claimed_by=None, claimed_via=None, lease_expires_at=None), event
+
+
+# --- resolving ------------------------------------------------------------------------------------
+
+
+def resolve(
+    item: Escalation,
+    req: EscalationResolve,
+    who: Actor | None = None,
+    *,
+    now: datetime | None = None,
+    result_errors: list[str] | None = None,
+) -> tuple[Escalation, EscalationResolution]:
+    actor = who or Actor(req.who or "")
+    now = now or utcnow()
+    if not actor.operator:
+        raise Refused("a resolution needs a verified operator")
+    if item.status == "resolved":
+        raise QueueError(f"{item.escalation_id} is already resolved")
+    if _lease_live(item, now) and item.claimed_by != actor.operator:
         raise QueueError(f"{item.escalation_id} is claimed by {item.claimed_by}; only they can resolve it")
     if req.action == "accept" and item.kind != "not_judged":
         raise QueueError(
-            "'accept' applies to a candidate the judge could not score; use resume, provide_result or abort"
+            "'accept' applies to a candidate the judge could not score; "
+            f"for {item.kind} use one of {', '.join(allowed_actions(item.kind))}"
         )
+    allowed = allowed_actions(item.kind)
+    if req.action not in allowed:
+        raise QueueError(f"'{req.action}' does not apply to a {item.kind} escalation; use one of {', '.join(allowed)}")
+    if req.action == "provide_result" and req.result is None:
+        raise QueueError("provide_result needs the tool's result")
+    if req.action == "final_answer" and not (isinstance(req.result, str) and req.result.strip()):
+        raise QueueError("final_answer needs the answer as text")
+    if req.action == "retry" and not req.note.strip():
+        raise QueueError("retry needs an instruction for the model (the note)")
+    if result_errors:
+        raise QueueError(f"the result breaks the output contract of '{item.tool}': " + "; ".join(result_errors))
     resolution = EscalationResolution(
         escalation_id=item.escalation_id,
         run_id=item.run_id,
         action=req.action,
         note=req.note,
         result=req.result,
-        resolved_by=req.who,
+        resolved_by=actor.operator,
+        via=actor.via,
+        resolved_at=now,
     )
-    return item.model_copy(
-        update={"status": "resolved", "claimed_by": item.claimed_by or req.who, "resolution": resolution}
-    ), resolution
+    return _resolved(item, resolution, _event(item, "resolved", actor, now, action=req.action)), resolution
+
+
+def _resolved(item: Escalation, resolution: EscalationResolution, event: EscalationEvent) -> Escalation:
+    return _with_trail(
+        item,
+        event,
+        status="resolved",
+        claimed_by=item.claimed_by or resolution.resolved_by,
+        lease_expires_at=None,
+        resolution=resolution,
+    )
+
+
+# --- SLAs -----------------------------------------------------------------------------------------
+
+SLA_OPERATOR = "sla"
+HOUR = 3600.0
+DEFAULT_SLAS: dict[EscalationKind, SlaRule] = {
+    "fatal": SlaRule(HOUR, "abort"),
+    "unknown_outcome": SlaRule(HOUR, "abort"),
+    "schema_cap": SlaRule(HOUR, "abort"),
+    "ask_human": SlaRule(HOUR, "fall_back"),
+    "not_judged": SlaRule(HOUR, "accept_if_judged"),
+    "loop": SlaRule(HOUR, "abort"),
+    "approval": SlaRule(HOUR, "deny"),
+    "spawn": SlaRule(HOUR, "deny"),
+}
+
+
+def sla_rules(overrides: dict[str, dict[str, Any]] | None) -> dict[EscalationKind, SlaRule]:
+    """The defaults, with ``LW_ESCALATION_SLAS`` (already validated by the settings) over them."""
+    rules = dict(DEFAULT_SLAS)
+    for kind, rule in (overrides or {}).items():
+        base = rules[kind]  # type: ignore[index]
+        rules[kind] = SlaRule(float(rule.get("after_s", base.after_s)), rule.get("action", base.action))  # type: ignore[index]
+    return rules
+
+
+def sla_resolution_action(item: Escalation, action: SlaAction) -> tuple[EscalationAction, str]:
+    """The resolution an SLA's default action means for this kind, and the note the run gets."""
+    waited = "no human decided within the SLA"
+    match action:
+        case "abort":
+            return "abort", f"{waited}: aborted"
+        case "deny":
+            if "reject" in allowed_actions(item.kind):
+                return "reject", f"{waited}: denied"
+            return "abort", f"{waited}: denied"
+        case "accept_if_judged":
+            score, threshold = item.details.get("score"), item.details.get("threshold")
+            judged = isinstance(score, int | float) and isinstance(threshold, int | float) and score >= threshold
+            if judged and "approve" in allowed_actions(item.kind):
+                return "approve", f"{waited}: accepted on the judge's passing score"
+            if "reject" in allowed_actions(item.kind):
+                return "reject", f"{waited}: not accepted without a passing judge score; revise the answer"
+            return "abort", f"{waited}: nothing judged to accept"
+        case "fall_back":
+            if "resume" in allowed_actions(item.kind):
+                return "resume", f"{waited}: continue without this result and say what is missing"
+            if "reject" in allowed_actions(item.kind):
+                return "reject", f"{waited}: fell back to no"
+            return "abort", f"{waited}: no fallback"
+        case _:
+            assert_never(action)
+
+
+def apply_sla(item: Escalation, now: datetime) -> tuple[Escalation, EscalationResolution] | None:
+    """Past its deadline, an unresolved item is resolved by its SLA's default action (None: not due)."""
+    if item.status == "resolved" or item.sla_deadline is None or item.sla_action is None or item.sla_deadline > now:
+        return None
+    action, note = sla_resolution_action(item, item.sla_action)
+    resolution = EscalationResolution(
+        escalation_id=item.escalation_id,
+        run_id=item.run_id,
+        action=action,
+        note=note,
+        resolved_by=SLA_OPERATOR,
+        resolved_at=now,
+        by_sla=True,
+    )
+    event = _event(item, "sla_applied", None, now, action=action, reason=f"SLA {item.sla_action}: {note}")
+    return _resolved(item, resolution, event), resolution
+
+
+# --- listing --------------------------------------------------------------------------------------
+
+
+def matches(item: Escalation, query: EscalationQuery, now: datetime) -> bool:
+    age = (now - item.created_at).total_seconds()
+    return (
+        query.status in ("all", item.status)
+        and query.run_id in (None, item.run_id)
+        and query.kind in (None, item.kind)
+        and query.tool in (None, item.tool)
+        and (query.older_than_s is None or age >= query.older_than_s)
+        and (query.newer_than_s is None or age <= query.newer_than_s)
+    )
+
+
+def select(items: list[Escalation], query: EscalationQuery, now: datetime) -> list[Escalation]:
+    return sorted((i for i in items if matches(i, query, now)), key=lambda e: e.created_at)
+
+
+def due(items: list[Escalation], now: datetime) -> list[Escalation]:
+    """Items whose lease lapsed or whose SLA deadline passed (the sweeper acts on these)."""
+    return [
+        i
+        for i in items
+        if i.status != "resolved"
+        and (
+            (i.status == "claimed" and i.lease_expires_at is not None and i.lease_expires_at <= now)
+            or (i.sla_deadline is not None and i.sla_deadline <= now)
+        )
+    ]

@@ -469,12 +469,26 @@ def apply_resolution(state: RunState, res: EscalationResolution) -> Outbox:
         action=res.action,
         escalation_id=res.escalation_id,
     )
+    who = f"the SLA ({res.note})" if res.by_sla else res.resolved_by
     if res.action == "abort":
-        _finish(out, "stopped", f"aborted by {res.resolved_by}: {res.note or awaiting.reason}")
+        _finish(out, "stopped", f"aborted by {who}: {res.note or awaiting.reason}")
         return out
     it = state.iteration
+    if res.action == "final_answer":  # a person wrote the answer: the run ends with it, completed
+        answer = res.result if isinstance(res.result, str) else json.dumps(res.result, ensure_ascii=False)
+        human = Candidate(id=f"{state.run_id}-human{it.n}", iteration=it.n, kind="text", content=answer)
+        state.last_answer = answer
+        _finish(out, "completed", f"final answer provided by {who}", accepted=human)
+        return out
+    if awaiting.kind in ("approval", "spawn"):  # a gate: yes continues, no tells the model it was denied
+        it.notes.append(
+            f"A human {'approved' if res.action in ('approve', 'accept') else 'denied'} this: {res.note or 'no note'}"
+        )
+        if not it.pending:
+            _finish_iteration(out)
+        return out
     if awaiting.kind == "not_judged":
-        if res.action == "accept" and it.verdict is not None:
+        if res.action in ("accept", "approve") and it.verdict is not None:
             it.verdict = it.verdict.model_copy(  # a person judged it: say so, do not pass it off as the judge's
                 update={
                     "status": "passed",
@@ -497,6 +511,10 @@ def apply_resolution(state: RunState, res: EscalationResolution) -> Outbox:
             record.is_error = False
             if record.terminal and isinstance(record.arguments, dict):
                 state.last_submission = dict(record.arguments)
+        elif res.action == "retry":  # the call stays failed; the model gets the human's instruction
+            prefix = record.result_text or ""
+            record.result_text = f"{prefix}\nA human asks you to try again: {res.note}".strip()
+            record.is_error = True
         else:
             prefix = record.result_text or ""
             record.result_text = f"{prefix}\nA human reviewed this failure and says: {res.note or 'continue'}".strip()

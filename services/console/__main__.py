@@ -1,0 +1,63 @@
+"""`python -m services.console` runs the operator console (uvicorn on LW_CONSOLE_HOST:LW_CONSOLE_PORT)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from pathlib import Path
+
+import uvicorn
+
+from loopwarden.client import Client
+from services.console.app import create_app
+from shared.service import configure_logging
+from shared.settings import Settings, load_settings
+from shared.telemetry import setup_telemetry
+
+log = logging.getLogger("loopwarden.console")
+
+
+async def serve(settings: Settings) -> None:
+    configure_logging(settings.log_level)
+    if not settings.console_users and settings.console_passwords_file:
+        from services.console.local import generated_users
+        from shared.permissions import OPERATORS
+
+        users = generated_users(Path(settings.console_passwords_file), list(OPERATORS))
+        settings = settings.model_copy(update={"console_users": users})
+        log.warning("operator passwords for this console are in %s", settings.console_passwords_file)
+    if not settings.console_users:
+        log.warning("LW_CONSOLE_USERS is not set: nobody can log in to the console")
+    telemetry = setup_telemetry("console", settings)
+    async with Client(settings, telemetry=telemetry, identity="console") as client:
+        app, console = create_app(settings, client)
+        await console.live.start()
+        config = uvicorn.Config(
+            app, host=settings.console_host, port=settings.console_port, log_level="warning", lifespan="off"
+        )
+        server = uvicorn.Server(config)
+        task = asyncio.create_task(server.serve())
+        while not server.started and not task.done():  # noqa: ASYNC110 - uvicorn exposes a flag, not an event
+            await asyncio.sleep(0.05)
+        if task.done():
+            task.result()  # the port is taken, or similar: say so and stop
+            raise SystemExit(f"console: could not listen on {settings.console_host}:{settings.console_port}")
+        port = server.servers[0].sockets[0].getsockname()[1] if server.servers else settings.console_port
+        log.info("console on http://%s:%d", settings.console_host, port)
+        print(f"loopwarden-console ready on http://{settings.console_host}:{port}", flush=True)
+        try:
+            await task
+        finally:
+            await console.live.stop()
+            telemetry.shutdown()
+
+
+def main() -> None:
+    settings = load_settings("console")
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(settings))
+
+
+if __name__ == "__main__":
+    main()

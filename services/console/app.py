@@ -1,0 +1,248 @@
+"""The operator console: an ASGI app (Starlette) with server-rendered pages.
+
+Runs (status, cost, timeline, link to the trace in Jaeger), the queue with its filters, an
+item's detail with its context and one form per allowed action. Pages refresh their live
+parts by polling small HTML fragments, so nothing reloads. Operators log in; every claim,
+renewal and resolution goes to the escalation service on ``...<verb>.console.<operator>``,
+a subject only the console's NATS user may publish to, and is recorded with both names.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlencode
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from loopwarden.client import Client
+from services.console import board as B
+from services.console.auth import SESSION_COOKIE, Sessions
+from services.console.live import LiveView
+from shared.messages import EscalationAction, EscalationReply
+from shared.settings import Settings
+
+log = logging.getLogger("loopwarden.console")
+TEMPLATES = Path(__file__).parent / "templates"
+Page = Callable[[Request], Awaitable[Response]]
+VIA = "console"
+
+
+def _env() -> Environment:
+    env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html"]))
+    env.filters["pretty"] = lambda v: json.dumps(v, indent=2, ensure_ascii=False, default=str)
+    env.filters["hms"] = lambda v: v.astimezone(UTC).strftime("%H:%M:%S") if isinstance(v, datetime) else ""
+    return env
+
+
+class Console:
+    def __init__(self, settings: Settings, client: Client, sessions: Sessions) -> None:
+        self.settings = settings
+        self.client = client
+        self.sessions = sessions
+        self.live = LiveView(client)
+        self.env = _env()
+
+    # --- plumbing ---------------------------------------------------------------------------------
+    def render(self, name: str, status: int = 200, **context: Any) -> HTMLResponse:
+        html = self.env.get_template(name).render(jaeger_url=self.settings.jaeger_url, **context)
+        return HTMLResponse(html, status_code=status)
+
+    def operator(self, request: Request) -> str | None:
+        return self.sessions.operator(request.cookies.get(SESSION_COOKIE))
+
+    def page(self, handler: Callable[[Request, str], Awaitable[Response]], fragment: bool = False) -> Page:
+        async def guarded(request: Request) -> Response:
+            operator = self.operator(request)
+            if operator is None:
+                if fragment:
+                    return PlainTextResponse("log in again", status_code=401)
+                target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+                return RedirectResponse(f"/login?next={quote(target)}", status_code=303)
+            return await handler(request, operator)
+
+        return guarded
+
+    def routes(self) -> list[Route]:
+        p = self.page
+        return [
+            Route("/healthz", self.healthz),
+            Route("/login", self.login_form, methods=["GET"]),
+            Route("/login", self.login, methods=["POST"]),
+            Route("/logout", self.logout, methods=["POST"]),
+            Route("/", p(self.home)),
+            Route("/runs", p(self.runs_page)),
+            Route("/runs/rows", p(self.runs_rows, fragment=True)),
+            Route("/runs/{run_id}", p(self.run_page)),
+            Route("/runs/{run_id}/live", p(self.run_live, fragment=True)),
+            Route("/queue", p(self.queue_page)),
+            Route("/queue/rows", p(self.queue_rows, fragment=True)),
+            Route("/escalations/{escalation_id}", p(self.item_page)),
+            Route("/escalations/{escalation_id}/live", p(self.item_live, fragment=True)),
+            Route("/escalations/{escalation_id}/{verb}", p(self.act), methods=["POST"]),
+        ]
+
+    # --- login ------------------------------------------------------------------------------------
+    async def healthz(self, request: Request) -> Response:
+        return PlainTextResponse("ok")
+
+    async def login_form(self, request: Request) -> Response:
+        return self.render("login.html", next=request.query_params.get("next", "/queue"), error=None, operator=None)
+
+    async def login(self, request: Request) -> Response:
+        form = await request.form()
+        name, password = str(form.get("operator", "")), str(form.get("password", ""))
+        target = str(form.get("next") or "/queue")
+        if not target.startswith("/") or target.startswith("//"):
+            target = "/queue"
+        token = self.sessions.login(name, password)
+        if token is None:
+            log.warning("console: failed login for %r", name)
+            error = "unknown operator or wrong password"
+            return self.render("login.html", 401, next=target, error=error, operator=None)
+        log.info("console: %s logged in", name)
+        response = RedirectResponse(target, status_code=303)
+        response.set_cookie(SESSION_COOKIE, token, httponly=True, samesite="strict")
+        return response
+
+    async def logout(self, request: Request) -> Response:
+        self.sessions.logout(request.cookies.get(SESSION_COOKIE))
+        response = RedirectResponse("/login", status_code=303)
+        response.delete_cookie(SESSION_COOKIE)
+        return response
+
+    # --- runs -------------------------------------------------------------------------------------
+    async def home(self, request: Request, operator: str) -> Response:
+        return RedirectResponse("/queue", status_code=303)
+
+    def _trace(self, run_id: str) -> str | None:
+        timeline = self.live.timelines.get(run_id)
+        return B.jaeger_link(self.settings.jaeger_url, timeline.trace_id if timeline else None)
+
+    async def runs_page(self, request: Request, operator: str) -> Response:
+        return self.render("runs.html", operator=operator, rows=self.live.rows(), trace=self._trace)
+
+    async def runs_rows(self, request: Request, operator: str) -> Response:
+        return self.render("runs_rows.html", rows=self.live.rows(), trace=self._trace)
+
+    def _run_context(self, run_id: str) -> dict[str, Any]:
+        return {
+            "run_id": run_id,
+            "row": self.live.runs.get(run_id),
+            "timeline": self.live.timelines.get(run_id) or B.RunTimeline(),
+            "trace_link": self._trace(run_id),
+        }
+
+    async def run_page(self, request: Request, operator: str) -> Response:
+        run_id = request.path_params["run_id"]
+        reply = await self.client.escalations("all", run_id)
+        return self.render("run.html", operator=operator, items=reply.escalations, **self._run_context(run_id))
+
+    async def run_live(self, request: Request, operator: str) -> Response:
+        return self.render("run_live.html", **self._run_context(request.path_params["run_id"]))
+
+    # --- the queue --------------------------------------------------------------------------------
+    async def _queue(self, request: Request) -> tuple[dict[str, str], EscalationReply]:
+        q = request.query_params
+        filters = {k: q.get(k, "") for k in ("status", "kind", "tool", "run", "older_than", "newer_than")}
+        filters["status"] = filters["status"] or "open"
+        try:
+            reply = await self.client.escalations(
+                filters["status"],
+                filters["run"] or None,
+                kind=filters["kind"] or None,
+                tool=filters["tool"] or None,
+                older_than_s=B.parse_age(filters["older_than"]),
+                newer_than_s=B.parse_age(filters["newer_than"]),
+            )
+        except ValueError as err:
+            reply = EscalationReply(ok=False, error=str(err))
+        return filters, reply
+
+    async def queue_page(self, request: Request, operator: str) -> Response:
+        filters, reply = await self._queue(request)
+        query = urlencode({k: v for k, v in filters.items() if v})
+        return self.render("queue.html", operator=operator, filters=filters, reply=reply, query=query)
+
+    async def queue_rows(self, request: Request, operator: str) -> Response:
+        _, reply = await self._queue(request)
+        return self.render("queue_rows.html", reply=reply)
+
+    # --- one item ---------------------------------------------------------------------------------
+    async def item_page(self, request: Request, operator: str) -> Response:
+        escalation_id = request.path_params["escalation_id"]
+        reply = await self.client.show(escalation_id)
+        status = 200 if reply.ok else 404
+        return self.render(
+            "item.html",
+            status,
+            operator=operator,
+            reply=reply,
+            item=reply.escalations[0] if reply.ok else None,
+            escalation_id=escalation_id,
+            message=request.query_params.get("message"),
+            error=request.query_params.get("error"),
+        )
+
+    async def item_live(self, request: Request, operator: str) -> Response:
+        reply = await self.client.show(request.path_params["escalation_id"])
+        return self.render("item_live.html", item=reply.escalations[0] if reply.ok else None, operator=operator)
+
+    async def act(self, request: Request, operator: str) -> Response:
+        escalation_id, verb = request.path_params["escalation_id"], request.path_params["verb"]
+        form = await request.form()
+        back = f"/escalations/{quote(escalation_id)}"
+        try:
+            if verb == "claim":
+                reply = await self.client.claim(escalation_id, operator, via=VIA)
+            elif verb == "renew":
+                reply = await self.client.renew(escalation_id, operator, via=VIA)
+            elif verb == "resolve":
+                action = str(form.get("action", ""))
+                reply = await self.client.resolve(
+                    escalation_id, operator, _action(action), str(form.get("note", "")), _result(action, form), via=VIA
+                )
+            else:
+                return PlainTextResponse(f"unknown action {verb}", status_code=404)
+        except ValueError as err:
+            reply = EscalationReply(ok=False, error=str(err))
+        log.info("console: %s %s %s -> %s", operator, verb, escalation_id, "ok" if reply.ok else reply.error)
+        key = "message" if reply.ok else "error"
+        text = f"{verb}: done" if reply.ok else (reply.error or f"{verb} failed")
+        return RedirectResponse(f"{back}?{urlencode({key: text})}", status_code=303)
+
+
+def _action(value: str) -> EscalationAction:
+    allowed = ("resume", "abort", "provide_result", "accept", "approve", "reject", "final_answer", "retry")
+    if value not in allowed:
+        raise ValueError(f"unknown action {value!r}")
+    return value  # type: ignore[return-value]
+
+
+def _result(action: str, form: Any) -> Any:
+    if action == "provide_result":
+        text = str(form.get("result", "")).strip()
+        if not text:
+            raise ValueError("provide_result needs the tool's result as JSON")
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"the result is not JSON: {err.msg} at line {err.lineno} column {err.colno}") from None
+    if action == "final_answer":
+        return str(form.get("answer", ""))
+    return None
+
+
+def create_app(settings: Settings, client: Client) -> tuple[Starlette, Console]:
+    secret = settings.console_secret.get_secret_value() if settings.console_secret else None
+    sessions = Sessions.from_settings(settings.console_users, secret, settings.console_session_s)
+    console = Console(settings, client, sessions)
+    return Starlette(routes=console.routes()), console
