@@ -27,6 +27,7 @@ from shared import subjects as S
 from shared.scenario import parse_scenario
 from shared.settings import Settings
 from tests.conftest import ROOT, TEST_ENV, escalations_of
+from tests.support.otlp_collector import OtlpCollector
 
 CHROMIUM = "/usr/bin/chromium-headless-shell"
 CHROMIUM_FLAGS = [
@@ -69,9 +70,10 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def human_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+def human_stack(tmp_path_factory: pytest.TempPathFactory, otlp: OtlpCollector) -> Iterator[LocalStack]:
     env = {
         **TEST_ENV,
+        "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.endpoint,  # a run has a trace to link to only when spans are exported
         "LW_ESCALATION_LEASE_S": str(LEASE_S),
         "LW_ESCALATION_SWEEP_S": "0.2",
         "LW_ESCALATION_SLAS": json.dumps(
