@@ -62,6 +62,12 @@ class Settings(BaseSettings):
         True, description="create/update streams and buckets at start; off where an admin bootstraps them"
     )
     stream_replicas: int = Field(1, ge=1, le=5, description="JetStream replicas for streams and buckets")
+    bucket_replicas: int | None = Field(
+        None, ge=1, le=5, description="JetStream replicas for KV buckets (default: LW_STREAM_REPLICAS)"
+    )
+    infra_wait_s: float = Field(
+        0, ge=0, description="with LW_MANAGE_STREAMS=false: give up waiting for bootstrap after this long (0: never)"
+    )
 
     # --- models ----------------------------------------------------------------------
     planner_provider: ProviderName = "auto"
@@ -166,6 +172,11 @@ class Settings(BaseSettings):
         """Tools this executor hosts; ``None`` means every registered tool."""
         names = {t.strip() for t in self.executor_tools.split(",") if t.strip()}
         return None if "*" in names else frozenset(names)
+
+    @property
+    def kv_replicas(self) -> int:
+        """Replicas of a KV bucket: ``LW_BUCKET_REPLICAS``, else ``LW_STREAM_REPLICAS``."""
+        return self.bucket_replicas or self.stream_replicas
 
     @property
     def mcp_server_specs(self) -> list[McpServerSpec]:

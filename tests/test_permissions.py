@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from loopwarden.client import Client
+from loopwarden.infra import bootstrap
 from loopwarden.stack import SERVICES, LocalStack, free_port, nats_server_binary, wait_for_port
-from shared.bus import Bus, ensure_buckets, ensure_streams
 from shared.permissions import OUT, render
 from shared.scenario import parse_scenario
 from shared.settings import Settings
@@ -59,11 +59,7 @@ def creds(user: str) -> dict[str, str]:
 
 async def test_every_service_as_its_own_user_completes_a_run(locked_server: str, tmp_path: Path) -> None:
     admin = Settings(nats_url=locked_server, nats_user="admin", nats_password=PASSWORDS["admin"])
-    bus = Bus(admin, "admin")
-    await bus.broker.connect()
-    await ensure_streams(bus.js, admin)
-    await ensure_buckets(bus.js, admin)
-    await bus.broker.stop()
+    await bootstrap(admin)  # streams, buckets and every durable: services may create none of them
 
     stack = LocalStack(
         state_dir=tmp_path, nats_url=locked_server, env=TEST_ENV, env_per_service={s: creds(s) for s in SERVICES}
