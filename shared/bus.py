@@ -36,7 +36,14 @@ from nats.js.api import (
     StreamConfig,
 )
 from nats.js.client import JetStreamContext
-from nats.js.errors import APIError, BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
+from nats.js.errors import (
+    APIError,
+    BucketNotFoundError,
+    KeyNotFoundError,
+    KeyWrongLastSequenceError,
+    NoStreamResponseError,
+    NotFoundError,
+)
 from nats.js.kv import KeyValue
 from opentelemetry import context as otel_context
 from opentelemetry import propagate
@@ -507,7 +514,7 @@ def needed_buckets(service: str) -> tuple[str, ...]:
 
 def _not_ready(err: BaseException) -> bool:
     """JetStream is not there yet (no meta leader, stream/consumer/bucket missing), not a bad request."""
-    if isinstance(err, NotFoundError | NoRespondersError | NatsTimeoutError | TimeoutError):
+    if isinstance(err, NotFoundError | NoRespondersError | NoStreamResponseError | NatsTimeoutError | TimeoutError):
         return True
     return isinstance(err, APIError) and (err.code or 0) >= 500
 

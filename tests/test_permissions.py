@@ -133,6 +133,7 @@ async def test_reading_another_services_inbox_is_refused(locked_server: str) -> 
 
 def test_cluster_config_is_valid() -> None:
     env = {f"LW_NATS_PASSWORD_{u.upper()}": "x" for u in USERS}
+    env |= {"LW_NATS_ROUTE_PASSWORD": "r"} | {f"LW_NATS_ROUTE_{i}": f"nats://route:r@nats-{i}:6222" for i in (1, 2, 3)}
     check = subprocess.run(
         [nats_server_binary(), "-t", "-c", "cluster.conf", "--server_name", "nats-1"],
         cwd=OUT.parent,
@@ -155,5 +156,6 @@ def test_compose_and_manifests_run_every_service_as_its_own_user() -> None:
         container = deployments[f"loopwarden-{service}"]["spec"]["template"]["spec"]["containers"][0]
         assert container["command"] == ["python", "-m", f"services.{service}"]
         assert {"name": "LW_NATS_USER", "value": service} in container["env"]
-    passwords = {k for k in compose["nats-1"]["environment"]}
+    passwords = {k for k in compose["nats-1"]["environment"] if k.startswith("LW_NATS_PASSWORD_")}
     assert passwords == {f"LW_NATS_PASSWORD_{u.upper()}" for u in USERS}
+    assert {f"LW_NATS_ROUTE_{i}" for i in (1, 2, 3)} <= set(compose["nats-1"]["environment"])
