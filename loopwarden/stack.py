@@ -111,7 +111,7 @@ class LocalStack:
     def service_env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         env = {**os.environ, **self.env, **(extra or {})}
         assert self.nats_url is not None
-        env["LW_NATS_URL"] = self.nats_url
+        env["LW_NATS_URL"] = (extra or {}).get("LW_NATS_URL", self.nats_url)  # one process may be pinned
         env.pop("NATS_URL", None)
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env

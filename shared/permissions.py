@@ -144,12 +144,12 @@ def rights(service: str, grant: Grant) -> tuple[list[str], list[str]]:
         ]
     pub += [f"$KV.{b}.>" for b in grant.kv_write]
     for stream in grant.read_streams:
+        # Unnamed (ephemeral, ordered) consumers only: a named create or a delete on these
+        # streams could rewrite or remove a service's durable (e.g. ``planner_outcomes``).
         pub += [
             f"$JS.API.STREAM.INFO.{stream}",
             f"$JS.API.CONSUMER.CREATE.{stream}",
             f"$JS.API.CONSUMER.INFO.{stream}.>",
-            f"$JS.API.CONSUMER.CREATE.{stream}.>",
-            f"$JS.API.CONSUMER.DELETE.{stream}.>",
             "$JS.FC.>",
         ]
     if grant.kv_write or grant.kv_read or grant.read_streams:
