@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nats.js.errors import NoKeysError
+from nats.js.client import JetStreamContext
 
 from loopwarden.client import Client, new_run_id
 from loopwarden.stack import LocalStack, Proc
@@ -63,6 +63,7 @@ class ChaosResult:
     doubled: dict[str, int] = field(default_factory=dict)
     charged_once: int = 0
     unknown_outcomes: int = 0
+    payments_failed: int = 0  # the tool failed (an event says so) and the run went on without it
     kills: Counter[str] = field(default_factory=Counter)
     seconds: float = 0.0
 
@@ -72,12 +73,21 @@ class ChaosResult:
 
 
 async def charges(client: Client, run_id: str) -> int:
-    kv = await client.bus.kv(S.KV_DEMO)
-    try:
-        keys = await kv.keys()
-    except NoKeysError:
-        return 0
-    return sum(1 for k in keys if k.startswith(f"charge.{run_id}."))
+    return await count_charges(client.bus.js, run_id)
+
+
+async def count_charges(js: JetStreamContext, run_id: str) -> int:
+    """Payments recorded for a run by the demo payment tool (one ``charge.<run>.<id>`` key each),
+    counted by the server from the bucket's subjects (listing keys client-side can come back
+    short while the connection is busy)."""
+    info = await js.stream_info(f"KV_{S.KV_DEMO}", subjects_filter=f"$KV.{S.KV_DEMO}.charge.{run_id}.>")
+    return len(info.state.subjects or {})
+
+
+async def failed_visibly(client: Client, run_id: str, tool: str) -> bool:
+    """A failure event of ``tool`` is in the run's history (the model and subscribers saw it)."""
+    events = await client.events(run_id, subjects=f"{S.FAILURE_PREFIX}.>")
+    return any(e.kind.endswith(f".{tool}") for e in events)
 
 
 async def killer(stack: LocalStack, kills: int, interval: float, rng: random.Random, result: ChaosResult) -> None:
@@ -134,7 +144,10 @@ async def drive(
             if state.status == "completed":
                 result.completed += 1
                 if plan["name"].startswith("chaos-pay") and paid == 0:
-                    result.lost.append(run_id)  # completed, yet the payment never happened
+                    if await failed_visibly(client, run_id, "transfer_funds"):
+                        result.payments_failed += 1  # the model was told; nothing silently lost
+                    else:
+                        result.lost.append(run_id)  # completed, yet the payment never happened
             elif state.status == "awaiting_human":
                 open_items = (await client.escalations(run_id=run_id)).escalations
                 if open_items:
@@ -183,7 +196,7 @@ def report(r: ChaosResult) -> list[str]:
         f"{r.seconds:.0f} s:",
         f"  completed {r.completed}   escalated to a human {r.escalated} (unknown outcome {r.unknown_outcomes})",
         f"  lost {len(r.lost)}   doubled {len(r.doubled)}   stuck {len(r.stuck)}   "
-        f"payments charged exactly once {r.charged_once}",
+        f"payments charged exactly once {r.charged_once}, failed visibly {r.payments_failed}",
         *(f"  LOST {run_id}" for run_id in r.lost),
         *(
             f"  DOUBLED {run_id}: {n} charges" + (" (issue 9 item 1, ledger window)" if LEDGER_WINDOW_OPEN else "")

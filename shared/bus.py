@@ -129,7 +129,11 @@ class Bus:
         )
 
     async def _on_disconnected(self) -> None:
-        log.warning("%s: disconnected from NATS; reconnecting", self.service)
+        closed = False
+        with contextlib.suppress(Exception):
+            closed = self.broker.connection.is_closed  # our own close(), not a lost server
+        if not closed:
+            log.warning("%s: disconnected from NATS; reconnecting", self.service)
 
     async def _on_reconnected(self) -> None:
         url = ""

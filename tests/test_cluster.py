@@ -23,9 +23,9 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import ConsumerConfig
 from nats.js.client import JetStreamContext
-from nats.js.errors import NoKeysError, NoStreamResponseError
+from nats.js.errors import NoStreamResponseError
 
-from bench.chaos import LEDGER_WINDOW_OPEN
+from bench.chaos import LEDGER_WINDOW_OPEN, count_charges, failed_visibly
 from loopwarden.client import Client, new_run_id
 from loopwarden.infra import bootstrap
 from loopwarden.stack import SERVICES, LocalStack, Proc, free_port, nats_server_binary, open_log, read_from, tail
@@ -116,12 +116,7 @@ async def replicas(js: JetStreamContext) -> dict[str, int | None]:
 
 
 async def charges(js: JetStreamContext, run_id: str) -> int:
-    kv = await js.key_value(S.KV_DEMO)
-    try:
-        keys = await kv.keys()
-    except NoKeysError:
-        return 0
-    return sum(1 for k in keys if k.startswith(f"charge.{run_id}."))
+    return await count_charges(js, run_id)
 
 
 # --- managed infrastructure --------------------------------------------------------------------
@@ -335,11 +330,14 @@ async def test_killing_the_stream_leader_under_load_loses_and_doubles_nothing(
             for r, s in zip(run_ids, scenarios, strict=True)
             if s["name"].startswith("leader-pay")
         }
-        unpaid = {r: [e.kind for e in await client.events(r)] for r, n in paid.items() if n != 1}
+        history = {r: [e.kind for e in await client.events(r)] for r, n in paid.items() if n != 1}
         doubled = {r: n for r, n in paid.items() if n > 1}
+        print(f"killed {victim.name}, leader of {S.STREAM_CMD}; charges per paying run: {paid}; not once: {history}")
         if doubled and LEDGER_WINDOW_OPEN:  # a publish timed out during the election, after the charge
             pytest.xfail(f"issue 9 item 1, the executor's ledger window, doubled a charge: {doubled}")
-        assert set(paid.values()) == {1}, (paid, unpaid)  # not lost, not doubled
+        # Not charged is allowed only as a failure the model was told about (the run went on).
+        lost = {r for r, n in paid.items() if n == 0 and not await failed_visibly(client, r, "transfer_funds")}
+        assert not lost and not doubled, (paid, history)
         new_leader = (await js.stream_info(S.STREAM_CMD)).cluster
         assert new_leader is not None and new_leader.leader != victim.name
     cluster.wait_healthy()
