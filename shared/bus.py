@@ -535,7 +535,10 @@ async def until_ready(service: str, what: str, attempt: Callable[[], Awaitable[R
                 raise
             waited = time.monotonic() - started
             if give_up_after and waited >= give_up_after:
-                raise InfrastructureNotReady(f"{service}: {what} not ready after {waited:.0f}s: {err!r}") from err
+                raise InfrastructureNotReady(
+                    f"{service}: {what} not ready after {waited:.0f}s (LW_INFRA_WAIT_S; "
+                    f"has `loopwarden bootstrap` run?): {describe_nats_error(err)}"
+                ) from err
             if time.monotonic() - last_log >= 5.0 or waited == 0:
                 log.warning("%s: waiting for %s (%s)", service, what, describe_nats_error(err))
                 last_log = time.monotonic()

@@ -122,6 +122,18 @@ async def charges(js: JetStreamContext, run_id: str) -> int:
 # --- managed infrastructure --------------------------------------------------------------------
 
 
+def test_a_bounded_wait_for_bootstrap_stops_the_service_naming_what_is_missing(tmp_path: Path) -> None:
+    stack = LocalStack(state_dir=tmp_path, env={"LW_MANAGE_STREAMS": "false", "LW_INFRA_WAIT_S": "1"})
+    stack.start_nats()
+    try:
+        governor = stack.start_service("governor")
+        assert governor.popen.wait(30) != 0
+        text = governor.log.read_text()
+        assert "governor: stream LW_CMD not ready after" in text and "LW_INFRA_WAIT_S" in text, tail(governor.log)
+    finally:
+        stack.stop()
+
+
 def test_services_started_before_bootstrap_wait_for_it_instead_of_exiting(managed: Managed) -> None:
     for service in SERVICES:
         assert "waiting for stream LW_CMD" in managed.before_bootstrap[service], managed.before_bootstrap[service]

@@ -81,8 +81,9 @@ class Cluster:
     root: Path
     tools: list[str]
     size: int = 3
-    route_password: str = field(default_factory=lambda: secrets.token_hex(12))
-    passwords: dict[str, str] = field(default_factory=lambda: {u: secrets.token_hex(8) for u in USERS})
+    # Letters first: nats-server reads an all-digit (or "12e3"-like) variable as a number.
+    route_password: str = field(default_factory=lambda: f"route-{secrets.token_hex(12)}")
+    passwords: dict[str, str] = field(default_factory=lambda: {u: f"pw-{secrets.token_hex(8)}" for u in USERS})
     nodes: list[Node] = field(default_factory=list)
 
     def __post_init__(self) -> None:
