@@ -172,6 +172,44 @@ class Bus:
             await self._reconcile_consumer(spec)
         self._connected = True
 
+    async def through_failover(
+        self,
+        what: str,
+        call: Callable[[], Awaitable[R]],
+        *,
+        repeatable: bool = False,
+        resolve: Callable[[], Awaitable[R | None]] | None = None,
+    ) -> R:
+        """Run a JetStream request, riding out a stream electing a new leader (a node died).
+
+        "No responders" means nothing was stored: it is sent again. A timeout is ambiguous: it
+        is sent again when repeating is harmless (``repeatable``: a read, a plain put, a publish
+        de-duplicated by its id); a compare-and-swap is sent again unless ``resolve`` finds it
+        was applied (a repeat of an applied one fails as a conflict, as with any other writer).
+        So a handler keeps what it knows in memory (a tool that already ran) instead of failing
+        and leaving a redelivery to guess. Gives up after ``LW_FAILOVER_RETRY_S``."""
+        deadline = time.monotonic() + self.settings.failover_retry_s
+        delay = 0.1
+        while True:
+            try:
+                return await call()
+            except (NoStreamResponseError, NoRespondersError) as err:
+                failure: Exception = err  # nothing was stored
+            except (NatsTimeoutError, TimeoutError) as err:
+                failure = err
+                if resolve is not None:  # a compare-and-swap: ours if the stored value is ours
+                    with contextlib.suppress(NatsTimeoutError, TimeoutError, NoStreamResponseError, NoRespondersError):
+                        applied = await resolve()
+                        if applied is not None:
+                            return applied
+                elif not repeatable:
+                    raise
+            if time.monotonic() > deadline:
+                raise failure
+            log.warning("%s: %s: JetStream unavailable (%s), again", self.service, what, describe_nats_error(failure))
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
     async def until_ready(self, what: str, attempt: Callable[[], Awaitable[R]]) -> R:
         """Retry ``attempt`` while JetStream is not ready or what it needs does not exist yet
         (logged every few seconds, naming what is missing); other errors are raised."""
@@ -376,7 +414,11 @@ class Bus:
         if traceparent:  # continue a stored trace (e.g. a human resolving an escalation)
             token = otel_context.attach(propagate.extract({"traceparent": traceparent}))
         try:
-            ack = await self.broker.publish(body, subject, headers=headers, stream=stream, correlation_id=run_id)
+            ack = await self.through_failover(
+                f"publish {subject}",
+                lambda: self.broker.publish(body, subject, headers=headers, stream=stream, correlation_id=run_id),
+                repeatable=msg_id is not None,  # a repeat is de-duplicated by its message id
+            )
             if (
                 self._failures is not None
                 and subject.startswith(S.FAILURE_PREFIX + ".")
@@ -415,7 +457,7 @@ class Bus:
         """The stored model and its revision (0 when absent)."""
         kv = await self.kv(bucket)
         try:
-            entry = await kv.get(key)
+            entry = await self.through_failover(f"read {bucket}/{key}", lambda: kv.get(key), repeatable=True)
         except KeyNotFoundError:
             return None, 0
         if entry.value is None or entry.operation in ("DEL", "PURGE"):
@@ -452,10 +494,22 @@ class Bus:
         data = value.model_dump_json(by_alias=True).encode()
         try:
             if revision is None:
-                return await kv.put(key, data)
+                return await self.through_failover(f"write {bucket}/{key}", lambda: kv.put(key, data), repeatable=True)
+
+            async def landed() -> int | None:  # a timed-out compare-and-swap may have been applied
+                with contextlib.suppress(KeyNotFoundError):
+                    entry = await kv.get(key)
+                    if entry.value == data and (entry.revision or 0) > revision:
+                        return entry.revision
+                return None
+
             if revision == 0:
-                return await kv.create(key, data)
-            return await kv.update(key, data, last=revision)
+                return await self.through_failover(
+                    f"write {bucket}/{key}", lambda: kv.create(key, data), resolve=landed
+                )
+            return await self.through_failover(
+                f"write {bucket}/{key}", lambda: kv.update(key, data, last=revision), resolve=landed
+            )
         except KeyWrongLastSequenceError as err:
             raise CasConflict(f"{bucket}/{key} changed since revision {revision}") from err
         except Exception as err:  # create() on an existing key

@@ -65,6 +65,9 @@ class Settings(BaseSettings):
     bucket_replicas: int | None = Field(
         None, ge=1, le=5, description="JetStream replicas for KV buckets (default: LW_STREAM_REPLICAS)"
     )
+    failover_retry_s: float = Field(
+        20.0, ge=0, description="how long a publish or KV request rides out a stream leader election"
+    )
     infra_wait_s: float = Field(
         0, ge=0, description="with LW_MANAGE_STREAMS=false: give up waiting for bootstrap after this long (0: never)"
     )
