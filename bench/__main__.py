@@ -1,17 +1,17 @@
-"""`make bench` / `python -m bench [--quick] [--only validation|e2e]`."""
+"""`make bench` / `python -m bench [--quick] [--only validation|e2e|chaos]`."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from bench import e2e, throughput, validation
+from bench import chaos, e2e, throughput, validation
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="bench")
     parser.add_argument("--quick", action="store_true", help="short measurements (used by the test suite)")
-    parser.add_argument("--only", choices=["validation", "e2e", "throughput"])
+    parser.add_argument("--only", choices=["validation", "e2e", "throughput", "chaos"])
     args = parser.parse_args()
     if args.only in (None, "validation"):
         print("\n".join(validation.report(validation.run(seconds=0.3 if args.quick else 2.0))), flush=True)
@@ -19,6 +19,11 @@ def main() -> int:
         print("\n".join(e2e.report(e2e.run(n=4 if args.quick else 20))), flush=True)
     if args.only in (None, "throughput"):
         print("\n".join(throughput.report(throughput.run(quick=args.quick))), flush=True)
+    if args.only in (None, "chaos"):
+        result = chaos.run(runs=12, kills=8) if args.quick else chaos.run()
+        print("\n".join(chaos.report(result)), flush=True)
+        if not result.ok:
+            return 1
     return 0
 
 

@@ -139,19 +139,19 @@ def _console_line(stack: LocalStack) -> str | None:
 
 
 async def _bootstrap(args: argparse.Namespace) -> int:
-    """Create or update the streams and buckets (run once with the admin user)."""
+    """Create or update streams, buckets and every service's durable consumers (admin user)."""
+    from loopwarden.infra import bootstrap
     from shared import subjects as S
-    from shared.bus import Bus, ensure_buckets, ensure_streams
 
     settings = _settings()
-    bus = Bus(settings, "admin")
-    await bus.broker.connect()
-    try:
-        await ensure_streams(bus.js, settings)
-        await ensure_buckets(bus.js, settings)
-    finally:
-        await bus.broker.stop()
-    print(f"streams {', '.join(S.STREAM_SUBJECTS)} and {len(S.ALL_BUCKETS)} buckets are in place")
+    report = await bootstrap(settings)
+    for line in report.changed:
+        print(line)
+    print(
+        f"streams {', '.join(S.STREAM_SUBJECTS)} (replicas {settings.stream_replicas}), "
+        f"{len(S.ALL_BUCKETS)} buckets (replicas {settings.kv_replicas}) and "
+        f"{len(report.consumers)} consumers are in place"
+    )
     return 0
 
 
@@ -412,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("up", help="start nats-server and the six services in the background").set_defaults(func=cmd_up)
     sub.add_parser("down", help="stop what `up` started").set_defaults(func=cmd_down)
     sub.add_parser(
-        "bootstrap", help="create streams and buckets (admin user; for LW_MANAGE_STREAMS=false)"
+        "bootstrap", help="create/update streams, buckets and consumers (admin user; for LW_MANAGE_STREAMS=false)"
     ).set_defaults(func=lambda a: asyncio.run(_bootstrap(a)))
 
     p = sub.add_parser("submit", help="submit a run (a scenario file, or a task for the live provider)")

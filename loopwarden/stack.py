@@ -19,6 +19,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 SERVICES = ("planner", "executor", "validator", "judge", "governor", "escalation", "console")
 
@@ -60,6 +61,7 @@ class Proc:
     popen: subprocess.Popen[bytes]
     log: Path
     service: str = ""
+    log_start: int = 0  # where this process's output begins in an appended log
 
 
 @dataclass
@@ -83,6 +85,7 @@ class LocalStack:
         store.mkdir(parents=True, exist_ok=True)
         log = self.state_dir / "logs" / "nats-server.log"
         log.parent.mkdir(parents=True, exist_ok=True)
+        stdout = open_log(log)
         popen = subprocess.Popen(
             [
                 nats_server_binary(),
@@ -96,10 +99,11 @@ class LocalStack:
                 "--server_name",
                 f"lw-local-{port}",
             ],
-            stdout=log.open("wb"),
+            stdout=stdout,
             stderr=subprocess.STDOUT,
             start_new_session=self.detach,
         )
+        stdout.close()
         self.procs.append(Proc("nats-server", popen, log))
         wait_for_port(port)
         self.nats_url = f"nats://127.0.0.1:{port}"
@@ -109,7 +113,7 @@ class LocalStack:
     def service_env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         env = {**os.environ, **self.env, **(extra or {})}
         assert self.nats_url is not None
-        env["LW_NATS_URL"] = self.nats_url
+        env["LW_NATS_URL"] = (extra or {}).get("LW_NATS_URL", self.nats_url)  # one process may be pinned
         env.pop("NATS_URL", None)
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env
@@ -124,14 +128,17 @@ class LocalStack:
 
             extra, self.console_url, self.console_passwords = console_env(self.state_dir, env)
             env.update(extra)
+        stdout = open_log(log)
+        start = stdout.tell()
         popen = subprocess.Popen(
             [sys.executable, "-m", f"services.{name}"],
             env=env,
-            stdout=log.open("wb"),
+            stdout=stdout,
             stderr=subprocess.STDOUT,
             start_new_session=self.detach,
         )
-        proc = Proc(label, popen, log, service=name)
+        stdout.close()  # the child holds its own descriptor
+        proc = Proc(label, popen, log, service=name, log_start=start)
         self.procs.append(proc)
         return proc
 
@@ -142,7 +149,7 @@ class LocalStack:
             for proc in list(waiting):
                 if proc.popen.poll() is not None:
                     raise StackError(f"{proc.name} exited with code {proc.popen.returncode}:\n{tail(proc.log)}")
-                if f"loopwarden-{proc.service} ready".encode() in proc.log.read_bytes():
+                if f"loopwarden-{proc.service} ready".encode() in read_from(proc.log, proc.log_start):
                     waiting.remove(proc)
             time.sleep(0.1)
         if waiting:
@@ -223,6 +230,21 @@ def stop_saved(path: Path) -> list[str]:
             stopped.append(name)
     path.unlink()
     return stopped
+
+
+def open_log(path: Path) -> BinaryIO:
+    """A process's log, appended to: a restarted process keeps what its predecessor wrote."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    log = path.open("ab")
+    log.write(f"--- started {time.strftime('%Y-%m-%dT%H:%M:%S')} ---\n".encode())
+    log.flush()
+    return log
+
+
+def read_from(path: Path, offset: int) -> bytes:
+    with path.open("rb") as f:
+        f.seek(offset)
+        return f.read()
 
 
 def tail(path: Path, lines: int = 30) -> str:

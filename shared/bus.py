@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import json
 import logging
 import time
@@ -24,6 +25,8 @@ from faststream.nats import NatsBroker, NatsUserPassword
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import (
     AckPolicy as JsAckPolicy,
 )
@@ -36,7 +39,14 @@ from nats.js.api import (
     StreamConfig,
 )
 from nats.js.client import JetStreamContext
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import (
+    APIError,
+    BucketNotFoundError,
+    KeyNotFoundError,
+    KeyWrongLastSequenceError,
+    NoStreamResponseError,
+    NotFoundError,
+)
 from nats.js.kv import KeyValue
 from opentelemetry import context as otel_context
 from opentelemetry import propagate
@@ -100,11 +110,16 @@ def decode(model: type[M], data: bytes) -> M:
         raise Undecodable(f"does not decode as {model.__name__}: {type(err).__name__}: {err}") from None
 
 
+class InfrastructureNotReady(RuntimeError):
+    """A stream, bucket or consumer this process needs is still missing after ``LW_INFRA_WAIT_S``."""
+
+
 @dataclass(frozen=True)
 class ConsumerSpec:
     stream: str
     durable: str
     filter_subjects: tuple[str, ...]
+    service: str = ""  # whose durable: its max_ack_pending follows that service's concurrency
 
 
 @dataclass
@@ -309,7 +324,22 @@ class Bus:
             log_level=logging.DEBUG,
             max_reconnect_attempts=-1,
             graceful_timeout=max(10.0, s.ack_wait_s),
+            disconnected_cb=self._on_disconnected,
+            reconnected_cb=self._on_reconnected,
         )
+
+    async def _on_disconnected(self) -> None:
+        closed = False
+        with contextlib.suppress(Exception):
+            closed = self.broker.connection.is_closed  # our own close(), not a lost server
+        if not closed:
+            log.warning("%s: disconnected from NATS; reconnecting", self.service)
+
+    async def _on_reconnected(self) -> None:
+        url = ""
+        with contextlib.suppress(Exception):
+            url = str(getattr(self.broker.connection.connected_url, "netloc", ""))
+        log.warning("%s: reconnected to NATS %s", self.service, url)
 
     # --- lifecycle ---------------------------------------------------------------------------
     @property
@@ -327,13 +357,74 @@ class Bus:
         return self._js
 
     async def connect(self) -> None:
-        """Connect and make sure streams, buckets and this service's consumers exist as declared."""
+        """Connect, then make sure the streams, buckets and consumers this process uses exist.
+
+        Unmanaged (``LW_MANAGE_STREAMS=true``, the local default): what is missing is created,
+        nothing that exists is changed (a client never drops a 3-replica stream to 1).
+        Managed (``false``): ``loopwarden bootstrap`` created everything; this process creates
+        and changes nothing and waits until all of it exists (a fresh cluster, bootstrap not
+        run yet) instead of exiting."""
         await self.broker.connect()
         if self.settings.manage_streams:
-            await ensure_streams(self.js, self.settings)
+            await self.until_ready("streams", lambda: ensure_streams(self.js, self.settings))
+        else:
+            for stream in S.STREAM_SUBJECTS:
+                await self.until_ready(f"stream {stream}", functools.partial(self.js.stream_info, stream))
+            for bucket in needed_buckets(self.service):
+                self._kv[bucket] = await self.until_ready(
+                    f"bucket {bucket}", functools.partial(self.js.key_value, bucket)
+                )
         for spec in self._consumers:
             await self._reconcile_consumer(spec)
         self._connected = True
+
+    async def through_failover(
+        self,
+        what: str,
+        call: Callable[[], Awaitable[R]],
+        *,
+        repeatable: bool = False,
+        resolve: Callable[[], Awaitable[R | None]] | None = None,
+    ) -> R:
+        """Run a JetStream request, riding out a stream electing a new leader (a node died).
+
+        "No responders" means nothing was stored: it is sent again. A timeout is ambiguous: it
+        is sent again when repeating is harmless (``repeatable``: a read, a plain put, a publish
+        de-duplicated by its id); a compare-and-swap is sent again unless ``resolve`` finds it
+        was applied (a repeat of an applied one fails as a conflict, as with any other writer).
+        So a handler keeps what it knows in memory (a tool that already ran) instead of failing
+        and leaving a redelivery to guess. Gives up after ``LW_FAILOVER_RETRY_S``."""
+        deadline = time.monotonic() + self.settings.failover_retry_s
+        delay = 0.1
+        while True:
+            try:
+                return await call()
+            except (NoStreamResponseError, NoRespondersError) as err:
+                failure: Exception = err  # nothing was stored
+            except (NatsTimeoutError, TimeoutError) as err:
+                failure = err
+                if resolve is not None:  # a compare-and-swap: ours if the stored value is ours
+                    with contextlib.suppress(NatsTimeoutError, TimeoutError, NoStreamResponseError, NoRespondersError):
+                        applied = await resolve()
+                        if applied is not None:
+                            return applied
+                elif not repeatable:
+                    raise
+            if time.monotonic() > deadline:
+                raise failure
+            log.warning("%s: %s: JetStream unavailable (%s), again", self.service, what, describe_nats_error(failure))
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    async def until_ready(self, what: str, attempt: Callable[[], Awaitable[R]]) -> R:
+        """Retry ``attempt`` while JetStream is not ready or what it needs does not exist yet
+        (logged every few seconds, naming what is missing); other errors are raised."""
+        return await until_ready(self.service, what, attempt, self.settings.infra_wait_s)
+
+    @property
+    def consumer_specs(self) -> list[ConsumerSpec]:
+        """The durable consumers this process declared (what bootstrap creates for it)."""
+        return list(self._consumers)
 
     async def reconcile_consumers(self) -> None:
         for spec in self._consumers:
@@ -388,18 +479,24 @@ class Bus:
                         await hook()
 
     async def _reconcile_consumer(self, spec: ConsumerSpec) -> None:
+        if not self.settings.manage_streams:
+            # Managed: bootstrap created it (the service's user may not change it); wait for it.
+            info = await self.until_ready(
+                f"consumer {spec.stream}/{spec.durable}", lambda: self.js.consumer_info(spec.stream, spec.durable)
+            )
+            drift = consumer_drift(info.config, consumer_config(spec, self.settings))
+            if drift:
+                log.warning(
+                    "%s: consumer %s differs from this service's settings (%s); run `loopwarden bootstrap`",
+                    self.service,
+                    spec.durable,
+                    drift,
+                )
+            return
         # JetStream's create request without an action is create-or-update, so a changed
         # ack_wait / max_deliver in settings takes effect.
-        cfg = ConsumerConfig(
-            durable_name=spec.durable,
-            ack_policy=JsAckPolicy.EXPLICIT,
-            deliver_policy=DeliverPolicy.ALL,
-            ack_wait=self.settings.ack_wait_s,
-            max_deliver=self.settings.max_deliver + 2,  # we dead-letter at max_deliver ourselves
-            filter_subjects=list(spec.filter_subjects),
-            max_ack_pending=self.settings.ack_pending_for(self.service),
-        )
-        await self.js.add_consumer(spec.stream, cfg)
+        cfg = consumer_config(spec, self.settings)
+        await self.until_ready(f"consumer {spec.stream}/{spec.durable}", lambda: self.js.add_consumer(spec.stream, cfg))
 
     # --- consuming ---------------------------------------------------------------------------
     def consumer(
@@ -417,7 +514,7 @@ class Bus:
         ``LW_MAX_IN_FLIGHT`` messages of this replica run at once, messages of one run are
         handled one after another (a lock per ``Lw-Run-Id``), every in-flight message is
         heartbeaten. ``router`` is accepted for the services' registration code and unused."""
-        spec = ConsumerSpec(stream, durable, tuple(filter_subjects))
+        spec = ConsumerSpec(stream, durable, tuple(filter_subjects), self.service)
         self._consumers.append(spec)
 
         def register(handler: Handler[M]) -> Handler[M]:
@@ -616,12 +713,12 @@ class Bus:
             try:
                 with self._span(f"{subject} publish", SpanKind.PRODUCER, None, headers):
                     propagate.inject(headers)
-                    ack = await self.js.publish(subject, body, headers=headers, stream=stream_for(subject))
+                    ack = await self._js_publish(subject, body, headers, repeatable=msg_id is not None)
             finally:
                 if token is not None:
                     otel_context.detach(token)
         else:
-            ack = await self.js.publish(subject, body, headers=headers, stream=stream_for(subject))
+            ack = await self._js_publish(subject, body, headers, repeatable=msg_id is not None)
         if self._failures is not None and subject.startswith(S.FAILURE_PREFIX + ".") and not ack.duplicate:
             _, ftype, tool = subject.rsplit(".", 2)
             self._failures.add(1, {"failure.type": ftype, "tool": tool})
@@ -634,6 +731,14 @@ class Bus:
             return
         await asyncio.gather(
             *(self.publish(subject, body, msg_id=msg_id, run_id=run_id) for subject, body, msg_id in items)
+        )
+
+    async def _js_publish(self, subject: str, body: bytes, headers: dict[str, str], *, repeatable: bool) -> Any:
+        # A repeat is harmless when the message id de-duplicates it; JetStream rides out a leader election.
+        return await self.through_failover(
+            f"publish {subject}",
+            lambda: self.js.publish(subject, body, headers=headers, stream=stream_for(subject)),
+            repeatable=repeatable,
         )
 
     async def request(self, subject: str, payload: BaseModel, reply: type[M]) -> M:
@@ -665,7 +770,8 @@ class Bus:
             except BucketNotFoundError:
                 if not self.settings.manage_streams:
                     raise
-                await ensure_buckets(self.js, self.settings, [bucket])
+                # Unmanaged: created on first use (never changed if it exists).
+                await self.until_ready(f"bucket {bucket}", lambda: ensure_buckets(self.js, self.settings, [bucket]))
                 self._kv[bucket] = await self.js.key_value(bucket)
         return self._kv[bucket]
 
@@ -673,7 +779,7 @@ class Bus:
         """The stored model and its revision (0 when absent)."""
         kv = await self.kv(bucket)
         try:
-            entry = await kv.get(key)
+            entry = await self.through_failover(f"read {bucket}/{key}", lambda: kv.get(key), repeatable=True)
         except KeyNotFoundError:
             return None, 0
         if entry.value is None or entry.operation in ("DEL", "PURGE"):
@@ -731,10 +837,22 @@ class Bus:
         data = await self.payloads.offload_value(self.broker.connection, data)
         try:
             if revision is None:
-                return await kv.put(key, data)
+                return await self.through_failover(f"write {bucket}/{key}", lambda: kv.put(key, data), repeatable=True)
+
+            async def landed() -> int | None:  # a timed-out compare-and-swap may have been applied
+                with contextlib.suppress(KeyNotFoundError):
+                    entry = await kv.get(key)
+                    if entry.value == data and (entry.revision or 0) > revision:
+                        return entry.revision
+                return None
+
             if revision == 0:
-                return await kv.create(key, data)
-            return await kv.update(key, data, last=revision)
+                return await self.through_failover(
+                    f"write {bucket}/{key}", lambda: kv.create(key, data), resolve=landed
+                )
+            return await self.through_failover(
+                f"write {bucket}/{key}", lambda: kv.update(key, data, last=revision), resolve=landed
+            )
         except KeyWrongLastSequenceError as err:
             raise CasConflict(f"{bucket}/{key} changed since revision {revision}") from err
         except Exception as err:  # create() on an existing key
@@ -761,38 +879,167 @@ def stream_for(subject: str) -> str | None:
     return None
 
 
-async def ensure_streams(js: JetStreamContext, settings: Settings) -> None:
-    for name, subjects in S.STREAM_SUBJECTS.items():
-        cfg = StreamConfig(
-            name=name,
-            subjects=subjects,
-            retention=RetentionPolicy.LIMITS,
-            storage=StorageType.FILE,
-            duplicate_window=settings.duplicate_window_s,
-            max_age=settings.stream_max_age_s,
-            num_replicas=settings.stream_replicas,
-            allow_direct=True,
-        )
+def consumer_config(spec: ConsumerSpec, settings: Settings) -> ConsumerConfig:
+    """The one consumer config: what ``loopwarden bootstrap`` creates and a service expects."""
+    return ConsumerConfig(
+        durable_name=spec.durable,
+        ack_policy=JsAckPolicy.EXPLICIT,
+        deliver_policy=DeliverPolicy.ALL,
+        ack_wait=settings.ack_wait_s,
+        max_deliver=settings.max_deliver + 2,  # we dead-letter at max_deliver ourselves
+        filter_subjects=list(spec.filter_subjects),
+        max_ack_pending=settings.ack_pending_for(spec.service),
+    )
+
+
+def consumer_drift(actual: ConsumerConfig, wanted: ConsumerConfig) -> str:
+    """What differs between a consumer's stored config and the declared one ('' if nothing)."""
+    diffs = []
+    actual_filters = sorted(actual.filter_subjects or ([actual.filter_subject] if actual.filter_subject else []))
+    if actual_filters != sorted(wanted.filter_subjects or []):
+        diffs.append(f"filter {actual_filters} != {sorted(wanted.filter_subjects or [])}")
+    for name in ("ack_wait", "max_deliver", "max_ack_pending"):
+        got, want = getattr(actual, name), getattr(wanted, name)
+        if got is not None and want is not None and abs(float(got) - float(want)) > 1e-6:
+            diffs.append(f"{name} {got} != {want}")
+    return "; ".join(diffs)
+
+
+def needed_buckets(service: str) -> tuple[str, ...]:
+    """The buckets a service's grant lets it use (waited for at start when managed)."""
+    from shared.permissions import GRANTS  # permissions imports this module
+
+    grant = GRANTS.get(service)
+    return (*grant.kv_write, *grant.kv_read) if grant else ()
+
+
+def _not_ready(err: BaseException) -> bool:
+    """JetStream is not there yet (no meta leader, stream/consumer/bucket missing), not a bad request."""
+    if isinstance(err, NotFoundError | NoRespondersError | NoStreamResponseError | NatsTimeoutError | TimeoutError):
+        return True
+    return isinstance(err, APIError) and (err.code or 0) >= 500
+
+
+async def until_ready(service: str, what: str, attempt: Callable[[], Awaitable[R]], give_up_after: float = 0) -> R:
+    """Call ``attempt`` until it succeeds while the failure means "not ready yet"."""
+    started = last_log = time.monotonic()
+    delay = 0.1
+    while True:
         try:
-            await js.add_stream(cfg)
-        except Exception as err:  # exists with other settings: update what may change
-            if "already in use" not in str(err) and "exist" not in str(err):
+            return await attempt()
+        except Exception as err:
+            if not _not_ready(err):
                 raise
+            waited = time.monotonic() - started
+            if give_up_after and waited >= give_up_after:
+                raise InfrastructureNotReady(
+                    f"{service}: {what} not ready after {waited:.0f}s (LW_INFRA_WAIT_S; "
+                    f"has `loopwarden bootstrap` run?): {describe_nats_error(err)}"
+                ) from err
+            if time.monotonic() - last_log >= 5.0 or waited == 0:
+                log.warning("%s: waiting for %s (%s)", service, what, describe_nats_error(err))
+                last_log = time.monotonic()
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 2.0)
+
+
+def describe_nats_error(err: BaseException) -> str:
+    if isinstance(err, APIError):
+        return f"{err.description or type(err).__name__} (code {err.code}, err_code {err.err_code})"
+    return repr(err) if str(err) else type(err).__name__
+
+
+def stream_config(name: str, settings: Settings) -> StreamConfig:
+    return StreamConfig(
+        name=name,
+        subjects=S.STREAM_SUBJECTS[name],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        duplicate_window=settings.duplicate_window_s,
+        max_age=settings.stream_max_age_s,
+        num_replicas=settings.stream_replicas,
+        allow_direct=True,
+    )
+
+
+async def ensure_streams(js: JetStreamContext, settings: Settings, *, update: bool = False) -> list[str]:
+    """Create the streams that are missing. Only with ``update`` (``loopwarden bootstrap``, as
+    admin) is an existing stream changed to the declared settings: a service or client that
+    connects never rewrites what the operator set (replicas above all). Returns what changed."""
+    changed = []
+    for name in S.STREAM_SUBJECTS:
+        cfg = stream_config(name, settings)
+        try:
+            info = await js.stream_info(name)
+        except NotFoundError:
+            try:
+                await js.add_stream(cfg)
+                changed.append(f"created stream {name} (replicas {cfg.num_replicas})")
+            except APIError as err:  # another process created it in between
+                if "already in use" not in str(err):
+                    raise
+            continue
+        if update and _stream_differs(info.config, cfg):
             await js.update_stream(cfg)
+            changed.append(f"updated stream {name} (replicas {info.config.num_replicas} -> {cfg.num_replicas})")
+    return changed
 
 
-async def ensure_buckets(js: JetStreamContext, settings: Settings, buckets: list[str] | None = None) -> None:
+def _stream_differs(actual: StreamConfig, wanted: StreamConfig) -> bool:
+    return any(
+        getattr(actual, f) != getattr(wanted, f)
+        for f in ("subjects", "duplicate_window", "max_age", "num_replicas", "allow_direct")
+    )
+
+
+async def ensure_buckets(
+    js: JetStreamContext, settings: Settings, buckets: list[str] | None = None, *, update: bool = False
+) -> list[str]:
+    """Create the buckets that are missing; with ``update`` (bootstrap) set existing ones to the
+    declared replica count. Returns what changed."""
+    changed = []
     if buckets is None:
         await ensure_store(js, settings)  # the claim-check object store beside the KV buckets
     for bucket in buckets or S.ALL_BUCKETS:
-        with contextlib.suppress(Exception):
+        try:
             await js.key_value(bucket)
+        except BucketNotFoundError:
+            try:
+                await js.create_key_value(
+                    KeyValueConfig(
+                        bucket=bucket, history=5, storage=StorageType.FILE, replicas=settings.kv_replicas, direct=True
+                    )
+                )
+                changed.append(f"created bucket {bucket} (replicas {settings.kv_replicas})")
+            except APIError as err:  # another process created it in between
+                if "already in use" not in str(err):
+                    raise
             continue
-        await js.create_key_value(
-            KeyValueConfig(
-                bucket=bucket, history=5, storage=StorageType.FILE, replicas=settings.stream_replicas, direct=True
-            )
-        )
+        if update:
+            info = await js.stream_info(f"KV_{bucket}")
+            if info.config.num_replicas != settings.kv_replicas:
+                before = info.config.num_replicas
+                await js.update_stream(info.config.evolve(num_replicas=settings.kv_replicas))
+                changed.append(f"updated bucket {bucket} (replicas {before} -> {settings.kv_replicas})")
+    return changed
+
+
+async def ensure_consumers(js: JetStreamContext, settings: Settings, specs: list[ConsumerSpec]) -> list[str]:
+    """Create or update each declared durable consumer (bootstrap). Returns what changed."""
+    changed = []
+    for spec in specs:
+        wanted = consumer_config(spec, settings)
+        try:
+            info = await js.consumer_info(spec.stream, spec.durable)
+        except NotFoundError:
+            await js.add_consumer(spec.stream, wanted)
+            changed.append(f"created consumer {spec.stream}/{spec.durable}")
+            continue
+        drift = consumer_drift(info.config, wanted)
+        if drift:
+            await js.add_consumer(spec.stream, wanted)
+            changed.append(f"updated consumer {spec.stream}/{spec.durable} ({drift})")
+    return changed
 
 
 def describe(err: ValidationError) -> str:

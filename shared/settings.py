@@ -74,6 +74,15 @@ class Settings(BaseSettings):
     max_ack_pending: int | None = Field(
         None, ge=1, description="unacked messages per durable across its replicas (default: 8 x max in flight)"
     )
+    bucket_replicas: int | None = Field(
+        None, ge=1, le=5, description="JetStream replicas for KV buckets (default: LW_STREAM_REPLICAS)"
+    )
+    failover_retry_s: float = Field(
+        20.0, ge=0, description="how long a publish or KV request rides out a stream leader election"
+    )
+    infra_wait_s: float = Field(
+        0, ge=0, description="with LW_MANAGE_STREAMS=false: give up waiting for bootstrap after this long (0: never)"
+    )
 
     # --- models ----------------------------------------------------------------------
     planner_provider: ProviderName = "auto"
@@ -252,6 +261,11 @@ class Settings(BaseSettings):
         """Tools this executor hosts; ``None`` means every registered tool."""
         names = {t.strip() for t in self.executor_tools.split(",") if t.strip()}
         return None if "*" in names else frozenset(names)
+
+    @property
+    def kv_replicas(self) -> int:
+        """Replicas of a KV bucket: ``LW_BUCKET_REPLICAS``, else ``LW_STREAM_REPLICAS``."""
+        return self.bucket_replicas or self.stream_replicas
 
     @property
     def mcp_server_specs(self) -> list[McpServerSpec]:

@@ -8,6 +8,7 @@ Then services try to publish where they have no business and the server refuses.
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,11 +18,12 @@ import pytest
 import yaml
 
 from loopwarden.client import Client
+from loopwarden.infra import bootstrap
 from loopwarden.stack import SERVICES, LocalStack, free_port, nats_server_binary, wait_for_port
-from shared.bus import Bus, ensure_buckets, ensure_streams
-from shared.permissions import OPERATORS, OUT, render
+from shared.permissions import OPERATORS, OUT, grants, render, rights
 from shared.scenario import parse_scenario
 from shared.settings import Settings
+from shared.subjects import STREAM_SUBJECTS as STREAMS
 from tests.conftest import ROOT, TEST_ENV
 
 USERS = ("admin", *SERVICES, "client", *OPERATORS)
@@ -30,6 +32,40 @@ PASSWORDS = {u: f"pw-{u}-{i}" for i, u in enumerate(USERS)}
 
 def test_auth_conf_is_generated_from_the_grants() -> None:
     assert OUT.read_text() == render(), "deploy/nats/auth.conf drifted: run `python -m shared.permissions`"
+
+
+def test_no_service_may_create_or_change_a_consumer() -> None:
+    """Only the admin (bootstrap) creates durables: a service that could update its own consumer
+    could widen its filter (the judge reading every command) or change its limits."""
+    for service, grant in grants().items():
+        pub, _ = rights(service, grant)
+        named = ("DURABLE.CREATE", *(f"CONSUMER.{verb}.{s}." for s in STREAMS for verb in ("CREATE", "DELETE")))
+        changes = [p for p in pub if any(n in p for n in named)]
+        assert changes == [], (service, changes)
+        assert all(f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}" in pub for stream, durable in grant.consumers)
+
+
+async def test_a_client_cannot_rewrite_a_services_durable(locked_server: str) -> None:
+    """Ephemeral history readers only: a create request naming a durable is refused, and the
+    named create and delete subjects are not in the client's grant."""
+    admin = Settings(nats_url=locked_server, nats_user="admin", nats_password=PASSWORDS["admin"])
+    await bootstrap(admin)
+    nc = await nats.connect(locked_server, user="client", password=PASSWORDS["client"], inbox_prefix="_INBOX_client")
+    try:
+        widened = {
+            "stream_name": "LW_EVT",
+            "config": {"durable_name": "planner_outcomes", "filter_subject": "lw.v1.evt.>", "ack_policy": "explicit"},
+        }
+        reply = await nc.request("$JS.API.CONSUMER.CREATE.LW_EVT", json.dumps(widened).encode(), timeout=2)
+        assert "error" in json.loads(reply.data), reply.data
+    finally:
+        await nc.close()
+    nc = await nats.connect(locked_server, user="admin", password=PASSWORDS["admin"])
+    try:
+        info = await nc.jetstream().consumer_info("LW_EVT", "planner_outcomes")
+    finally:
+        await nc.close()
+    assert "lw.v1.evt.>" not in (info.config.filter_subjects or [info.config.filter_subject])
 
 
 @pytest.fixture(scope="module")
@@ -59,11 +95,7 @@ def creds(user: str) -> dict[str, str]:
 
 async def test_every_service_as_its_own_user_completes_a_run(locked_server: str, tmp_path: Path) -> None:
     admin = Settings(nats_url=locked_server, nats_user="admin", nats_password=PASSWORDS["admin"])
-    bus = Bus(admin, "admin")
-    await bus.broker.connect()
-    await ensure_streams(bus.js, admin)
-    await ensure_buckets(bus.js, admin)
-    await bus.broker.stop()
+    await bootstrap(admin)  # streams, buckets and every durable: services may create none of them
 
     stack = LocalStack(
         state_dir=tmp_path, nats_url=locked_server, env=TEST_ENV, env_per_service={s: creds(s) for s in SERVICES}
@@ -137,6 +169,7 @@ async def test_reading_another_services_inbox_is_refused(locked_server: str) -> 
 
 def test_cluster_config_is_valid() -> None:
     env = {f"LW_NATS_PASSWORD_{u.upper()}": "x" for u in USERS}
+    env |= {"LW_NATS_ROUTE_PASSWORD": "r"} | {f"LW_NATS_ROUTE_{i}": f"nats://route:r@nats-{i}:6222" for i in (1, 2, 3)}
     check = subprocess.run(
         [nats_server_binary(), "-t", "-c", "cluster.conf", "--server_name", "nats-1"],
         cwd=OUT.parent,
@@ -159,5 +192,6 @@ def test_compose_and_manifests_run_every_service_as_its_own_user() -> None:
         container = deployments[f"loopwarden-{service}"]["spec"]["template"]["spec"]["containers"][0]
         assert container["command"] == ["python", "-m", f"services.{service}"]
         assert {"name": "LW_NATS_USER", "value": service} in container["env"]
-    passwords = {k for k in compose["nats-1"]["environment"]}
+    passwords = {k for k in compose["nats-1"]["environment"] if k.startswith("LW_NATS_PASSWORD_")}
     assert passwords == {f"LW_NATS_PASSWORD_{u.upper()}" for u in USERS}
+    assert {f"LW_NATS_ROUTE_{i}" for i in (1, 2, 3)} <= set(compose["nats-1"]["environment"])
