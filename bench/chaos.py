@@ -27,13 +27,6 @@ from shared import subjects as S
 from shared.scenario import parse_scenario
 from shared.settings import Settings
 
-# Issue 9 item 1, fixed on another branch: the executor's ledger records an attempt's end
-# before its final message, and on redelivery ``ledger.on_delivery`` runs a non-idempotent
-# tool again when the end is there but the final is not (a crash, or a publish that times out
-# while a stream elects a leader). A doubled charge seen while this is True is that window;
-# the tests mark it (xfail, with the runs) instead of passing. Set False once the fix is merged.
-LEDGER_WINDOW_OPEN = True
-
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS_DIR = ROOT / "tests" / "tools"
 REPLICAS = ("planner", "planner", "executor", "executor", "validator", "validator", "judge", "governor", "escalation")
@@ -198,9 +191,6 @@ def report(r: ChaosResult) -> list[str]:
         f"  lost {len(r.lost)}   doubled {len(r.doubled)}   stuck {len(r.stuck)}   "
         f"payments charged exactly once {r.charged_once}, failed visibly {r.payments_failed}",
         *(f"  LOST {run_id}" for run_id in r.lost),
-        *(
-            f"  DOUBLED {run_id}: {n} charges" + (" (issue 9 item 1, ledger window)" if LEDGER_WINDOW_OPEN else "")
-            for run_id, n in r.doubled.items()
-        ),
+        *(f"  DOUBLED {run_id}: {n} charges" for run_id, n in r.doubled.items()),
         *(f"  STUCK {run_id}: {why}" for run_id, why in r.stuck.items()),
     ]

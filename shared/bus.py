@@ -999,7 +999,7 @@ async def ensure_buckets(
     declared replica count. Returns what changed."""
     changed = []
     if buckets is None:
-        await ensure_store(js, settings)  # the claim-check object store beside the KV buckets
+        await ensure_store(js, settings, create=True)  # the claim-check object store beside the KV buckets
     for bucket in buckets or S.ALL_BUCKETS:
         try:
             await js.key_value(bucket)

@@ -59,12 +59,13 @@ def inline_limit(settings: Settings, max_payload: int) -> int:
     return max(1024, min(settings.payload_inline_limit_bytes, max_payload - HEADER_ROOM))
 
 
-async def ensure_store(js: JetStreamContext, settings: Settings) -> ObjectStore:
-    """The payload bucket (created when this process manages streams, else it must exist)."""
+async def ensure_store(js: JetStreamContext, settings: Settings, *, create: bool | None = None) -> ObjectStore:
+    """The payload bucket: created when missing if ``create`` (default: when this process manages
+    streams; ``loopwarden bootstrap`` always does), else it must exist."""
     try:
         return await js.object_store(BUCKET)
     except BucketNotFoundError:
-        if not settings.manage_streams:
+        if not (settings.manage_streams if create is None else create):
             raise
     return await js.create_object_store(
         BUCKET,
@@ -72,7 +73,7 @@ async def ensure_store(js: JetStreamContext, settings: Settings) -> ObjectStore:
             description="large message bodies and KV values, by reference (claim check)",
             ttl=settings.stream_max_age_s,
             storage=StorageType.FILE,
-            replicas=settings.stream_replicas,
+            replicas=settings.kv_replicas,
         ),
     )
 

@@ -18,15 +18,15 @@ import nats
 import pytest
 
 from loopwarden.client import Client
-from loopwarden.stack import SERVICES, LocalStack, free_port, nats_server_binary, wait_for_port
+from loopwarden.stack import LocalStack, free_port, nats_server_binary, wait_for_port
 from shared import subjects as S
 from shared.bus import Bus, ensure_buckets, ensure_streams
 from shared.messages import EscalationClaim, EscalationRaise, EscalationResolve
-from shared.permissions import OPERATORS, OUT, operator_roster
+from shared.permissions import OUT, grants, operator_roster
 from shared.settings import Settings
 from tests.conftest import TEST_ENV
 
-USERS = ("admin", *SERVICES, "client", *OPERATORS)
+USERS = ("admin", *grants())  # every user auth.conf declares
 PASSWORDS = {u: f"pw-{u}-{i}" for i, u in enumerate(USERS)}
 
 

@@ -20,13 +20,13 @@ import yaml
 from loopwarden.client import Client
 from loopwarden.infra import bootstrap
 from loopwarden.stack import SERVICES, LocalStack, free_port, nats_server_binary, wait_for_port
-from shared.permissions import OPERATORS, OUT, grants, render, rights
+from shared.permissions import OUT, grants, render, rights
 from shared.scenario import parse_scenario
 from shared.settings import Settings
 from shared.subjects import STREAM_SUBJECTS as STREAMS
 from tests.conftest import ROOT, TEST_ENV
 
-USERS = ("admin", *SERVICES, "client", *OPERATORS)
+USERS = ("admin", *grants())  # every user auth.conf declares
 PASSWORDS = {u: f"pw-{u}-{i}" for i, u in enumerate(USERS)}
 
 

@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loopwarden.stack import SERVICES, free_port, nats_server_binary, open_log, tail, wait_for_port
-from shared.permissions import render
+from loopwarden.stack import free_port, nats_server_binary, open_log, tail, wait_for_port
+from shared.permissions import grants, render
 from shared.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_CONF = ROOT / "deploy" / "nats" / "cluster.conf"
-USERS = ("admin", *SERVICES, "client")
+USERS = ("admin", *grants())  # every user auth.conf declares
 
 
 @dataclass
