@@ -62,8 +62,12 @@ def _compile(pattern: str) -> regress.Regex | str:
 
 
 def is_regex(pattern: str) -> bool:
-    """Whether ``pattern`` is an ECMA-262 regular expression (the ``regex`` format)."""
-    return not isinstance(_compile(pattern), str)
+    """Whether ``pattern`` is an ECMA-262 regular expression (the ``regex`` format).
+
+    Values come from tool outputs, so they are compiled each time, not kept in the pattern cache
+    (which holds only what schemas declare); compiling never backtracks.
+    """
+    return not isinstance(_compile.__wrapped__(pattern), str)
 
 
 def search(pattern: str, text: str) -> bool:
