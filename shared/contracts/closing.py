@@ -169,7 +169,7 @@ class _Closer:
             disjoint = True
             for branch in branches:
                 values: list[Any] = _values_of(branch["properties"][name]) or []
-                if any(v == s and type(v) is type(s) for v in values for s in seen):
+                if any(v == s for v in values for s in seen):  # Python's == is coarser (1 == 1.0 == True): safe
                     disjoint = False
                     break
                 seen.extend(values)
@@ -207,8 +207,8 @@ class _Closer:
             node = at(self.root, current)
             if not isinstance(node, dict):
                 continue
-            if node.get(OPEN_MARKER) is True:
-                return None
+            if node.get(OPEN_MARKER) is True or "$dynamicRef" in node or "$recursiveRef" in node:
+                return None  # opted out, or applies a schema only known at validation time
             out.append(current)
             discriminated = self._discriminated(node)
             for key, parts, _ in children(node):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 from jsonschema import FormatChecker
@@ -274,19 +275,20 @@ def _check_ref(ref: str, holder: str, res: Resources) -> Iterator[SchemaProblem]
         yield SchemaProblem("$ref", _pointer(holder, "$ref"), found.problem)
 
 
-def _meta_checker() -> FormatChecker:
-    checker = FormatChecker()  # the meta-schemas' own format checks, with ECMA-262 for "regex"
+@cache
+def _meta_checker(dialect: str) -> FormatChecker:
+    """The dialect's own format checks for its meta-schema, with ECMA-262 for "regex"."""
+    cls = js_validators.validator_for({"$schema": META_URI[dialect]})
+    checker = FormatChecker(formats=())
+    checker.checkers = dict(cls.FORMAT_CHECKER.checkers)
     checker.checks("regex")(lambda value: not isinstance(value, str) or is_regex(value))
     return checker
-
-
-_META_CHECKER = _meta_checker()
 
 
 def _meta_problems(schema: dict[str, Any], dialect: str) -> Iterator[SchemaProblem]:
     cls = js_validators.validator_for({"$schema": META_URI[dialect]})
     try:
-        cls.check_schema(schema, format_checker=_META_CHECKER)
+        cls.check_schema(schema, format_checker=_meta_checker(dialect))
     except js_exceptions.SchemaError as err:
         where = "#" + "".join(f"/{p}" for p in err.path)
         keyword = str(err.path[-1]) if err.path else str(err.validator)

@@ -18,7 +18,7 @@ from jsonschema import validators as js_validators
 from jsonschema.exceptions import ValidationError as JsError
 
 from shared.contracts.dialect import META_URI
-from shared.contracts.ecma import search
+from shared.contracts.ecma import rust_schema, search
 from shared.contracts.explainer import explainer_class
 from shared.contracts.formats import FORMAT_FUNCTIONS, RS_FORMAT_FUNCTIONS
 from shared.messages import SchemaError
@@ -42,7 +42,7 @@ class CompiledSchema:
         self.dialect = dialect
         with_dialect = schema if "$schema" in schema else {"$schema": META_URI[dialect], **schema}
         self._fast = jsonschema_rs.validator_for(
-            with_dialect,
+            rust_schema(with_dialect),  # patterns spelled out so both engines read them as ECMA-262
             formats=RS_FORMAT_FUNCTIONS,
             validate_formats=True,
             ignore_unknown_formats=True,  # an unknown format is an annotation, in both engines

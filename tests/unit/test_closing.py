@@ -158,6 +158,24 @@ def test_a_discriminated_union_closes_each_variant_and_names_the_unexpected_fiel
     ]
 
 
+def test_variants_whose_discriminators_are_equal_numbers_are_not_closed_one_by_one() -> None:
+    # 1 and 1.0 are the same JSON number: both variants can match, so closing one could make oneOf pass.
+    schema = {
+        "oneOf": [
+            {"type": "object", "properties": {"k": {"const": 1}, "a": {}}, "required": ["k"]},
+            {"type": "object", "properties": {"k": {"const": 1.0}, "b": {}}, "required": ["k"]},
+        ]
+    }
+    v = closed(schema)
+    assert not v.is_valid({"k": 1, "a": 1})  # both variants match: oneOf refuses, closed or not
+    assert not v.is_valid({"k": 1, "z": 1})
+
+
+def test_an_object_beside_a_dynamic_ref_is_left_as_declared() -> None:
+    schema = {"$dynamicAnchor": "node", "type": "object", "properties": {"a": {}}, "$dynamicRef": "#node"}
+    assert close_schema(schema, "2020-12") == schema  # what the dynamic target declares is not known here
+
+
 def test_a_composition_closed_through_unevaluated_properties_names_the_field_and_what_is_allowed() -> None:
     schema = {
         "type": "object",

@@ -84,6 +84,59 @@ SCHEMAS: list[dict[str, Any]] = [
     },
     {"type": ["string", "null"], "minLength": 2, "maxLength": 5},
     {"type": "number", "multipleOf": 0.5, "minimum": -2},
+    # ECMA-262 patterns (issue 9, item 7): Unicode property escapes, named groups, ASCII \d and \w
+    {
+        "type": "object",
+        "properties": {
+            "a": {"type": "string", "pattern": "^\\p{Letter}+$"},
+            "b": {"type": "string", "pattern": "^(?<y>\\d{4})-(?<m>\\d{2})$"},
+            "x": {"type": "string", "pattern": "^\\w+\\s?\\S*$"},
+            "kind": {"type": "string", "pattern": "^[^.]+\\.$|^.$"},
+        },
+        "patternProperties": {"^\\p{Lu}": {"type": "integer"}, "^[0-9]+$": {"type": "string"}},
+    },
+    {"type": "string", "format": "regex"},
+    {
+        "type": "object",
+        "properties": {
+            "when": {"type": "string", "format": "time"},
+            "id": {"type": "string", "format": "uuid"},
+            "day": {"type": "string", "format": "date"},
+            "mail": {"type": "string", "format": "email"},
+        },
+    },
+    # refs: percent-encoded fragments, escaped keys, the schema's own $id (issue 9, item 7)
+    {
+        "$id": "https://example.com/catalog-info.json",
+        "type": "object",
+        "$defs": {"[a-z]+": {"type": "string"}, "n/m": {"type": "integer"}},
+        "properties": {
+            "a": {"$ref": "#/$defs/%5Ba-z%5D%2B"},
+            "n": {"$ref": "catalog-info.json#/$defs/n~1m"},
+        },
+    },
+    # compositions that closing must leave strict (issue 9, item 6)
+    {
+        "type": "object",
+        "properties": {"status": {"type": "string"}, "x": {}},
+        "not": {"properties": {"status": {"const": "not_found"}}, "required": ["status"]},
+        "if": {"properties": {"kind": {"const": "x"}}, "required": ["kind"]},
+        "then": {"required": ["x"]},
+    },
+    {
+        "type": "object",
+        "properties": {"a": {"type": "string"}},
+        "anyOf": [{"properties": {"b": {"type": "integer"}}, "required": ["b"]}, {"required": ["a"]}],
+        "dependentSchemas": {"a": {"properties": {"kind": {"enum": ["x", "low"]}}}},
+        "unevaluatedProperties": False,
+    },
+    {
+        "$schema": D7,
+        "type": "object",
+        "properties": {"a": {"type": "string", "deprecated": True}},
+        "oneOf": [{"properties": {"b": {"type": "integer"}}, "required": ["b"]}, {"required": ["a"]}],
+    },
+    {"type": "object", "properties": {"a": {"allOf": [False, {"type": "string"}]}, "b": False}},
 ]
 
 json_values = st.recursive(
@@ -115,6 +168,24 @@ json_values = st.recursive(
             "a b",
             "kind",
             "x",
+            "Émile",
+            "서울",
+            "R2D2",
+            "2024-05",
+            "২০২৪-05",
+            "abc_1 é",
+            "٣",
+            "a.",
+            "\u2028",
+            "12:34:56Z",
+            "12:3\u09ea:56Z",
+            "12:34:56Z\n",
+            "123e4567-e89b-12d3-a456-426614174000\n",
+            "a@b\n",
+            "^\\p{Letter}(?<n>.)$",
+            "(?P<n>x)",
+            "[",
+            "\\d+",
         ]
     ),
     lambda children: (
@@ -144,6 +215,10 @@ json_values = st.recursive(
                     "t",
                     "u",
                     "extra",
+                    "Ärger",
+                    "ärger",
+                    "42",
+                    "deprecated",
                 ]
             ),
             children,
