@@ -122,7 +122,10 @@ class Client:
         try:
             while time.monotonic() < deadline:
                 changed.clear()
-                state = await self.state(run_id)
+                try:
+                    state = await self.state(run_id)
+                except TimeoutError:  # the server did not answer in time (an overloaded machine): ask again
+                    continue
                 if state is not None and state.status in until:
                     if state.done:
                         await self._settled(run_id, state.status, deadline, changed)
