@@ -1,9 +1,19 @@
 """The one bus helper: broker, streams, consumers, buckets, publishing, dead letters.
 
 Handlers stay thin: ``Bus.consumer`` decodes the message into its contract, dead-letters
-what does not fit (with the reason), heartbeats long handlers, acks only after the
+what does not fit (with the reason), heartbeats every message it holds, acks only after the
 handler returned (its effects are durable by then), and dead-letters a message that keeps
-failing instead of letting it block the consumer or vanish.
+failing - or that never completes because its handler kills the process - instead of letting
+it block the consumer or vanish.
+
+Concurrency: the bus drives each durable pull consumer on nats-py itself (FastStream 0.7.8's
+``max_workers`` pull subscriber fetches with ``fetch(batch)``, whose lingering request holds a
+first message until the batch fills or the request expires, and passes each message through
+its dependency injection with a thread hop). Pull requests ask for as many messages as there
+are free slots (``LW_MAX_IN_FLIGHT`` per consumer); each message runs as its own task, under a
+lock per run id (the ``Lw-Run-Id`` header) so one run's messages are handled one after another
+in a replica while different runs overlap. On stop, nothing new is taken, in-flight handlers get
+a grace period and what does not finish is handed back (nak) at once.
 """
 
 from __future__ import annotations
