@@ -88,10 +88,10 @@ async def test_sigkill_of_an_executor_holding_many_calls_loses_nothing(one_each:
     k = 10
     async with Client(Settings(nats_url=one_each.nats_url)) as client:
         ids = await asyncio.gather(
-            *(client.submit_scenario(parse_scenario(slow_run(100 + i, 0.0, 4.0, 0.0))) for i in range(k))
+            *(client.submit_scenario(parse_scenario(slow_run(100 + i, 0.0, 8.0, 0.0))) for i in range(k))
         )
         held = 0
-        for _ in range(300):  # until the executor holds every run's call at once
+        for _ in range(600):  # until the executor holds every run's call at once
             info = await client.bus.js.consumer_info(S.STREAM_CMD, "executor_calculator")
             held = info.num_ack_pending or 0
             if held >= k:
@@ -121,7 +121,7 @@ async def test_a_stopped_executor_hands_back_the_calls_it_could_not_finish(one_e
             *(client.submit_scenario(parse_scenario(slow_run(200 + i, 0.0, 8.0, 0.0))) for i in range(k))
         )
         held = 0
-        for _ in range(300):
+        for _ in range(600):
             held = (await client.bus.js.consumer_info(S.STREAM_CMD, "executor_calculator")).num_ack_pending or 0
             if held >= k:
                 break
