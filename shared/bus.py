@@ -345,8 +345,8 @@ class Bus:
         for spec in self._consumers:
             await self._reconcile_consumer(spec)
 
-    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
-        task = asyncio.create_task(coro)
+    def _spawn(self, coro: Coroutine[Any, Any, Any], name: str | None = None) -> None:
+        task = asyncio.create_task(coro, name=name)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
@@ -357,7 +357,7 @@ class Bus:
         for r in self._responders:
 
             async def on_request(msg: Msg, r: _Responder = r) -> None:
-                self._spawn(self._answer(r, msg))
+                self._spawn(self._answer(r, msg), name=f"answer {msg.subject}")
 
             self._subs.append(await self.nc.subscribe(r.subject, queue=self.service, cb=on_request))
         for pull in self._pulls:
@@ -379,6 +379,9 @@ class Bus:
                     await sub.unsubscribe()
             grace = max(1.0, min(self.settings.ack_wait_s, 10.0)) if connected else 0.5
             await asyncio.gather(*(pull.stop(grace) for pull in self._pulls), return_exceptions=True)
+            answering = [t for t in self._background if t.get_name().startswith("answer")]
+            if answering:  # requests being served get the same grace
+                await asyncio.wait(answering, timeout=grace)
             for task in list(self._background):
                 task.cancel()
             if connected:
