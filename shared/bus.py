@@ -67,6 +67,7 @@ Handler = Callable[[M], Awaitable[None]]
 RUN_ID_HEADER = "Lw-Run-Id"
 MSG_ID_HEADER = "Nats-Msg-Id"
 LW_RUN_ID_ATTR = "loopwarden.run.id"
+DLQ_BODY_LIMIT = 256 * 1024  # bytes of a dead-lettered body kept in its letter
 PULL_EXPIRES_S = 5.0  # a pull request's lifetime; a new one is sent as slots free up
 _DELIVERIES: contextvars.ContextVar[int] = contextvars.ContextVar("lw_deliveries", default=1)
 
@@ -542,6 +543,8 @@ class Bus:
 
     async def dead_letter(self, raw: Any, reason: str, deliveries: int) -> None:
         body = raw.data.decode("utf-8", errors="replace")
+        if len(raw.data) > DLQ_BODY_LIMIT:  # the letter itself must fit under the server's payload limit
+            body = body[:DLQ_BODY_LIMIT] + f"... [{len(raw.data)} bytes, cut to {DLQ_BODY_LIMIT}]"
         letter = DeadLetter(
             service=self.service,
             subject=raw.subject,
