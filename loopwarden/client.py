@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from nats.js.api import ConsumerConfig, DeliverPolicy
@@ -36,6 +37,8 @@ from shared.payloads import digest_of
 from shared.scenario import Outcome, Scenario
 from shared.settings import Settings
 from shared.telemetry import LW_RUN_ID, Telemetry, setup_telemetry
+
+RUN_HISTORY_MARGIN_S = 30.0  # clock skew allowance between the planner's host and the server
 
 
 def new_run_id() -> str:
@@ -129,7 +132,10 @@ class Client:
         try:
             while time.monotonic() < deadline:
                 changed.clear()
-                state = await self.state(run_id)
+                try:
+                    state = await self.state(run_id)
+                except TimeoutError:  # the server did not answer in time (an overloaded machine): ask again
+                    continue
                 if state is not None and state.status in until:
                     if state.done:
                         await self._settled(run_id, state.status, deadline, changed)
@@ -176,12 +182,18 @@ class Client:
     async def events(
         self, run_id: str | None = None, subjects: str = f"{S.P}.evt.>", timeout: float = 2.0
     ) -> list[Event]:
-        """The stored event history (optionally of one run), oldest first."""
+        """The stored event history (optionally of one run), oldest first. One run's history is
+        read from shortly before the run was created, not from the start of the stream."""
         js = self.bus.js
         stream = stream_for(subjects.rstrip(">")) or S.STREAM_EVT
-        sub = await js.subscribe(
-            subjects, stream=stream, ordered_consumer=True, config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
-        )
+        config = ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
+        if run_id is not None and stream == S.STREAM_EVT:
+            with contextlib.suppress(Exception):  # no state (yet): read it all
+                state = await self.state(run_id)
+                if state is not None:
+                    since = state.created_at - timedelta(seconds=RUN_HISTORY_MARGIN_S)
+                    config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=since)
+        sub = await js.subscribe(subjects, stream=stream, ordered_consumer=True, config=config)
         out: list[Event] = []
         try:
             info = await js.stream_info(stream)

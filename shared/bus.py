@@ -1,9 +1,19 @@
 """The one bus helper: broker, streams, consumers, buckets, publishing, dead letters.
 
 Handlers stay thin: ``Bus.consumer`` decodes the message into its contract, dead-letters
-what does not fit (with the reason), heartbeats long handlers, acks only after the
+what does not fit (with the reason), heartbeats every message it holds, acks only after the
 handler returned (its effects are durable by then), and dead-letters a message that keeps
-failing instead of letting it block the consumer or vanish.
+failing - or that never completes because its handler kills the process - instead of letting
+it block the consumer or vanish.
+
+Concurrency: the bus drives each durable pull consumer on nats-py itself (FastStream 0.7.8's
+``max_workers`` pull subscriber fetches with ``fetch(batch)``, whose lingering request holds a
+first message until the batch fills or the request expires, and passes each message through
+its dependency injection with a thread hop). Pull requests ask for as many messages as there
+are free slots (``LW_MAX_IN_FLIGHT`` per consumer); each message runs as its own task, under a
+lock per run id (the ``Lw-Run-Id`` header) so one run's messages are handled one after another
+in a replica while different runs overlap. On stop, nothing new is taken, in-flight handlers get
+a grace period and what does not finish is handed back (nak) at once.
 """
 
 from __future__ import annotations
@@ -68,6 +78,7 @@ Handler = Callable[[M], Awaitable[None]]
 RUN_ID_HEADER = "Lw-Run-Id"
 MSG_ID_HEADER = "Nats-Msg-Id"
 LW_RUN_ID_ATTR = "loopwarden.run.id"
+DLQ_BODY_LIMIT = 256 * 1024  # bytes of a dead-lettered body kept in its letter
 PULL_EXPIRES_S = 5.0  # a pull request's lifetime; a new one is sent as slots free up
 _DELIVERIES: contextvars.ContextVar[int] = contextvars.ContextVar("lw_deliveries", default=1)
 
@@ -430,8 +441,8 @@ class Bus:
         for spec in self._consumers:
             await self._reconcile_consumer(spec)
 
-    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
-        task = asyncio.create_task(coro)
+    def _spawn(self, coro: Coroutine[Any, Any, Any], name: str | None = None) -> None:
+        task = asyncio.create_task(coro, name=name)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
@@ -442,7 +453,7 @@ class Bus:
         for r in self._responders:
 
             async def on_request(msg: Msg, r: _Responder = r) -> None:
-                self._spawn(self._answer(r, msg))
+                self._spawn(self._answer(r, msg), name=f"answer {msg.subject}")
 
             self._subs.append(await self.nc.subscribe(r.subject, queue=self.service, cb=on_request))
         for pull in self._pulls:
@@ -464,6 +475,9 @@ class Bus:
                     await sub.unsubscribe()
             grace = max(1.0, min(self.settings.ack_wait_s, 10.0)) if connected else 0.5
             await asyncio.gather(*(pull.stop(grace) for pull in self._pulls), return_exceptions=True)
+            answering = [t for t in self._background if t.get_name().startswith("answer")]
+            if answering:  # requests being served get the same grace
+                await asyncio.wait(answering, timeout=grace)
             for task in list(self._background):
                 task.cancel()
             if connected:
@@ -656,6 +670,8 @@ class Bus:
 
     async def dead_letter(self, raw: Any, reason: str, deliveries: int) -> None:
         body = raw.data.decode("utf-8", errors="replace")
+        if len(raw.data) > DLQ_BODY_LIMIT:  # the letter itself must fit under the server's payload limit
+            body = body[:DLQ_BODY_LIMIT] + f"... [{len(raw.data)} bytes, cut to {DLQ_BODY_LIMIT}]"
         letter = DeadLetter(
             service=self.service,
             subject=raw.subject,

@@ -66,7 +66,7 @@ class Settings(BaseSettings):
     )
     stream_replicas: int = Field(1, ge=1, le=5, description="JetStream replicas for streams and buckets")
     max_in_flight: int = Field(
-        64, ge=1, le=10_000, description="messages one replica handles at once (model and tool calls are I/O-bound)"
+        64, ge=1, le=10_000, description="messages a replica handles at once per durable consumer (I/O-bound work)"
     )
     max_in_flight_by_service: dict[str, PositiveInt] = Field(
         default_factory=dict, description='JSON: per-service override of LW_MAX_IN_FLIGHT, e.g. {"executor": 256}'

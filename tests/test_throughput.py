@@ -88,10 +88,10 @@ async def test_sigkill_of_an_executor_holding_many_calls_loses_nothing(one_each:
     k = 10
     async with Client(Settings(nats_url=one_each.nats_url)) as client:
         ids = await asyncio.gather(
-            *(client.submit_scenario(parse_scenario(slow_run(100 + i, 0.0, 4.0, 0.0))) for i in range(k))
+            *(client.submit_scenario(parse_scenario(slow_run(100 + i, 0.0, 8.0, 0.0))) for i in range(k))
         )
         held = 0
-        for _ in range(300):  # until the executor holds every run's call at once
+        for _ in range(600):  # until the executor holds every run's call at once
             info = await client.bus.js.consumer_info(S.STREAM_CMD, "executor_calculator")
             held = info.num_ack_pending or 0
             if held >= k:
@@ -121,7 +121,7 @@ async def test_a_stopped_executor_hands_back_the_calls_it_could_not_finish(one_e
             *(client.submit_scenario(parse_scenario(slow_run(200 + i, 0.0, 8.0, 0.0))) for i in range(k))
         )
         held = 0
-        for _ in range(300):
+        for _ in range(600):
             held = (await client.bus.js.consumer_info(S.STREAM_CMD, "executor_calculator")).num_ack_pending or 0
             if held >= k:
                 break
@@ -225,3 +225,43 @@ async def test_the_benchmarks_in_process_floor_drives_a_whole_run() -> None:
 
     durations = await floor_steps(1, 6)
     assert len(durations) == 5 and all(d > 0 for d in durations)
+
+
+async def test_messages_of_one_run_are_handled_one_at_a_time_and_runs_overlap(stack: LocalStack) -> None:
+    """The bus helper's consumer: many messages in flight, never two of the same run at once."""
+    from shared.bus import Bus
+    from shared.settings import Settings
+
+    tag = os.urandom(4).hex()
+    subject = f"{S.P}.cmd.test.serial.{tag}"
+    bus = Bus(Settings(nats_url=str(stack.nats_url), ack_wait_s=3), "serialtest")
+    active: dict[str, int] = {}
+    peak_run, peak_all, done = 0, 0, 0
+    finished = asyncio.Event()
+    runs, per_run, hold = 4, 5, 0.3
+
+    @bus.consumer(None, durable=f"serialtest_{tag}", filter_subjects=[subject], model=RunEvent)
+    async def on_event(ev: RunEvent) -> None:
+        nonlocal peak_run, peak_all, done
+        active[ev.run_id] = active.get(ev.run_id, 0) + 1
+        peak_run, peak_all = max(peak_run, active[ev.run_id]), max(peak_all, sum(active.values()))
+        await asyncio.sleep(hold)
+        active[ev.run_id] -= 1
+        done += 1
+        if done == runs * per_run:
+            finished.set()
+
+    await bus.connect()
+    try:
+        for n in range(per_run):
+            for r in range(runs):
+                await bus.publish(subject, RunEvent(run_id=f"run-{tag}-{r}", kind="step", iteration=n))
+        t0 = time.monotonic()
+        await bus.start()
+        await asyncio.wait_for(finished.wait(), 60)
+        wall = time.monotonic() - t0
+    finally:
+        await bus.stop()
+    assert peak_run == 1, "two messages of one run were handled at once"
+    assert peak_all >= runs - 1, f"runs did not overlap (at most {peak_all} at once)"
+    assert wall < 0.6 * runs * per_run * hold, f"{wall:.1f}s: handled one after another"
