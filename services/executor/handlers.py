@@ -30,6 +30,7 @@ from shared.contracts.validation import format_for_model
 from shared.messages import (
     CachedToolResult,
     FallbackNote,
+    McpServerStatus,
     ToolAttempt,
     ToolCall,
     ToolOutcome,
@@ -51,6 +52,7 @@ class Attempted:
     failure_type: str | None = None
     error: str | None = None
     retry_after_s: float | None = None
+    effect: str | None = None  # ToolFailure.effect (MCP tools)
 
 
 class Cursor(Wire):
@@ -87,6 +89,8 @@ def model_error(tool: str, failure_type: str, detail: str, attempts: int) -> str
             f"'{tool}' did not respond in time ({detail}){tried}. It may be overloaded; try a narrower request, "
             "another tool, or continue without it."
         )
+    if failure_type == "tool_error":  # the tool's own message for the model (services/executor/mcp_tools.py)
+        return detail
     if failure_type == "unknown_outcome":
         return (
             f"'{tool}' may or may not have completed: the process running it stopped before recording the "
@@ -118,10 +122,14 @@ class Executor:
         """After connecting: mount MCP servers, consume their tools too, publish every contract."""
         specs = self.settings.mcp_server_specs
         if specs:
-            from services.executor.mcp_tools import mount_mcp_servers
+            from services.executor.mcp_tools import close_all, mount_mcp_servers
 
-            self.mounts = await mount_mcp_servers(self.registry, specs)
-            self.bus.on_stop.extend(m.close for m in self.mounts)
+            async def on_status(status: McpServerStatus) -> None:  # event + status per server (issue 14)
+                await self.bus.publish(S.mcp_server_event(status.server), status)
+                await self.bus.kv_put(S.KV_MCP_SERVERS, S.kv_key(status.server, status.executor), status)
+
+            self.mounts = await mount_mcp_servers(self.registry, specs, on_status)
+            self.bus.on_stop.append(lambda: close_all(self.mounts))
             self.register(self.bus.broker)  # the router is already included: add to the broker itself
             await self.bus.reconcile_consumers()
         await self.publish_contracts()
@@ -257,6 +265,11 @@ class Executor:
         contract = hosted.contract
         ftype = result.failure_type or "fatal"
         recoverable = ftype in ("transient", "timeout")
+        if ftype == "tool_error":  # the tool ran and told the model what went wrong (MCP isError): no fallback
+            await self.finish_failure(
+                call, entry, revision, ftype, result.error or ftype, recoverable=True, effect=result.effect
+            )
+            return
         depth = call.attempt_id.count(".fb.")
         if (
             recoverable
@@ -288,7 +301,14 @@ class Executor:
                 await self.finish(entry, revision, S.RESULT_VALIDATE, raw, f"{call.attempt_id}.raw")
                 return
         await self.finish_failure(
-            call, entry, revision, ftype, result.error or ftype, recoverable=recoverable, boundary=contract.boundary
+            call,
+            entry,
+            revision,
+            ftype,
+            result.error or ftype,
+            recoverable=recoverable,
+            boundary=contract.boundary,
+            effect=result.effect,
         )
 
     async def attempt(self, call: ToolCall, hosted: HostedTool, n: int) -> Attempted:
@@ -317,7 +337,13 @@ class Executor:
         except TimeoutError:
             return Attempted(False, failure_type="timeout", error=f"no answer within {contract.timeout_s:g}s")
         except ToolFailure as failure:
-            return Attempted(False, failure_type=failure.kind, error=str(failure), retry_after_s=failure.retry_after_s)
+            return Attempted(
+                False,
+                failure_type=failure.kind,
+                error=str(failure),
+                retry_after_s=failure.retry_after_s,
+                effect=failure.effect,
+            )
         except Exception as err:  # a bug in the tool: not something a retry fixes
             log.exception("tool %s crashed", call.tool)
             return Attempted(False, failure_type="fatal", error=f"the tool crashed: {err!r}")
@@ -370,6 +396,7 @@ class Executor:
         *,
         recoverable: bool = False,
         boundary: str | None = None,
+        effect: str | None = None,
     ) -> None:
         outcome = self.outcome(
             call,
@@ -378,6 +405,7 @@ class Executor:
             recoverable=recoverable,
             attempts=len(entry.attempts),
             boundary=boundary,
+            effect=effect,
         )
         await self.finish(entry, revision, S.failure(ftype, call.tool), outcome, f"{call.attempt_id}.outcome")
 

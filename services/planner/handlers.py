@@ -46,7 +46,7 @@ from shared.settings import Settings
 from shared.telemetry import LW_ITERATION, LW_RUN_ID, Telemetry
 
 log = logging.getLogger("loopwarden.planner")
-TOOL_FAILURES = ("input_invalid", "output_invalid", "transient", "timeout", "fatal", "unknown_outcome")
+TOOL_FAILURES = ("input_invalid", "output_invalid", "transient", "timeout", "fatal", "unknown_outcome", "tool_error")
 
 
 @dataclass
