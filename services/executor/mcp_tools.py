@@ -219,6 +219,7 @@ class McpMount:
         self._stop = asyncio.Event()
         self._first: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
         self._task: asyncio.Task[None] | None = None
+        self.hosting = False  # its tools are registered (it came up at the executor's start)
         self.executor_id = f"{socket.gethostname()}:{os.getpid()}"
 
     # lifecycle ----------------------------------------------------------------------------
@@ -290,11 +291,19 @@ class McpMount:
                         await session.initialize()
                         listed = await self._list_tools(session)
                 except TimeoutError:
-                    return False, f"no handshake and tool list within {spec.start_timeout_s:g}s (start_timeout_s)"
+                    reason = f"no handshake and tool list within {spec.start_timeout_s:g}s (start_timeout_s)"
+                    if not self._first.done():
+                        self._first.set_result(reason)  # the executor need not wait for the teardown
+                    return False, reason
                 self._absorb(listed)
                 self.session, was_up = session, True
                 ms = round((time.monotonic() - started) * 1000, 1)
-                await self._report("up", f"{len(self.tools)} tool(s) mounted", start_ms=ms)
+                mounted = (
+                    f"{len(self.tools)} tool(s) mounted"
+                    if self.hosting or not self._first.done()
+                    else ("its tools are mounted when the executor restarts")
+                )
+                await self._report("up", mounted, start_ms=ms)
                 if not self._first.done():
                     self._first.set_result(None)
                 stopping = asyncio.create_task(self._stop.wait())
@@ -459,6 +468,7 @@ async def mount_mcp_servers(
             log.error("refused MCP tool: %s", reason_refused)
         for name, (_, contract, _) in mount.tools.items():
             registry.register(contract, mount.caller(name, registry))
+        mount.hosting = True
     return mounts
 
 
