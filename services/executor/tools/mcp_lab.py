@@ -7,7 +7,8 @@ declares, as a server that grew a field does), ``snapshot`` (no outputSchema: te
 a resource link and an embedded text resource), ``sleep`` (answers after ``seconds``) and
 ``big`` (``chars`` characters of text).
 
-Start-up: ``LAB_START_DELAY_S`` delays the handshake; ``LAB_HANG=1`` never answers it. Any
+Start-up: ``LAB_START_DELAY_S`` delays the handshake; ``LAB_HANG=1`` never answers it;
+``LAB_LINGER=1`` keeps the process alive for two minutes after its stdin closes. Any
 extra command-line argument is ignored (tests use one to find the process in /proc).
 """
 
@@ -112,6 +113,8 @@ async def main() -> None:
     await anyio.sleep(float(os.environ.get("LAB_START_DELAY_S", "0")))
     async with stdio_server() as (read, write):
         await server.run(read, write, server.create_initialization_options())
+    if os.environ.get("LAB_LINGER") == "1":  # a server that does not exit when its stdin closes
+        await anyio.sleep(120)
 
 
 if __name__ == "__main__":
