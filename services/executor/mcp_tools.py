@@ -474,3 +474,50 @@ async def mount_mcp_servers(
 
 async def close_all(mounts: list[McpMount]) -> None:
     await asyncio.gather(*(m.close() for m in mounts), return_exceptions=True)
+
+
+# --- for the CLI (loopwarden lint / check-contract) ---------------------------------------------------
+
+SOURCE_NOTES: dict[SchemaSource, str] = {
+    "server": "the server's outputSchema",
+    "user": "output_schemas in LW_MCP_SERVERS (structuredContent, else its text parsed as JSON)",
+    "content": "none declared: its content reaches the model as text",
+}
+
+
+def describe(mount: McpMount) -> list[str]:
+    """One line per mounted tool: where its output contract comes from, and its idempotency."""
+    spec = mount.spec
+    lines = []
+    for name, (tool, contract, source) in sorted(mount.tools.items()):
+        note = SOURCE_NOTES[source]
+        if source == "server":
+            note += " (closed: closed_output_schemas)" if spec.closed_output_schemas else " (kept open)"
+        effect = "idempotent" if contract.idempotent else "not idempotent: never retried, a failure may have acted"
+        lines.append(f"mcp     {spec.name}/{tool.name} -> {name}: output {note}; {effect}")
+    return lines
+
+
+async def inspect_servers(registry: ToolRegistry, specs: list[McpServerSpec]) -> list[str]:
+    """Start every server as the executor would, register its tools, describe them, stop the servers."""
+    mounts = await mount_mcp_servers(registry, specs)
+    try:
+        return [line for m in mounts for line in describe(m)]
+    finally:
+        await close_all(mounts)
+
+
+async def call_once(registry: ToolRegistry, specs: list[McpServerSpec], server: str, tool: str, args: Any) -> Any:
+    """Mount ``server`` and call one of its tools as the executor would (``check-contract --call``):
+    the output the validator would check, or the ``ToolFailure`` the executor would report."""
+    chosen = [s for s in specs if s.name == server]
+    if not chosen:
+        raise ToolFailure("fatal", f"no MCP server named '{server}' in LW_MCP_SERVERS")
+    mounts = await mount_mcp_servers(registry, chosen)
+    try:
+        hosted = registry.tools.get(f"{chosen[0].prefix}{tool}")
+        if hosted is None:
+            raise ToolFailure("fatal", f"'{tool}' is not mounted from '{server}'")
+        return await hosted.fn(args, ToolContext(run_id="cli", call_id="cli", attempt=1))
+    finally:
+        await close_all(mounts)
