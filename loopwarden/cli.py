@@ -309,7 +309,10 @@ def cmd_check_contract(args: argparse.Namespace) -> int:
     from shared.contracts.validation import format_for_model
     from shared.messages import ToolResultRaw
 
-    mcp_tool = _mcp_contract(args.path) if args.path.startswith("mcp:") else None  # mcp:<server>/<tool>
+    if args.call and not args.path.startswith("mcp:"):
+        print("--call needs an mcp:<server>/<tool> path")
+        return 2
+    mcp_tool, called = _mcp_contract(args) if args.path.startswith("mcp:") else (None, None)  # mcp:<server>/<tool>
     if isinstance(mcp_tool, str):
         print(f"REFUSED {mcp_tool}")
         return 2
@@ -353,50 +356,42 @@ def cmd_check_contract(args: argparse.Namespace) -> int:
         else:
             print(f"output: {checked.result}\n{format_for_model(outcome.errors)}")
             status = status or 1
-    if getattr(args, "call", False):
-        status = _mcp_call(args, contract) or status
+    if args.call:
+        status = _mcp_call(args, contract, called) or status
     return status
 
 
-def _mcp_contract(path: str) -> Any:
-    """``mcp:<server>/<tool>``: the contract the executor registers for a mounted MCP tool (or why not)."""
-    from services.executor.mcp_tools import inspect_servers
+def _mcp_contract(args: argparse.Namespace) -> tuple[Any, Any]:
+    """``mcp:<server>/<tool>``: the contract the executor registers for a mounted MCP tool (or why not),
+    and with ``--call`` what one call with ``--input`` returned."""
+    from services.executor.mcp_tools import probe
     from services.executor.registry import ToolRegistry
 
     settings = _settings()
-    server, _, tool = path[4:].partition("/")
+    server, _, tool = args.path[4:].partition("/")
     specs = [s for s in settings.mcp_server_specs if s.name == server]
     if not specs or not tool:
-        return f"{path}: expected mcp:<server>/<tool> with <server> in LW_MCP_SERVERS"
+        return f"{args.path}: expected mcp:<server>/<tool> with <server> in LW_MCP_SERVERS", None
     registry = ToolRegistry(default_dialect=settings.default_schema_dialect, boundaries=dict(settings.boundaries))
-    for line in asyncio.run(inspect_servers(registry, specs)):
-        if line.split(" -> ")[0].endswith(f"{server}/{tool}"):
-            print(line)
+    call_args = (_json_arg(args.input) if args.input is not None else {}) if args.call else None
+    lines, called = asyncio.run(probe(registry, specs[0], tool, call_args))
+    for line in lines:
+        print(line)
     name = f"{specs[0].prefix}{tool}"
     if name in registry.tools:
-        return registry.tools[name].contract
-    return registry.refused.get(name) or registry.refused.get(f"mcp:{server}") or f"{path}: no such tool"
+        return registry.tools[name].contract, called
+    return registry.refused.get(name) or registry.refused.get(f"mcp:{server}") or f"{args.path}: no such tool", None
 
 
-def _mcp_call(args: argparse.Namespace, contract: Any) -> int:
-    """``--call``: run the MCP tool once with ``--input`` and check what it returns, as a run would."""
-    from services.executor.mcp_tools import call_once
-    from services.executor.registry import ToolFailure, ToolRegistry
+def _mcp_call(args: argparse.Namespace, contract: Any, called: Any) -> int:
+    """``--call``: check what the MCP tool returned, as a run would."""
+    from services.executor.registry import ToolFailure
     from services.validator.checking import check_output
     from shared.contracts.validation import format_for_model
     from shared.messages import ToolResultRaw
 
-    if not args.path.startswith("mcp:"):
-        print("--call needs an mcp:<server>/<tool> path")
-        return 2
-    settings = _settings()
-    server, _, tool = args.path[4:].partition("/")
-    registry = ToolRegistry(default_dialect=settings.default_schema_dialect)
-    arguments = _json_arg(args.input) if args.input is not None else {}
-    try:
-        output = asyncio.run(call_once(registry, settings.mcp_server_specs, server, tool, arguments))
-    except ToolFailure as failure:
-        print(f"call: {failure.kind}{f' (effect: {failure.effect})' if failure.effect else ''}\n{failure}")
+    if isinstance(called, ToolFailure):
+        print(f"call: {called.kind}{f' (effect: {called.effect})' if called.effect else ''}\n{called}")
         return 1
     raw = ToolResultRaw(
         run_id="cli",
@@ -405,13 +400,13 @@ def _mcp_call(args: argparse.Namespace, contract: Any) -> int:
         attempt_id="cli",
         tool=contract.name,
         requested_tool=contract.name,
-        arguments=arguments,
-        output=output,
-        output_is_text=isinstance(output, str),
+        arguments={},
+        output=called,
+        output_is_text=isinstance(called, str),
     )
     checked = check_output(contract, raw)
     data = checked.outcome.data
-    shown = data if isinstance(data, str) else json.dumps(data if checked.outcome.success else output)
+    shown = data if isinstance(data, str) else json.dumps(data if checked.outcome.success else called)
     print(f"call: {checked.result}\n{shown[:2000]}")
     if not checked.outcome.success:
         print(format_for_model(checked.outcome.errors))

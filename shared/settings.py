@@ -46,7 +46,7 @@ class McpServerSpec(BaseModel):
     repairs: dict[str, list[dict[str, str]]] = Field(default_factory=dict)
     timeout_s: float = Field(10.0, gt=0)
     # --- added for issue 14 (services/executor/mcp_tools.py) ---------------------------------
-    start_timeout_s: float = Field(10.0, gt=0, description="spawn + handshake + tool list, per server")
+    start_timeout_s: float = Field(30.0, gt=0, description="spawn + handshake + tool list, per server")
     restart_base_s: float = Field(0.5, ge=0, description="first restart delay of a dead server; doubles")
     restart_max_s: float = Field(30.0, gt=0, description="longest delay between restarts")
     closed_output_schemas: bool = Field(

@@ -116,11 +116,15 @@ def test_annotations_and_overrides_decide_idempotency() -> None:
 def cli(*args: str, servers: list[dict[str, Any]]) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "LW_MCP_SERVERS": json.dumps(servers)}
     return subprocess.run(
-        [sys.executable, "-m", "loopwarden.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=90
+        [sys.executable, "-m", "loopwarden.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240
     )
 
 
-TIME = {"name": "time", "command": [sys.executable, "-m", "mcp_server_time", "--local-timezone", "UTC"]}
+TIME = {
+    "name": "time",
+    "command": [sys.executable, "-m", "mcp_server_time", "--local-timezone", "UTC"],
+    "start_timeout_s": 90,  # it must come up, even on a loaded machine
+}
 
 
 def test_lint_starts_mounted_servers_and_reports_their_tools_and_failures() -> None:

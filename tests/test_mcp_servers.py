@@ -30,6 +30,7 @@ from tests.conftest import run_scenario
 TIME_TOOLS = ["get_current_time", "convert_time"]
 GIT_TOOLS = ["git_status", "git_add", "git_commit", "git_log", "git_show"]
 LAB_TOOLS = ["write_note", "profile", "snapshot", "sleep", "big"]
+PATIENT = {"start_timeout_s": 90}  # servers that must come up do, even on a loaded 2-core machine
 
 
 def tool_results(state: RunState) -> list[Any]:
@@ -77,7 +78,7 @@ def start_executor(stack: LocalStack, label: str, servers: list[dict[str, Any]],
         label=label,
         extra_env={"LW_MCP_SERVERS": json.dumps(servers), "LW_EXECUTOR_TOOLS": ",".join(tools)},
     )
-    stack.wait_ready([proc], timeout=90)
+    stack.wait_ready([proc], timeout=180)
     return proc
 
 
@@ -103,11 +104,12 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def reference_executor(stack: LocalStack, repo: Path) -> Iterator[Proc]:
     servers = [
-        {"name": "time", "command": [sys.executable, "-m", "mcp_server_time", "--local-timezone", "UTC"]},
+        {"name": "time", "command": [sys.executable, "-m", "mcp_server_time", "--local-timezone", "UTC"], **PATIENT},
         {
             "name": "git",
             "command": [sys.executable, "-m", "mcp_server_git", "--repository", str(repo)],
             "tools": GIT_TOOLS,
+            **PATIENT,
         },
     ]
     proc = start_executor(stack, "executor-mcp-reference", servers, [*TIME_TOOLS, *GIT_TOOLS])
@@ -214,9 +216,10 @@ def lab(stack: LocalStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator
             "name": "lab",
             "command": [*lab_cmd, marker],
             "env": {"LAB_NOTES": str(notes), "LAB_START_DELAY_S": "1"},
-            "timeout_s": 2,
+            "tools": [t for t in LAB_TOOLS if t != "sleep"],
             "restart_base_s": 0.2,
             "max_result_chars": 5000,
+            **PATIENT,
         },
         {
             "name": "slowlab",
@@ -224,7 +227,9 @@ def lab(stack: LocalStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator
             "env": {"LAB_START_DELAY_S": "1"},
             "prefix": "slow_",
             "tools": ["profile"],
+            **PATIENT,
         },
+        {"name": "sleeper", "command": [*lab_cmd, f"sleeper-{marker}"], "tools": ["sleep"], "timeout_s": 2, **PATIENT},
         {
             "name": "stuck",
             "command": [*lab_cmd, f"stuck-{marker}"],
@@ -258,7 +263,7 @@ async def server_events(client: Client, server: str, executor_pid: int, wait_s: 
 
 
 async def wait_for_state(
-    client: Client, server: str, pid: int, state: str, after: int = 0, timeout: float = 30
+    client: Client, server: str, pid: int, state: str, after: int = 0, timeout: float = 90
 ) -> list[McpServerStatus]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -378,12 +383,14 @@ async def test_no_server_outlives_a_killed_executor(stack: LocalStack, client: C
             "name": "orphan",
             "command": [sys.executable, "-m", "services.executor.tools.mcp_lab", marker],
             "env": {"LAB_LINGER": "1"},  # does not exit when the executor's end of its stdin closes
+            **PATIENT,
         },
         {
             "name": "orphan2",
             "command": [sys.executable, "-m", "services.executor.tools.mcp_lab", f"{marker}-2"],
             "prefix": "orphan2_",
             "env": {"LAB_LINGER": "1"},
+            **PATIENT,
         },
     ]
     proc = start_executor(stack, "executor-mcp-orphans", servers, ["profile"])

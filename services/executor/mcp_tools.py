@@ -507,17 +507,21 @@ async def inspect_servers(registry: ToolRegistry, specs: list[McpServerSpec]) ->
         await close_all(mounts)
 
 
-async def call_once(registry: ToolRegistry, specs: list[McpServerSpec], server: str, tool: str, args: Any) -> Any:
-    """Mount ``server`` and call one of its tools as the executor would (``check-contract --call``):
-    the output the validator would check, or the ``ToolFailure`` the executor would report."""
-    chosen = [s for s in specs if s.name == server]
-    if not chosen:
-        raise ToolFailure("fatal", f"no MCP server named '{server}' in LW_MCP_SERVERS")
-    mounts = await mount_mcp_servers(registry, chosen)
+async def probe(
+    registry: ToolRegistry, spec: McpServerSpec, tool: str, args: dict[str, Any] | None
+) -> tuple[list[str], Any]:
+    """``check-contract mcp:<server>/<tool>``: mount one server as the executor would, describe the tool
+    and, given ``args``, call it once: (lines, the output the validator would check, or the
+    ``ToolFailure`` the executor would report, or None when not called)."""
+    mounts = await mount_mcp_servers(registry, [spec])
     try:
-        hosted = registry.tools.get(f"{chosen[0].prefix}{tool}")
-        if hosted is None:
-            raise ToolFailure("fatal", f"'{tool}' is not mounted from '{server}'")
-        return await hosted.fn(args, ToolContext(run_id="cli", call_id="cli", attempt=1))
+        lines = [line for m in mounts for line in describe(m) if line.split(" -> ")[0].endswith(f"/{tool}")]
+        hosted = registry.tools.get(f"{spec.prefix}{tool}")
+        if args is None or hosted is None:
+            return lines, None
+        try:
+            return lines, await hosted.fn(args, ToolContext(run_id="cli", call_id="cli", attempt=1))
+        except ToolFailure as failure:
+            return lines, failure
     finally:
         await close_all(mounts)
