@@ -162,3 +162,11 @@ def test_check_contract_calls_a_mounted_tool_and_checks_its_result() -> None:
     assert good.returncode == 0 and "call: valid" in good.stdout and '"timezone": "Asia/Tokyo"' in good.stdout
     missing = cli("check-contract", "mcp:time/nope", servers=[TIME])
     assert missing.returncode == 2 and "REFUSED mcp:time/nope: no such tool" in missing.stdout
+
+
+async def test_the_mcp_caller_adds_little_to_the_sdk_round_trip() -> None:
+    """Short form of ``python -m bench.mcp`` (the in-process part; the loop part is ``make bench``)."""
+    from bench.mcp import client_side
+
+    measured = await client_side(30)
+    assert measured["ours_ms"] < measured["sdk_ms"] * 3 + 2, measured  # generous: a loaded 2-core machine
