@@ -25,11 +25,11 @@ from loopwarden.stack import LocalStack, Proc
 from services.planner.state import RunState
 from shared import subjects as S
 from shared.messages import McpServerStatus
-from tests.conftest import run_scenario
+from tests.conftest import escalations_of, run_scenario
 
 TIME_TOOLS = ["get_current_time", "convert_time"]
 GIT_TOOLS = ["git_status", "git_add", "git_commit", "git_log", "git_show"]
-LAB_TOOLS = ["write_note", "profile", "snapshot", "sleep", "big"]
+LAB_TOOLS = ["write_note", "profile", "snapshot", "sleep", "big", "charge"]
 PATIENT = {"start_timeout_s": 90}  # servers that must come up do, even on a loaded 2-core machine
 
 
@@ -359,6 +359,27 @@ async def test_a_slow_read_only_call_times_out_and_is_retried(client: Client, la
     assert [a.payload["failure_type"] for a in attempts] == ["timeout"] * 3  # idempotent: retried
 
 
+async def test_a_server_dying_mid_call_is_an_unknown_outcome_for_a_non_idempotent_tool(
+    client: Client, lab: dict[str, Any]
+) -> None:
+    pid = lab["proc"].popen.pid
+    seen = len(await server_events(client, "lab", pid))
+    state = await run_scenario(
+        client,
+        {"name": "mcp-lab-crash", "task": "Charge 5 EUR.", "planner": [call("charge", cents=500, crash=True)]},
+        until=("awaiting_human",),
+    )
+    assert state.awaiting is not None and state.awaiting.kind == "unknown_outcome"  # a human decides, no retry
+    items = await escalations_of(client, state.run_id)
+    assert [e.kind for e in items] == ["unknown_outcome"]
+    events = await client.events(state.run_id)
+    assert [e.payload["failure_type"] for e in events if e.kind == "tool.attempt.charge"] == ["unknown_outcome"]
+    failure = next(e for e in events if e.kind == "failure.unknown_outcome.charge")
+    assert failure.payload["effect"] == "may_have"
+    assert (await client.resolve(state.awaiting.escalation_id, "oncall", "abort", "checked the ledger")).ok
+    await wait_for_state(client, "lab", pid, "up", after=seen + 1)  # restarted
+
+
 async def test_a_dead_server_is_reported_and_restarted(client: Client, lab: dict[str, Any]) -> None:
     pid = lab["proc"].popen.pid
     seen = len(await server_events(client, "lab", pid))
@@ -368,7 +389,7 @@ async def test_a_dead_server_is_reported_and_restarted(client: Client, lab: dict
     down = next(e for e in events[seen:] if e.state == "down")
     assert down.detail == "the server process exited" and down.next_start_in_s == 0.2
     events = await wait_for_state(client, "lab", pid, "up", after=seen)
-    assert events[-1].state == "up" and events[-1].restarts == 1
+    assert events[-1].state == "up" and events[-1].restarts == events[seen - 1].restarts + 1
     assert processes_with(lab["marker"]) not in ([], [server_pid])
     state = await run_scenario(
         client, {"name": "mcp-lab-after-restart", "task": "Profile?", "planner": [call("profile"), submit("Ada")]}

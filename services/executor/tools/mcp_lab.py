@@ -1,11 +1,11 @@
 """An MCP server (stdio) for the lifecycle and result-kind tests: ``python -m services.executor.tools.mcp_lab``.
 
-Tools: ``write_note`` (not idempotent: appends a line to ``$LAB_NOTES``; text starting with
-``bad`` makes it answer with a ``note_id`` that breaks its declared outputSchema *after* the
-write), ``profile`` (declares an outputSchema and answers with one more field than it
-declares, as a server that grew a field does), ``snapshot`` (no outputSchema: text, an image,
-a resource link and an embedded text resource), ``sleep`` (answers after ``seconds``) and
-``big`` (``chars`` characters of text).
+Tools: ``charge`` (not idempotent; ``crash`` kills the server mid-call), ``write_note`` (not
+idempotent: appends a line to ``$LAB_NOTES``; text starting with ``bad`` makes it answer with
+a ``note_id`` that breaks its declared outputSchema *after* the write), ``profile`` (declares an
+outputSchema and answers with one more field than it declares, as a server that grew a field
+does), ``snapshot`` (no outputSchema: text, an image, a resource link and an embedded text
+resource), ``sleep`` (answers after ``seconds``) and ``big`` (``chars`` characters of text).
 
 Start-up: ``LAB_START_DELAY_S`` delays the handshake; ``LAB_HANG=1`` never answers it;
 ``LAB_LINGER=1`` keeps the process alive for two minutes after its stdin closes. Any
@@ -32,6 +32,16 @@ TOOLS = [
         input_schema={"type": OBJ, "properties": {"text": {"type": "string"}}, "required": ["text"]},
         output_schema={"type": OBJ, "properties": {"note_id": {"type": "integer"}}, "required": ["note_id"]},
         annotations=types.ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False),
+    ),
+    types.Tool(
+        name="charge",
+        description="Charge an amount. Not idempotent. crash=true makes the server die in the middle of the call.",
+        input_schema={
+            "type": OBJ,
+            "properties": {"cents": {"type": "integer"}, "crash": {"type": "boolean"}},
+            "required": ["cents"],
+        },
+        annotations=types.ToolAnnotations(read_only_hint=False, destructive_hint=True),
     ),
     types.Tool(
         name="profile",
@@ -83,6 +93,10 @@ async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.Call
         n = write_note(str(args["text"]))
         note_id: Any = f"n-{n}" if str(args["text"]).startswith("bad") else n
         return types.CallToolResult(content=text(f"note {note_id} saved"), structured_content={"note_id": note_id})
+    if params.name == "charge":
+        if args.get("crash"):
+            os._exit(3)  # the process dies with the request in flight
+        return types.CallToolResult(content=text(f"charged {args['cents']} cents"))
     if params.name == "profile":
         data = {"name": "Ada", "timezone": "Europe/Berlin"}  # 'timezone' is newer than the declared schema
         return types.CallToolResult(content=text('{"name": "Ada"}'), structured_content=data)
