@@ -160,8 +160,6 @@ def test_check_contract_calls_a_mounted_tool_and_checks_its_result() -> None:
         "check-contract", "mcp:time/get_current_time", "--input", '{"timezone": "Asia/Tokyo"}', "--call", servers=[TIME]
     )
     assert good.returncode == 0 and "call: valid" in good.stdout and '"timezone": "Asia/Tokyo"' in good.stdout
-    missing = cli("check-contract", "mcp:time/nope", servers=[TIME])
-    assert missing.returncode == 2 and "REFUSED mcp:time/nope: no such tool" in missing.stdout
 
 
 async def test_the_mcp_caller_adds_little_to_the_sdk_round_trip() -> None:
