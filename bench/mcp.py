@@ -5,7 +5,8 @@
   caller (the same plus result shaping): the caller's own cost is the difference;
 * loop: the same run through the whole stack (planner, executor, validator) with N calls to
   the MCP ``profile`` tool, and with N calls to the Python ``calculator`` tool: what an MCP call
-  adds per call through the loop is the difference of the medians divided by N.
+  adds is the difference of the executor's own per-call times (``duration_ms`` of each result),
+  and, noisier, of the whole runs divided by N.
 
 ``python -m bench.mcp [--quick]`` (also ``python -m bench --only mcp``).
 """
@@ -125,9 +126,9 @@ def report(c: dict[str, float], lp: dict[str, float] | None) -> list[str]:
             f"through the loop, {lp['runs']:.0f} runs of {lp['calls']:.0f} sequential calls each (median run):",
             f"  Python tool (calculator)   {lp['py_run_s'] * 1000:7.0f} ms",
             f"  MCP tool (lab profile)     {lp['mcp_run_s'] * 1000:7.0f} ms",
-            f"  an MCP call adds           {lp['per_call_ms']:7.1f} ms per call over a Python tool",
-            f"  inside the executor (ledger writes + the call, median): Python {lp['py_exec_ms']:.1f} ms, "
-            f"MCP {lp['mcp_exec_ms']:.1f} ms",
+            f"  whole run difference       {lp['per_call_ms']:7.1f} ms per call (noisy when the machine is loaded)",
+            f"  inside the executor, per call (ledger writes + the call, median): Python {lp['py_exec_ms']:.1f} ms, "
+            f"MCP {lp['mcp_exec_ms']:.1f} ms: an MCP call adds {lp['mcp_exec_ms'] - lp['py_exec_ms']:.1f} ms",
         ]
     return lines
 
