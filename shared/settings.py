@@ -159,6 +159,11 @@ class Settings(BaseSettings):
                     first = err.errors()[0]
                     where = ".".join(str(p) for p in first["loc"])
                     raise ValueError(f"server #{i}: {where}: {first['msg']}") from None
+            names = [item["name"] for item in data]
+            if len(set(names)) != len(names):  # a server's status and events are keyed by its name
+                raise ValueError(
+                    f"server names must be unique; repeated: {sorted({n for n in names if names.count(n) > 1})}"
+                )
         return v
 
     @field_validator("executor_tools")

@@ -10,13 +10,23 @@ import sys
 from typing import Any
 
 import mcp_types as types
+import pytest
 from mcp.shared.exceptions import MCPError
+from pydantic import ValidationError
 
-from services.executor.mcp_tools import classify_protocol_error, contract_for, output_of, render_content
+from services.executor.mcp_tools import (
+    classify_protocol_error,
+    close_all,
+    contract_for,
+    mount_mcp_servers,
+    output_of,
+    render_content,
+)
+from services.executor.registry import ToolRegistry
 from services.validator.checking import check_output
 from shared.contracts.registration import register_contract
 from shared.messages import ToolContract, ToolResultRaw
-from shared.settings import McpServerSpec
+from shared.settings import McpServerSpec, Settings
 from tests.conftest import ROOT
 
 SPEC = McpServerSpec(name="s", command=["x"])
@@ -168,3 +178,23 @@ async def test_the_mcp_caller_adds_little_to_the_sdk_round_trip() -> None:
 
     measured = await client_side(30)
     assert measured["ours_ms"] < measured["sdk_ms"] * 3 + 2, measured  # generous: a loaded 2-core machine
+
+
+def test_server_names_are_unique_in_the_setting() -> None:
+    with pytest.raises(ValidationError, match=r"server names must be unique; repeated: \['time'\]"):
+        Settings(mcp_servers=json.dumps([TIME, TIME]))
+
+
+async def test_a_tool_name_two_servers_share_is_refused_not_shadowed() -> None:
+    lab = [sys.executable, "-m", "services.executor.tools.mcp_lab"]
+    specs = [
+        McpServerSpec(name="one", command=lab, tools=["profile"], start_timeout_s=90),
+        McpServerSpec(name="two", command=lab, tools=["profile", "big"], start_timeout_s=90),
+    ]
+    registry = ToolRegistry()
+    mounts = await mount_mcp_servers(registry, specs)
+    try:
+        assert "profile" in registry.tools and "big" in registry.tools
+        assert "the name 'profile' is already registered; give this server a prefix" in registry.refused["two/profile"]
+    finally:
+        await close_all(mounts)

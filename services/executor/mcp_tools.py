@@ -466,7 +466,13 @@ async def mount_mcp_servers(
         for name, reason_refused in mount.refused.items():
             registry.refused[name] = reason_refused
             log.error("refused MCP tool: %s", reason_refused)
-        for name, (_, contract, _) in mount.tools.items():
+        for name, (tool, contract, _) in mount.tools.items():
+            if name in registry.tools:  # two servers with one tool name: never let one shadow the other
+                registry.refused[f"{mount.spec.name}/{tool.name}"] = (
+                    f"MCP tool '{tool.name}' from server '{mount.spec.name}': the name '{name}' is already "
+                    "registered; give this server a prefix in LW_MCP_SERVERS"
+                )
+                continue
             registry.register(contract, mount.caller(name, registry))
         mount.hosting = True
     return mounts
