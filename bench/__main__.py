@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 
 from bench import chaos, e2e, throughput, validation
@@ -11,12 +12,18 @@ from bench import chaos, e2e, throughput, validation
 def main() -> int:
     parser = argparse.ArgumentParser(prog="bench")
     parser.add_argument("--quick", action="store_true", help="short measurements (used by the test suite)")
-    parser.add_argument("--only", choices=["validation", "e2e", "throughput", "chaos"])
+    parser.add_argument("--only", choices=["validation", "e2e", "throughput", "chaos", "mcp"])
     args = parser.parse_args()
     if args.only in (None, "validation"):
         print("\n".join(validation.report(validation.run(seconds=0.3 if args.quick else 2.0))), flush=True)
     if args.only in (None, "e2e"):
         print("\n".join(e2e.report(e2e.run(n=4 if args.quick else 20))), flush=True)
+    if args.only in (None, "mcp"):  # MCP per-call cost (issue 14)
+        from bench import mcp
+
+        client = asyncio.run(mcp.client_side(50 if args.quick else 300))
+        loop = mcp.loop(calls=5 if args.quick else 10, runs=2 if args.quick else 5)
+        print("\n".join(mcp.report(client, loop)), flush=True)
     if args.only in (None, "throughput"):
         print("\n".join(throughput.report(throughput.run(quick=args.quick))), flush=True)
     if args.only in (None, "chaos"):

@@ -314,9 +314,17 @@ def cmd_lint(args: argparse.Namespace) -> int:
     from services.executor.app import load_registry
     from shared.contracts.lint import lint_contract
 
-    registry = load_registry(_settings())
+    settings = _settings()
+    registry = load_registry(settings)
+    mcp_lines: list[str] = []
+    if settings.mcp_server_specs:  # start the mounted MCP servers as the executor would, then stop them
+        from services.executor.mcp_tools import inspect_servers
+
+        mcp_lines = asyncio.run(inspect_servers(registry, settings.mcp_server_specs))
     for name, reason in sorted(registry.refused.items()):
         print(f"REFUSED {name}: {reason}")
+    for line in mcp_lines:
+        print(line)
     issues = [i for t in registry.tools.values() for i in lint_contract(t.declared)]
     for issue in issues:
         print(f"lint    {issue}")
@@ -337,13 +345,24 @@ def cmd_check_contract(args: argparse.Namespace) -> int:
     from shared.contracts.validation import format_for_model
     from shared.messages import ToolResultRaw
 
+    if args.call and not args.path.startswith("mcp:"):
+        print("--call needs an mcp:<server>/<tool> path")
+        return 2
+    mcp_tool, called = _mcp_contract(args) if args.path.startswith("mcp:") else (None, None)  # mcp:<server>/<tool>
+    if isinstance(mcp_tool, str):
+        print(f"REFUSED {mcp_tool}")
+        return 2
     try:
-        declared, _, _ = load_contract_file(Path(args.path))
-        contract = register_contract(declared, _settings().default_schema_dialect)
+        if mcp_tool is not None:
+            contract = mcp_tool
+        else:
+            declared, _, _ = load_contract_file(Path(args.path))
+            contract = register_contract(declared, _settings().default_schema_dialect)
     except (ValueError, ContractError) as err:
         print(f"REFUSED {err}")
         return 2
     print(f"registered {contract.name} (dialect {contract.dialect}, fingerprint {contract.fingerprint})")
+    mcp_text = contract.output_schema.get("x-loopwarden-mcp") == "content"  # its output is text as sent
     status = 0
     if args.input is not None:
         errors = validator_for(contract, "input").errors(_json_arg(args.input))
@@ -362,7 +381,7 @@ def cmd_check_contract(args: argparse.Namespace) -> int:
                 tool=contract.name,
                 requested_tool=contract.name,
                 arguments={},
-                output=output,
+                output=json.dumps(output) if mcp_text else output,
                 output_is_text=True,
             ),
         )
@@ -373,7 +392,62 @@ def cmd_check_contract(args: argparse.Namespace) -> int:
         else:
             print(f"output: {checked.result}\n{format_for_model(outcome.errors)}")
             status = status or 1
+    if args.call:
+        status = _mcp_call(args, contract, called) or status
     return status
+
+
+def _mcp_contract(args: argparse.Namespace) -> tuple[Any, Any]:
+    """``mcp:<server>/<tool>``: the contract the executor registers for a mounted MCP tool (or why not),
+    and with ``--call`` what one call with ``--input`` returned."""
+    from services.executor.mcp_tools import probe
+    from services.executor.registry import ToolRegistry
+
+    settings = _settings()
+    server, _, tool = args.path[4:].partition("/")
+    specs = [s for s in settings.mcp_server_specs if s.name == server]
+    if not specs or not tool:
+        return f"{args.path}: expected mcp:<server>/<tool> with <server> in LW_MCP_SERVERS", None
+    registry = ToolRegistry(default_dialect=settings.default_schema_dialect, boundaries=dict(settings.boundaries))
+    call_args = (_json_arg(args.input) if args.input is not None else {}) if args.call else None
+    lines, called = asyncio.run(probe(registry, specs[0], tool, call_args))
+    for line in lines:
+        print(line)
+    name = f"{specs[0].prefix}{tool}"
+    if name in registry.tools:
+        return registry.tools[name].contract, called
+    return registry.refused.get(name) or registry.refused.get(f"mcp:{server}") or f"{args.path}: no such tool", None
+
+
+def _mcp_call(args: argparse.Namespace, contract: Any, called: Any) -> int:
+    """``--call``: check what the MCP tool returned, as a run would."""
+    from services.executor.registry import ToolFailure
+    from services.validator.checking import check_output
+    from shared.contracts.validation import format_for_model
+    from shared.messages import ToolResultRaw
+
+    if isinstance(called, ToolFailure):
+        print(f"call: {called.kind}{f' (effect: {called.effect})' if called.effect else ''}\n{called}")
+        return 1
+    raw = ToolResultRaw(
+        run_id="cli",
+        iteration=1,
+        call_id="cli",
+        attempt_id="cli",
+        tool=contract.name,
+        requested_tool=contract.name,
+        arguments={},
+        output=called,
+        output_is_text=isinstance(called, str),
+    )
+    checked = check_output(contract, raw)
+    data = checked.outcome.data
+    shown = data if isinstance(data, str) else json.dumps(data if checked.outcome.success else called)
+    print(f"call: {checked.result}\n{shown[:2000]}")
+    if not checked.outcome.success:
+        print(format_for_model(checked.outcome.errors))
+        return 1
+    return 0
 
 
 def cmd_check_scenario(args: argparse.Namespace) -> int:
@@ -465,10 +539,13 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("metrics", help="per-tool contract metrics").set_defaults(func=lambda a: asyncio.run(_metrics(a)))
     sub.add_parser("dlq", help="dead-lettered messages and why").set_defaults(func=lambda a: asyncio.run(_dlq(a)))
     sub.add_parser("lint", help="check every tool contract").set_defaults(func=cmd_lint)
-    p = sub.add_parser("check-contract", help="register a tool contract file; optionally check an instance")
+    p = sub.add_parser(
+        "check-contract", help="register a tool contract file (or mcp:<server>/<tool>); optionally check an instance"
+    )
     p.add_argument("path")
     p.add_argument("--input", help="arguments as JSON, or @file.json")
     p.add_argument("--output", help="a tool output as JSON text, or @file.json")
+    p.add_argument("--call", action="store_true", help="mcp:<server>/<tool>: call it with --input, check the result")
     p.set_defaults(func=cmd_check_contract)
     p = sub.add_parser("check-scenario", help="validate scenario files")
     p.add_argument("paths", nargs="+")

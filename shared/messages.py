@@ -24,6 +24,7 @@ FailureType = Literal[
     "loop",  # the model repeats itself
     "budget",  # tokens or cost exhausted
     "judge",  # the judge could not score a candidate
+    "tool_error",  # the tool ran and reported an error the model can act on (an MCP isError result)
 ]
 Boundary = Literal["skip_and_note", "use_cached", "ask_human"]
 
@@ -278,6 +279,9 @@ class ToolOutcome(Wire):
         False,
         description="a transient failure of one attempt after which the executor goes on with this call (another "
         "attempt, the fallback tool or the cached result): an event for subscribers, not the call's outcome",
+    )
+    effect: Literal["none", "took_effect", "may_have"] | None = Field(
+        None, description="for a failed call of a non-idempotent tool: whether its side effect happened"
     )
 
     @model_validator(mode="after")
@@ -537,6 +541,22 @@ class ErrorReply(Wire):
     error: str
 
 
+class McpServerStatus(Wire):
+    """Event ``evt.mcp.server.<name>`` and the server's entry in ``lw_mcp_servers``: a mounted MCP
+    server's state as the executor that runs it sees it."""
+
+    server: str
+    executor: str = Field(description="the executor process (host:pid) running this copy of the server")
+    state: Literal["starting", "up", "failed", "down", "stopped"]
+    detail: str = ""
+    tools: list[str] = Field(default_factory=list, description="mounted tool names")
+    refused: dict[str, str] = Field(default_factory=dict, description="tool -> why it was not mounted")
+    restarts: int = 0
+    next_start_in_s: float | None = None
+    start_ms: float | None = Field(None, description="start-up (spawn, handshake, tool list) time")
+    at: datetime = Field(default_factory=utcnow)
+
+
 Escalation.model_rebuild()
 ToolCall.model_rebuild()
 
@@ -564,4 +584,5 @@ WIRE_MODELS: tuple[type[BaseModel], ...] = (
     EscalationEvent,
     DeadLetter,
     ErrorReply,
+    McpServerStatus,
 )

@@ -62,8 +62,10 @@ GRANTS: dict[str, Grant] = {
             f"{S.TOOL_ATTEMPT_PREFIX}.>",
             *(f"{F}.{t}.>" for t in ("input_invalid", "transient", "timeout", "fatal", "unknown_outcome")),
             S.dead_letter("executor"),
+            f"{F}.tool_error.>",
+            f"{S.MCP_SERVER_EVENT_PREFIX}.>",
         ),
-        kv_write=(S.KV_TOOL_LEDGER, S.KV_CONTRACTS, S.KV_SCRIPT_CURSORS, S.KV_DEMO),
+        kv_write=(S.KV_TOOL_LEDGER, S.KV_CONTRACTS, S.KV_SCRIPT_CURSORS, S.KV_DEMO, S.KV_MCP_SERVERS),
         kv_read=(S.KV_SCENARIOS, S.KV_TOOL_CACHE),
         consumers=(),  # one durable per hosted tool: filled in from the tool registry by ``grants()``
     ),

@@ -45,6 +45,9 @@ CATALOGUE: dict[str, str] = {
     f"kv {S.KV_CONTRACTS}": "ToolContract",
     f"kv {S.KV_TOOL_CACHE}": "CachedToolResult",
     f"kv {S.KV_ESCALATIONS}": "Escalation",
+    f"{S.FAILURE_PREFIX}.tool_error.<tool>": "ToolOutcome",
+    f"{S.MCP_SERVER_EVENT_PREFIX}.<server>": "McpServerStatus",
+    f"kv {S.KV_MCP_SERVERS}": "McpServerStatus",
 }
 
 

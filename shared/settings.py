@@ -42,10 +42,25 @@ class McpServerSpec(BaseModel):
     tools: list[str] | None = Field(None, description="mount only these tools")
     prefix: str = Field("", description="prefix for the mounted tool names")
     output_schemas: dict[str, dict[str, Any]] = Field(
-        default_factory=dict, description="outputSchema for tools whose server declares none"
+        default_factory=dict,
+        description="outputSchema for tools whose server declares none (their text is then parsed as JSON); "
+        "without one, a tool's content reaches the model as text",
     )
     repairs: dict[str, list[dict[str, str]]] = Field(default_factory=dict)
     timeout_s: float = Field(10.0, gt=0)
+    # --- added for issue 14 (services/executor/mcp_tools.py) ---------------------------------
+    start_timeout_s: float = Field(30.0, gt=0, description="spawn + handshake + tool list, per server")
+    restart_base_s: float = Field(0.5, ge=0, description="first restart delay of a dead server; doubles")
+    restart_max_s: float = Field(30.0, gt=0, description="longest delay between restarts")
+    closed_output_schemas: bool = Field(
+        False,
+        description="close the server's declared outputSchemas (additionalProperties: false); the default "
+        "keeps them as written, so a server that adds an output field keeps working",
+    )
+    idempotent: dict[str, bool] = Field(
+        default_factory=dict, description="tool -> idempotent, overriding the server's annotations"
+    )
+    max_result_chars: int = Field(100_000, ge=100, description="a longer text result is cut (with a note)")
 
 
 class Settings(BaseSettings):
@@ -207,6 +222,11 @@ class Settings(BaseSettings):
                     first = err.errors()[0]
                     where = ".".join(str(p) for p in first["loc"])
                     raise ValueError(f"server #{i}: {where}: {first['msg']}") from None
+            names = [item["name"] for item in data]
+            if len(set(names)) != len(names):  # a server's status and events are keyed by its name
+                raise ValueError(
+                    f"server names must be unique; repeated: {sorted({n for n in names if names.count(n) > 1})}"
+                )
         return v
 
     @field_validator("escalation_slas")

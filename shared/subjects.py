@@ -41,6 +41,7 @@ ESCALATION_EVENT_PREFIX = f"{P}.evt.escalation"
 ESCALATION_RAISED = f"{ESCALATION_EVENT_PREFIX}.raised"
 ESCALATION_CLAIMED = f"{ESCALATION_EVENT_PREFIX}.claimed"
 ESCALATION_RESOLVED = f"{ESCALATION_EVENT_PREFIX}.resolved"
+MCP_SERVER_EVENT_PREFIX = f"{P}.evt.mcp.server"  # executor: an MCP server started, failed, died, restarted
 
 # --- dead letters (JetStream stream LW_DLQ) --------------------------------------------------
 DLQ_PREFIX = f"{P}.dlq"
@@ -67,6 +68,7 @@ KV_BUDGETS = "lw_budgets"  # governor: ledger and threshold flags per run
 KV_ESCALATIONS = "lw_escalations"  # escalation: the human queue
 KV_LESSONS = "lw_lessons"  # planner: failure reasons per task, for opt-in lessons
 KV_DEMO = "lw_demo"  # demo tools' side effects (payments ledger)
+KV_MCP_SERVERS = "lw_mcp_servers"  # executor: status per mounted MCP server (and executor)
 ALL_BUCKETS = (
     KV_RUNS,
     KV_MODEL_CALLS,
@@ -80,6 +82,7 @@ ALL_BUCKETS = (
     KV_ESCALATIONS,
     KV_LESSONS,
     KV_DEMO,
+    KV_MCP_SERVERS,
 )
 
 _TOKEN_OK = re.compile(r"[^A-Za-z0-9_-]")
@@ -143,3 +146,7 @@ ESCALATION_SLA_APPLIED = f"{ESCALATION_EVENT_PREFIX}.sla_applied"
 def escalation_rpc(verb: str, operator: str, via: str | None = None) -> str:
     """The subject an operator (or the console on their behalf) sends a claim/renew/resolve to."""
     return f"{ESCALATION_RPC_PREFIX}.{token(verb)}." + (f"{token(via)}." if via else "") + token(operator)
+
+
+def mcp_server_event(server: str) -> str:
+    return f"{MCP_SERVER_EVENT_PREFIX}.{token(server)}"

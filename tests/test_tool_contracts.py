@@ -187,18 +187,21 @@ async def test_mcp_tools_pass_the_same_checks(client: Client) -> None:
     assert m["parse_success_rate"] == 0.5 and m["repair_rate"] == 0.5 and m["correction_success_rate"] == 1.0
 
 
-async def test_an_mcp_error_result_is_a_fatal_failure(client: Client) -> None:
+async def test_an_mcp_error_result_goes_back_to_the_model(client: Client) -> None:
     state = await run_scenario(
         client,
         {
             "name": "mcp-error",
             "task": "Cancel order 1001.",
-            "planner": [{"tool_calls": [{"name": "cancel_order", "id": "toolu_cancel", "input": {"order_id": 1001}}]}],
+            "planner": [
+                {"tool_calls": [{"name": "cancel_order", "id": "toolu_cancel", "input": {"order_id": 1001}}]},
+                submit("Order 1001 already shipped, so it cannot be cancelled."),
+            ],
         },
-        until=("awaiting_human",),
     )
-    assert state.awaiting is not None and state.awaiting.kind == "fatal"
-    assert "reported an error: order already shipped" in state.awaiting.reason
+    assert state.status == "completed", state.final_reason  # an isError result is the model's to read (issue 14)
+    result = tool_results(state)[0]
+    assert result.is_error and "'cancel_order' reported an error: order already shipped" in result.content
 
 
 async def test_the_post_call_hook_runs_before_output_validation(client: Client) -> None:

@@ -35,6 +35,7 @@ from shared.messages import (
     CachedToolResult,
     DeadLetter,
     FallbackNote,
+    McpServerStatus,
     SchemaError,
     ToolAttempt,
     ToolCall,
@@ -58,6 +59,7 @@ class Attempted:
     error: str | None = None
     retry_after_s: float | None = None
     effect_unknown: bool = False  # the real tool was cut off (timeout): it may have done its work
+    effect: str | None = None  # ToolFailure.effect (MCP tools)
 
 
 class Cursor(Wire):
@@ -94,6 +96,8 @@ def model_error(tool: str, failure_type: str, detail: str, attempts: int) -> str
             f"'{tool}' did not respond in time ({detail}){tried}. It may be overloaded; try a narrower request, "
             "another tool, or continue without it."
         )
+    if failure_type == "tool_error":  # the tool's own message for the model (services/executor/mcp_tools.py)
+        return detail
     if failure_type == "unknown_outcome":
         return (
             f"'{tool}' may or may not have completed: the process running it stopped before recording the "
@@ -138,10 +142,14 @@ class Executor:
         """After connecting: mount MCP servers, consume their tools too, publish every contract."""
         specs = self.settings.mcp_server_specs
         if specs:
-            from services.executor.mcp_tools import mount_mcp_servers
+            from services.executor.mcp_tools import close_all, mount_mcp_servers
 
-            self.mounts = await mount_mcp_servers(self.registry, specs)
-            self.bus.on_stop.extend(m.close for m in self.mounts)
+            async def on_status(status: McpServerStatus) -> None:  # event + status per server (issue 14)
+                await self.bus.publish(S.mcp_server_event(status.server), status)
+                await self.bus.kv_put(S.KV_MCP_SERVERS, S.kv_key(status.server, status.executor), status)
+
+            self.mounts = await mount_mcp_servers(self.registry, specs, on_status)
+            self.bus.on_stop.append(lambda: close_all(self.mounts))
             self.register(self.bus.broker)  # the router is already included: add to the broker itself
             await self.bus.reconcile_consumers()
         await self.publish_contracts()
@@ -327,6 +335,18 @@ class Executor:
             )
             return
         recoverable = ftype in ("transient", "timeout")
+        if ftype == "tool_error":  # the tool ran and told the model what went wrong (MCP isError): no fallback
+            await self.finish_failure(
+                call,
+                entry,
+                revision,
+                ftype,
+                result.error or ftype,
+                recoverable=True,
+                effect=result.effect,
+                attempts=attempts,
+            )
+            return
         depth = call.attempt_id.count(".fb.")
         if (
             recoverable
@@ -368,6 +388,7 @@ class Executor:
             recoverable=recoverable,
             boundary=contract.boundary,
             attempts=attempts,
+            effect=result.effect,
         )
 
     async def attempt(self, call: ToolCall, hosted: HostedTool, n: int) -> Attempted:
@@ -405,7 +426,13 @@ class Executor:
                 effect_unknown=real_tool_started,
             )
         except ToolFailure as failure:
-            return Attempted(False, failure_type=failure.kind, error=str(failure), retry_after_s=failure.retry_after_s)
+            return Attempted(
+                False,
+                failure_type=failure.kind,
+                error=str(failure),
+                retry_after_s=failure.retry_after_s,
+                effect=failure.effect,
+            )
         except Exception as err:  # a bug in the tool: not something a retry fixes
             log.exception("tool %s crashed", call.tool)
             return Attempted(False, failure_type="fatal", error=f"the tool crashed: {err!r}")
@@ -541,6 +568,7 @@ class Executor:
         recoverable: bool = False,
         boundary: str | None = None,
         attempts: int = 1,
+        effect: str | None = None,
     ) -> None:
         outcome = self.outcome(
             call,
@@ -549,6 +577,7 @@ class Executor:
             recoverable=recoverable,
             attempts=attempts,
             boundary=boundary,
+            effect=effect,
         )
         await self.finish(call, entry, revision, S.failure(ftype, call.tool), outcome, f"{call.attempt_id}.outcome")
 

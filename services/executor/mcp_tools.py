@@ -1,119 +1,533 @@
-"""Tools mounted from MCP servers (stdio transport).
+"""Tools mounted from MCP servers (stdio transport), as users mount them.
 
-Each server's tools become ordinary contracts: their ``inputSchema``/``outputSchema`` pass
-the same registration checks as any other tool (a tool without an ``outputSchema`` needs
-one in the mount config — no contract, no registration), their ``structuredContent`` (or,
-without it, their text content parsed as JSON) goes through the same output validation,
-repairs and self-correction. ``idempotentHint``/``readOnlyHint`` annotations decide
-idempotency. An MCP ``isError`` result is a fatal tool failure: the server says the call
-failed and nothing says a retry would help.
+Contracts. Each server tool becomes an ordinary contract and passes the same registration
+checks as any other tool. Its output contract is, in this order:
+
+* the server's declared ``outputSchema``: ``structuredContent`` is validated against it (by
+  the validator, with repairs and metrics like any tool). Kept *open* as written unless the
+  server's entry sets ``closed_output_schemas``, so a server that adds an output field keeps
+  working (the SDK's own re-validation is off: ours is the one that counts);
+* else a schema the user gave under ``output_schemas``: the result's ``structuredContent``,
+  or its text parsed as JSON, is validated against it (closed like any contract the user writes);
+* else the result's content itself: text (and other content blocks, described in a line each)
+  reaches the model as the server sent it, cut at ``max_result_chars`` and then capped in
+  context like any tool output. Most MCP tools return text; none of them needs a schema.
+
+Errors by kind. An ``isError`` result is the tool telling the model what went wrong: a
+recoverable ``tool_error`` the model reads, counted and loop-detected like any repeated error.
+A JSON-RPC "invalid params" answer is the same. A request timeout is ``timeout`` and a closed
+connection (the server died) is ``transient`` for an idempotent tool; for a non-idempotent one
+both are ``unknown_outcome`` (the call may have happened; a human decides). Other protocol
+errors and client-side crashes are ``fatal``. A non-idempotent call whose result breaks its
+output contract already took effect: it fails as a ``tool_error`` that says so and shows what
+the server returned, and never invites a repeat. Idempotency comes from the annotations
+(``readOnlyHint`` or ``idempotentHint``), overridable per tool with ``idempotent``.
+
+Lifecycle. Servers start concurrently, each bounded by its ``start_timeout_s``; each runs under
+a supervisor task that reports its state (``starting``, ``up``, ``failed``, ``down``,
+``stopped``) as an event on ``evt.mcp.server.<name>`` and in the ``lw_mcp_servers`` bucket,
+and restarts a server that failed or died with exponential backoff. On Linux every server
+is started with ``PR_SET_PDEATHSIG``, so no server outlives its executor even when the
+executor is killed with SIGKILL; a clean stop closes the server's stdin and then kills its
+process group (the SDK's shutdown).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 import logging
-from typing import Any
+import os
+import socket
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal
 
+import anyio
+import mcp_types as types
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.shared.exceptions import MCPError
+from mcp.shared.message import SessionMessage
 
 from services.executor.registry import ToolContext, ToolFailure, ToolFn, ToolRegistry
-from shared.messages import RepairRule, RetryPolicy, ToolContract
+from services.validator.checking import check_output
+from shared.contracts.validation import format_for_model
+from shared.messages import McpServerStatus, RepairRule, RetryPolicy, ToolContract, ToolResultRaw
 from shared.settings import McpServerSpec
 
 log = logging.getLogger("loopwarden.executor.mcp")
 
+SchemaSource = Literal["server", "user", "content"]
+SCHEMA_MARK = "x-loopwarden-mcp"  # on a mounted tool's outputSchema: where its output contract comes from
+TIMEOUT_MARGIN_S = 2.0  # the executor's own timeout is this much longer: the MCP timeout classifies first
+StatusFn = Callable[[McpServerStatus], Awaitable[None]]
+
+# Started between the executor and the server's command (Linux): the kernel kills the server
+# when the executor dies, however it dies; it exits at once if the executor is already gone.
+_GUARD = (
+    "import ctypes,os,signal,sys\n"
+    "ctypes.CDLL(None).prctl(1,signal.SIGKILL,0,0,0)\n"
+    "os.getppid()==int(sys.argv[1]) or os._exit(70)\n"
+    "os.execvp(sys.argv[2],sys.argv[2:])\n"
+)
+
+
+def guarded_command(command: list[str]) -> list[str]:
+    if not sys.platform.startswith("linux"):
+        return command
+    return [sys.executable, "-S", "-c", _GUARD, str(os.getpid()), *command]
+
+
+# --- results (pure) ------------------------------------------------------------------------------
+
+
+def render_content(blocks: list[Any], limit: int) -> str:
+    """An MCP result's content as the model reads it: text as sent, other blocks described."""
+    parts: list[str] = []
+    for b in blocks:
+        kind = getattr(b, "type", None)
+        if kind == "text":
+            parts.append(b.text)
+        elif kind in ("image", "audio"):
+            parts.append(f"[{kind} content: {b.mime_type}, about {len(b.data) * 3 // 4} bytes, not shown]")
+        elif kind == "resource_link":
+            mime = f", {b.mime_type}" if getattr(b, "mime_type", None) else ""
+            parts.append(f"[resource link: {b.name} <{b.uri}>{mime}]")
+        elif kind == "resource":
+            res = b.resource
+            text = getattr(res, "text", None)
+            if text is not None:
+                parts.append(f"[resource <{res.uri}>]\n{text}")
+            else:
+                parts.append(f"[resource <{res.uri}>: {res.mime_type or 'binary'}, not shown]")
+        else:
+            parts.append(f"[{kind} content, not shown]")
+    text = "\n".join(parts)
+    if len(text) > limit:
+        text = f"{text[:limit]}\n[result cut: {len(text) - limit} more characters]"
+    return text
+
+
+def output_of(source: SchemaSource, result: types.CallToolResult, limit: int) -> Any:
+    """What the validator checks. A ``str`` travels as text that must parse as JSON, so the
+    content of a schema-less tool is sent as a JSON string: it parses back to the text itself."""
+    text = render_content(result.content or [], limit)
+    if source == "content":
+        if not text and result.structured_content is not None:
+            text = json.dumps(result.structured_content, ensure_ascii=False)
+        return json.dumps(text, ensure_ascii=False)
+    if result.structured_content is not None:
+        return result.structured_content
+    return text  # a server that declares a schema should send structuredContent; its text is tried as JSON
+
+
+def classify_protocol_error(err: MCPError, idempotent: bool) -> tuple[str, str, str | None]:
+    """(failure type, detail, effect) for a JSON-RPC error answering ``tools/call``."""
+    code, message = err.error.code, err.error.message
+    if code == types.INVALID_PARAMS:
+        return "tool_error", f"the server refused the call: {message}", "none"
+    if code == types.REQUEST_TIMEOUT:
+        if idempotent:
+            return "timeout", f"the MCP server did not answer in time ({message})", None
+        return "unknown_outcome", f"the MCP server did not answer in time ({message}); it may have acted", "may_have"
+    if code == types.CONNECTION_CLOSED:
+        if idempotent:
+            return "transient", "the MCP server's connection closed (the server stopped); it is being restarted", None
+        return "unknown_outcome", "the MCP server stopped during the call; it may have acted", "may_have"
+    return "fatal", f"the MCP server answered with a protocol error {code}: {message}", None
+
+
+def is_idempotent(spec: McpServerSpec, tool: types.Tool) -> bool:
+    if tool.name in spec.idempotent:
+        return spec.idempotent[tool.name]
+    hints = tool.annotations
+    return bool(hints and (hints.read_only_hint or hints.idempotent_hint))
+
+
+def contract_for(spec: McpServerSpec, tool: types.Tool) -> tuple[ToolContract, SchemaSource] | str:
+    """The contract for one server tool, or why it cannot be mounted."""
+    name = f"{spec.prefix}{tool.name}"
+    source: SchemaSource
+    if tool.output_schema is not None:
+        source = "server"
+        output_schema = dict(tool.output_schema)
+        if not spec.closed_output_schemas:
+            output_schema["x-loopwarden-open"] = True
+    elif tool.name in spec.output_schemas:
+        source, output_schema = "user", dict(spec.output_schemas[tool.name])
+    else:
+        source = "content"
+        output_schema = {
+            "type": "string",
+            "description": "the tool's content as the server sent it (text; other blocks described)",
+        }
+    output_schema[SCHEMA_MARK] = source
+    idempotent = is_idempotent(spec, tool)
+    try:
+        contract = ToolContract.model_validate(
+            {
+                "name": name,
+                "description": tool.description or tool.title or f"{tool.name} (MCP server {spec.name})",
+                "inputSchema": dict(tool.input_schema),
+                "outputSchema": output_schema,
+                "idempotent": idempotent,
+                "timeout_s": spec.timeout_s + TIMEOUT_MARGIN_S,
+                "retry": RetryPolicy(max_attempts=3 if idempotent else 1),
+                "repairs": [RepairRule.model_validate(r) for r in spec.repairs.get(tool.name, [])],
+                "source": "mcp",
+            }
+        )
+    except ValueError as err:
+        return f"MCP tool '{tool.name}' from server '{spec.name}' cannot be described as a contract: {err}"
+    return contract, source
+
+
+def side_effect_message(tool: str, errors: str, returned: str) -> str:
+    return (
+        f"'{tool}' ran and reported success, so its effect has taken place, but its result breaks the "
+        f"tool's output contract:\n{errors}\nWhat the server returned:\n{returned}\n"
+        "Do not call it again to get a cleaner result: that would do it a second time. Continue from "
+        "this result, or check the current state with a read-only tool."
+    )
+
+
+# --- one server ------------------------------------------------------------------------------------
+
+
+class _Session(ClientSession):
+    async def validate_tool_result(self, name: str, result: types.CallToolResult) -> None:
+        """Off: the validator checks ``structuredContent`` (open or closed as configured, with repairs);
+        the SDK's check would turn a contract failure into an exception after the side effect."""
+
 
 class McpMount:
-    """One live MCP server session, kept open for the executor's lifetime."""
+    """One MCP server: a supervisor task owns its process and session, restarting it when it dies."""
 
-    def __init__(self, spec: McpServerSpec) -> None:
+    def __init__(self, spec: McpServerSpec, on_status: StatusFn | None = None) -> None:
         self.spec = spec
+        self.on_status = on_status
         self.session: ClientSession | None = None
-        self._stack = contextlib.AsyncExitStack()
+        self.tools: dict[str, tuple[types.Tool, ToolContract, SchemaSource]] = {}  # mounted name -> ...
+        self.refused: dict[str, str] = {}
+        self.state = "starting"
+        self.detail = ""
+        self.restarts = 0
+        self.next_start_at: float | None = None
+        self._stop = asyncio.Event()
+        self._first: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        self._task: asyncio.Task[None] | None = None
+        self.hosting = False  # its tools are registered (it came up at the executor's start)
+        self.executor_id = f"{socket.gethostname()}:{os.getpid()}"
 
-    async def start(self) -> list[tuple[ToolContract, ToolFn] | tuple[str, str]]:
-        """Open the session; return (contract, fn) per tool, or (name, reason) for a refused one."""
+    # lifecycle ----------------------------------------------------------------------------
+    async def start(self) -> str | None:
+        """Start the supervisor; return once the first start succeeded (None) or failed (the reason)."""
+        self._task = asyncio.create_task(self._supervise(), name=f"mcp-server-{self.spec.name}")
+        return await asyncio.shield(self._first)
+
+    async def close(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                async with asyncio.timeout(8):
+                    await asyncio.shield(self._task)
+            if not self._task.done():
+                self._task.cancel()
+
+    async def _supervise(self) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            was_up, reason = await self._run_once()
+            if self._stop.is_set():
+                break
+            failures = 0 if was_up else failures + 1
+            delay = min(self.spec.restart_max_s, self.spec.restart_base_s * 2 ** max(0, failures - 1))
+            self.next_start_at = time.monotonic() + delay
+            await self._report("down" if was_up else "failed", reason, next_start_in_s=round(delay, 3))
+            if not self._first.done():
+                self._first.set_result(reason)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self._stop.wait()
+            if not self._stop.is_set():
+                self.restarts += 1
+        self.next_start_at = None
+        if not self._first.done():
+            self._first.set_result("stopped before it started")
+        await self._report("stopped", "the executor is stopping")
+
+    async def _run_once(self) -> tuple[bool, str]:
+        """Run the server until it dies or we stop: (whether it came up, why it ended)."""
         spec = self.spec
-        params = StdioServerParameters(
-            command=spec.command[0], args=spec.command[1:], env=spec.env or None, cwd=spec.cwd
-        )
-        read, write = (await self._stack.enter_async_context(stdio_client(params)))[:2]
-        self.session = await self._stack.enter_async_context(ClientSession(read, write))
-        await self.session.initialize()
-        listed = await self.session.list_tools()
-        found: list[tuple[ToolContract, ToolFn] | tuple[str, str]] = []
-        for tool in listed.tools:
-            if spec.tools is not None and tool.name not in spec.tools:
-                continue
-            name = f"{spec.prefix}{tool.name}"
-            output_schema = tool.output_schema or spec.output_schemas.get(tool.name)
-            if output_schema is None:
-                found.append(
-                    (
-                        name,
-                        f"MCP tool '{tool.name}' from server '{spec.name}' declares no outputSchema; "
-                        f"add one under output_schemas in LW_MCP_SERVERS",
-                    )
-                )
-                continue
-            hints = tool.annotations
-            idempotent = bool(hints and (hints.idempotent_hint or hints.read_only_hint))
-            contract = ToolContract.model_validate(
-                {
-                    "name": name,
-                    "description": tool.description or tool.title or f"{tool.name} (MCP server {spec.name})",
-                    "inputSchema": dict(tool.input_schema),
-                    "outputSchema": dict(output_schema),
-                    "idempotent": idempotent,
-                    "timeout_s": spec.timeout_s,
-                    "retry": RetryPolicy(max_attempts=3 if idempotent else 1),
-                    "repairs": [RepairRule.model_validate(r) for r in spec.repairs.get(tool.name, [])],
-                    "source": "mcp",
-                }
-            )
-            found.append((contract, self._caller(tool.name)))
-        return found
+        await self._report("starting", f"attempt {self.restarts + 1}")
+        started = time.monotonic()
+        command = guarded_command(spec.command)
+        params = StdioServerParameters(command=command[0], args=command[1:], env=spec.env or None, cwd=spec.cwd)
+        dead = asyncio.Event()
+        was_up = False
+        try:
+            async with contextlib.AsyncExitStack() as stack:  # entered and left in this task (anyio scopes)
+                read, write = (await stack.enter_async_context(stdio_client(params)))[:2]
+                relay_send, relay_recv = anyio.create_memory_object_stream[SessionMessage | Exception](0)
 
-    def _caller(self, remote_name: str) -> ToolFn:
+                async def relay() -> None:  # the server's messages to the session; its end is the server's death
+                    try:
+                        async with relay_send:
+                            async for item in read:
+                                await relay_send.send(item)
+                    except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream):
+                        pass
+                    finally:
+                        dead.set()
+
+                relay_task = asyncio.create_task(relay())
+                stack.callback(relay_task.cancel)
+                session = await stack.enter_async_context(_Session(relay_recv, write))
+                try:
+                    with anyio.fail_after(spec.start_timeout_s):
+                        await session.initialize()
+                        listed = await self._list_tools(session)
+                except TimeoutError:
+                    reason = f"no handshake and tool list within {spec.start_timeout_s:g}s (start_timeout_s)"
+                    if not self._first.done():
+                        self._first.set_result(reason)  # the executor need not wait for the teardown
+                    return False, reason
+                self._absorb(listed)
+                self.session, was_up = session, True
+                ms = round((time.monotonic() - started) * 1000, 1)
+                mounted = (
+                    f"{len(self.tools)} tool(s) mounted"
+                    if self.hosting or not self._first.done()
+                    else ("its tools are mounted when the executor restarts")
+                )
+                await self._report("up", mounted, start_ms=ms)
+                if not self._first.done():
+                    self._first.set_result(None)
+                stopping = asyncio.create_task(self._stop.wait())
+                dying = asyncio.create_task(dead.wait())
+                try:
+                    await asyncio.wait({stopping, dying}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    stopping.cancel()
+                    dying.cancel()
+                    self.session = None
+                return True, "the server process exited" if dead.is_set() else "stopped"
+        except Exception as err:
+            self.session = None
+            if was_up:
+                return True, f"the session ended: {err!r}"
+            return False, f"did not start: {err!r}"
+
+    async def _list_tools(self, session: ClientSession) -> list[types.Tool]:
+        tools: list[types.Tool] = []
+        cursor: str | None = None
+        while True:
+            page = await session.list_tools(params=types.PaginatedRequestParams(cursor=cursor) if cursor else None)
+            tools.extend(page.tools)
+            cursor = page.next_cursor
+            if not cursor:
+                return tools
+
+    def _absorb(self, listed: list[types.Tool]) -> None:
+        """Contracts for the listed tools (first start); on a restart, the first contracts stay in force."""
+        if self.tools or self.refused:
+            gone = sorted(n for n, (t, _, _) in self.tools.items() if t.name not in {x.name for x in listed})
+            if gone:
+                log.error("MCP server '%s' restarted without tool(s) %s", self.spec.name, ", ".join(gone))
+            return
+        for tool in listed:
+            if self.spec.tools is not None and tool.name not in self.spec.tools:
+                continue
+            made = contract_for(self.spec, tool)
+            if isinstance(made, str):
+                self.refused[f"{self.spec.prefix}{tool.name}"] = made
+            else:
+                self.tools[made[0].name] = (tool, made[0], made[1])
+
+    async def _report(self, state: str, detail: str, **extra: Any) -> None:
+        self.state, self.detail = state, detail
+        level = logging.INFO if state in ("starting", "up", "stopped") else logging.ERROR
+        log.log(level, "MCP server '%s' %s: %s", self.spec.name, state, detail)
+        if self.on_status is None:
+            return
+        status = McpServerStatus.model_validate(
+            {
+                "server": self.spec.name,
+                "executor": self.executor_id,
+                "state": state,
+                "detail": detail,
+                "tools": sorted(self.tools),
+                "refused": self.refused,
+                "restarts": self.restarts,
+                **extra,
+            }
+        )
+        try:
+            await self.on_status(status)
+        except Exception as err:  # a status that cannot be published must not stop the supervisor
+            log.warning("MCP server '%s': status not published: %r", self.spec.name, err)
+
+    # calls --------------------------------------------------------------------------------------
+    def caller(self, name: str, registry: ToolRegistry) -> ToolFn:
+        tool, declared, source = self.tools[name]
+        spec, remote, idempotent = self.spec, tool.name, declared.idempotent
+
         async def call(args: dict[str, Any], ctx: ToolContext) -> Any:
-            if self.session is None:
-                raise ToolFailure("transient", f"the MCP server '{self.spec.name}' is not connected")
-            result = await self.session.call_tool(remote_name, args)
-            text = "".join(getattr(c, "text", "") for c in result.content or [])
+            session = self.session
+            if session is None:  # not sent: safe to report as transient whatever the tool does
+                wait = max(0.0, (self.next_start_at or time.monotonic()) - time.monotonic())
+                raise ToolFailure(
+                    "transient",
+                    f"the MCP server '{spec.name}' is not running ({self.state}: {self.detail}); it is being restarted",
+                    retry_after_s=round(wait, 3) or None,
+                )
+            try:
+                result = await session.call_tool(remote, args, read_timeout_seconds=spec.timeout_s)
+            except MCPError as err:
+                kind, detail, effect = classify_protocol_error(err, idempotent)
+                raise ToolFailure(kind, detail, effect=effect) from err
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream) as err:
+                kind = "transient" if idempotent else "unknown_outcome"
+                raise ToolFailure(
+                    kind,
+                    f"the MCP server '{spec.name}' stopped during the call",
+                    effect=None if idempotent else "may_have",
+                ) from err
             if result.is_error:
-                raise ToolFailure("fatal", f"the MCP tool '{remote_name}' reported an error: {text[:500]}")
-            if result.structured_content is not None:
-                return result.structured_content
-            return text  # validated as JSON text by the validator (parse success is measured)
+                text = render_content(result.content or [], spec.max_result_chars) or "(no message)"
+                caution = (
+                    ""
+                    if idempotent
+                    else " It may have done part of its work: check the current state before calling it again."
+                )
+                raise ToolFailure(
+                    "tool_error",
+                    f"'{name}' reported an error: {text}\nRead it, fix the arguments if they caused it, "
+                    f"or take another approach.{caution}",
+                    effect=None if idempotent else "may_have",
+                )
+            output = output_of(source, result, spec.max_result_chars)
+            if not idempotent:
+                self._refuse_after_effect(name, registry, output, result, ctx)
+            return output
 
         return call
 
-    async def close(self) -> None:
-        with contextlib.suppress(Exception):
-            await self._stack.aclose()
+    def _refuse_after_effect(
+        self, name: str, registry: ToolRegistry, output: Any, result: types.CallToolResult, ctx: ToolContext
+    ) -> None:
+        """A non-idempotent call already acted: a result that breaks its contract must not read as
+        'make a new call'. Checked here with the validator's own function (repairs included)."""
+        hosted = registry.tools.get(name)
+        if hosted is None:
+            return
+        raw = ToolResultRaw(
+            run_id=ctx.run_id,
+            iteration=1,
+            call_id=ctx.call_id,
+            attempt_id=ctx.call_id,
+            tool=name,
+            requested_tool=name,
+            arguments={},
+            output=output,
+            output_is_text=isinstance(output, str),
+        )
+        checked = check_output(hosted.contract, raw)
+        if checked.outcome.success:
+            return
+        returned = render_content(result.content or [], 2000)
+        if result.structured_content is not None:
+            returned = json.dumps(result.structured_content, ensure_ascii=False)[:2000]
+        raise ToolFailure(
+            "tool_error",
+            side_effect_message(name, format_for_model(checked.outcome.errors), returned or "(nothing)"),
+            effect="took_effect",
+        )
 
 
-async def mount_mcp_servers(registry: ToolRegistry, specs: list[McpServerSpec]) -> list[McpMount]:
-    """Mount every server; a server that fails to start is logged and its tools are absent."""
-    mounts = []
-    for spec in specs:
-        mount = McpMount(spec)
-        try:
-            found = await mount.start()
-        except Exception as err:
-            registry.refused[f"mcp:{spec.name}"] = f"MCP server '{spec.name}' did not start: {err!r}"
-            log.error("%s", registry.refused[f"mcp:{spec.name}"])
-            await mount.close()
+# --- every server ----------------------------------------------------------------------------------
+
+
+async def mount_mcp_servers(
+    registry: ToolRegistry, specs: list[McpServerSpec], on_status: StatusFn | None = None
+) -> list[McpMount]:
+    """Start every server concurrently (each bounded by its start-up timeout) and register the tools
+    of those that came up. A server that did not start is refused as ``mcp:<name>``, reported, and
+    kept restarting in the background; its tools are mounted when the executor next starts."""
+    mounts = [McpMount(spec, on_status) for spec in specs]
+    reasons = await asyncio.gather(*(m.start() for m in mounts))
+    for mount, reason in zip(mounts, reasons, strict=True):
+        if reason is not None:
+            registry.refused[f"mcp:{mount.spec.name}"] = f"MCP server '{mount.spec.name}' did not start: {reason}"
             continue
-        for item in found:
-            if isinstance(item[0], ToolContract):
-                contract, fn = item
-                registry.register(contract, fn)
-            else:
-                name, reason = item
-                registry.refused[str(name)] = str(reason)
-                log.error("refused MCP tool: %s", reason)
-        mounts.append(mount)
+        for name, reason_refused in mount.refused.items():
+            registry.refused[name] = reason_refused
+            log.error("refused MCP tool: %s", reason_refused)
+        for name, (tool, contract, _) in mount.tools.items():
+            if name in registry.tools:  # two servers with one tool name: never let one shadow the other
+                registry.refused[f"{mount.spec.name}/{tool.name}"] = (
+                    f"MCP tool '{tool.name}' from server '{mount.spec.name}': the name '{name}' is already "
+                    "registered; give this server a prefix in LW_MCP_SERVERS"
+                )
+                continue
+            registry.register(contract, mount.caller(name, registry))
+        mount.hosting = True
     return mounts
+
+
+async def close_all(mounts: list[McpMount]) -> None:
+    await asyncio.gather(*(m.close() for m in mounts), return_exceptions=True)
+
+
+# --- for the CLI (loopwarden lint / check-contract) ---------------------------------------------------
+
+SOURCE_NOTES: dict[SchemaSource, str] = {
+    "server": "the server's outputSchema",
+    "user": "output_schemas in LW_MCP_SERVERS (structuredContent, else its text parsed as JSON)",
+    "content": "none declared: its content reaches the model as text",
+}
+
+
+def describe(mount: McpMount) -> list[str]:
+    """One line per mounted tool: where its output contract comes from, and its idempotency."""
+    spec = mount.spec
+    lines = []
+    for name, (tool, contract, source) in sorted(mount.tools.items()):
+        note = SOURCE_NOTES[source]
+        if source == "server":
+            note += " (closed: closed_output_schemas)" if spec.closed_output_schemas else " (kept open)"
+        effect = "idempotent" if contract.idempotent else "not idempotent: never retried, a failure may have acted"
+        lines.append(f"mcp     {spec.name}/{tool.name} -> {name}: output {note}; {effect}")
+    return lines
+
+
+async def inspect_servers(registry: ToolRegistry, specs: list[McpServerSpec]) -> list[str]:
+    """Start every server as the executor would, register its tools, describe them, stop the servers."""
+    mounts = await mount_mcp_servers(registry, specs)
+    try:
+        return [line for m in mounts for line in describe(m)]
+    finally:
+        await close_all(mounts)
+
+
+async def probe(
+    registry: ToolRegistry, spec: McpServerSpec, tool: str, args: dict[str, Any] | None
+) -> tuple[list[str], Any]:
+    """``check-contract mcp:<server>/<tool>``: mount one server as the executor would, describe the tool
+    and, given ``args``, call it once: (lines, the output the validator would check, or the
+    ``ToolFailure`` the executor would report, or None when not called)."""
+    mounts = await mount_mcp_servers(registry, [spec])
+    try:
+        lines = [line for m in mounts for line in describe(m) if line.split(" -> ")[0].endswith(f"/{tool}")]
+        hosted = registry.tools.get(f"{spec.prefix}{tool}")
+        if args is None or hosted is None:
+            return lines, None
+        try:
+            return lines, await hosted.fn(args, ToolContext(run_id="cli", call_id="cli", attempt=1))
+        except ToolFailure as failure:
+            return lines, failure
+    finally:
+        await close_all(mounts)

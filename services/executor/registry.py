@@ -29,10 +29,11 @@ SCHEMAS_DIR = Path(__file__).resolve().parents[2] / "schemas" / "tools"
 class ToolFailure(Exception):
     """Raised by a tool to report a typed failure with a message written for the model."""
 
-    def __init__(self, kind: str, message: str, retry_after_s: float | None = None) -> None:
+    def __init__(self, kind: str, message: str, retry_after_s: float | None = None, effect: str | None = None) -> None:
         super().__init__(message)
         self.kind = kind
         self.retry_after_s = retry_after_s
+        self.effect = effect  # none | took_effect | may_have: for a failed non-idempotent call (MCP)
 
 
 @dataclass

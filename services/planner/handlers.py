@@ -51,7 +51,7 @@ from shared.telemetry import LW_ITERATION, LW_RUN_ID, Telemetry
 
 log = logging.getLogger("loopwarden.planner")
 CMD = f"{S.P}.cmd."
-TOOL_FAILURES = ("input_invalid", "output_invalid", "transient", "timeout", "fatal", "unknown_outcome")
+TOOL_FAILURES = ("input_invalid", "output_invalid", "transient", "timeout", "fatal", "unknown_outcome", "tool_error")
 
 
 @dataclass
