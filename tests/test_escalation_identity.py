@@ -18,9 +18,9 @@ import nats
 import pytest
 
 from loopwarden.client import Client
+from loopwarden.infra import bootstrap
 from loopwarden.stack import LocalStack, free_port, nats_server_binary, wait_for_port
 from shared import subjects as S
-from shared.bus import Bus, ensure_buckets, ensure_streams
 from shared.messages import EscalationClaim, EscalationRaise, EscalationResolve
 from shared.permissions import OUT, grants, operator_roster
 from shared.settings import Settings
@@ -72,12 +72,8 @@ def locked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 async def _bootstrap(url: str) -> None:
-    admin = Settings(nats_url=url, nats_user="admin", nats_password=PASSWORDS["admin"])
-    bus = Bus(admin, "admin")
-    await bus.broker.connect()
-    await ensure_streams(bus.js, admin)
-    await ensure_buckets(bus.js, admin)
-    await bus.broker.stop()
+    """Streams, buckets and every durable, as the admin: services may create none of them."""
+    await bootstrap(Settings(nats_url=url, nats_user="admin", nats_password=PASSWORDS["admin"]))
 
 
 def as_user(url: str, user: str) -> Settings:
