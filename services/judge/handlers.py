@@ -15,7 +15,7 @@ from services.judge import scoring
 from shared import subjects as S
 from shared import telemetry as T
 from shared.backoff import BackoffPolicy
-from shared.bus import Bus, CasConflict
+from shared.bus import Bus, CasConflict, TryLater
 from shared.messages import ChatMessage, JudgeRequest, Verdict
 from shared.providers.base import ModelRequest, ProviderError, complete_with_retry
 from shared.providers.select import provider_for
@@ -49,16 +49,22 @@ class Judge:
             self.verdicts.add(1, {"status": stored.status})
         await self.bus.publish(S.JUDGE_VERDICT, stored, msg_id=f"verdict.{req.candidate.id}")
 
+    async def scenario(self, req: JudgeRequest) -> Scenario:
+        scenario, _ = await self.bus.kv_get(S.KV_SCENARIOS, req.run_id, Scenario)
+        if scenario is None:  # bound at submit: absent only for a moment, never for good
+            raise TryLater(f"scenario for {req.run_id} not stored yet", delay=1.0)
+        return scenario
+
     async def judge(self, req: JudgeRequest) -> Verdict:
         model = self.settings.judge_model
         with self.tracer.start_as_current_span(
             "judge candidate",
             attributes={T.LW_RUN_ID: req.run_id, "loopwarden.candidate.id": req.candidate.id},
         ) as span:
+            # Reading the bus or storage is outside the "not judged" boundary: an error there is
+            # raised, so the bus helper redelivers the request; only the model's side is "not judged".
+            scenario = await self.scenario(req) if req.scripted else None
             try:
-                scenario = None
-                if req.scripted:
-                    scenario, _ = await self.bus.kv_get(S.KV_SCENARIOS, req.run_id, Scenario)
                 provider = provider_for(self.settings, "judge", scenario)
                 request = ModelRequest(
                     purpose="judge",

@@ -374,6 +374,7 @@ def apply_outcome(state: RunState, outcome: ToolOutcome) -> Outbox:
                     f"(cap {cfg.max_schema_corrections}): {outcome.error}",
                     tool,
                     record.call_id,
+                    failure_type=ftype,  # which contract broke (input or output), not only that a cap was reached
                 )
                 record.status = "awaiting_human"
         elif ftype in ("fatal", "unknown_outcome"):
