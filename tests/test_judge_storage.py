@@ -54,7 +54,9 @@ async def test_a_storage_error_in_the_judge_is_retried_never_not_judged(stack: L
             await judge.on_request(req)
         assert (await bus.kv_get(S.KV_VERDICTS, verdict_key, Verdict))[0] is None
 
-        scenario = Scenario.model_validate({"name": "judge-storage", "task": req.task, "judge": [{"scores": {"correct": 1.0}}]})
+        scenario = Scenario.model_validate(
+            {"name": "judge-storage", "task": req.task, "judge": [{"scores": {"correct": 1.0}}]}
+        )
         await bus.kv_put(S.KV_SCENARIOS, S.kv_key(run_id), scenario)
         await judge.on_request(req)  # the redelivery, once storage is readable: scored
         stored, _ = await bus.kv_get(S.KV_VERDICTS, verdict_key, Verdict)
