@@ -334,19 +334,9 @@ class Executor:
                 attempts=attempts,
             )
             return
+        # A fallback or a cached result stands in only for a tool that could not be reached; a
+        # tool_error (MCP isError) is the tool's own answer: the model reads it and can correct it.
         recoverable = ftype in ("transient", "timeout")
-        if ftype == "tool_error":  # the tool ran and told the model what went wrong (MCP isError): no fallback
-            await self.finish_failure(
-                call,
-                entry,
-                revision,
-                ftype,
-                result.error or ftype,
-                recoverable=True,
-                effect=result.effect,
-                attempts=attempts,
-            )
-            return
         depth = call.attempt_id.count(".fb.")
         if (
             recoverable
@@ -385,8 +375,8 @@ class Executor:
             revision,
             ftype,
             result.error or ftype,
-            recoverable=recoverable,
-            boundary=contract.boundary,
+            recoverable=recoverable or ftype == "tool_error",
+            boundary=None if ftype == "tool_error" else contract.boundary,
             attempts=attempts,
             effect=result.effect,
         )
