@@ -19,13 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nats.js.client import JetStreamContext
-
 from loopwarden.client import Client, new_run_id
 from loopwarden.stack import LocalStack, Proc
 from shared import subjects as S
 from shared.scenario import parse_scenario
 from shared.settings import Settings
+from tests.support.payments import count_charges
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS_DIR = ROOT / "tests" / "tools"
@@ -67,14 +66,6 @@ class ChaosResult:
 
 async def charges(client: Client, run_id: str) -> int:
     return await count_charges(client.bus.js, run_id)
-
-
-async def count_charges(js: JetStreamContext, run_id: str) -> int:
-    """Payments recorded for a run by the demo payment tool (one ``charge.<run>.<id>`` key each),
-    counted by the server from the bucket's subjects (listing keys client-side can come back
-    short while the connection is busy)."""
-    info = await js.stream_info(f"KV_{S.KV_DEMO}", subjects_filter=f"$KV.{S.KV_DEMO}.charge.{run_id}.>")
-    return len(info.state.subjects or {})
 
 
 async def failed_visibly(client: Client, run_id: str, tool: str) -> bool:

@@ -25,7 +25,7 @@ from nats.js.api import ConsumerConfig
 from nats.js.client import JetStreamContext
 from nats.js.errors import NoStreamResponseError
 
-from bench.chaos import count_charges, failed_visibly
+from bench.chaos import failed_visibly
 from loopwarden.client import Client, new_run_id
 from loopwarden.infra import bootstrap
 from loopwarden.stack import SERVICES, LocalStack, Proc, free_port, nats_server_binary, open_log, read_from, tail
@@ -35,6 +35,7 @@ from shared.scenario import parse_scenario
 from shared.settings import Settings
 from tests.conftest import ROOT, TEST_ENV
 from tests.support.cluster import CLUSTER_CONF, Cluster, route_names
+from tests.support.payments import count_charges
 
 TOOLS_DIR = ROOT / "tests" / "tools"
 # The default delivery budget (0.5 s doubling over 6 deliveries, ~15 s), not the suite's quick

@@ -21,6 +21,7 @@ from shared.messages import ToolCall
 from shared.scenario import parse_scenario
 from tests.conftest import ROOT, escalations_of
 from tests.support.otlp_collector import OtlpCollector
+from tests.support.payments import count_charges
 from tests.test_tool_contracts import GOOD_SEARCH, submit, tool_results
 
 TOOLS_DIR = ROOT / "tests" / "tools"
@@ -29,12 +30,7 @@ ONLY = {"LW_TOOL_CONTRACT_DIR": str(TOOLS_DIR), "LW_MCP_SERVERS": ""}  # the tes
 
 
 async def charges(client: Client, run_id: str) -> int:
-    kv = await client.bus.kv(S.KV_DEMO)
-    try:
-        keys = await kv.keys()
-    except Exception:  # no keys at all
-        return 0
-    return sum(1 for k in keys if k.startswith(f"charge.{run_id}."))
+    return await count_charges(client.bus.js, run_id)
 
 
 def money_scenario(name: str, tool: str = "transfer_funds") -> dict[str, object]:

@@ -19,6 +19,7 @@ from shared.messages import escalation_id_for_call
 from shared.scenario import parse_scenario
 from tests.conftest import ROOT, escalations_of, run_scenario
 from tests.support.otlp_collector import OtlpCollector
+from tests.support.payments import count_charges
 from tests.test_tool_contracts import GOOD_SEARCH, submit, tool_results
 from tests.test_tracing import spans_of_run
 
@@ -389,17 +390,8 @@ async def test_the_cost_ceiling_is_enforced(client: Client) -> None:
 TOOLS_DIR = ROOT / "tests" / "tools"
 
 
-def payments(events_kv_keys: list[str], run_id: str) -> int:
-    return sum(1 for k in events_kv_keys if k.startswith(f"charge.{run_id}."))
-
-
 async def charges(client: Client, run_id: str) -> int:
-    kv = await client.bus.kv(S.KV_DEMO)
-    try:
-        keys = await kv.keys()
-    except Exception:
-        return 0
-    return payments(keys, run_id)
+    return await count_charges(client.bus.js, run_id)
 
 
 @pytest.mark.parametrize(("tool", "idempotent"), [("transfer_funds", False), ("sync_ledger", True)])
