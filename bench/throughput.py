@@ -173,13 +173,13 @@ async def floor_steps(runs: int, steps: int) -> list[float]:
     """The same step's domain code in one process, no bus: context and token counts, the budget
     decision, the scripted model, the state machine, the tool, output validation."""
     from services.executor.app import load_registry
+    from services.executor.handlers import raw_result
     from services.executor.registry import ToolContext
     from services.governor.budget import BudgetLedger, evaluate
     from services.planner import context as C
     from services.planner import machine as M
     from services.validator.checking import check_output
-    from shared.messages import BudgetRequest, RunLimits, RunSubmit, ToolCall, ToolResultRaw
-    from shared.providers.base import ModelRequest
+    from shared.messages import RunLimits, RunSubmit, ToolCall
     from shared.providers.scripted import ScriptedProvider
 
     settings = Settings()
@@ -196,28 +196,8 @@ async def floor_steps(runs: int, steps: int) -> list[float]:
         first = True
         while not state.done:
             t0 = time.perf_counter()
-            req = ModelRequest(
-                purpose="plan",
-                model=state.model,
-                system=C.system_prompt(state),
-                messages=C.model_messages(state),
-                tools=C.tool_specs(state, contracts),
-                max_tokens=state.config.max_output_tokens,
-                run_id=run_id,
-                script_index=state.model_calls,
-            )
-            task = state.messages[0].text() if state.messages else ""
-            sections = C.sections(req.system, task, req.messages, req.tools, req.max_tokens)
-            budget = BudgetRequest(
-                run_id=run_id,
-                turn=state.iteration.n,
-                model=state.model,
-                sections=sections,
-                spent=state.usage,
-                context_budget_tokens=state.config.context_budget_tokens,
-                run_token_budget=state.config.run_token_budget,
-                cost_ceiling_usd=state.config.cost_ceiling_usd,
-            )
+            req = C.model_request(state, contracts, state.model, state.config.max_output_tokens)
+            budget = C.budget_request(state, req)
             evaluate(budget, ledger, warn_at=0.7, compact_at=0.8, fallback_model=None, exhausted_policy="stop")
             out = M.apply_model_response(state, await provider.complete(req), contracts)
             for item in out.items:
@@ -226,16 +206,7 @@ async def floor_steps(runs: int, steps: int) -> list[float]:
                 call = ToolCall.model_validate_json(item.payload)
                 hosted = registry.tools[call.tool]
                 output = await hosted.fn(call.arguments, ToolContext(run_id, call.call_id, 1))
-                raw = ToolResultRaw(
-                    run_id=run_id,
-                    iteration=call.iteration,
-                    call_id=call.call_id,
-                    attempt_id=call.attempt_id,
-                    tool=call.tool,
-                    requested_tool=call.requested_tool,
-                    arguments=call.arguments,
-                    output=output,
-                )
+                raw = raw_result(call, output, 1)
                 M.apply_outcome(state, check_output(hosted.contract, raw).outcome)
             if not first and not state.done:
                 durations.append(time.perf_counter() - t0)

@@ -13,8 +13,16 @@ from typing import Any
 from services.planner.state import RunState, ToolCallRecord
 from shared import tokens
 from shared.contracts.validation import format_for_model
-from shared.messages import ChatMessage, SectionTokens, TextBlock, ToolContract, ToolOutcome, ToolResultBlock
-from shared.providers.base import ToolSpec
+from shared.messages import (
+    BudgetRequest,
+    ChatMessage,
+    SectionTokens,
+    TextBlock,
+    ToolContract,
+    ToolOutcome,
+    ToolResultBlock,
+)
+from shared.providers.base import ModelRequest, ToolSpec
 
 SYSTEM_PROMPT = """You are an agent that completes the user's task with the tools provided.
 - Call tools through the tool interface only. Writing a tool call as text does not run it.
@@ -168,3 +176,32 @@ def transcript(messages: list[ChatMessage]) -> str:
             elif b.type == "tool_use":
                 lines.append(f"assistant called {b.name}({json.dumps(b.input, ensure_ascii=False)[:400]})")
     return "\n".join(lines)
+
+
+def model_request(state: RunState, contracts: dict[str, ToolContract], model: str, max_tokens: int) -> ModelRequest:
+    """This turn's request to the planner's model."""
+    return ModelRequest(
+        purpose="plan",
+        model=model,
+        system=system_prompt(state),
+        messages=model_messages(state),
+        tools=tool_specs(state, contracts),
+        max_tokens=max_tokens,
+        run_id=state.run_id,
+        script_index=state.model_calls,
+    )
+
+
+def budget_request(state: RunState, req: ModelRequest) -> BudgetRequest:
+    """What the governor decides this turn on: ``req``'s sections counted, and what the run spent."""
+    task = state.messages[0].text() if state.messages else ""
+    return BudgetRequest(
+        run_id=state.run_id,
+        turn=state.iteration.n,
+        model=state.model,
+        sections=sections(req.system, task, req.messages, req.tools, req.max_tokens),
+        spent=state.usage,
+        context_budget_tokens=state.config.context_budget_tokens,
+        run_token_budget=state.config.run_token_budget,
+        cost_ceiling_usd=state.config.cost_ceiling_usd,
+    )

@@ -30,7 +30,6 @@ from shared.backoff import BackoffPolicy
 from shared.bus import Bus, CasConflict, RequestRefused, TryLater, Unchanged, current_deliveries
 from shared.messages import (
     BudgetDecision,
-    BudgetRequest,
     ChatMessage,
     DeadLetter,
     EscalationRaise,
@@ -359,36 +358,10 @@ class Planner:
                 self._scenarios.pop(next(iter(self._scenarios)))
         return self._scenarios[run_id]
 
-    def request_for(
-        self, state: RunState, contracts: dict[str, ToolContract], model: str, max_tokens: int
-    ) -> ModelRequest:
-        return ModelRequest(
-            purpose="plan",
-            model=model,
-            system=C.system_prompt(state),
-            messages=C.model_messages(state),
-            tools=C.tool_specs(state, contracts),
-            max_tokens=max_tokens,
-            run_id=state.run_id,
-            script_index=state.model_calls,
-        )
-
     async def reserve(self, state: RunState, contracts: dict[str, ToolContract]) -> tuple[BudgetDecision, ModelRequest]:
         """The governor's decision for this turn, and the request it was counted on."""
-        req = self.request_for(state, contracts, state.model, state.config.max_output_tokens)
-        sections = C.sections(
-            req.system, state.messages[0].text() if state.messages else "", req.messages, req.tools, req.max_tokens
-        )
-        budget = BudgetRequest(
-            run_id=state.run_id,
-            turn=state.iteration.n,
-            model=state.model,
-            sections=sections,
-            spent=state.usage,
-            context_budget_tokens=state.config.context_budget_tokens,
-            run_token_budget=state.config.run_token_budget,
-            cost_ceiling_usd=state.config.cost_ceiling_usd,
-        )
+        req = C.model_request(state, contracts, state.model, state.config.max_output_tokens)
+        budget = C.budget_request(state, req)
         try:
             return await self.bus.request(S.BUDGET_RESERVE, budget, BudgetDecision), req
         except (NatsTimeout, NoRespondersError, TimeoutError) as err:
@@ -419,7 +392,7 @@ class Planner:
         if planned is not None:  # the request the budget was counted on: not built twice
             req = planned.model_copy(update={"model": decision.model, "max_tokens": decision.max_output_tokens})
         else:
-            req = self.request_for(state, contracts, decision.model, decision.max_output_tokens)
+            req = C.model_request(state, contracts, decision.model, decision.max_output_tokens)
         response = await complete_with_retry(provider, req, self.policy(), self.tracer)  # type: ignore[arg-type]
         return response, asyncio.create_task(self.bus.kv_put(S.KV_MODEL_CALLS, key, response))
 
