@@ -238,9 +238,22 @@ def lab(stack: LocalStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator
             "restart_base_s": 30,
         },
     ]
+    gate = tmp_path_factory.mktemp("late") / "ready"
+    servers.append(
+        {
+            "name": "late",
+            "command": [*lab_cmd, f"late-{marker}"],
+            "env": {"LAB_HANG_UNLESS": str(gate)},
+            "prefix": "late_",
+            "tools": ["profile"],
+            "start_timeout_s": 1.5,
+            "restart_base_s": 0.5,
+            "restart_max_s": 1.0,
+        }
+    )
     started = time.monotonic()
-    proc = start_executor(stack, "executor-mcp-lab", servers, [*LAB_TOOLS, "slow_profile"])
-    yield {"proc": proc, "marker": marker, "notes": notes, "ready_s": time.monotonic() - started}
+    proc = start_executor(stack, "executor-mcp-lab", servers, [*LAB_TOOLS, "slow_profile", "late_profile"])
+    yield {"proc": proc, "marker": marker, "notes": notes, "gate": gate, "ready_s": time.monotonic() - started}
     stop(proc)
     assert gone(marker, timeout=1)  # a clean stop ends its servers, even one that lingers after its stdin closes
 
@@ -294,6 +307,24 @@ async def test_servers_start_concurrently_and_a_stuck_one_is_reported_not_waited
     assert kv_status is not None and kv_status.state == "failed"
     up, _ = await client.bus.kv_get(S.KV_MCP_SERVERS, S.kv_key("lab", failed.executor), McpServerStatus)
     assert up is not None and up.state == "up" and "write_note" in up.tools
+
+
+async def test_a_server_that_failed_at_start_has_its_tools_hosted_once_it_comes_up(
+    client: Client, lab: dict[str, Any]
+) -> None:
+    pid = lab["proc"].popen.pid
+    first = await wait_for_state(client, "late", pid, "failed")
+    assert "start_timeout_s" in next(e for e in first if e.state == "failed").detail
+    lab["gate"].write_text("go")  # the next restart completes its handshake
+    events = await wait_for_state(client, "late", pid, "up", after=len(first))
+    assert any("late_profile" in e.tools for e in events if e.state == "up")
+    state = await run_scenario(
+        client,
+        {"name": "mcp-lab-late", "task": "Whose profile?", "planner": [call("late_profile"), submit("Ada.")]},
+    )
+    assert state.status == "completed", state.final_reason
+    (profile,) = tool_results(state)
+    assert not profile.is_error and json.loads(profile.content)["name"] == "Ada"
 
 
 async def test_text_and_mixed_content_reach_the_model_as_sent_and_capped(client: Client, lab: dict[str, Any]) -> None:

@@ -142,16 +142,26 @@ class Executor:
         """After connecting: mount MCP servers, consume their tools too, publish every contract."""
         specs = self.settings.mcp_server_specs
         if specs:
-            from services.executor.mcp_tools import close_all, mount_mcp_servers
+            from services.executor.mcp_tools import McpMount, close_all, host, mount_mcp_servers
 
             async def on_status(status: McpServerStatus) -> None:  # event + status per server (issue 14)
                 await self.bus.publish(S.mcp_server_event(status.server), status)
                 await self.bus.kv_put(S.KV_MCP_SERVERS, S.kv_key(status.server, status.executor), status)
 
-            self.mounts = await mount_mcp_servers(self.registry, specs, on_status)
+            async def on_late_up(mount: McpMount) -> None:  # failed at start, up now: host its tools live
+                added = host(mount, self.registry)
+                await self.host_tools()
+                log.info("MCP server '%s' came up late: now hosting %s", mount.spec.name, ", ".join(added) or "-")
+
+            self.mounts = await mount_mcp_servers(self.registry, specs, on_status, on_late_up)
             self.bus.on_stop.append(lambda: close_all(self.mounts))
-            self.register(self.bus.broker)  # the router is already included: add to the broker itself
-            await self.bus.reconcile_consumers()
+        await self.host_tools()
+
+    async def host_tools(self) -> None:
+        """Consume every registered tool's subject (tools mounted after start included) and publish
+        the contracts."""
+        self.register(self.bus.broker)
+        await self.bus.reconcile_consumers()
         await self.publish_contracts()
 
     async def publish_contracts(self) -> None:

@@ -64,6 +64,7 @@ SchemaSource = Literal["server", "user", "content"]
 SCHEMA_MARK = "x-loopwarden-mcp"  # on a mounted tool's outputSchema: where its output contract comes from
 TIMEOUT_MARGIN_S = 2.0  # the executor's own timeout is this much longer: the MCP timeout classifies first
 StatusFn = Callable[[McpServerStatus], Awaitable[None]]
+MountedFn = Callable[["McpMount"], Awaitable[None]]  # a server that failed at start came up later
 
 # Started between the executor and the server's command (Linux): the kernel kills the server
 # when the executor dies, however it dies; it exits at once if the executor is already gone.
@@ -206,9 +207,12 @@ class _Session(ClientSession):
 class McpMount:
     """One MCP server: a supervisor task owns its process and session, restarting it when it dies."""
 
-    def __init__(self, spec: McpServerSpec, on_status: StatusFn | None = None) -> None:
+    def __init__(
+        self, spec: McpServerSpec, on_status: StatusFn | None = None, on_late_up: MountedFn | None = None
+    ) -> None:
         self.spec = spec
         self.on_status = on_status
+        self.on_late_up = on_late_up
         self.session: ClientSession | None = None
         self.tools: dict[str, tuple[types.Tool, ToolContract, SchemaSource]] = {}  # mounted name -> ...
         self.refused: dict[str, str] = {}
@@ -298,12 +302,9 @@ class McpMount:
                 self._absorb(listed)
                 self.session, was_up = session, True
                 ms = round((time.monotonic() - started) * 1000, 1)
-                mounted = (
-                    f"{len(self.tools)} tool(s) mounted"
-                    if self.hosting or not self._first.done()
-                    else ("its tools are mounted when the executor restarts")
-                )
-                await self._report("up", mounted, start_ms=ms)
+                if not self.hosting and self._first.done() and self.on_late_up is not None:
+                    await self.on_late_up(self)  # failed at the executor's start: host its tools now
+                await self._report("up", f"{len(self.tools)} tool(s) mounted", start_ms=ms)
                 if not self._first.done():
                     self._first.set_result(None)
                 stopping = asyncio.create_task(self._stop.wait())
@@ -452,30 +453,42 @@ class McpMount:
 
 
 async def mount_mcp_servers(
-    registry: ToolRegistry, specs: list[McpServerSpec], on_status: StatusFn | None = None
+    registry: ToolRegistry,
+    specs: list[McpServerSpec],
+    on_status: StatusFn | None = None,
+    on_late_up: MountedFn | None = None,
 ) -> list[McpMount]:
     """Start every server concurrently (each bounded by its start-up timeout) and register the tools
     of those that came up. A server that did not start is refused as ``mcp:<name>``, reported, and
-    kept restarting in the background; its tools are mounted when the executor next starts."""
-    mounts = [McpMount(spec, on_status) for spec in specs]
+    kept restarting in the background; when it comes up, ``on_late_up`` hosts its tools."""
+    mounts = [McpMount(spec, on_status, on_late_up) for spec in specs]
     reasons = await asyncio.gather(*(m.start() for m in mounts))
     for mount, reason in zip(mounts, reasons, strict=True):
         if reason is not None:
             registry.refused[f"mcp:{mount.spec.name}"] = f"MCP server '{mount.spec.name}' did not start: {reason}"
             continue
-        for name, reason_refused in mount.refused.items():
-            registry.refused[name] = reason_refused
-            log.error("refused MCP tool: %s", reason_refused)
-        for name, (tool, contract, _) in mount.tools.items():
-            if name in registry.tools:  # two servers with one tool name: never let one shadow the other
-                registry.refused[f"{mount.spec.name}/{tool.name}"] = (
-                    f"MCP tool '{tool.name}' from server '{mount.spec.name}': the name '{name}' is already "
-                    "registered; give this server a prefix in LW_MCP_SERVERS"
-                )
-                continue
-            registry.register(contract, mount.caller(name, registry))
-        mount.hosting = True
+        host(mount, registry)
     return mounts
+
+
+def host(mount: McpMount, registry: ToolRegistry) -> list[str]:
+    """Register the tools of a server that is up; returns the names now registered."""
+    registry.refused.pop(f"mcp:{mount.spec.name}", None)
+    for name, reason_refused in mount.refused.items():
+        registry.refused[name] = reason_refused
+        log.error("refused MCP tool: %s", reason_refused)
+    added = []
+    for name, (tool, contract, _) in mount.tools.items():
+        if name in registry.tools:  # two servers with one tool name: never let one shadow the other
+            registry.refused[f"{mount.spec.name}/{tool.name}"] = (
+                f"MCP tool '{tool.name}' from server '{mount.spec.name}': the name '{name}' is already "
+                "registered; give this server a prefix in LW_MCP_SERVERS"
+            )
+            continue
+        registry.register(contract, mount.caller(name, registry))
+        added.append(name)
+    mount.hosting = True
+    return added
 
 
 async def close_all(mounts: list[McpMount]) -> None:

@@ -8,8 +8,10 @@ does), ``snapshot`` (no outputSchema: text, an image, a resource link and an emb
 resource), ``sleep`` (answers after ``seconds``) and ``big`` (``chars`` characters of text).
 
 Start-up: ``LAB_START_DELAY_S`` delays the handshake; ``LAB_HANG=1`` never answers it;
-``LAB_LINGER=1`` keeps the process alive for two minutes after its stdin closes. Any
-extra command-line argument is ignored (tests use one to find the process in /proc).
+``LAB_HANG_UNLESS=<path>`` never answers it while that file does not exist (a server that
+fails at the executor's start and comes up on a later restart); ``LAB_LINGER=1`` keeps the
+process alive for two minutes after its stdin closes. Any extra command-line argument is
+ignored (tests use one to find the process in /proc).
 """
 
 from __future__ import annotations
@@ -134,4 +136,7 @@ async def main() -> None:
 if __name__ == "__main__":
     while os.environ.get("LAB_HANG") == "1":  # never reads stdin: no handshake, ever
         time.sleep(3600)
+    gate = os.environ.get("LAB_HANG_UNLESS")
+    while gate and not os.path.exists(gate):  # no handshake until the file appears
+        time.sleep(0.1)
     anyio.run(main)
