@@ -115,6 +115,7 @@ class Executor:
         self._scenarios: dict[str, Scenario | None] = {}
         self._consuming: set[str] = set()
         self.mounts: list[Any] = []
+        self._hosting: set[asyncio.Task[None]] = set()  # tools of late MCP servers being hosted
         self.fault_point: FaultPoint | None = settings.fault_inject  # read once, at start
         if self.fault_point is not None:
             log.warning("TEST FAULT INJECTION: this executor exits at %s of every tool call", self.fault_point)
@@ -150,8 +151,12 @@ class Executor:
 
             async def on_late_up(mount: McpMount) -> None:  # failed at start, up now: host its tools live
                 added = host(mount, self.registry)
-                await self.host_tools()
-                log.info("MCP server '%s' came up late: now hosting %s", mount.spec.name, ", ".join(added) or "-")
+                log.info("MCP server '%s' came up late: hosting %s", mount.spec.name, ", ".join(added) or "-")
+                # In the background: with managed infrastructure the new durables may still be waited
+                # for, and the server's supervisor must go on watching it meanwhile.
+                task = asyncio.create_task(self.host_tools())
+                self._hosting.add(task)
+                task.add_done_callback(self._hosting.discard)
 
             self.mounts = await mount_mcp_servers(self.registry, specs, on_status, on_late_up)
             self.bus.on_stop.append(lambda: close_all(self.mounts))
