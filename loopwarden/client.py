@@ -11,7 +11,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
 
 from nats.js.api import ConsumerConfig, DeliverPolicy
@@ -38,8 +37,6 @@ from shared.scenario import Outcome, Scenario
 from shared.settings import Settings
 from shared.telemetry import LW_RUN_ID, Telemetry, setup_telemetry
 
-RUN_HISTORY_MARGIN_S = 30.0  # clock skew allowance between the planner's host and the server
-
 
 def new_run_id() -> str:
     return f"run-{uuid.uuid4().hex[:20]}"
@@ -55,7 +52,7 @@ class Event:
 
     @property
     def kind(self) -> str:
-        return self.subject.removeprefix(f"{S.P}.evt.")
+        return S.stem(self.subject).removeprefix(f"{S.P}.evt.")
 
 
 @dataclass
@@ -163,7 +160,7 @@ class Client:
                 for waiter in self._waiters.get(rid, ()):
                     waiter.set()
 
-            self._run_events = await self.bus.nc.subscribe(f"{S.RUN_EVENT_PREFIX}.>", cb=dispatch)
+            self._run_events = await self.bus.nc.subscribe(f"{S.RUN_EVENT_PREFIX}.*.*", cb=dispatch)
         changed = asyncio.Event()
         self._waiters.setdefault(run_id, set()).add(changed)
         return changed
@@ -182,32 +179,29 @@ class Client:
     async def events(
         self, run_id: str | None = None, subjects: str = f"{S.P}.evt.>", timeout: float = 2.0
     ) -> list[Event]:
-        """The stored event history (optionally of one run), oldest first. One run's history is
-        read from shortly before the run was created, not from the start of the stream."""
+        """The stored event history (optionally of one run), oldest first. ``subjects`` is a stem or
+        stem pattern. One run's history is a server-side filter on the run's subject token
+        (``S.run_filters``): the server delivers that run's events only, whatever else is stored."""
         js = self.bus.js
         stream = stream_for(subjects.rstrip(">")) or S.STREAM_EVT
         config = ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
         if run_id is not None and stream == S.STREAM_EVT:
-            with contextlib.suppress(Exception):  # no state (yet): read it all
-                state = await self.state(run_id)
-                if state is not None:
-                    since = state.created_at - timedelta(seconds=RUN_HISTORY_MARGIN_S)
-                    config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=since)
+            config.filter_subjects = S.run_filters(run_id, subjects)
         sub = await js.subscribe(subjects, stream=stream, ordered_consumer=True, config=config)
         out: list[Event] = []
         try:
-            info = await js.stream_info(stream)
-            total = info.state.last_seq
-            while True:
-                try:
-                    msg = await sub.next_msg(timeout=timeout)
-                except Exception:  # no more messages within the timeout
-                    break
-                rid = (msg.headers or {}).get(RUN_ID_HEADER, "")
-                if run_id is None or rid == run_id:
-                    out.append(Event(msg.subject, _json(msg.data), rid))
-                if msg.metadata and msg.metadata.sequence.stream >= total:
-                    break
+            info = await sub.consumer_info()  # nothing stored and nothing sent yet: no wait for a timeout
+            if info.num_pending or (info.delivered and info.delivered.consumer_seq):
+                while True:
+                    try:
+                        msg = await sub.next_msg(timeout=timeout)
+                    except Exception:  # no more messages within the timeout
+                        break
+                    rid = (msg.headers or {}).get(RUN_ID_HEADER, "")
+                    if run_id is None or rid == run_id:
+                        out.append(Event(msg.subject, _json(msg.data), rid))
+                    if msg.metadata and not msg.metadata.num_pending:
+                        break
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
@@ -222,13 +216,15 @@ class Client:
             if rid == run_id:
                 await queue.put(Event(msg.subject, _json(msg.data), rid))
 
-        sub = await self.bus.broker.connection.subscribe(f"{S.P}.evt.>", cb=on_msg)
+        nc = self.bus.broker.connection
+        subs = [await nc.subscribe(subject, cb=on_msg) for subject in S.run_filters(run_id)]
         try:
             while True:
                 yield await queue.get()
         finally:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+            for sub in subs:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
 
     async def dead_letters(self) -> list[DeadLetter]:
         return [DeadLetter.model_validate(e.payload) for e in await self.events(subjects=f"{S.DLQ_PREFIX}.>")]
@@ -366,7 +362,7 @@ def tool_metrics(events: list[Event]) -> dict[str, dict[str, float]]:
             f"{S.FAILURE_PREFIX}.output_invalid"
         ):
             c(ToolOutcome.model_validate(e.payload).requested_tool)["schema_failures"] += 1
-        if e.subject == S.run_event("corrected"):  # a streak of schema failures the model fixed
+        if S.stem(e.subject) == S.run_event("corrected"):  # a streak of schema failures the model fixed
             ev = RunEvent.model_validate(e.payload)
             c(str(ev.detail.get("tool", "?")))["recovered"] += int(ev.detail.get("after", 1))
         if e.subject.startswith(S.TOOL_ATTEMPT_PREFIX):
