@@ -18,6 +18,7 @@ import nats
 import pytest
 
 from loopwarden.client import Client
+from loopwarden.infra import bootstrap
 from loopwarden.stack import LocalStack, free_port, nats_server_binary, wait_for_port
 from shared import subjects as S
 from shared.bus import Bus, ensure_buckets, ensure_streams
@@ -78,6 +79,7 @@ async def _bootstrap(url: str) -> None:
     await ensure_streams(bus.js, admin)
     await ensure_buckets(bus.js, admin)
     await bus.broker.stop()
+    await bootstrap(admin)  # the durables too: a managed service waits for them and creates none
 
 
 def as_user(url: str, user: str) -> Settings:
