@@ -64,7 +64,7 @@ class Client:
 
     def __post_init__(self) -> None:
         self._waiters: dict[str, set[asyncio.Event]] = {}
-        self._run_events: Any = None
+        self._run_events: dict[str, list[Any]] = {}  # run id -> subscriptions to its run events
         self.telemetry = self.telemetry or setup_telemetry(self.identity, self.settings)
         self.bus = Bus(self.settings, self.identity, self.telemetry.bus_tracer_provider)
 
@@ -120,8 +120,8 @@ class Client:
     async def wait(
         self, run_id: str, timeout: float = 60.0, until: tuple[str, ...] = ("completed", "stopped", "failed")
     ) -> RunState:
-        """The run's state once its status is in ``until``. Reacts to the run's own events (one
-        subscription per client, dispatched by run id) instead of polling; the state is read
+        """The run's state once its status is in ``until``. Reacts to the run's own events (a
+        subscription to that run's subjects, shared by waits on it) instead of polling; the state is read
         again only when one of the run's events arrives (and once a second as a safety net)."""
         deadline = time.monotonic() + timeout
         changed = await self._on_run_events(run_id)
@@ -141,29 +141,38 @@ class Client:
                     async with asyncio.timeout(max(0.01, min(1.0, deadline - time.monotonic()))):
                         await changed.wait()
         finally:
-            waiters = self._waiters.get(run_id)
-            if waiters is not None:
-                waiters.discard(changed)
-                if not waiters:
-                    del self._waiters[run_id]
+            await self._stop_waiting(run_id, changed)
         raise TimeoutError(
             f"run {run_id} did not reach {until} in {timeout:.0f}s (last status: "
             f"{state.status if state else 'not stored'})"
         )
 
     async def _on_run_events(self, run_id: str) -> asyncio.Event:
-        """An event set whenever one of the run's events is published."""
-        if self._run_events is None:
-
-            async def dispatch(msg: Any) -> None:
-                rid = (msg.headers or {}).get(RUN_ID_HEADER, "")
-                for waiter in self._waiters.get(rid, ()):
-                    waiter.set()
-
-            self._run_events = await self.bus.nc.subscribe(f"{S.RUN_EVENT_PREFIX}.*.*", cb=dispatch)
+        """An event set whenever one of the run's events is published: the server sends this
+        client that run's ``evt.run.*`` events only (``S.run_filters``), not every run's."""
         changed = asyncio.Event()
         self._waiters.setdefault(run_id, set()).add(changed)
+        if run_id not in self._run_events:
+            subs = self._run_events[run_id] = []
+
+            async def dispatch(msg: Any) -> None:
+                for waiter in self._waiters.get(run_id, ()):
+                    waiter.set()
+
+            for subject in S.run_filters(run_id, f"{S.RUN_EVENT_PREFIX}.>"):
+                subs.append(await self.bus.nc.subscribe(subject, cb=dispatch))
         return changed
+
+    async def _stop_waiting(self, run_id: str, changed: asyncio.Event) -> None:
+        waiters = self._waiters.get(run_id)
+        if waiters is None:
+            return
+        waiters.discard(changed)
+        if not waiters:
+            del self._waiters[run_id]
+            for sub in self._run_events.pop(run_id, []):
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
 
     async def _settled(self, run_id: str, status: str, deadline: float, changed: asyncio.Event) -> None:
         """Wait until the run's final event is in the stream. The planner saves the state, then

@@ -128,6 +128,22 @@ async def test_watching_one_run_receives_only_that_runs_messages(client: Client,
         assert cost * 10 < noise
 
 
+async def test_waiting_for_one_run_is_not_woken_by_other_runs(client: Client, stack: LocalStack) -> None:
+    async with Client(settings_for(stack), identity="waiter") as waiter:
+        run_id = f"run-waited-{id(waiter):x}"
+        before = received(waiter)
+        waiting = asyncio.create_task(waiter.wait(run_id, timeout=60))
+        await asyncio.sleep(0.3)  # subscribed to the run's events before anything is published
+        noise = await other_runs_events(client, "wait")  # other runs' run events while it waits
+        await client.submit_scenario(parse_scenario(ONE_TOOL), run_id=run_id)
+        state = await waiting
+        cost = received(waiter) - before
+        assert state.status == "completed"
+        # The run's own events, its state reads and the final check; none of the other runs' events.
+        assert cost * 5 < noise, (cost, noise)
+        assert not waiter._run_events and not waiter._waiters  # the run's subscriptions are gone
+
+
 def test_run_filters_cover_every_run_scoped_stem() -> None:
     run = "run-abc"
     stems: list[Any] = [
