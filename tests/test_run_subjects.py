@@ -75,6 +75,7 @@ async def test_reading_one_runs_history_delivers_only_that_runs_messages(client:
         assert kinds[-1] == "run.completed", kinds
         assert any(e.kind.startswith("tool.succeeded.search") for e in history), kinds
         assert all(e.subject.endswith(f".{S.token(state.run_id)}") for e in history)
+        print(f"\nevents(run): {cost} messages received for {len(history)} events; LW_EVT holds {stored}")
         # What the server sent is the run's events (and a few control replies), not the stream.
         assert len(history) <= cost <= len(history) + CONTROL, (cost, len(history), stored)
         assert cost * 10 < stored
@@ -124,6 +125,7 @@ async def test_watching_one_run_receives_only_that_runs_messages(client: Client,
                 await task
         assert {e.run_id for e in seen} == {run_id}
         assert len(seen) >= 4, [e.kind for e in seen]
+        print(f"\nwatch(run): {cost} messages received for {len(seen)} events; {noise} other runs' events meanwhile")
         assert len(seen) <= cost <= len(seen) + 2, (cost, len(seen))
         assert cost * 10 < noise
 
@@ -139,6 +141,7 @@ async def test_waiting_for_one_run_is_not_woken_by_other_runs(client: Client, st
         state = await waiting
         cost = received(waiter) - before
         assert state.status == "completed"
+        print(f"\nwait(run): {cost} messages received; {noise} other runs' events meanwhile")
         # The run's own events, its state reads and the final check; none of the other runs' events.
         assert cost * 5 < noise, (cost, noise)
         assert not waiter._run_events and not waiter._waiters  # the run's subscriptions are gone
