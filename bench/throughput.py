@@ -83,7 +83,7 @@ class StepClock:
             rid = (msg.headers or {}).get(RUN_ID_HEADER, "")
             self.marks.setdefault(rid, []).append(time.perf_counter())
 
-        await client.bus.nc.subscribe(S.run_event("model_called"), cb=on_msg)
+        await client.bus.nc.subscribe(S.any_run(S.run_event("model_called")), cb=on_msg)
 
     def steps(self, run_id: str) -> list[float]:
         """Durations of the run's steps (between consecutive model turns), in seconds."""

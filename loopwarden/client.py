@@ -11,7 +11,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
 
 from nats.js.api import ConsumerConfig, DeliverPolicy
@@ -38,8 +37,6 @@ from shared.scenario import Outcome, Scenario
 from shared.settings import Settings
 from shared.telemetry import LW_RUN_ID, Telemetry, setup_telemetry
 
-RUN_HISTORY_MARGIN_S = 30.0  # clock skew allowance between the planner's host and the server
-
 
 def new_run_id() -> str:
     return f"run-{uuid.uuid4().hex[:20]}"
@@ -55,7 +52,7 @@ class Event:
 
     @property
     def kind(self) -> str:
-        return self.subject.removeprefix(f"{S.P}.evt.")
+        return S.stem(self.subject).removeprefix(f"{S.P}.evt.")
 
 
 @dataclass
@@ -67,7 +64,7 @@ class Client:
 
     def __post_init__(self) -> None:
         self._waiters: dict[str, set[asyncio.Event]] = {}
-        self._run_events: Any = None
+        self._run_events: dict[str, list[Any]] = {}  # run id -> subscriptions to its run events
         self.telemetry = self.telemetry or setup_telemetry(self.identity, self.settings)
         self.bus = Bus(self.settings, self.identity, self.telemetry.bus_tracer_provider)
 
@@ -123,8 +120,8 @@ class Client:
     async def wait(
         self, run_id: str, timeout: float = 60.0, until: tuple[str, ...] = ("completed", "stopped", "failed")
     ) -> RunState:
-        """The run's state once its status is in ``until``. Reacts to the run's own events (one
-        subscription per client, dispatched by run id) instead of polling; the state is read
+        """The run's state once its status is in ``until``. Reacts to the run's own events (a
+        subscription to that run's subjects, shared by waits on it) instead of polling; the state is read
         again only when one of the run's events arrives (and once a second as a safety net)."""
         deadline = time.monotonic() + timeout
         changed = await self._on_run_events(run_id)
@@ -144,29 +141,38 @@ class Client:
                     async with asyncio.timeout(max(0.01, min(1.0, deadline - time.monotonic()))):
                         await changed.wait()
         finally:
-            waiters = self._waiters.get(run_id)
-            if waiters is not None:
-                waiters.discard(changed)
-                if not waiters:
-                    del self._waiters[run_id]
+            await self._stop_waiting(run_id, changed)
         raise TimeoutError(
             f"run {run_id} did not reach {until} in {timeout:.0f}s (last status: "
             f"{state.status if state else 'not stored'})"
         )
 
     async def _on_run_events(self, run_id: str) -> asyncio.Event:
-        """An event set whenever one of the run's events is published."""
-        if self._run_events is None:
-
-            async def dispatch(msg: Any) -> None:
-                rid = (msg.headers or {}).get(RUN_ID_HEADER, "")
-                for waiter in self._waiters.get(rid, ()):
-                    waiter.set()
-
-            self._run_events = await self.bus.nc.subscribe(f"{S.RUN_EVENT_PREFIX}.>", cb=dispatch)
+        """An event set whenever one of the run's events is published: the server sends this
+        client that run's ``evt.run.*`` events only (``S.run_filters``), not every run's."""
         changed = asyncio.Event()
         self._waiters.setdefault(run_id, set()).add(changed)
+        if run_id not in self._run_events:
+            subs = self._run_events[run_id] = []
+
+            async def dispatch(msg: Any) -> None:
+                for waiter in self._waiters.get(run_id, ()):
+                    waiter.set()
+
+            for subject in S.run_filters(run_id, f"{S.RUN_EVENT_PREFIX}.>"):
+                subs.append(await self.bus.nc.subscribe(subject, cb=dispatch))
         return changed
+
+    async def _stop_waiting(self, run_id: str, changed: asyncio.Event) -> None:
+        waiters = self._waiters.get(run_id)
+        if waiters is None:
+            return
+        waiters.discard(changed)
+        if not waiters:
+            del self._waiters[run_id]
+            for sub in self._run_events.pop(run_id, []):
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
 
     async def _settled(self, run_id: str, status: str, deadline: float, changed: asyncio.Event) -> None:
         """Wait until the run's final event is in the stream. The planner saves the state, then
@@ -182,32 +188,29 @@ class Client:
     async def events(
         self, run_id: str | None = None, subjects: str = f"{S.P}.evt.>", timeout: float = 2.0
     ) -> list[Event]:
-        """The stored event history (optionally of one run), oldest first. One run's history is
-        read from shortly before the run was created, not from the start of the stream."""
+        """The stored event history (optionally of one run), oldest first. ``subjects`` is a stem or
+        stem pattern. One run's history is a server-side filter on the run's subject token
+        (``S.run_filters``): the server delivers that run's events only, whatever else is stored."""
         js = self.bus.js
         stream = stream_for(subjects.rstrip(">")) or S.STREAM_EVT
         config = ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
         if run_id is not None and stream == S.STREAM_EVT:
-            with contextlib.suppress(Exception):  # no state (yet): read it all
-                state = await self.state(run_id)
-                if state is not None:
-                    since = state.created_at - timedelta(seconds=RUN_HISTORY_MARGIN_S)
-                    config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=since)
+            config.filter_subjects = S.run_filters(run_id, subjects)
         sub = await js.subscribe(subjects, stream=stream, ordered_consumer=True, config=config)
         out: list[Event] = []
         try:
-            info = await js.stream_info(stream)
-            total = info.state.last_seq
-            while True:
-                try:
-                    msg = await sub.next_msg(timeout=timeout)
-                except Exception:  # no more messages within the timeout
-                    break
-                rid = (msg.headers or {}).get(RUN_ID_HEADER, "")
-                if run_id is None or rid == run_id:
-                    out.append(Event(msg.subject, _json(msg.data), rid))
-                if msg.metadata and msg.metadata.sequence.stream >= total:
-                    break
+            info = await sub.consumer_info()  # nothing stored and nothing sent yet: no wait for a timeout
+            if info.num_pending or (info.delivered and info.delivered.consumer_seq):
+                while True:
+                    try:
+                        msg = await sub.next_msg(timeout=timeout)
+                    except Exception:  # no more messages within the timeout
+                        break
+                    rid = (msg.headers or {}).get(RUN_ID_HEADER, "")
+                    if run_id is None or rid == run_id:
+                        out.append(Event(msg.subject, _json(msg.data), rid))
+                    if msg.metadata and not msg.metadata.num_pending:
+                        break
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
@@ -222,13 +225,15 @@ class Client:
             if rid == run_id:
                 await queue.put(Event(msg.subject, _json(msg.data), rid))
 
-        sub = await self.bus.broker.connection.subscribe(f"{S.P}.evt.>", cb=on_msg)
+        nc = self.bus.broker.connection
+        subs = [await nc.subscribe(subject, cb=on_msg) for subject in S.run_filters(run_id)]
         try:
             while True:
                 yield await queue.get()
         finally:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+            for sub in subs:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
 
     async def dead_letters(self) -> list[DeadLetter]:
         return [DeadLetter.model_validate(e.payload) for e in await self.events(subjects=f"{S.DLQ_PREFIX}.>")]
@@ -366,7 +371,7 @@ def tool_metrics(events: list[Event]) -> dict[str, dict[str, float]]:
             f"{S.FAILURE_PREFIX}.output_invalid"
         ):
             c(ToolOutcome.model_validate(e.payload).requested_tool)["schema_failures"] += 1
-        if e.subject == S.run_event("corrected"):  # a streak of schema failures the model fixed
+        if S.stem(e.subject) == S.run_event("corrected"):  # a streak of schema failures the model fixed
             ev = RunEvent.model_validate(e.payload)
             c(str(ev.detail.get("tool", "?")))["recovered"] += int(ev.detail.get("after", 1))
         if e.subject.startswith(S.TOOL_ATTEMPT_PREFIX):

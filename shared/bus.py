@@ -226,7 +226,7 @@ class _Pull:
                     await self.bus._deliver(msg, self.model, self.handler)
                 else:
                     ctx = self.bus._extract(msg.headers)
-                    with self.bus._span(f"{msg.subject} process", SpanKind.CONSUMER, ctx, msg.headers):
+                    with self.bus._span(f"{S.stem(msg.subject)} process", SpanKind.CONSUMER, ctx, msg.headers):
                         await self.bus._deliver(msg, self.model, self.handler)
         except asyncio.CancelledError:  # shutdown ran out of time: hand the message back
             with contextlib.suppress(Exception):
@@ -713,13 +713,16 @@ class Bus:
         run_id: str | None = None,
         traceparent: str | None = None,
     ) -> None:
-        """Publish to JetStream and await its PubAck; ``msg_id`` makes a re-publish after a crash a no-op."""
+        """Publish to JetStream and await its PubAck; ``msg_id`` makes a re-publish after a crash a no-op.
+        An event that belongs to a run goes out with the run id as its last subject token
+        (``S.run_scoped``): ``subject`` is the stem."""
         headers = {"content-type": "application/json"}
         if msg_id:
             headers[MSG_ID_HEADER] = msg_id
         run_id = run_id or getattr(payload, "run_id", None)
         if run_id:
             headers[RUN_ID_HEADER] = run_id
+        stem, subject = subject, S.run_scoped(subject, run_id)
         body = payload if isinstance(payload, bytes) else payload.model_dump_json(by_alias=True).encode()
         body = await self.payloads.offload(self.nc, body, headers)
         if self._tracer is not None:
@@ -727,7 +730,7 @@ class Bus:
             if traceparent:  # continue a stored trace (e.g. a human resolving an escalation)
                 token = otel_context.attach(propagate.extract({"traceparent": traceparent}))
             try:
-                with self._span(f"{subject} publish", SpanKind.PRODUCER, None, headers):
+                with self._span(f"{stem} publish", SpanKind.PRODUCER, None, headers):
                     propagate.inject(headers)
                     ack = await self._js_publish(subject, body, headers, repeatable=msg_id is not None)
             finally:
@@ -735,8 +738,8 @@ class Bus:
                     otel_context.detach(token)
         else:
             ack = await self._js_publish(subject, body, headers, repeatable=msg_id is not None)
-        if self._failures is not None and subject.startswith(S.FAILURE_PREFIX + ".") and not ack.duplicate:
-            _, ftype, tool = subject.rsplit(".", 2)
+        if self._failures is not None and stem.startswith(S.FAILURE_PREFIX + ".") and not ack.duplicate:
+            _, ftype, tool = stem.rsplit(".", 2)
             self._failures.add(1, {"failure.type": ftype, "tool": tool})
 
     async def publish_all(self, items: list[tuple[str, bytes, str | None]], run_id: str | None = None) -> None:

@@ -76,7 +76,7 @@ GRANTS: dict[str, Grant] = {
         consumers=((S.STREAM_CMD, "validator"),),
     ),
     "judge": Grant(
-        publish=(S.JUDGE_VERDICT, S.dead_letter("judge")),
+        publish=(S.any_run(S.JUDGE_VERDICT), S.dead_letter("judge")),
         kv_write=(S.KV_VERDICTS,),
         kv_read=(S.KV_SCENARIOS,),
         consumers=((S.STREAM_CMD, "judge"),),

@@ -16,7 +16,8 @@ from shared.messages import WIRE_MODELS
 
 OUT = Path(__file__).resolve().parents[1] / "schemas" / "messages"
 
-# Which contract travels on which subject (the catalogue a new consumer reads first).
+# Which contract travels on which subject (the catalogue a new consumer reads first). ``<run>``:
+# every event of a run ends with the run id (``S.run_scoped``), so one run is a subject filter.
 CATALOGUE: dict[str, str] = {
     S.RUN_SUBMIT: "RunSubmit",
     S.RUN_ADVANCE: "RunEvent",
@@ -30,22 +31,23 @@ CATALOGUE: dict[str, str] = {
     f"{S.ESCALATION_CLAIM}.<operator>|.console.<operator> (request/reply)": "EscalationClaim -> EscalationReply",
     f"{S.ESCALATION_RPC_PREFIX}.renew.<operator>|...": "EscalationClaim -> EscalationReply",
     f"{S.ESCALATION_RESOLVE}.<operator>|.console.<operator> (request/reply)": "EscalationResolve -> EscalationReply",
-    f"{S.RUN_EVENT_PREFIX}.<kind>": "RunEvent",
-    f"{S.TOOL_SUCCEEDED_PREFIX}.<tool>": "ToolOutcome",
-    f"{S.TOOL_ATTEMPT_PREFIX}.<tool>": "ToolAttempt",
-    f"{S.FAILURE_PREFIX}.<input_invalid|output_invalid|transient|timeout|fatal|unknown_outcome>.<tool>": "ToolOutcome",
-    f"{S.FAILURE_PREFIX}.<loop|budget|judge>.<tool|_>": "RunEvent",
-    f"{S.BUDGET_EVENT_PREFIX}.<warn|compact|block|fallback>": "RunEvent",
-    S.JUDGE_VERDICT: "Verdict",
-    S.ESCALATION_RAISED: "Escalation",
-    S.ESCALATION_CLAIMED: "EscalationEvent",
-    f"{S.ESCALATION_EVENT_PREFIX}.<renewed|expired|refused|sla_applied>": "EscalationEvent",
-    S.ESCALATION_RESOLVED: "EscalationResolution",
+    f"{S.RUN_EVENT_PREFIX}.<kind>.<run>": "RunEvent",
+    f"{S.TOOL_SUCCEEDED_PREFIX}.<tool>.<run>": "ToolOutcome",
+    f"{S.TOOL_ATTEMPT_PREFIX}.<tool>.<run>": "ToolAttempt",
+    f"{S.FAILURE_PREFIX}.<input_invalid|output_invalid|transient|timeout|fatal|unknown_outcome>"
+    ".<tool>.<run>": "ToolOutcome",
+    f"{S.FAILURE_PREFIX}.<loop|budget|judge>.<tool|_>.<run>": "RunEvent",
+    f"{S.BUDGET_EVENT_PREFIX}.<warn|compact|block|fallback>.<run>": "RunEvent",
+    f"{S.JUDGE_VERDICT}.<run>": "Verdict",
+    f"{S.ESCALATION_RAISED}.<run>": "Escalation",
+    f"{S.ESCALATION_CLAIMED}.<run>": "EscalationEvent",
+    f"{S.ESCALATION_EVENT_PREFIX}.<renewed|expired|refused|sla_applied>.<run>": "EscalationEvent",
+    f"{S.ESCALATION_RESOLVED}.<run>": "EscalationResolution",
     f"{S.DLQ_PREFIX}.<service>": "DeadLetter",
     f"kv {S.KV_CONTRACTS}": "ToolContract",
     f"kv {S.KV_TOOL_CACHE}": "CachedToolResult",
     f"kv {S.KV_ESCALATIONS}": "Escalation",
-    f"{S.FAILURE_PREFIX}.tool_error.<tool>": "ToolOutcome",
+    f"{S.FAILURE_PREFIX}.tool_error.<tool>.<run>": "ToolOutcome",
     f"{S.MCP_SERVER_EVENT_PREFIX}.<server>": "McpServerStatus",
     f"kv {S.KV_MCP_SERVERS}": "McpServerStatus",
 }

@@ -150,3 +150,52 @@ def escalation_rpc(verb: str, operator: str, via: str | None = None) -> str:
 
 def mcp_server_event(server: str) -> str:
     return f"{MCP_SERVER_EVENT_PREFIX}.{token(server)}"
+
+
+# --- the run id as the last token of every event that belongs to a run -----------------------
+# ``lw.v1.evt.<area>.<verb>[.<tool>].<run>``: reading or watching one run is a server-side subject
+# filter (``run_filters``) that delivers that run's events only, whatever else the stream holds.
+# The bus appends the token when it publishes (``run_scoped``), so every builder above stays the
+# subject's stem and routing by stem still works with a trailing wildcard, e.g.
+# ``lw.v1.evt.failure.transient.search.*`` or ``lw.v1.evt.failure.fatal.>``. Events that belong to
+# no run (an MCP server's status) keep their stem; a run event published without a run id gets ``_``.
+EVENT_PREFIX = f"{P}.evt"
+NO_RUN = "_"
+NOT_RUN_SCOPED = (MCP_SERVER_EVENT_PREFIX,)
+RUN_EVENT_DEPTHS = (6, 7)  # tokens in a run-scoped event subject: <area>.<verb>.<run> or <area>.<verb>.<tool>.<run>
+
+
+def is_run_scoped(subject: str) -> bool:
+    """Whether an event published on the stem ``subject`` gets the run id as its last token."""
+    return subject.startswith(EVENT_PREFIX + ".") and not any(
+        subject == p or subject.startswith(p + ".") for p in NOT_RUN_SCOPED
+    )
+
+
+def run_scoped(subject: str, run_id: str | None) -> str:
+    """The subject an event is published on: its stem, then the run id (``_`` for none)."""
+    return f"{subject}.{token(run_id or NO_RUN)}" if is_run_scoped(subject) else subject
+
+
+def stem(subject: str) -> str:
+    """The subject without its run token (``lw.v1.evt.run.completed.<run>`` -> ``...run.completed``)."""
+    return (
+        subject.rsplit(".", 1)[0] if is_run_scoped(subject) and subject.count(".") + 1 in RUN_EVENT_DEPTHS else subject
+    )
+
+
+def run_filters(run_id: str, pattern: str = f"{EVENT_PREFIX}.>") -> list[str]:
+    """Server-side filters for one run's events on stems matching ``pattern``: an exact stem or
+    a ``*`` pattern gets the run token appended; ``<prefix>.>`` becomes one filter per subject
+    depth (they never overlap, so one consumer can carry them all)."""
+    run = token(run_id)
+    if not pattern.endswith(".>"):
+        return [f"{pattern}.{run}"]
+    base = pattern[: -len(".>")]
+    depth = base.count(".") + 1
+    return [base + ".*" * (d - 1 - depth) + f".{run}" for d in RUN_EVENT_DEPTHS if d - 1 > depth]
+
+
+def any_run(subject: str) -> str:
+    """A filter for one event stem across every run (``lw.v1.evt.judge.verdict.*``)."""
+    return f"{subject}.*"

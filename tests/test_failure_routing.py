@@ -232,7 +232,9 @@ async def test_a_new_consumer_of_one_tools_transient_failures_is_just_a_subscrip
     await client.bus.js.add_consumer(
         S.STREAM_EVT,
         ConsumerConfig(
-            durable_name=name, filter_subject=S.failure("transient", "enrich_company"), deliver_policy=DeliverPolicy.NEW
+            durable_name=name,
+            filter_subject=S.any_run(S.failure("transient", "enrich_company")),
+            deliver_policy=DeliverPolicy.NEW,
         ),
     )
     sub = await client.bus.js.pull_subscribe_bind(name, stream=S.STREAM_EVT)
@@ -260,8 +262,8 @@ async def test_a_new_consumer_of_one_tools_transient_failures_is_just_a_subscrip
         )
         msgs = await sub.fetch(10, timeout=2)
         seen = [(m.subject, json.loads(m.data)["run_id"]) for m in msgs]
-        assert (S.failure("transient", "enrich_company"), state.run_id) in seen
-        assert all(subject == S.failure("transient", "enrich_company") for subject, _ in seen)
+        assert (S.run_scoped(S.failure("transient", "enrich_company"), state.run_id), state.run_id) in seen
+        assert all(S.stem(subject) == S.failure("transient", "enrich_company") for subject, _ in seen)
     finally:
         await client.bus.js.delete_consumer(S.STREAM_EVT, name)
 

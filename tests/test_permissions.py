@@ -122,8 +122,8 @@ async def test_every_service_as_its_own_user_completes_a_run(locked_server: str,
     ("user", "subject"),
     [
         ("judge", "lw.v1.cmd.tool.execute.charge_card"),  # the judge cannot run tools
-        ("client", "lw.v1.evt.judge.verdict"),  # a client cannot forge a verdict
-        ("validator", "lw.v1.evt.escalation.resolved"),  # nor resolve a human's escalation
+        ("client", "lw.v1.evt.judge.verdict.run-x"),  # a client cannot forge a verdict
+        ("validator", "lw.v1.evt.escalation.resolved.run-x"),  # nor resolve a human's escalation
         ("executor", "$KV.lw_runs.some-run"),  # nor rewrite a run's state
         ("planner", "lw.v1.cmd.run.submit.x"),
     ],

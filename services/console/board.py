@@ -84,7 +84,7 @@ def trace_id_of(traceparent: str | None) -> str | None:
 
 
 def timeline_entry(seq: int, subject: str, body: bytes, at: datetime | None) -> TimelineEntry:
-    kind = subject.removeprefix(f"{S.P}.evt.")
+    kind = S.stem(subject).removeprefix(f"{S.P}.evt.")
     try:
         data = json.loads(body)
     except ValueError:

@@ -117,13 +117,17 @@ class Planner:
             filter_subjects=[f"{S.TOOL_SUCCEEDED_PREFIX}.>", *(f"{S.FAILURE_PREFIX}.{t}.>" for t in TOOL_FAILURES)],
         )(self.on_outcome)
         b.consumer(
-            router, durable="planner_verdicts", stream=S.STREAM_EVT, filter_subjects=[S.JUDGE_VERDICT], model=Verdict
+            router,
+            durable="planner_verdicts",
+            stream=S.STREAM_EVT,
+            filter_subjects=[S.any_run(S.JUDGE_VERDICT)],
+            model=Verdict,
         )(self.on_verdict)
         b.consumer(
             router,
             durable="planner_resolutions",
             stream=S.STREAM_EVT,
-            filter_subjects=[S.ESCALATION_RESOLVED],
+            filter_subjects=[S.any_run(S.ESCALATION_RESOLVED)],
             model=EscalationResolution,
         )(self.on_resolution)
 
