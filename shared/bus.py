@@ -316,7 +316,6 @@ class Bus:
         self._pulls: list[_Pull] = []
         self._responders: list[_Responder] = []
         self._subs: list[Subscription] = []
-        self._beating: dict[int, Any] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._run_locks = _RunLocks()
         self._started = False
@@ -649,21 +648,11 @@ class Bus:
             _DELIVERIES.reset(token)
         await msg.ack()
 
-    @contextlib.asynccontextmanager
-    async def heartbeat(self, msg: Any) -> AsyncIterator[None]:
-        """Tell JetStream a long piece of work is still going on ``msg`` (every message a consumer
-        holds is heartbeaten by the bus already; this is for work outside a consumer)."""
-        self._beating[id(msg)] = msg
-        try:
-            yield
-        finally:
-            self._beating.pop(id(msg), None)
-
     async def _heartbeats(self) -> None:
         interval = max(0.2, self.settings.ack_wait_s / 3)
         while True:
             await asyncio.sleep(interval)
-            held = [m for pull in self._pulls for m in pull.held.values()] + list(self._beating.values())
+            held = [m for pull in self._pulls for m in pull.held.values()]
             for m in held:
                 with contextlib.suppress(Exception):
                     await m.in_progress()
@@ -1069,7 +1058,3 @@ def describe(err: ValidationError) -> str:
         parts.append(f"{loc}: {e['msg']}")
     more = len(err.errors()) - 8
     return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
-
-
-def dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str)

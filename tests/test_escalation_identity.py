@@ -10,74 +10,44 @@ console's user acts only as ``<verb>.console.<operator>``, recorded with both na
 from __future__ import annotations
 
 import asyncio
-import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import nats
 import pytest
 
 from loopwarden.client import Client
-from loopwarden.infra import bootstrap
-from loopwarden.stack import LocalStack, free_port, nats_server_binary, wait_for_port
+from loopwarden.stack import LocalStack, free_port
 from shared import subjects as S
 from shared.messages import EscalationClaim, EscalationRaise, EscalationResolve
-from shared.permissions import OUT, grants, operator_roster
+from shared.permissions import operator_roster
 from shared.settings import Settings
 from tests.conftest import TEST_ENV
-
-USERS = ("admin", *grants())  # every user auth.conf declares
-PASSWORDS = {u: f"pw-{u}-{i}" for i, u in enumerate(USERS)}
+from tests.support import locked as L
 
 
 @pytest.fixture(scope="module")
 def locked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tmp = tmp_path_factory.mktemp("identity")
-    port = free_port()
-    conf = tmp / "server.conf"
-    conf.write_text(
-        f'listen: "127.0.0.1:{port}"\nserver_name: identity\n'
-        f'jetstream {{ store_dir: "{tmp / "js"}" }}\n' + OUT.read_text()
-    )
-    env = {f"LW_NATS_PASSWORD_{u.upper()}": pw for u, pw in PASSWORDS.items()}
-    proc = subprocess.Popen(
-        [nats_server_binary(), "-c", str(conf)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    wait_for_port(port)
-    url = f"nats://127.0.0.1:{port}"
-    stack = LocalStack(
-        state_dir=tmp,
-        nats_url=url,
-        env=TEST_ENV,
-        services=("escalation",),
-        env_per_service={
-            "escalation": {
-                "LW_NATS_USER": "escalation",
-                "LW_NATS_PASSWORD": PASSWORDS["escalation"],
-                "LW_MANAGE_STREAMS": "false",
-                "LW_OPERATORS": operator_roster(),
-            }
-        },
-    )
-    try:
-        asyncio.run(_bootstrap(url))
-        stack.start()
-        yield url
-        logs = "".join(p.log.read_text(errors="replace") for p in stack.procs)
-        assert "permissions violation" not in logs.lower(), logs[-3000:]
-    finally:
-        stack.stop()
-        proc.terminate()
-        proc.wait(10)
-
-
-async def _bootstrap(url: str) -> None:
-    """Streams, buckets and every durable, as the admin: services may create none of them."""
-    await bootstrap(Settings(nats_url=url, nats_user="admin", nats_password=PASSWORDS["admin"]))
+    with L.locked_server(tmp, "identity") as url:
+        stack = LocalStack(
+            state_dir=tmp,
+            nats_url=url,
+            env=TEST_ENV,
+            services=("escalation",),
+            env_per_service={"escalation": {**L.creds("escalation"), "LW_OPERATORS": operator_roster()}},
+        )
+        try:
+            asyncio.run(L.bootstrap_as_admin(url))
+            stack.start()
+            yield url
+            logs = "".join(p.log.read_text(errors="replace") for p in stack.procs)
+            assert "permissions violation" not in logs.lower(), logs[-3000:]
+        finally:
+            stack.stop()
 
 
 def as_user(url: str, user: str) -> Settings:
-    return Settings(nats_url=url, nats_user=user, nats_password=PASSWORDS[user], manage_streams=False, rpc_timeout_s=2)
+    return L.as_user(url, user, manage_streams=False, rpc_timeout_s=2)
 
 
 @pytest.fixture
@@ -98,30 +68,11 @@ async def queued(admin: Client, kind: str) -> str:
     raise AssertionError(f"{esc_id} was never queued")
 
 
-async def refused_by_server(url: str, user: str, subject: str, payload: bytes) -> list[str]:
-    errors: list[str] = []
-
-    async def on_error(err: Exception) -> None:
-        errors.append(str(err))
-
-    nc = await nats.connect(url, user=user, password=PASSWORDS[user], error_cb=on_error, inbox_prefix=f"_INBOX_{user}")
-    try:
-        with pytest.raises(Exception):  # noqa: B017 - no reply ever comes: the server dropped the request
-            await nc.request(subject, payload, timeout=1)
-        for _ in range(50):
-            if errors:
-                break
-            await asyncio.sleep(0.02)
-    finally:
-        await nc.close()
-    return errors
-
-
 async def test_an_operator_acts_only_as_themselves(locked: str, admin: Client) -> None:
     esc_id = await queued(admin, "fatal")
     forged = EscalationResolve(escalation_id=esc_id, who="alice", action="abort").model_dump_json().encode()
     # bob may not publish on alice's subject, whatever the payload says: the server drops it
-    errors = await refused_by_server(locked, "bob", S.escalation_rpc("resolve", "alice"), forged)
+    errors = await L.publish_refusals(locked, "bob", S.escalation_rpc("resolve", "alice"), forged)
     assert any("permissions violation" in e.lower() for e in errors), errors
     # neither may the plain client user, nor the console outside its console.<operator> subjects
     claim = EscalationClaim(escalation_id=esc_id).model_dump_json().encode()
@@ -129,7 +80,7 @@ async def test_an_operator_acts_only_as_themselves(locked: str, admin: Client) -
         ("client", S.escalation_rpc("claim", "alice")),
         ("console", S.escalation_rpc("claim", "alice")),
     ):
-        errors = await refused_by_server(locked, user, subject, claim)
+        errors = await L.publish_refusals(locked, user, subject, claim)
         assert any("permissions violation" in e.lower() for e in errors), (user, errors)
     assert (await admin.show(esc_id)).escalations[0].status == "open"
     # alice, as herself

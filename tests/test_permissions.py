@@ -19,15 +19,14 @@ import yaml
 
 from loopwarden.client import Client
 from loopwarden.infra import bootstrap
-from loopwarden.stack import SERVICES, LocalStack, free_port, nats_server_binary, wait_for_port
+from loopwarden.stack import SERVICES, LocalStack, nats_server_binary
 from shared.permissions import OUT, grants, render, rights
 from shared.scenario import parse_scenario
 from shared.settings import Settings
 from shared.subjects import STREAM_SUBJECTS as STREAMS
 from tests.conftest import ROOT, TEST_ENV
-
-USERS = ("admin", *grants())  # every user auth.conf declares
-PASSWORDS = {u: f"pw-{u}-{i}" for i, u in enumerate(USERS)}
+from tests.support.locked import PASSWORDS, USERS, creds, publish_refusals
+from tests.support.locked import locked_server as start_locked_server
 
 
 def test_auth_conf_is_generated_from_the_grants() -> None:
@@ -70,27 +69,8 @@ async def test_a_client_cannot_rewrite_a_services_durable(locked_server: str) ->
 
 @pytest.fixture(scope="module")
 def locked_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    tmp = tmp_path_factory.mktemp("locked")
-    port = free_port()
-    conf = tmp / "server.conf"
-    conf.write_text(
-        f'listen: "127.0.0.1:{port}"\nserver_name: locked\n'
-        f'jetstream {{ store_dir: "{tmp / "js"}" }}\n' + OUT.read_text()
-    )
-    env = {f"LW_NATS_PASSWORD_{u.upper()}": pw for u, pw in PASSWORDS.items()}
-    check = subprocess.run([nats_server_binary(), "-t", "-c", str(conf)], env=env, capture_output=True, text=True)
-    assert check.returncode == 0, check.stderr + check.stdout
-    proc = subprocess.Popen(
-        [nats_server_binary(), "-c", str(conf)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    wait_for_port(port)
-    yield f"nats://127.0.0.1:{port}"
-    proc.terminate()
-    proc.wait(10)
-
-
-def creds(user: str) -> dict[str, str]:
-    return {"LW_NATS_USER": user, "LW_NATS_PASSWORD": PASSWORDS[user], "LW_MANAGE_STREAMS": "false"}
+    with start_locked_server(tmp_path_factory.mktemp("locked")) as url:
+        yield url
 
 
 async def test_every_service_as_its_own_user_completes_a_run(locked_server: str, tmp_path: Path) -> None:
@@ -129,24 +109,7 @@ async def test_every_service_as_its_own_user_completes_a_run(locked_server: str,
     ],
 )
 async def test_publishing_outside_a_grant_is_refused(locked_server: str, user: str, subject: str) -> None:
-    errors: list[str] = []
-
-    async def on_error(err: Exception) -> None:
-        errors.append(str(err))
-
-    nc = await nats.connect(
-        locked_server, user=user, password=PASSWORDS[user], error_cb=on_error, inbox_prefix=f"_INBOX_{user}"
-    )
-    try:
-        await nc.publish(subject, b"{}")
-        await nc.flush()
-        for _ in range(50):
-            if errors:
-                break
-            await asyncio.sleep(0.02)
-    finally:
-        await nc.close()
-    assert any("permissions violation" in e.lower() and subject.lower() in e.lower() for e in errors), errors
+    assert await publish_refusals(locked_server, user, subject), (user, subject)
 
 
 async def test_reading_another_services_inbox_is_refused(locked_server: str) -> None:

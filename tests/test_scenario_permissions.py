@@ -7,49 +7,28 @@ may store and read large bodies in the claim-check bucket.
 
 from __future__ import annotations
 
-import asyncio
 import os
+from collections.abc import AsyncIterator
 
-import nats
 import pytest
 
-from shared.bus import Bus, ensure_buckets, ensure_streams
+from shared.bus import Bus
 from shared.settings import Settings
-from tests.test_permissions import PASSWORDS, locked_server  # noqa: F401  - the module's private locked server
+from tests.support import locked as L
+from tests.support.locked import PASSWORDS
 
 USERS = ("planner", "executor", "validator", "judge", "governor", "escalation", "client")
 
 
-async def refused(server: str, user: str, subject: str) -> list[str]:
-    errors: list[str] = []
-
-    async def on_error(err: Exception) -> None:
-        errors.append(str(err))
-
-    nc = await nats.connect(
-        server, user=user, password=PASSWORDS[user], error_cb=on_error, inbox_prefix=f"_INBOX_{user}"
-    )
-    try:
-        await nc.publish(subject, b'{"name":"forged","task":"x","tools":{}}')
-        await nc.flush()
-        for _ in range(50):
-            if errors:
-                break
-            await asyncio.sleep(0.02)
-    finally:
-        await nc.close()
-    return [e for e in errors if "permissions violation" in e.lower() and subject.lower() in e.lower()]
-
-
 @pytest.fixture(scope="module")
-async def bootstrapped(locked_server: str) -> str:  # noqa: F811
-    admin = Settings(nats_url=locked_server, nats_user="admin", nats_password=PASSWORDS["admin"])
-    bus = Bus(admin, "admin")
-    await bus.broker.connect()
-    await ensure_streams(bus.js, admin)
-    await ensure_buckets(bus.js, admin)  # with the claim-check object store
-    await bus.broker.stop()
-    return locked_server
+async def bootstrapped(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
+    with L.locked_server(tmp_path_factory.mktemp("scenarios")) as url:
+        await L.bootstrap_as_admin(url)
+        yield url
+
+
+async def refused(server: str, user: str, subject: str) -> list[str]:
+    return await L.publish_refusals(server, user, subject, b'{"name":"forged","task":"x","tools":{}}')
 
 
 @pytest.mark.parametrize("user", ["client", "executor", "judge", "validator"])
