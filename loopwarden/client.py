@@ -19,6 +19,7 @@ from opentelemetry.trace import SpanKind
 from services.planner.state import RunState
 from shared import subjects as S
 from shared.bus import RUN_ID_HEADER, Bus, stream_for
+from shared.canonical import digest_of
 from shared.messages import (
     DeadLetter,
     EscalationAction,
@@ -32,7 +33,6 @@ from shared.messages import (
     ToolAttempt,
     ToolOutcome,
 )
-from shared.payloads import digest_of
 from shared.scenario import Outcome, Scenario
 from shared.settings import Settings
 from shared.telemetry import LW_RUN_ID, Telemetry, setup_telemetry

@@ -1,6 +1,7 @@
-"""Canonical identity of a tool call: same tool and same arguments, whatever the key order.
+"""Canonical identity of a JSON value: the same whatever the key order.
 
-Used by loop detection (identical calls) and by the last-good-result cache (``use_cached``).
+A tool call's signature (loop detection, the last-good-result cache for ``use_cached``), a
+contract's fingerprint, and the digest a scripted run's scenario is bound by at submit.
 """
 
 from __future__ import annotations
@@ -12,9 +13,14 @@ from typing import Any
 from shared.subjects import kv_key
 
 
+def digest_of(value: Any) -> str:
+    """sha256 of a JSON value's canonical form (sorted keys, no spaces)."""
+    canonical = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
 def call_signature(tool: str, arguments: dict[str, Any]) -> str:
-    canonical = json.dumps([tool, arguments], sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+    return digest_of([tool, arguments])[:16]
 
 
 def cache_key(tool: str, arguments: dict[str, Any]) -> str:

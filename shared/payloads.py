@@ -173,9 +173,3 @@ def bounded_outcome(outcome: ToolOutcome, max_bytes: int) -> ToolOutcome:
     """The outcome with its ``data`` in bounded form (what the planner keeps in its KV-stored run state)."""
     data, size = bounded(outcome.data, max_bytes)
     return outcome if size is None else outcome.model_copy(update={"data": data})
-
-
-def digest_of(value: Any) -> str:
-    """sha256 of a JSON value's canonical form (sorted keys, no spaces): the same for any key order."""
-    canonical = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode()).hexdigest()

@@ -22,8 +22,9 @@ from loopwarden.client import Client
 from loopwarden.stack import LocalStack, Proc
 from shared import subjects as S
 from shared.bus import Bus
+from shared.canonical import digest_of
 from shared.messages import RunSubmit
-from shared.payloads import BUCKET, KV_REF_KEY, PayloadError, PayloadRef, bounded, digest_of
+from shared.payloads import BUCKET, KV_REF_KEY, PayloadError, PayloadRef, bounded
 from shared.scenario import parse_scenario
 from shared.settings import Settings
 from tests.conftest import ROOT, TEST_ENV, escalations_of, settings_for

@@ -28,6 +28,7 @@ from services.planner.state import PublishRecord, RunState
 from shared import subjects as S
 from shared.backoff import BackoffPolicy
 from shared.bus import Bus, CasConflict, RequestRefused, TryLater, Unchanged, current_deliveries
+from shared.canonical import digest_of
 from shared.messages import (
     BudgetDecision,
     ChatMessage,
@@ -41,7 +42,7 @@ from shared.messages import (
     Verdict,
     Wire,
 )
-from shared.payloads import bounded_outcome, digest_of
+from shared.payloads import bounded_outcome
 from shared.providers.base import ModelRequest, ModelResponse, ProviderError, complete_with_retry
 from shared.providers.select import provider_for
 from shared.scenario import Scenario, ScenarioError, parse_scenario

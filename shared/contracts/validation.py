@@ -8,7 +8,6 @@ got ("$.priority must be one of low, medium, high, urgent; got 'hi'").
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Any
 
@@ -17,6 +16,7 @@ from jsonschema import FormatChecker
 from jsonschema import validators as js_validators
 from jsonschema.exceptions import ValidationError as JsError
 
+from shared.canonical import digest_of
 from shared.contracts.dialect import META_URI
 from shared.contracts.ecma import rust_schema, search
 from shared.contracts.explainer import explainer_class
@@ -30,8 +30,7 @@ for _name, _fn in FORMAT_FUNCTIONS.items():
 
 
 def fingerprint(schema: Any) -> str:
-    canonical = json.dumps(schema, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+    return digest_of(schema)[:16]
 
 
 class CompiledSchema:
