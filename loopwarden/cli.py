@@ -343,7 +343,6 @@ def cmd_check_contract(args: argparse.Namespace) -> int:
     from shared.contracts.dialect import ContractError
     from shared.contracts.registration import load_contract_file, register_contract, validator_for
     from shared.contracts.validation import format_for_model
-    from shared.messages import ToolResultRaw
 
     if args.call and not args.path.startswith("mcp:"):
         print("--call needs an mcp:<server>/<tool> path")
@@ -371,20 +370,7 @@ def cmd_check_contract(args: argparse.Namespace) -> int:
     if args.output is not None:
         raw_text = args.output[1:] if args.output.startswith("@") else None
         output = Path(raw_text).read_text() if raw_text else args.output
-        checked = check_output(
-            contract,
-            ToolResultRaw(
-                run_id="cli",
-                iteration=1,
-                call_id="cli",
-                attempt_id="cli",
-                tool=contract.name,
-                requested_tool=contract.name,
-                arguments={},
-                output=json.dumps(output) if mcp_text else output,
-                output_is_text=True,
-            ),
-        )
+        checked = check_output(contract, _offline_result(contract, json.dumps(output) if mcp_text else output, True))
         outcome = checked.outcome
         if outcome.success:
             note = f" ({'; '.join(outcome.repairs)})" if outcome.repaired else ""
@@ -395,6 +381,23 @@ def cmd_check_contract(args: argparse.Namespace) -> int:
     if args.call:
         status = _mcp_call(args, contract, called) or status
     return status
+
+
+def _offline_result(contract: Any, output: Any, is_text: bool) -> Any:
+    """An output checked outside any run (``check-contract``), shaped as the validator receives it."""
+    from shared.messages import ToolResultRaw
+
+    return ToolResultRaw(
+        run_id="cli",
+        iteration=1,
+        call_id="cli",
+        attempt_id="cli",
+        tool=contract.name,
+        requested_tool=contract.name,
+        arguments={},
+        output=output,
+        output_is_text=is_text,
+    )
 
 
 def _mcp_contract(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -424,23 +427,11 @@ def _mcp_call(args: argparse.Namespace, contract: Any, called: Any) -> int:
     from services.executor.registry import ToolFailure
     from services.validator.checking import check_output
     from shared.contracts.validation import format_for_model
-    from shared.messages import ToolResultRaw
 
     if isinstance(called, ToolFailure):
         print(f"call: {called.kind}{f' (effect: {called.effect})' if called.effect else ''}\n{called}")
         return 1
-    raw = ToolResultRaw(
-        run_id="cli",
-        iteration=1,
-        call_id="cli",
-        attempt_id="cli",
-        tool=contract.name,
-        requested_tool=contract.name,
-        arguments={},
-        output=called,
-        output_is_text=isinstance(called, str),
-    )
-    checked = check_output(contract, raw)
+    checked = check_output(contract, _offline_result(contract, called, isinstance(called, str)))
     data = checked.outcome.data
     shown = data if isinstance(data, str) else json.dumps(data if checked.outcome.success else called)
     print(f"call: {checked.result}\n{shown[:2000]}")
