@@ -230,8 +230,9 @@ async def test_contract_metrics_are_exported_as_opentelemetry_metrics(client: Cl
     for _ in range(80):  # metrics export every 5 s
         outputs = otlp.metrics.get(("loopwarden-validator", "loopwarden.tool.outputs"), [])
         corrections = otlp.metrics.get(("loopwarden-planner", "loopwarden.tool.corrections"), [])
-        if {"valid", "invalid"} <= {p.get("result") for p in outputs if p.get("tool") == "search"} and corrections:
-            break
+        recovered = any(p.get("outcome") == "recovered" and p.get("tool") == "search" for p in corrections)
+        if {"valid", "invalid"} <= {p.get("result") for p in outputs if p.get("tool") == "search"} and recovered:
+            break  # what is asserted below has been exported (not merely some correction, e.g. an escalation)
         await asyncio.sleep(0.25)
     assert {"valid", "invalid"} <= {p.get("result") for p in outputs if p.get("tool") == "search"}
     assert any(p.get("outcome") == "recovered" and p.get("tool") == "search" for p in corrections)

@@ -61,7 +61,7 @@ class CompiledSchema:
             return []
         explained: list[SchemaError] = []
         for err in self.raw_errors(instance):
-            explained.extend(explain(err))
+            explained.extend(e for e in explain(err) if e not in explained)  # one line per distinct error
         if not explained:  # the engines disagree: trust the failing one, but say so
             explained.append(SchemaError(path="$", keyword="schema", message="the value does not satisfy the schema"))
         if len(explained) > limit:

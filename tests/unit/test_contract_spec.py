@@ -318,3 +318,34 @@ def test_check_output_reports_a_false_subschema_instead_of_crashing() -> None:
     messages = [e.message for e in checked.outcome.errors or []]
     assert "$.a is not allowed here; got 1" in messages
     assert "$.a must be a string; got integer 1" in messages
+
+
+def test_an_output_error_is_reported_once_however_many_ways_it_is_reached() -> None:
+    schema = {
+        "oneOf": [
+            {
+                "type": "object",
+                "properties": {"status": {"const": "ok"}, "n": {"type": "number"}},
+                "required": ["status", "n"],
+            },
+            {
+                "type": "object",
+                "properties": {"status": {"const": "error"}, "why": {"type": "string"}},
+                "required": ["status", "why"],
+            },
+        ]
+    }
+    registered = register_contract(contract({"type": "object"}, schema))
+    raw = ToolResultRaw(
+        run_id="r",
+        iteration=1,
+        call_id="c",
+        attempt_id="c:1",
+        tool="t",
+        requested_tool="t",
+        arguments={},
+        output={"x": 1},
+    )
+    messages = [e.message for e in check_output(registered, raw).outcome.errors or []]
+    assert messages and len(messages) == len(set(messages)), messages
+    assert any("missing required field 'status'" in m for m in messages)
