@@ -300,9 +300,9 @@ def test_formats_refuse_a_trailing_newline_and_non_ascii_digits_in_both_engines(
 # --- errors never crash -------------------------------------------------------------------------------
 
 
-def test_check_output_reports_a_false_subschema_instead_of_crashing() -> None:
-    schema = {"type": "object", "properties": {"a": {"allOf": [False, {"type": "string"}]}}}
-    registered = register_contract(contract({"type": "object"}, schema))
+def checked_output(output_schema: dict[str, Any], output: Any) -> Any:
+    """``output`` as the validator checks it against a registered tool with ``output_schema``."""
+    registered = register_contract(contract({"type": "object"}, output_schema))
     raw = ToolResultRaw(
         run_id="r",
         iteration=1,
@@ -311,9 +311,14 @@ def test_check_output_reports_a_false_subschema_instead_of_crashing() -> None:
         tool="t",
         requested_tool="t",
         arguments={},
-        output={"a": 1},
+        output=output,
     )
-    checked = check_output(registered, raw)
+    return check_output(registered, raw)
+
+
+def test_check_output_reports_a_false_subschema_instead_of_crashing() -> None:
+    schema = {"type": "object", "properties": {"a": {"allOf": [False, {"type": "string"}]}}}
+    checked = checked_output(schema, {"a": 1})
     assert checked.result == "invalid"
     messages = [e.message for e in checked.outcome.errors or []]
     assert "$.a is not allowed here; got 1" in messages
@@ -335,17 +340,6 @@ def test_an_output_error_is_reported_once_however_many_ways_it_is_reached() -> N
             },
         ]
     }
-    registered = register_contract(contract({"type": "object"}, schema))
-    raw = ToolResultRaw(
-        run_id="r",
-        iteration=1,
-        call_id="c",
-        attempt_id="c:1",
-        tool="t",
-        requested_tool="t",
-        arguments={},
-        output={"x": 1},
-    )
-    messages = [e.message for e in check_output(registered, raw).outcome.errors or []]
+    messages = [e.message for e in checked_output(schema, {"x": 1}).outcome.errors or []]
     assert messages and len(messages) == len(set(messages)), messages
     assert any("missing required field 'status'" in m for m in messages)
