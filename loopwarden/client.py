@@ -196,10 +196,17 @@ class Client:
         config = ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
         if run_id is not None and stream == S.STREAM_EVT:
             config.filter_subjects = S.run_filters(run_id, subjects)
-        sub = await js.subscribe(subjects, stream=stream, ordered_consumer=True, config=config)
+        # An ephemeral reader: creating it again after a timeout is harmless, and a stream electing a
+        # new leader (a node died) answers nothing for a few seconds.
+        sub = await self.bus.through_failover(
+            f"read {subjects}",
+            lambda: js.subscribe(subjects, stream=stream, ordered_consumer=True, config=config),
+            repeatable=True,
+        )
         out: list[Event] = []
         try:
-            info = await sub.consumer_info()  # nothing stored and nothing sent yet: no wait for a timeout
+            # nothing stored and nothing sent yet: no wait for a timeout
+            info = await self.bus.through_failover(f"read {subjects}", sub.consumer_info, repeatable=True)
             if info.num_pending or (info.delivered and info.delivered.consumer_seq):
                 while True:
                     try:
