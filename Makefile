@@ -12,7 +12,7 @@ help:
 	@echo "make test    install, start a private nats-server, run the test suite (short form of slow tests)"
 	@echo "make bench   validation and end-to-end benchmarks, printed as ratios to a baseline"
 	@echo "make lint    ruff + mypy + tool-contract lint"
-	@echo "make schemas regenerate schemas/messages from the wire models"
+	@echo "make schemas regenerate schemas/messages and schemas/asyncapi.json from the wire models and handlers"
 
 $(STAMP): pyproject.toml requirements.lock
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -52,6 +52,7 @@ lint: $(STAMP)
 
 schemas: $(STAMP)
 	$(PY) -m shared.schemagen
+	$(PY) -m shared.asyncapi
 
 up: $(STAMP)
 	$(VENV)/bin/loopwarden up

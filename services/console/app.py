@@ -9,6 +9,7 @@ a subject only the console's NATS user may publish to, and is recorded with both
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -75,6 +76,7 @@ class Console:
         p = self.page
         return [
             Route("/healthz", self.healthz),
+            Route("/asyncapi.json", asyncapi_document),
             Route("/login", self.login_form, methods=["GET"]),
             Route("/login", self.login, methods=["POST"]),
             Route("/logout", self.logout, methods=["POST"]),
@@ -239,6 +241,21 @@ def _result(action: str, form: Any) -> Any:
     if action == "final_answer":
         return str(form.get("answer", ""))
     return None
+
+
+@functools.cache
+def _asyncapi_body() -> bytes:
+    """The checked-in AsyncAPI document (``make schemas``); generated here if it was not shipped."""
+    from shared import asyncapi
+
+    if asyncapi.OUT.is_file():
+        return asyncapi.OUT.read_bytes()
+    return asyncapi.render().encode()
+
+
+async def asyncapi_document(request: Request) -> Response:
+    """The AsyncAPI 3.0 document of every channel and contract (public: it holds no run data)."""
+    return Response(_asyncapi_body(), media_type="application/json")
 
 
 def create_app(settings: Settings, client: Client) -> tuple[Starlette, Console]:

@@ -1,0 +1,162 @@
+"""The AsyncAPI document: generated from the handlers by FastStream, checked in, served by the console."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from functools import cache
+from typing import Any
+from urllib.parse import unquote
+
+from loopwarden.stack import LocalStack
+from shared import asyncapi
+from shared import subjects as S
+from shared.messages import WIRE_MODELS
+from shared.schemagen import CATALOGUE
+from tests.conftest import ROOT
+
+
+@cache
+def document() -> dict[str, Any]:
+    return json.loads(asyncapi.render())
+
+
+def resolve(doc: dict[str, Any], ref: str) -> Any:
+    node: Any = doc
+    for part in ref.removeprefix("#/").split("/"):
+        node = node[unquote(part).replace("~1", "/").replace("~0", "~")]
+    return node
+
+
+def payload_of(doc: dict[str, Any], channel: dict[str, Any]) -> set[str]:
+    """The schema names a channel's messages carry."""
+    names = set()
+    for message in channel["messages"].values():
+        payload = resolve(doc, message["$ref"])["payload"]
+        names.add(payload["$ref"].rsplit("/", 1)[-1])
+    return names
+
+
+def test_asyncapi_document_matches_the_handlers() -> None:
+    wanted = asyncapi.render()
+    on_disk = asyncapi.OUT.read_text() if asyncapi.OUT.is_file() else ""
+    if on_disk != wanted:
+        diff = difflib.unified_diff(
+            on_disk.splitlines(), wanted.splitlines(), "schemas/asyncapi.json (committed)", "generated", lineterm=""
+        )
+        raise AssertionError(
+            "schemas/asyncapi.json drifted from the handlers; run `make schemas` and review:\n"
+            + "\n".join(list(diff)[:80])
+        )
+
+
+def test_every_consumed_channel_carries_its_typed_contract() -> None:
+    doc = document()
+    assert doc["asyncapi"] == "3.0.0"
+    channels = doc["channels"]
+    schemas = doc["components"]["schemas"]
+    by_name = {m.__name__: m for m in WIRE_MODELS}
+    # what each service's build registered on the bus is a channel with the contract it decodes
+    for service in asyncapi.SERVICES:
+        for d in asyncapi.declarations(service):
+            for subject in d.subjects:
+                found = [c for c in channels.values() if c["address"] == subject and d.service in c["description"]]
+                assert found, f"{service}: {subject} is not a channel"
+                assert payload_of(doc, found[0]) == {d.model.__name__}, (subject, payload_of(doc, found[0]))
+    # no empty bodies: each payload is the wire model's own schema
+    for channel in channels.values():
+        for name in payload_of(doc, channel):
+            assert name in by_name, f"{channel['address']}: payload {name} is no wire model"
+            assert schemas[name]["type"] == "object"
+            assert set(schemas[name]["properties"]) == set(by_name[name].model_json_schema(by_alias=True)["properties"])
+    # channel parameters are declared, as AsyncAPI 3 requires for {expressions}
+    run_events = channels[f"planner.publish:{S.RUN_EVENT_PREFIX}.{{kind}}.{{run}}"]
+    assert set(run_events["parameters"]) == {"kind", "run"}
+
+
+def _pattern(subject: str) -> list[str]:
+    return re.sub(r"<[^>]*>|\{\w+\}", "*", subject).split(".")
+
+
+def _matches(a: list[str], b: list[str]) -> bool:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if ">" in (x, y):
+            return True
+        if x != y and "*" not in (x, y):
+            return False
+        if i == len(a) - 1 or i == len(b) - 1:
+            return len(a) == len(b)
+    return len(a) == len(b)
+
+
+def test_every_catalogue_subject_is_a_channel_with_its_contract() -> None:
+    doc = document()
+    missing = []
+    for key, contract in CATALOGUE.items():
+        if key.startswith("kv "):
+            continue  # a bucket, not a channel
+        subject = re.sub(r"<[^>]*>", "*", key).removesuffix(" (request/reply)").split("|")[0]
+        request, _, replies = contract.partition(" -> ")
+        candidates = [
+            c
+            for c in doc["channels"].values()
+            if _matches(_pattern(subject), _pattern(c["address"])) and request in payload_of(doc, c)
+        ]
+        if not candidates:
+            missing.append(f"{key}: {contract}")
+            continue
+        if replies:
+            ops = [o for o in doc["operations"].values() if "x-reply" in o]
+            reply_names = {
+                ref["$ref"].rsplit("/", 1)[-1]
+                for o in ops
+                if resolve(doc, o["channel"]["$ref"]) in candidates
+                for ref in o["x-reply"]["payload"]["oneOf"]
+            }
+            assert set(replies.split(" | ")) <= reply_names, (key, reply_names)
+    assert not missing, "catalogue subjects without a channel carrying their contract:\n" + "\n".join(missing)
+
+
+def test_the_console_serves_the_document(stack: LocalStack) -> None:
+    env = {
+        **os.environ,
+        "LW_NATS_URL": stack.nats_url,
+        "LW_CONSOLE_PORT": "0",
+        "LW_CONSOLE_HOST": "127.0.0.1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "services.console"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 60
+        url = ""
+        while time.monotonic() < deadline and not url:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            if "ready on " in line:
+                url = line.split("ready on ", 1)[1].strip()
+        assert url, "the console did not start"
+        with urllib.request.urlopen(f"{url}/asyncapi.json", timeout=10) as resp:
+            assert resp.headers["content-type"].startswith("application/json")
+            served = json.loads(resp.read())
+        assert served == json.loads(asyncapi.OUT.read_text())
+        with urllib.request.urlopen(f"{url}/login", timeout=10) as resp:
+            assert 'href="/asyncapi.json"' in resp.read().decode()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
