@@ -14,6 +14,7 @@ from services.planner.state import RunState, ToolCallRecord
 from shared import tokens
 from shared.contracts.validation import format_for_model
 from shared.messages import (
+    SCHEMA_FAILURES,
     BudgetRequest,
     ChatMessage,
     SectionTokens,
@@ -114,7 +115,7 @@ def render_outcome(outcome: ToolOutcome, max_tokens: int) -> tuple[str, bool]:
     if outcome.success:
         body = render_data(outcome.data, max_tokens)
         return ("\n".join([*notes, body]) if notes else body), False
-    if outcome.failure_type in ("input_invalid", "output_invalid"):
+    if outcome.failure_type in SCHEMA_FAILURES:
         return schema_feedback(outcome), True
     return "\n".join([*notes, outcome.error or "the tool failed"]), True
 

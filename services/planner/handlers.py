@@ -41,6 +41,7 @@ from shared.backoff import BackoffPolicy
 from shared.bus import Bus, CasConflict, RequestRefused, TryLater, Unchanged, current_deliveries
 from shared.canonical import digest_of
 from shared.messages import (
+    TOOL_FAILURES,
     BudgetDecision,
     ChatMessage,
     DeadLetter,
@@ -62,7 +63,6 @@ from shared.telemetry import LW_ITERATION, LW_RUN_ID, Telemetry
 
 log = logging.getLogger("loopwarden.planner")
 CMD = f"{S.P}.cmd."
-TOOL_FAILURES = ("input_invalid", "output_invalid", "transient", "timeout", "fatal", "unknown_outcome", "tool_error")
 
 
 @dataclass

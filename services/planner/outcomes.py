@@ -13,7 +13,7 @@ from services.planner import loops
 from services.planner.judging import finish_iteration
 from services.planner.outbox import Outbox, await_human, escalate
 from services.planner.state import RunState
-from shared.messages import ToolOutcome, escalation_id_for_call
+from shared.messages import HUMAN_FAILURES, SCHEMA_FAILURES, ToolOutcome, escalation_id_for_call
 
 
 def apply_outcome(state: RunState, outcome: ToolOutcome) -> Outbox:
@@ -59,7 +59,7 @@ def apply_outcome(state: RunState, outcome: ToolOutcome) -> Outbox:
             failure_type=ftype,
         )
         state.error_history.append(loops.error_key(tool, outcome.error or ftype))
-        if ftype in ("input_invalid", "output_invalid"):
+        if ftype in SCHEMA_FAILURES:
             stats["failures"] += 1
             state.schema_streak[tool] = state.schema_streak.get(tool, 0) + 1
             if state.schema_streak[tool] > cfg.max_schema_corrections:
@@ -75,7 +75,7 @@ def apply_outcome(state: RunState, outcome: ToolOutcome) -> Outbox:
                     failure_type=ftype,  # which contract broke (input or output), not only that a cap was reached
                 )
                 record.status = "awaiting_human"
-        elif ftype in ("fatal", "unknown_outcome"):
+        elif ftype in HUMAN_FAILURES:
             # The escalation service raises these itself from its failure subscription.
             record.status = "awaiting_human"
             await_human(
