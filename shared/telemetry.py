@@ -2,21 +2,33 @@
 
 Span and attribute names follow the OpenTelemetry messaging and GenAI semantic
 conventions; the names live here as constants rather than as strings in handlers.
+
+The resource honours the standard variables: ``OTEL_SERVICE_NAME`` and
+``OTEL_RESOURCE_ATTRIBUTES`` (read by the SDK's resource detectors, and winning over our
+defaults), ``OTEL_EXPERIMENTAL_RESOURCE_DETECTORS``; every process gets its own
+``service.instance.id`` (a UUID: replicas in containers all run as pid 1).
 """
 
 from __future__ import annotations
 
 import logging
-import os
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from importlib import metadata
 
 from opentelemetry import metrics as otel_metrics
+from opentelemetry import propagate
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
-from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
-from opentelemetry.trace import NoOpTracer, Tracer
+from opentelemetry.semconv._incubating.metrics.gen_ai_metrics import (
+    create_gen_ai_client_operation_duration,
+    create_gen_ai_client_token_usage,
+)
+from opentelemetry.trace import NoOpTracer, SpanKind, Status, StatusCode, Tracer
 
 from shared.settings import Settings
 
@@ -32,11 +44,27 @@ GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
 GEN_AI_TOOL_NAME = "gen_ai.tool.name"
 GEN_AI_TOOL_CALL_ID = "gen_ai.tool.call.id"
 GEN_AI_CONVERSATION_ID = "gen_ai.conversation.id"
+GEN_AI_RESPONSE_ID = "gen_ai.response.id"
+GEN_AI_AGENT_NAME = "gen_ai.agent.name"
+GEN_AI_AGENT_ID = "gen_ai.agent.id"
+GEN_AI_AGENT_DESCRIPTION = "gen_ai.agent.description"
+GEN_AI_TOOL_TYPE = "gen_ai.tool.type"
+GEN_AI_TOOL_DESCRIPTION = "gen_ai.tool.description"
+GEN_AI_TOKEN_TYPE = "gen_ai.token.type"
 ERROR_TYPE = "error.type"
+# gen_ai.operation.name values
+OP_CHAT = "chat"
+OP_INVOKE_AGENT = "invoke_agent"
+OP_EXECUTE_TOOL = "execute_tool"
+AGENT_NAME = "loopwarden"
+# GenAI semantic-convention metrics (histograms)
+METRIC_TOKEN_USAGE = "gen_ai.client.token.usage"
+METRIC_OPERATION_DURATION = "gen_ai.client.operation.duration"
 
 # Loopwarden's own attributes
 LW_RUN_ID = "loopwarden.run.id"
 LW_ITERATION = "loopwarden.iteration"
+LW_RUN_STATUS = "loopwarden.run.status"
 LW_FAILURE_TYPE = "loopwarden.failure.type"
 LW_ATTEMPT = "loopwarden.tool.attempt"
 LW_BACKOFF_S = "loopwarden.tool.backoff_s"
@@ -47,11 +75,123 @@ LW_SCORE = "loopwarden.judge.score"
 LW_BUDGET_ACTION = "loopwarden.budget.action"
 
 
+class GenAiMetrics:
+    """``gen_ai.client.token.usage`` and ``gen_ai.client.operation.duration``, per the GenAI
+    semantic conventions (histograms; attributes gen_ai.operation.name, gen_ai.provider.name,
+    gen_ai.request.model, gen_ai.response.model, gen_ai.token.type, error.type)."""
+
+    def __init__(self, meter: otel_metrics.Meter) -> None:
+        self.token_usage = create_gen_ai_client_token_usage(meter)
+        self.duration = create_gen_ai_client_operation_duration(meter)
+
+    def record(
+        self,
+        *,
+        provider: str,
+        request_model: str,
+        duration_s: float,
+        response_model: str = "",
+        input_tokens: int | None = None,
+        output_tokens: int | None = None,
+        error_type: str | None = None,
+        operation: str = OP_CHAT,
+    ) -> None:
+        attrs: dict[str, str] = {
+            GEN_AI_OPERATION_NAME: operation,
+            GEN_AI_PROVIDER_NAME: provider,
+            GEN_AI_REQUEST_MODEL: request_model,
+        }
+        if response_model:
+            attrs[GEN_AI_RESPONSE_MODEL] = response_model
+        self.duration.record(duration_s, {**attrs, ERROR_TYPE: error_type} if error_type else attrs)
+        if input_tokens is not None:
+            self.token_usage.record(input_tokens, {**attrs, GEN_AI_TOKEN_TYPE: "input"})
+        if output_tokens is not None:
+            self.token_usage.record(output_tokens, {**attrs, GEN_AI_TOKEN_TYPE: "output"})
+
+
+def current_traceparent() -> str:
+    """The W3C ``traceparent`` of the current span ("" when nothing is traced)."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier.get("traceparent", "")
+
+
+def record_invoke_agent(
+    tracer: Tracer,
+    *,
+    run_id: str,
+    started_at: datetime,
+    traceparent: str,
+    status: str,
+    model: str,
+    input_tokens: int,
+    output_tokens: int,
+    iterations: int,
+    reason: str | None = None,
+) -> None:
+    """The run's ``invoke_agent`` span (GenAI conventions), recorded when the run ends: from the
+    run's start to now, under the span that started it (``traceparent``), so it spans every
+    model call, tool call and human wait of the run, whichever replicas handled them."""
+    parent = propagate.extract({"traceparent": traceparent}) if traceparent else None
+    span = tracer.start_span(
+        f"{OP_INVOKE_AGENT} {AGENT_NAME}",
+        context=parent,
+        kind=SpanKind.INTERNAL,
+        start_time=int(started_at.timestamp() * 1e9),
+        attributes={
+            GEN_AI_OPERATION_NAME: OP_INVOKE_AGENT,
+            GEN_AI_AGENT_NAME: AGENT_NAME,
+            GEN_AI_AGENT_ID: run_id,
+            GEN_AI_AGENT_DESCRIPTION: "a Loopwarden tool loop: planner, executor, validator, judge, governor",
+            GEN_AI_CONVERSATION_ID: run_id,
+            GEN_AI_REQUEST_MODEL: model,
+            GEN_AI_USAGE_INPUT_TOKENS: input_tokens,
+            GEN_AI_USAGE_OUTPUT_TOKENS: output_tokens,
+            LW_RUN_ID: run_id,
+            LW_ITERATION: iterations,
+            LW_RUN_STATUS: status,
+        },
+    )
+    if status == "failed":
+        span.set_attribute(ERROR_TYPE, "run_failed")
+        span.set_status(Status(StatusCode.ERROR, reason or "failed"))
+    span.end()
+
+
+def _version() -> str:
+    try:
+        return metadata.version("loopwarden")
+    except metadata.PackageNotFoundError:  # pragma: no cover - run from a bare checkout
+        return "0+unknown"
+
+
+def service_resource(service: str) -> Resource:
+    """Our defaults, then the standard resource detectors (``OTEL_RESOURCE_ATTRIBUTES``,
+    ``OTEL_SERVICE_NAME``, ``OTEL_EXPERIMENTAL_RESOURCE_DETECTORS``) over them: what an operator
+    sets wins. ``service.instance.id`` is a fresh UUID per process unless set."""
+    defaults = {
+        "service.name": f"loopwarden-{service}",
+        "service.namespace": "loopwarden",
+        "service.version": _version(),
+        "service.instance.id": str(uuid.uuid4()),
+    }
+    return Resource.create(defaults).merge(OTELResourceDetector().detect())
+
+
 @dataclass
 class Telemetry:
     tracer_provider: TracerProvider
     meter_provider: MeterProvider
     exporting: bool = True  # False: no span goes anywhere, so none is made (no-op tracers)
+    _gen_ai: GenAiMetrics | None = field(default=None, repr=False)
+
+    @property
+    def gen_ai(self) -> GenAiMetrics:
+        """The GenAI client metrics of this process (one set, shared by its model calls)."""
+        if self._gen_ai is None:
+            self._gen_ai = GenAiMetrics(self.meter("loopwarden.gen_ai"))
+        return self._gen_ai
 
     def tracer(self, name: str) -> Tracer:
         if not self.exporting:
@@ -87,13 +227,7 @@ def setup_telemetry(
     globally, so tests can build several in one process. With no exporter configured no span
     is made at all (like ``OTEL_SDK_DISABLED``): tracers are no-ops and the bus skips tracing.
     """
-    resource = Resource.create(
-        {
-            "service.name": f"loopwarden-{service}",
-            "service.namespace": "loopwarden",
-            "service.instance.id": f"{service}-{os.getpid()}",
-        }
-    )
+    resource = service_resource(service)
     tracer_provider = TracerProvider(resource=resource)
     readers: list[MetricReader] = [metric_reader] if metric_reader else []
     endpoint = settings.otel_exporter_otlp_endpoint

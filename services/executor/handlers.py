@@ -195,9 +195,11 @@ class Executor:
         with self.tracer.start_as_current_span(
             f"execute_tool {call.tool}",
             attributes={
-                T.GEN_AI_OPERATION_NAME: "execute_tool",
+                T.GEN_AI_OPERATION_NAME: T.OP_EXECUTE_TOOL,
                 T.GEN_AI_TOOL_NAME: call.tool,
                 T.GEN_AI_TOOL_CALL_ID: call.call_id,
+                T.GEN_AI_TOOL_TYPE: "function",
+                T.GEN_AI_TOOL_DESCRIPTION: contract.description[:256],
                 T.LW_RUN_ID: call.run_id,
             },
         ) as span:
@@ -205,6 +207,7 @@ class Executor:
             errors = validator.errors(call.arguments)
             if errors:
                 span.set_attribute(T.LW_FAILURE_TYPE, "input_invalid")
+                span.set_attribute(T.ERROR_TYPE, "input_invalid")
                 await self.fail(
                     call,
                     "input_invalid",

@@ -29,6 +29,7 @@ class Judge:
     def __init__(self, bus: Bus, settings: Settings, telemetry: T.Telemetry) -> None:
         self.bus, self.settings = bus, settings
         self.tracer = telemetry.tracer("loopwarden.judge")
+        self.gen_ai = telemetry.gen_ai
         meter = telemetry.meter("loopwarden.judge")
         self.verdicts = meter.create_counter("loopwarden.judge.verdicts", description="verdicts by status")
 
@@ -81,7 +82,7 @@ class Judge:
                     self.settings.model_retry_max_s,
                     self.settings.model_timeout_s,
                 )
-                response = await complete_with_retry(provider, request, policy, self.tracer)
+                response = await complete_with_retry(provider, request, policy, self.tracer, self.gen_ai)
             except ProviderError as err:
                 verdict = scoring.not_judged(req, f"judge call failed: {err}", model)
             except Exception as err:  # a judge exception is "not judged", never a default score

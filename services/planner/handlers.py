@@ -59,7 +59,7 @@ from shared.providers.base import ModelRequest, ModelResponse, ProviderError, co
 from shared.providers.select import provider_for
 from shared.scenario import Scenario, ScenarioError, parse_scenario
 from shared.settings import Settings
-from shared.telemetry import LW_ITERATION, LW_RUN_ID, Telemetry
+from shared.telemetry import LW_ITERATION, LW_RUN_ID, Telemetry, current_traceparent, record_invoke_agent
 
 log = logging.getLogger("loopwarden.planner")
 CMD = f"{S.P}.cmd."
@@ -88,7 +88,7 @@ class Planner:
         meter = telemetry.meter("loopwarden.planner")
         self.runs_finished = meter.create_counter("loopwarden.runs.finished", description="runs by final status")
         self.decisions = meter.create_counter("loopwarden.decide.decisions", description="Decide outcomes by row")
-        self.tokens = meter.create_counter("gen_ai.client.token.usage.total", unit="{token}")
+        self.gen_ai = telemetry.gen_ai  # gen_ai.client.token.usage / .operation.duration, per model call
         self.corrections = meter.create_counter(
             "loopwarden.tool.corrections", description="schema-failure streaks by outcome: recovered, escalated"
         )
@@ -176,7 +176,23 @@ class Planner:
         if not applied.was_done:
             self.count(applied.items, applied.state)
             if applied.state.done:
+                if self.tracing:
+                    self.agent_span(applied.state)
                 await self.record_lessons(applied.state)
+
+    def agent_span(self, state: RunState) -> None:
+        record_invoke_agent(
+            self.tracer,
+            run_id=state.run_id,
+            started_at=state.created_at,
+            traceparent=state.trace_parent,
+            status=state.status,
+            model=state.model or state.config.model,
+            input_tokens=state.usage.input_tokens,
+            output_tokens=state.usage.output_tokens,
+            iterations=state.iteration.n,
+            reason=state.final_reason,
+        )
 
     async def publish(self, items: list[PublishRecord], run_id: str) -> None:
         """The outbox at once (acks awaited together): commands that start the next piece of work
@@ -214,6 +230,7 @@ class Planner:
         config = resolve_config(submit, self.settings, contracts)
         out = start_run(submit, config, lessons)
         out.state.remember("submit", out.items)
+        out.state.trace_parent = current_traceparent() if self.tracing else ""
         try:
             revision = await self.bus.kv_put(S.KV_RUNS, submit.run_id, out.state, revision=0)
             self.keep(submit.run_id, out.state, revision)
@@ -298,8 +315,6 @@ class Planner:
             return
         if any(call.name not in contracts for call in response.tool_calls):
             contracts = await self.contracts(refresh=True)  # a tool may have registered a moment ago
-        self.tokens.add(response.usage.input_tokens, {"gen_ai.token.type": "input"})
-        self.tokens.add(response.usage.output_tokens, {"gen_ai.token.type": "output"})
 
         def apply(s: RunState) -> Outbox | None:
             if s.iteration.n != ev.iteration or s.done or s.status != "running":
@@ -409,7 +424,7 @@ class Planner:
             req = planned.model_copy(update={"model": decision.model, "max_tokens": decision.max_output_tokens})
         else:
             req = C.model_request(state, contracts, decision.model, decision.max_output_tokens)
-        response = await complete_with_retry(provider, req, self.policy(), self.tracer)  # type: ignore[arg-type]
+        response = await complete_with_retry(provider, req, self.policy(), self.tracer, self.gen_ai)  # type: ignore[arg-type]
         return response, asyncio.create_task(self.bus.kv_put(S.KV_MODEL_CALLS, key, response))
 
     async def compact(self, state: RunState, provider: object, model: str) -> tuple[int, str, ModelResponse] | None:
@@ -429,7 +444,7 @@ class Planner:
                 messages=[ChatMessage.user(f"Task: {state.task}\n\nSummarize this history:\n{C.transcript(older)}")],
                 max_tokens=800,
             )
-            response = await complete_with_retry(provider, req, self.policy(), self.tracer)  # type: ignore[arg-type]
+            response = await complete_with_retry(provider, req, self.policy(), self.tracer, self.gen_ai)  # type: ignore[arg-type]
             await self.bus.kv_put(S.KV_MODEL_CALLS, key, response)
         return len(older), response.text, response
 

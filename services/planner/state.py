@@ -143,6 +143,7 @@ class RunState(_State):
     model: str = ""
     applied: list[str] = Field(default_factory=list)
     outbox: dict[str, list[PublishRecord]] = Field(default_factory=dict)
+    trace_parent: str = Field("", description="W3C traceparent of the submit: the run's invoke_agent span hangs there")
 
     def seen(self, msg_id: str) -> bool:
         return msg_id in self.applied

@@ -108,4 +108,5 @@ class AnthropicProvider:
             usage=usage,
             model=message.model,
             stop_reason=message.stop_reason or "",
+            id=message.id or "",
         )

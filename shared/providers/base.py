@@ -37,6 +37,7 @@ class ModelResponse(BaseModel):
     usage: Usage = Field(default_factory=Usage)
     model: str = ""
     stop_reason: str = ""
+    id: str = Field("", description="the provider's id for this response (gen_ai.response.id)")
 
 
 class ProviderError(Exception):
@@ -68,11 +69,14 @@ async def complete_with_retry(
     request: ModelRequest,
     policy: BackoffPolicy,
     tracer: Tracer,
+    metrics: T.GenAiMetrics | None = None,
 ) -> ModelResponse:
     """Call the model, retrying transient provider errors with full-jitter backoff.
 
     This is the only retry layer for model calls: the SDK's own retries are switched off.
-    Each attempt is one GenAI client span carrying model and token usage.
+    Each attempt is one GenAI client span carrying model, token usage and the response id, and
+    one point of the ``gen_ai.client.operation.duration`` / ``gen_ai.client.token.usage``
+    histograms when ``metrics`` is given.
     """
     started = time.monotonic()
     attempt = 0
@@ -92,9 +96,17 @@ async def complete_with_retry(
                 "loopwarden.model.attempt": attempt,
             },
         ) as span:
+            began = time.monotonic()
             try:
                 response = await provider.complete(request)
             except ProviderError as err:
+                if metrics is not None:
+                    metrics.record(
+                        provider=provider.name,
+                        request_model=request.model,
+                        duration_s=time.monotonic() - began,
+                        error_type=err.kind,
+                    )
                 span.set_attribute(T.ERROR_TYPE, err.kind)
                 span.set_status(Status(StatusCode.ERROR, str(err)))
                 if not err.transient:
@@ -108,5 +120,16 @@ async def complete_with_retry(
                 span.set_attribute(T.GEN_AI_USAGE_INPUT_TOKENS, response.usage.input_tokens)
                 span.set_attribute(T.GEN_AI_USAGE_OUTPUT_TOKENS, response.usage.output_tokens)
                 span.set_attribute(T.GEN_AI_RESPONSE_FINISH_REASONS, [response.stop_reason or "end_turn"])
+                if response.id:
+                    span.set_attribute(T.GEN_AI_RESPONSE_ID, response.id)
+                if metrics is not None:
+                    metrics.record(
+                        provider=provider.name,
+                        request_model=request.model,
+                        response_model=response.model,
+                        duration_s=time.monotonic() - began,
+                        input_tokens=response.usage.input_tokens,
+                        output_tokens=response.usage.output_tokens,
+                    )
                 return response
         await asyncio.sleep(delay)

@@ -35,6 +35,13 @@ class ScriptedProvider:
         self.scenario = scenario
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
+        response = await self._complete(request)
+        # a stable id per replayed reply, as a real provider's message id (gen_ai.response.id)
+        return response.model_copy(
+            update={"id": f"scripted_{request.purpose}_{request.run_id or '_'}_{request.script_index}"}
+        )
+
+    async def _complete(self, request: ModelRequest) -> ModelResponse:
         if request.purpose == "plan":
             turns = self.scenario.planner
             if request.script_index < len(turns) and turns[request.script_index].latency_s:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
@@ -20,6 +20,10 @@ class CollectedSpan:
     name: str
     service: str
     attributes: dict[str, Any]
+    resource: dict[str, Any] = field(default_factory=dict, compare=False)
+    kind: int = 0  # the OTLP SpanKind number (1 internal, 2 server, 3 client, 4 producer, 5 consumer)
+    start_ns: int = 0
+    end_ns: int = 0
 
 
 def _value(v: Any) -> Any:
@@ -69,6 +73,10 @@ class OtlpCollector(LocalHttpServer):
                             name=span.name,
                             service=str(resource.get("service.name", "")),
                             attributes={a.key: _value(a.value) for a in span.attributes},
+                            resource=resource,
+                            kind=int(span.kind),
+                            start_ns=span.start_time_unix_nano,
+                            end_ns=span.end_time_unix_nano,
                         )
                     )
         with self._lock:
@@ -88,6 +96,8 @@ class OtlpCollector(LocalHttpServer):
                             {
                                 **{a.key: _value(a.value) for a in p.attributes},
                                 "_value": getattr(p, "as_int", 0) or getattr(p, "as_double", 0),
+                                **({"_count": p.count, "_sum": p.sum} if kind == "histogram" else {}),
+                                "_resource": {a.key: _value(a.value) for a in rm.resource.attributes},
                             }
                             for p in points
                         )
