@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from faststream.nats import NatsRouter
 
 from shared.bus import Bus
+from shared.health import HealthServer
 from shared.settings import Settings, load_settings
 from shared.telemetry import Telemetry, setup_telemetry
 
@@ -44,6 +45,21 @@ async def serve(service: str, build: Build, settings: Settings | None = None) ->
     after_connect = build(bus, settings, telemetry, router)
     bus.broker.include_router(router)
     stop = asyncio.Event()
+    started = asyncio.Event()
+
+    def ready() -> tuple[bool, str]:
+        if not started.is_set():
+            return False, "starting: connecting to NATS and creating consumers"
+        try:
+            connected = bus.nc.is_connected
+        except Exception:
+            connected = False
+        return (True, "connected and consuming") if connected else (False, "NATS connection lost; reconnecting")
+
+    health = None
+    if settings.health_port is not None:  # before connecting: liveness answers while start-up waits
+        health = HealthServer(service, ready, settings.health_host, settings.health_port)
+        await health.start()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
@@ -55,6 +71,7 @@ async def serve(service: str, build: Build, settings: Settings | None = None) ->
             await after_connect()
         await bus.start()
         logging.getLogger("loopwarden").info("%s ready on %s", service, settings.nats_url)
+        started.set()
         print(f"loopwarden-{service} ready", flush=True)
 
     # A stop signal must win even while start-up is stuck (e.g. reconnecting to a server
@@ -78,6 +95,8 @@ async def serve(service: str, build: Build, settings: Settings | None = None) ->
         except (TimeoutError, Exception):
             logging.getLogger("loopwarden").warning("%s: shutdown did not drain cleanly", service)
         telemetry.shutdown()
+        if health is not None:
+            await health.stop()
 
 
 def main(service: str, build: Build) -> None:

@@ -178,6 +178,10 @@ class Settings(BaseSettings):
         None, validation_alias=AliasChoices("LW_OTEL_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    health_port: int | None = Field(
+        None, ge=0, le=65535, description="serve /livez and /readyz on this port (probes; shared/health.py); unset: off"
+    )
+    health_host: str = Field("127.0.0.1", description="where the health endpoint listens (0.0.0.0 in containers)")
 
     # --- large payloads and fault injection (issue 9) ----------------------------------
     payload_inline_limit_bytes: int = Field(
