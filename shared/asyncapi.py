@@ -210,7 +210,6 @@ def _typed(d: Declared) -> Callable[..., Awaitable[Any]]:
 
     name = getattr(d.handler, "__name__", "handler")
     handler.__name__ = handler.__qualname__ = f"{d.service}_{name}"
-    handler.__doc__ = inspect.getdoc(d.handler)
     handler.__annotations__ = {"payload": d.model, "return": d.reply[0] if d.reply else None}
     return handler
 
@@ -223,8 +222,7 @@ def _describe(d: Declared) -> str:
         what += f" answers requests (core NATS, queue group `{d.service}`) with " + " | ".join(
             m.__name__ for m in d.reply
         )
-    doc = inspect.getdoc(d.handler)
-    return f"{what}. {doc.splitlines()[0]}" if doc else what
+    return what  # (no docstrings: a reworded comment is no contract change and must not drift the file)
 
 
 def broker_for(services: tuple[str, ...] = SERVICES) -> tuple[NatsBroker, dict[str, tuple[type[BaseModel], ...]]]:
