@@ -338,6 +338,41 @@ async def test_alternation_and_repeated_errors_are_loops_too(client: Client) -> 
     assert any(b.type == "text" and "the same error from 'search' 3 times" in b.text for b in last_turn.content)
 
 
+async def test_repeated_errors_escalate_under_the_escalate_loop_policy(client: Client) -> None:
+    """One loop reaction (issue 12): the repeated-error loop used to stop under "stop" and do nothing
+    at all under "escalate"."""
+    state = await run_scenario(
+        client,
+        {
+            "name": "same-error-escalate",
+            "task": "y",
+            "limits": {"max_iterations": 12, "loop_policy": "escalate"},
+            "planner": [{"tool_calls": [{"name": "search", "input": {"query": f"query {i}"}}]} for i in range(8)],
+            "tools": {"search": [{"fail": "transient", "error": "HTTP 503", "times": "always"}]},
+        },
+        until=("awaiting_human",),
+    )
+    assert state.awaiting is not None and state.awaiting.kind == "loop"
+    loops = [e for e in await client.events(state.run_id) if e.kind.startswith("failure.loop")]
+    assert [e.payload["detail"]["pattern"] for e in loops] == ["repeated_error", "repeated_error"]
+
+
+async def test_in_text_mode_a_tool_call_written_as_text_is_not_the_answer(client: Client) -> None:
+    written = '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'
+    state = await run_scenario(
+        client,
+        {
+            "name": "text-mode-written-call",
+            "task": "What is 6*7?",
+            "answer_mode": "text",
+            "planner": [{"text": written}, {"text": "42"}],
+        },
+    )
+    assert state.status == "completed" and state.final_output == "42" and state.model_calls == 2
+    kinds = [e.kind for e in await client.events(state.run_id)]
+    assert "run.simulated_call" in kinds
+
+
 async def test_a_tool_call_described_in_text_is_not_a_call(client: Client) -> None:
     state = await run_scenario(
         client,

@@ -44,10 +44,12 @@ from shared.messages import (
     TOOL_FAILURES,
     BudgetDecision,
     ChatMessage,
+    Corrected,
     DeadLetter,
+    Decided,
     EscalationRaise,
     EscalationResolution,
-    RunEvent,
+    RunAdvance,
     RunSubmit,
     ToolContract,
     ToolOutcome,
@@ -120,7 +122,9 @@ class Planner:
     def register(self, router: NatsRouter) -> None:
         b = self.bus
         b.consumer(router, durable="planner_submit", filter_subjects=[S.RUN_SUBMIT], model=RunSubmit)(self.on_submit)
-        b.consumer(router, durable="planner_advance", filter_subjects=[S.RUN_ADVANCE], model=RunEvent)(self.on_advance)
+        b.consumer(router, durable="planner_advance", filter_subjects=[S.RUN_ADVANCE], model=RunAdvance)(
+            self.on_advance
+        )
         b.consumer(
             router,
             durable="planner_outcomes",
@@ -202,15 +206,16 @@ class Planner:
 
     def count(self, items: list[PublishRecord], state: RunState) -> None:
         for item in items:
-            if item.subject == S.run_event("decided"):
-                ev = RunEvent.model_validate_json(item.payload)
-                self.decisions.add(1, {"action": ev.detail.get("action", ""), "row": ev.detail.get("row", 0)})
-            elif item.subject == S.run_event("corrected"):
-                ev = RunEvent.model_validate_json(item.payload)
-                self.corrections.add(1, {"tool": str(ev.detail.get("tool")), "outcome": "recovered"})
-            elif item.subject == S.ESCALATION_RAISE and '"schema_cap"' in item.payload:
+            if item.model == Decided.__name__:
+                decided = Decided.model_validate_json(item.payload)
+                self.decisions.add(1, {"action": decided.detail.action, "row": decided.detail.row})
+            elif item.model == Corrected.__name__:
+                corrected = Corrected.model_validate_json(item.payload)
+                self.corrections.add(1, {"tool": corrected.detail.tool, "outcome": "recovered"})
+            elif item.model == EscalationRaise.__name__:
                 raised = EscalationRaise.model_validate_json(item.payload)
-                self.corrections.add(1, {"tool": str(raised.tool), "outcome": "escalated"})
+                if raised.kind == "schema_cap":
+                    self.corrections.add(1, {"tool": str(raised.tool), "outcome": "escalated"})
         if state.done:
             self.runs_finished.add(1, {"status": state.status})
 
@@ -261,11 +266,11 @@ class Planner:
         await self.transact(res.run_id, msg_id, lambda s: apply_resolution(s, res))
 
     @staticmethod
-    def takes(state: RunState, ev: RunEvent) -> bool:
+    def takes(state: RunState, ev: RunAdvance) -> bool:
         """Whether the run is (still) at the turn ``ev`` asks for."""
         return not state.done and state.iteration.n == ev.iteration and state.status == "running"
 
-    async def on_advance(self, ev: RunEvent) -> None:
+    async def on_advance(self, ev: RunAdvance) -> None:
         msg_id = f"advance.{ev.iteration}"
         state = await self.load(ev.run_id)
         if state is not None and not state.seen(msg_id) and not self.takes(state, ev):

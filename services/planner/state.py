@@ -11,6 +11,7 @@ from shared.messages import (
     FINAL_STATUSES,
     Candidate,
     ChatMessage,
+    EscalationKind,
     Rubric,
     RunStatus,
     ToolOutcome,
@@ -73,7 +74,7 @@ class ToolCallRecord(_State):
 
 class Awaiting(_State):
     escalation_id: str
-    kind: str
+    kind: EscalationKind
     call_id: str | None = None
     reason: str = ""
 
@@ -138,6 +139,8 @@ class RunState(_State):
     final_reason: str | None = None
     passed: bool | None = None
     first_draft_passed: bool | None = None
+    first_draft_judged: bool = Field(False, description="the judge answered on the first draft (maybe: not judged)")
+    events_published: int = Field(0, description="run events this run has published: the sequence in their ids")
     awaiting: Awaiting | None = None
     warnings: list[str] = Field(default_factory=list)
     model: str = ""
