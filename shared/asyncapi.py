@@ -45,6 +45,7 @@ from shared.messages import (
     EscalationResolution,
     JudgeRequest,
     McpServerStatus,
+    RunAdvance,
     RunEvent,
     RunSubmit,
     ToolAttempt,
@@ -93,7 +94,7 @@ def _run(stem: str) -> str:
 PUBLISHES: dict[str, tuple[Publishes, ...]] = {
     "client": (Publishes(S.RUN_SUBMIT, RunSubmit, "a run to start (loopwarden submit, the console, the demo)"),),
     "planner": (
-        Publishes(S.RUN_ADVANCE, RunEvent, "planner to planner: take the run's next model turn"),
+        Publishes(S.RUN_ADVANCE, RunAdvance, "planner to planner: take the run's next model turn"),
         Publishes(f"{S.TOOL_EXECUTE_PREFIX}.{{tool}}", ToolCall, "a tool call for the executor hosting it"),
         Publishes(S.JUDGE_SCORE, JudgeRequest, "a fresh candidate answer to score"),
         Publishes(S.ESCALATION_RAISE, EscalationRaise, "a decision a human must take"),
