@@ -286,6 +286,78 @@ def document() -> dict[str, Any]:
                         "description": "the reply sent to the request's inbox",
                         "payload": {"oneOf": [{"$ref": f"#/components/schemas/{_schema_name(m)}"} for m in models]},
                     }
+    _nats_bindings(doc)
+    return conform_keys(doc)
+
+
+def _nats_bindings(doc: dict[str, Any]) -> None:
+    """FastStream writes ``{"nats": {"subject", "queue", "bindingVersion": "custom"}}`` as a
+    *channel* binding; the AsyncAPI NATS bindings (0.1.0) define none for a channel (the subject is
+    its address) and ``queue`` on the *operation*. Move it there."""
+    queues: dict[str, str] = {}
+    for name, channel in doc.get("channels", {}).items():
+        nats = channel.pop("bindings", {}).get("nats", {})
+        if nats.get("queue"):
+            queues[name] = nats["queue"]
+    for op in doc.get("operations", {}).values():
+        channel_name = _pointer_part(op.get("channel", {}).get("$ref", "").removeprefix("#/channels/"))
+        if channel_name in queues:
+            op["bindings"] = {"nats": {"queue": queues[channel_name], "bindingVersion": "0.1.0"}}
+
+
+_KEY_BAD = re.compile(r"[^A-Za-z0-9_-]")
+_SECTIONS = (("channels",), ("operations",), ("components", "messages"), ("components", "schemas"))
+
+
+def _key(name: str) -> str:
+    """An AsyncAPI 3 identifier (letters, digits, ``-``, ``_``) for a key FastStream made from a
+    subject: ``planner.planner_outcomes:lw.v1.evt.tool.succeeded.>`` ->
+    ``planner-planner_outcomes--lw-v1-evt-tool-succeeded-all``."""
+    name = re.sub(r"\{(\w+)\}", r"\1", name).replace(">", "all").replace("*", "any").replace(":", "--")
+    return _KEY_BAD.sub("-", name.replace(".", "-"))
+
+
+def _pointer_part(part: str) -> str:
+    return unquote(part).replace("~1", "/").replace("~0", "~")
+
+
+def conform_keys(doc: dict[str, Any]) -> dict[str, Any]:
+    """Rename the channel, operation, message and schema keys FastStream derives from subjects
+    (with ``:``, ``>``, ``*``, ``{}``) to identifiers the AsyncAPI 3 schema accepts, and every
+    ``$ref`` with them. Addresses and titles keep the subjects as they are."""
+    renames: dict[tuple[str, ...], dict[str, str]] = {}
+    for section in _SECTIONS:
+        node = doc
+        for part in section:
+            node = node.get(part, {})
+        mapping = {old: _key(old) for old in node}
+        if len(set(mapping.values())) != len(mapping):
+            raise ValueError(f"AsyncAPI keys collide in {'/'.join(section)} once made identifiers")
+        renames[section] = mapping
+        renamed = {mapping[k]: v for k, v in node.items()}
+        node.clear()
+        node.update(renamed)
+
+    def fix_ref(ref: str) -> str:
+        parts = [_pointer_part(p) for p in ref.removeprefix("#/").split("/")]
+        for section, mapping in renames.items():
+            n = len(section)
+            if tuple(parts[:n]) == section and len(parts) > n and parts[n] in mapping:
+                parts[n] = mapping[parts[n]]
+        return "#/" + "/".join(p.replace("~", "~0").replace("/", "~1") for p in parts)
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if k == "$ref" and isinstance(v, str) and v.startswith("#/"):
+                    node[k] = fix_ref(v)
+                else:
+                    walk(v)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(doc)
     return doc
 
 
