@@ -157,7 +157,8 @@ async def test_run_spans_follow_the_genai_conventions(client: Client, otlp: Otlp
 
 
 async def test_replicas_have_distinct_instance_ids(client: Client, otlp: OtlpCollector) -> None:
-    """Two planner and two executor replicas run in the test stack: four instance ids, not two."""
+    """Two planner and two executor replicas run in the test stack: each its own instance id (a
+    replica restarted by an earlier test is one more), never the service name and a pid."""
 
     def instances(service: str) -> set[str]:
         return {str(s.resource["service.instance.id"]) for s in list(otlp.spans) if s.service == service}
@@ -171,7 +172,7 @@ async def test_replicas_have_distinct_instance_ids(client: Client, otlp: OtlpCol
         await asyncio.sleep(1.0)
     for service in ("loopwarden-planner", "loopwarden-executor"):
         found = instances(service)
-        assert len(found) == 2, (service, found)
+        assert len(found) >= 2, (service, found)
         assert all(_is_uuid(i) for i in found), found
     assert not instances("loopwarden-planner") & instances("loopwarden-executor")
 
