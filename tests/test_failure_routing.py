@@ -20,8 +20,8 @@ from shared.scenario import parse_scenario
 from tests.conftest import ROOT, escalations_of, run_scenario
 from tests.support.otlp_collector import OtlpCollector
 from tests.support.payments import count_charges
-from tests.test_tool_contracts import GOOD_SEARCH, submit, tool_results
-from tests.test_tracing import spans_of_run
+from tests.support.runs import GOOD_SEARCH, submit, tool_results
+from tests.support.tracing import spans_of_run
 
 
 def attempts(events: list[Any], tool: str) -> list[dict[str, Any]]:
