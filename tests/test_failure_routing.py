@@ -357,6 +357,24 @@ async def test_repeated_errors_escalate_under_the_escalate_loop_policy(client: C
     assert [e.payload["detail"]["pattern"] for e in loops] == ["repeated_error", "repeated_error"]
 
 
+async def test_a_budget_request_the_governor_refuses_fails_the_run_with_its_reason(client: Client) -> None:
+    """The governor answers a request it cannot serve with a typed ErrorReply; the planner reads it and
+    fails the run naming the reason (it used to expect a BudgetDecision and dead-letter the advance)."""
+    run_id = "refused-" + os.urandom(4).hex()
+    budgets = await client.bus.kv(S.KV_BUDGETS)
+    await budgets.put(S.kv_key(run_id), b"{not a budget ledger")  # the governor cannot read this run's ledger
+    scenario = parse_scenario({"name": "governor-refuses", "task": "2+2?", "planner": [submit("4")]})
+    await client.submit_scenario(scenario, run_id=run_id)
+    state = await client.wait(run_id, timeout=30)
+    assert state.status == "failed" and state.model_calls == 0
+    assert (state.final_reason or "").startswith("the governor refused the budget request: handler failed"), (
+        state.final_reason
+    )
+    letters = [d for d in await client.dead_letters() if run_id in d.body]
+    assert [(d.service, d.subject) for d in letters] == [("governor", S.BUDGET_RESERVE)]
+    assert not [d for d in letters if d.service == "planner"]  # the advance was not dead-lettered
+
+
 async def test_in_text_mode_a_tool_call_written_as_text_is_not_the_answer(client: Client) -> None:
     written = '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'
     state = await run_scenario(
