@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import assert_never
 
+from pydantic import ValidationError
+
 from loopwarden.client import Event
 from shared.messages import (
     AnyRunEvent,
@@ -35,7 +37,10 @@ def render(e: Event) -> str | None:
     p = e.payload
     kind = e.kind
     if kind.startswith(("run.", "failure.loop", "budget.")):
-        return run_line(RunEvent.model_validate(p).root)
+        try:
+            return run_line(RunEvent.model_validate(p).root)
+        except ValidationError:  # a kind this version does not know (a newer writer): not shown
+            return None
     if kind.startswith("tool.attempt."):
         a = ToolAttempt.model_validate(p)
         if a.ok:

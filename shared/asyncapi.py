@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-from faststream.nats import JStream, NatsBroker, NatsRouter
+from faststream.nats import JStream, NatsBroker
 from faststream.specification import AsyncAPI
 from nats.js.api import ConsumerConfig
 from pydantic import BaseModel
@@ -181,7 +181,7 @@ def declarations(service: str) -> list[Declared]:
     telemetry = setup_telemetry(service, settings)  # no exporter: nothing is sent
     bus = Bus(settings, service)
     build = importlib.import_module(f"services.{service}.app").build
-    build(bus, settings, telemetry, NatsRouter())
+    build(bus, settings, telemetry)
     found: list[Declared] = []
     # what the bus registered (its own records: the handlers, the contracts it decodes them with)
     for pull in bus._pulls:

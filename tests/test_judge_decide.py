@@ -16,7 +16,7 @@ from services.planner.state import RunState
 from shared import subjects as S
 from shared.messages import Verdict
 from tests.conftest import escalations_of, run_scenario
-from tests.test_tool_contracts import GOOD_SEARCH, submit, tool_results
+from tests.support.runs import GOOD_SEARCH, submit, tool_results
 
 RUBRIC = {"threshold": 0.8, "criteria": [{"name": "accurate", "weight": 2}, {"name": "cites a source", "hard": True}]}
 ANSWER_309 = (

@@ -240,7 +240,7 @@ async def test_messages_of_one_run_are_handled_one_at_a_time_and_runs_overlap(st
     finished = asyncio.Event()
     runs, per_run, hold = 4, 5, 0.3
 
-    @bus.consumer(None, durable=f"serialtest_{tag}", filter_subjects=[subject], model=RunAdvance)
+    @bus.consumer(durable=f"serialtest_{tag}", filter_subjects=[subject], model=RunAdvance)
     async def on_event(ev: RunAdvance) -> None:
         nonlocal peak_run, peak_all, done
         active[ev.run_id] = active.get(ev.run_id, 0) + 1

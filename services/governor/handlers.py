@@ -4,7 +4,6 @@ the same answer and thresholds fire once."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any
 
 from services.governor.budget import BudgetLedger, evaluate
 from shared import subjects as S
@@ -41,9 +40,8 @@ class Governor:
         while len(self._ledgers) > 1024:
             self._ledgers.popitem(last=False)
 
-    def register(self, router: Any) -> None:
+    def register(self) -> None:
         self.bus.responder(
-            router,
             subject=S.BUDGET_RESERVE,
             model=BudgetRequest,
             reply=lambda reason: ErrorReply(error=reason),  # typed: the planner parses it

@@ -88,7 +88,6 @@ class DecisionRecord(_State):
 class Iteration(_State):
     n: int
     kind: Literal["work", "synthesis", "retry"] = "work"
-    assistant_text: str = ""
     tool_calls: list[ToolCallRecord] = Field(default_factory=list)
     candidate: Candidate | None = None
     judge_requested: bool = False

@@ -132,7 +132,6 @@ def apply_model_response(state: RunState, response: ModelResponse, contracts: di
     state.model_calls += 1
     state.usage = state.usage + response.usage
     text = response.text or ""
-    it.assistant_text = text
     if text.strip():
         state.last_text = text
     blocks: list[Any] = ([TextBlock(text=text)] if text else []) + list(response.tool_calls)

@@ -23,7 +23,7 @@ async def main() -> None:
     bus = Bus(load_settings("crashtest"), "crashtest")
 
     @bus.consumer(
-        None, durable="crashtest_" + S.token(subject.rsplit(".", 1)[-1]), filter_subjects=[subject], model=RunAdvance
+        durable="crashtest_" + S.token(subject.rsplit(".", 1)[-1]), filter_subjects=[subject], model=RunAdvance
     )
     async def on_event(ev: RunAdvance) -> None:
         fd = os.open(os.environ["LW_CRASH_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
