@@ -7,6 +7,7 @@ suite, so there is one way to start the system on one machine.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import shutil
@@ -26,6 +27,11 @@ SERVICES = ("planner", "executor", "validator", "judge", "governor", "escalation
 
 class StackError(RuntimeError):
     pass
+
+
+def services_package() -> str:
+    """``services`` in the repository; ``loopwarden.services`` in an installed wheel (see setup.py)."""
+    return "loopwarden.services" if importlib.util.find_spec("loopwarden.services") else "services"
 
 
 def nats_server_binary() -> str:
@@ -140,7 +146,7 @@ class LocalStack:
         stdout = open_log(log)
         start = stdout.tell()
         popen = subprocess.Popen(
-            [sys.executable, "-m", f"services.{name}"],
+            [sys.executable, "-m", f"{services_package()}.{name}"],
             env=env,
             stdout=stdout,
             stderr=subprocess.STDOUT,

