@@ -52,6 +52,7 @@ lint: $(STAMP)
 
 schemas: $(STAMP)
 	$(PY) -m shared.schemagen
+	$(PY) -m loopwarden.scenario_schema
 
 up: $(STAMP)
 	$(VENV)/bin/loopwarden up

@@ -388,3 +388,28 @@ def test_the_wheel_installed_alone_runs_demo_lint_and_up(tmp_path) -> None:
     print(
         f"\nwheel built and installed in {built:.1f}s; lint, demo, up/down in {time.monotonic() - started - built:.1f}s"
     )
+
+
+def test_the_scenario_schema_is_generated_from_the_model_and_names_the_shipped_scenarios() -> None:
+    """schemas/scenario.json is what the Scenario model generates (`make schemas`), every shipped scenario
+    names it for editors and validates against it, and it refuses what the loader refuses."""
+    import json
+
+    import jsonschema
+    import yaml
+
+    from loopwarden.scenario_schema import render
+
+    committed = (ROOT / "schemas" / "scenario.json").read_text()
+    assert committed == render(), "schemas/scenario.json drifted from shared/scenario.py; run `make schemas`"
+    validator = jsonschema.Draft202012Validator(json.loads(committed))
+    shipped = sorted((ROOT / "scenarios").glob("*.yaml"))
+    assert shipped
+    for path in shipped:
+        text = path.read_text()
+        assert text.startswith("# yaml-language-server: $schema=../schemas/scenario.json\n"), path.name
+        assert not list(validator.iter_errors(yaml.safe_load(text))), path.name
+    bad = {"name": "x", "task": "t", "planner": [{"tool_calls": [{"input": {}}]}], "surprise": 1}
+    messages = {e.message for e in validator.iter_errors(bad)}
+    assert any("'name' is a required property" in m for m in messages), messages
+    assert any("surprise" in m for m in messages), messages
