@@ -413,3 +413,35 @@ def test_the_scenario_schema_is_generated_from_the_model_and_names_the_shipped_s
     messages = {e.message for e in validator.iter_errors(bad)}
     assert any("'name' is a required property" in m for m in messages), messages
     assert any("surprise" in m for m in messages), messages
+
+
+async def test_trace_prints_the_runs_timeline_and_the_trace_id_the_collector_has(client, stack, otlp) -> None:
+    """`loopwarden trace RUN`: the trace id is the one the run's spans were exported under (what Jaeger shows
+    at LW_JAEGER_URL/trace/<id>), and the timeline is the run's events from its start."""
+    import asyncio
+    import json
+
+    from shared.scenario import load_scenario
+
+    run_id = await client.submit_scenario(load_scenario(ROOT / "scenarios" / "demo.yaml"))
+    assert (await client.wait(run_id, timeout=60)).status == "completed"
+    env = _clean_env(LW_NATS_URL=str(stack.nats_url), LW_JAEGER_URL="http://jaeger.example:16686")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "loopwarden.cli", "trace", run_id, "--json", env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    shown = json.loads(out)
+    client.telemetry.tracer_provider.force_flush()
+    roots: list = []
+    for _ in range(100):
+        roots = [s for s in otlp.spans if s.name == f"run {run_id}"]
+        if roots:
+            break
+        await asyncio.sleep(0.1)
+    assert roots and shown["trace_id"] == roots[0].trace_id
+    assert shown["jaeger"] == f"http://jaeger.example:16686/trace/{roots[0].trace_id}"
+    timeline = shown["timeline"]
+    assert timeline[0]["t_s"] == 0 and "run started" in timeline[0]["line"]
+    assert timeline[-1]["subject"].startswith("lw.v1.evt.run.completed") and timeline[-1]["t_s"] > 0
