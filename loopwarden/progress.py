@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from loopwarden.client import Event
+from loopwarden.queue_lines import escalation_detail
 from shared import subjects as S
 
 
@@ -66,17 +65,3 @@ def render(e: Event) -> str | None:
     if e.subject.startswith(S.FAILURE_PREFIX):
         return None  # shown through the run events
     return None
-
-
-def escalation_detail(p: dict[str, Any]) -> str:
-    """What happened to a queue item, in words: its id, who acted, how, why (no empty tail)."""
-    parts = [str(p.get("escalation_id") or "(no id)")]
-    if p.get("operator"):
-        parts.append(f"by {p['operator']}" + (f" via {p['via']}" if p.get("via") else ""))
-    if p.get("action"):
-        parts.append(f"action {p['action']}")
-    if p.get("lease_expires_at"):
-        parts.append(f"lease until {str(p['lease_expires_at'])[11:19]}")
-    if p.get("reason"):
-        parts.append(f"- {str(p['reason'])[:100]}")
-    return " ".join(parts)
