@@ -20,7 +20,7 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 
 from loopwarden import cli_offline, cli_queue, cli_runs, cli_stack
-from loopwarden.cli_common import EXIT_CODES_HELP, INTERRUPTED, OK, UserError, say
+from loopwarden.cli_common import EXIT_CODES_HELP, INTERRUPTED, OK, UserError, bus_failure, env_nats_url, say
 
 AUDIENCES = (cli_stack, cli_runs, cli_queue, cli_offline)
 
@@ -70,6 +70,12 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         say(f"loopwarden {args.command}: {err}", err=True)
         return err.code
+    except Exception as err:  # a failure talking to NATS mid-command is a line too; anything else is a bug
+        failure = bus_failure(err, env_nats_url())
+        if failure is None:
+            raise
+        say(f"loopwarden {args.command}: {failure}", err=True)
+        return failure.code
     except KeyboardInterrupt:
         say("interrupted", err=True)
         return INTERRUPTED

@@ -257,3 +257,20 @@ async def connected(
         yield client
     finally:
         await client.__aexit__(None, None, None)
+
+
+def bus_failure(err: BaseException, url: str | None = None) -> UserError | None:
+    """A failure talking to NATS in the middle of a command, as one line (None: not one of those)."""
+    from nats.errors import Error as NatsError
+    from nats.errors import NoRespondersError
+
+    from shared.bus import RequestRefused
+
+    where = f" at {url}" if url else ""
+    if isinstance(err, RequestRefused):
+        return UserError(f"refused: {err}", FAILED)
+    if isinstance(err, NoRespondersError):
+        return UserError(f"no service answered{where} (is the stack's escalation service running?)", UNREACHABLE)
+    if isinstance(err, NatsError | TimeoutError):
+        return UserError(f"NATS{where} did not answer in time ({err or type(err).__name__})", UNREACHABLE)
+    return None

@@ -224,7 +224,7 @@ async def cmd_trace(args: argparse.Namespace) -> int:
         emit_json({"run_id": args.run_id, "trace_id": trace_id, "jaeger": link, "timeline": rows})
         return OK
     say(f"run:      {args.run_id}")
-    say(f"trace id: {trace_id or 'none (its messages carry no traceparent)'}")
+    say(f"trace id: {trace_id or 'none: tracing was off when it ran (set OTEL_EXPORTER_OTLP_ENDPOINT)'}")
     if link:
         say(f"jaeger:   {link}  (spans are there when the services export to OTEL_EXPORTER_OTLP_ENDPOINT)")
     for row in rows:

@@ -139,6 +139,8 @@ def test_up_submit_status_events_down_from_any_folder(tmp_path) -> None:
 
     try:
         port = str(nats.nats_url).rsplit(":", 1)[1]
+        alone = cli("escalations", "list", check=False, LW_NATS_URL=str(nats.nats_url))  # no services yet
+        assert alone.returncode == 3 and "no service answered" in alone.stderr, alone.stderr
         busy = cli("up", "--port", port, check=False, cwd=here)  # a port in use: said, nothing started
         assert busy.returncode == 3 and f"port {port} is in use" in busy.stderr
         up = cli("up", cwd=here, NATS_URL=str(nats.nats_url))
