@@ -61,4 +61,4 @@ down: $(STAMP)
 	$(VENV)/bin/loopwarden down
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .loopwarden
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .loopwarden build dist
