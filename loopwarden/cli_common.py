@@ -49,8 +49,6 @@ EXIT_CODES_HELP = """exit codes:
   5    the run is waiting for a human (`loopwarden escalations list`)
   130  interrupted (Ctrl-C)"""
 
-CONNECT_TIMEOUT_S = float(os.environ.get("LW_CLI_CONNECT_TIMEOUT_S", "3"))
-
 
 class UserError(Exception):
     """A mistake the user can fix: printed as one line, no traceback."""
@@ -149,11 +147,29 @@ def load_scenario_file(path: str | Path) -> Any:
 
 
 # --- state and settings -------------------------------------------------------------------------
+_BASE: list[Settings] = []
+
+
+def base_settings() -> Settings:
+    """The one settings object as the environment gives it (read once), or a :class:`UserError`
+    naming the bad setting."""
+    if not _BASE:
+        from pydantic import ValidationError
+
+        from shared.settings import Settings, describe_settings_error
+
+        try:
+            _BASE.append(Settings())
+        except ValidationError as err:
+            raise UserError(describe_settings_error(err).splitlines()[0]) from None
+    return _BASE[0]
+
+
 def state_dir() -> Path:
     """Where ``up`` records the running stack and the demo keeps its logs: ``LW_STATE_DIR``, else a
     per-user folder (``$XDG_STATE_HOME/loopwarden``, ``~/.local/state/loopwarden``), the same from
     any working folder."""
-    configured = os.environ.get("LW_STATE_DIR")
+    configured = base_settings().state_dir
     if configured:
         return Path(configured).expanduser().resolve()
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
@@ -176,32 +192,30 @@ def recorded_stack() -> dict[str, Any] | None:
 
 
 def env_nats_url() -> str | None:
-    return os.environ.get("LW_NATS_URL") or os.environ.get("NATS_URL") or None
+    """The server the environment names (``LW_NATS_URL``/``NATS_URL``), if it names one."""
+    if not (os.environ.get("LW_NATS_URL") or os.environ.get("NATS_URL")):
+        return None
+    return base_settings().nats_url
 
 
 def settings(nats_url: str | None = None) -> Settings:
     """The one settings object, pointed at: ``nats_url``, else ``LW_NATS_URL``/``NATS_URL``, else the
     stack ``loopwarden up`` recorded, else the default."""
-    from pydantic import ValidationError
-
-    from shared.settings import Settings, describe_settings_error
-
     url = nats_url or env_nats_url()
     if url is None:
         recorded = recorded_stack()
         url = recorded.get("nats_url") if recorded else None
-    try:
-        return Settings(**({"nats_url": url} if url else {}))  # type: ignore[arg-type]
-    except ValidationError as err:
-        raise UserError(describe_settings_error(err).splitlines()[0]) from None
+    return base_settings().model_copy(update={"nats_url": url}) if url else base_settings()
 
 
 # --- the bus ------------------------------------------------------------------------------------
-async def probe(cfg: Settings, timeout: float = CONNECT_TIMEOUT_S) -> None:
-    """One bounded connect: the server answers at the URL, or a :class:`UserError` naming it."""
+async def probe(cfg: Settings) -> None:
+    """One bounded connect (``LW_CLI_CONNECT_TIMEOUT_S``): the server answers at the URL, or a
+    :class:`UserError` naming it."""
     import nats
     from nats.errors import Error as NatsError
 
+    timeout = cfg.cli_connect_timeout_s
     servers = [u.strip() for u in cfg.nats_url.split(",")]
     password = cfg.nats_password.get_secret_value() if cfg.nats_password else None
     seen: list[Exception] = []

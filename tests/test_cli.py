@@ -248,6 +248,8 @@ def test_unreachable_nats_fails_fast_naming_the_url(tmp_path) -> None:
         done = _lw(*args, env=env, timeout=60)
         assert done.returncode == 2, (args, done.stdout, done.stderr)
         assert said in done.stderr and "Traceback" not in done.stderr, (args, done.stderr)
+    bad_setting = _lw("status", "run-x", env={**env, "LW_CLI_CONNECT_TIMEOUT_S": "soon"}, timeout=60)
+    assert bad_setting.returncode == 2 and "invalid setting LW_CLI_CONNECT_TIMEOUT_S" in bad_setting.stderr
 
 
 def test_help_on_every_command_and_option_version_and_json_on_reading_commands() -> None:
