@@ -285,6 +285,8 @@ def bus_failure(err: BaseException, url: str | None = None) -> UserError | None:
         return UserError(f"refused: {err}", FAILED)
     if isinstance(err, NoRespondersError):
         return UserError(f"no service answered{where} (is the stack's escalation service running?)", UNREACHABLE)
-    if isinstance(err, NatsError | TimeoutError):
-        return UserError(f"NATS{where} did not answer in time ({err or type(err).__name__})", UNREACHABLE)
+    if isinstance(err, TimeoutError):
+        return UserError(f"NATS{where} did not answer in time", UNREACHABLE)
+    if isinstance(err, NatsError):
+        return UserError(f"NATS{where} failed: {type(err).__name__}: {err}", UNREACHABLE)
     return None
