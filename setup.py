@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 
 from setuptools import setup
+from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
@@ -51,4 +52,12 @@ class NamespacedBuildPy(build_py):
             contract.write_text(ENTRYPOINT.sub(r'"\1": "loopwarden.services.', text), encoding="utf-8")
 
 
-setup(cmdclass={"build_py": NamespacedBuildPy})
+class NamespacedBdistWheel(bdist_wheel):
+    def egg2dist(self, egginfo_path: str, distinfo_path: str) -> None:
+        super().egg2dist(egginfo_path, distinfo_path)
+        top_level = Path(distinfo_path) / "top_level.txt"
+        if top_level.exists():  # the one name the wheel installs
+            top_level.write_text("loopwarden\n")
+
+
+setup(cmdclass={"build_py": NamespacedBuildPy, "bdist_wheel": NamespacedBdistWheel})
