@@ -55,6 +55,7 @@ lint: $(STAMP)
 schemas: $(STAMP)
 	$(PY) -m shared.schemagen
 	$(PY) -m shared.asyncapi
+	$(PY) -m loopwarden.scenario_schema
 
 up: $(STAMP)
 	$(VENV)/bin/loopwarden up
@@ -63,4 +64,4 @@ down: $(STAMP)
 	$(VENV)/bin/loopwarden down
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .loopwarden
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .loopwarden build dist

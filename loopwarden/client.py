@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,10 +49,51 @@ class Event:
     subject: str
     payload: dict[str, Any]
     run_id: str
+    headers: dict[str, str] = field(default_factory=dict)  # as published (``traceparent``: the run's trace)
 
     @property
     def kind(self) -> str:
         return S.stem(self.subject).removeprefix(f"{S.P}.evt.")
+
+
+class Watch:
+    """A run's live events (``Client.watch``): iterate it; ``close`` (or leave its ``async with``) unsubscribes."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self.subs: list[Any] = []
+        self._queue: asyncio.Queue[Event] = asyncio.Queue()
+
+    async def on_msg(self, msg: Any) -> None:
+        rid = (msg.headers or {}).get(RUN_ID_HEADER, "")
+        if rid == self.run_id:
+            await self._queue.put(Event(msg.subject, _json(msg.data), rid, dict(msg.headers or {})))
+
+    def __aiter__(self) -> Watch:
+        return self
+
+    async def __anext__(self) -> Event:
+        return await self._queue.get()
+
+    async def next(self, timeout: float | None = None) -> Event | None:
+        """The next event, or None after ``timeout`` seconds."""
+        try:
+            async with asyncio.timeout(timeout):
+                return await self._queue.get()
+        except TimeoutError:
+            return None
+
+    async def close(self) -> None:
+        subs, self.subs = self.subs, []
+        for sub in subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    async def __aenter__(self) -> Watch:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
 
 @dataclass
@@ -214,7 +254,7 @@ class Client:
                         break
                     rid = (msg.headers or {}).get(RUN_ID_HEADER, "")
                     if run_id is None or rid == run_id:
-                        out.append(Event(msg.subject, _json(msg.data), rid))
+                        out.append(Event(msg.subject, _json(msg.data), rid, dict(msg.headers or {})))
                     if msg.metadata and not msg.metadata.num_pending:
                         break
         finally:
@@ -222,24 +262,15 @@ class Client:
                 await sub.unsubscribe()
         return out
 
-    async def watch(self, run_id: str) -> AsyncIterator[Event]:
-        """Live events of a run as they are published (subscribe before submitting)."""
-        queue: asyncio.Queue[Event] = asyncio.Queue()
-
-        async def on_msg(msg: Any) -> None:
-            rid = (msg.headers or {}).get(RUN_ID_HEADER, "")
-            if rid == run_id:
-                await queue.put(Event(msg.subject, _json(msg.data), rid))
-
+    async def watch(self, run_id: str) -> Watch:
+        """Live events of a run as they are published. Subscribed when this returns (the server has
+        the subscription: flushed), so a run submitted after it misses nothing:
+        ``async with await client.watch(run_id) as events: ... async for e in events``."""
+        watch = Watch(run_id)
         nc = self.bus.broker.connection
-        subs = [await nc.subscribe(subject, cb=on_msg) for subject in S.run_filters(run_id)]
-        try:
-            while True:
-                yield await queue.get()
-        finally:
-            for sub in subs:
-                with contextlib.suppress(Exception):
-                    await sub.unsubscribe()
+        watch.subs = [await nc.subscribe(subject, cb=watch.on_msg) for subject in S.run_filters(run_id)]
+        await nc.flush()
+        return watch
 
     async def dead_letters(self) -> list[DeadLetter]:
         return [DeadLetter.model_validate(e.payload) for e in await self.events(subjects=f"{S.DLQ_PREFIX}.>")]

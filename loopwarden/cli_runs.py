@@ -1,0 +1,263 @@
+"""Commands for whoever submits and follows runs: ``submit``, ``status``, ``events``, ``trace``,
+``metrics``, ``dlq``. Each reads through a bounded connect (``cli_common.connected``); the reading
+ones take ``--json``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from loopwarden.cli_common import (
+    AWAITING_HUMAN,
+    FAILED,
+    OK,
+    TIMED_OUT,
+    UserError,
+    add_json_flag,
+    connected,
+    emit_json,
+    load_scenario_file,
+    plain,
+    say,
+    settings,
+)
+
+ENDED = ("completed", "stopped", "failed")
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "submit",
+        help="submit a run (a scenario file, or a task for the live provider)",
+        description="Submit a run and print its id. With --wait, wait for it and print how it ended; the exit "
+        "code says whether it completed (or, for a scenario with an `expect` block, ended as expected).",
+    )
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--scenario", metavar="FILE", help="a scenario file: its task, replayed by the scripted provider")
+    g.add_argument("--task", metavar="TEXT", help="a task for the live provider (needs ANTHROPIC_API_KEY)")
+    p.add_argument("--wait", action="store_true", help="wait until the run ends or waits for a human")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds --wait waits (default: 120)")
+    add_json_flag(p)
+    p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser("status", help="a run's state", description="A run's status, counts, usage and answer.")
+    p.add_argument("run_id", metavar="RUN", help="the run id (`submit` printed it)")
+    add_json_flag(p)
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser(
+        "events",
+        help="a run's event history (no Jaeger needed)",
+        description="A run's stored events, oldest first, one line each (--json: one JSON object per line).",
+    )
+    p.add_argument("run_id", metavar="RUN", help="the run id")
+    add_json_flag(p)
+    p.set_defaults(func=cmd_events)
+
+    p = sub.add_parser(
+        "trace",
+        help="a run's timeline and trace id (for Jaeger)",
+        description="A run's timeline (seconds since it started, per event) and the trace id its messages carry; "
+        "with tracing exported (OTEL_EXPORTER_OTLP_ENDPOINT), open LW_JAEGER_URL/trace/<id>.",
+    )
+    p.add_argument("run_id", metavar="RUN", help="the run id")
+    add_json_flag(p)
+    p.set_defaults(func=cmd_trace)
+
+    p = sub.add_parser("metrics", help="per-tool contract metrics", description="Per tool, from the event history.")
+    add_json_flag(p)
+    p.set_defaults(func=cmd_metrics)
+
+    p = sub.add_parser("dlq", help="dead-lettered messages and why", description="Dead letters, oldest first.")
+    add_json_flag(p)
+    p.set_defaults(func=cmd_dlq)
+
+
+# --- submit -------------------------------------------------------------------------------------
+def describe_end(state: Any) -> str:
+    """One line: how a run ended (or where it waits)."""
+    if state.status == "completed":
+        return f"completed: {state.final_output}"
+    if state.status == "awaiting_human":
+        awaiting = state.awaiting
+        item = f"escalation {awaiting.escalation_id} ({awaiting.kind})" if awaiting else "an escalation"
+        return f"awaiting_human: {item}; `loopwarden escalations show ID`, then `escalations resolve ID --action ...`"
+    return f"{state.status}: {state.final_reason or 'no reason recorded'}"
+
+
+def _summary(state: Any) -> dict[str, Any]:
+    return {
+        "run_id": state.run_id,
+        "status": state.status,
+        "reason": state.final_reason,
+        "iteration": state.iteration.n,
+        "continues": state.continue_count,
+        "retries": state.retry_count,
+        "usage": state.usage.model_dump(mode="json"),
+        "passed": state.passed,
+        "first_draft_passed": state.first_draft_passed,
+        "awaiting": state.awaiting.model_dump(mode="json") if state.awaiting else None,
+        "warnings": state.warnings,
+        "final_output": state.final_output,
+    }
+
+
+async def cmd_submit(args: argparse.Namespace) -> int:
+    from loopwarden.client import new_run_id
+    from shared.messages import RunSubmit
+
+    scenario = load_scenario_file(args.scenario) if args.scenario else None  # before connecting
+    async with connected() as client:
+        mismatches: list[str] = []
+        try:
+            if scenario is not None and args.wait and scenario.expect is not None:
+                state, mismatches = await client.run_and_check(scenario, timeout=args.timeout)
+                run_id = state.run_id
+            else:
+                if scenario is not None:
+                    run_id = await client.submit_scenario(scenario)
+                else:
+                    run_id = await client.submit(RunSubmit(run_id=new_run_id(), task=args.task))
+                if not args.wait:
+                    if args.json:
+                        emit_json({"run_id": run_id})
+                    else:
+                        say(run_id)
+                    return OK
+                state = await client.wait(run_id, timeout=args.timeout, until=(*ENDED, "awaiting_human"))
+        except TimeoutError as err:
+            raise UserError(f"timed out: {err}; `loopwarden status RUN` shows where it is", TIMED_OUT) from None
+        if args.json:
+            emit_json({**_summary(state), "expectations_not_met": mismatches})
+        else:
+            say(run_id)
+            say(plain(describe_end(state)))
+            for line in mismatches:
+                say(f"EXPECTATION NOT MET: {line}", err=True)
+        if scenario is not None and scenario.expect is not None:
+            return FAILED if mismatches else OK
+        if state.status == "awaiting_human":
+            return AWAITING_HUMAN
+        return OK if state.status == "completed" else FAILED
+
+
+# --- reading ------------------------------------------------------------------------------------
+async def cmd_status(args: argparse.Namespace) -> int:
+    async with connected() as client:
+        state = await client.state(args.run_id)
+    if state is None:
+        raise UserError(f"no run {args.run_id}", FAILED)
+    summary = _summary(state)
+    if args.json:
+        emit_json(summary)
+        return OK
+    u = state.usage
+    say(f"run:         {state.run_id}")
+    say(f"status:      {state.status}" + (f" ({state.final_reason})" if state.final_reason else ""))
+    say(f"iterations:  {state.iteration.n} (continues {state.continue_count}, retries {state.retry_count})")
+    say(f"tokens:      in {u.input_tokens}, out {u.output_tokens}, cost ${u.cost_usd:.4f}")
+    if state.first_draft_passed is not None:
+        say(f"first draft: {'passed' if state.first_draft_passed else 'rejected'}")
+    if state.passed is not None:
+        say(f"judged:      {'passed' if state.passed else 'not passed'}")
+    if state.awaiting is not None:
+        say(f"waiting on:  escalation {state.awaiting.escalation_id} ({state.awaiting.kind})")
+    for warning in state.warnings:
+        say(f"warning:     {warning}")
+    if state.final_output is not None:
+        say(f"answer:\n{state.final_output}")
+    return OK
+
+
+async def cmd_events(args: argparse.Namespace) -> int:
+    from loopwarden.progress import render
+
+    async with connected() as client:
+        events = await client.events(args.run_id)
+    if not events:
+        raise UserError(f"no events for run {args.run_id}", FAILED)
+    for event in events:
+        if args.json:
+            say(json.dumps({"subject": event.subject, **event.payload}, ensure_ascii=False))
+        else:
+            line = render(event)
+            if line:
+                say(plain(line))
+    return OK
+
+
+def trace_id_of(traceparent: str | None) -> str | None:
+    """The trace id of a W3C ``traceparent`` (``00-<32 hex>-<16 hex>-<2 hex>``)."""
+    parts = (traceparent or "").split("-")
+    return parts[1] if len(parts) == 4 and len(parts[1]) == 32 and set(parts[1]) != {"0"} else None
+
+
+def _at(event: Any) -> Any:
+    from datetime import datetime
+
+    at = event.payload.get("at")
+    try:
+        return datetime.fromisoformat(at) if isinstance(at, str) else None
+    except ValueError:
+        return None
+
+
+async def cmd_trace(args: argparse.Namespace) -> int:
+    from loopwarden.progress import render
+
+    cfg = settings()
+    async with connected(cfg) as client:
+        events = await client.events(args.run_id)
+    if not events:
+        raise UserError(f"no events for run {args.run_id}", FAILED)
+    trace_id = next((t for e in events if (t := trace_id_of(e.headers.get("traceparent")))), None)
+    stamps = [a for e in events if (a := _at(e)) is not None]
+    start = min(stamps) if stamps else None
+    rows = []
+    for event in events:
+        at = _at(event)
+        offset = (at - start).total_seconds() if at is not None and start is not None else None
+        rows.append({"t_s": offset, "subject": event.subject, "line": render(event)})
+    link = f"{cfg.jaeger_url.rstrip('/')}/trace/{trace_id}" if trace_id else None
+    if args.json:
+        emit_json({"run_id": args.run_id, "trace_id": trace_id, "jaeger": link, "timeline": rows})
+        return OK
+    say(f"run:      {args.run_id}")
+    say(f"trace id: {trace_id or 'none: tracing was off when it ran (set OTEL_EXPORTER_OTLP_ENDPOINT)'}")
+    if link:
+        say(f"jaeger:   {link}  (spans are there when the services export to OTEL_EXPORTER_OTLP_ENDPOINT)")
+    for row in rows:
+        t = f"{row['t_s']:8.3f}s" if row["t_s"] is not None else "        -"
+        say(plain(f"{t}  {row['line'] or row['subject']}"))
+    return OK
+
+
+async def cmd_metrics(args: argparse.Namespace) -> int:
+    async with connected() as client:
+        metrics = await client.tool_metrics()
+    if args.json:
+        emit_json(metrics)
+        return OK
+    say(
+        f"{'tool':16} {'outputs':>7} {'parse':>6} {'valid':>6} {'repair':>6} {'schema_x':>8} {'corrected':>9} "
+        f"{'attempts':>8} {'retried':>7}"
+    )
+    for tool, m in metrics.items():
+        say(
+            f"{tool:16} {m['outputs']:7.0f} {m['parse_success_rate']:6.0%} {m['validation_pass_rate']:6.0%} "
+            f"{m['repair_rate']:6.0%} {m['schema_failures']:8.0f} {m['correction_success_rate']:9.0%} "
+            f"{m['attempts']:8.0f} {m['retried_attempts']:7.0f}"
+        )
+    return OK
+
+
+async def cmd_dlq(args: argparse.Namespace) -> int:
+    async with connected() as client:
+        letters = await client.dead_letters()
+    if args.json:
+        emit_json([letter.model_dump(mode="json") for letter in letters])
+        return OK
+    for letter in letters:
+        say(f"{letter.at:%H:%M:%S} {letter.service:10} {letter.subject}: {letter.reason}")
+    return OK
