@@ -542,6 +542,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("paths", nargs="+")
     p.set_defaults(func=cmd_check_scenario)
 
+    add_records_commands(sub)  # issue 15: export, replay, retention
+
     args = parser.parse_args(argv)
     with contextlib.suppress(BrokenPipeError):
         return int(args.func(args) or 0)
@@ -550,3 +552,98 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# --- run records: export, replay, retention (issue 15; logic in loopwarden/records.py, replay.py) ---------
+
+
+def add_records_commands(sub: Any) -> None:
+    p = sub.add_parser("export", help="write one run's whole record as a JSON file (replayable)")
+    p.add_argument("run")
+    p.add_argument("-o", "--output", help="file to write (default: stdout)")
+    p.set_defaults(func=cmd_export)
+    p = sub.add_parser("replay", help="replay an exported run offline and report where the current code diverges")
+    p.add_argument("file")
+    p.add_argument("--save", help="write the replay scenario (YAML) here instead of running it, e.g. scenarios/x.yaml")
+    p.add_argument("--timeout", type=float, default=120.0)
+    p.set_defaults(func=cmd_replay)
+    p = sub.add_parser("retention", help="apply retention: archive and purge finished runs' records (admin)")
+    p.add_argument("--every", type=float, help="sweep every SEC seconds (default: once); LW_RETENTION_SWEEP_S")
+    p.set_defaults(func=lambda a: asyncio.run(_retention(a)))
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from loopwarden.records import RecordNotFound
+
+    try:
+        record = asyncio.run(_export(args.run))
+    except RecordNotFound as err:
+        print(f"export: {err}", file=sys.stderr)
+        return 1
+    body = record.model_dump_json(by_alias=True, indent=2)
+    if args.output:
+        Path(args.output).write_text(body + "\n")
+        print(
+            f"wrote {args.output}: run {record.run_id} ({record.status}), {len(record.events)} events", file=sys.stderr
+        )
+    else:
+        print(body)
+    return 0
+
+
+async def _export(run_id: str) -> Any:
+    from loopwarden.client import Client
+    from loopwarden.records import export_run
+    from shared.settings import load_settings
+
+    settings = load_settings("loopwarden")
+    async with Client(settings) as client:
+        return await export_run(client.bus, settings, run_id)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from loopwarden.replay import load_record, scenario_yaml
+
+    try:
+        record = load_record(args.file)
+    except (OSError, ValueError) as err:
+        print(f"replay: {args.file}: not a run export: {err}", file=sys.stderr)
+        return 2
+    if args.save:
+        Path(args.save).write_text(scenario_yaml(record, Path(args.save).stem))
+        print(f"wrote {args.save}")
+        return 0
+    return asyncio.run(_replay(record, args.timeout))
+
+
+async def _replay(record: Any, timeout: float) -> int:
+    from loopwarden.client import Client
+    from loopwarden.replay import replay
+    from shared.settings import load_settings
+
+    async with Client(load_settings("loopwarden")) as client:
+        report = await replay(client, record, timeout=timeout)
+    print("\n".join(report.lines()))
+    return 0 if report.same else 1
+
+
+async def _retention(args: argparse.Namespace) -> int:
+    from loopwarden.client import Client
+    from loopwarden.records import sweep
+    from shared.settings import load_settings
+
+    settings = load_settings("loopwarden")
+    async with Client(settings) as client:
+        while True:
+            r = await sweep(client.bus, settings)
+            print(
+                f"retention: {r.runs_seen} runs, {len(r.runs_purged)} purged, {len(r.runs_archived)} archived, "
+                f"{r.runs_kept_unfinished} unfinished kept, {len(r.escalations_purged)} queue items purged, "
+                f"{len(r.errors)} errors",
+                flush=True,
+            )
+            for line in r.errors:
+                print(f"  {line}", file=sys.stderr)
+            if not args.every:
+                return 1 if r.errors else 0
+            await asyncio.sleep(args.every)

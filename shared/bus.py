@@ -964,7 +964,7 @@ def stream_config(name: str, settings: Settings) -> StreamConfig:
         retention=RetentionPolicy.LIMITS,
         storage=StorageType.FILE,
         duplicate_window=settings.duplicate_window_s,
-        max_age=settings.stream_max_age_s,
+        max_age=settings.evt_max_age_s if name == S.STREAM_EVT else settings.stream_max_age_s,
         num_replicas=settings.stream_replicas,
         allow_direct=True,
     )
@@ -1000,6 +1000,15 @@ def _stream_differs(actual: StreamConfig, wanted: StreamConfig) -> bool:
     )
 
 
+# Revisions kept per key. Nothing reads an older revision of a key (every write is a CAS on the current
+# one), so one is kept; the tool ledger keeps both of its two writes (created, final) for inspection.
+KV_HISTORY: dict[str, int] = {S.KV_TOOL_LEDGER: 2, S.KV_ESCALATIONS: 5}
+
+
+def kv_history(bucket: str) -> int:
+    return KV_HISTORY.get(bucket, 1)
+
+
 async def ensure_buckets(
     js: JetStreamContext, settings: Settings, buckets: list[str] | None = None, *, update: bool = False
 ) -> list[str]:
@@ -1015,7 +1024,11 @@ async def ensure_buckets(
             try:
                 await js.create_key_value(
                     KeyValueConfig(
-                        bucket=bucket, history=5, storage=StorageType.FILE, replicas=settings.kv_replicas, direct=True
+                        bucket=bucket,
+                        history=kv_history(bucket),
+                        storage=StorageType.FILE,
+                        replicas=settings.kv_replicas,
+                        direct=True,
                     )
                 )
                 changed.append(f"created bucket {bucket} (replicas {settings.kv_replicas})")
@@ -1029,6 +1042,11 @@ async def ensure_buckets(
                 before = info.config.num_replicas
                 await js.update_stream(info.config.evolve(num_replicas=settings.kv_replicas))
                 changed.append(f"updated bucket {bucket} (replicas {before} -> {settings.kv_replicas})")
+            if info.config.max_msgs_per_subject != kv_history(bucket):
+                before = info.config.max_msgs_per_subject
+                info = await js.stream_info(f"KV_{bucket}")
+                await js.update_stream(info.config.evolve(max_msgs_per_subject=kv_history(bucket)))
+                changed.append(f"updated bucket {bucket} (history {before} -> {kv_history(bucket)})")
     return changed
 
 
