@@ -52,6 +52,7 @@ lint: $(STAMP)
 
 schemas: $(STAMP)
 	$(PY) -m shared.schemagen
+	$(PY) -m shared.records
 
 up: $(STAMP)
 	$(VENV)/bin/loopwarden up

@@ -550,10 +550,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 # --- run records: export, replay, retention (issue 15; logic in loopwarden/records.py, replay.py) ---------
 
 
@@ -647,3 +643,7 @@ async def _retention(args: argparse.Namespace) -> int:
             if not args.every:
                 return 1 if r.errors else 0
             await asyncio.sleep(args.every)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -71,7 +71,8 @@ async def run_events(bus: Bus, run_id: str) -> tuple[list[EventRecord], str | No
     trace_id: str | None = None
     try:
         info = await sub.consumer_info()
-        pending = info.num_pending or 0
+        # a push consumer may have delivered before we asked: pending or delivered means there is history
+        pending = (info.num_pending or 0) + (info.delivered.consumer_seq if info.delivered else 0)
         while pending:
             msg = await sub.next_msg(timeout=5.0)
             headers = msg.headers or {}
@@ -113,7 +114,7 @@ async def _value(bus: Bus, kv: KeyValue, key: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else {"value": data}
 
 
-async def _prefixed(bus: Bus, bucket: str, prefix: str) -> dict[str, dict[str, Any]]:
+async def prefixed_values(bus: Bus, bucket: str, prefix: str) -> dict[str, dict[str, Any]]:
     """Every current value under ``<prefix>.>`` (a server-side filter), by key."""
     kv = await bus.kv(bucket)
     watcher = await kv.watch(f"{prefix}.>", ignore_deletes=True)
@@ -138,8 +139,8 @@ async def collect(bus: Bus, run_id: str) -> RunRecord:
     if state is None:
         raise RecordNotFound(f"run {run_id}: no run state (never submitted, or its records expired)")
     events, trace_id = await run_events(bus, run_id)
-    model_raw = await _prefixed(bus, S.KV_MODEL_CALLS, run_id)
-    ledger = await _prefixed(bus, S.KV_TOOL_LEDGER, run_id)
+    model_raw = await prefixed_values(bus, S.KV_MODEL_CALLS, run_id)
+    ledger = await prefixed_values(bus, S.KV_TOOL_LEDGER, run_id)
     messages = list(state.get("messages") or [])
 
     calls: list[ModelCallRecord] = []
@@ -363,8 +364,8 @@ async def purge_run(bus: Bus, run_id: str, *, keep_escalation_events: bool) -> N
     await js.purge_stream(f"KV_{S.KV_RUNS}", subject=f"$KV.{S.KV_RUNS}.{S.kv_key(run_id)}")
 
 
-async def sweep(bus: Bus, settings: Settings, now: datetime | None = None) -> SweepReport:
-    """One retention pass over every run and queue item."""
+async def sweep(bus: Bus, settings: Settings, now: datetime | None = None, only: set[str] | None = None) -> SweepReport:
+    """One retention pass over every run and queue item (``only``: just these runs' records)."""
     now = now or utcnow()
     report = SweepReport()
     runs_kv = await bus.kv(S.KV_RUNS)
@@ -379,6 +380,8 @@ async def sweep(bus: Bus, settings: Settings, now: datetime | None = None) -> Sw
     archiving = settings.archive_dir is not None or bool(settings.archive_bucket)
 
     for key in await _keys(runs_kv):
+        if only is not None and key not in only:
+            continue
         report.runs_seen += 1
         try:
             state = await _value(bus, runs_kv, key)
@@ -402,6 +405,8 @@ async def sweep(bus: Bus, settings: Settings, now: datetime | None = None) -> Sw
     live_runs = set(await _keys(runs_kv))
     by_run: dict[str, list[str]] = {}
     for key, item in items.items():
+        if only is not None and str(item.get("run_id")) not in only:
+            continue
         by_run.setdefault(str(item.get("run_id")), []).append(key)
     for run_id, keys in by_run.items():
         gone = [k for k in keys if escalation_expired(items[k], now, settings.retention_escalations_s)]
