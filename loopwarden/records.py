@@ -328,6 +328,7 @@ class SweepReport:
     runs_archived: list[str] = field(default_factory=list)
     runs_kept_unfinished: int = 0
     escalations_purged: list[str] = field(default_factory=list)
+    commands_purged_below: int = 0
     errors: list[str] = field(default_factory=list)
 
 
@@ -362,6 +363,26 @@ async def purge_run(bus: Bus, run_id: str, *, keep_escalation_events: bool) -> N
                 await js.purge_stream(S.STREAM_EVT, subject=subject)
     assert run  # the run token is what the filters above end with
     await js.purge_stream(f"KV_{S.KV_RUNS}", subject=f"$KV.{S.KV_RUNS}.{S.kv_key(run_id)}")
+
+
+async def purge_handled_commands(bus: Bus) -> int:
+    """Remove the commands every durable consumer has handled: nothing reads an acknowledged command
+    again (a redelivery is of an unacknowledged one; de-duplication ids outlive a purge). Returns the
+    stream sequence below which commands were purged (0: none)."""
+    js = bus.js
+    last = (await js.stream_info(S.STREAM_CMD)).state.last_seq  # read before the consumers: see below
+    floors = []
+    for info in await js.consumers_info(S.STREAM_CMD):
+        if not info.config.durable_name:
+            continue  # an ordered reader holds nothing back
+        if not info.num_pending and not info.num_ack_pending:
+            floors.append(last)  # everything it was sent up to `last` is acknowledged
+        else:
+            floors.append(info.ack_floor.stream_seq if info.ack_floor else 0)
+    below = min(floors, default=0)
+    if below > 0:
+        await js.purge_stream(S.STREAM_CMD, seq=below + 1)
+    return below
 
 
 async def sweep(bus: Bus, settings: Settings, now: datetime | None = None, only: set[str] | None = None) -> SweepReport:
@@ -416,6 +437,11 @@ async def sweep(bus: Bus, settings: Settings, now: datetime | None = None, only:
         if len(gone) == len(keys) and S.kv_key(run_id) not in live_runs:
             for filt in S.run_filters(run_id, f"{S.ESCALATION_EVENT_PREFIX}.>"):
                 await bus.js.purge_stream(S.STREAM_EVT, subject=filt)
+    if only is None:
+        try:
+            report.commands_purged_below = await purge_handled_commands(bus)
+        except Exception as err:
+            report.errors.append(f"commands: {err!r}")
     for line in report.errors:
         log.warning("retention: %s", line)
     return report

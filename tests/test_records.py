@@ -14,7 +14,7 @@ import jsonschema
 import yaml
 
 from loopwarden.client import Client
-from loopwarden.records import export_run, prefixed_values, run_events, sweep
+from loopwarden.records import export_run, prefixed_values, purge_handled_commands, run_events, sweep
 from loopwarden.replay import replay, scenario_yaml
 from loopwarden.stack import LocalStack
 from shared import subjects as S
@@ -298,3 +298,17 @@ def test_record_model_round_trips() -> None:
         )
     )
     assert record.format == "loopwarden.run-record"
+
+
+async def test_handled_commands_are_purged_and_runs_go_on(client: Client) -> None:
+    """Nothing reads an acknowledged command again: the sweep removes what every durable has handled."""
+    done = await run_scenario(client, demo())
+    assert done.status == "completed"
+    below = await purge_handled_commands(client.bus)
+    info = await client.bus.js.stream_info(S.STREAM_CMD)
+    assert below > 0 and info.state.first_seq > below
+    # a run submitted after the purge (and one in flight while it happens) completes as usual
+    run_id = await client.submit_scenario(parse_scenario(demo()))
+    await purge_handled_commands(client.bus)
+    state = await client.wait(run_id)
+    assert state.status == "completed", state.final_reason
