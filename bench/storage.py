@@ -153,9 +153,16 @@ def report(r: StorageResult) -> list[str]:
     lines.append(f"  {'total':24} {total:10.0f}   = {total * 1000 / 1e6:.1f} MB per 1,000 runs")
     growth = r.rss_end - r.rss_start
     lines.append(
-        f"  nats-server RSS {r.rss_start / 1e6:.0f} MB -> {r.rss_end / 1e6:.0f} MB = "
+        f"  nats-server RSS {r.rss_start / 1e6:.0f} MB -> {r.rss_end / 1e6:.0f} MB over {r.runs} runs = "
         f"{growth * 1000 / max(1, r.runs) / 1e6:+.1f} MB per 1,000 runs"
     )
+    if len(r.batches) >= 4:  # past the warm-up (caches, buffers): the slope from the first quarter to the end
+        q = r.batches[len(r.batches) // 4 - 1]
+        slope = (r.batches[-1].server_rss - q.server_rss) / max(1, r.batches[-1].runs_done - q.runs_done)
+        lines.append(
+            f"    from run {q.runs_done} to run {r.batches[-1].runs_done}: {q.server_rss / 1e6:.0f} -> "
+            f"{r.batches[-1].server_rss / 1e6:.0f} MB = {slope * 1000 / 1e6:+.1f} MB per 1,000 runs"
+        )
     if r.batches:
         first, last = r.batches[0], r.batches[-1]
         lines.append(

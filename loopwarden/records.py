@@ -30,7 +30,7 @@ from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
 from shared import subjects as S
-from shared.bus import RUN_ID_HEADER, Bus
+from shared.bus import RUN_ID_HEADER, Bus, kv_keys
 from shared.messages import utcnow
 from shared.records import (
     EventRecord,
@@ -66,7 +66,9 @@ async def run_events(bus: Bus, run_id: str) -> tuple[list[EventRecord], str | No
     """The run's events, oldest first (a server-side filter on the run token), and its trace id."""
     js = bus.js
     config = ConsumerConfig(deliver_policy=DeliverPolicy.ALL, filter_subjects=S.run_filters(run_id))
-    sub = await js.subscribe(f"{S.EVENT_PREFIX}.>", stream=S.STREAM_EVT, ordered_consumer=True, config=config)
+    sub = await js.subscribe(
+        f"{S.EVENT_PREFIX}.>", stream=S.STREAM_EVT, ordered_consumer=True, config=config, inactive_threshold=2.0
+    )
     out: list[EventRecord] = []
     trace_id: str | None = None
     try:
@@ -117,7 +119,7 @@ async def _value(bus: Bus, kv: KeyValue, key: str) -> dict[str, Any] | None:
 async def prefixed_values(bus: Bus, bucket: str, prefix: str) -> dict[str, dict[str, Any]]:
     """Every current value under ``<prefix>.>`` (a server-side filter), by key."""
     kv = await bus.kv(bucket)
-    watcher = await kv.watch(f"{prefix}.>", ignore_deletes=True)
+    watcher = await kv.watch(f"{prefix}.>", ignore_deletes=True, inactive_threshold=2.0)
     out: dict[str, dict[str, Any]] = {}
     try:
         while True:
@@ -334,7 +336,7 @@ class SweepReport:
 
 async def _keys(kv: KeyValue) -> list[str]:
     try:
-        return list(await kv.keys())
+        return await kv_keys(kv)
     except NoKeysError:
         return []
 

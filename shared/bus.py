@@ -1000,6 +1000,24 @@ def _stream_differs(actual: StreamConfig, wanted: StreamConfig) -> bool:
     )
 
 
+async def kv_keys(kv: KeyValue, inactive_threshold: float = 2.0) -> list[str]:
+    """Every key of a bucket. nats-py's ``KeyValue.keys`` leaves its watcher's consumer on the server for
+    5 minutes, and nats-server 2.15 caps a stream at 1,000 consumers by default: listing often (the
+    planner's contract cache under load, a soak) exhausted it ("maximum consumers limit reached").
+    This listing's consumer goes ``inactive_threshold`` seconds after it is done."""
+    watcher = await kv.watchall(ignore_deletes=True, meta_only=True, inactive_threshold=inactive_threshold)
+    keys: list[str] = []
+    try:
+        while True:
+            entry = await watcher.updates(timeout=5.0)  # type: ignore[no-untyped-call]
+            if entry is None:
+                return keys
+            keys.append(entry.key)
+    finally:
+        with contextlib.suppress(Exception):
+            await watcher.stop()  # type: ignore[no-untyped-call]
+
+
 # Revisions kept per key. Nothing reads an older revision of a key (every write is a CAS on the current
 # one), so one is kept; the tool ledger keeps both of its two writes (created, final) for inspection.
 KV_HISTORY: dict[str, int] = {S.KV_TOOL_LEDGER: 2, S.KV_ESCALATIONS: 5}

@@ -18,7 +18,7 @@ from loopwarden.records import export_run, prefixed_values, purge_handled_comman
 from loopwarden.replay import replay, scenario_yaml
 from loopwarden.stack import LocalStack
 from shared import subjects as S
-from shared.bus import kv_history, stream_config
+from shared.bus import kv_history, kv_keys, stream_config
 from shared.messages import Rubric, RunSubmit
 from shared.records import RunRecord, record_schema, trajectory
 from shared.scenario import load_scenario, parse_scenario
@@ -312,3 +312,18 @@ async def test_handled_commands_are_purged_and_runs_go_on(client: Client) -> Non
     await purge_handled_commands(client.bus)
     state = await client.wait(run_id)
     assert state.status == "completed", state.final_reason
+
+
+async def test_listing_keys_leaves_no_consumer_behind(client: Client) -> None:
+    """nats-py's KeyValue.keys() leaves its consumer for 5 minutes and nats-server 2.15 caps a stream at
+    1,000 consumers: the soak ran the planner's contract listing into that cap. kv_keys' consumers go."""
+    kv = await client.bus.kv(S.KV_CONTRACTS)
+    stream = f"KV_{S.KV_CONTRACTS}"
+    before = (await client.bus.js.stream_info(stream)).state.consumer_count
+    for _ in range(5):
+        assert "search" in await kv_keys(kv)
+    assert (await client.bus.js.stream_info(stream)).state.consumer_count >= before + 1
+    deadline = asyncio.get_running_loop().time() + 20
+    while (await client.bus.js.stream_info(stream)).state.consumer_count > before:
+        assert asyncio.get_running_loop().time() < deadline, "the listing's consumers were not removed"
+        await asyncio.sleep(0.5)

@@ -27,7 +27,7 @@ from services.planner import machine as M
 from services.planner.state import PublishRecord, RunState
 from shared import subjects as S
 from shared.backoff import BackoffPolicy
-from shared.bus import Bus, CasConflict, RequestRefused, TryLater, Unchanged, current_deliveries
+from shared.bus import Bus, CasConflict, RequestRefused, TryLater, Unchanged, current_deliveries, kv_keys
 from shared.canonical import digest_of
 from shared.messages import (
     BudgetDecision,
@@ -315,7 +315,7 @@ class Planner:
         kv = await self.bus.kv(S.KV_CONTRACTS)
         found: dict[str, ToolContract] = {}
         try:
-            keys = await kv.keys()
+            keys = await kv_keys(kv)  # not kv.keys(): its consumer outlived it by 5 minutes (issue 15 soak)
         except NoKeysError:
             keys = []
         for key in keys:
