@@ -69,6 +69,8 @@ class StorageResult:
     rss_start: int = 0
     rss_end: int = 0
     statuses: dict[str, int] = field(default_factory=dict)
+    sweep_s: list[float] = field(default_factory=list)
+    load: tuple[float, float] = (0.0, 0.0)  # machine load average before, after
 
 
 def run(runs: int = 200, batch: int = 50, *, sweep: bool = False) -> StorageResult:
@@ -81,6 +83,7 @@ def run(runs: int = 200, batch: int = 50, *, sweep: bool = False) -> StorageResu
     stack.start()
     server_pid = next(p.popen.pid for p in stack.procs if p.name == "nats-server")
     result = StorageResult(runs=runs, batch=batch, swept=sweep)
+    load_before = os.getloadavg()[0]
     try:
 
         async def main() -> None:
@@ -109,7 +112,9 @@ def run(runs: int = 200, batch: int = 50, *, sweep: bool = False) -> StorageResu
                     seconds = time.perf_counter() - t0
                     done += n
                     if sweep:
+                        s0 = time.perf_counter()
                         await _sweep(client, settings)
+                        result.sweep_s.append(time.perf_counter() - s0)
                     now = await storage(client)
                     result.batches.append(
                         Batch(
@@ -130,6 +135,7 @@ def run(runs: int = 200, batch: int = 50, *, sweep: bool = False) -> StorageResu
         asyncio.run(main())
     finally:
         stack.stop()
+    result.load = (load_before, os.getloadavg()[0])
     return result
 
 
@@ -169,7 +175,17 @@ def report(r: StorageResult) -> list[str]:
             f"  batch of {r.batch}: first {first.seconds:.2f} s (median run {first.median_run_s * 1000:.0f} ms), "
             f"last {last.seconds:.2f} s (median run {last.median_run_s * 1000:.0f} ms) = "
             f"{last.seconds / first.seconds:.2f}x; stored {first.stored_bytes / 1e6:.1f} MB after {first.runs_done} "
-            f"runs, {last.stored_bytes / 1e6:.1f} MB after {last.runs_done}"
+            f"runs, {last.stored_bytes / 1e6:.1f} MB after {last.runs_done}; machine load {r.load[0]:.1f} -> "
+            f"{r.load[1]:.1f}"
+        )
+        quarter = max(1, len(r.batches) // 4)
+        head = statistics.median(b.seconds for b in r.batches[:quarter])
+        tail = statistics.median(b.seconds for b in r.batches[-quarter:])
+        lines.append(f"  median batch, first quarter {head:.2f} s, last quarter {tail:.2f} s = {tail / head:.2f}x")
+    if r.sweep_s:
+        lines.append(
+            f"  retention sweep after each batch: median {statistics.median(r.sweep_s):.2f} s, "
+            f"max {max(r.sweep_s):.2f} s ({r.batch} runs purged each)"
         )
     return lines
 
