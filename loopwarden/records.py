@@ -45,6 +45,8 @@ from shared.settings import Settings
 
 log = logging.getLogger("loopwarden.records")
 
+HISTORY_BUCKET: str | None = getattr(S, "KV_HISTORY", None)  # the conversation beside the record, where it is kept
+
 # Buckets holding a run's records under keys that start with the run id: (bucket, key filter suffix).
 RUN_KEYS: tuple[tuple[str, str], ...] = (
     (S.KV_MODEL_CALLS, ".>"),
@@ -52,6 +54,7 @@ RUN_KEYS: tuple[tuple[str, str], ...] = (
     (S.KV_SCRIPT_CURSORS, ".>"),
     (S.KV_BUDGETS, ""),
     (S.KV_SCENARIOS, ""),
+    *(((HISTORY_BUCKET, ".>"),) if HISTORY_BUCKET else ()),  # the conversation, where it is kept apart
 )
 
 
@@ -135,6 +138,20 @@ async def prefixed_values(bus: Bus, bucket: str, prefix: str) -> dict[str, dict[
     return out
 
 
+async def conversation(bus: Bus, run_id: str, state: dict[str, Any]) -> list[dict[str, Any]]:
+    """The whole conversation: in the run state, or (where the record keeps only a tail) every message
+    stored under ``<run>.<seq>`` in the history bucket, then the record's tail."""
+    if state.get("messages") or HISTORY_BUCKET is None or "tail" not in state:
+        return list(state.get("messages") or [])
+    by_seq: dict[int, dict[str, Any]] = {}
+    for key, message in (await prefixed_values(bus, HISTORY_BUCKET, run_id)).items():
+        with contextlib.suppress(ValueError):
+            by_seq[int(key.rsplit(".", 1)[-1])] = message
+    for i, message in enumerate(state.get("tail") or []):
+        by_seq[int(state.get("tail_from") or 0) + i] = message
+    return [by_seq[k] for k in sorted(by_seq)]
+
+
 async def collect(bus: Bus, run_id: str) -> RunRecord:
     """Everything the run left on the server, as one record."""
     state = await _value(bus, await bus.kv(S.KV_RUNS), run_id)
@@ -143,7 +160,7 @@ async def collect(bus: Bus, run_id: str) -> RunRecord:
     events, trace_id = await run_events(bus, run_id)
     model_raw = await prefixed_values(bus, S.KV_MODEL_CALLS, run_id)
     ledger = await prefixed_values(bus, S.KV_TOOL_LEDGER, run_id)
-    messages = list(state.get("messages") or [])
+    messages = await conversation(bus, run_id, state)
 
     calls: list[ModelCallRecord] = []
     assistant_at = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
