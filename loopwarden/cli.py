@@ -564,7 +564,13 @@ def add_records_commands(sub: Any) -> None:
     p.add_argument("--timeout", type=float, default=120.0)
     p.set_defaults(func=cmd_replay)
     p = sub.add_parser("retention", help="apply retention: archive and purge finished runs' records (admin)")
-    p.add_argument("--every", type=float, help="sweep every SEC seconds (default: once); LW_RETENTION_SWEEP_S")
+    p.add_argument(
+        "--every",
+        type=float,
+        nargs="?",
+        const=0.0,
+        help="keep sweeping, every SEC seconds (no value: LW_RETENTION_SWEEP_S); without it, sweep once",
+    )
     p.set_defaults(func=lambda a: asyncio.run(_retention(a)))
 
 
@@ -640,9 +646,9 @@ async def _retention(args: argparse.Namespace) -> int:
             )
             for line in r.errors:
                 print(f"  {line}", file=sys.stderr)
-            if not args.every:
+            if args.every is None:
                 return 1 if r.errors else 0
-            await asyncio.sleep(args.every)
+            await asyncio.sleep(args.every or settings.retention_sweep_s)
 
 
 if __name__ == "__main__":

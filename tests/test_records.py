@@ -327,3 +327,34 @@ async def test_listing_keys_leaves_no_consumer_behind(client: Client) -> None:
     while (await client.bus.js.stream_info(stream)).state.consumer_count > before:
         assert asyncio.get_running_loop().time() < deadline, "the listing's consumers were not removed"
         await asyncio.sleep(0.5)
+
+
+async def _cli(stack: LocalStack, *args: str, **env: str) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "loopwarden.cli",
+        *args,
+        env={**{k: v for k, v in os.environ.items() if k != "NATS_URL"}, "LW_NATS_URL": stack.nats_url or "", **env},
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out = (await asyncio.wait_for(proc.communicate(), 120))[0].decode()
+    return proc.returncode or 0, out
+
+
+async def test_export_and_retention_commands(client: Client, stack: LocalStack, tmp_path: Path) -> None:
+    state = await run_scenario(client, demo())
+    path = tmp_path / "run.json"
+    code, out = await _cli(stack, "export", state.run_id, "-o", str(path))
+    assert code == 0, out
+    record = RunRecord.model_validate_json(path.read_text())
+    assert record.run_id == state.run_id and record.status == "completed"
+    code, out = await _cli(stack, "export", "run-never-submitted")
+    assert code == 1 and "run run-never-submitted: no run state" in out
+    code, out = await _cli(stack, "retention", LW_RETENTION_RUNS_S="-1")
+    assert code == 2 and "invalid setting LW_RETENTION_RUNS_S" in out, out
+    code, out = await _cli(stack, "retention", LW_RETENTION_RUNS_S="864000")  # nothing is ten days old
+    assert code == 0 and "0 purged" in out, out
+    assert await client.state(state.run_id) is not None
