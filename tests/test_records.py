@@ -18,7 +18,7 @@ from loopwarden.records import export_run, prefixed_values, purge_handled_comman
 from loopwarden.replay import replay, scenario_yaml
 from loopwarden.stack import LocalStack
 from shared import subjects as S
-from shared.bus import kv_history, kv_keys, stream_config
+from shared.bus import ensure_buckets, kv_history, kv_keys, stream_config
 from shared.messages import Rubric, RunSubmit
 from shared.records import RunRecord, record_schema, trajectory
 from shared.scenario import load_scenario, parse_scenario
@@ -358,3 +358,15 @@ async def test_export_and_retention_commands(client: Client, stack: LocalStack, 
     code, out = await _cli(stack, "retention", LW_RETENTION_RUNS_S="864000")  # nothing is ten days old
     assert code == 0 and "0 purged" in out, out
     assert await client.state(state.run_id) is not None
+
+
+async def test_bootstrap_sets_the_kept_revisions_of_an_existing_bucket(client: Client) -> None:
+    """A deployment bootstrapped before this change has buckets keeping five revisions: bootstrap cuts them."""
+    js = client.bus.js
+    await client.bus.kv(S.KV_DEMO)
+    info = await js.stream_info(f"KV_{S.KV_DEMO}")
+    await js.update_stream(info.config.evolve(max_msgs_per_subject=5))
+    changed = await ensure_buckets(js, client.settings, [S.KV_DEMO], update=True)
+    assert f"updated bucket {S.KV_DEMO} (history 5 -> 1)" in changed
+    assert (await js.stream_info(f"KV_{S.KV_DEMO}")).config.max_msgs_per_subject == 1
+    assert await ensure_buckets(js, client.settings, [S.KV_DEMO], update=True) == []
