@@ -6,6 +6,7 @@ The commands live by audience; a new command goes in the module of the people wh
 - ``cli_stack``   running the system on a machine: demo, up, down, bootstrap
 - ``cli_runs``    submitting and following runs: submit, status, events, trace, metrics, dlq
 - ``cli_queue``   operators on the human queue: escalations ...
+- ``cli_records`` keeping and reproducing runs: export, replay, retention
 - ``cli_offline`` checks that need no stack: lint, check-contract, check-scenario
 - ``cli_common``  the conventions they share: exit codes, UserError, bounded connect, output
 """
@@ -19,10 +20,10 @@ import inspect
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
-from loopwarden import cli_offline, cli_queue, cli_runs, cli_stack
+from loopwarden import cli_offline, cli_queue, cli_records, cli_runs, cli_stack
 from loopwarden.cli_common import EXIT_CODES_HELP, INTERRUPTED, OK, UserError, bus_failure, env_nats_url, say
 
-AUDIENCES = (cli_stack, cli_runs, cli_queue, cli_offline)
+AUDIENCES = (cli_stack, cli_runs, cli_queue, cli_records, cli_offline)
 
 
 def package_version() -> str:

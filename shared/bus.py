@@ -54,7 +54,6 @@ from nats.js.errors import (
     BucketNotFoundError,
     KeyNotFoundError,
     KeyWrongLastSequenceError,
-    NoKeysError,
     NoStreamResponseError,
     NotFoundError,
 )
@@ -882,13 +881,8 @@ class Bus:
 
     async def kv_values(self, bucket: str, model: type[M]) -> dict[str, M]:
         """Every value in ``bucket`` by key (keys deleted meanwhile are left out)."""
-        kv = await self.kv(bucket)
-        try:
-            keys = await kv.keys()
-        except NoKeysError:
-            return {}
         found: dict[str, M] = {}
-        for key in keys:
+        for key in await kv_keys(await self.kv(bucket)):  # not kv.keys(): its consumer outlives it by 5 minutes
             value, _ = await self.kv_get(bucket, key, model)
             if value is not None:
                 found[key] = value
@@ -1001,7 +995,7 @@ def stream_config(name: str, settings: Settings) -> StreamConfig:
         retention=RetentionPolicy.LIMITS,
         storage=StorageType.FILE,
         duplicate_window=settings.duplicate_window_s,
-        max_age=settings.stream_max_age_s,
+        max_age=settings.evt_max_age_s if name == S.STREAM_EVT else settings.stream_max_age_s,
         num_replicas=settings.stream_replicas,
         allow_direct=True,
     )
@@ -1037,6 +1031,33 @@ def _stream_differs(actual: StreamConfig, wanted: StreamConfig) -> bool:
     )
 
 
+async def kv_keys(kv: KeyValue, inactive_threshold: float = 2.0) -> list[str]:
+    """Every key of a bucket. nats-py's ``KeyValue.keys`` leaves its watcher's consumer on the server for
+    5 minutes, and nats-server 2.15 caps a stream at 1,000 consumers by default: listing often (the
+    planner's contract cache under load, a soak) exhausted it ("maximum consumers limit reached").
+    This listing's consumer goes ``inactive_threshold`` seconds after it is done."""
+    watcher = await kv.watchall(ignore_deletes=True, meta_only=True, inactive_threshold=inactive_threshold)
+    keys: list[str] = []
+    try:
+        while True:
+            entry = await watcher.updates(timeout=5.0)  # type: ignore[no-untyped-call]
+            if entry is None:
+                return keys
+            keys.append(entry.key)
+    finally:
+        with contextlib.suppress(Exception):
+            await watcher.stop()  # type: ignore[no-untyped-call]
+
+
+# Revisions kept per key. Nothing reads an older revision of a key (every write is a CAS on the current
+# one), so one is kept; the tool ledger keeps both of its two writes (created, final) for inspection.
+KV_HISTORY: dict[str, int] = {S.KV_TOOL_LEDGER: 2, S.KV_ESCALATIONS: 5}
+
+
+def kv_history(bucket: str) -> int:
+    return KV_HISTORY.get(bucket, 1)
+
+
 async def ensure_buckets(
     js: JetStreamContext, settings: Settings, buckets: list[str] | None = None, *, update: bool = False
 ) -> list[str]:
@@ -1052,7 +1073,11 @@ async def ensure_buckets(
             try:
                 await js.create_key_value(
                     KeyValueConfig(
-                        bucket=bucket, history=5, storage=StorageType.FILE, replicas=settings.kv_replicas, direct=True
+                        bucket=bucket,
+                        history=kv_history(bucket),
+                        storage=StorageType.FILE,
+                        replicas=settings.kv_replicas,
+                        direct=True,
                     )
                 )
                 changed.append(f"created bucket {bucket} (replicas {settings.kv_replicas})")
@@ -1066,6 +1091,11 @@ async def ensure_buckets(
                 before = info.config.num_replicas
                 await js.update_stream(info.config.evolve(num_replicas=settings.kv_replicas))
                 changed.append(f"updated bucket {bucket} (replicas {before} -> {settings.kv_replicas})")
+            if info.config.max_msgs_per_subject != kv_history(bucket):
+                before = info.config.max_msgs_per_subject
+                info = await js.stream_info(f"KV_{bucket}")
+                await js.update_stream(info.config.evolve(max_msgs_per_subject=kv_history(bucket)))
+                changed.append(f"updated bucket {bucket} (history {before} -> {kv_history(bucket)})")
     return changed
 
 

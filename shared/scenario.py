@@ -234,4 +234,11 @@ def load_scenario(path: str | Path) -> Scenario:
         data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as err:
         raise ScenarioError(f"{p}: not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {err}") from None
+    from shared.records import RunRecord, is_record, scenario_from_record
+
+    if is_record(data):  # a run exported by `loopwarden export`: replay its recorded turns and tool results
+        try:
+            data = scenario_from_record(RunRecord.model_validate(data))
+        except ValidationError as err:
+            raise ScenarioError(f"{p}: invalid run export: {err.errors()[0]['msg']}") from None
     return parse_scenario(data, str(p))

@@ -210,6 +210,25 @@ class Settings(BaseSettings):
         3.0, gt=0, description="how long a CLI command tries to reach NATS before it says so and exits 3"
     )
 
+    # --- run records: retention and archive (issue 15) -----------------------------------
+    retention_runs_s: float = Field(
+        7 * 24 * 3600.0,
+        ge=0,
+        description="a finished run's records (state, events, model calls, ledger, verdicts, ...) are purged this "
+        "long after it finished; a running run or one waiting on a human never expires",
+    )
+    retention_escalations_s: float = Field(
+        30 * 24 * 3600.0, ge=0, description="resolved queue items and their events (the audit trail) are kept this long"
+    )
+    retention_sweep_s: float = Field(300.0, gt=0, description="how often `loopwarden retention` sweeps")
+    evt_max_age_s: float = Field(
+        0.0, ge=0, description="age limit of the event stream; 0 = none (finished runs' events leave by retention)"
+    )
+    archive_dir: str | None = Field(None, description="export every finished run to <dir>/<run>.json before it expires")
+    archive_bucket: str | None = Field(
+        None, description="export every finished run to this Object Store bucket before it expires"
+    )
+
     @field_validator("nats_url")
     @classmethod
     def _nats_scheme(cls, v: str) -> str:
