@@ -62,7 +62,10 @@ def load_record(path: str | Path) -> RunRecord:
 def scenario_yaml(record: RunRecord, name: str | None = None) -> str:
     data: dict[str, Any] = scenario_from_record(record, name)
     parse_scenario(data)  # what is written must load
-    header = f"# Replay of run {record.run_id} (loopwarden export, {record.provider} provider).\n"
+    header = (
+        "# yaml-language-server: $schema=../schemas/scenario.json\n"  # editors validate it (scenarios/ beside schemas/)
+        f"# Replay of run {record.run_id} (loopwarden export, {record.provider} provider).\n"
+    )
     return header + yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=110)
 
 
