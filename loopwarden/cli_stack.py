@@ -179,6 +179,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     )
     try:
         stack.start()
+        stack.start_retention()
     except StackError as err:
         stack.stop()
         say(f"could not start the stack: {err}", err=True)

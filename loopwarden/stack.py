@@ -157,6 +157,24 @@ class LocalStack:
         self.procs.append(proc)
         return proc
 
+    def start_retention(self) -> Proc:
+        """The retention sweep (``loopwarden retention --every``): finished runs' records are archived
+        and purged on schedule without anyone running it by hand; ``down`` stops it with the rest."""
+        log = self.state_dir / "logs" / "retention.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        stdout = open_log(log)
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "loopwarden.cli", "retention", "--every"],
+            env=self.service_env(),
+            stdout=stdout,
+            stderr=subprocess.STDOUT,
+            start_new_session=self.detach,
+        )
+        stdout.close()
+        proc = Proc("retention", popen, log)
+        self.procs.append(proc)
+        return proc
+
     def wait_ready(self, procs: list[Proc], timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
         waiting = list(procs)

@@ -191,7 +191,9 @@ def test_up_submit_status_events_down_from_any_folder(tmp_path) -> None:
     finally:
         down = cli("down", cwd=tmp_path)  # from a third folder
         nats.stop()
-    assert "stopped: " in down.stdout and "planner" in down.stdout
+    assert "stopped: " in down.stdout and "planner" in down.stdout and "retention" in down.stdout
+    # `up` also runs the retention sweep (issue 15): it swept at start and then on its schedule
+    assert "retention: " in (xdg / "loopwarden" / "stack" / "logs" / "retention.log").read_text()
     assert not (xdg / "loopwarden" / "stack.json").exists()
     assert not _marked(f"XDG_STATE_HOME={xdg}")
     assert "nothing was running" in cli("down").stdout
