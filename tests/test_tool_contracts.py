@@ -12,9 +12,8 @@ from typing import Any
 
 from loopwarden.client import Client, tool_metrics
 from loopwarden.stack import LocalStack
-from services.planner.state import RunState
 from shared import subjects as S
-from shared.messages import ToolContract
+from shared.messages import RunSnapshot, ToolContract
 from tests.conftest import ROOT, escalations_of, run_scenario
 from tests.support.otlp_collector import OtlpCollector
 
@@ -25,7 +24,7 @@ GOOD_SEARCH = {
 }
 
 
-def tool_results(state: RunState) -> list[Any]:
+def tool_results(state: RunSnapshot) -> list[Any]:
     return [b for m in state.messages if m.role == "user" for b in m.content if b.type == "tool_result"]
 
 

@@ -12,7 +12,6 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -25,6 +24,7 @@ from pydantic import Field
 from services.planner import context as C
 from services.planner import machine as M
 from services.planner.state import PublishRecord, RunState
+from services.planner.store import RunStore
 from shared import subjects as S
 from shared.backoff import BackoffPolicy
 from shared.bus import Bus, CasConflict, RequestRefused, TryLater, Unchanged, current_deliveries
@@ -83,28 +83,12 @@ class Planner:
         )
         self._contracts: tuple[float, dict[str, ToolContract]] = (0.0, {})
         self._scenarios: dict[str, Scenario | None] = {}
-        # The state this replica last stored or read per run, with its revision: a transaction
-        # tries its CAS on it without reading first (a conflict re-reads), so a step parses the
-        # run state once instead of three times. One run is handled at a time per replica.
-        self._states: OrderedDict[str, tuple[RunState, int]] = OrderedDict()
-
-    STATE_CACHE = 128
-
-    def keep(self, run_id: str, state: RunState | None, revision: int) -> None:
-        if state is None:
-            self._states.pop(run_id, None)
-            return
-        self._states[run_id] = (state, revision)
-        self._states.move_to_end(run_id)
-        while len(self._states) > self.STATE_CACHE:
-            self._states.popitem(last=False)
+        # Runs: the record and its history, and what this replica last stored or read of each
+        # (a transaction tries its CAS on that without reading first; a conflict re-reads).
+        self.store = RunStore(bus)
 
     async def load(self, run_id: str, fresh: bool = False) -> RunState | None:
-        if not fresh and run_id in self._states:
-            return self._states[run_id][0]
-        state, revision = await self.bus.kv_get(S.KV_RUNS, run_id, RunState)
-        self.keep(run_id, state, revision)
-        return state
+        return await self.store.load(run_id, fresh)
 
     def register(self, router: NatsRouter) -> None:
         b = self.bus
@@ -155,13 +139,11 @@ class Planner:
             state.remember(msg_id, out.items)  # applied once: a redelivery re-publishes, never re-applies
             return state, Applied(state, out.items, was_done)
 
-        known = self._states.pop(run_id, None)  # handed to the update, which may change it
-        applied = await self.bus.update(
-            S.KV_RUNS, run_id, RunState, step, known=known, saved=lambda v, rev: self.keep(run_id, v, rev)
-        )
+        applied = await self.store.update(run_id, step)
         if applied is None:
             return
-        await self.publish(applied.items, run_id)
+        # the next step's work goes out while the step's messages are appended to the history
+        await asyncio.gather(self.publish(applied.items, run_id), self.store.store_tail(applied.state))
         if not applied.was_done:
             self.count(applied.items, applied.state)
             if applied.state.done:
@@ -191,7 +173,7 @@ class Planner:
     async def on_submit(self, submit: RunSubmit) -> None:
         if submit.scenario is not None and not await self.bind_scenario(submit):
             return
-        existing, _ = await self.bus.kv_get(S.KV_RUNS, submit.run_id, RunState)
+        existing = await self.load(submit.run_id, fresh=True)
         if existing is not None:
             await self.publish(existing.outbox.get("submit", []), submit.run_id)
             return
@@ -204,14 +186,13 @@ class Planner:
         out = M.start_run(submit, config, lessons)
         out.state.remember("submit", out.items)
         try:
-            revision = await self.bus.kv_put(S.KV_RUNS, submit.run_id, out.state, revision=0)
-            self.keep(submit.run_id, out.state, revision)
+            await self.store.create(out.state)
         except CasConflict:
-            existing, _ = await self.bus.kv_get(S.KV_RUNS, submit.run_id, RunState)
+            existing = await self.load(submit.run_id, fresh=True)
             if existing is not None:
                 await self.publish(existing.outbox.get("submit", []), submit.run_id)
             return
-        await self.publish(out.items, submit.run_id)
+        await asyncio.gather(self.publish(out.items, submit.run_id), self.store.store_tail(out.state))
 
     async def on_outcome(self, outcome: ToolOutcome) -> None:
         if outcome.will_retry:
@@ -273,7 +254,7 @@ class Planner:
         if decision.action == "compact":
             compaction = await self.compact(state, provider, decision.model)
             if compaction is not None:
-                self._states.pop(ev.run_id, None)  # changed here for the request only: re-read to apply
+                self.store.forget(ev.run_id)  # changed here for the request only: re-read to apply
                 M.apply_compaction(state, compaction[0], compaction[1], compaction[2].usage)
 
         try:
