@@ -21,6 +21,7 @@ from shared import subjects as S
 from shared.bus import RUN_ID_HEADER, Bus, stream_for
 from shared.canonical import digest_of
 from shared.messages import (
+    FINAL_STATUSES,
     ChatMessage,
     DeadLetter,
     EscalationAction,
@@ -132,7 +133,7 @@ class Client:
         self,
         run_id: str,
         timeout: float = 60.0,
-        until: tuple[str, ...] = ("completed", "stopped", "failed"),
+        until: tuple[str, ...] = FINAL_STATUSES,
         history: bool = True,
     ) -> RunSnapshot:
         """The run's snapshot once its status is in ``until`` (with its ``messages`` unless
@@ -322,7 +323,7 @@ class Client:
         """Run a scenario to its end (or to a human, if that is what it expects) and compare with ``expect``."""
         run_id = await self.submit_scenario(scenario)
         expect = scenario.expect
-        ended: tuple[str, ...] = ("completed", "stopped", "failed")
+        ended: tuple[str, ...] = FINAL_STATUSES
         until = (*ended, "awaiting_human") if expect is not None and expect.status == "awaiting_human" else ended
         state = await self.wait(run_id, timeout=timeout, until=until)
         if expect is None:

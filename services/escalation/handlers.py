@@ -36,6 +36,7 @@ from shared.bus import Bus, CasConflict, Unchanged, describe
 from shared.contracts.registration import validator_for
 from shared.history import HistoryMissing
 from shared.messages import (
+    HUMAN_FAILURES,
     ChatMessage,
     Escalation,
     EscalationClaim,
@@ -55,7 +56,6 @@ from shared.settings import Settings
 
 log = logging.getLogger("loopwarden.escalation")
 R = TypeVar("R")
-HUMAN_FAILURES = ("fatal", "unknown_outcome")
 EVENT_SUBJECT = {
     "claimed": S.ESCALATION_CLAIMED,
     "renewed": S.ESCALATION_RENEWED,
