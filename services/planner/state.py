@@ -23,7 +23,7 @@ from shared.messages import (
 )
 
 # Every step rewrites the record, so whatever it keeps is bounded, not a history:
-MAX_APPLIED = 64  # latest message ids remembered for de-duplication (a run's messages come in order; an
+MAX_APPLIED = 32  # latest message ids remembered for de-duplication (a run's messages come in order; an
 # older one is stale anyway: its iteration has moved on, and each apply_* ignores it)
 MAX_OUTBOX = 6  # outboxes kept for re-publishing after a crash (only the latest few can be redelivered)
 MIN_CALL_HISTORY = 4  # loop detection looks at the last loop_window calls and A-B-A-B (4)
