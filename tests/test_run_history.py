@@ -7,10 +7,15 @@ record (a core subscription to the bucket's subject), and the history keys thems
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Iterator
 from typing import Any
 
+import pytest
+
 from loopwarden.client import Client, new_run_id
+from loopwarden.stack import LocalStack, tail
 from services.planner.state import RunState
 from services.planner.store import RunStore
 from services.planner.turns import resolve_config, start_run
@@ -20,6 +25,7 @@ from shared.bus import Unchanged
 from shared.messages import ChatMessage, RunLimits, RunSubmit
 from shared.scenario import parse_scenario
 from shared.settings import Settings
+from tests.conftest import TEST_ENV
 
 
 def steps(n: int) -> dict[str, Any]:
@@ -132,3 +138,47 @@ async def test_replicas_read_back_what_they_did_not_see_and_a_dropped_tail_is_st
     assert texts(kept) == [task, "one", "two", "three"]
     fresh = await RunStore(client.bus).load(run_id)
     assert fresh is not None and texts(fresh.messages) == ["summary of one and two", "three"]
+
+
+@pytest.fixture(scope="module")
+def no_planner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    """A stack of its own with every service but the planner: the test decides which planner runs."""
+    services = ("executor", "validator", "judge", "governor", "escalation")
+    stack = LocalStack(state_dir=tmp_path_factory.mktemp("no-planner"), env=TEST_ENV, services=services)
+    try:
+        stack.start()
+        yield stack
+    finally:
+        stack.stop()
+
+
+async def test_a_planner_dying_after_saving_a_record_loses_no_message_of_the_history(no_planner: LocalStack) -> None:
+    """The only planner exits right after its first save (``LW_FAULT_INJECT=after_run_saved``): the
+    record carries the task message in its tail, nothing went to lw_history and nothing was published.
+    A healthy planner takes the redelivered submit over, re-publishes the stored outbox, and stores the
+    tail before its first save drops it from the record; the run's history is whole."""
+    async with Client(Settings(nats_url=no_planner.nats_url)) as client:
+        run_id = await client.submit_scenario(parse_scenario(steps(3)))
+        fault = {"LW_FAULT_INJECT": "after_run_saved"}
+        dying = no_planner.start_service("planner", label="planner-dies", extra_env=fault)
+        code = await asyncio.to_thread(dying.popen.wait, 60)
+        assert code == 70, tail(dying.log)
+        snap = await client.state(run_id)
+        assert snap is not None and snap.status == "running" and snap.history_len == 1 and len(snap.tail) == 1
+        lost, _ = await client.bus.kv_get(S.KV_HISTORY, history.key(run_id, 0), ChatMessage)
+        assert lost is None  # the task message is only in the record
+        assert await client.events(run_id, timeout=0.5) == []  # nothing was published
+
+        healthy = no_planner.start_service("planner", label="planner-healthy")
+        try:
+            state = await client.wait(run_id, timeout=60)
+        finally:
+            healthy.popen.terminate()
+            await asyncio.to_thread(healthy.popen.wait, 15)
+        assert state.status == "completed", state.final_reason
+        assert state.history_len == len(state.messages) == 2 * 3 + 2
+        first, _ = await client.bus.kv_get(S.KV_HISTORY, history.key(run_id, 0), ChatMessage)
+        assert first is not None and first == state.messages[0] and "Add the numbers" in first.text()
+        assert await history.read(client.bus, run_id, 0, state.tail_from) == state.messages[: state.tail_from]
+        kinds = [e.kind for e in await client.events(run_id)]
+        assert kinds.count("run.started") == 1 and kinds[-1] == "run.completed", kinds

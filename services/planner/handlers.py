@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -97,6 +98,14 @@ class Planner:
         # Runs: the record and its history, and what this replica last stored or read of each
         # (a transaction tries its CAS on that without reading first; a conflict re-reads).
         self.store = RunStore(bus)
+        self.crash_after_save = settings.fault_inject == "after_run_saved"  # TEST ONLY (tests/test_run_history.py)
+        if self.crash_after_save:
+            log.warning("TEST FAULT INJECTION: this planner exits after saving a run's record")
+
+    def saved(self) -> None:
+        """The record is stored; nothing of this step is published or appended to the history yet."""
+        if self.crash_after_save:
+            os._exit(70)
 
     async def load(self, run_id: str, fresh: bool = False) -> RunState | None:
         return await self.store.load(run_id, fresh)
@@ -153,6 +162,7 @@ class Planner:
         applied = await self.store.update(run_id, step)
         if applied is None:
             return
+        self.saved()
         # the next step's work goes out while the step's messages are appended to the history
         await asyncio.gather(self.publish(applied.items, run_id), self.store.store_tail(applied.state))
         if not applied.was_done:
@@ -198,6 +208,7 @@ class Planner:
         out.state.remember("submit", out.items)
         try:
             await self.store.create(out.state)
+            self.saved()
         except CasConflict:
             existing = await self.load(submit.run_id, fresh=True)
             if existing is not None:
