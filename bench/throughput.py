@@ -79,11 +79,15 @@ class StepClock:
 
     marks: dict[str, list[float]] = field(default_factory=dict)
     record_bytes: dict[str, list[int]] = field(default_factory=dict)
+    cpu_pids: dict[str, int] = field(default_factory=dict)  # when set: CPU seconds per process at each mark
+    cpu_marks: dict[str, list[dict[str, float]]] = field(default_factory=dict)
 
     async def start(self, client: Client) -> None:
         async def on_msg(msg: Any) -> None:
             rid = (msg.headers or {}).get(RUN_ID_HEADER, "")
             self.marks.setdefault(rid, []).append(time.perf_counter())
+            if self.cpu_pids:
+                self.cpu_marks.setdefault(rid, []).append({k: cpu_s([pid]) for k, pid in self.cpu_pids.items()})
 
         async def on_record(msg: Any) -> None:
             self.record_bytes.setdefault(msg.subject.rsplit(".", 1)[-1], []).append(len(msg.data))
@@ -163,12 +167,22 @@ def run(quick: bool = False) -> dict[str, Any]:
         r["stepN_ms"] = statistics.mean(long[-10:]) * 1000
         sizes = clock.record_bytes.get(ids[0], [])  # two writes per step
         r["record10_b"], r["recordN_b"] = max(sizes[18:22] or [0]), max(sizes[-4:] or [0])
-        c0 = cpu_s(pids)
-        await run_many(client, [steps_scenario(20)])
-        r["cpu_step10_ms"] = (cpu_s(pids) - c0) / 20 * 1000
-        c0 = cpu_s(pids)
+        # CPU per step early and late in one long run: read from /proc at each of its model turns
+        clock.cpu_pids = {p.name: p.popen.pid for p in stack.procs}
         _, ids = await run_many(client, [steps_scenario(long_steps)])
-        r["cpu_stepN_ms"] = (cpu_s(pids) - c0) / long_steps * 1000
+        clock.cpu_pids = {}
+        marks = clock.cpu_marks.get(ids[0], [])
+        span = max(2, len(marks) // 4)
+
+        def per_step(a: int, b: int, names: list[str]) -> float:
+            return sum(marks[b][n] - marks[a][n] for n in names) / (b - a) * 1000
+
+        everyone = list(marks[0]) if marks else []
+        if len(marks) > 3 * span:
+            r["cpu_early_ms"], r["cpu_late_ms"] = per_step(1, 1 + span, everyone), per_step(-1 - span, -1, everyone)
+            r["planner_early_ms"] = per_step(1, 1 + span, ["planner"])
+            r["planner_late_ms"] = per_step(-1 - span, -1, ["planner"])
+            r["cpu_span"] = span
         for k in levels:
             c0 = cpu_s(pids)
             wall, _ = await run_many(client, [steps_scenario(conc_steps) for _ in range(k)])
@@ -253,6 +267,16 @@ def report(r: dict[str, Any]) -> list[str]:
         return "met" if ok else "MISSED"
 
     bound = 2000 / cpu  # what 2 cores could carry at this CPU cost per step
+    if "cpu_span" in r:
+        n, last = r["cpu_span"], r["long_steps"]
+        growth_cpu = (
+            f"    CPU per step in that run (/proc at each model turn), steps 2-{1 + n} vs {last - n}-{last}: "
+            f"all processes {r['cpu_early_ms']:.1f} -> {r['cpu_late_ms']:.1f} ms = "
+            f"{r['cpu_late_ms'] / r['cpu_early_ms']:4.2f}x, planner {r['planner_early_ms']:.1f} -> "
+            f"{r['planner_late_ms']:.1f} ms = {r['planner_late_ms'] / r['planner_early_ms']:4.2f}x"
+        )
+    else:
+        growth_cpu = "    (too few model turns to compare CPU per step early and late)"
     lines = [
         f"agent steps (model turn + one tool call) through the real stack{note}; machine load average "
         f"{r['load_before']:.1f} before, {r['load_after']:.1f} after (2 cores: above 2, wall times include waiting "
@@ -277,9 +301,8 @@ def report(r: dict[str, Any]) -> list[str]:
         f"  one long run: step 10 {r['step10_ms']:6.2f} ms, step {r['long_steps']} {r['stepN_ms']:6.2f} ms = "
         f"{growth:4.2f}x   target <= 1.2x: {mark(growth <= 1.2)} (before: {BEFORE['step80_ratio']:.2f}x)",
         f"    run record in lw_runs: {r['record10_b']} bytes at step 10, {r['recordN_b']} at step {r['long_steps']} = "
-        f"{r['recordN_b'] / max(1, r['record10_b']):4.2f}x; CPU per step, all processes: a 20-step run "
-        f"{r['cpu_step10_ms']:.1f} ms, a {r['long_steps']}-step run {r['cpu_stepN_ms']:.1f} ms = "
-        f"{r['cpu_stepN_ms'] / max(1e-9, r['cpu_step10_ms']):4.2f}x",
+        f"{r['recordN_b'] / max(1, r['record10_b']):4.2f}x",
+        growth_cpu,
         "  CPU per step, all service processes + nats-server: "
         + ", ".join(f"{r[f'cpu_ms_{k}']:.1f} ms at {k} runs" for k in r["levels"])
         + f"   target <= {BEFORE['cpu_ms'] / 2:.1f} ms: {mark(cpu <= BEFORE['cpu_ms'] / 2)}"
