@@ -38,7 +38,7 @@ def steps(n: int) -> dict[str, Any]:
         "task": "Add the numbers one by one, then say done.",
         "planner": planner,
         "answer_mode": "text",
-        "limits": {"max_iterations": n + 5},
+        "limits": {"max_iterations": n + 5, "cost_ceiling_usd": 10_000, "run_token_budget": 50_000_000},
     }
 
 
