@@ -23,13 +23,13 @@ from shared.canonical import digest_of
 from shared.messages import (
     FINAL_STATUSES,
     ChatMessage,
+    Corrected,
     DeadLetter,
     EscalationAction,
     EscalationClaim,
     EscalationQuery,
     EscalationReply,
     EscalationResolve,
-    RunEvent,
     RunLimits,
     RunSnapshot,
     RunSubmit,
@@ -398,8 +398,8 @@ def tool_metrics(events: list[Event]) -> dict[str, dict[str, float]]:
         ):
             c(ToolOutcome.model_validate(e.payload).requested_tool)["schema_failures"] += 1
         if S.stem(e.subject) == S.run_event("corrected"):  # a streak of schema failures the model fixed
-            ev = RunEvent.model_validate(e.payload)
-            c(str(ev.detail.get("tool", "?")))["recovered"] += int(ev.detail.get("after", 1))
+            corrected = Corrected.model_validate(e.payload)
+            c(corrected.detail.tool)["recovered"] += corrected.detail.after
         if e.subject.startswith(S.TOOL_ATTEMPT_PREFIX):
             a = ToolAttempt.model_validate(e.payload)
             c(a.tool)["attempts"] += 1

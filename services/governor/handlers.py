@@ -4,15 +4,19 @@ the same answer and thresholds fire once."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any
 
 from services.governor.budget import BudgetLedger, evaluate
 from shared import subjects as S
 from shared import telemetry as T
 from shared.bus import Bus, Unchanged
-from shared.messages import BudgetDecision, BudgetRequest, ErrorReply, RunEvent
+from shared.messages import BudgetDecision, BudgetRequest, BudgetThreshold, BudgetThresholdKind, ErrorReply
 from shared.settings import Settings
 
+THRESHOLD_KINDS: dict[str, BudgetThresholdKind] = {
+    "warn": "budget.warn",
+    "compact": "budget.compact",
+    "block": "budget.block",
+}  # any other threshold that fires is a model fallback
 KEEP_DECISIONS = 8  # recent turns whose decision a redelivered request gets again
 
 
@@ -36,9 +40,8 @@ class Governor:
         while len(self._ledgers) > 1024:
             self._ledgers.popitem(last=False)
 
-    def register(self, router: Any) -> None:
+    def register(self) -> None:
         self.bus.responder(
-            router,
             subject=S.BUDGET_RESERVE,
             model=BudgetRequest,
             reply=lambda reason: ErrorReply(error=reason),  # typed: the planner parses it
@@ -79,15 +82,16 @@ class Governor:
             span.set_attribute(T.LW_BUDGET_ACTION, decision.action)
         self.decisions.add(1, {"action": decision.action})
         for flag in decision.fired:
-            level = flag if flag in ("warn", "compact", "block") else "fallback"
+            kind = THRESHOLD_KINDS.get(flag, "budget.fallback")
+            level = kind.removeprefix("budget.")
             await self.bus.publish(
                 S.budget_event(level),
-                RunEvent(
+                BudgetThreshold(
                     run_id=req.run_id,
-                    kind=f"budget.{level}",
+                    kind=kind,
                     iteration=req.turn,
                     summary="; ".join(decision.reasons),
-                    detail=decision.model_dump(mode="json"),
+                    detail=decision,
                 ),
                 msg_id=f"{req.run_id}.budget.{req.turn}.{flag}",
             )

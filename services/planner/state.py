@@ -14,6 +14,7 @@ from shared.messages import (
     AwaitingView,
     Candidate,
     ChatMessage,
+    EscalationKind,
     IterationView,
     Rubric,
     RunSnapshot,
@@ -77,7 +78,7 @@ class ToolCallRecord(_State):
 
 
 class Awaiting(AwaitingView):
-    pass
+    kind: EscalationKind
 
 
 class DecisionRecord(_State):
@@ -87,7 +88,6 @@ class DecisionRecord(_State):
 
 
 class Iteration(IterationView):
-    assistant_text: str = ""
     tool_calls: list[ToolCallRecord] = Field(default_factory=list)
     candidate: Candidate | None = None
     judge_requested: bool = False
@@ -125,8 +125,9 @@ class RunState(RunSnapshot):
     last_text: str = ""
     last_answer: str = ""
     last_submission: dict[str, Any] | None = None
+    first_draft_judged: bool = Field(False, description="the judge answered on the first draft (maybe: not judged)")
+    events_published: int = Field(0, description="run events this run has published: the sequence in their ids")
     applied: list[str] = Field(default_factory=list)
-    applied_total: int = Field(0, description="messages applied so far (applied keeps the latest only)")
     outbox: dict[str, list[PublishRecord]] = Field(default_factory=dict)
     # The messages list as last stored or read, and its length then: ``seal`` tells appended
     # messages from a replaced list (compaction). Whether the stored tail is in lw_history yet.
@@ -139,7 +140,6 @@ class RunState(RunSnapshot):
 
     def remember(self, msg_id: str, published: list[PublishRecord]) -> None:
         self.applied = [*self.applied, msg_id][-MAX_APPLIED:]
-        self.applied_total += 1
         self.outbox[msg_id] = published
         while len(self.outbox) > MAX_OUTBOX:
             self.outbox.pop(next(iter(self.outbox)))
