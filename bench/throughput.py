@@ -74,16 +74,26 @@ def cpu_s(pids: list[int]) -> float:
 
 @dataclass
 class StepClock:
-    """When each run's model turns were announced (``run.model_called``), as they arrive."""
+    """When each run's model turns were announced (``run.model_called``), as they arrive, and the
+    size of every write of each run's record in ``lw_runs`` (the bucket's subject, as stored)."""
 
     marks: dict[str, list[float]] = field(default_factory=dict)
+    record_bytes: dict[str, list[int]] = field(default_factory=dict)
+    cpu_pids: dict[str, int] = field(default_factory=dict)  # when set: CPU seconds per process at each mark
+    cpu_marks: dict[str, list[dict[str, float]]] = field(default_factory=dict)
 
     async def start(self, client: Client) -> None:
         async def on_msg(msg: Any) -> None:
             rid = (msg.headers or {}).get(RUN_ID_HEADER, "")
             self.marks.setdefault(rid, []).append(time.perf_counter())
+            if self.cpu_pids:
+                self.cpu_marks.setdefault(rid, []).append({k: cpu_s([pid]) for k, pid in self.cpu_pids.items()})
+
+        async def on_record(msg: Any) -> None:
+            self.record_bytes.setdefault(msg.subject.rsplit(".", 1)[-1], []).append(len(msg.data))
 
         await client.bus.nc.subscribe(S.any_run(S.run_event("model_called")), cb=on_msg)
+        await client.bus.nc.subscribe(f"$KV.{S.KV_RUNS}.*", cb=on_record)
 
     def steps(self, run_id: str) -> list[float]:
         """Durations of the run's steps (between consecutive model turns), in seconds."""
@@ -94,12 +104,23 @@ class StepClock:
 async def run_many(client: Client, scenarios: list[Scenario], timeout: float = 300) -> tuple[float, list[str]]:
     t0 = time.perf_counter()
     ids = await asyncio.gather(*(client.submit_scenario(sc) for sc in scenarios))
-    states = await asyncio.gather(*(client.wait(rid, timeout=timeout) for rid in ids))
+    states = await asyncio.gather(*(client.wait(rid, timeout=timeout, history=False) for rid in ids))
     wall = time.perf_counter() - t0
     bad = [s.final_reason for s in states if s.status != "completed"]
     if bad:
         raise RuntimeError(f"{len(bad)} run(s) did not complete: {bad[:3]}")
     return wall, list(ids)
+
+
+async def round_trip_ms(client: Client, n: int = 200) -> float:
+    """The machine's unit of cost right now: one JetStream publish awaited for its PubAck (median),
+    measured in the same invocation as the figures it scales."""
+    durations = []
+    for k in range(n):
+        t0 = time.perf_counter()
+        await client.bus.js.publish(f"{S.P}.evt.bench.roundtrip._", b"{}", headers={"Nats-Msg-Id": f"rt-{k}-{t0}"})
+        durations.append(time.perf_counter() - t0)
+    return statistics.median(durations) * 1000
 
 
 def pct(values: list[float], q: float) -> float:
@@ -134,6 +155,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         pids = [p.popen.pid for p in stack.procs]
         clock = StepClock()
         await clock.start(client)
+        r["rt_ms"] = await round_trip_ms(client)
         steps: list[float] = []
         for _ in range(seq_runs):
             _, ids = await run_many(client, [steps_scenario(seq_steps)])
@@ -143,6 +165,24 @@ def run(quick: bool = False) -> dict[str, Any]:
         long = clock.steps(ids[0])
         r["step10_ms"] = statistics.mean(long[5:15]) * 1000
         r["stepN_ms"] = statistics.mean(long[-10:]) * 1000
+        sizes = clock.record_bytes.get(ids[0], [])  # two writes per step
+        r["record10_b"], r["recordN_b"] = max(sizes[18:22] or [0]), max(sizes[-4:] or [0])
+        # CPU per step early and late in one long run: read from /proc at each of its model turns
+        clock.cpu_pids = {p.name: p.popen.pid for p in stack.procs}
+        _, ids = await run_many(client, [steps_scenario(long_steps)])
+        clock.cpu_pids = {}
+        marks = clock.cpu_marks.get(ids[0], [])
+        span = max(2, len(marks) // 4)
+
+        def per_step(a: int, b: int, names: list[str]) -> float:
+            return sum(marks[b][n] - marks[a][n] for n in names) / (b - a) * 1000
+
+        everyone = list(marks[0]) if marks else []
+        if len(marks) > 3 * span:
+            r["cpu_early_ms"], r["cpu_late_ms"] = per_step(1, 1 + span, everyone), per_step(-1 - span, -1, everyone)
+            r["planner_early_ms"] = per_step(1, 1 + span, ["planner"])
+            r["planner_late_ms"] = per_step(-1 - span, -1, ["planner"])
+            r["cpu_span"] = span
         for k in levels:
             c0 = cpu_s(pids)
             wall, _ = await run_many(client, [steps_scenario(conc_steps) for _ in range(k)])
@@ -227,6 +267,16 @@ def report(r: dict[str, Any]) -> list[str]:
         return "met" if ok else "MISSED"
 
     bound = 2000 / cpu  # what 2 cores could carry at this CPU cost per step
+    if "cpu_span" in r:
+        n, last = r["cpu_span"], r["long_steps"]
+        growth_cpu = (
+            f"    CPU per step in that run (/proc at each model turn), steps 2-{1 + n} vs {last - n}-{last}: "
+            f"all processes {r['cpu_early_ms']:.1f} -> {r['cpu_late_ms']:.1f} ms = "
+            f"{r['cpu_late_ms'] / r['cpu_early_ms']:4.2f}x, planner {r['planner_early_ms']:.1f} -> "
+            f"{r['planner_late_ms']:.1f} ms = {r['planner_late_ms'] / r['planner_early_ms']:4.2f}x"
+        )
+    else:
+        growth_cpu = "    (too few model turns to compare CPU per step early and late)"
     lines = [
         f"agent steps (model turn + one tool call) through the real stack{note}; machine load average "
         f"{r['load_before']:.1f} before, {r['load_after']:.1f} after (2 cores: above 2, wall times include waiting "
@@ -235,6 +285,8 @@ def report(r: dict[str, Any]) -> list[str]:
         f"   target p50 <= 5 ms: {mark(r['loop_p50_ms'] <= 5)} (before: ~{BEFORE['p50_ms']:.0f} ms)",
         f"  per step, in one process   p50 {r['floor_p50_ms']:6.2f} ms  p99 {r['floor_p99_ms']:6.2f} ms"
         f"   service loop / in-process: {ratio:4.1f}x",
+        f"  one JetStream publish round trip (PubAck) measured now: {r['rt_ms']:.2f} ms; a step's p50 is "
+        f"{r['loop_p50_ms'] / r['rt_ms']:.1f} of them",
         "  steps/s            " + "".join(f"{k:>6} runs" for k in r["levels"]),
         "    1 replica each   " + "".join(f"{r[f'one_{k}']:10.0f}" for k in r["levels"]),
         "    2 planner+2 exec " + "".join(f"{r[f'two_{k}']:10.0f}" for k in r["levels"]),
@@ -248,6 +300,9 @@ def report(r: dict[str, Any]) -> list[str]:
         f"{r['lat_many_s']:.1f} s)",
         f"  one long run: step 10 {r['step10_ms']:6.2f} ms, step {r['long_steps']} {r['stepN_ms']:6.2f} ms = "
         f"{growth:4.2f}x   target <= 1.2x: {mark(growth <= 1.2)} (before: {BEFORE['step80_ratio']:.2f}x)",
+        f"    run record in lw_runs: {r['record10_b']} bytes at step 10, {r['recordN_b']} at step {r['long_steps']} = "
+        f"{r['recordN_b'] / max(1, r['record10_b']):4.2f}x",
+        growth_cpu,
         "  CPU per step, all service processes + nats-server: "
         + ", ".join(f"{r[f'cpu_ms_{k}']:.1f} ms at {k} runs" for k in r["levels"])
         + f"   target <= {BEFORE['cpu_ms'] / 2:.1f} ms: {mark(cpu <= BEFORE['cpu_ms'] / 2)}"

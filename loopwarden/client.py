@@ -15,12 +15,13 @@ from typing import Any
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from opentelemetry.trace import SpanKind
 
-from services.planner.state import RunState
+from shared import history as H
 from shared import subjects as S
 from shared.bus import RUN_ID_HEADER, Bus, stream_for
 from shared.canonical import digest_of
 from shared.messages import (
     FINAL_STATUSES,
+    ChatMessage,
     Corrected,
     DeadLetter,
     EscalationAction,
@@ -29,6 +30,7 @@ from shared.messages import (
     EscalationReply,
     EscalationResolve,
     RunLimits,
+    RunSnapshot,
     RunSubmit,
     ToolAttempt,
     ToolOutcome,
@@ -154,14 +156,30 @@ class Client:
             await self.bus.publish(S.RUN_SUBMIT, submit, msg_id=f"submit.{submit.run_id}")
         return submit.run_id
 
-    async def state(self, run_id: str) -> RunState | None:
-        state, _ = await self.bus.kv_get(S.KV_RUNS, run_id, RunState)
-        return state
+    async def state(self, run_id: str, history: bool = False) -> RunSnapshot | None:
+        """The run as the planner publishes it (``RunSnapshot``); with ``history``, its
+        ``messages`` are read too (from ``lw_history`` and the record's tail)."""
+        snap, _ = await self.bus.kv_get(S.KV_RUNS, run_id, RunSnapshot)
+        if snap is not None and history:
+            snap.messages = await H.messages(self.bus, snap)
+        return snap
 
-    async def wait(self, run_id: str, timeout: float = 60.0, until: tuple[str, ...] = FINAL_STATUSES) -> RunState:
-        """The run's state once its status is in ``until``. Reacts to the run's own events (a
-        subscription to that run's subjects, shared by waits on it) instead of polling; the state is read
-        again only when one of the run's events arrives (and once a second as a safety net)."""
+    async def history(self, run: str | RunSnapshot, last: int | None = None) -> list[ChatMessage]:
+        """The run's live conversation (or its ``last`` messages), oldest first."""
+        snap = run if isinstance(run, RunSnapshot) else await self.state(run)
+        return [] if snap is None else await H.messages(self.bus, snap, last)
+
+    async def wait(
+        self,
+        run_id: str,
+        timeout: float = 60.0,
+        until: tuple[str, ...] = FINAL_STATUSES,
+        history: bool = True,
+    ) -> RunSnapshot:
+        """The run's snapshot once its status is in ``until`` (with its ``messages`` unless
+        ``history`` is false). Reacts to the run's own events (a subscription to that run's subjects,
+        shared by waits on it) instead of polling; the state is read again only when one of the
+        run's events arrives (and once a second as a safety net)."""
         deadline = time.monotonic() + timeout
         changed = await self._on_run_events(run_id)
         state = None
@@ -175,6 +193,8 @@ class Client:
                 if state is not None and state.status in until:
                     if state.done:
                         await self._settled(run_id, state.status, deadline, changed)
+                    if history:
+                        state.messages = await H.messages(self.bus, state)
                     return state
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(max(0.01, min(1.0, deadline - time.monotonic()))):
@@ -330,7 +350,7 @@ class Client:
             EscalationReply,
         )
 
-    async def run_and_check(self, scenario: Scenario, timeout: float = 120.0) -> tuple[RunState, list[str]]:
+    async def run_and_check(self, scenario: Scenario, timeout: float = 120.0) -> tuple[RunSnapshot, list[str]]:
         """Run a scenario to its end (or to a human, if that is what it expects) and compare with ``expect``."""
         run_id = await self.submit_scenario(scenario)
         expect = scenario.expect

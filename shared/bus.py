@@ -56,6 +56,7 @@ from nats.js.errors import (
     KeyWrongLastSequenceError,
     NoStreamResponseError,
     NotFoundError,
+    ServiceUnavailableError,
 )
 from nats.js.kv import KeyValue
 from opentelemetry import context as otel_context
@@ -402,7 +403,8 @@ class Bus:
     ) -> R:
         """Run a JetStream request, riding out a stream electing a new leader (a node died).
 
-        "No responders" means nothing was stored: it is sent again. A timeout is ambiguous: it
+        "No responders" and "JetStream system temporarily unavailable" (503, the meta leader is
+        being elected) mean nothing was stored: it is sent again. A timeout is ambiguous: it
         is sent again when repeating is harmless (``repeatable``: a read, a plain put, a publish
         de-duplicated by its id); a compare-and-swap is sent again unless ``resolve`` finds it
         was applied (a repeat of an applied one fails as a conflict, as with any other writer).
@@ -413,7 +415,7 @@ class Bus:
         while True:
             try:
                 return await call()
-            except (NoStreamResponseError, NoRespondersError) as err:
+            except (NoStreamResponseError, NoRespondersError, ServiceUnavailableError) as err:
                 failure: Exception = err  # nothing was stored
             except (NatsTimeoutError, TimeoutError) as err:
                 failure = err

@@ -818,6 +818,66 @@ class McpServerStatus(Wire):
     at: datetime = Field(default_factory=utcnow)
 
 
+# --- a run as the planner publishes it ---------------------------------------------------------
+
+
+class IterationView(Wire):
+    n: int
+    kind: Literal["work", "synthesis", "retry"] = "work"
+
+
+class AwaitingView(Wire):
+    escalation_id: str
+    kind: str
+    call_id: str | None = None
+    reason: str = ""
+
+
+class RunSnapshot(Wire):
+    """A run as the planner publishes it: its record in ``lw_runs`` (key: the run id, rewritten with
+    compare-and-swap at every step; readers ignore the planner's private fields). The record stays
+    the same size however long the run: the conversation is in ``lw_history``, one key per message
+    (``<run>.<seq>``, written once and never changed), and the record names the live part of it:
+    messages ``history_start`` .. ``history_len - 1``, of which those from ``tail_from`` on are carried
+    in ``tail`` (the planner writes them to ``lw_history`` after the record; a reader takes them from
+    here). ``shared/history.py`` reads it; ``messages`` is filled by a reader that asked for the
+    history and is never stored."""
+
+    run_id: str
+    task: str
+    status: RunStatus = "running"
+    created_at: datetime = Field(default_factory=utcnow)
+    updated_at: datetime = Field(default_factory=utcnow)
+    iteration: IterationView
+    model: str = ""
+    model_calls: int = 0
+    continue_count: int = 0
+    retry_count: int = 0
+    judge_seq: int = Field(0, description="judge requests sent")
+    usage: Usage = Field(default_factory=Usage)
+    compactions: int = 0
+    summary: str | None = None
+    corrections: dict[str, dict[str, int]] = Field(default_factory=dict, description="per tool: failures, recovered")
+    warnings: list[str] = Field(default_factory=list)
+    submitted: bool = Field(False, description="a terminal tool executed successfully (tool-call history)")
+    final_output: str | None = None
+    final_reason: str | None = None
+    passed: bool | None = None
+    first_draft_passed: bool | None = None
+    awaiting: AwaitingView | None = None
+    history_start: int = Field(0, description="seq of the first live message (older ones were compacted)")
+    history_len: int = Field(0, description="seq after the last message")
+    tail_from: int = Field(0, description="seq of tail[0]")
+    tail: list[ChatMessage] = Field(default_factory=list, description="messages tail_from.. (newest)")
+    messages: list[ChatMessage] = Field(
+        default_factory=list, exclude=True, description="the live conversation, when read (never stored here)"
+    )
+
+    @property
+    def done(self) -> bool:
+        return self.status in FINAL_STATUSES
+
+
 Escalation.model_rebuild()
 ToolCall.model_rebuild()
 for _event in (Escalated, Resumed, BudgetThreshold, RunEvent):
@@ -849,4 +909,5 @@ WIRE_MODELS: tuple[type[BaseModel], ...] = (
     DeadLetter,
     ErrorReply,
     McpServerStatus,
+    RunSnapshot,
 )

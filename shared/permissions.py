@@ -44,7 +44,8 @@ GRANTS: dict[str, Grant] = {
             S.BUDGET_RESERVE,
             S.dead_letter("planner"),
         ),
-        kv_write=(S.KV_RUNS, S.KV_MODEL_CALLS, S.KV_LESSONS, S.KV_SCENARIOS),  # scenarios: bound at submit
+        # scenarios: bound at submit; history: the runs' conversations
+        kv_write=(S.KV_RUNS, S.KV_MODEL_CALLS, S.KV_LESSONS, S.KV_SCENARIOS, S.KV_HISTORY),
         kv_read=(S.KV_CONTRACTS,),
         consumers=(
             (S.STREAM_CMD, S.DURABLE_PLANNER_SUBMIT),
@@ -89,7 +90,8 @@ GRANTS: dict[str, Grant] = {
         publish=(f"{S.ESCALATION_EVENT_PREFIX}.>", S.dead_letter("escalation")),
         subscribe=(f"{S.P}.rpc.escalation.>",),
         kv_write=(S.KV_ESCALATIONS,),
-        kv_read=(S.KV_RUNS, S.KV_CONTRACTS),  # the run's last turns; provided results meet the tool's contract
+        # the run's last turns; provided results meet the tool's contract
+        kv_read=(S.KV_RUNS, S.KV_CONTRACTS, S.KV_HISTORY),
         consumers=((S.STREAM_CMD, S.DURABLE_ESCALATION_RAISE), (S.STREAM_EVT, S.DURABLE_ESCALATION_FAILURES)),
         responds=True,
     ),
@@ -97,7 +99,7 @@ GRANTS: dict[str, Grant] = {
     "client": Grant(
         publish=(S.RUN_SUBMIT, S.ESCALATION_LIST, S.ESCALATION_SHOW),
         subscribe=(f"{S.P}.evt.>",),
-        kv_read=(S.KV_RUNS,),  # no scenario writes: the scenario travels in the submit
+        kv_read=(S.KV_RUNS, S.KV_HISTORY),  # no scenario writes: the scenario travels in the submit
         read_streams=(S.STREAM_EVT, S.STREAM_DLQ),
     ),
 }
@@ -111,7 +113,7 @@ GRANTS["console"] = Grant(
         S.ESCALATION_SHOW,
         *(f"{S.ESCALATION_RPC_PREFIX}.{verb}.console.*" for verb in S.ESCALATION_VERBS),
     ),
-    kv_read=(S.KV_RUNS,),
+    kv_read=(S.KV_RUNS, S.KV_HISTORY),
     read_streams=(S.STREAM_EVT,),
 )
 

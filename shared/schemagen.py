@@ -50,6 +50,8 @@ CATALOGUE: dict[str, str] = {
     f"{S.FAILURE_PREFIX}.tool_error.<tool>.<run>": "ToolOutcome",
     f"{S.MCP_SERVER_EVENT_PREFIX}.<server>": "McpServerStatus",
     f"kv {S.KV_MCP_SERVERS}": "McpServerStatus",
+    f"kv {S.KV_RUNS}": "RunSnapshot",
+    f"kv {S.KV_HISTORY} (<run>.<seq>)": "ChatMessage",
 }
 
 

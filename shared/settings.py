@@ -28,7 +28,13 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 ProviderName = Literal["auto", "scripted", "anthropic"]
 NotJudgedPolicy = Literal["escalate", "retry", "accept", "fail"]
 LoopPolicy = Literal["stop", "escalate"]
-FaultPoint = Literal["after_start_recorded", "after_side_effect", "after_final_recorded", "after_final_published"]
+FaultPoint = Literal[
+    "after_start_recorded",
+    "after_side_effect",
+    "after_final_recorded",
+    "after_final_published",
+    "after_run_saved",  # the planner: a run's record is saved, nothing of it published or appended yet
+]
 
 
 class McpServerSpec(BaseModel):
@@ -198,7 +204,8 @@ class Settings(BaseSettings):
     )
     fault_inject: FaultPoint | None = Field(
         None,
-        description="TEST ONLY: the executor exits (os._exit) at this point of every tool call; unset in production",
+        description="TEST ONLY: the executor exits (os._exit) at this point of every tool call (the planner: "
+        "after_run_saved, after saving a run's record); unset in production",
     )
     # --- the command line (loopwarden) ---------------------------------------------------------
     state_dir: str | None = Field(

@@ -86,6 +86,7 @@ KV_ESCALATIONS = "lw_escalations"  # escalation: the human queue
 KV_LESSONS = "lw_lessons"  # planner: failure reasons per task, for opt-in lessons
 KV_DEMO = "lw_demo"  # demo tools' side effects (payments ledger)
 KV_MCP_SERVERS = "lw_mcp_servers"  # executor: status per mounted MCP server (and executor)
+KV_HISTORY = "lw_history"  # planner: a run's conversation, one key per message (<run>.<seq>), written once
 ALL_BUCKETS = (
     KV_RUNS,
     KV_MODEL_CALLS,
@@ -100,6 +101,7 @@ ALL_BUCKETS = (
     KV_LESSONS,
     KV_DEMO,
     KV_MCP_SERVERS,
+    KV_HISTORY,
 )
 
 _TOKEN_OK = re.compile(r"[^A-Za-z0-9_-]")

@@ -20,8 +20,7 @@ import pytest
 
 from loopwarden.client import Client
 from loopwarden.stack import LocalStack, tail
-from services.planner.state import RunState
-from shared.messages import Escalation
+from shared.messages import Escalation, RunSnapshot
 from shared.scenario import parse_scenario
 from shared.settings import Settings
 from shared.telemetry import Telemetry, setup_telemetry
@@ -106,7 +105,7 @@ async def run_scenario(
     scenario: dict[str, Any],
     timeout: float = 30.0,
     until: tuple[str, ...] = ("completed", "stopped", "failed"),
-) -> RunState:
+) -> RunSnapshot:
     run_id = await client.submit_scenario(parse_scenario(scenario))
     return await client.wait(run_id, timeout=timeout, until=until)
 

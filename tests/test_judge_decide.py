@@ -12,9 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from loopwarden.client import Client
-from services.planner.state import RunState
 from shared import subjects as S
-from shared.messages import Verdict
+from shared.messages import RunSnapshot, Verdict
 from tests.conftest import escalations_of, run_scenario
 from tests.support.runs import GOOD_SEARCH, submit, tool_results
 
@@ -385,7 +384,7 @@ async def test_lessons_from_earlier_runs_are_opt_in(client: Client) -> None:
         },
     )
     assert first.first_draft_passed is False
-    without: RunState = await run_scenario(
+    without: RunSnapshot = await run_scenario(
         client, {**base, "planner": [{"text": "x"}], "judge": [{"scores": {"accurate": 1, "cites a source": 1}}]}
     )
     assert "Lessons" not in without.messages[0].text()

@@ -22,9 +22,8 @@ import pytest
 
 from loopwarden.client import Client
 from loopwarden.stack import LocalStack, Proc
-from services.planner.state import RunState
 from shared import subjects as S
-from shared.messages import McpServerStatus
+from shared.messages import McpServerStatus, RunSnapshot
 from tests.conftest import escalations_of, run_scenario
 
 TIME_TOOLS = ["get_current_time", "convert_time"]
@@ -33,7 +32,7 @@ LAB_TOOLS = ["write_note", "profile", "snapshot", "sleep", "big", "charge"]
 PATIENT = {"start_timeout_s": 90}  # servers that must come up do, even on a loaded 2-core machine
 
 
-def tool_results(state: RunState) -> list[Any]:
+def tool_results(state: RunSnapshot) -> list[Any]:
     return [b for m in state.messages if m.role == "user" for b in m.content if b.type == "tool_result"]
 
 

@@ -11,9 +11,8 @@ import yaml
 
 from loopwarden.client import Client
 from loopwarden.stack import LocalStack
-from services.planner.state import RunState
 from shared import subjects as S
-from shared.messages import RunSubmit
+from shared.messages import RunSnapshot, RunSubmit
 from tests.conftest import ROOT, run_scenario
 
 
@@ -56,7 +55,7 @@ async def test_run_state_is_in_kv_and_updated_by_cas(client: Client) -> None:
     state = await run_scenario(client, demo())
     kv = await client.bus.kv(S.KV_RUNS)
     entry = await kv.get(state.run_id)
-    assert RunState.model_validate_json(entry.value).status == "completed"
+    assert RunSnapshot.model_validate_json(entry.value).status == "completed"
     # created once, then advanced revision by revision under CAS; only the current revision is
     # kept (nothing reads an older one: issue 15, bounded storage)
     history = await kv.history(state.run_id)

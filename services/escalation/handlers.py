@@ -28,11 +28,13 @@ from opentelemetry import propagate
 from pydantic import ValidationError
 
 from services.escalation import queue as Q
+from shared import history
 from shared import subjects as S
 from shared import telemetry as T
 from shared.bus import Bus, CasConflict, Unchanged
 from shared.contracts.registration import validator_for
 from shared.describe import describe
+from shared.history import HistoryMissing
 from shared.messages import (
     HUMAN_FAILURES,
     ChatMessage,
@@ -44,6 +46,7 @@ from shared.messages import (
     EscalationReply,
     EscalationResolution,
     EscalationResolve,
+    RunSnapshot,
     ToolContract,
     ToolOutcome,
     escalation_id_for_call,
@@ -229,13 +232,14 @@ class EscalationQueue:
         try:
             entry = await kv.get(req.run_id)
             run = json.loads(entry.value or b"{}")
+            snap = RunSnapshot.model_validate(run)
         except Exception:  # no state yet, or unreadable: the item is still worth raising
             return req, []
         turns = self.settings.escalation_context_turns
-        context = []
-        for raw in (run.get("messages") or [])[-turns:] if turns else []:
-            with contextlib.suppress(ValidationError):
-                context.append(ChatMessage.model_validate(raw))
+        context: list[ChatMessage] = []
+        if turns:  # the last turns only: from the record's tail and, before it, lw_history
+            with contextlib.suppress(HistoryMissing, ValidationError):
+                context = await history.messages(self.bus, snap, last=turns)
         details = dict(req.details)
         calls = (run.get("iteration") or {}).get("tool_calls") or []
         call = next((c for c in calls if isinstance(c, dict) and c.get("call_id") == req.call_id), None)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import os
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,6 +26,7 @@ from services.planner.judging import apply_verdict
 from services.planner.outbox import Outbox
 from services.planner.outcomes import apply_outcome
 from services.planner.state import PublishRecord, RunState
+from services.planner.store import RunStore
 from services.planner.turns import (
     apply_compaction,
     apply_guard,
@@ -36,7 +37,7 @@ from services.planner.turns import (
 )
 from shared import subjects as S
 from shared.backoff import BackoffPolicy
-from shared.bus import Bus, RequestRefused, TryLater, Unchanged, current_deliveries
+from shared.bus import Bus, CasConflict, RequestRefused, TryLater, Unchanged, current_deliveries
 from shared.canonical import digest_of
 from shared.messages import (
     TOOL_FAILURES,
@@ -93,28 +94,20 @@ class Planner:
             "loopwarden.tool.corrections", description="schema-failure streaks by outcome: recovered, escalated"
         )
         self._contracts: tuple[float, dict[str, ToolContract]] = (0.0, {})
-        # The state this replica last stored or read per run, with its revision: a transaction
-        # tries its CAS on it without reading first (a conflict re-reads), so a step parses the
-        # run state once instead of three times. One run is handled at a time per replica.
-        self._states: OrderedDict[str, tuple[RunState, int]] = OrderedDict()
+        # Runs: the record and its history, and what this replica last stored or read of each
+        # (a transaction tries its CAS on that without reading first; a conflict re-reads).
+        self.store = RunStore(bus)
+        self.crash_after_save = settings.fault_inject == "after_run_saved"  # TEST ONLY (tests/test_run_history.py)
+        if self.crash_after_save:
+            log.warning("TEST FAULT INJECTION: this planner exits after saving a run's record")
 
-    STATE_CACHE = 128
-
-    def keep(self, run_id: str, state: RunState | None, revision: int) -> None:
-        if state is None:
-            self._states.pop(run_id, None)
-            return
-        self._states[run_id] = (state, revision)
-        self._states.move_to_end(run_id)
-        while len(self._states) > self.STATE_CACHE:
-            self._states.popitem(last=False)
+    def saved(self) -> None:
+        """The record is stored; nothing of this step is published or appended to the history yet."""
+        if self.crash_after_save:
+            os._exit(70)
 
     async def load(self, run_id: str, fresh: bool = False) -> RunState | None:
-        if not fresh and run_id in self._states:
-            return self._states[run_id][0]
-        state, revision = await self.bus.kv_get(S.KV_RUNS, run_id, RunState)
-        self.keep(run_id, state, revision)
-        return state
+        return await self.store.load(run_id, fresh)
 
     def register(self) -> None:
         b = self.bus
@@ -164,13 +157,12 @@ class Planner:
             state.remember(msg_id, out.items)  # applied once: a redelivery re-publishes, never re-applies
             return state, Applied(state, out.items, was_done)
 
-        known = self._states.pop(run_id, None)  # handed to the update, which may change it
-        applied = await self.bus.update(
-            S.KV_RUNS, run_id, RunState, step, known=known, saved=lambda v, rev: self.keep(run_id, v, rev)
-        )
+        applied = await self.store.update(run_id, step)
         if applied is None:
             return
-        await self.publish(applied.items, run_id)
+        self.saved()
+        # the next step's work goes out while the step's messages are appended to the history
+        await asyncio.gather(self.publish(applied.items, run_id), self.store.store_tail(applied.state))
         if not applied.was_done:
             self.count(applied.items, applied.state)
             if applied.state.done:
@@ -217,7 +209,7 @@ class Planner:
     async def on_submit(self, submit: RunSubmit) -> None:
         if submit.scenario is not None and not await self.bind_scenario(submit):
             return
-        existing, _ = await self.bus.kv_get(S.KV_RUNS, submit.run_id, RunState)
+        existing = await self.load(submit.run_id, fresh=True)
         if existing is not None:
             await self.publish(existing.outbox.get("submit", []), submit.run_id)
             return
@@ -230,12 +222,15 @@ class Planner:
         out = start_run(submit, config, lessons)
         out.state.remember("submit", out.items)
         out.state.trace_parent = current_traceparent() if self.tracing else ""
-        run, revision, created = await self.bus.create_or_get(S.KV_RUNS, submit.run_id, out.state)
-        if not created:  # submitted before (a redelivery, or a client's retry): publish what it produced
-            await self.publish(run.outbox.get("submit", []), submit.run_id)
+        try:
+            await self.store.create(out.state)
+            self.saved()
+        except CasConflict:
+            existing = await self.load(submit.run_id, fresh=True)
+            if existing is not None:
+                await self.publish(existing.outbox.get("submit", []), submit.run_id)
             return
-        self.keep(submit.run_id, run, revision)
-        await self.publish(out.items, submit.run_id)
+        await asyncio.gather(self.publish(out.items, submit.run_id), self.store.store_tail(out.state))
 
     async def on_outcome(self, outcome: ToolOutcome) -> None:
         if outcome.will_retry:
@@ -297,7 +292,7 @@ class Planner:
         if decision.action == "compact":
             compaction = await self.compact(state, provider, decision.model)
             if compaction is not None:
-                self._states.pop(ev.run_id, None)  # changed here for the request only: re-read to apply
+                self.store.forget(ev.run_id)  # changed here for the request only: re-read to apply
                 apply_compaction(state, compaction[0], compaction[1], compaction[2].usage)
 
         try:

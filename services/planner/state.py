@@ -1,28 +1,33 @@
-"""The run state the planner keeps in JetStream KV (one key per run, CAS on revision)."""
+"""The run state the planner keeps in JetStream KV: a record of fixed size per run in ``lw_runs``
+(CAS on revision), which extends the published ``RunSnapshot`` contract with the planner's private
+fields, and the conversation in ``lw_history`` (``shared/history.py``; ``services/planner/store.py``
+does the I/O). The pure state machine sees ``messages`` as one list; ``seal`` folds what it appended
+(or replaced, on compaction) into the record's history pointers before a save."""
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from shared.messages import (
-    FINAL_STATUSES,
+    AwaitingView,
     Candidate,
     ChatMessage,
     EscalationKind,
+    IterationView,
     Rubric,
-    RunStatus,
+    RunSnapshot,
     ToolOutcome,
-    Usage,
     Verdict,
     utcnow,
 )
 
-MAX_APPLIED = 256  # message ids remembered for de-duplication
-MAX_OUTBOX = 12  # outboxes kept for re-publishing after a crash (the latest few are the ones a redelivery needs;
-# every state write carries them, so more would make each step dearer)
+# Every step rewrites the record, so whatever it keeps is bounded, not a history:
+MAX_APPLIED = 32  # latest message ids remembered for de-duplication (a run's messages come in order; an
+# older one is stale anyway: its iteration has moved on, and each apply_* ignores it)
+MAX_OUTBOX = 6  # outboxes kept for re-publishing after a crash (only the latest few can be redelivered)
+MIN_CALL_HISTORY = 4  # loop detection looks at the last loop_window calls and A-B-A-B (4)
 
 
 class _State(BaseModel):
@@ -72,11 +77,8 @@ class ToolCallRecord(_State):
         return self.status not in ("dispatched", "awaiting_human")
 
 
-class Awaiting(_State):
-    escalation_id: str
+class Awaiting(AwaitingView):
     kind: EscalationKind
-    call_id: str | None = None
-    reason: str = ""
 
 
 class DecisionRecord(_State):
@@ -85,9 +87,7 @@ class DecisionRecord(_State):
     reason: str
 
 
-class Iteration(_State):
-    n: int
-    kind: Literal["work", "synthesis", "retry"] = "work"
+class Iteration(IterationView):
     tool_calls: list[ToolCallRecord] = Field(default_factory=list)
     candidate: Candidate | None = None
     judge_requested: bool = False
@@ -108,44 +108,33 @@ class PublishRecord(_State):
     model: str
 
 
-class RunState(_State):
-    run_id: str
-    task: str
-    status: RunStatus = "running"
+class RunState(RunSnapshot):
+    """The published snapshot plus what only the planner reads."""
+
     config: RunConfig
-    created_at: datetime = Field(default_factory=utcnow)
-    updated_at: datetime = Field(default_factory=utcnow)
-    messages: list[ChatMessage] = Field(default_factory=list)
-    summary: str | None = None
-    compactions: int = 0
     iteration: Iteration
-    model_calls: int = 0
-    continue_count: int = 0
-    retry_count: int = 0
-    judge_seq: int = 0
-    usage: Usage = Field(default_factory=Usage)
-    tool_history: list[tuple[str, str]] = Field(default_factory=list, description="(tool, signature) per call")
-    error_history: list[str] = Field(default_factory=list)
+    awaiting: Awaiting | None = None
+    messages: list[ChatMessage] = Field(default_factory=list, exclude=True, description="live history (lw_history)")
+    tool_history: list[tuple[str, str]] = Field(
+        default_factory=list, description="(tool, signature) of the latest calls (loop detection)"
+    )
+    error_history: list[str] = Field(default_factory=list, description="error keys of the latest failed calls")
     schema_streak: dict[str, int] = Field(default_factory=dict)
-    corrections: dict[str, dict[str, int]] = Field(default_factory=dict, description="per tool: failures, recovered")
     loop_reflections: int = 0
     judge_failures: list[str] = Field(default_factory=list, description="reasons the judge gave, for lessons")
     last_text: str = ""
     last_answer: str = ""
     last_submission: dict[str, Any] | None = None
-    submitted: bool = Field(False, description="a terminal tool executed successfully (tool-call history)")
-    final_output: str | None = None
-    final_reason: str | None = None
-    passed: bool | None = None
-    first_draft_passed: bool | None = None
     first_draft_judged: bool = Field(False, description="the judge answered on the first draft (maybe: not judged)")
     events_published: int = Field(0, description="run events this run has published: the sequence in their ids")
-    awaiting: Awaiting | None = None
-    warnings: list[str] = Field(default_factory=list)
-    model: str = ""
     applied: list[str] = Field(default_factory=list)
     outbox: dict[str, list[PublishRecord]] = Field(default_factory=dict)
     trace_parent: str = Field("", description="W3C traceparent of the submit: the run's invoke_agent span hangs there")
+    # The messages list as last stored or read, and its length then: ``seal`` tells appended
+    # messages from a replaced list (compaction). Whether the stored tail is in lw_history yet.
+    _synced: list[ChatMessage] | None = PrivateAttr(default=None)
+    _synced_len: int = PrivateAttr(default=0)
+    _tail_stored: bool = PrivateAttr(default=False)
 
     def seen(self, msg_id: str) -> bool:
         return msg_id in self.applied
@@ -157,6 +146,35 @@ class RunState(_State):
             self.outbox.pop(next(iter(self.outbox)))
         self.updated_at = utcnow()
 
+    # --- the history pointers -------------------------------------------------------------------
+    def loaded(self, messages: list[ChatMessage], *, tail_stored: bool) -> None:
+        """``messages`` is the live history the record names (read back, or what this replica kept)."""
+        self.messages = messages
+        self._synced, self._synced_len = messages, len(messages)
+        self._tail_stored = tail_stored
+
     @property
-    def done(self) -> bool:
-        return self.status in FINAL_STATUSES
+    def tail_stored(self) -> bool:
+        return self._tail_stored or not self.tail
+
+    def tail_is_stored(self) -> None:
+        self._tail_stored = True
+
+    def seal(self) -> None:
+        """Before a save: the messages appended since the last save become the record's tail (a
+        replaced list, after compaction, is the new live history from the next free seq on), and the
+        lists loop detection reads are cut to what it looks at. The previous tail must be in
+        lw_history by now (``tail_stored``): the record stops carrying it."""
+        if self._synced is not None and self.messages is self._synced:
+            new = self.messages[self._synced_len :]
+        else:
+            new = list(self.messages)
+            self.history_start = self.history_len
+        self.tail_from = self.history_len
+        self.history_len += len(new)
+        self.tail = new
+        self._synced, self._synced_len = self.messages, len(self.messages)
+        self._tail_stored = not new
+        keep = max(self.config.loop_window, self.config.loop_repeat_threshold, MIN_CALL_HISTORY)
+        self.tool_history = self.tool_history[-keep:]
+        self.error_history = self.error_history[-keep:]

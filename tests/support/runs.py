@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.planner.state import RunState
+from shared.messages import RunSnapshot
 
 GOOD_SEARCH = {
     "status": "success",
@@ -13,7 +13,7 @@ GOOD_SEARCH = {
 }
 
 
-def tool_results(state: RunState) -> list[Any]:
+def tool_results(state: RunSnapshot) -> list[Any]:
     """Every tool_result block the model was shown, in order."""
     return [b for m in state.messages if m.role == "user" for b in m.content if b.type == "tool_result"]
 
