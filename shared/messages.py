@@ -75,15 +75,19 @@ class ChatMessage(Wire):
 
 
 class Usage(Wire):
-    input_tokens: int = 0
+    input_tokens: int = Field(0, description="every prompt token, cached or not (the cache fields are parts of it)")
     output_tokens: int = 0
     cost_usd: float = 0.0
+    cache_read_input_tokens: int = Field(0, description="prompt tokens read from the prompt cache (billed at 0.1x)")
+    cache_creation_input_tokens: int = Field(0, description="prompt tokens written to the prompt cache (1.25x)")
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(
             input_tokens=self.input_tokens + other.input_tokens,
             output_tokens=self.output_tokens + other.output_tokens,
             cost_usd=round(self.cost_usd + other.cost_usd, 8),
+            cache_read_input_tokens=self.cache_read_input_tokens + other.cache_read_input_tokens,
+            cache_creation_input_tokens=self.cache_creation_input_tokens + other.cache_creation_input_tokens,
         )
 
 

@@ -189,6 +189,7 @@ def model_request(state: RunState, contracts: dict[str, ToolContract], model: st
         max_tokens=max_tokens,
         run_id=state.run_id,
         script_index=state.model_calls,
+        cache=True,
     )
 
 
