@@ -177,7 +177,8 @@ async def floor_steps(runs: int, steps: int) -> list[float]:
     from services.executor.registry import ToolContext
     from services.governor.budget import BudgetLedger, evaluate
     from services.planner import context as C
-    from services.planner import machine as M
+    from services.planner.outcomes import apply_outcome
+    from services.planner.turns import apply_model_response, resolve_config, start_run
     from services.validator.checking import check_output
     from shared.messages import RunLimits, RunSubmit, ToolCall
     from shared.providers.scripted import ScriptedProvider
@@ -191,7 +192,7 @@ async def floor_steps(runs: int, steps: int) -> list[float]:
         run_id = f"run-floor{uuid.uuid4().hex[:12]}"
         limits = scenario.limits or RunLimits()
         submit = RunSubmit(run_id=run_id, task=scenario.task, limits=limits, answer_mode="text", scripted=True)
-        state = M.start_run(submit, M.resolve_config(submit, settings, contracts), []).state
+        state = start_run(submit, resolve_config(submit, settings, contracts), []).state
         provider, ledger = ScriptedProvider(scenario), BudgetLedger(run_id=run_id)
         first = True
         while not state.done:
@@ -199,7 +200,7 @@ async def floor_steps(runs: int, steps: int) -> list[float]:
             req = C.model_request(state, contracts, state.model, state.config.max_output_tokens)
             budget = C.budget_request(state, req)
             evaluate(budget, ledger, warn_at=0.7, compact_at=0.8, fallback_model=None, exhausted_policy="stop")
-            out = M.apply_model_response(state, await provider.complete(req), contracts)
+            out = apply_model_response(state, await provider.complete(req), contracts)
             for item in out.items:
                 if not item.subject.startswith(S.TOOL_EXECUTE_PREFIX):
                     continue
@@ -207,7 +208,7 @@ async def floor_steps(runs: int, steps: int) -> list[float]:
                 hosted = registry.tools[call.tool]
                 output = await hosted.fn(call.arguments, ToolContext(run_id, call.call_id, 1))
                 raw = raw_result(call, output, 1)
-                M.apply_outcome(state, check_output(hosted.contract, raw).outcome)
+                apply_outcome(state, check_output(hosted.contract, raw).outcome)
             if not first and not state.done:
                 durations.append(time.perf_counter() - t0)
             first = False

@@ -21,6 +21,7 @@ from shared import subjects as S
 from shared.bus import RUN_ID_HEADER, Bus, stream_for
 from shared.canonical import digest_of
 from shared.messages import (
+    FINAL_STATUSES,
     DeadLetter,
     EscalationAction,
     EscalationClaim,
@@ -117,9 +118,7 @@ class Client:
         state, _ = await self.bus.kv_get(S.KV_RUNS, run_id, RunState)
         return state
 
-    async def wait(
-        self, run_id: str, timeout: float = 60.0, until: tuple[str, ...] = ("completed", "stopped", "failed")
-    ) -> RunState:
+    async def wait(self, run_id: str, timeout: float = 60.0, until: tuple[str, ...] = FINAL_STATUSES) -> RunState:
         """The run's state once its status is in ``until``. Reacts to the run's own events (a
         subscription to that run's subjects, shared by waits on it) instead of polling; the state is read
         again only when one of the run's events arrives (and once a second as a safety net)."""
@@ -304,7 +303,7 @@ class Client:
         """Run a scenario to its end (or to a human, if that is what it expects) and compare with ``expect``."""
         run_id = await self.submit_scenario(scenario)
         expect = scenario.expect
-        ended: tuple[str, ...] = ("completed", "stopped", "failed")
+        ended: tuple[str, ...] = FINAL_STATUSES
         until = (*ended, "awaiting_human") if expect is not None and expect.status == "awaiting_human" else ended
         state = await self.wait(run_id, timeout=timeout, until=until)
         if expect is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from loopwarden.client import Event
 from shared import subjects as S
+from shared.messages import FINAL_STATUSES
 
 
 def render(e: Event) -> str | None:
@@ -44,7 +45,7 @@ def render(e: Event) -> str | None:
             return f"{tag} ⚑ {p['summary']}"
         if k == "resumed":
             return f"{tag} ↺ {p['summary']}"
-        if k in ("completed", "stopped", "failed"):
+        if k in FINAL_STATUSES:
             return f"■ {p['summary']}"
         if k == "simulated_call":
             return f"{tag} ! {p['summary']}"

@@ -26,6 +26,16 @@ FailureType = Literal[
     "judge",  # the judge could not score a candidate
     "tool_error",  # the tool ran and reported an error the model can act on (an MCP isError result)
 ]
+# The failure groupings, stated once (ARCHITECTURE's failure table). Tuples, not sets: their
+# order is the order of subject filters and grants, which must not change between runs.
+SCHEMA_FAILURES: tuple[FailureType, ...] = ("input_invalid", "output_invalid")
+"""A contract broke: the model gets the errors and the schema and corrects (a human past the cap)."""
+RETRIED_FAILURES: tuple[FailureType, ...] = ("transient", "timeout")
+"""Retried with backoff by the executor (then fallback, cache or boundary)."""
+HUMAN_FAILURES: tuple[FailureType, ...] = ("fatal", "unknown_outcome")
+"""Escalated at once: the escalation service raises them from its failure subscription."""
+TOOL_FAILURES: tuple[FailureType, ...] = (*SCHEMA_FAILURES, *RETRIED_FAILURES, *HUMAN_FAILURES, "tool_error")
+"""Every way a tool call can fail; the planner hears each one as the call's outcome."""
 Boundary = Literal["skip_and_note", "use_cached", "ask_human"]
 
 
@@ -161,6 +171,9 @@ class RunSubmit(Wire):
 
 
 RunStatus = Literal["running", "awaiting_human", "completed", "stopped", "failed"]
+FinalStatus = Literal["completed", "stopped", "failed"]
+FINAL_STATUSES: tuple[FinalStatus, ...] = ("completed", "stopped", "failed")
+"""A run in one of these statuses is over: nothing moves it again."""
 
 
 class RunEvent(Wire):

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from shared import subjects as S
 from shared.bus import inbox_prefix
+from shared.messages import TOOL_FAILURES
 from shared.payloads import BUCKET as PAYLOAD_BUCKET
 
 
@@ -60,9 +61,8 @@ GRANTS: dict[str, Grant] = {
             S.RESULT_VALIDATE,
             f"{S.TOOL_EXECUTE_PREFIX}.>",
             f"{S.TOOL_ATTEMPT_PREFIX}.>",
-            *(f"{F}.{t}.>" for t in ("input_invalid", "transient", "timeout", "fatal", "unknown_outcome")),
+            *(f"{F}.{t}.>" for t in TOOL_FAILURES if t != "output_invalid"),  # output_invalid: the validator's
             S.dead_letter("executor"),
-            f"{F}.tool_error.>",
             f"{S.MCP_SERVER_EVENT_PREFIX}.>",
         ),
         kv_write=(S.KV_TOOL_LEDGER, S.KV_CONTRACTS, S.KV_SCRIPT_CURSORS, S.KV_DEMO, S.KV_MCP_SERVERS),

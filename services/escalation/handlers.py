@@ -34,6 +34,7 @@ from shared import telemetry as T
 from shared.bus import Bus, CasConflict, Unchanged, describe
 from shared.contracts.registration import validator_for
 from shared.messages import (
+    HUMAN_FAILURES,
     ChatMessage,
     Escalation,
     EscalationClaim,
@@ -52,7 +53,6 @@ from shared.settings import Settings
 
 log = logging.getLogger("loopwarden.escalation")
 R = TypeVar("R")
-HUMAN_FAILURES = ("fatal", "unknown_outcome")
 EVENT_SUBJECT = {
     "claimed": S.ESCALATION_CLAIMED,
     "renewed": S.ESCALATION_RENEWED,

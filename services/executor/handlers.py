@@ -34,6 +34,7 @@ from shared.contracts.validation import format_for_model
 from shared.messages import (
     CachedToolResult,
     DeadLetter,
+    FailureType,
     FallbackNote,
     McpServerStatus,
     SchemaError,
@@ -55,7 +56,7 @@ class Attempted:
     ok: bool
     output: Any = None
     output_is_text: bool = False
-    failure_type: str | None = None
+    failure_type: FailureType | None = None
     error: str | None = None
     retry_after_s: float | None = None
     effect_unknown: bool = False  # the real tool was cut off (timeout): it may have done its work

@@ -55,7 +55,7 @@ from mcp.shared.message import SessionMessage
 from services.executor.registry import ToolContext, ToolFailure, ToolFn, ToolRegistry
 from services.validator.checking import check_output
 from shared.contracts.validation import format_for_model
-from shared.messages import McpServerStatus, RepairRule, RetryPolicy, ToolContract, ToolResultRaw
+from shared.messages import FailureType, McpServerStatus, RepairRule, RetryPolicy, ToolContract, ToolResultRaw
 from shared.settings import McpServerSpec
 
 log = logging.getLogger("loopwarden.executor.mcp")
@@ -125,7 +125,7 @@ def output_of(source: SchemaSource, result: types.CallToolResult, limit: int) ->
     return text  # a server that declares a schema should send structuredContent; its text is tried as JSON
 
 
-def classify_protocol_error(err: MCPError, idempotent: bool) -> tuple[str, str, str | None]:
+def classify_protocol_error(err: MCPError, idempotent: bool) -> tuple[FailureType, str, str | None]:
     """(failure type, detail, effect) for a JSON-RPC error answering ``tools/call``."""
     code, message = err.error.code, err.error.message
     if code == types.INVALID_PARAMS:
@@ -391,9 +391,8 @@ class McpMount:
                 kind, detail, effect = classify_protocol_error(err, idempotent)
                 raise ToolFailure(kind, detail, effect=effect) from err
             except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream) as err:
-                kind = "transient" if idempotent else "unknown_outcome"
                 raise ToolFailure(
-                    kind,
+                    "transient" if idempotent else "unknown_outcome",
                     f"the MCP server '{spec.name}' stopped during the call",
                     effect=None if idempotent else "may_have",
                 ) from err

@@ -17,7 +17,7 @@ from typing import Any
 
 from shared.contracts.dialect import ContractError
 from shared.contracts.registration import load_contract_file, register_contract
-from shared.messages import RepairRule, RetryPolicy, ToolContract
+from shared.messages import FailureType, RepairRule, RetryPolicy, ToolContract
 
 log = logging.getLogger("loopwarden.executor")
 
@@ -29,7 +29,9 @@ SCHEMAS_DIR = Path(__file__).resolve().parents[2] / "schemas" / "tools"
 class ToolFailure(Exception):
     """Raised by a tool to report a typed failure with a message written for the model."""
 
-    def __init__(self, kind: str, message: str, retry_after_s: float | None = None, effect: str | None = None) -> None:
+    def __init__(
+        self, kind: FailureType, message: str, retry_after_s: float | None = None, effect: str | None = None
+    ) -> None:
         super().__init__(message)
         self.kind = kind
         self.retry_after_s = retry_after_s

@@ -14,6 +14,7 @@ from services.planner.state import RunState, ToolCallRecord
 from shared import tokens
 from shared.contracts.validation import format_for_model
 from shared.messages import (
+    SCHEMA_FAILURES,
     BudgetRequest,
     ChatMessage,
     SectionTokens,
@@ -21,6 +22,7 @@ from shared.messages import (
     ToolContract,
     ToolOutcome,
     ToolResultBlock,
+    Verdict,
 )
 from shared.providers.base import ModelRequest, ToolSpec
 
@@ -113,7 +115,7 @@ def render_outcome(outcome: ToolOutcome, max_tokens: int) -> tuple[str, bool]:
     if outcome.success:
         body = render_data(outcome.data, max_tokens)
         return ("\n".join([*notes, body]) if notes else body), False
-    if outcome.failure_type in ("input_invalid", "output_invalid"):
+    if outcome.failure_type in SCHEMA_FAILURES:
         return schema_feedback(outcome), True
     return "\n".join([*notes, outcome.error or "the tool failed"]), True
 
@@ -206,3 +208,75 @@ def budget_request(state: RunState, req: ModelRequest) -> BudgetRequest:
         run_token_budget=state.config.run_token_budget,
         cost_ceiling_usd=state.config.cost_ceiling_usd,
     )
+
+
+# --- what the planner tells the model between turns -----------------------------------------
+
+SIMULATED_CALL_NOTE = (
+    "Your last reply described a tool call in text. That does not run anything: to call a tool, use the tool interface."
+)
+
+LOOP_REFLECTION = (
+    "You are repeating yourself: {what}. Repeating it will not change the result. Step back, "
+    "review what you have tried, and choose a clearly different approach: different arguments, a different "
+    "tool, or answer with what you already have."
+)
+
+
+def unknown_tool(name: str, available: list[str]) -> str:
+    return f"There is no tool named '{name}'. Available tools: {', '.join(available)}."
+
+
+def skipped_result(tool: str, error: str | None) -> str:
+    return f"[{tool} skipped] {error} Continue without it and mention in your answer that this information is missing."
+
+
+def gate_note(approved: bool, note: str) -> str:
+    return f"A human {'approved' if approved else 'denied'} this: {note or 'no note'}"
+
+
+def revision_request(note: str) -> str:
+    return f"A reviewer asks for a revision: {note}"
+
+
+def human_retry(result_text: str | None, note: str) -> str:
+    return f"{result_text or ''}\nA human asks you to try again: {note}".strip()
+
+
+def human_review(result_text: str | None, note: str) -> str:
+    return f"{result_text or ''}\nA human reviewed this failure and says: {note or 'continue'}".strip()
+
+
+def loop_review(note: str) -> str:
+    return f"A human reviewed the loop and says: {note or 'try a different approach'}"
+
+
+def retry_guidance(verdict: Verdict | None, mode: str, terminal: list[str]) -> str:
+    """What the retry turn says: the failed criteria and reasons. It never forbids tools."""
+    if verdict is None:
+        return "Your answer was not accepted. Revise it."
+    lines = []
+    if verdict.score is not None:
+        lines.append(f"A reviewer scored your answer {verdict.score:.2f}; it needs {verdict.threshold:.2f}.")
+    else:
+        lines.append(f"Your answer could not be scored: {verdict.not_judged_reason}.")
+    failed = [c for c in verdict.criteria if not c.passed or c.score < 1.0]
+    if failed:
+        lines.append("Criteria to improve:")
+        lines.extend(
+            f"- {c.name} ({c.score:.2f}{', required' if c.hard else ''}): {c.reason or 'not met'}" for c in failed
+        )
+    lines.extend(f"- {r}" for r in verdict.reasons if r and not any(r.startswith(c.name) for c in failed))
+    finish = (
+        f"then call {terminal[0]} with the revised answer"
+        if mode != "text" and terminal
+        else "then reply with the revised answer"
+    )
+    lines.append(f"Revise the answer to address these points. Use tools again if you need more information, {finish}.")
+    return "\n".join(lines)
+
+
+def synthesis_nudge(mode: str, terminal: list[str]) -> str:
+    if mode == "text":
+        return "Please write your final answer now, as plain text."
+    return f"You have not submitted an answer yet. When you have what you need, call {terminal[0]} with your answer."

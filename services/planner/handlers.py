@@ -23,13 +23,25 @@ from nats.js.errors import NoKeysError
 from pydantic import Field
 
 from services.planner import context as C
-from services.planner import machine as M
+from services.planner.escalations import apply_resolution
+from services.planner.judging import apply_verdict
+from services.planner.outbox import Outbox
+from services.planner.outcomes import apply_outcome
 from services.planner.state import PublishRecord, RunState
+from services.planner.turns import (
+    apply_compaction,
+    apply_guard,
+    apply_model_response,
+    apply_provider_failure,
+    resolve_config,
+    start_run,
+)
 from shared import subjects as S
 from shared.backoff import BackoffPolicy
 from shared.bus import Bus, CasConflict, RequestRefused, TryLater, Unchanged, current_deliveries
 from shared.canonical import digest_of
 from shared.messages import (
+    TOOL_FAILURES,
     BudgetDecision,
     ChatMessage,
     DeadLetter,
@@ -51,7 +63,6 @@ from shared.telemetry import LW_ITERATION, LW_RUN_ID, Telemetry
 
 log = logging.getLogger("loopwarden.planner")
 CMD = f"{S.P}.cmd."
-TOOL_FAILURES = ("input_invalid", "output_invalid", "transient", "timeout", "fatal", "unknown_outcome", "tool_error")
 
 
 @dataclass
@@ -133,7 +144,7 @@ class Planner:
         )(self.on_resolution)
 
     # --- the transaction -----------------------------------------------------------------------
-    async def transact(self, run_id: str, msg_id: str, apply: Callable[[RunState], M.Outbox | None]) -> None:
+    async def transact(self, run_id: str, msg_id: str, apply: Callable[[RunState], Outbox | None]) -> None:
         """Apply one message to the run under CAS, then publish what it produced."""
 
         def step(state: RunState | None) -> tuple[RunState, Applied] | Unchanged[Applied | None]:
@@ -200,8 +211,8 @@ class Planner:
         if submit.lessons:
             stored, _ = await self.bus.kv_get(S.KV_LESSONS, lessons_key(submit.task), Lessons)
             lessons = stored.reasons if stored else []
-        config = M.resolve_config(submit, self.settings, contracts)
-        out = M.start_run(submit, config, lessons)
+        config = resolve_config(submit, self.settings, contracts)
+        out = start_run(submit, config, lessons)
         out.state.remember("submit", out.items)
         try:
             revision = await self.bus.kv_put(S.KV_RUNS, submit.run_id, out.state, revision=0)
@@ -221,16 +232,16 @@ class Planner:
         await self.transact(
             outcome.run_id,
             f"outcome.{outcome.iteration}.{outcome.call_id}",
-            lambda s: M.apply_outcome(s, outcome),
+            lambda s: apply_outcome(s, outcome),
         )
 
     async def on_verdict(self, verdict: Verdict) -> None:
         msg_id = f"verdict.{verdict.candidate_id}"
-        await self.transact(verdict.run_id, msg_id, lambda s: M.apply_verdict(s, verdict))
+        await self.transact(verdict.run_id, msg_id, lambda s: apply_verdict(s, verdict))
 
     async def on_resolution(self, res: EscalationResolution) -> None:
         msg_id = f"resolution.{res.escalation_id}"
-        await self.transact(res.run_id, msg_id, lambda s: M.apply_resolution(s, res))
+        await self.transact(res.run_id, msg_id, lambda s: apply_resolution(s, res))
 
     @staticmethod
     def takes(state: RunState, ev: RunEvent) -> bool:
@@ -255,18 +266,18 @@ class Planner:
             provider = provider_for(self.settings, "planner", scenario)
         except ProviderError as err:
             reason = str(err)
-            await self.transact(ev.run_id, msg_id, lambda s: M.apply_provider_failure(s, reason))
+            await self.transact(ev.run_id, msg_id, lambda s: apply_provider_failure(s, reason))
             return
 
         try:
             decision, planned = await self.reserve(state, contracts)
         except RequestRefused as err:  # the governor could not read our request: a bug, not a budget
             reason = f"the governor refused the budget request: {err}"
-            await self.transact(ev.run_id, msg_id, lambda s: M.apply_provider_failure(s, reason))
+            await self.transact(ev.run_id, msg_id, lambda s: apply_provider_failure(s, reason))
             return
         if decision.action == "block":
             reason = "; ".join(decision.reasons) or "budget exhausted"
-            await self.transact(ev.run_id, msg_id, lambda s: M.apply_guard(s, reason))
+            await self.transact(ev.run_id, msg_id, lambda s: apply_guard(s, reason))
             return
 
         compaction: tuple[int, str, ModelResponse] | None = None
@@ -274,7 +285,7 @@ class Planner:
             compaction = await self.compact(state, provider, decision.model)
             if compaction is not None:
                 self._states.pop(ev.run_id, None)  # changed here for the request only: re-read to apply
-                M.apply_compaction(state, compaction[0], compaction[1], compaction[2].usage)
+                apply_compaction(state, compaction[0], compaction[1], compaction[2].usage)
 
         try:
             reuse = planned if compaction is None else None  # compaction changed the history
@@ -283,22 +294,22 @@ class Planner:
             if err.transient:
                 raise TryLater(f"model provider still failing after retries: {err}", delay=5.0) from err
             reason = f"model call failed: {err}"
-            await self.transact(ev.run_id, msg_id, lambda s: M.apply_provider_failure(s, reason))
+            await self.transact(ev.run_id, msg_id, lambda s: apply_provider_failure(s, reason))
             return
         if any(call.name not in contracts for call in response.tool_calls):
             contracts = await self.contracts(refresh=True)  # a tool may have registered a moment ago
         self.tokens.add(response.usage.input_tokens, {"gen_ai.token.type": "input"})
         self.tokens.add(response.usage.output_tokens, {"gen_ai.token.type": "output"})
 
-        def apply(s: RunState) -> M.Outbox | None:
+        def apply(s: RunState) -> Outbox | None:
             if s.iteration.n != ev.iteration or s.done or s.status != "running":
                 return None
             if compaction is not None:
-                M.apply_compaction(s, compaction[0], compaction[1], compaction[2].usage)
+                apply_compaction(s, compaction[0], compaction[1], compaction[2].usage)
             if decision.model != s.model:
                 s.warnings.append(f"budget: switched model {s.model} -> {decision.model}")
                 s.model = decision.model
-            return M.apply_model_response(s, response, contracts)
+            return apply_model_response(s, response, contracts)
 
         try:
             await self.transact(ev.run_id, msg_id, apply)

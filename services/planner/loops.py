@@ -1,8 +1,9 @@
-"""Loop detection: identical calls, A-B-A-B alternation, the same error again and again.
+"""Loops: detection (identical calls, A-B-A-B alternation, the same error again and again) and
+the one reaction to a finding.
 
-Pure functions over the run's tool-call history. A finding first earns the model a
-reflection message; if the pattern persists after that, the planner stops or escalates
-the run (configurable). Never an unbounded loop.
+Detection is pure functions over the run's tool-call history. A finding first earns the model a
+reflection message; if the pattern persists after that, the planner stops or escalates the run
+(``loop_policy``), whichever way the loop was found. Never an unbounded loop.
 """
 
 from __future__ import annotations
@@ -11,15 +12,15 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from services.planner.context import LOOP_REFLECTION
+from services.planner.outbox import Outbox, escalate
+from shared import subjects as S
 from shared.canonical import call_signature as signature
+from shared.messages import RunEvent
 
-__all__ = ["LoopFinding", "check_call", "check_errors", "error_key", "signature"]
+__all__ = ["MAX_LOOP_REFLECTIONS", "LoopFinding", "check_call", "check_errors", "error_key", "react", "signature"]
 
-REFLECTION = (
-    "You are repeating yourself: {what}. Repeating it will not change the result. Step back, "
-    "review what you have tried, and choose a clearly different approach: different arguments, a different "
-    "tool, or answer with what you already have."
-)
+MAX_LOOP_REFLECTIONS = 1
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ class LoopFinding:
 
     @property
     def reflection(self) -> str:
-        return REFLECTION.format(what=self.what)
+        return LOOP_REFLECTION.format(what=self.what)
 
 
 def check_call(
@@ -64,3 +65,36 @@ def check_errors(recent_errors: list[str], *, threshold: int) -> LoopFinding | N
         tool = tail[0].split(":", 1)[0]
         return LoopFinding("repeated_error", f"the same error from '{tool}' {threshold} times in a row")
     return None
+
+
+def react(out: Outbox, finding: LoopFinding, tool: str, call_id: str) -> None:
+    """The reaction to a loop, whichever way it was found (the caller hands the model the
+    reflection): report it, count the reflection, and once the pattern persists after
+    ``MAX_LOOP_REFLECTIONS`` reflection(s), stop the iteration or escalate (``loop_policy``)."""
+    s, it = out.state, out.state.iteration
+    s.loop_reflections += 1
+    out.add(
+        S.failure("loop", tool),
+        RunEvent(
+            run_id=s.run_id,
+            kind="loop",
+            iteration=it.n,
+            summary=finding.reflection,
+            detail={"pattern": finding.kind, "call_id": call_id, "reflections": s.loop_reflections},
+        ),
+        f"{s.run_id}.loop.{finding.kind}.{it.n}.{call_id}",
+    )
+    if s.loop_reflections <= MAX_LOOP_REFLECTIONS:
+        return
+    if s.config.loop_policy == "escalate":
+        if s.awaiting is None:  # one open question per run: a human already looking sees this loop too
+            escalate(
+                out,
+                S.kv_key(f"esc-{s.run_id}-loop-{it.n}"),
+                "loop",
+                f"the model keeps looping ({finding.kind}) after a reflection",
+                tool,
+                call_id,
+            )
+    else:
+        it.guard = f"loop persisted after {MAX_LOOP_REFLECTIONS} reflection(s): {finding.kind}"

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from shared.messages import (
+    FINAL_STATUSES,
     Candidate,
     ChatMessage,
     Rubric,
@@ -155,4 +156,4 @@ class RunState(_State):
 
     @property
     def done(self) -> bool:
-        return self.status in ("completed", "stopped", "failed")
+        return self.status in FINAL_STATUSES

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from services.planner import machine as M
+from services.planner.escalations import apply_resolution
 from services.planner.state import Awaiting, RunState
+from services.planner.turns import resolve_config, start_run
 from shared.messages import EscalationAction, EscalationResolution, RunSubmit
 from shared.settings import Settings
 
 
 def waiting(kind: str) -> RunState:
     submit = RunSubmit(run_id="r1", task="Spawn a helper to summarise the logs?")
-    state = M.start_run(submit, M.resolve_config(submit, Settings(), {}), []).state
+    state = start_run(submit, resolve_config(submit, Settings(), {}), []).state
     state.status = "awaiting_human"
     state.awaiting = Awaiting(escalation_id="e1", kind=kind, reason="needs a yes or no")
     return state
@@ -30,7 +31,7 @@ def resolved(action: EscalationAction, note: str = "", result: object = None, **
 )
 def test_a_gate_resumes_the_run_and_tells_the_model_the_answer(kind: str, action: EscalationAction, said: str) -> None:
     state = waiting(kind)
-    out = M.apply_resolution(state, resolved(action, "within budget"))
+    out = apply_resolution(state, resolved(action, "within budget"))
     assert state.status == "running" and state.awaiting is None
     next_turn = [b.text for b in state.messages[-1].content if b.type == "text"]
     assert f"A human {said} this: within budget" in next_turn
@@ -40,18 +41,18 @@ def test_a_gate_resumes_the_run_and_tells_the_model_the_answer(kind: str, action
 
 def test_a_final_answer_ends_the_run_completed_with_the_persons_text() -> None:
     state = waiting("fatal")
-    M.apply_resolution(state, resolved("final_answer", result="Done by hand."))
+    apply_resolution(state, resolved("final_answer", result="Done by hand."))
     assert (state.status, state.final_output) == ("completed", "Done by hand.")
     assert state.final_reason == "final answer provided by alice"
 
 
 def test_an_sla_abort_says_it_was_the_sla() -> None:
     state = waiting("approval")
-    M.apply_resolution(state, resolved("abort", "no human decided within the SLA: aborted", by_sla=True))
+    apply_resolution(state, resolved("abort", "no human decided within the SLA: aborted", by_sla=True))
     assert state.status == "stopped" and "aborted by the SLA" in (state.final_reason or "")
 
 
 def test_a_resolution_for_another_item_changes_nothing() -> None:
     state = waiting("spawn")
-    out = M.apply_resolution(state, resolved("approve").model_copy(update={"escalation_id": "other"}))
+    out = apply_resolution(state, resolved("approve").model_copy(update={"escalation_id": "other"}))
     assert state.status == "awaiting_human" and not out.items

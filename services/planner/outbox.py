@@ -1,0 +1,141 @@
+"""What every phase of the run writes: the outbox of messages to publish, and the two ways a run
+stops moving on its own (it finishes, or it waits for a human).
+
+No bus and no I/O here: handlers load the state, call one ``apply_*`` function of a phase module
+(``turns``, ``outcomes``, ``judging``, ``escalations``), remember the message as applied (with
+what it produced), save the state with compare-and-swap, then publish what it returned (with
+deterministic message ids, so a re-publish after a crash is absorbed by JetStream de-duplication).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+
+from services.planner.state import Awaiting, PublishRecord, RunState
+from shared import subjects as S
+from shared.messages import Candidate, EscalationRaise, RunEvent
+
+
+@dataclass
+class Outbox:
+    """Messages a transition wants published, in order."""
+
+    state: RunState
+    items: list[PublishRecord] = field(default_factory=list)
+
+    def add(self, subject: str, payload: BaseModel, msg_id: str) -> None:
+        self.items.append(
+            PublishRecord(
+                subject=subject,
+                msg_id=msg_id,
+                payload=payload.model_dump_json(by_alias=True),
+                model=type(payload).__name__,
+            )
+        )
+
+    def event(self, kind: str, summary: str, /, **detail: Any) -> None:
+        s = self.state
+        seq = len(s.applied) * 100 + len(self.items)
+        self.add(
+            S.run_event(kind),
+            RunEvent(
+                run_id=s.run_id, kind=kind, iteration=s.iteration.n, status=s.status, summary=summary, detail=detail
+            ),
+            f"{s.run_id}.evt.{kind}.{s.iteration.n}.{seq}",
+        )
+
+
+def advance(out: Outbox) -> None:
+    """Ask for the next model turn of the current iteration."""
+    s = out.state
+    out.add(
+        S.RUN_ADVANCE,
+        RunEvent(run_id=s.run_id, kind="advance", iteration=s.iteration.n),
+        f"{s.run_id}.adv.{s.iteration.n}",
+    )
+
+
+def finish(
+    out: Outbox, status: str, reason: str, passed: bool | None = None, accepted: Candidate | None = None
+) -> None:
+    s = out.state
+    s.status = status  # type: ignore[assignment]
+    s.final_reason = reason
+    s.passed = passed
+    s.final_output = final_output(s, accepted)
+    out.event(
+        status,
+        f"{status}: {reason}",
+        final_output=s.final_output,
+        submitted=s.submitted,
+        passed=passed,
+        first_draft_passed=s.first_draft_passed,
+        iterations=s.iteration.n,
+        continues=s.continue_count,
+        retries=s.retry_count,
+        usage=s.usage.model_dump(),
+    )
+
+
+def final_output(s: RunState, accepted: Candidate | None) -> str:
+    """Never empty when something was produced: the accepted candidate, else the last
+    non-empty answer, else the last non-empty text, else the last submitted payload."""
+    if accepted is not None and accepted.content.strip():
+        return accepted.content
+    if s.last_answer.strip():
+        return s.last_answer
+    if s.last_text.strip():
+        return s.last_text
+    if s.last_submission:
+        return submission_text(s.last_submission)
+    return ""
+
+
+def submission_text(payload: dict[str, Any]) -> str:
+    """The submitted answer as text: the ``answer`` field, then any other fields labelled."""
+    answer = payload.get("answer")
+    if not isinstance(answer, str):
+        return json.dumps(payload, ensure_ascii=False)
+    rest = []
+    for key, value in payload.items():
+        if key == "answer":
+            continue
+        shown = "\n".join(f"- {v}" for v in value) if isinstance(value, list) else json.dumps(value, ensure_ascii=False)
+        rest.append(f"{key.capitalize()}:\n{shown}" if isinstance(value, list) else f"{key.capitalize()}: {shown}")
+    return "\n\n".join([answer, *rest])
+
+
+# --- waiting for a human ----------------------------------------------------------------------
+
+
+def await_human(out: Outbox, escalation_id: str, kind: str, reason: str, call_id: str | None) -> None:
+    """The run waits for a human on ``escalation_id`` (raised here or by the escalation service)."""
+    s = out.state
+    s.status = "awaiting_human"
+    s.awaiting = Awaiting(escalation_id=escalation_id, kind=kind, call_id=call_id, reason=reason)
+    out.event("escalated", f"waiting for a human ({kind}): {reason[:200]}", escalation_id=escalation_id, kind=kind)
+
+
+def escalate(
+    out: Outbox, escalation_id: str, kind: str, reason: str, tool: str | None, call_id: str | None, **details: Any
+) -> None:
+    """Raise an escalation and wait for its resolution."""
+    s = out.state
+    out.add(
+        S.ESCALATION_RAISE,
+        EscalationRaise(
+            escalation_id=escalation_id,
+            run_id=s.run_id,
+            kind=kind,
+            reason=reason,
+            tool=tool,
+            call_id=call_id,
+            details=details,
+        ),
+        f"{s.run_id}.esc.{escalation_id}",
+    )
+    await_human(out, escalation_id, kind, reason, call_id)

@@ -1,0 +1,109 @@
+"""Tool outcomes: what a call's result does to the run.
+
+A success feeds the model (and may end a schema-correction streak); a failure is routed by its
+type and the tool's boundary: a schema error starts or continues a correction (a human past the
+cap), a fatal or unknown outcome waits for a human, ``skip_and_note`` goes on without the tool,
+``ask_human`` escalates. The same error again and again is a loop (``loops.react``).
+"""
+
+from __future__ import annotations
+
+from services.planner import context as C
+from services.planner import loops
+from services.planner.judging import finish_iteration
+from services.planner.outbox import Outbox, await_human, escalate
+from services.planner.state import RunState
+from shared.messages import HUMAN_FAILURES, SCHEMA_FAILURES, ToolOutcome, escalation_id_for_call
+
+
+def apply_outcome(state: RunState, outcome: ToolOutcome) -> Outbox:
+    out = Outbox(state)
+    it = state.iteration
+    record = next((c for c in it.tool_calls if c.call_id == outcome.call_id), None)
+    if record is None or record.status != "dispatched" or state.done:
+        return out  # stale or duplicate: nothing to do
+    cfg = state.config
+    record.outcome = outcome
+    text, is_error = C.render_outcome(outcome, cfg.max_tool_result_tokens)
+    record.result_text, record.is_error = text, is_error
+    tool = outcome.requested_tool
+    stats = state.corrections.setdefault(tool, {"failures": 0, "recovered": 0, "escalated": 0})
+
+    if outcome.success:
+        record.status = "succeeded"
+        if state.schema_streak.get(tool, 0) > 0:
+            stats["recovered"] += 1
+            out.event(
+                "corrected", f"{tool}: the model corrected a schema failure", tool=tool, after=state.schema_streak[tool]
+            )
+        state.schema_streak[tool] = 0
+        if record.terminal:
+            state.last_submission = dict(record.arguments)
+        out.event(
+            "tool_succeeded",
+            f"{outcome.tool} ok" + (" (repaired)" if outcome.repaired else ""),
+            tool=outcome.tool,
+            call_id=record.call_id,
+            repaired=outcome.repaired,
+            cached=outcome.cached,
+            fallback=outcome.fallback_from.to_tool if outcome.fallback_from else None,
+        )
+    else:
+        record.status = "failed"
+        ftype = outcome.failure_type or "fatal"
+        out.event(
+            "tool_failed",
+            f"{outcome.tool} failed ({ftype}): {(outcome.error or '')[:160]}",
+            tool=outcome.tool,
+            call_id=record.call_id,
+            failure_type=ftype,
+        )
+        state.error_history.append(loops.error_key(tool, outcome.error or ftype))
+        if ftype in SCHEMA_FAILURES:
+            stats["failures"] += 1
+            state.schema_streak[tool] = state.schema_streak.get(tool, 0) + 1
+            if state.schema_streak[tool] > cfg.max_schema_corrections:
+                stats["escalated"] += 1
+                escalate(
+                    out,
+                    escalation_id_for_call(state.run_id, it.n, record.call_id) + "-schema",
+                    "schema_cap",
+                    f"'{tool}' failed its contract {state.schema_streak[tool]} times in a row "
+                    f"(cap {cfg.max_schema_corrections}): {outcome.error}",
+                    tool,
+                    record.call_id,
+                    failure_type=ftype,  # which contract broke (input or output), not only that a cap was reached
+                )
+                record.status = "awaiting_human"
+        elif ftype in HUMAN_FAILURES:
+            # The escalation service raises these itself from its failure subscription.
+            record.status = "awaiting_human"
+            await_human(
+                out,
+                escalation_id_for_call(state.run_id, it.n, record.call_id),
+                ftype,
+                outcome.error or ftype,
+                record.call_id,
+            )
+        elif outcome.boundary == "skip_and_note":
+            record.status = "skipped"
+            record.is_error = False
+            record.result_text = C.skipped_result(tool, outcome.error)
+        elif outcome.boundary == "ask_human":
+            record.status = "awaiting_human"
+            escalate(
+                out,
+                escalation_id_for_call(state.run_id, it.n, record.call_id),
+                "ask_human",
+                f"'{tool}' failed and its boundary asks a human: {outcome.error}",
+                tool,
+                record.call_id,
+            )
+        finding = loops.check_errors(state.error_history, threshold=cfg.loop_repeat_threshold)
+        if finding is not None and record.status == "failed":
+            state.error_history.clear()
+            it.notes.append(finding.reflection)  # the reflection closes this iteration's turn
+            loops.react(out, finding, tool, record.call_id)
+    if not it.pending and state.awaiting is None:
+        finish_iteration(out)
+    return out

@@ -1,0 +1,243 @@
+"""Starting and advancing a run: its configuration, its first message, each model turn and the
+tool calls that turn makes (dispatched, blocked, or caught as a loop).
+
+A model turn that ends with no call pending ends the iteration (``judging.finish_iteration``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from services.planner import context as C
+from services.planner import loops
+from services.planner.judging import decide_next, finish_iteration
+from services.planner.outbox import Outbox, advance, finish
+from services.planner.state import Iteration, RunConfig, RunState, ToolCallRecord
+from shared import subjects as S
+from shared.messages import (
+    Candidate,
+    ChatMessage,
+    RunEvent,
+    RunSubmit,
+    TextBlock,
+    ToolCall,
+    ToolContract,
+    ToolUseBlock,
+    Usage,
+)
+from shared.providers.base import ModelResponse
+from shared.rubric import RubricError, check_rubric
+from shared.settings import Settings
+
+# --- starting a run ---------------------------------------------------------------------------
+
+
+def resolve_config(submit: RunSubmit, settings: Settings, contracts: dict[str, ToolContract]) -> RunConfig:
+    lim = submit.limits
+    terminal = [t for t in submit.terminal_tools if t]
+    mode = submit.answer_mode
+    if mode == "auto" and not any(t in contracts for t in terminal):
+        mode = "text"  # no terminal tool to call: answers are text
+    return RunConfig(
+        max_iterations=lim.max_iterations or settings.max_iterations,
+        max_judge_retries=settings.max_judge_retries if lim.max_judge_retries is None else lim.max_judge_retries,
+        max_schema_corrections=(
+            settings.max_schema_corrections if lim.max_schema_corrections is None else lim.max_schema_corrections
+        ),
+        cost_ceiling_usd=lim.cost_ceiling_usd or settings.cost_ceiling_usd,
+        run_token_budget=lim.run_token_budget or settings.run_token_budget,
+        context_budget_tokens=lim.context_budget_tokens or settings.context_budget_tokens,
+        not_judged_policy=lim.not_judged_policy or settings.not_judged_policy,
+        loop_policy=lim.loop_policy or settings.loop_policy,
+        loop_window=settings.loop_window,
+        loop_repeat_threshold=lim.loop_repeat_threshold or settings.loop_repeat_threshold,
+        answer_mode=mode,
+        terminal_tools=terminal,
+        allowed_tools=submit.tools,
+        rubric=submit.rubric,
+        scripted=submit.scripted,
+        lessons=submit.lessons,
+        model=settings.planner_model,
+        max_output_tokens=settings.planner_max_output_tokens,
+        max_tool_result_tokens=settings.max_tool_result_tokens,
+        keep_recent_turns=settings.keep_recent_turns,
+    )
+
+
+def start_run(submit: RunSubmit, config: RunConfig, lessons: list[str]) -> Outbox:
+    state = RunState(
+        run_id=submit.run_id,
+        task=submit.task,
+        config=config,
+        iteration=Iteration(n=1),
+        model=config.model,
+        messages=[ChatMessage.user(C.opening_message(submit.task, lessons))],
+    )
+    out = Outbox(state)
+    if config.rubric is not None:
+        try:
+            state.warnings.extend(check_rubric(config.rubric))
+        except RubricError as err:
+            finish(out, "failed", f"rubric refused: {err}")
+            return out
+    out.event(
+        "started",
+        f"task: {submit.task[:200]}",
+        lessons=len(lessons),
+        warnings=state.warnings,
+        answer_mode=config.answer_mode,
+    )
+    advance(out)
+    return out
+
+
+# --- model turns ------------------------------------------------------------------------------
+
+
+def apply_guard(state: RunState, reason: str, failure: str = "budget") -> Outbox:
+    """A guard (budget, cost, iteration cap) blocked the iteration before its model call."""
+    out = Outbox(state)
+    state.iteration.guard = reason
+    out.add(
+        S.failure(failure, None),
+        RunEvent(run_id=state.run_id, kind=f"guard.{failure}", iteration=state.iteration.n, summary=reason),
+        f"{state.run_id}.guard.{state.iteration.n}",
+    )
+    decide_next(out)
+    return out
+
+
+def apply_provider_failure(state: RunState, reason: str) -> Outbox:
+    out = Outbox(state)
+    finish(out, "failed", reason)
+    return out
+
+
+def apply_model_response(state: RunState, response: ModelResponse, contracts: dict[str, ToolContract]) -> Outbox:
+    out = Outbox(state)
+    it = state.iteration
+    cfg = state.config
+    state.model_calls += 1
+    state.usage = state.usage + response.usage
+    text = response.text or ""
+    it.assistant_text = text
+    if text.strip():
+        state.last_text = text
+    blocks: list[Any] = ([TextBlock(text=text)] if text else []) + list(response.tool_calls)
+    state.messages.append(ChatMessage(role="assistant", content=blocks or [TextBlock(text="")]))
+    out.event(
+        "model_called",
+        f"model turn {it.n}: {len(response.tool_calls)} tool call(s), {len(text)} chars",
+        input_tokens=response.usage.input_tokens,
+        output_tokens=response.usage.output_tokens,
+        cost_usd=response.usage.cost_usd,
+        model=response.model,
+    )
+
+    if not response.tool_calls:
+        # A text that only *claims* a tool call is not an answer (nor a submission): say so and go on.
+        simulated = bool(text.strip()) and cfg.answer_mode != "text" and _describes_tool_call(text, contracts)
+        if simulated:
+            it.notes.append(C.SIMULATED_CALL_NOTE)
+            out.event("simulated_call", "a tool call was described in text, not made")
+        elif cfg.answer_mode != "submit" and text.strip():
+            it.candidate = Candidate(id=f"{state.run_id}-c{it.n}", iteration=it.n, kind="text", content=text)
+            state.last_answer = text
+        finish_iteration(out)
+        return out
+
+    for call in response.tool_calls:
+        _dispatch(out, call, contracts)
+    if not it.pending and state.awaiting is None:
+        finish_iteration(out)
+    return out
+
+
+def _describes_tool_call(text: str, contracts: dict[str, ToolContract]) -> bool:
+    names = "|".join(re.escape(n) for n in contracts)
+    if not names:
+        return False
+    pattern = rf"(\b({names})\s*\()|(\"name\"\s*:\s*\"({names})\")|(<tool_use>)|(\bcall(ed|ing)?\s+`?({names})`?)"
+    return re.search(pattern, text) is not None
+
+
+def _dispatch(out: Outbox, call: ToolUseBlock, contracts: dict[str, ToolContract]) -> None:
+    s, it, cfg = out.state, out.state.iteration, out.state.config
+    sig = loops.signature(call.name, call.input)
+    record = ToolCallRecord(
+        call_id=call.id,
+        tool=call.name,
+        arguments=call.input,
+        iteration=it.n,
+        signature=sig,
+        terminal=call.name in cfg.terminal_tools,
+    )
+    it.tool_calls.append(record)
+    contract = contracts.get(call.name)
+    offered = cfg.allowed_tools is None or call.name in cfg.allowed_tools or call.name in cfg.terminal_tools
+    if contract is None or not offered:
+        available = sorted(n for n in contracts if cfg.allowed_tools is None or n in cfg.allowed_tools)
+        _block(record, C.unknown_tool(call.name, available))
+        out.event("tool_blocked", f"unknown tool {call.name}")
+        s.tool_history.append((call.name, sig))
+        return
+    # A tool in a schema-failure streak is on the correction path, which has its own cap and
+    # ends with a human: repeating an invalid call is a failed correction, not a loop.
+    in_correction = s.schema_streak.get(call.name, 0) > 0
+    finding = (
+        None
+        if in_correction
+        else loops.check_call(
+            s.tool_history, call.name, sig, window=cfg.loop_window, threshold=cfg.loop_repeat_threshold
+        )
+    )
+    s.tool_history.append((call.name, sig))
+    if finding is not None:
+        _block(record, finding.reflection)  # the reflection is this call's result
+        loops.react(out, finding, record.tool, record.call_id)
+        return
+    record.terminal = contract.terminal or call.name in cfg.terminal_tools
+    out.add(
+        S.tool_execute(call.name),
+        ToolCall(
+            run_id=s.run_id,
+            iteration=it.n,
+            call_id=call.id,
+            attempt_id=S.kv_key(s.run_id, f"i{it.n}", call.id),
+            tool=call.name,
+            requested_tool=call.name,
+            arguments=call.input,
+            scripted=cfg.scripted,
+        ),
+        f"{s.run_id}.call.{it.n}.{call.id}",
+    )
+    out.event(
+        "tool_dispatched",
+        f"{call.name}({json.dumps(call.input, ensure_ascii=False)[:160]})",
+        tool=call.name,
+        call_id=call.id,
+    )
+
+
+def _block(record: ToolCallRecord, message: str) -> None:
+    record.status = "blocked"
+    record.result_text = message
+    record.is_error = True
+
+
+# --- context compaction -----------------------------------------------------------------------
+
+
+def apply_compaction(state: RunState, older_count: int, summary: str, usage: Usage) -> None:
+    """Replace the older part of the conversation with a summary (recent turns stay verbatim)."""
+    older, recent = C.split_for_compaction(state.messages, state.config.keep_recent_turns)
+    if not older or len(older) != older_count:
+        return
+    state.usage = state.usage + usage
+    state.compactions += 1
+    state.summary = summary
+    head = recent[0]
+    note = TextBlock(text=f"Summary of earlier work (older turns were compacted to save context):\n{summary}")
+    state.messages = [ChatMessage(role="user", content=[*head.content, note]), *recent[1:]]
