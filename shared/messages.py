@@ -168,6 +168,9 @@ class RunSubmit(Wire):
         None, description="the scripted scenario, bound to the run at submit (only the planner stores it)"
     )
     scenario_digest: str | None = Field(None, description="sha256 of the scenario's canonical JSON")
+    tenant: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9_-]{1,64}$", description="who pays: the governor keeps a daily ceiling per tenant"
+    )
 
 
 RunStatus = Literal["running", "awaiting_human", "completed", "stopped", "failed"]
@@ -407,9 +410,11 @@ class BudgetRequest(Wire):
     context_budget_tokens: int
     run_token_budget: int
     cost_ceiling_usd: float
+    tenant: str | None = None
+    wrap_up: bool = Field(False, description="this turn is already the run's tool-less wrap-up turn")
 
 
-BudgetAction = Literal["allow", "warn", "compact", "block"]
+BudgetAction = Literal["allow", "warn", "compact", "block", "wrap_up"]
 
 
 class BudgetDecision(Wire):
@@ -422,6 +427,8 @@ class BudgetDecision(Wire):
     fired: list[str] = Field(default_factory=list, description="thresholds that fired for the first time")
     allocations: dict[str, int] = Field(default_factory=dict)
     usage_ratio: float = 0.0
+    calibration: float = Field(1.0, description="reported / estimated input tokens for this model, applied here")
+    estimated_cost_usd: float = Field(0.0, description="what this call is expected to cost, at cache rates")
 
 
 # --- escalation -------------------------------------------------------------------------------

@@ -219,7 +219,10 @@ class Settings(BaseSettings):
         default_factory=dict, description='JSON: tenant -> daily cost ceiling in USD, e.g. {"acme": 25}'
     )
     wrap_up_reserve_usd: float = Field(
-        0.02, ge=0, description="cost kept back from the ceiling for one last tool-less wrap-up turn"
+        0.0,
+        ge=0,
+        description="cost kept back from the ceiling for the wrap-up: a normal turn must leave this much "
+        "(the wrap-up itself must fit what is left, its reply capped at LW_WRAP_UP_OUTPUT_TOKENS)",
     )
     wrap_up_output_tokens: int = Field(1024, ge=16, description="room for the wrap-up turn's final answer")
     progressive_tools_above: int | None = Field(

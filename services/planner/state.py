@@ -49,6 +49,7 @@ class RunConfig(_State):
     max_output_tokens: int
     max_tool_result_tokens: int
     keep_recent_turns: int
+    tenant: str | None = None
 
 
 CallStatus = Literal["dispatched", "succeeded", "failed", "skipped", "blocked", "awaiting_human", "resolved_by_human"]
@@ -95,6 +96,7 @@ class Iteration(_State):
     guard: str | None = None
     decision: DecisionRecord | None = None
     notes: list[str] = Field(default_factory=list, description="text added to the next user turn")
+    wrap_up: str | None = Field(None, description="why this is the run's last, tool-less turn (cost or iteration cap)")
 
     @property
     def pending(self) -> list[ToolCallRecord]:

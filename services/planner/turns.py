@@ -63,6 +63,7 @@ def resolve_config(submit: RunSubmit, settings: Settings, contracts: dict[str, T
         max_output_tokens=settings.planner_max_output_tokens,
         max_tool_result_tokens=settings.max_tool_result_tokens,
         keep_recent_turns=settings.keep_recent_turns,
+        tenant=submit.tenant,
     )
 
 
@@ -115,6 +116,58 @@ def apply_provider_failure(state: RunState, reason: str) -> Outbox:
     return out
 
 
+def apply_wrap_up(state: RunState, response: ModelResponse, reason: str) -> Outbox:
+    """The wrap-up turn answered (without tools): the run stops with that answer, saying why."""
+    out = Outbox(state)
+    it = state.iteration
+    it.wrap_up = reason
+    state.model_calls += 1
+    state.usage = state.usage + response.usage
+    text = (response.text or "").strip()
+    state.messages.append(ChatMessage.user(C.wrap_up_note(reason)))
+    state.messages.append(ChatMessage(role="assistant", content=[TextBlock(text=text)]))
+    out.event(
+        "model_called",
+        f"wrap-up turn {it.n}: {len(text)} chars",
+        input_tokens=response.usage.input_tokens,
+        output_tokens=response.usage.output_tokens,
+        cost_usd=response.usage.cost_usd,
+        cache_read_input_tokens=response.usage.cache_read_input_tokens,
+        cache_creation_input_tokens=response.usage.cache_creation_input_tokens,
+        model=response.model,
+        wrap_up=True,
+    )
+    if text:
+        state.last_text = state.last_answer = text
+        answer = Candidate(id=f"{state.run_id}-wrap{it.n}", iteration=it.n, kind="text", content=text)
+        finish(out, "stopped", f"wrapped up: {reason}; final answer written without tools", accepted=answer)
+    else:
+        finish(out, "stopped", f"wrapped up: {reason}; the model gave no final answer")
+    return out
+
+
+def apply_model_stop(state: RunState, kind: str, reason: str, usage: Usage) -> Outbox:
+    """The model stopped without an answer (``StopReasonError``): billed, then a typed end. A refusal
+    stops the run (nothing is retried or escalated: the model declined the task); a reply cut off
+    even with more room, or a full context window, fails it."""
+    out = Outbox(state)
+    state.model_calls += 1
+    state.usage = state.usage + usage
+    out.event(
+        "model_stopped",
+        reason,
+        stop_reason=kind,
+        input_tokens=usage.input_tokens,
+        output_tokens=usage.output_tokens,
+        cost_usd=usage.cost_usd,
+    )
+    if kind == "refusal":
+        finish(out, "stopped", f"refused by the model: {reason}")
+    else:
+        finish(out, "failed", f"model turn unusable ({kind}): {reason}")
+    return out
+
+
 def apply_model_response(state: RunState, response: ModelResponse, contracts: dict[str, ToolContract]) -> Outbox:
     out = Outbox(state)
     it = state.iteration
@@ -133,6 +186,8 @@ def apply_model_response(state: RunState, response: ModelResponse, contracts: di
         input_tokens=response.usage.input_tokens,
         output_tokens=response.usage.output_tokens,
         cost_usd=response.usage.cost_usd,
+        cache_read_input_tokens=response.usage.cache_read_input_tokens,
+        cache_creation_input_tokens=response.usage.cache_creation_input_tokens,
         model=response.model,
     )
 
