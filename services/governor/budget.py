@@ -89,16 +89,18 @@ def observe(ledger: BudgetLedger, req: BudgetRequest) -> tuple[str, float] | Non
     sample = None
     if ledger.last_prompt_estimate > 0 and delta.input_tokens > 0:
         ledger.last_call = delta
-        if ledger.last_action in ("allow", "warn"):
-            sample = (ledger.last_model, delta.input_tokens / ledger.last_prompt_estimate)
+        ratio = delta.input_tokens / ledger.last_prompt_estimate
+        lo, hi = CALIBRATION_BOUNDS
+        # A ratio far outside what two tokenizers differ by measures something else (a scripted or
+        # overridden usage, a provider-side addition): it is not taken.
+        if ledger.last_action in ("allow", "warn") and lo <= ratio <= hi:
+            sample = (ledger.last_model, ratio)
     ledger.last_spent = req.spent
     return sample
 
 
 def updated_ratio(old: float | None, sample: float, weight: float) -> float:
-    """The running (exponentially weighted) ratio after one more sample, kept within sane bounds."""
-    lo, hi = CALIBRATION_BOUNDS
-    sample = min(hi, max(lo, sample))
+    """The running (exponentially weighted) ratio after one more sample."""
     return round(sample if old is None else old + weight * (sample - old), 4)
 
 

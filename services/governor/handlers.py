@@ -98,6 +98,15 @@ class Governor:
             self.calibration = stored or Calibration()
         return self.calibration.ratios.get(model, 1.0)
 
+    def learned(self, model: str, samples: list[tuple[str, float]]) -> float:
+        """The ratio for ``model`` with this request's sample counted (not yet stored: ``learn`` does)."""
+        cal = self.calibration or Calibration()
+        ratio = cal.ratios.get(model)
+        for m, sample in samples:
+            if m == model:
+                ratio = updated_ratio(ratio, sample, self.settings.calibration_weight)
+        return ratio if ratio is not None else 1.0
+
     async def learn(self, model: str, sample: float) -> None:
         cal = self.calibration or Calibration()
         self.calibration = cal
@@ -156,7 +165,7 @@ class Governor:
         tenant_spent = await self.account(req.tenant, req.run_id, req.spent.cost_usd) if req.tenant else None
         key = S.kv_key(req.run_id)
         known = self._ledgers.pop(key, None)
-        calibration = await self.ratio(req.model)
+        await self.ratio(req.model)  # loads the shared ratios once
         samples: list[tuple[str, float]] = []
 
         def decide(ledger: BudgetLedger | None) -> tuple[BudgetLedger, BudgetDecision] | Unchanged[BudgetDecision]:
@@ -167,6 +176,7 @@ class Governor:
             sample = observe(ledger, req)
             if sample is not None:
                 samples.append(sample)
+            calibration = self.learned(req.model, samples)
             ledger.tenant_accounted_usd = req.spent.cost_usd if req.tenant else 0.0
             decision = evaluate(
                 req,
