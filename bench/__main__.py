@@ -12,7 +12,7 @@ from bench import chaos, e2e, throughput, validation
 def main() -> int:
     parser = argparse.ArgumentParser(prog="bench")
     parser.add_argument("--quick", action="store_true", help="short measurements (used by the test suite)")
-    parser.add_argument("--only", choices=["validation", "e2e", "throughput", "chaos", "mcp"])
+    parser.add_argument("--only", choices=["validation", "e2e", "throughput", "chaos", "mcp", "cost"])
     args = parser.parse_args()
     if args.only in (None, "validation"):
         print("\n".join(validation.report(validation.run(seconds=0.3 if args.quick else 2.0))), flush=True)
@@ -26,6 +26,10 @@ def main() -> int:
         print("\n".join(mcp.report(client, loop)), flush=True)
     if args.only in (None, "throughput"):
         print("\n".join(throughput.report(throughput.run(quick=args.quick))), flush=True)
+    if args.only in (None, "cost"):  # cost as the bill says it (issue 11)
+        from bench import cost
+
+        print("\n".join(cost.report(cost.run(steps=24 if args.quick else 80))), flush=True)
     if args.only in (None, "chaos"):
         result = chaos.run(runs=12, kills=8) if args.quick else chaos.run()
         print("\n".join(chaos.report(result)), flush=True)

@@ -50,13 +50,17 @@ def system_prompt(state: RunState) -> str:
 
 ONE_LINE_SCHEMA: dict[str, Any] = {"type": "object"}
 PROGRESSIVE_NOTE = (
-    "[schema on first use] {line} Its input schema is shown after your first call; a call with arguments "
-    "the schema refuses is not executed and comes back with the schema."
+    "- Tools marked [schema on first use] show only a one-line summary. Call one when you need it: its full "
+    "input schema is shown from then on, and a call the schema refuses is not executed but returned with the schema."
 )
+ONE_LINE_MARK = "[schema on first use] "
 
 
-def one_line(description: str, limit: int = 120) -> str:
-    line = description.strip().splitlines()[0] if description.strip() else ""
+def one_line(description: str, limit: int = 90) -> str:
+    """The first sentence of a description, at most ``limit`` characters."""
+    text = " ".join(description.split())
+    cut = text.find(". ")
+    line = text[: cut + 1] if 0 < cut < limit else text
     return line if len(line) <= limit else line[: limit - 1].rstrip() + "…"
 
 
@@ -81,7 +85,7 @@ def tool_specs(
         if c.name in used
         else ToolSpec(
             name=c.name,
-            description=PROGRESSIVE_NOTE.format(line=one_line(c.description)),
+            description=ONE_LINE_MARK + one_line(c.description),
             input_schema=ONE_LINE_SCHEMA,
         )
         for c in offered
@@ -276,12 +280,16 @@ def model_request(
     """This turn's request to the planner's model (the wrap-up turn's, without tools, when it is one)."""
     if state.iteration.wrap_up:
         return wrap_up_request(state, model, max_tokens)
+    specs = tool_specs(state, contracts, progressive_above)
+    system = system_prompt(state)
+    if any(s.description.startswith(ONE_LINE_MARK) for s in specs):
+        system = f"{system}\n{PROGRESSIVE_NOTE}"
     return ModelRequest(
         purpose="plan",
         model=model,
-        system=system_prompt(state),
+        system=system,
         messages=model_messages(state),
-        tools=tool_specs(state, contracts, progressive_above),
+        tools=specs,
         max_tokens=max_tokens,
         run_id=state.run_id,
         script_index=state.model_calls,
