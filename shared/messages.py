@@ -171,6 +171,10 @@ class RunSubmit(Wire):
     tenant: str | None = Field(
         None, pattern=r"^[A-Za-z0-9_-]{1,64}$", description="who pays: the governor keeps a daily ceiling per tenant"
     )
+    parent_run_id: str | None = Field(None, description="a sub-agent run: the run that delegated to it")
+    parent_call_id: str | None = Field(None, description="the parent's delegate call this run answers")
+    parent_iteration: int = Field(0, ge=0, description="the parent's iteration that made the call")
+    depth: int = Field(0, ge=0, description="0 for a top-level run; a sub-agent is its parent's depth + 1")
 
 
 RunStatus = Literal["running", "awaiting_human", "completed", "stopped", "failed"]
@@ -302,6 +306,9 @@ class ToolOutcome(Wire):
     )
     effect: Literal["none", "took_effect", "may_have"] | None = Field(
         None, description="for a failed call of a non-idempotent tool: whether its side effect happened"
+    )
+    usage: Usage | None = Field(
+        None, description="model usage the call caused (a sub-agent run's), rolled up into the calling run's"
     )
 
     @model_validator(mode="after")

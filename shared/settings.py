@@ -225,6 +225,13 @@ class Settings(BaseSettings):
         "(the wrap-up itself must fit what is left, its reply capped at LW_WRAP_UP_OUTPUT_TOKENS)",
     )
     wrap_up_output_tokens: int = Field(1024, ge=16, description="room for the wrap-up turn's final answer")
+    delegate_max_depth: int = Field(2, ge=0, description="how deep sub-agents may nest (0: no delegation)")
+    delegate_max_children: int = Field(4, ge=1, description="sub-agent runs one run may start")
+    delegate_ceiling_usd: float = Field(0.10, gt=0, description="a sub-agent's cost ceiling unless it asks for less")
+    delegate_max_iterations: int = Field(6, ge=1, description="a sub-agent's iteration cap unless it asks for less")
+    spawn_gate_usd: float = Field(
+        0.10, ge=0, description="a sub-agent whose estimated cost is above this waits for a human's approval"
+    )
     progressive_tools_above: int | None = Field(
         20, ge=1, description="above this many offered tools the model sees one line per tool; None: always full"
     )

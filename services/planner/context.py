@@ -12,6 +12,7 @@ import weakref
 from collections import OrderedDict
 from typing import Any
 
+from services.planner import delegation
 from services.planner.state import RunState, ToolCallRecord
 from shared import tokens
 from shared.contracts.validation import format_for_model
@@ -77,10 +78,13 @@ def tool_specs(
         for name, c in sorted(contracts.items())
         if allowed is None or name in allowed or name in state.config.terminal_tools
     ]
+    delegate = [delegation.DELEGATE_SPEC] if delegation.offered(state.config) else []
     if progressive_above is None or len(offered) <= progressive_above:
-        return [ToolSpec(name=c.name, description=c.description, input_schema=c.input_schema) for c in offered]
+        return [
+            ToolSpec(name=c.name, description=c.description, input_schema=c.input_schema) for c in offered
+        ] + delegate
     used = {name for name, _ in state.tool_history} | set(state.config.terminal_tools)
-    return [
+    return delegate + [
         ToolSpec(name=c.name, description=c.description, input_schema=c.input_schema)
         if c.name in used
         else ToolSpec(

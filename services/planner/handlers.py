@@ -186,7 +186,11 @@ class Planner:
         """The outbox at once (acks awaited together): commands that start the next piece of work
         first, then the events in their order (the run's final event stays last)."""
         ordered = [i for i in items if i.subject.startswith(CMD)] + [i for i in items if not i.subject.startswith(CMD)]
-        await self.bus.publish_all([(i.subject, i.payload.encode(), i.msg_id) for i in ordered], run_id=run_id)
+        own = [i for i in ordered if i.run_id is None]
+        await self.bus.publish_all([(i.subject, i.payload.encode(), i.msg_id) for i in own], run_id=run_id)
+        for i in ordered:
+            if i.run_id is not None:  # another run's message (a sub-agent's answer to its parent)
+                await self.bus.publish(i.subject, i.payload.encode(), msg_id=i.msg_id, run_id=i.run_id)
 
     def count(self, items: list[PublishRecord], state: RunState) -> None:
         for item in items:

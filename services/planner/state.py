@@ -50,6 +50,15 @@ class RunConfig(_State):
     max_tool_result_tokens: int
     keep_recent_turns: int
     tenant: str | None = None
+    depth: int = 0
+    parent_run_id: str | None = None
+    parent_call_id: str | None = None
+    parent_iteration: int = 0
+    max_depth: int = 2
+    max_children: int = 4
+    child_ceiling_usd: float = 0.10
+    child_max_iterations: int = 6
+    spawn_gate_usd: float = 0.10
 
 
 CallStatus = Literal["dispatched", "succeeded", "failed", "skipped", "blocked", "awaiting_human", "resolved_by_human"]
@@ -108,6 +117,7 @@ class PublishRecord(_State):
     msg_id: str
     payload: str  # the JSON body, kept verbatim so a re-publish is byte-identical
     model: str
+    run_id: str | None = None  # published as another run's message (a sub-agent answering its parent)
 
 
 class RunState(_State):
@@ -142,6 +152,7 @@ class RunState(_State):
     first_draft_passed: bool | None = None
     awaiting: Awaiting | None = None
     warnings: list[str] = Field(default_factory=list)
+    children: dict[str, str] = Field(default_factory=dict, description="delegate call id -> sub-agent run id")
     model: str = ""
     applied: list[str] = Field(default_factory=list)
     outbox: dict[str, list[PublishRecord]] = Field(default_factory=dict)

@@ -11,7 +11,7 @@ import re
 from typing import Any
 
 from services.planner import context as C
-from services.planner import loops
+from services.planner import delegation, loops
 from services.planner.judging import decide_next, finish_iteration
 from services.planner.outbox import Outbox, advance, finish
 from services.planner.state import Iteration, RunConfig, RunState, ToolCallRecord
@@ -64,6 +64,15 @@ def resolve_config(submit: RunSubmit, settings: Settings, contracts: dict[str, T
         max_tool_result_tokens=settings.max_tool_result_tokens,
         keep_recent_turns=settings.keep_recent_turns,
         tenant=submit.tenant,
+        depth=submit.depth,
+        parent_run_id=submit.parent_run_id,
+        parent_call_id=submit.parent_call_id,
+        parent_iteration=submit.parent_iteration,
+        max_depth=settings.delegate_max_depth,
+        max_children=settings.delegate_max_children,
+        child_ceiling_usd=settings.delegate_ceiling_usd,
+        child_max_iterations=settings.delegate_max_iterations,
+        spawn_gate_usd=settings.spawn_gate_usd,
     )
 
 
@@ -230,6 +239,10 @@ def _dispatch(out: Outbox, call: ToolUseBlock, contracts: dict[str, ToolContract
         terminal=call.name in cfg.terminal_tools,
     )
     it.tool_calls.append(record)
+    if call.name == delegation.DELEGATE and delegation.offered(cfg):
+        s.tool_history.append((call.name, sig))
+        delegation.dispatch(out, record)
+        return
     contract = contracts.get(call.name)
     offered = cfg.allowed_tools is None or call.name in cfg.allowed_tools or call.name in cfg.terminal_tools
     if contract is None or not offered:
