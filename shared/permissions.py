@@ -45,6 +45,9 @@ GRANTS: dict[str, Grant] = {
             f"{F}.judge.>",
             S.BUDGET_RESERVE,
             S.dead_letter("planner"),
+            S.RUN_SUBMIT,  # a sub-agent run (delegate)
+            f"{S.tool_succeeded('delegate')}.>",  # a sub-agent's answer to its parent
+            f"{S.failure('tool_error', 'delegate')}.>",
         ),
         kv_write=(S.KV_RUNS, S.KV_MODEL_CALLS, S.KV_LESSONS, S.KV_SCENARIOS),  # scenarios: bound at submit
         kv_read=(S.KV_CONTRACTS,),
@@ -86,6 +89,7 @@ GRANTS: dict[str, Grant] = {
         subscribe=(S.BUDGET_RESERVE,),
         kv_write=(S.KV_BUDGETS,),
         responds=True,
+        consumers=((S.STREAM_EVT, "governor_run_finished"),),  # a run's final usage reaches its tenant's day
     ),
     "escalation": Grant(
         publish=(f"{S.ESCALATION_EVENT_PREFIX}.>", S.dead_letter("escalation")),

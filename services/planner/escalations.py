@@ -41,10 +41,10 @@ def apply_resolution(state: RunState, res: EscalationResolution) -> Outbox:
         state.last_answer = answer
         finish(out, "completed", f"final answer provided by {who}", accepted=human)
         return out
-    if awaiting.kind == "spawn":  # the sub-agent gate: yes starts the child, no is the delegate call's result
-        gated = next((c for c in it.tool_calls if c.call_id == awaiting.call_id), None)
-        if gated is not None:
-            delegation.resolve_gate(out, gated, res.action in ("approve", "accept"), res.note)
+    gated = next((c for c in it.tool_calls if c.call_id == awaiting.call_id), None) if awaiting.call_id else None
+    if awaiting.kind == "spawn" and gated is not None and gated.tool == delegation.DELEGATE:
+        # the sub-agent gate: yes starts the child, no is the delegate call's result
+        delegation.resolve_gate(out, gated, res.action in ("approve", "accept"), res.note)
         if not it.pending:
             finish_iteration(out)
         return out
