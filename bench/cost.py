@@ -73,9 +73,12 @@ async def _run(client: Client, steps: int, whole_history: bool) -> RunState:
     return state
 
 
-def check_time(state: RunState, step: int, contracts: dict[str, ToolContract], reps: int) -> float:
-    """Median seconds of one budget check at ``step``: the planner has checked step-1 (its tally is
-    warm), the step's assistant turn and tool results arrive, and the check counts and decides."""
+def check_time(
+    state: RunState, step: int, contracts: dict[str, ToolContract], reps: int, stat: Any = statistics.median
+) -> float:
+    """Seconds of one budget check at ``step`` (``stat`` of ``reps``, the median by default): the planner
+    has checked step-1 (its tally is warm), the step's assistant turn and tool results arrive, and the
+    check counts and decides."""
     head = state.messages[: 1 + 2 * (step - 1)]
     new = state.messages[1 + 2 * (step - 1) : 1 + 2 * step]
     probe = state.model_copy(update={"messages": list(head)})
@@ -96,10 +99,10 @@ def check_time(state: RunState, step: int, contracts: dict[str, ToolContract], r
             exhausted_policy="fallback_model",
         )
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return float(stat(times))
 
 
-def recount_time(state: RunState, step: int, reps: int) -> float:
+def recount_time(state: RunState, step: int, reps: int, stat: Any = statistics.median) -> float:
     """The same check the old way: every message of the history counted again (from per-block caches)."""
     messages: list[ChatMessage] = state.messages[: 1 + 2 * step]
     times = []
@@ -107,7 +110,7 @@ def recount_time(state: RunState, step: int, reps: int) -> float:
         t0 = time.perf_counter()
         sum(4 + tokens.count_content(m.content) for m in messages)
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return float(stat(times))
 
 
 def catalogue(n: int, base: dict[str, ToolContract]) -> dict[str, ToolContract]:

@@ -226,6 +226,7 @@ def test_a_budget_check_costs_the_same_at_step_80_as_at_step_10() -> None:
         s.messages.append(
             ChatMessage(role="user", content=[ToolResultBlock(tool_use_id=f"t{i}", content=SNIPPET + str(i))])
         )
-    early, late = check_time(s, 10, {}, 60), check_time(s, 80, {}, 60)
-    assert late < 1.5 * early, (early, late)
-    assert recount_time(s, 80, 60) > 2 * recount_time(s, 10, 60)  # what counting every message again costs
+    # the fastest of many runs: what the code costs, not what the loaded machine adds
+    early, late = check_time(s, 10, {}, 100, min), check_time(s, 80, {}, 100, min)
+    assert late < 1.6 * early, (early, late)
+    assert recount_time(s, 80, 100, min) > 2 * recount_time(s, 10, 100, min)  # what counting every message again costs
