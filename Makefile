@@ -5,11 +5,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-all bench lint typecheck schemas install browser up down clean help
+.PHONY: run test test-unit bench lint typecheck schemas install browser up down clean help
 
 help:
 	@echo "make run     start NATS + the six services, run the demo agent, stop everything"
-	@echo "make test    install, start a private nats-server, run the test suite (short form of slow tests)"
+	@echo "make test    install, start a private nats-server, run the test suite"
+	@echo "make test-unit  the pure-function tests only (no nats-server, no services): seconds"
 	@echo "make bench   validation and end-to-end benchmarks, printed as ratios to a baseline"
 	@echo "make lint    ruff + mypy + tool-contract lint"
 	@echo "make schemas regenerate schemas/messages from the wire models"
@@ -38,8 +39,9 @@ run: $(STAMP)
 test: $(STAMP) browser
 	$(PY) -m pytest -q $(ARGS)
 
-test-all: $(STAMP) browser
-	LW_SLOW_TESTS=full $(PY) -m pytest -q $(ARGS)
+# The fast inner loop: domain rules as plain functions, no server and no processes.
+test-unit: $(STAMP)
+	$(PY) -m pytest -q tests/unit -m "not slow" $(ARGS)
 
 bench: $(STAMP)
 	$(PY) -m bench $(ARGS)

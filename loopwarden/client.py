@@ -22,13 +22,13 @@ from shared.bus import RUN_ID_HEADER, Bus, stream_for
 from shared.canonical import digest_of
 from shared.messages import (
     FINAL_STATUSES,
+    Corrected,
     DeadLetter,
     EscalationAction,
     EscalationClaim,
     EscalationQuery,
     EscalationReply,
     EscalationResolve,
-    RunEvent,
     RunLimits,
     RunSubmit,
     ToolAttempt,
@@ -378,8 +378,8 @@ def tool_metrics(events: list[Event]) -> dict[str, dict[str, float]]:
         ):
             c(ToolOutcome.model_validate(e.payload).requested_tool)["schema_failures"] += 1
         if S.stem(e.subject) == S.run_event("corrected"):  # a streak of schema failures the model fixed
-            ev = RunEvent.model_validate(e.payload)
-            c(str(ev.detail.get("tool", "?")))["recovered"] += int(ev.detail.get("after", 1))
+            corrected = Corrected.model_validate(e.payload)
+            c(corrected.detail.tool)["recovered"] += corrected.detail.after
         if e.subject.startswith(S.TOOL_ATTEMPT_PREFIX):
             a = ToolAttempt.model_validate(e.payload)
             c(a.tool)["attempts"] += 1

@@ -12,8 +12,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from faststream.nats import NatsRouter
-
 from shared.bus import Bus, ConsumerSpec, ensure_buckets, ensure_consumers, ensure_streams, until_ready
 from shared.settings import Settings
 from shared.telemetry import setup_telemetry
@@ -49,7 +47,7 @@ async def declared_consumers(settings: Settings) -> list[ConsumerSpec]:
         ("escalation", escalation),
     ):
         bus = Bus(quiet, name)
-        build(bus, quiet, setup_telemetry(name, quiet), NatsRouter())
+        build(bus, quiet, setup_telemetry(name, quiet))
         specs += bus.consumer_specs
     bus = Bus(quiet, "executor")
     registry = load_registry(quiet)
@@ -59,7 +57,7 @@ async def declared_consumers(settings: Settings) -> list[ConsumerSpec]:
 
         mounts = await mount_mcp_servers(registry, quiet.mcp_server_specs)
     try:
-        Executor(bus, quiet, setup_telemetry("executor", quiet), registry).register(NatsRouter())
+        Executor(bus, quiet, setup_telemetry("executor", quiet), registry).register()
     finally:
         for mount in mounts:
             await mount.close()

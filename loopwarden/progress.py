@@ -2,66 +2,103 @@
 
 from __future__ import annotations
 
+from typing import assert_never
+
+from pydantic import ValidationError
+
 from loopwarden.client import Event
-from shared import subjects as S
-from shared.messages import FINAL_STATUSES
+from shared.messages import (
+    AnyRunEvent,
+    BudgetThreshold,
+    Corrected,
+    Decided,
+    Delegated,
+    Escalated,
+    GuardTripped,
+    Judged,
+    JudgeRequested,
+    LoopDetected,
+    ModelCalled,
+    ModelStopped,
+    NotJudged,
+    Resumed,
+    RunEvent,
+    RunFinished,
+    SimulatedCall,
+    Started,
+    ToolAttempt,
+    ToolBlocked,
+    ToolDispatched,
+    ToolFailed,
+    ToolSucceeded,
+    VerdictIgnored,
+)
 
 
 def render(e: Event) -> str | None:
     p = e.payload
-    it = p.get("iteration", "")
-    tag = f"[it {it}]" if it else "      "
     kind = e.kind
-    if kind.startswith("run."):
-        k = kind[4:]
-        d = p.get("detail", {})
-        if k == "started":
-            return f"▶ run started ({d.get('answer_mode')} mode): {p.get('summary', '')[6:]}"
-        if k == "model_called":
-            return (
-                f"{tag} model: {p['summary'].split(': ', 1)[-1]} · tokens in {d.get('input_tokens')} "
-                f"out {d.get('output_tokens')} · ${d.get('cost_usd', 0):.4f}"
-            )
-        if k == "tool_dispatched":
-            return f"{tag} → {p['summary']}"
-        if k == "tool_succeeded":
-            extra = " (output repaired)" if d.get("repaired") else ""
-            extra += " (from cache)" if d.get("cached") else ""
-            extra += f" (fallback: {d['fallback']})" if d.get("fallback") else ""
-            return f"{tag} ✓ {d.get('tool')} validated{extra}"
-        if k == "tool_failed":
-            return f"{tag} ✗ {p['summary']}"
-        if k == "tool_blocked":
-            return f"{tag} ⊘ {p['summary']}"
-        if k == "corrected":
-            return f"{tag} ✓ {p['summary']}"
-        if k == "judge_requested":
-            return f"{tag} ⚖ {p['summary']}"
-        if k == "judged":
-            return f"{tag} ⚖ verdict {p['summary']}"
-        if k == "decided":
-            return f"{tag} ⇒ decide {p['summary']}"
-        if k == "escalated":
-            return f"{tag} ⚑ {p['summary']}"
-        if k == "resumed":
-            return f"{tag} ↺ {p['summary']}"
-        if k in FINAL_STATUSES:
-            return f"■ {p['summary']}"
-        if k == "simulated_call":
-            return f"{tag} ! {p['summary']}"
-        return None
-    if kind.startswith("tool.attempt."):
-        if p.get("ok"):
+    if kind.startswith(("run.", "failure.loop", "budget.")):
+        try:
+            return run_line(RunEvent.model_validate(p).root)
+        except ValidationError:  # a kind this version does not know (a newer writer): not shown
             return None
-        delay = p.get("next_delay_s")
-        then = f", retrying in {delay:.2f}s" if delay is not None else ", no retries left"
-        return f"       ↻ {p['tool']} attempt {p['attempt']} failed ({p.get('failure_type')}: {p.get('error')}){then}"
-    if kind.startswith("failure.loop"):
-        return f"{tag} ⟳ loop detected: {p.get('summary', '')[:120]}"
-    if kind.startswith("budget."):
-        return f"       $ budget {kind[7:]}: {p.get('summary', '')}"
+    if kind.startswith("tool.attempt."):
+        a = ToolAttempt.model_validate(p)
+        if a.ok:
+            return None
+        then = f", retrying in {a.next_delay_s:.2f}s" if a.next_delay_s is not None else ", no retries left"
+        return f"       ↻ {a.tool} attempt {a.attempt} failed ({a.failure_type}: {a.error}){then}"
     if kind.startswith("escalation."):
         return f"       ⚑ escalation {kind.split('.')[-1]}: {p.get('escalation_id', '')} {p.get('reason', '')[:100]}"
-    if e.subject.startswith(S.FAILURE_PREFIX):
-        return None  # shown through the run events
-    return None
+    return None  # failures are shown through the run events
+
+
+def run_line(ev: AnyRunEvent) -> str | None:
+    """The line for one run event, from its fields."""
+    tag = f"[it {ev.iteration}]" if ev.iteration else "      "
+    match ev:
+        case Started(detail=d):
+            return f"▶ run started ({d.answer_mode} mode): {d.task}"
+        case ModelCalled(detail=d):
+            return (
+                f"{tag} model: {d.tool_calls} tool call(s), {d.chars} chars · tokens in {d.input_tokens} "
+                f"out {d.output_tokens} · ${d.cost_usd:.4f}"
+            )
+        case ToolDispatched():
+            return f"{tag} → {ev.summary}"
+        case ToolSucceeded(detail=d):
+            extra = " (output repaired)" if d.repaired else ""
+            extra += " (from cache)" if d.cached else ""
+            extra += f" (fallback: {d.fallback})" if d.fallback else ""
+            return f"{tag} ✓ {d.tool} validated{extra}"
+        case ToolFailed():
+            return f"{tag} ✗ {ev.summary}"
+        case ToolBlocked():
+            return f"{tag} ⊘ {ev.summary}"
+        case Corrected() | JudgeRequested():
+            return f"{tag} {'✓' if isinstance(ev, Corrected) else '⚖'} {ev.summary}"
+        case Judged():
+            return f"{tag} ⚖ verdict {ev.summary}"
+        case Decided():
+            return f"{tag} ⇒ decide {ev.summary}"
+        case Escalated():
+            return f"{tag} ⚑ {ev.summary}"
+        case Resumed():
+            return f"{tag} ↺ {ev.summary}"
+        case RunFinished():
+            return f"■ {ev.summary}"
+        case SimulatedCall():
+            return f"{tag} ! {ev.summary}"
+        case LoopDetected():
+            return f"{tag} ⟳ loop detected: {ev.summary[:120]}"
+        case BudgetThreshold():
+            return f"       $ budget {ev.kind.removeprefix('budget.')}: {ev.summary}"
+        case ModelStopped(detail=d):
+            return f"{tag} ■ model stopped ({d.stop_reason}): {ev.summary}"
+        case Delegated(detail=d):
+            return f"{tag} ⇢ sub-agent {d.child_run_id} (~${d.estimated_cost_usd:.4f})"
+        case VerdictIgnored() | GuardTripped() | NotJudged():
+            return None  # shown through the events that follow them
+        case _:
+            assert_never(ev)

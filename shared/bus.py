@@ -26,7 +26,7 @@ import json
 import logging
 import time
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -54,6 +54,7 @@ from nats.js.errors import (
     BucketNotFoundError,
     KeyNotFoundError,
     KeyWrongLastSequenceError,
+    NoKeysError,
     NoStreamResponseError,
     NotFoundError,
 )
@@ -66,8 +67,10 @@ from opentelemetry.trace import SpanKind, Tracer
 from pydantic import BaseModel, ValidationError
 
 from shared import subjects as S
+from shared.describe import describe
 from shared.messages import DeadLetter, ErrorReply
 from shared.payloads import PayloadError, PayloadStore, ensure_store
+from shared.scenario import Scenario
 from shared.settings import Settings
 
 log = logging.getLogger("loopwarden.bus")
@@ -79,6 +82,7 @@ RUN_ID_HEADER = "Lw-Run-Id"
 MSG_ID_HEADER = "Nats-Msg-Id"
 LW_RUN_ID_ATTR = "loopwarden.run.id"
 DLQ_BODY_LIMIT = 256 * 1024  # bytes of a dead-lettered body kept in its letter
+SCENARIOS_KEPT = 256  # scripted runs whose scenario a process keeps in memory
 PULL_EXPIRES_S = 5.0  # a pull request's lifetime; a new one is sent as slots free up
 _DELIVERIES: contextvars.ContextVar[int] = contextvars.ContextVar("lw_deliveries", default=1)
 
@@ -318,6 +322,7 @@ class Bus:
         self._subs: list[Subscription] = []
         self._background: set[asyncio.Task[Any]] = set()
         self._run_locks = _RunLocks()
+        self._scenarios: OrderedDict[str, Scenario] = OrderedDict()
         self._started = False
         self._js: JetStreamContext | None = None
         self._rpc_slots = asyncio.Semaphore(self.settings.in_flight_for(self.service))
@@ -514,7 +519,6 @@ class Bus:
     # --- consuming ---------------------------------------------------------------------------
     def consumer(
         self,
-        router: Any,
         *,
         durable: str,
         filter_subjects: list[str],
@@ -526,7 +530,7 @@ class Bus:
         The bus drives the pull subscription itself (no framework per message): up to
         ``LW_MAX_IN_FLIGHT`` messages of this replica run at once, messages of one run are
         handled one after another (a lock per ``Lw-Run-Id``), every in-flight message is
-        heartbeaten. ``router`` is accepted for the services' registration code and unused."""
+        heartbeaten."""
         spec = ConsumerSpec(stream, durable, tuple(filter_subjects), self.service)
         self._consumers.append(spec)
 
@@ -541,7 +545,6 @@ class Bus:
 
     def responder(
         self,
-        router: Any,
         *,
         subject: str,
         model: type[M],
@@ -559,7 +562,6 @@ class Bus:
 
     def subject_responder(
         self,
-        router: Any,
         *,
         subject: str,
         model: type[M],
@@ -868,6 +870,41 @@ class Bus:
                 raise CasConflict(f"{bucket}/{key} already exists") from err
             raise
 
+    async def create_or_get(self, bucket: str, key: str, value: M) -> tuple[M, int, bool]:
+        """Store ``value`` unless the key holds something already: (what is stored, its revision,
+        whether this call created it). Of two writers racing, the first one's value stands for both."""
+        try:
+            revision = await self.kv_put(bucket, key, value, revision=0)
+        except CasConflict:
+            stored, revision = await self.kv_get(bucket, key, type(value))
+            return (stored or value), revision, False
+        return value, revision, True
+
+    async def kv_values(self, bucket: str, model: type[M]) -> dict[str, M]:
+        """Every value in ``bucket`` by key (keys deleted meanwhile are left out)."""
+        kv = await self.kv(bucket)
+        try:
+            keys = await kv.keys()
+        except NoKeysError:
+            return {}
+        found: dict[str, M] = {}
+        for key in keys:
+            value, _ = await self.kv_get(bucket, key, model)
+            if value is not None:
+                found[key] = value
+        return found
+
+    async def scenario(self, run_id: str) -> Scenario:
+        """The scenario bound to a scripted run (bound at submit, never changed: cached per run)."""
+        if run_id not in self._scenarios:
+            scenario, _ = await self.kv_get(S.KV_SCENARIOS, run_id, Scenario)
+            if scenario is None:  # bound at submit: absent only for a moment, never for good
+                raise TryLater(f"scenario for {run_id} not stored yet", delay=1.0)
+            self._scenarios[run_id] = scenario
+            while len(self._scenarios) > SCENARIOS_KEPT:
+                self._scenarios.popitem(last=False)
+        return self._scenarios[run_id]
+
 
 class Unchanged(Generic[R]):
     """Returned by an ``update`` change function that has nothing to write."""
@@ -1048,13 +1085,3 @@ async def ensure_consumers(js: JetStreamContext, settings: Settings, specs: list
             await js.add_consumer(spec.stream, wanted)
             changed.append(f"updated consumer {spec.stream}/{spec.durable} ({drift})")
     return changed
-
-
-def describe(err: ValidationError) -> str:
-    """A pydantic error in one line naming each bad field by path."""
-    parts = []
-    for e in err.errors()[:8]:
-        loc = ".".join(str(p) for p in e["loc"]) or "(message)"
-        parts.append(f"{loc}: {e['msg']}")
-    more = len(err.errors()) - 8
-    return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")

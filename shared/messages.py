@@ -8,9 +8,9 @@ JSON Schemas generated from these models live in ``schemas/messages/`` (drift-te
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeGuard
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, RootModel, field_validator, model_validator
 
 RUN_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 
@@ -32,11 +32,16 @@ SCHEMA_FAILURES: tuple[FailureType, ...] = ("input_invalid", "output_invalid")
 """A contract broke: the model gets the errors and the schema and corrects (a human past the cap)."""
 RETRIED_FAILURES: tuple[FailureType, ...] = ("transient", "timeout")
 """Retried with backoff by the executor (then fallback, cache or boundary)."""
-HUMAN_FAILURES: tuple[FailureType, ...] = ("fatal", "unknown_outcome")
+HumanFailure = Literal["fatal", "unknown_outcome"]
+HUMAN_FAILURES: tuple[HumanFailure, ...] = ("fatal", "unknown_outcome")
 """Escalated at once: the escalation service raises them from its failure subscription."""
 TOOL_FAILURES: tuple[FailureType, ...] = (*SCHEMA_FAILURES, *RETRIED_FAILURES, *HUMAN_FAILURES, "tool_error")
 """Every way a tool call can fail; the planner hears each one as the call's outcome."""
 Boundary = Literal["skip_and_note", "use_cached", "ask_human"]
+
+
+def needs_human(failure: FailureType) -> TypeGuard[HumanFailure]:
+    return failure in HUMAN_FAILURES
 
 
 def utcnow() -> datetime:
@@ -183,14 +188,292 @@ FINAL_STATUSES: tuple[FinalStatus, ...] = ("completed", "stopped", "failed")
 """A run in one of these statuses is over: nothing moves it again."""
 
 
-class RunEvent(Wire):
+class RunAdvance(Wire):
+    """The command that asks the planner for the model turn of ``iteration``."""
+
     run_id: str
-    kind: str
+    iteration: int
+
+
+# --- run events: one contract per kind, discriminated on ``kind`` --------------------------------
+# Every event keeps the same head (run, iteration, status, a one-line summary for people, time)
+# and carries what it reports as typed fields in ``detail``: readers read fields, never the summary.
+
+
+class RunEventHead(Wire):
+    run_id: str
     iteration: int = 0
     status: RunStatus = "running"
     summary: str = ""
-    detail: dict[str, Any] = Field(default_factory=dict)
     at: datetime = Field(default_factory=utcnow)
+
+
+class NoDetail(Wire):
+    pass
+
+
+class StartedDetail(Wire):
+    task: str = ""
+    lessons: int = 0
+    warnings: list[str] = Field(default_factory=list)
+    answer_mode: Literal["auto", "submit", "text"] = "auto"
+
+
+class Started(RunEventHead):
+    kind: Literal["started"] = "started"
+    detail: StartedDetail
+
+
+class ModelCalledDetail(Wire):
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float
+    model: str
+    tool_calls: int = 0
+    chars: int = 0
+    cache_read_input_tokens: int = Field(0, description="part of input_tokens read from the prompt cache")
+    cache_creation_input_tokens: int = Field(0, description="part of input_tokens written to the prompt cache")
+    wrap_up: bool = Field(False, description="the run's last, tool-less turn")
+
+
+class ModelCalled(RunEventHead):
+    kind: Literal["model_called"] = "model_called"
+    detail: ModelCalledDetail
+
+
+class ModelStoppedDetail(Wire):
+    stop_reason: str = Field(description="max_tokens, refusal, context_window_exceeded or unknown_stop_reason")
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+
+
+class ModelStopped(RunEventHead):
+    """The model stopped without a usable turn (billed all the same); the run ends typed."""
+
+    kind: Literal["model_stopped"] = "model_stopped"
+    detail: ModelStoppedDetail
+
+
+class DelegatedDetail(Wire):
+    tool: str = "delegate"
+    call_id: str
+    child_run_id: str
+    estimated_cost_usd: float = 0.0
+    cost_ceiling_usd: float | None = None
+    depth: int = 1
+
+
+class Delegated(RunEventHead):
+    """A sub-agent run was started for a ``delegate`` call."""
+
+    kind: Literal["delegated"] = "delegated"
+    detail: DelegatedDetail
+
+
+class SimulatedCall(RunEventHead):
+    """The model wrote a tool call as text instead of making it."""
+
+    kind: Literal["simulated_call"] = "simulated_call"
+    detail: NoDetail = Field(default_factory=NoDetail)
+
+
+class CallDetail(Wire):
+    tool: str
+    call_id: str
+
+
+class ToolBlocked(RunEventHead):
+    """A call to a tool the run does not offer: answered with the list of tools, not executed."""
+
+    kind: Literal["tool_blocked"] = "tool_blocked"
+    detail: CallDetail
+
+
+class ToolDispatched(RunEventHead):
+    kind: Literal["tool_dispatched"] = "tool_dispatched"
+    detail: CallDetail
+
+
+class ToolSucceededDetail(CallDetail):
+    repaired: bool = False
+    cached: bool = False
+    fallback: str | None = None
+
+
+class ToolSucceeded(RunEventHead):
+    kind: Literal["tool_succeeded"] = "tool_succeeded"
+    detail: ToolSucceededDetail
+
+
+class ToolFailedDetail(CallDetail):
+    failure_type: FailureType
+    error: str = ""
+
+
+class ToolFailed(RunEventHead):
+    kind: Literal["tool_failed"] = "tool_failed"
+    detail: ToolFailedDetail
+
+
+class CorrectedDetail(Wire):
+    tool: str
+    after: int = Field(description="schema failures in the streak the model corrected")
+
+
+class Corrected(RunEventHead):
+    kind: Literal["corrected"] = "corrected"
+    detail: CorrectedDetail
+
+
+class CandidateDetail(Wire):
+    candidate_id: str
+
+
+class JudgeRequested(RunEventHead):
+    kind: Literal["judge_requested"] = "judge_requested"
+    detail: CandidateDetail
+
+
+class JudgedDetail(CandidateDetail):
+    status: Literal["passed", "failed", "not_judged"]
+    score: float | None = None
+    criteria: dict[str, float] = Field(default_factory=dict)
+
+
+class Judged(RunEventHead):
+    kind: Literal["judged"] = "judged"
+    detail: JudgedDetail
+
+
+class VerdictIgnored(RunEventHead):
+    """A verdict for a candidate that is no longer the current one."""
+
+    kind: Literal["verdict_ignored"] = "verdict_ignored"
+    detail: CandidateDetail
+
+
+class DecidedDetail(Wire):
+    action: Literal["complete", "continue", "retry"]
+    row: int = Field(description="the row of the Decide table that matched")
+
+
+class Decided(RunEventHead):
+    kind: Literal["decided"] = "decided"
+    detail: DecidedDetail
+
+
+class EscalatedDetail(Wire):
+    escalation_id: str
+    kind: EscalationKind
+
+
+class Escalated(RunEventHead):
+    kind: Literal["escalated"] = "escalated"
+    detail: EscalatedDetail
+
+
+class ResumedDetail(Wire):
+    escalation_id: str
+    action: EscalationAction
+
+
+class Resumed(RunEventHead):
+    kind: Literal["resumed"] = "resumed"
+    detail: ResumedDetail
+
+
+class FinishedDetail(Wire):
+    final_output: str = ""
+    submitted: bool = False
+    passed: bool | None = None
+    first_draft_passed: bool | None = Field(None, description="None: the first draft was not judged")
+    iterations: int = 0
+    continues: int = 0
+    retries: int = 0
+    usage: Usage = Field(default_factory=lambda: Usage())
+
+
+class RunFinished(RunEventHead):
+    """The run's last event; ``kind`` is its final status."""
+
+    kind: FinalStatus
+    detail: FinishedDetail
+
+
+class LoopDetail(Wire):
+    pattern: Literal["identical", "alternating", "repeated_error"]
+    call_id: str | None = None
+    reflections: int = 0
+
+
+class LoopDetected(RunEventHead):
+    """On ``failure.loop``: the model repeats itself (the summary is the reflection it was given)."""
+
+    kind: Literal["loop"] = "loop"
+    detail: LoopDetail
+
+
+class ReasonDetail(Wire):
+    reason: str
+
+
+class GuardTripped(RunEventHead):
+    """On ``failure.budget``: a guard (budget block, cost ceiling) stopped the iteration."""
+
+    kind: Literal["guard.budget", "guard.cost"]
+    detail: ReasonDetail
+
+
+class NotJudgedDetail(CandidateDetail):
+    reason: str = ""
+
+
+class NotJudged(RunEventHead):
+    """On ``failure.judge``: the judge could not score a candidate."""
+
+    kind: Literal["not_judged"] = "not_judged"
+    detail: NotJudgedDetail
+
+
+BudgetThresholdKind = Literal["budget.warn", "budget.compact", "budget.block", "budget.fallback", "budget.wrap_up"]
+
+
+class BudgetThreshold(RunEventHead):
+    """On ``evt.budget.<level>``: a budget threshold fired for the first time (the governor)."""
+
+    kind: BudgetThresholdKind
+    detail: BudgetDecision
+
+
+AnyRunEvent = Annotated[
+    Started
+    | ModelCalled
+    | SimulatedCall
+    | ToolBlocked
+    | ToolDispatched
+    | ToolSucceeded
+    | ToolFailed
+    | Corrected
+    | JudgeRequested
+    | Judged
+    | VerdictIgnored
+    | Decided
+    | Escalated
+    | Resumed
+    | RunFinished
+    | LoopDetected
+    | GuardTripped
+    | NotJudged
+    | BudgetThreshold
+    | ModelStopped
+    | Delegated,
+    Field(discriminator="kind"),
+]
+
+
+class RunEvent(RootModel[AnyRunEvent]):
+    """Any run event (``RunEvent.model_validate_json(data).root`` is the typed event)."""
 
 
 # --- tools ------------------------------------------------------------------------------------
@@ -590,10 +873,13 @@ class McpServerStatus(Wire):
 
 Escalation.model_rebuild()
 ToolCall.model_rebuild()
+for _event in (Escalated, Resumed, BudgetThreshold, RunEvent):
+    _event.model_rebuild()
 
 # Every model that travels on the bus or sits in a shared bucket; schemas/ is generated from this.
 WIRE_MODELS: tuple[type[BaseModel], ...] = (
     RunSubmit,
+    RunAdvance,
     RunEvent,
     ToolContract,
     ToolCall,

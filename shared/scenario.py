@@ -15,6 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from shared.describe import problems
 from shared.messages import Rubric, RunLimits
 
 
@@ -215,18 +216,11 @@ class ScenarioError(ValueError):
     pass
 
 
-def _loc(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "(scenario)"
-
-
 def parse_scenario(data: Any, source: str = "<scenario>") -> Scenario:
     try:
         return Scenario.model_validate(data)
     except ValidationError as err:
-        lines = [f"{_loc(tuple(e['loc']))}: {e['msg']}" for e in err.errors()]
+        lines = problems(err, empty="(scenario)")
         raise ScenarioError(f"{source}: invalid scenario:\n  " + "\n  ".join(lines)) from None
 
 

@@ -20,7 +20,7 @@ OUT = Path(__file__).resolve().parents[1] / "schemas" / "messages"
 # every event of a run ends with the run id (``S.run_scoped``), so one run is a subject filter.
 CATALOGUE: dict[str, str] = {
     S.RUN_SUBMIT: "RunSubmit",
-    S.RUN_ADVANCE: "RunEvent",
+    S.RUN_ADVANCE: "RunAdvance",
     f"{S.TOOL_EXECUTE_PREFIX}.<tool>": "ToolCall",
     S.RESULT_VALIDATE: "ToolResultRaw",
     S.JUDGE_SCORE: "JudgeRequest",
@@ -31,13 +31,13 @@ CATALOGUE: dict[str, str] = {
     f"{S.ESCALATION_CLAIM}.<operator>|.console.<operator> (request/reply)": "EscalationClaim -> EscalationReply",
     f"{S.ESCALATION_RPC_PREFIX}.renew.<operator>|...": "EscalationClaim -> EscalationReply",
     f"{S.ESCALATION_RESOLVE}.<operator>|.console.<operator> (request/reply)": "EscalationResolve -> EscalationReply",
-    f"{S.RUN_EVENT_PREFIX}.<kind>.<run>": "RunEvent",
+    f"{S.RUN_EVENT_PREFIX}.<kind>.<run>": "RunEvent (the member whose kind is <kind>)",
     f"{S.TOOL_SUCCEEDED_PREFIX}.<tool>.<run>": "ToolOutcome",
     f"{S.TOOL_ATTEMPT_PREFIX}.<tool>.<run>": "ToolAttempt",
     f"{S.FAILURE_PREFIX}.<input_invalid|output_invalid|transient|timeout|fatal|unknown_outcome>"
     ".<tool>.<run>": "ToolOutcome",
-    f"{S.FAILURE_PREFIX}.<loop|budget|judge>.<tool|_>.<run>": "RunEvent",
-    f"{S.BUDGET_EVENT_PREFIX}.<warn|compact|block|fallback>.<run>": "RunEvent",
+    f"{S.FAILURE_PREFIX}.<loop|budget|judge>.<tool|_>.<run>": "RunEvent (LoopDetected | GuardTripped | NotJudged)",
+    f"{S.BUDGET_EVENT_PREFIX}.<warn|compact|block|fallback>.<run>": "RunEvent (BudgetThreshold)",
     f"{S.JUDGE_VERDICT}.<run>": "Verdict",
     f"{S.ESCALATION_RAISED}.<run>": "Escalation",
     f"{S.ESCALATION_CLAIMED}.<run>": "EscalationEvent",

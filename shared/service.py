@@ -13,16 +13,14 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable
 
-from faststream.nats import NatsRouter
-
 from shared.bus import Bus
 from shared.settings import Settings, load_settings
 from shared.telemetry import Telemetry, setup_telemetry
 
-# build(bus, settings, telemetry, router) registers handlers and returns an optional
+# build(bus, settings, telemetry) registers handlers and returns an optional
 # coroutine factory run once the broker is connected (e.g. registering tool contracts).
 AfterConnect = Callable[[], Awaitable[None]] | None
-Build = Callable[[Bus, Settings, Telemetry, NatsRouter], AfterConnect]
+Build = Callable[[Bus, Settings, Telemetry], AfterConnect]
 
 
 def configure_logging(level: str) -> None:
@@ -40,9 +38,7 @@ async def serve(service: str, build: Build, settings: Settings | None = None) ->
     configure_logging(settings.log_level)
     telemetry = setup_telemetry(service, settings)
     bus = Bus(settings, service, telemetry.bus_tracer_provider, telemetry.meter_provider)
-    router = NatsRouter()
-    after_connect = build(bus, settings, telemetry, router)
-    bus.broker.include_router(router)
+    after_connect = build(bus, settings, telemetry)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

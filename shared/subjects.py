@@ -33,7 +33,6 @@ ESCALATION_RESOLVE = f"{P}.rpc.escalation.resolve"
 RUN_EVENT_PREFIX = f"{P}.evt.run"
 TOOL_SUCCEEDED_PREFIX = f"{P}.evt.tool.succeeded"
 TOOL_ATTEMPT_PREFIX = f"{P}.evt.tool.attempt"
-TOOL_VALIDATED_PREFIX = f"{P}.evt.tool.validated"
 FAILURE_PREFIX = f"{P}.evt.failure"
 BUDGET_EVENT_PREFIX = f"{P}.evt.budget"
 JUDGE_VERDICT = f"{P}.evt.judge.verdict"
@@ -54,6 +53,25 @@ STREAM_SUBJECTS: dict[str, list[str]] = {
     STREAM_EVT: [f"{P}.evt.>"],
     STREAM_DLQ: [f"{P}.dlq.>"],
 }
+
+# --- durable consumers (a command's is shared by the replicas of its service; an event's is the
+# consuming service's own) -----------------------------------------------------------------------
+DURABLE_PLANNER_SUBMIT = "planner_submit"
+DURABLE_PLANNER_ADVANCE = "planner_advance"
+DURABLE_PLANNER_OUTCOMES = "planner_outcomes"
+DURABLE_PLANNER_VERDICTS = "planner_verdicts"
+DURABLE_PLANNER_RESOLUTIONS = "planner_resolutions"
+DURABLE_VALIDATOR = "validator"
+DURABLE_JUDGE = "judge"
+DURABLE_ESCALATION_RAISE = "escalation_raise"
+DURABLE_ESCALATION_FAILURES = "escalation_failures"
+DURABLE_GOVERNOR_RUN_FINISHED = "governor_run_finished"
+
+
+def executor_durable(tool: str) -> str:
+    """One durable per hosted tool: the subject (and its permissions) is the tool's boundary."""
+    return f"executor_{token(tool)}"
+
 
 # --- key-value buckets -------------------------------------------------------------------------
 KV_RUNS = "lw_runs"  # planner: one key per run, CAS on revision
@@ -113,10 +131,6 @@ def tool_succeeded(tool: str) -> str:
 
 def tool_attempt(tool: str) -> str:
     return f"{TOOL_ATTEMPT_PREFIX}.{token(tool)}"
-
-
-def tool_validated(tool: str) -> str:
-    return f"{TOOL_VALIDATED_PREFIX}.{token(tool)}"
 
 
 def failure(failure_type: str, tool: str | None) -> str:

@@ -7,7 +7,7 @@ from typing import Any
 from loopwarden.client import Client
 from shared import tokens
 from tests.conftest import run_scenario
-from tests.test_tool_contracts import submit, tool_results
+from tests.support.runs import submit, tool_results
 
 
 def calc(i: int) -> dict[str, Any]:

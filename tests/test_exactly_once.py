@@ -22,7 +22,7 @@ from shared.scenario import parse_scenario
 from tests.conftest import ROOT, escalations_of
 from tests.support.otlp_collector import OtlpCollector
 from tests.support.payments import count_charges
-from tests.test_tool_contracts import GOOD_SEARCH, submit, tool_results
+from tests.support.runs import GOOD_SEARCH, submit, tool_results
 
 TOOLS_DIR = ROOT / "tests" / "tools"
 FAULT_EXIT = 70

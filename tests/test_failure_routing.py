@@ -20,8 +20,8 @@ from shared.scenario import parse_scenario
 from tests.conftest import ROOT, escalations_of, run_scenario
 from tests.support.otlp_collector import OtlpCollector
 from tests.support.payments import count_charges
-from tests.test_tool_contracts import GOOD_SEARCH, submit, tool_results
-from tests.test_tracing import spans_of_run
+from tests.support.runs import GOOD_SEARCH, submit, tool_results
+from tests.support.tracing import spans_of_run
 
 
 def attempts(events: list[Any], tool: str) -> list[dict[str, Any]]:
@@ -336,6 +336,59 @@ async def test_alternation_and_repeated_errors_are_loops_too(client: Client) -> 
     )
     last_turn = state.messages[6]
     assert any(b.type == "text" and "the same error from 'search' 3 times" in b.text for b in last_turn.content)
+
+
+async def test_repeated_errors_escalate_under_the_escalate_loop_policy(client: Client) -> None:
+    """One loop reaction (issue 12): the repeated-error loop used to stop under "stop" and do nothing
+    at all under "escalate"."""
+    state = await run_scenario(
+        client,
+        {
+            "name": "same-error-escalate",
+            "task": "y",
+            "limits": {"max_iterations": 12, "loop_policy": "escalate"},
+            "planner": [{"tool_calls": [{"name": "search", "input": {"query": f"query {i}"}}]} for i in range(8)],
+            "tools": {"search": [{"fail": "transient", "error": "HTTP 503", "times": "always"}]},
+        },
+        until=("awaiting_human",),
+    )
+    assert state.awaiting is not None and state.awaiting.kind == "loop"
+    loops = [e for e in await client.events(state.run_id) if e.kind.startswith("failure.loop")]
+    assert [e.payload["detail"]["pattern"] for e in loops] == ["repeated_error", "repeated_error"]
+
+
+async def test_a_budget_request_the_governor_refuses_fails_the_run_with_its_reason(client: Client) -> None:
+    """The governor answers a request it cannot serve with a typed ErrorReply; the planner reads it and
+    fails the run naming the reason (it used to expect a BudgetDecision and dead-letter the advance)."""
+    run_id = "refused-" + os.urandom(4).hex()
+    budgets = await client.bus.kv(S.KV_BUDGETS)
+    await budgets.put(S.kv_key(run_id), b"{not a budget ledger")  # the governor cannot read this run's ledger
+    scenario = parse_scenario({"name": "governor-refuses", "task": "2+2?", "planner": [submit("4")]})
+    await client.submit_scenario(scenario, run_id=run_id)
+    state = await client.wait(run_id, timeout=30)
+    assert state.status == "failed" and state.model_calls == 0
+    assert (state.final_reason or "").startswith("the governor refused the budget request: handler failed"), (
+        state.final_reason
+    )
+    letters = [d for d in await client.dead_letters() if run_id in d.body]
+    assert [(d.service, d.subject) for d in letters] == [("governor", S.BUDGET_RESERVE)]
+    assert not [d for d in letters if d.service == "planner"]  # the advance was not dead-lettered
+
+
+async def test_in_text_mode_a_tool_call_written_as_text_is_not_the_answer(client: Client) -> None:
+    written = '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'
+    state = await run_scenario(
+        client,
+        {
+            "name": "text-mode-written-call",
+            "task": "What is 6*7?",
+            "answer_mode": "text",
+            "planner": [{"text": written}, {"text": "42"}],
+        },
+    )
+    assert state.status == "completed" and state.final_output == "42" and state.model_calls == 2
+    kinds = [e.kind for e in await client.events(state.run_id)]
+    assert "run.simulated_call" in kinds
 
 
 async def test_a_tool_call_described_in_text_is_not_a_call(client: Client) -> None:

@@ -16,7 +16,7 @@ from services.planner.state import RunState
 from shared import subjects as S
 from shared.messages import Verdict
 from tests.conftest import escalations_of, run_scenario
-from tests.test_tool_contracts import GOOD_SEARCH, submit, tool_results
+from tests.support.runs import GOOD_SEARCH, submit, tool_results
 
 RUBRIC = {"threshold": 0.8, "criteria": [{"name": "accurate", "weight": 2}, {"name": "cites a source", "hard": True}]}
 ANSWER_309 = (
@@ -163,7 +163,7 @@ async def test_a_judge_exception_is_not_judged_never_a_default_score(client: Cli
     assert first.status == "not_judged" and first.score is None
     assert "int() argument" in (first.not_judged_reason or "")
     assert second.status == "passed" and state.status == "completed" and state.final_output == "draft two"
-    assert state.first_draft_passed is True  # the first *judged* draft passed; the unjudged one did not count
+    assert state.first_draft_passed is None  # the first draft was never judged: not judged, not "passed"
 
 
 async def test_an_unparseable_judge_reply_escalates_by_default(client: Client) -> None:

@@ -28,7 +28,7 @@ from shared.payloads import BUCKET, KV_REF_KEY, PayloadError, PayloadRef, bounde
 from shared.scenario import parse_scenario
 from shared.settings import Settings
 from tests.conftest import ROOT, TEST_ENV, escalations_of, settings_for
-from tests.test_tool_contracts import submit, tool_results
+from tests.support.runs import submit, tool_results
 
 TOOLS_DIR = ROOT / "tests" / "tools"
 HARD_LIMIT = 4_000_000

@@ -17,10 +17,11 @@ import nats
 import pytest
 import yaml
 
+from loopwarden.auth_conf import OUT, all_grants, auth_conf
 from loopwarden.client import Client
 from loopwarden.infra import bootstrap
 from loopwarden.stack import SERVICES, LocalStack, nats_server_binary
-from shared.permissions import OUT, grants, render, rights
+from shared.permissions import rights
 from shared.scenario import parse_scenario
 from shared.settings import Settings
 from shared.subjects import STREAM_SUBJECTS as STREAMS
@@ -30,13 +31,13 @@ from tests.support.locked import locked_server as start_locked_server
 
 
 def test_auth_conf_is_generated_from_the_grants() -> None:
-    assert OUT.read_text() == render(), "deploy/nats/auth.conf drifted: run `python -m shared.permissions`"
+    assert OUT.read_text() == auth_conf(), "deploy/nats/auth.conf drifted: run `python -m loopwarden.auth_conf`"
 
 
 def test_no_service_may_create_or_change_a_consumer() -> None:
     """Only the admin (bootstrap) creates durables: a service that could update its own consumer
     could widen its filter (the judge reading every command) or change its limits."""
-    for service, grant in grants().items():
+    for service, grant in all_grants().items():
         pub, _ = rights(service, grant)
         named = ("DURABLE.CREATE", *(f"CONSUMER.{verb}.{s}." for s in STREAMS for verb in ("CREATE", "DELETE")))
         changes = [p for p in pub if any(n in p for n in named)]

@@ -15,7 +15,7 @@ from typing import Any
 from loopwarden.client import Client, Event
 from loopwarden.stack import LocalStack
 from shared import subjects as S
-from shared.messages import RunEvent
+from shared.messages import SimulatedCall
 from shared.scenario import parse_scenario
 from tests.conftest import run_scenario, settings_for
 
@@ -38,7 +38,7 @@ async def other_runs_events(client: Client, tag: str) -> int:
     items = [
         (
             S.run_event("note"),
-            RunEvent(run_id=f"run-noise-{tag}-{r}", kind="note", iteration=i).model_dump_json().encode(),
+            SimulatedCall(run_id=f"run-noise-{tag}-{r}", iteration=i).model_dump_json().encode(),
             None,
         )
         for r in range(NOISE_RUNS)

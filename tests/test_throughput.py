@@ -19,7 +19,7 @@ from loopwarden.client import Client
 from loopwarden.stack import LocalStack
 from shared import subjects as S
 from shared.bus import RequestRefused
-from shared.messages import BudgetDecision, DeadLetter, ErrorReply, RunEvent
+from shared.messages import BudgetDecision, DeadLetter, ErrorReply, RunAdvance
 from shared.scenario import parse_scenario
 from tests.conftest import TEST_ENV
 
@@ -178,7 +178,7 @@ async def test_a_malformed_request_is_answered_and_dead_lettered(client: Client)
     assert ErrorReply.model_validate_json(resp.data).ok is False
     # The bus helper turns the typed error into an exception the caller handles.
     with pytest.raises(RequestRefused, match="BudgetRequest"):
-        await client.bus.request(S.BUDGET_RESERVE, RunEvent(run_id=marker, kind="not-a-budget-request"), BudgetDecision)
+        await client.bus.request(S.BUDGET_RESERVE, RunAdvance(run_id=marker, iteration=0), BudgetDecision)
 
 
 async def test_a_handler_that_kills_its_process_on_every_delivery_is_dead_lettered(
@@ -197,7 +197,7 @@ async def test_a_handler_that_kills_its_process_on_every_delivery_is_dead_letter
         "LW_CRASH_LOG": str(log),
     }
     env.pop("NATS_URL", None)
-    await client.bus.publish(subject, RunEvent(run_id=marker, kind="crash"), msg_id=marker)
+    await client.bus.publish(subject, RunAdvance(run_id=marker, iteration=0), msg_id=marker)
     exits: list[int | None] = []
     letters: list[DeadLetter] = []
     for _ in range(6):  # restart it as a supervisor would, until the message is gone
@@ -240,8 +240,8 @@ async def test_messages_of_one_run_are_handled_one_at_a_time_and_runs_overlap(st
     finished = asyncio.Event()
     runs, per_run, hold = 4, 5, 0.3
 
-    @bus.consumer(None, durable=f"serialtest_{tag}", filter_subjects=[subject], model=RunEvent)
-    async def on_event(ev: RunEvent) -> None:
+    @bus.consumer(durable=f"serialtest_{tag}", filter_subjects=[subject], model=RunAdvance)
+    async def on_event(ev: RunAdvance) -> None:
         nonlocal peak_run, peak_all, done
         active[ev.run_id] = active.get(ev.run_id, 0) + 1
         peak_run, peak_all = max(peak_run, active[ev.run_id]), max(peak_all, sum(active.values()))
@@ -255,7 +255,7 @@ async def test_messages_of_one_run_are_handled_one_at_a_time_and_runs_overlap(st
     try:
         for n in range(per_run):
             for r in range(runs):
-                await bus.publish(subject, RunEvent(run_id=f"run-{tag}-{r}", kind="step", iteration=n))
+                await bus.publish(subject, RunAdvance(run_id=f"run-{tag}-{r}", iteration=n))
         t0 = time.monotonic()
         await bus.start()
         await asyncio.wait_for(finished.wait(), 60)

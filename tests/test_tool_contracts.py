@@ -12,25 +12,11 @@ from typing import Any
 
 from loopwarden.client import Client, tool_metrics
 from loopwarden.stack import LocalStack
-from services.planner.state import RunState
 from shared import subjects as S
 from shared.messages import ToolContract
 from tests.conftest import ROOT, escalations_of, run_scenario
 from tests.support.otlp_collector import OtlpCollector
-
-GOOD_SEARCH = {
-    "status": "success",
-    "totalCount": 1,
-    "results": [{"title": "JetStream de-duplication", "url": "https://docs.nats.io/x", "snippet": "Nats-Msg-Id ..."}],
-}
-
-
-def tool_results(state: RunState) -> list[Any]:
-    return [b for m in state.messages if m.role == "user" for b in m.content if b.type == "tool_result"]
-
-
-def submit(answer: str) -> dict[str, Any]:
-    return {"tool_calls": [{"name": "submit_result", "input": {"answer": answer}}]}
+from tests.support.runs import GOOD_SEARCH, submit, tool_results
 
 
 async def test_malformed_output_is_corrected_by_the_model_within_the_cap(client: Client) -> None:

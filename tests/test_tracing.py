@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from loopwarden.client import Client
 from shared.messages import escalation_id_for_call
 from shared.scenario import parse_scenario
 from tests.conftest import escalations_of
-from tests.support.otlp_collector import CollectedSpan, OtlpCollector
+from tests.support.otlp_collector import OtlpCollector
+from tests.support.tracing import spans_of_run
 
 SERVICES = {f"loopwarden-{s}" for s in ("planner", "executor", "validator", "judge", "governor", "escalation")}
 
@@ -28,21 +27,6 @@ SCENARIO = {
     "tools": {"sql_query": [{"fail": "fatal", "error": "permission denied for table orders"}]},
     "rubric": {"threshold": 0.5, "criteria": [{"name": "clear"}]},
 }
-
-
-async def spans_of_run(otlp: OtlpCollector, client: Client, run_id: str, want: set[str]) -> list[CollectedSpan]:
-    assert client.telemetry is not None
-    client.telemetry.tracer_provider.force_flush()
-    for _ in range(100):
-        roots = [s for s in otlp.spans if s.name == f"run {run_id}"]
-        if roots:
-            spans = otlp.trace(roots[0].trace_id)
-            if want <= {s.service for s in spans}:
-                return spans
-        await asyncio.sleep(0.1)
-    roots = [s for s in otlp.spans if s.name == f"run {run_id}"]
-    got = {s.service for s in otlp.trace(roots[0].trace_id)} if roots else set()
-    raise AssertionError(f"services in the run's trace: {sorted(got)}; missing {sorted(want - got)}")
 
 
 async def test_one_run_is_one_trace_across_all_six_services(client: Client, otlp: OtlpCollector) -> None:

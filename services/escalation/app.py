@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from faststream.nats import NatsRouter
-
 from services.escalation.handlers import EscalationQueue
 from shared.bus import Bus
 from shared.service import AfterConnect
@@ -11,7 +9,7 @@ from shared.settings import Settings
 from shared.telemetry import Telemetry
 
 
-def build(bus: Bus, settings: Settings, telemetry: Telemetry, router: NatsRouter) -> AfterConnect:
+def build(bus: Bus, settings: Settings, telemetry: Telemetry) -> AfterConnect:
     queue = EscalationQueue(bus, telemetry, settings)
-    queue.register(router)
+    queue.register()
     return queue.start

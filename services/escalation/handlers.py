@@ -24,15 +24,15 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, TypeVar
 
-from faststream.nats import NatsRouter
 from opentelemetry import propagate
 from pydantic import ValidationError
 
 from services.escalation import queue as Q
 from shared import subjects as S
 from shared import telemetry as T
-from shared.bus import Bus, CasConflict, Unchanged, describe
+from shared.bus import Bus, CasConflict, Unchanged
 from shared.contracts.registration import validator_for
+from shared.describe import describe
 from shared.messages import (
     HUMAN_FAILURES,
     ChatMessage,
@@ -86,28 +86,27 @@ class EscalationQueue:
         self._tasks: list[asyncio.Task[None]] = []
         bus.on_stop.append(self.stop)
 
-    def register(self, router: NatsRouter) -> None:
+    def register(self) -> None:
         b = self.bus
-        b.consumer(router, durable="escalation_raise", filter_subjects=[S.ESCALATION_RAISE], model=EscalationRaise)(
+        b.consumer(durable=S.DURABLE_ESCALATION_RAISE, filter_subjects=[S.ESCALATION_RAISE], model=EscalationRaise)(
             self.on_raise
         )
         b.consumer(
-            router,
-            durable="escalation_failures",
+            durable=S.DURABLE_ESCALATION_FAILURES,
             stream=S.STREAM_EVT,
             model=ToolOutcome,
             filter_subjects=[f"{S.FAILURE_PREFIX}.{t}.>" for t in HUMAN_FAILURES],
         )(self.on_failure)
         error = lambda reason: EscalationReply(ok=False, error=reason)  # noqa: E731
-        b.responder(router, subject=S.ESCALATION_LIST, model=EscalationQuery, reply=error)(self.on_list)
-        b.responder(router, subject=S.ESCALATION_SHOW, model=EscalationQuery, reply=error)(self.on_show)
+        b.responder(subject=S.ESCALATION_LIST, model=EscalationQuery, reply=error)(self.on_list)
+        b.responder(subject=S.ESCALATION_SHOW, model=EscalationQuery, reply=error)(self.on_show)
         for subject in (S.ESCALATION_CLAIM, f"{S.ESCALATION_CLAIM}.>"):
-            b.subject_responder(router, subject=subject, model=EscalationClaim, reply=error)(self.on_claim)
+            b.subject_responder(subject=subject, model=EscalationClaim, reply=error)(self.on_claim)
         renew = f"{S.ESCALATION_RPC_PREFIX}.renew"
         for subject in (renew, f"{renew}.>"):
-            b.subject_responder(router, subject=subject, model=EscalationClaim, reply=error)(self.on_renew)
+            b.subject_responder(subject=subject, model=EscalationClaim, reply=error)(self.on_renew)
         for subject in (S.ESCALATION_RESOLVE, f"{S.ESCALATION_RESOLVE}.>"):
-            b.subject_responder(router, subject=subject, model=EscalationResolve, reply=error)(self.on_resolve)
+            b.subject_responder(subject=subject, model=EscalationResolve, reply=error)(self.on_resolve)
 
     # --- the watched cache and the sweeper ----------------------------------------------------------
     async def start(self) -> None:
@@ -217,12 +216,8 @@ class EscalationQueue:
             return
         req, context = await self._with_context(req)
         item = Q.raise_item(req, current_traceparent(), sla=self.slas.get(req.kind), context=context)
-        try:
-            await self.bus.kv_put(S.KV_ESCALATIONS, req.escalation_id, item, revision=0)
-        except CasConflict:
-            stored, _ = await self.bus.kv_get(S.KV_ESCALATIONS, req.escalation_id, Escalation)
-            item = stored or item
-        else:
+        item, _, created = await self.bus.create_or_get(S.KV_ESCALATIONS, req.escalation_id, item)
+        if created:
             self.raised.add(1, {"kind": req.kind})
             log.warning("escalation %s (%s) for run %s: %s", req.escalation_id, req.kind, req.run_id, req.reason)
         self.items[item.escalation_id] = item

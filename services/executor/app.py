@@ -5,8 +5,6 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from faststream.nats import NatsRouter
-
 import services.executor.tools.demo  # noqa: F401  - registers the @tool-declared demo tools
 from services.executor.handlers import Executor
 from services.executor.registry import DECLARED, SCHEMAS_DIR, ToolRegistry
@@ -27,9 +25,9 @@ def load_registry(settings: Settings) -> ToolRegistry:
     return registry  # MCP tools are mounted once connected (Executor.start)
 
 
-def build(bus: Bus, settings: Settings, telemetry: Telemetry, router: NatsRouter) -> AfterConnect:
+def build(bus: Bus, settings: Settings, telemetry: Telemetry) -> AfterConnect:
     registry = load_registry(settings)
     executor = Executor(bus, settings, telemetry, registry)
-    executor.register(router)
+    executor.register()
     log.info("hosting tools: %s", ", ".join(sorted(registry.hosted(settings.hosted_tools))))
     return executor.start

@@ -13,20 +13,19 @@ import asyncio
 import logging
 import os
 import time
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, assert_never
 
-from faststream.nats import NatsRouter
 from nats.errors import MaxPayloadError
 from nats.js.errors import APIError
 from opentelemetry.trace import Status, StatusCode
 from pydantic_core import PydanticSerializationError
 
 from services.executor.ledger import FinalPublish, LedgerEntry, claim, on_delivery
+from services.executor.recovery import Attempted, Fail, Fallback, UseCached, model_error, retry_delay
+from services.executor.recovery import after_retries as recovery_after
 from services.executor.registry import HostedTool, ToolContext, ToolFailure, ToolRegistry
 from shared import subjects as S
 from shared import telemetry as T
-from shared.backoff import BackoffPolicy, next_delay
 from shared.bus import Bus, CasConflict, TryLater
 from shared.canonical import cache_key
 from shared.contracts.registration import validator_for
@@ -34,8 +33,6 @@ from shared.contracts.validation import format_for_model
 from shared.messages import (
     CachedToolResult,
     DeadLetter,
-    FailureType,
-    FallbackNote,
     McpServerStatus,
     SchemaError,
     ToolAttempt,
@@ -44,23 +41,10 @@ from shared.messages import (
     ToolResultRaw,
     Wire,
 )
-from shared.scenario import Scenario, ToolBehaviour
+from shared.scenario import ToolBehaviour
 from shared.settings import FaultPoint, Settings
 
 log = logging.getLogger("loopwarden.executor")
-MAX_FALLBACK_DEPTH = 3
-
-
-@dataclass
-class Attempted:
-    ok: bool
-    output: Any = None
-    output_is_text: bool = False
-    failure_type: FailureType | None = None
-    error: str | None = None
-    retry_after_s: float | None = None
-    effect_unknown: bool = False  # the real tool was cut off (timeout): it may have done its work
-    effect: str | None = None  # ToolFailure.effect (MCP tools)
 
 
 class Cursor(Wire):
@@ -84,36 +68,12 @@ def raw_result(call: ToolCall, output: Any, attempts: int, **extra: Any) -> Tool
     )
 
 
-def model_error(tool: str, failure_type: str, detail: str, attempts: int) -> str:
-    """Failures written for the model: what happened and what it can do next."""
-    tried = f" after {attempts} attempt(s)" if attempts > 1 else ""
-    if failure_type == "transient":
-        return (
-            f"'{tool}' is temporarily unavailable ({detail}){tried}. Try again later, use another tool, "
-            "or continue without this information."
-        )
-    if failure_type == "timeout":
-        return (
-            f"'{tool}' did not respond in time ({detail}){tried}. It may be overloaded; try a narrower request, "
-            "another tool, or continue without it."
-        )
-    if failure_type == "tool_error":  # the tool's own message for the model (services/executor/mcp_tools.py)
-        return detail
-    if failure_type == "unknown_outcome":
-        return (
-            f"'{tool}' may or may not have completed: the process running it stopped before recording the "
-            "result, and it is not safe to repeat. A human is checking; do not call it again for this request."
-        )
-    return f"'{tool}' failed and cannot be retried: {detail}. A human has been notified."
-
-
 class Executor:
     def __init__(self, bus: Bus, settings: Settings, telemetry: T.Telemetry, registry: ToolRegistry) -> None:
         self.bus, self.settings, self.registry = bus, settings, registry
         self.tracer = telemetry.tracer("loopwarden.executor")
         meter = telemetry.meter("loopwarden.executor")
         self.attempts = meter.create_counter("loopwarden.tool.attempts", description="tool attempts by result")
-        self._scenarios: dict[str, Scenario | None] = {}
         self._consuming: set[str] = set()
         self.mounts: list[Any] = []
         self._hosting: set[asyncio.Task[None]] = set()  # tools of late MCP servers being hosted
@@ -121,14 +81,14 @@ class Executor:
         if self.fault_point is not None:
             log.warning("TEST FAULT INJECTION: this executor exits at %s of every tool call", self.fault_point)
 
-    def register(self, router: NatsRouter | Any) -> None:
+    def register(self) -> None:
         for name in sorted(self.registry.hosted(self.settings.hosted_tools)):
             if name in self._consuming:
                 continue
             self._consuming.add(name)
-            self.bus.consumer(
-                router, durable=f"executor_{S.token(name)}", filter_subjects=[S.tool_execute(name)], model=ToolCall
-            )(self.handler_for(name))
+            self.bus.consumer(durable=S.executor_durable(name), filter_subjects=[S.tool_execute(name)], model=ToolCall)(
+                self.handler_for(name)
+            )
 
     def handler_for(self, tool: str) -> Any:
         """The handler of ``tool``'s subject: it runs that tool and no other (the subject is the boundary
@@ -166,7 +126,7 @@ class Executor:
     async def host_tools(self) -> None:
         """Consume every registered tool's subject (tools mounted after start included) and publish
         the contracts."""
-        self.register(self.bus.broker)
+        self.register()
         await self.bus.reconcile_consumers()
         await self.publish_contracts()
 
@@ -217,7 +177,8 @@ class Executor:
                 return
 
             entry, revision = await self.bus.kv_get(S.KV_TOOL_LEDGER, call.attempt_id, LedgerEntry)
-            match on_delivery(entry):
+            decision = on_delivery(entry)
+            match decision:
                 case "republish":
                     assert entry is not None
                     await self.deliver(call, entry, revision)
@@ -236,6 +197,8 @@ class Executor:
                     return
                 case "run":
                     pass
+                case _:
+                    assert_never(decision)
             entry = claim(entry, call.attempt_id, call.tool, contract.idempotent)
             try:
                 revision = await self.save(entry, revision)  # recorded *before* the tool runs
@@ -262,12 +225,6 @@ class Executor:
 
     async def run_attempts(self, call: ToolCall, hosted: HostedTool, entry: LedgerEntry, revision: int) -> None:
         contract = hosted.contract
-        policy = BackoffPolicy(
-            contract.retry.max_attempts,
-            contract.retry.base_delay_s,
-            contract.retry.max_delay_s,
-            contract.retry.max_elapsed_s,
-        )
         started = time.monotonic()
         n = 0
         while True:
@@ -277,16 +234,12 @@ class Executor:
                 attributes={T.GEN_AI_TOOL_NAME: call.tool, T.LW_ATTEMPT: n, T.LW_RUN_ID: call.run_id},
             ) as span:
                 result = await self.attempt(call, hosted, n)
-                delay = None
+                delay = retry_delay(contract, result, n, time.monotonic() - started)
                 if not result.ok:
                     span.set_attribute(T.LW_FAILURE_TYPE, result.failure_type or "")
                     span.set_status(Status(StatusCode.ERROR, result.error or ""))
-                    # A non-idempotent tool cut off mid-call may have done its work: never run it again.
-                    may_repeat = contract.idempotent or not result.effect_unknown
-                    if result.failure_type in ("transient", "timeout") and may_repeat:
-                        delay = next_delay(policy, n, time.monotonic() - started, result.retry_after_s)
-                    if delay is not None:
-                        span.set_attribute(T.LW_BACKOFF_S, round(delay, 4))
+                if delay is not None:
+                    span.set_attribute(T.LW_BACKOFF_S, round(delay, 4))
                 self.attempts.add(1, {"tool": call.tool, "result": "ok" if result.ok else result.failure_type or ""})
                 await self.bus.publish(
                     S.tool_attempt(call.tool),
@@ -338,63 +291,38 @@ class Executor:
     async def after_retries(
         self, call: ToolCall, hosted: HostedTool, entry: LedgerEntry, revision: int, result: Attempted, attempts: int
     ) -> None:
-        contract = hosted.contract
-        ftype = result.failure_type or "fatal"
-        if result.effect_unknown and not contract.idempotent:
-            await self.finish_failure(
-                call,
-                entry,
-                revision,
-                "unknown_outcome",
-                f"it was cut off ({result.error or ftype}) and may have done its work",
-                attempts=attempts,
-            )
-            return
-        # A fallback or a cached result stands in only for a tool that could not be reached; a
-        # tool_error (MCP isError) is the tool's own answer: the model reads it and can correct it.
-        recoverable = ftype in ("transient", "timeout")
-        depth = call.attempt_id.count(".fb.")
-        if (
-            recoverable
-            and contract.fallback
-            and depth < MAX_FALLBACK_DEPTH
-            and f".fb.{contract.fallback}" not in call.attempt_id
-            and contract.fallback != call.requested_tool
-        ):
-            await self.interim_failure(call, entry, result, attempts)
-            note = FallbackNote(
-                from_tool=call.tool,
-                to_tool=contract.fallback,
-                reason=model_error(call.tool, ftype, result.error or ftype, attempts),
-            )
-            fallback = call.model_copy(
-                update={
-                    "tool": contract.fallback,
-                    "attempt_id": f"{call.attempt_id}.fb.{contract.fallback}",
-                    "fallback_from": note,
-                }
-            )
-            await self.finish(
-                call, entry, revision, S.tool_execute(contract.fallback), fallback, f"{fallback.attempt_id}.call"
-            )
-            return
-        if recoverable and contract.boundary == "use_cached":
-            cached, _ = await self.bus.kv_get(S.KV_TOOL_CACHE, cache_key(call.tool, call.arguments), CachedToolResult)
-            if cached is not None:
+        """Carry out what the recovery policy chose for a call whose last attempt failed."""
+        step = recovery_after(hosted.contract, call, result, attempts)
+        match step:
+            case Fallback(call=fallback):
                 await self.interim_failure(call, entry, result, attempts)
-                raw = raw_result(call, cached.data, attempts, cached=True)
-                await self.finish_result(call, hosted, entry, revision, raw)
+                await self.finish(
+                    call, entry, revision, S.tool_execute(fallback.tool), fallback, f"{fallback.attempt_id}.call"
+                )
                 return
+            case UseCached(otherwise=fail):
+                cached, _ = await self.bus.kv_get(
+                    S.KV_TOOL_CACHE, cache_key(call.tool, call.arguments), CachedToolResult
+                )
+                if cached is not None:
+                    await self.interim_failure(call, entry, result, attempts)
+                    raw = raw_result(call, cached.data, attempts, cached=True)
+                    await self.finish_result(call, hosted, entry, revision, raw)
+                    return
+            case Fail():
+                fail = step
+            case _:
+                assert_never(step)
         await self.finish_failure(
             call,
             entry,
             revision,
-            ftype,
-            result.error or ftype,
-            recoverable=recoverable or ftype == "tool_error",
-            boundary=None if ftype == "tool_error" else contract.boundary,
+            fail.failure_type,
+            fail.detail,
+            recoverable=fail.recoverable,
+            boundary=fail.boundary,
             attempts=attempts,
-            effect=result.effect,
+            effect=fail.effect,
         )
 
     async def attempt(self, call: ToolCall, hosted: HostedTool, n: int) -> Attempted:
@@ -458,12 +386,8 @@ class Executor:
         the planner from the run's submission); a live run never reads a scenario."""
         if not call.scripted:
             return None
-        if call.run_id not in self._scenarios:
-            self._scenarios[call.run_id], _ = await self.bus.kv_get(S.KV_SCENARIOS, call.run_id, Scenario)
-            if len(self._scenarios) > 256:
-                self._scenarios.pop(next(iter(self._scenarios)))
-        scenario = self._scenarios[call.run_id]
-        if scenario is None or call.tool not in scenario.tools:
+        scenario = await self.bus.scenario(call.run_id)
+        if call.tool not in scenario.tools:
             return None
 
         def take(cursor: Cursor | None) -> tuple[Cursor, int]:  # the n-th attempt of this tool in this run

@@ -42,10 +42,10 @@ class LedgerEntry(BaseModel):
     final: FinalPublish | None = None
 
 
-Verdict = Literal["republish", "unknown_outcome", "run"]
+DeliveryAction = Literal["republish", "unknown_outcome", "run"]
 
 
-def on_delivery(entry: LedgerEntry | None) -> Verdict:
+def on_delivery(entry: LedgerEntry | None) -> DeliveryAction:
     """What a (re)delivered tool command must do, given the ledger."""
     if entry is None:
         return "run"

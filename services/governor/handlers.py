@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from datetime import UTC, datetime
-from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -14,9 +13,24 @@ from services.governor.budget import BudgetLedger, evaluate, observe, updated_ra
 from shared import subjects as S
 from shared import telemetry as T
 from shared.bus import Bus, Unchanged
-from shared.messages import FINAL_STATUSES, BudgetDecision, BudgetRequest, ErrorReply, RunEvent
+from shared.messages import (
+    FINAL_STATUSES,
+    BudgetDecision,
+    BudgetRequest,
+    BudgetThreshold,
+    BudgetThresholdKind,
+    ErrorReply,
+    RunEvent,
+    RunFinished,
+)
 from shared.settings import Settings
 
+THRESHOLD_KINDS: dict[str, BudgetThresholdKind] = {
+    "warn": "budget.warn",
+    "compact": "budget.compact",
+    "block": "budget.block",
+    "wrap_up": "budget.wrap_up",
+}  # any other threshold that fires is a model fallback
 KEEP_DECISIONS = 8  # recent turns whose decision a redelivered request gets again
 CALIBRATION_KEY = "calibration.models"
 PERSIST_EVERY = 8  # calibration samples between writes of the shared ratios
@@ -76,16 +90,14 @@ class Governor:
         while len(self._ledgers) > 1024:
             self._ledgers.popitem(last=False)
 
-    def register(self, router: Any) -> None:
+    def register(self) -> None:
         self.bus.responder(
-            router,
             subject=S.BUDGET_RESERVE,
             model=BudgetRequest,
             reply=lambda reason: ErrorReply(error=reason),  # typed: the planner parses it
         )(self.on_reserve)
         self.bus.consumer(
-            router,
-            durable="governor_run_finished",
+            durable=S.DURABLE_GOVERNOR_RUN_FINISHED,
             stream=S.STREAM_EVT,
             filter_subjects=[S.any_run(S.run_event(status)) for status in FINAL_STATUSES],
             model=RunEvent,
@@ -147,13 +159,15 @@ class Governor:
 
         return await self.bus.update(S.KV_BUDGETS, tenant_key(tenant, day), TenantDay, change)
 
-    async def on_run_finished(self, ev: RunEvent) -> None:
+    async def on_run_finished(self, event: RunEvent) -> None:
         """A run's final usage reaches its tenant's day (the last call was never asked about)."""
-        ledger, _ = await self.bus.kv_get(S.KV_BUDGETS, S.kv_key(ev.run_id), BudgetLedger)
-        usage = ev.detail.get("usage")
-        if ledger is None or ledger.tenant is None or not isinstance(usage, dict):
+        ev = event.root
+        if not isinstance(ev, RunFinished):
             return
-        cost = float(usage.get("cost_usd", 0.0))
+        ledger, _ = await self.bus.kv_get(S.KV_BUDGETS, S.kv_key(ev.run_id), BudgetLedger)
+        if ledger is None or ledger.tenant is None:
+            return
+        cost = ev.detail.usage.cost_usd
         await self.account(ledger.tenant, ev.run_id, cost)
         if cost > ledger.tenant_accounted_usd:
             self.tenant_spend.add(cost - ledger.tenant_accounted_usd, {"tenant": ledger.tenant})
@@ -217,15 +231,16 @@ class Governor:
         if decision.action != "block":
             self.estimated_cost.add(decision.estimated_cost_usd, {"gen_ai.request.model": decision.model})
         for flag in decision.fired:
-            level = flag if flag in ("warn", "compact", "block", "wrap_up") else "fallback"
+            kind = THRESHOLD_KINDS.get(flag, "budget.fallback")
+            level = kind.removeprefix("budget.")
             await self.bus.publish(
                 S.budget_event(level),
-                RunEvent(
+                BudgetThreshold(
                     run_id=req.run_id,
-                    kind=f"budget.{level}",
+                    kind=kind,
                     iteration=req.turn,
                     summary="; ".join(decision.reasons),
-                    detail=decision.model_dump(mode="json"),
+                    detail=decision,
                 ),
                 msg_id=f"{req.run_id}.budget.{req.turn}.{flag}",
             )

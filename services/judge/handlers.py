@@ -9,17 +9,14 @@ from __future__ import annotations
 
 import logging
 
-from faststream.nats import NatsRouter
-
 from services.judge import scoring
 from shared import subjects as S
 from shared import telemetry as T
 from shared.backoff import BackoffPolicy
-from shared.bus import Bus, CasConflict, TryLater
+from shared.bus import Bus
 from shared.messages import ChatMessage, JudgeRequest, Verdict
 from shared.providers.base import ModelRequest, ProviderError, complete_with_retry
 from shared.providers.select import provider_for
-from shared.scenario import Scenario
 from shared.settings import Settings
 
 log = logging.getLogger("loopwarden.judge")
@@ -32,28 +29,17 @@ class Judge:
         meter = telemetry.meter("loopwarden.judge")
         self.verdicts = meter.create_counter("loopwarden.judge.verdicts", description="verdicts by status")
 
-    def register(self, router: NatsRouter) -> None:
-        self.bus.consumer(router, durable="judge", filter_subjects=[S.JUDGE_SCORE], model=JudgeRequest)(self.on_request)
+    def register(self) -> None:
+        self.bus.consumer(durable=S.DURABLE_JUDGE, filter_subjects=[S.JUDGE_SCORE], model=JudgeRequest)(self.on_request)
 
     async def on_request(self, req: JudgeRequest) -> None:
         key = S.kv_key(req.candidate.id)
         stored, _ = await self.bus.kv_get(S.KV_VERDICTS, key, Verdict)
         if stored is None:
-            verdict = await self.judge(req)
-            try:
-                await self.bus.kv_put(S.KV_VERDICTS, key, verdict, revision=0)
-            except CasConflict:  # another replica judged it first: its verdict stands
-                existing, _ = await self.bus.kv_get(S.KV_VERDICTS, key, Verdict)
-                verdict = existing or verdict
-            stored = verdict
+            # Another replica may have judged it meanwhile: the first verdict stored stands.
+            stored, _, _ = await self.bus.create_or_get(S.KV_VERDICTS, key, await self.judge(req))
             self.verdicts.add(1, {"status": stored.status})
         await self.bus.publish(S.JUDGE_VERDICT, stored, msg_id=f"verdict.{req.candidate.id}")
-
-    async def scenario(self, req: JudgeRequest) -> Scenario:
-        scenario, _ = await self.bus.kv_get(S.KV_SCENARIOS, req.run_id, Scenario)
-        if scenario is None:  # bound at submit: absent only for a moment, never for good
-            raise TryLater(f"scenario for {req.run_id} not stored yet", delay=1.0)
-        return scenario
 
     async def judge(self, req: JudgeRequest) -> Verdict:
         model = self.settings.judge_model
@@ -63,7 +49,7 @@ class Judge:
         ) as span:
             # Reading the bus or storage is outside the "not judged" boundary: an error there is
             # raised, so the bus helper redelivers the request; only the model's side is "not judged".
-            scenario = await self.scenario(req) if req.scripted else None
+            scenario = await self.bus.scenario(req.run_id) if req.scripted else None
             try:
                 provider = provider_for(self.settings, "judge", scenario)
                 request = ModelRequest(

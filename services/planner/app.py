@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from faststream.nats import NatsRouter
-
 from services.planner.handlers import Planner
 from shared.bus import Bus
 from shared.service import AfterConnect
@@ -11,6 +9,6 @@ from shared.settings import Settings
 from shared.telemetry import Telemetry
 
 
-def build(bus: Bus, settings: Settings, telemetry: Telemetry, router: NatsRouter) -> AfterConnect:
-    Planner(bus, settings, telemetry).register(router)
+def build(bus: Bus, settings: Settings, telemetry: Telemetry) -> AfterConnect:
+    Planner(bus, settings, telemetry).register()
     return None

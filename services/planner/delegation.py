@@ -23,7 +23,7 @@ from typing import Any
 from services.planner.outbox import Outbox, escalate
 from services.planner.state import RunConfig, RunState, ToolCallRecord
 from shared import subjects as S
-from shared.messages import RunLimits, RunSubmit
+from shared.messages import CallDetail, Delegated, DelegatedDetail, RunLimits, RunSubmit, ToolBlocked
 from shared.providers.base import ToolSpec
 
 DELEGATE = "delegate"
@@ -116,7 +116,11 @@ def dispatch(out: Outbox, record: ToolCallRecord) -> None:
     submit = child_submit(s, record)
     if isinstance(submit, str):
         _refuse(record, submit)
-        out.event("tool_blocked", f"delegate refused: {submit}", tool=DELEGATE, call_id=record.call_id)
+        out.event(
+            ToolBlocked(
+                **out.head(f"delegate refused: {submit}"), detail=CallDetail(tool=DELEGATE, call_id=record.call_id)
+            )
+        )
         return
     estimate = estimated_cost(s, submit)
     s.children[record.call_id] = submit.run_id
@@ -153,14 +157,16 @@ def spawn(out: Outbox, record: ToolCallRecord, submit: RunSubmit | None = None, 
     record.status = "dispatched"
     out.add(S.RUN_SUBMIT, submit, f"{submit.run_id}.submit")
     out.event(
-        "delegated",
-        f"sub-agent {submit.run_id} started: {submit.task[:160]}",
-        tool=DELEGATE,
-        call_id=record.call_id,
-        child_run_id=submit.run_id,
-        estimated_cost_usd=estimate,
-        cost_ceiling_usd=submit.limits.cost_ceiling_usd,
-        depth=submit.depth,
+        Delegated(
+            **out.head(f"sub-agent {submit.run_id} started: {submit.task[:160]}"),
+            detail=DelegatedDetail(
+                call_id=record.call_id,
+                child_run_id=submit.run_id,
+                estimated_cost_usd=estimate,
+                cost_ceiling_usd=submit.limits.cost_ceiling_usd,
+                depth=submit.depth,
+            ),
+        )
     )
 
 

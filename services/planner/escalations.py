@@ -14,7 +14,7 @@ from services.planner import delegation
 from services.planner.judging import decide_next, finish_iteration
 from services.planner.outbox import Outbox, finish
 from services.planner.state import RunState
-from shared.messages import Candidate, EscalationResolution
+from shared.messages import Candidate, EscalationResolution, Resumed, ResumedDetail
 
 
 def apply_resolution(state: RunState, res: EscalationResolution) -> Outbox:
@@ -25,10 +25,10 @@ def apply_resolution(state: RunState, res: EscalationResolution) -> Outbox:
     state.awaiting = None
     state.status = "running"
     out.event(
-        "resumed",
-        f"human {res.resolved_by}: {res.action} {res.note[:160]}",
-        action=res.action,
-        escalation_id=res.escalation_id,
+        Resumed(
+            **out.head(f"human {res.resolved_by}: {res.action} {res.note[:160]}"),
+            detail=ResumedDetail(action=res.action, escalation_id=res.escalation_id),
+        )
     )
     who = f"the SLA ({res.note})" if res.by_sla else res.resolved_by
     if res.action == "abort":

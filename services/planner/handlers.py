@@ -16,10 +16,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from faststream.nats import NatsRouter
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
-from nats.js.errors import NoKeysError
 from pydantic import Field
 
 from services.planner import context as C
@@ -40,16 +38,18 @@ from services.planner.turns import (
 )
 from shared import subjects as S
 from shared.backoff import BackoffPolicy
-from shared.bus import Bus, CasConflict, RequestRefused, TryLater, Unchanged, current_deliveries
+from shared.bus import Bus, RequestRefused, TryLater, Unchanged, current_deliveries
 from shared.canonical import digest_of
 from shared.messages import (
     TOOL_FAILURES,
     BudgetDecision,
     ChatMessage,
+    Corrected,
     DeadLetter,
+    Decided,
     EscalationRaise,
     EscalationResolution,
-    RunEvent,
+    RunAdvance,
     RunSubmit,
     ToolContract,
     ToolOutcome,
@@ -97,7 +97,6 @@ class Planner:
             "loopwarden.tool.corrections", description="schema-failure streaks by outcome: recovered, escalated"
         )
         self._contracts: tuple[float, dict[str, ToolContract]] = (0.0, {})
-        self._scenarios: dict[str, Scenario | None] = {}
         # The state this replica last stored or read per run, with its revision: a transaction
         # tries its CAS on it without reading first (a conflict re-reads), so a step parses the
         # run state once instead of three times. One run is handled at a time per replica.
@@ -121,27 +120,26 @@ class Planner:
         self.keep(run_id, state, revision)
         return state
 
-    def register(self, router: NatsRouter) -> None:
+    def register(self) -> None:
         b = self.bus
-        b.consumer(router, durable="planner_submit", filter_subjects=[S.RUN_SUBMIT], model=RunSubmit)(self.on_submit)
-        b.consumer(router, durable="planner_advance", filter_subjects=[S.RUN_ADVANCE], model=RunEvent)(self.on_advance)
+        b.consumer(durable=S.DURABLE_PLANNER_SUBMIT, filter_subjects=[S.RUN_SUBMIT], model=RunSubmit)(self.on_submit)
+        b.consumer(durable=S.DURABLE_PLANNER_ADVANCE, filter_subjects=[S.RUN_ADVANCE], model=RunAdvance)(
+            self.on_advance
+        )
         b.consumer(
-            router,
-            durable="planner_outcomes",
+            durable=S.DURABLE_PLANNER_OUTCOMES,
             stream=S.STREAM_EVT,
             model=ToolOutcome,
             filter_subjects=[f"{S.TOOL_SUCCEEDED_PREFIX}.>", *(f"{S.FAILURE_PREFIX}.{t}.>" for t in TOOL_FAILURES)],
         )(self.on_outcome)
         b.consumer(
-            router,
-            durable="planner_verdicts",
+            durable=S.DURABLE_PLANNER_VERDICTS,
             stream=S.STREAM_EVT,
             filter_subjects=[S.any_run(S.JUDGE_VERDICT)],
             model=Verdict,
         )(self.on_verdict)
         b.consumer(
-            router,
-            durable="planner_resolutions",
+            durable=S.DURABLE_PLANNER_RESOLUTIONS,
             stream=S.STREAM_EVT,
             filter_subjects=[S.any_run(S.ESCALATION_RESOLVED)],
             model=EscalationResolution,
@@ -194,15 +192,16 @@ class Planner:
 
     def count(self, items: list[PublishRecord], state: RunState) -> None:
         for item in items:
-            if item.subject == S.run_event("decided"):
-                ev = RunEvent.model_validate_json(item.payload)
-                self.decisions.add(1, {"action": ev.detail.get("action", ""), "row": ev.detail.get("row", 0)})
-            elif item.subject == S.run_event("corrected"):
-                ev = RunEvent.model_validate_json(item.payload)
-                self.corrections.add(1, {"tool": str(ev.detail.get("tool")), "outcome": "recovered"})
-            elif item.subject == S.ESCALATION_RAISE and '"schema_cap"' in item.payload:
+            if item.model == Decided.__name__:
+                decided = Decided.model_validate_json(item.payload)
+                self.decisions.add(1, {"action": decided.detail.action, "row": decided.detail.row})
+            elif item.model == Corrected.__name__:
+                corrected = Corrected.model_validate_json(item.payload)
+                self.corrections.add(1, {"tool": corrected.detail.tool, "outcome": "recovered"})
+            elif item.model == EscalationRaise.__name__:
                 raised = EscalationRaise.model_validate_json(item.payload)
-                self.corrections.add(1, {"tool": str(raised.tool), "outcome": "escalated"})
+                if raised.kind == "schema_cap":
+                    self.corrections.add(1, {"tool": str(raised.tool), "outcome": "escalated"})
         if state.done:
             self.runs_finished.add(1, {"status": state.status})
 
@@ -222,14 +221,11 @@ class Planner:
         config = resolve_config(submit, self.settings, contracts)
         out = start_run(submit, config, lessons)
         out.state.remember("submit", out.items)
-        try:
-            revision = await self.bus.kv_put(S.KV_RUNS, submit.run_id, out.state, revision=0)
-            self.keep(submit.run_id, out.state, revision)
-        except CasConflict:
-            existing, _ = await self.bus.kv_get(S.KV_RUNS, submit.run_id, RunState)
-            if existing is not None:
-                await self.publish(existing.outbox.get("submit", []), submit.run_id)
+        run, revision, created = await self.bus.create_or_get(S.KV_RUNS, submit.run_id, out.state)
+        if not created:  # submitted before (a redelivery, or a client's retry): publish what it produced
+            await self.publish(run.outbox.get("submit", []), submit.run_id)
             return
+        self.keep(submit.run_id, run, revision)
         await self.publish(out.items, submit.run_id)
 
     async def on_outcome(self, outcome: ToolOutcome) -> None:
@@ -252,11 +248,11 @@ class Planner:
         await self.transact(res.run_id, msg_id, lambda s: apply_resolution(s, res))
 
     @staticmethod
-    def takes(state: RunState, ev: RunEvent) -> bool:
+    def takes(state: RunState, ev: RunAdvance) -> bool:
         """Whether the run is (still) at the turn ``ev`` asks for."""
         return not state.done and state.iteration.n == ev.iteration and state.status == "running"
 
-    async def on_advance(self, ev: RunEvent) -> None:
+    async def on_advance(self, ev: RunAdvance) -> None:
         msg_id = f"advance.{ev.iteration}"
         state = await self.load(ev.run_id)
         if state is not None and not state.seen(msg_id) and not self.takes(state, ev):
@@ -269,7 +265,7 @@ class Planner:
         if not self.takes(state, ev):
             return  # stale: this iteration already moved on
         contracts = await self.contracts()
-        scenario = await self.scenario(ev.run_id) if state.config.scripted else None
+        scenario = await self.bus.scenario(ev.run_id) if state.config.scripted else None
         try:
             provider = provider_for(self.settings, "planner", scenario)
         except ProviderError as err:
@@ -340,7 +336,7 @@ class Planner:
     async def wrap_up(
         self,
         state: RunState,
-        ev: RunEvent,
+        ev: RunAdvance,
         msg_id: str,
         provider: object,
         contracts: dict[str, ToolContract],
@@ -392,16 +388,7 @@ class Planner:
         fetched_at, cached = self._contracts
         if not refresh and time.monotonic() - fetched_at < 2.0 and cached:
             return cached
-        kv = await self.bus.kv(S.KV_CONTRACTS)
-        found: dict[str, ToolContract] = {}
-        try:
-            keys = await kv.keys()
-        except NoKeysError:
-            keys = []
-        for key in keys:
-            contract, _ = await self.bus.kv_get(S.KV_CONTRACTS, key, ToolContract)
-            if contract is not None:
-                found[contract.name] = contract
+        found = {c.name: c for c in (await self.bus.kv_values(S.KV_CONTRACTS, ToolContract)).values()}
         self._contracts = (time.monotonic(), found)
         return found
 
@@ -418,12 +405,9 @@ class Planner:
             except ScenarioError as err:
                 problem = str(err)
             else:
-                try:
-                    await self.bus.kv_put(S.KV_SCENARIOS, submit.run_id, scenario, revision=0)
-                except CasConflict:  # bound before (a redelivery): it must be the same scenario
-                    stored, _ = await self.bus.kv_get(S.KV_SCENARIOS, submit.run_id, Scenario)
-                    if stored is None or _scenario_digest(stored) != _scenario_digest(scenario):
-                        problem = f"another scenario is already bound to run {submit.run_id}"
+                stored, _, _ = await self.bus.create_or_get(S.KV_SCENARIOS, submit.run_id, scenario)
+                if _scenario_digest(stored) != _scenario_digest(scenario):  # bound before: the same one only
+                    problem = f"another scenario is already bound to run {submit.run_id}"
         if problem is None:
             return True
         letter = DeadLetter(
@@ -432,16 +416,6 @@ class Planner:
         await self.bus.publish(S.dead_letter("planner"), letter, msg_id=f"dlq-planner-scenario-{submit.run_id}")
         log.error("planner: refused the submit of %s: %s", submit.run_id, problem)
         return False
-
-    async def scenario(self, run_id: str) -> Scenario | None:
-        if run_id not in self._scenarios:
-            scenario, _ = await self.bus.kv_get(S.KV_SCENARIOS, run_id, Scenario)
-            if scenario is None:
-                raise TryLater(f"scenario for {run_id} not stored yet", delay=1.0)
-            self._scenarios[run_id] = scenario
-            if len(self._scenarios) > 256:
-                self._scenarios.pop(next(iter(self._scenarios)))
-        return self._scenarios[run_id]
 
     async def reserve(self, state: RunState, contracts: dict[str, ToolContract]) -> tuple[BudgetDecision, ModelRequest]:
         """The governor's decision for this turn, and the request it was counted on."""

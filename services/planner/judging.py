@@ -15,7 +15,22 @@ from services.planner.decide import Action, IterationFacts, decide
 from services.planner.outbox import Outbox, advance, escalate, finish, submission_text
 from services.planner.state import DecisionRecord, Iteration, RunState
 from shared import subjects as S
-from shared.messages import Candidate, JudgeRequest, RunEvent, Verdict
+from shared.messages import (
+    Candidate,
+    CandidateDetail,
+    Decided,
+    DecidedDetail,
+    GuardTripped,
+    Judged,
+    JudgedDetail,
+    JudgeRequest,
+    JudgeRequested,
+    NotJudged,
+    NotJudgedDetail,
+    ReasonDetail,
+    Verdict,
+    VerdictIgnored,
+)
 
 
 def finish_iteration(out: Outbox) -> None:
@@ -55,9 +70,10 @@ def finish_iteration(out: Outbox) -> None:
         )
         s.judge_seq += 1
         out.event(
-            "judge_requested",
-            f"candidate {it.candidate.id} ({len(it.candidate.content)} chars) sent to the judge",
-            candidate_id=it.candidate.id,
+            JudgeRequested(
+                **out.head(f"candidate {it.candidate.id} ({len(it.candidate.content)} chars) sent to the judge"),
+                detail=CandidateDetail(candidate_id=it.candidate.id),
+            )
         )
         return
     decide_next(out)
@@ -75,11 +91,17 @@ def apply_verdict(state: RunState, verdict: Verdict) -> Outbox:
         and state.awaiting is None
     )
     if not fresh:
-        out.event("verdict_ignored", f"verdict for {verdict.candidate_id} is not for the current candidate")
+        out.event(
+            VerdictIgnored(
+                **out.head(f"verdict for {verdict.candidate_id} is not for the current candidate"),
+                detail=CandidateDetail(candidate_id=verdict.candidate_id),
+            )
+        )
         return out
     it.verdict = verdict
-    if verdict.status != "not_judged" and state.first_draft_passed is None:
-        state.first_draft_passed = verdict.status == "passed"
+    if not state.first_draft_judged:  # the run's first candidate is its first draft, judged or not
+        state.first_draft_judged = True
+        state.first_draft_passed = None if verdict.status == "not_judged" else verdict.status == "passed"
     if verdict.status == "failed":
         state.judge_failures.extend(
             f"{c.name}: {c.reason}" if c.reason else f"{c.name} scored {c.score:.2f}"
@@ -87,17 +109,23 @@ def apply_verdict(state: RunState, verdict: Verdict) -> Outbox:
             if not c.passed or c.score < 1.0
         )
     out.event(
-        "judged",
-        _verdict_summary(verdict),
-        status=verdict.status,
-        score=verdict.score,
-        candidate_id=verdict.candidate_id,
-        criteria={c.name: c.score for c in verdict.criteria},
+        Judged(
+            **out.head(_verdict_summary(verdict)),
+            detail=JudgedDetail(
+                status=verdict.status,
+                score=verdict.score,
+                candidate_id=verdict.candidate_id,
+                criteria={c.name: c.score for c in verdict.criteria},
+            ),
+        )
     )
     if verdict.status == "not_judged":
         out.add(
             S.failure("judge", None),
-            RunEvent(run_id=state.run_id, kind="not_judged", iteration=it.n, summary=verdict.not_judged_reason or ""),
+            NotJudged(
+                **out.head(verdict.not_judged_reason or ""),
+                detail=NotJudgedDetail(candidate_id=verdict.candidate_id, reason=verdict.not_judged_reason or ""),
+            ),
             f"{state.run_id}.notjudged.{verdict.candidate_id}",
         )
         policy = state.config.not_judged_policy
@@ -155,10 +183,10 @@ def decide_next(out: Outbox, force_failed: bool = False) -> None:
     decision = decide(facts_for(s, force_failed))
     it.decision = DecisionRecord(action=decision.action.value, row=decision.row, reason=decision.reason)
     out.event(
-        "decided",
-        f"row {decision.row}: {decision.action.value} — {decision.reason}",
-        action=decision.action.value,
-        row=decision.row,
+        Decided(
+            **out.head(f"row {decision.row}: {decision.action.value} — {decision.reason}"),
+            detail=DecidedDetail(action=decision.action.value, row=decision.row),
+        )
     )
     if decision.action is Action.COMPLETE:
         if it.guard is not None:
@@ -198,7 +226,9 @@ def _start_iteration(out: Outbox, kind: str) -> None:
         s.iteration.guard = f"cost ceiling ${s.config.cost_ceiling_usd:.2f} reached (spent ${s.usage.cost_usd:.4f})"
         out.add(
             S.failure("budget", None),
-            RunEvent(run_id=s.run_id, kind="guard.cost", iteration=n, summary=s.iteration.guard),
+            GuardTripped(
+                **out.head(s.iteration.guard), kind="guard.cost", detail=ReasonDetail(reason=s.iteration.guard)
+            ),
             f"{s.run_id}.guard.cost.{n}",
         )
         decide_next(out)

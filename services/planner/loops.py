@@ -16,7 +16,7 @@ from services.planner.context import LOOP_REFLECTION
 from services.planner.outbox import Outbox, escalate
 from shared import subjects as S
 from shared.canonical import call_signature as signature
-from shared.messages import RunEvent
+from shared.messages import LoopDetail, LoopDetected
 
 __all__ = ["MAX_LOOP_REFLECTIONS", "LoopFinding", "check_call", "check_errors", "error_key", "react", "signature"]
 
@@ -75,12 +75,9 @@ def react(out: Outbox, finding: LoopFinding, tool: str, call_id: str) -> None:
     s.loop_reflections += 1
     out.add(
         S.failure("loop", tool),
-        RunEvent(
-            run_id=s.run_id,
-            kind="loop",
-            iteration=it.n,
-            summary=finding.reflection,
-            detail={"pattern": finding.kind, "call_id": call_id, "reflections": s.loop_reflections},
+        LoopDetected(
+            **out.head(finding.reflection),
+            detail=LoopDetail(pattern=finding.kind, call_id=call_id, reflections=s.loop_reflections),
         ),
         f"{s.run_id}.loop.{finding.kind}.{it.n}.{call_id}",
     )

@@ -17,7 +17,19 @@ from pydantic import BaseModel
 
 from services.planner.state import Awaiting, PublishRecord, RunState
 from shared import subjects as S
-from shared.messages import Candidate, EscalationRaise, RunEvent, ToolOutcome
+from shared.messages import (
+    AnyRunEvent,
+    Candidate,
+    Escalated,
+    EscalatedDetail,
+    EscalationKind,
+    EscalationRaise,
+    FinalStatus,
+    FinishedDetail,
+    RunAdvance,
+    RunFinished,
+    ToolOutcome,
+)
 
 
 @dataclass
@@ -38,47 +50,47 @@ class Outbox:
             )
         )
 
-    def event(self, kind: str, summary: str, /, **detail: Any) -> None:
+    def head(self, summary: str) -> dict[str, Any]:
+        """The fields every run event starts with, as the run is now."""
         s = self.state
-        seq = len(s.applied) * 100 + len(self.items)
-        self.add(
-            S.run_event(kind),
-            RunEvent(
-                run_id=s.run_id, kind=kind, iteration=s.iteration.n, status=s.status, summary=summary, detail=detail
-            ),
-            f"{s.run_id}.evt.{kind}.{s.iteration.n}.{seq}",
-        )
+        return {"run_id": s.run_id, "iteration": s.iteration.n, "status": s.status, "summary": summary}
+
+    def event(self, event: AnyRunEvent) -> None:
+        """Publish a run event on ``run.<kind>``; its id is unique in the run (a counter in the state)."""
+        s = self.state
+        s.events_published += 1
+        self.add(S.run_event(event.kind), event, f"{s.run_id}.evt.{event.kind}.{s.iteration.n}.{s.events_published}")
 
 
 def advance(out: Outbox) -> None:
     """Ask for the next model turn of the current iteration."""
     s = out.state
-    out.add(
-        S.RUN_ADVANCE,
-        RunEvent(run_id=s.run_id, kind="advance", iteration=s.iteration.n),
-        f"{s.run_id}.adv.{s.iteration.n}",
-    )
+    out.add(S.RUN_ADVANCE, RunAdvance(run_id=s.run_id, iteration=s.iteration.n), f"{s.run_id}.adv.{s.iteration.n}")
 
 
 def finish(
-    out: Outbox, status: str, reason: str, passed: bool | None = None, accepted: Candidate | None = None
+    out: Outbox, status: FinalStatus, reason: str, passed: bool | None = None, accepted: Candidate | None = None
 ) -> None:
     s = out.state
-    s.status = status  # type: ignore[assignment]
+    s.status = status
     s.final_reason = reason
     s.passed = passed
     s.final_output = final_output(s, accepted)
     out.event(
-        status,
-        f"{status}: {reason}",
-        final_output=s.final_output,
-        submitted=s.submitted,
-        passed=passed,
-        first_draft_passed=s.first_draft_passed,
-        iterations=s.iteration.n,
-        continues=s.continue_count,
-        retries=s.retry_count,
-        usage=s.usage.model_dump(),
+        RunFinished(
+            **out.head(f"{status}: {reason}"),
+            kind=status,
+            detail=FinishedDetail(
+                final_output=s.final_output,
+                submitted=s.submitted,
+                passed=passed,
+                first_draft_passed=s.first_draft_passed,
+                iterations=s.iteration.n,
+                continues=s.continue_count,
+                retries=s.retry_count,
+                usage=s.usage,
+            ),
+        )
     )
     if s.config.parent_run_id and s.config.parent_call_id:
         answer_parent(out)
@@ -143,16 +155,27 @@ def submission_text(payload: dict[str, Any]) -> str:
 # --- waiting for a human ----------------------------------------------------------------------
 
 
-def await_human(out: Outbox, escalation_id: str, kind: str, reason: str, call_id: str | None) -> None:
+def await_human(out: Outbox, escalation_id: str, kind: EscalationKind, reason: str, call_id: str | None) -> None:
     """The run waits for a human on ``escalation_id`` (raised here or by the escalation service)."""
     s = out.state
     s.status = "awaiting_human"
     s.awaiting = Awaiting(escalation_id=escalation_id, kind=kind, call_id=call_id, reason=reason)
-    out.event("escalated", f"waiting for a human ({kind}): {reason[:200]}", escalation_id=escalation_id, kind=kind)
+    out.event(
+        Escalated(
+            **out.head(f"waiting for a human ({kind}): {reason[:200]}"),
+            detail=EscalatedDetail(escalation_id=escalation_id, kind=kind),
+        )
+    )
 
 
 def escalate(
-    out: Outbox, escalation_id: str, kind: str, reason: str, tool: str | None, call_id: str | None, **details: Any
+    out: Outbox,
+    escalation_id: str,
+    kind: EscalationKind,
+    reason: str,
+    tool: str | None,
+    call_id: str | None,
+    **details: Any,
 ) -> None:
     """Raise an escalation and wait for its resolution."""
     s = out.state

@@ -13,7 +13,18 @@ from services.planner import loops
 from services.planner.judging import finish_iteration
 from services.planner.outbox import Outbox, await_human, escalate
 from services.planner.state import RunState
-from shared.messages import HUMAN_FAILURES, SCHEMA_FAILURES, ToolOutcome, escalation_id_for_call
+from shared.messages import (
+    SCHEMA_FAILURES,
+    Corrected,
+    CorrectedDetail,
+    ToolFailed,
+    ToolFailedDetail,
+    ToolOutcome,
+    ToolSucceeded,
+    ToolSucceededDetail,
+    escalation_id_for_call,
+    needs_human,
+)
 
 
 def apply_outcome(state: RunState, outcome: ToolOutcome) -> Outbox:
@@ -36,29 +47,36 @@ def apply_outcome(state: RunState, outcome: ToolOutcome) -> Outbox:
         if state.schema_streak.get(tool, 0) > 0:
             stats["recovered"] += 1
             out.event(
-                "corrected", f"{tool}: the model corrected a schema failure", tool=tool, after=state.schema_streak[tool]
+                Corrected(
+                    **out.head(f"{tool}: the model corrected a schema failure"),
+                    detail=CorrectedDetail(tool=tool, after=state.schema_streak[tool]),
+                )
             )
         state.schema_streak[tool] = 0
         if record.terminal:
             state.last_submission = dict(record.arguments)
         out.event(
-            "tool_succeeded",
-            f"{outcome.tool} ok" + (" (repaired)" if outcome.repaired else ""),
-            tool=outcome.tool,
-            call_id=record.call_id,
-            repaired=outcome.repaired,
-            cached=outcome.cached,
-            fallback=outcome.fallback_from.to_tool if outcome.fallback_from else None,
+            ToolSucceeded(
+                **out.head(f"{outcome.tool} ok" + (" (repaired)" if outcome.repaired else "")),
+                detail=ToolSucceededDetail(
+                    tool=outcome.tool,
+                    call_id=record.call_id,
+                    repaired=outcome.repaired,
+                    cached=outcome.cached,
+                    fallback=outcome.fallback_from.to_tool if outcome.fallback_from else None,
+                ),
+            )
         )
     else:
         record.status = "failed"
         ftype = outcome.failure_type or "fatal"
         out.event(
-            "tool_failed",
-            f"{outcome.tool} failed ({ftype}): {(outcome.error or '')[:160]}",
-            tool=outcome.tool,
-            call_id=record.call_id,
-            failure_type=ftype,
+            ToolFailed(
+                **out.head(f"{outcome.tool} failed ({ftype}): {(outcome.error or '')[:160]}"),
+                detail=ToolFailedDetail(
+                    tool=outcome.tool, call_id=record.call_id, failure_type=ftype, error=outcome.error or ""
+                ),
+            )
         )
         state.error_history.append(loops.error_key(tool, outcome.error or ftype))
         if ftype in SCHEMA_FAILURES:
@@ -77,7 +95,7 @@ def apply_outcome(state: RunState, outcome: ToolOutcome) -> Outbox:
                     failure_type=ftype,  # which contract broke (input or output), not only that a cap was reached
                 )
                 record.status = "awaiting_human"
-        elif ftype in HUMAN_FAILURES:
+        elif needs_human(ftype):
             # The escalation service raises these itself from its failure subscription.
             record.status = "awaiting_human"
             await_human(

@@ -11,6 +11,7 @@ from shared.messages import (
     FINAL_STATUSES,
     Candidate,
     ChatMessage,
+    EscalationKind,
     Rubric,
     RunStatus,
     ToolOutcome,
@@ -83,7 +84,7 @@ class ToolCallRecord(_State):
 
 class Awaiting(_State):
     escalation_id: str
-    kind: str
+    kind: EscalationKind
     call_id: str | None = None
     reason: str = ""
 
@@ -97,7 +98,6 @@ class DecisionRecord(_State):
 class Iteration(_State):
     n: int
     kind: Literal["work", "synthesis", "retry"] = "work"
-    assistant_text: str = ""
     tool_calls: list[ToolCallRecord] = Field(default_factory=list)
     candidate: Candidate | None = None
     judge_requested: bool = False
@@ -150,6 +150,8 @@ class RunState(_State):
     final_reason: str | None = None
     passed: bool | None = None
     first_draft_passed: bool | None = None
+    first_draft_judged: bool = Field(False, description="the judge answered on the first draft (maybe: not judged)")
+    events_published: int = Field(0, description="run events this run has published: the sequence in their ids")
     awaiting: Awaiting | None = None
     warnings: list[str] = Field(default_factory=list)
     children: dict[str, str] = Field(default_factory=dict, description="delegate call id -> sub-agent run id")

@@ -17,13 +17,24 @@ from services.planner.outbox import Outbox, advance, finish
 from services.planner.state import Iteration, RunConfig, RunState, ToolCallRecord
 from shared import subjects as S
 from shared.messages import (
+    CallDetail,
     Candidate,
     ChatMessage,
-    RunEvent,
+    GuardTripped,
+    ModelCalled,
+    ModelCalledDetail,
+    ModelStopped,
+    ModelStoppedDetail,
+    ReasonDetail,
     RunSubmit,
+    SimulatedCall,
+    Started,
+    StartedDetail,
     TextBlock,
+    ToolBlocked,
     ToolCall,
     ToolContract,
+    ToolDispatched,
     ToolUseBlock,
     Usage,
 )
@@ -93,11 +104,12 @@ def start_run(submit: RunSubmit, config: RunConfig, lessons: list[str]) -> Outbo
             finish(out, "failed", f"rubric refused: {err}")
             return out
     out.event(
-        "started",
-        f"task: {submit.task[:200]}",
-        lessons=len(lessons),
-        warnings=state.warnings,
-        answer_mode=config.answer_mode,
+        Started(
+            **out.head(f"task: {submit.task[:200]}"),
+            detail=StartedDetail(
+                task=submit.task[:200], lessons=len(lessons), warnings=state.warnings, answer_mode=config.answer_mode
+            ),
+        )
     )
     advance(out)
     return out
@@ -106,13 +118,13 @@ def start_run(submit: RunSubmit, config: RunConfig, lessons: list[str]) -> Outbo
 # --- model turns ------------------------------------------------------------------------------
 
 
-def apply_guard(state: RunState, reason: str, failure: str = "budget") -> Outbox:
-    """A guard (budget, cost, iteration cap) blocked the iteration before its model call."""
+def apply_guard(state: RunState, reason: str) -> Outbox:
+    """The governor blocked the iteration before its model call (the budget is spent)."""
     out = Outbox(state)
     state.iteration.guard = reason
     out.add(
-        S.failure(failure, None),
-        RunEvent(run_id=state.run_id, kind=f"guard.{failure}", iteration=state.iteration.n, summary=reason),
+        S.failure("budget", None),
+        GuardTripped(**out.head(reason), kind="guard.budget", detail=ReasonDetail(reason=reason)),
         f"{state.run_id}.guard.{state.iteration.n}",
     )
     decide_next(out)
@@ -136,15 +148,19 @@ def apply_wrap_up(state: RunState, response: ModelResponse, reason: str) -> Outb
     state.messages.append(ChatMessage.user(C.wrap_up_note(reason)))
     state.messages.append(ChatMessage(role="assistant", content=[TextBlock(text=text)]))
     out.event(
-        "model_called",
-        f"wrap-up turn {it.n}: {len(text)} chars",
-        input_tokens=response.usage.input_tokens,
-        output_tokens=response.usage.output_tokens,
-        cost_usd=response.usage.cost_usd,
-        cache_read_input_tokens=response.usage.cache_read_input_tokens,
-        cache_creation_input_tokens=response.usage.cache_creation_input_tokens,
-        model=response.model,
-        wrap_up=True,
+        ModelCalled(
+            **out.head(f"wrap-up turn {it.n}: {len(text)} chars"),
+            detail=ModelCalledDetail(
+                input_tokens=response.usage.input_tokens,
+                output_tokens=response.usage.output_tokens,
+                cost_usd=response.usage.cost_usd,
+                model=response.model,
+                chars=len(text),
+                cache_read_input_tokens=response.usage.cache_read_input_tokens,
+                cache_creation_input_tokens=response.usage.cache_creation_input_tokens,
+                wrap_up=True,
+            ),
+        )
     )
     if text:
         state.last_text = state.last_answer = text
@@ -163,12 +179,15 @@ def apply_model_stop(state: RunState, kind: str, reason: str, usage: Usage) -> O
     state.model_calls += 1
     state.usage = state.usage + usage
     out.event(
-        "model_stopped",
-        reason,
-        stop_reason=kind,
-        input_tokens=usage.input_tokens,
-        output_tokens=usage.output_tokens,
-        cost_usd=usage.cost_usd,
+        ModelStopped(
+            **out.head(reason),
+            detail=ModelStoppedDetail(
+                stop_reason=kind,
+                input_tokens=usage.input_tokens,
+                output_tokens=usage.output_tokens,
+                cost_usd=usage.cost_usd,
+            ),
+        )
     )
     if kind == "refusal":
         finish(out, "stopped", f"refused by the model: {reason}")
@@ -184,28 +203,34 @@ def apply_model_response(state: RunState, response: ModelResponse, contracts: di
     state.model_calls += 1
     state.usage = state.usage + response.usage
     text = response.text or ""
-    it.assistant_text = text
     if text.strip():
         state.last_text = text
     blocks: list[Any] = ([TextBlock(text=text)] if text else []) + list(response.tool_calls)
     state.messages.append(ChatMessage(role="assistant", content=blocks or [TextBlock(text="")]))
     out.event(
-        "model_called",
-        f"model turn {it.n}: {len(response.tool_calls)} tool call(s), {len(text)} chars",
-        input_tokens=response.usage.input_tokens,
-        output_tokens=response.usage.output_tokens,
-        cost_usd=response.usage.cost_usd,
-        cache_read_input_tokens=response.usage.cache_read_input_tokens,
-        cache_creation_input_tokens=response.usage.cache_creation_input_tokens,
-        model=response.model,
+        ModelCalled(
+            **out.head(f"model turn {it.n}: {len(response.tool_calls)} tool call(s), {len(text)} chars"),
+            detail=ModelCalledDetail(
+                input_tokens=response.usage.input_tokens,
+                output_tokens=response.usage.output_tokens,
+                cost_usd=response.usage.cost_usd,
+                model=response.model,
+                tool_calls=len(response.tool_calls),
+                chars=len(text),
+                cache_read_input_tokens=response.usage.cache_read_input_tokens,
+                cache_creation_input_tokens=response.usage.cache_creation_input_tokens,
+            ),
+        )
     )
 
     if not response.tool_calls:
         # A text that only *claims* a tool call is not an answer (nor a submission): say so and go on.
-        simulated = bool(text.strip()) and cfg.answer_mode != "text" and _describes_tool_call(text, contracts)
+        # In text mode a reply may well mention a tool by name; only a call written out as markup is one.
+        claims = _writes_tool_call if cfg.answer_mode == "text" else _describes_tool_call
+        simulated = bool(text.strip()) and claims(text, contracts)
         if simulated:
             it.notes.append(C.SIMULATED_CALL_NOTE)
-            out.event("simulated_call", "a tool call was described in text, not made")
+            out.event(SimulatedCall(**out.head("a tool call was described in text, not made")))
         elif cfg.answer_mode != "submit" and text.strip():
             it.candidate = Candidate(id=f"{state.run_id}-c{it.n}", iteration=it.n, kind="text", content=text)
             state.last_answer = text
@@ -219,12 +244,23 @@ def apply_model_response(state: RunState, response: ModelResponse, contracts: di
     return out
 
 
-def _describes_tool_call(text: str, contracts: dict[str, ToolContract]) -> bool:
+_CALL_MARKUP = re.compile(r"<(tool_call|tool_use|function_call)\b")
+
+
+def _writes_tool_call(text: str, contracts: dict[str, ToolContract]) -> bool:
+    """The text *is* a tool call written out: call markup, or a JSON object naming a tool."""
+    if _CALL_MARKUP.search(text):
+        return True
     names = "|".join(re.escape(n) for n in contracts)
-    if not names:
-        return False
-    pattern = rf"(\b({names})\s*\()|(\"name\"\s*:\s*\"({names})\")|(<tool_use>)|(\bcall(ed|ing)?\s+`?({names})`?)"
-    return re.search(pattern, text) is not None
+    return bool(names) and re.search(rf"\"name\"\s*:\s*\"({names})\"", text) is not None
+
+
+def _describes_tool_call(text: str, contracts: dict[str, ToolContract]) -> bool:
+    """The text claims a tool call in any way: written out, or in prose (``called search``, ``search(``)."""
+    if _writes_tool_call(text, contracts):
+        return True
+    names = "|".join(re.escape(n) for n in contracts)
+    return bool(names) and re.search(rf"(\b({names})\s*\()|(\bcall(ed|ing)?\s+`?({names})`?)", text) is not None
 
 
 def _dispatch(out: Outbox, call: ToolUseBlock, contracts: dict[str, ToolContract]) -> None:
@@ -248,7 +284,9 @@ def _dispatch(out: Outbox, call: ToolUseBlock, contracts: dict[str, ToolContract
     if contract is None or not offered:
         available = sorted(n for n in contracts if cfg.allowed_tools is None or n in cfg.allowed_tools)
         _block(record, C.unknown_tool(call.name, available))
-        out.event("tool_blocked", f"unknown tool {call.name}")
+        out.event(
+            ToolBlocked(**out.head(f"unknown tool {call.name}"), detail=CallDetail(tool=call.name, call_id=call.id))
+        )
         s.tool_history.append((call.name, sig))
         return
     # A tool in a schema-failure streak is on the correction path, which has its own cap and
@@ -282,10 +320,10 @@ def _dispatch(out: Outbox, call: ToolUseBlock, contracts: dict[str, ToolContract
         f"{s.run_id}.call.{it.n}.{call.id}",
     )
     out.event(
-        "tool_dispatched",
-        f"{call.name}({json.dumps(call.input, ensure_ascii=False)[:160]})",
-        tool=call.name,
-        call_id=call.id,
+        ToolDispatched(
+            **out.head(f"{call.name}({json.dumps(call.input, ensure_ascii=False)[:160]})"),
+            detail=CallDetail(tool=call.name, call_id=call.id),
+        )
     )
 
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import logging
 import time
 
-from faststream.nats import NatsRouter
-
 from services.validator.checking import check_output
 from shared import subjects as S
 from shared import telemetry as T
@@ -28,8 +26,8 @@ class Validator:
         )
         self._contracts: dict[str, tuple[float, ToolContract]] = {}
 
-    def register(self, router: NatsRouter) -> None:
-        self.bus.consumer(router, durable="validator", filter_subjects=[S.RESULT_VALIDATE], model=ToolResultRaw)(
+    def register(self) -> None:
+        self.bus.consumer(durable=S.DURABLE_VALIDATOR, filter_subjects=[S.RESULT_VALIDATE], model=ToolResultRaw)(
             self.on_raw
         )
 

@@ -18,6 +18,7 @@ from shared.contracts.closing import close_schema
 from shared.contracts.dialect import ContractError, SchemaProblem, check_schema
 from shared.contracts.repair import unknown_rules
 from shared.contracts.validation import CompiledSchema, compiled, fingerprint
+from shared.describe import describe
 from shared.messages import ToolContract
 
 
@@ -89,7 +90,5 @@ def load_contract_file(path: Path) -> tuple[ToolContract, str | None, str | None
     try:
         contract = ToolContract.model_validate({**data, "source": "json"})
     except ValidationError as err:
-        from shared.bus import describe
-
         raise ValueError(f"{path}: {describe(err)}") from err
     return contract, entrypoint, post_hook

@@ -27,7 +27,7 @@ from shared.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_CONF = ROOT / "deploy" / "nats" / "cluster.conf"
-USERS = ("admin", *grants())  # every user auth.conf declares
+USERS = ("admin", *grants([]))  # every user auth.conf declares
 
 
 @dataclass

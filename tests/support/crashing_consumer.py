@@ -14,7 +14,7 @@ from typing import Any
 
 from shared import subjects as S
 from shared.bus import Bus
-from shared.messages import RunEvent
+from shared.messages import RunAdvance
 from shared.settings import load_settings
 
 
@@ -23,9 +23,9 @@ async def main() -> None:
     bus = Bus(load_settings("crashtest"), "crashtest")
 
     @bus.consumer(
-        None, durable="crashtest_" + S.token(subject.rsplit(".", 1)[-1]), filter_subjects=[subject], model=RunEvent
+        durable="crashtest_" + S.token(subject.rsplit(".", 1)[-1]), filter_subjects=[subject], model=RunAdvance
     )
-    async def on_event(ev: RunEvent) -> None:
+    async def on_event(ev: RunAdvance) -> None:
         fd = os.open(os.environ["LW_CRASH_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         os.write(fd, f"{ev.run_id}\n".encode())
         os.close(fd)

@@ -12,12 +12,13 @@ from pathlib import Path
 
 import nats
 
+from loopwarden.auth_conf import OUT
 from loopwarden.infra import bootstrap
 from loopwarden.stack import free_port, nats_server_binary, wait_for_port
-from shared.permissions import OUT, grants
+from shared.permissions import grants
 from shared.settings import Settings
 
-USERS = ("admin", *grants())  # every user auth.conf declares
+USERS = ("admin", *grants([]))  # every user auth.conf declares
 PASSWORDS = {u: f"pw-{u}-{i}" for i, u in enumerate(USERS)}
 
 

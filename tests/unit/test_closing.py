@@ -366,6 +366,7 @@ def _probes(schema: Any, root: dict[str, Any], depth: int = 0) -> list[Any]:
     return (own + parts + merged)[:16] or [1, "error", None, {}]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dialect", DIALECTS)
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=st.data(), instances=st.lists(_instances, min_size=1, max_size=8))

@@ -229,6 +229,7 @@ json_values = st.recursive(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("index", range(len(SCHEMAS)))
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(instance=json_values)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.executor.ledger import FinalPublish, LedgerEntry, Verdict, claim, on_delivery
+from services.executor.ledger import DeliveryAction, FinalPublish, LedgerEntry, claim, on_delivery
 
 FINAL = FinalPublish(subject="s", msg_id="m", payload="{}")
 
@@ -22,7 +22,9 @@ FINAL = FinalPublish(subject="s", msg_id="m", payload="{}")
         (LedgerEntry(attempt_id="a", tool="search", idempotent=True, final=FINAL), "republish"),
     ],
 )
-def test_a_redelivery_runs_a_tool_again_only_when_that_is_safe(entry: LedgerEntry | None, verdict: Verdict) -> None:
+def test_a_redelivery_runs_a_tool_again_only_when_that_is_safe(
+    entry: LedgerEntry | None, verdict: DeliveryAction
+) -> None:
     assert on_delivery(entry) == verdict
 
 

@@ -1,0 +1,131 @@
+"""The executor's recovery policy (pure): after each attempt, retry or not; after the last one,
+fall back to another tool, stand in with the cached result, or fail (with the tool's boundary).
+
+Beside ``ledger.on_delivery`` (what a delivery must do) this is the other rule of the executor; the
+handler keeps only the I/O: the ledger, publishing, sleeping and the span.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from shared.backoff import BackoffPolicy, next_delay
+from shared.messages import RETRIED_FAILURES, Boundary, FailureType, FallbackNote, ToolCall, ToolContract
+
+MAX_FALLBACK_DEPTH = 3
+
+
+@dataclass
+class Attempted:
+    """What one execution of a tool did."""
+
+    ok: bool
+    output: Any = None
+    output_is_text: bool = False
+    failure_type: FailureType | None = None
+    error: str | None = None
+    retry_after_s: float | None = None
+    effect_unknown: bool = False  # the real tool was cut off (timeout): it may have done its work
+    effect: str | None = None  # ToolFailure.effect (MCP tools)
+
+
+@dataclass(frozen=True)
+class Fail:
+    """The call's final outcome is this failure."""
+
+    failure_type: FailureType
+    detail: str
+    recoverable: bool = False
+    boundary: Boundary | None = None
+    effect: str | None = None  # for a non-idempotent tool: whether its side effect happened (MCP)
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """Run ``call`` (the fallback tool, with a note saying why) in place of the failed one."""
+
+    call: ToolCall
+
+
+@dataclass(frozen=True)
+class UseCached:
+    """Stand in with the last good result for the same arguments; ``otherwise`` when there is none."""
+
+    otherwise: Fail
+
+
+Recovery = Fallback | UseCached | Fail
+
+
+def backoff_policy(contract: ToolContract) -> BackoffPolicy:
+    r = contract.retry
+    return BackoffPolicy(r.max_attempts, r.base_delay_s, r.max_delay_s, r.max_elapsed_s)
+
+
+def retry_delay(
+    contract: ToolContract, result: Attempted, attempt: int, elapsed_s: float, rng: random.Random | None = None
+) -> float | None:
+    """Seconds to wait before attempt ``attempt + 1``, or None: no more attempts."""
+    if result.ok or result.failure_type not in RETRIED_FAILURES:
+        return None
+    if result.effect_unknown and not contract.idempotent:
+        return None  # a non-idempotent tool cut off mid-call may have done its work: never run it again
+    return next_delay(backoff_policy(contract), attempt, elapsed_s, result.retry_after_s, rng)
+
+
+def after_retries(contract: ToolContract, call: ToolCall, result: Attempted, attempts: int) -> Recovery:
+    """What a call whose last attempt failed turns into."""
+    ftype: FailureType = result.failure_type or "fatal"
+    if result.effect_unknown and not contract.idempotent:
+        return Fail("unknown_outcome", f"it was cut off ({result.error or ftype}) and may have done its work")
+    # A fallback or a cached result stands in only for a tool that could not be reached; a
+    # tool_error (MCP isError) is the tool's own answer: the model reads it and can correct it.
+    recoverable = ftype in RETRIED_FAILURES
+    fallback = contract.fallback
+    if (
+        recoverable
+        and fallback
+        and call.attempt_id.count(".fb.") < MAX_FALLBACK_DEPTH
+        and f".fb.{fallback}" not in call.attempt_id
+        and fallback != call.requested_tool
+    ):
+        note = FallbackNote(
+            from_tool=call.tool, to_tool=fallback, reason=model_error(call.tool, ftype, result.error or ftype, attempts)
+        )
+        update = {"tool": fallback, "attempt_id": f"{call.attempt_id}.fb.{fallback}", "fallback_from": note}
+        return Fallback(call.model_copy(update=update))
+    fail = Fail(
+        ftype,
+        result.error or ftype,
+        recoverable=recoverable or ftype == "tool_error",
+        boundary=None if ftype == "tool_error" else contract.boundary,
+        effect=result.effect,
+    )
+    if recoverable and contract.boundary == "use_cached":
+        return UseCached(otherwise=fail)
+    return fail
+
+
+def model_error(tool: str, failure_type: str, detail: str, attempts: int) -> str:
+    """Failures written for the model: what happened and what it can do next."""
+    tried = f" after {attempts} attempt(s)" if attempts > 1 else ""
+    if failure_type == "transient":
+        return (
+            f"'{tool}' is temporarily unavailable ({detail}){tried}. Try again later, use another tool, "
+            "or continue without this information."
+        )
+    if failure_type == "timeout":
+        return (
+            f"'{tool}' did not respond in time ({detail}){tried}. It may be overloaded; try a narrower request, "
+            "another tool, or continue without it."
+        )
+    if failure_type == "tool_error":  # the tool's own message for the model (services/executor/mcp_tools.py)
+        return detail
+    if failure_type == "unknown_outcome":
+        return (
+            f"'{tool}' may or may not have completed: the process running it stopped before recording the "
+            "result, and it is not safe to repeat. A human is checking; do not call it again for this request."
+        )
+    return f"'{tool}' failed and cannot be retried: {detail}. A human has been notified."

@@ -1,0 +1,55 @@
+"""The progress lines read the typed events' fields, not their summaries."""
+
+from __future__ import annotations
+
+from loopwarden.client import Event
+from loopwarden.progress import render
+from shared.messages import (
+    BudgetDecision,
+    Decided,
+    DecidedDetail,
+    ModelCalled,
+    ModelCalledDetail,
+    Started,
+    StartedDetail,
+)
+
+
+def event(subject: str, payload: dict[str, object]) -> Event:
+    return Event(subject=f"lw.v1.evt.{subject}.r1", payload=payload, run_id="r1")
+
+
+def test_a_model_turn_line_comes_from_its_fields_whatever_the_summary_says() -> None:
+    ev = ModelCalled(
+        run_id="r1",
+        iteration=2,
+        summary="(a summary in some other wording)",
+        detail=ModelCalledDetail(input_tokens=120, output_tokens=7, cost_usd=0.0012, model="m", tool_calls=1, chars=0),
+    )
+    line = render(event("run.model_called", ev.model_dump(mode="json")))
+    assert line == "[it 2] model: 1 tool call(s), 0 chars · tokens in 120 out 7 · $0.0012"
+
+
+def test_the_start_line_shows_the_task_from_its_field() -> None:
+    ev = Started(run_id="r1", iteration=1, summary="x", detail=StartedDetail(task="What is new?", answer_mode="text"))
+    assert render(event("run.started", ev.model_dump(mode="json"))) == "▶ run started (text mode): What is new?"
+
+
+def test_a_decision_and_a_budget_threshold_are_shown() -> None:
+    decided = Decided(
+        run_id="r1", iteration=1, summary="row 7: complete", detail=DecidedDetail(action="complete", row=7)
+    )
+    assert render(event("run.decided", decided.model_dump(mode="json"))) == "[it 1] ⇒ decide row 7: complete"
+    budget = {
+        "run_id": "r1",
+        "kind": "budget.warn",
+        "summary": "80% used",
+        "detail": BudgetDecision(run_id="r1", turn=1, action="warn", model="m", max_output_tokens=100).model_dump(
+            mode="json"
+        ),
+    }
+    assert render(event("budget.warn", budget)) == "       $ budget warn: 80% used"
+
+
+def test_an_event_kind_this_version_does_not_know_is_not_shown_and_does_not_break_the_watch() -> None:
+    assert render(event("run.teleported", {"run_id": "r1", "kind": "teleported", "detail": {}})) is None
