@@ -15,6 +15,11 @@ from tests.support.messages_api import MessagesApiServer
 from tests.support.otlp_collector import OtlpCollector
 from tests.test_tracing import spans_of_run
 
+TOOLS = ["calculator", "submit_result"]
+CONTEXT = "Background for the task, kept verbatim on every turn: " + " ".join(
+    f"Item {i} of the ledger is worth {i * 7} units and was checked on day {i % 28 + 1}." for i in range(90)
+)
+
 
 def tool_use(name: str, args: dict, id_: str) -> dict:
     return {"type": "tool_use", "id": id_, "name": name, "input": args}
@@ -33,7 +38,11 @@ async def test_turns_read_the_prefix_earlier_turns_cached(
         + [{"content": [tool_use("submit_result", {"answer": "done"}, "toolu_c9")]}],
     )
     run_id = f"run-cache-{key}"
-    await client.submit(RunSubmit(run_id=run_id, task=f"Multiply a few numbers by 7. [script:{key}]"))
+    # The run's own catalogue (another test registering a tool mid-run would change the prefix, and a
+    # changed prefix is a miss, as with the real API); the long task makes the prompt cacheable alone.
+    await client.submit(
+        RunSubmit(run_id=run_id, task=f"Multiply a few numbers by 7. [script:{key}]\n\n{CONTEXT}", tools=TOOLS)
+    )
     state = await client.wait(run_id)
     assert state.status == "completed", state.final_reason
 
@@ -57,9 +66,9 @@ async def test_turns_read_the_prefix_earlier_turns_cached(
     assert len(events) == 4
     reads = [e.payload["detail"]["cache_read_input_tokens"] for e in events]
     writes = [e.payload["detail"]["cache_creation_input_tokens"] for e in events]
-    # turn 1 may find tools + system cached by an earlier run (they are the same for every run), never
-    # its own conversation; each later turn reads everything the turn before it sent, and writes the rest
+    # each later turn reads everything the turn before it sent, and writes the rest
     assert all(w > 0 for w in writes)
+    assert reads[0] == 0  # nothing of this run's prompt was cached before it
     assert all(later > earlier for earlier, later in itertools.pairwise(reads)), reads
     assert all(reads[i + 1] >= reads[i] + writes[i] for i in range(3)), (reads, writes)
     # billed at cache rates: cheaper than the same tokens uncached
