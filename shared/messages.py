@@ -702,6 +702,9 @@ class BudgetRequest(Wire):
     cost_ceiling_usd: float
     tenant: str | None = None
     wrap_up: bool = Field(False, description="this turn is already the run's tool-less wrap-up turn")
+    delegated_usd: float = Field(
+        0.0, ge=0, description="the part of spent.cost_usd its sub-agents spent (each accounts its own to the tenant)"
+    )
 
 
 BudgetAction = Literal["allow", "warn", "compact", "block", "wrap_up"]

@@ -16,6 +16,7 @@ from shared.messages import RunSubmit
 from tests.conftest import escalations_of
 from tests.support.messages_api import MessagesApiServer
 from tests.support.otlp_collector import OtlpCollector
+from tests.test_cost import tenant_spent
 from tests.test_tracing import spans_of_run
 
 SMALL = {"input_tokens": 100, "output_tokens": 10}
@@ -40,9 +41,10 @@ def key() -> str:
     return f"d{uuid.uuid4().hex[:8]}"
 
 
-async def start(client: Client, parent_key: str) -> str:
+async def start(client: Client, parent_key: str, tenant: str | None = None) -> str:
     run_id = f"run-sub-{parent_key}"
-    await client.submit(RunSubmit(run_id=run_id, task=f"Work it out, delegating. [script:{parent_key}]", tools=TOOLS))
+    task = f"Work it out, delegating. [script:{parent_key}]"
+    await client.submit(RunSubmit(run_id=run_id, task=task, tools=TOOLS, tenant=tenant))
     return run_id
 
 
@@ -64,7 +66,8 @@ async def test_a_delegated_sub_task_returns_its_answer_and_its_cost(
     messages_api.script(
         ck, [turn(use("calculator", {"expression": "6*7"})), turn(use("submit_result", {"answer": "42"}))]
     )
-    run_id = await start(client, pk)
+    tenant = f"t{uuid.uuid4().hex[:8]}"
+    run_id = await start(client, pk, tenant)
     state = await client.wait(run_id, timeout=40)
     assert state.status == "completed", state.final_reason
     assert state.final_output == "42, as the sub-agent found"
@@ -86,6 +89,9 @@ async def test_a_delegated_sub_task_returns_its_answer_and_its_cost(
     assert "delegate" not in {t["name"] for t in messages_api.requests[ck][0]["tools"]}
     kinds = [e.kind for e in await client.events(run_id)]
     assert "run.delegated" in kinds
+    # the tenant's day counts the child once: under the child, and the parent's own spend under the parent
+    assert child.config.tenant == tenant
+    assert await tenant_spent(client, tenant, state.usage.cost_usd) == state.usage.cost_usd
 
     # parent and child are one trace
     spans = await spans_of_run(otlp, client, run_id, {"loopwarden-planner"})

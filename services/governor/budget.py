@@ -46,6 +46,7 @@ class BudgetLedger(BaseModel):
     last_spent: Usage = Field(default_factory=Usage)
     last_call: Usage = Field(default_factory=Usage, description="the provider's usage of the last call")
     tenant_accounted_usd: float = Field(0.0, description="this run's spend already added to its tenant's day")
+    delegated_usd: float = Field(0.0, description="the part of the run's spend its sub-agents account themselves")
 
 
 def allocate(total: int) -> dict[str, int]:

@@ -167,7 +167,7 @@ class Governor:
         ledger, _ = await self.bus.kv_get(S.KV_BUDGETS, S.kv_key(ev.run_id), BudgetLedger)
         if ledger is None or ledger.tenant is None:
             return
-        cost = ev.detail.usage.cost_usd
+        cost = round(ev.detail.usage.cost_usd - ledger.delegated_usd, 8)  # sub-agents account their own
         await self.account(ledger.tenant, ev.run_id, cost)
         if cost > ledger.tenant_accounted_usd:
             self.tenant_spend.add(cost - ledger.tenant_accounted_usd, {"tenant": ledger.tenant})
@@ -176,7 +176,8 @@ class Governor:
     async def on_reserve(self, req: BudgetRequest) -> BudgetDecision:
         s = self.settings
         ceiling = self.tenant_ceiling(req.tenant)
-        tenant_spent = await self.account(req.tenant, req.run_id, req.spent.cost_usd) if req.tenant else None
+        own = round(req.spent.cost_usd - req.delegated_usd, 8)  # sub-agents account their own spend
+        tenant_spent = await self.account(req.tenant, req.run_id, own) if req.tenant else None
         key = S.kv_key(req.run_id)
         known = self._ledgers.pop(key, None)
         await self.ratio(req.model)  # loads the shared ratios once
@@ -191,7 +192,8 @@ class Governor:
             if sample is not None:
                 samples.append(sample)
             calibration = self.learned(req.model, samples)
-            ledger.tenant_accounted_usd = req.spent.cost_usd if req.tenant else 0.0
+            ledger.tenant_accounted_usd = own if req.tenant else 0.0
+            ledger.delegated_usd = req.delegated_usd
             decision = evaluate(
                 req,
                 ledger,

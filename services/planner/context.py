@@ -351,6 +351,7 @@ def budget_request(state: RunState, req: ModelRequest) -> BudgetRequest:
         cost_ceiling_usd=state.config.cost_ceiling_usd,
         tenant=state.config.tenant,
         wrap_up=bool(state.iteration.wrap_up),
+        delegated_usd=state.delegated_usage.cost_usd,
     )
 
 

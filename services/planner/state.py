@@ -155,6 +155,7 @@ class RunState(_State):
     awaiting: Awaiting | None = None
     warnings: list[str] = Field(default_factory=list)
     children: dict[str, str] = Field(default_factory=dict, description="delegate call id -> sub-agent run id")
+    delegated_usage: Usage = Field(default_factory=Usage, description="the part of usage its sub-agents spent")
     model: str = ""
     applied: list[str] = Field(default_factory=list)
     outbox: dict[str, list[PublishRecord]] = Field(default_factory=dict)
