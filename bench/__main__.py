@@ -12,7 +12,7 @@ from bench import chaos, e2e, throughput, validation
 def main() -> int:
     parser = argparse.ArgumentParser(prog="bench")
     parser.add_argument("--quick", action="store_true", help="short measurements (used by the test suite)")
-    parser.add_argument("--only", choices=["validation", "e2e", "throughput", "chaos", "mcp", "storage"])
+    parser.add_argument("--only", choices=["validation", "e2e", "throughput", "chaos", "mcp", "storage", "cost"])
     args = parser.parse_args()
     if args.only in (None, "validation"):
         print("\n".join(validation.report(validation.run(seconds=0.3 if args.quick else 2.0))), flush=True)
@@ -35,6 +35,10 @@ def main() -> int:
         else:
             print("\n".join(storage.report(storage.run(runs=1000, batch=50))), flush=True)
             print("\n".join(storage.report(storage.run(runs=storage.soak_runs(), batch=50, sweep=True))), flush=True)
+    if args.only in (None, "cost"):  # cost as the bill says it (issue 11)
+        from bench import cost
+
+        print("\n".join(cost.report(cost.run(steps=24 if args.quick else 80))), flush=True)
     if args.only in (None, "chaos"):
         result = chaos.run(runs=12, kills=8) if args.quick else chaos.run()
         print("\n".join(chaos.report(result)), flush=True)

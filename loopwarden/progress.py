@@ -13,12 +13,14 @@ from shared.messages import (
     BudgetThreshold,
     Corrected,
     Decided,
+    Delegated,
     Escalated,
     GuardTripped,
     Judged,
     JudgeRequested,
     LoopDetected,
     ModelCalled,
+    ModelStopped,
     NotJudged,
     Resumed,
     RunEvent,
@@ -93,6 +95,10 @@ def run_line(ev: AnyRunEvent) -> str | None:
             return f"{tag} ⟳ loop detected: {ev.summary[:120]}"
         case BudgetThreshold():
             return f"       $ budget {ev.kind.removeprefix('budget.')}: {ev.summary}"
+        case ModelStopped(detail=d):
+            return f"{tag} ■ model stopped ({d.stop_reason}): {ev.summary}"
+        case Delegated(detail=d):
+            return f"{tag} ⇢ sub-agent {d.child_run_id} (~${d.estimated_cost_usd:.4f})"
         case VerdictIgnored() | GuardTripped() | NotJudged():
             return None  # shown through the events that follow them
         case _:

@@ -90,15 +90,19 @@ class ChatMessage(Wire):
 
 
 class Usage(Wire):
-    input_tokens: int = 0
+    input_tokens: int = Field(0, description="every prompt token, cached or not (the cache fields are parts of it)")
     output_tokens: int = 0
     cost_usd: float = 0.0
+    cache_read_input_tokens: int = Field(0, description="prompt tokens read from the prompt cache (billed at 0.1x)")
+    cache_creation_input_tokens: int = Field(0, description="prompt tokens written to the prompt cache (1.25x)")
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(
             input_tokens=self.input_tokens + other.input_tokens,
             output_tokens=self.output_tokens + other.output_tokens,
             cost_usd=round(self.cost_usd + other.cost_usd, 8),
+            cache_read_input_tokens=self.cache_read_input_tokens + other.cache_read_input_tokens,
+            cache_creation_input_tokens=self.cache_creation_input_tokens + other.cache_creation_input_tokens,
         )
 
 
@@ -169,6 +173,13 @@ class RunSubmit(Wire):
         None, description="the scripted scenario, bound to the run at submit (only the planner stores it)"
     )
     scenario_digest: str | None = Field(None, description="sha256 of the scenario's canonical JSON")
+    tenant: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9_-]{1,64}$", description="who pays: the governor keeps a daily ceiling per tenant"
+    )
+    parent_run_id: str | None = Field(None, description="a sub-agent run: the run that delegated to it")
+    parent_call_id: str | None = Field(None, description="the parent's delegate call this run answers")
+    parent_iteration: int = Field(0, ge=0, description="the parent's iteration that made the call")
+    depth: int = Field(0, ge=0, description="0 for a top-level run; a sub-agent is its parent's depth + 1")
 
 
 RunStatus = Literal["running", "awaiting_human", "completed", "stopped", "failed"]
@@ -220,11 +231,44 @@ class ModelCalledDetail(Wire):
     model: str
     tool_calls: int = 0
     chars: int = 0
+    cache_read_input_tokens: int = Field(0, description="part of input_tokens read from the prompt cache")
+    cache_creation_input_tokens: int = Field(0, description="part of input_tokens written to the prompt cache")
+    wrap_up: bool = Field(False, description="the run's last, tool-less turn")
 
 
 class ModelCalled(RunEventHead):
     kind: Literal["model_called"] = "model_called"
     detail: ModelCalledDetail
+
+
+class ModelStoppedDetail(Wire):
+    stop_reason: str = Field(description="max_tokens, refusal, context_window_exceeded or unknown_stop_reason")
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+
+
+class ModelStopped(RunEventHead):
+    """The model stopped without a usable turn (billed all the same); the run ends typed."""
+
+    kind: Literal["model_stopped"] = "model_stopped"
+    detail: ModelStoppedDetail
+
+
+class DelegatedDetail(Wire):
+    tool: str = "delegate"
+    call_id: str
+    child_run_id: str
+    estimated_cost_usd: float = 0.0
+    cost_ceiling_usd: float | None = None
+    depth: int = 1
+
+
+class Delegated(RunEventHead):
+    """A sub-agent run was started for a ``delegate`` call."""
+
+    kind: Literal["delegated"] = "delegated"
+    detail: DelegatedDetail
 
 
 class SimulatedCall(RunEventHead):
@@ -392,7 +436,7 @@ class NotJudged(RunEventHead):
     detail: NotJudgedDetail
 
 
-BudgetThresholdKind = Literal["budget.warn", "budget.compact", "budget.block", "budget.fallback"]
+BudgetThresholdKind = Literal["budget.warn", "budget.compact", "budget.block", "budget.fallback", "budget.wrap_up"]
 
 
 class BudgetThreshold(RunEventHead):
@@ -421,7 +465,9 @@ AnyRunEvent = Annotated[
     | LoopDetected
     | GuardTripped
     | NotJudged
-    | BudgetThreshold,
+    | BudgetThreshold
+    | ModelStopped
+    | Delegated,
     Field(discriminator="kind"),
 ]
 
@@ -544,6 +590,9 @@ class ToolOutcome(Wire):
     effect: Literal["none", "took_effect", "may_have"] | None = Field(
         None, description="for a failed call of a non-idempotent tool: whether its side effect happened"
     )
+    usage: Usage | None = Field(
+        None, description="model usage the call caused (a sub-agent run's), rolled up into the calling run's"
+    )
 
     @model_validator(mode="after")
     def _failure_has_type(self) -> ToolOutcome:
@@ -651,9 +700,14 @@ class BudgetRequest(Wire):
     context_budget_tokens: int
     run_token_budget: int
     cost_ceiling_usd: float
+    tenant: str | None = None
+    wrap_up: bool = Field(False, description="this turn is already the run's tool-less wrap-up turn")
+    delegated_usd: float = Field(
+        0.0, ge=0, description="the part of spent.cost_usd its sub-agents spent (each accounts its own to the tenant)"
+    )
 
 
-BudgetAction = Literal["allow", "warn", "compact", "block"]
+BudgetAction = Literal["allow", "warn", "compact", "block", "wrap_up"]
 
 
 class BudgetDecision(Wire):
@@ -666,6 +720,8 @@ class BudgetDecision(Wire):
     fired: list[str] = Field(default_factory=list, description="thresholds that fired for the first time")
     allocations: dict[str, int] = Field(default_factory=dict)
     usage_ratio: float = 0.0
+    calibration: float = Field(1.0, description="reported / estimated input tokens for this model, applied here")
+    estimated_cost_usd: float = Field(0.0, description="what this call is expected to cost, at cache rates")
 
 
 # --- escalation -------------------------------------------------------------------------------

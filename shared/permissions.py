@@ -43,6 +43,9 @@ GRANTS: dict[str, Grant] = {
             f"{F}.judge.>",
             S.BUDGET_RESERVE,
             S.dead_letter("planner"),
+            S.RUN_SUBMIT,  # a sub-agent run (delegate)
+            f"{S.tool_succeeded('delegate')}.>",  # a sub-agent's answer to its parent
+            f"{S.failure('tool_error', 'delegate')}.>",
         ),
         # scenarios: bound at submit; history: the runs' conversations
         kv_write=(S.KV_RUNS, S.KV_MODEL_CALLS, S.KV_LESSONS, S.KV_SCENARIOS, S.KV_HISTORY),
@@ -85,6 +88,7 @@ GRANTS: dict[str, Grant] = {
         subscribe=(S.BUDGET_RESERVE,),
         kv_write=(S.KV_BUDGETS,),
         responds=True,
+        consumers=((S.STREAM_EVT, S.DURABLE_GOVERNOR_RUN_FINISHED),),  # a run's final usage reaches its tenant's day
     ),
     "escalation": Grant(
         publish=(f"{S.ESCALATION_EVENT_PREFIX}.>", S.dead_letter("escalation")),

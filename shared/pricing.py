@@ -1,34 +1,72 @@
-"""USD per million tokens, for cost ceilings. Unknown models are priced like the dearest
-known one, so a typo in a model name can only make the ceiling stricter."""
+"""USD per million tokens, for cost ceilings, as the bill reads: uncached input, cache writes,
+cache reads and output each at their own rate. Unknown models are priced like the dearest
+known one, so a typo in a model name can only make the ceiling stricter.
+
+Anthropic's prompt cache bills a 5-minute cache write at 1.25x the input rate and a cache
+read at 0.1x; ``ModelPrice`` keeps the rates per model so a model priced otherwise can say so.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from shared.messages import Usage
 
-PRICES_PER_MTOK: dict[str, tuple[float, float]] = {
-    "claude-opus-4-1": (15.0, 75.0),
-    "claude-opus-4-5": (5.0, 25.0),
-    "claude-sonnet-4-5": (3.0, 15.0),
-    "claude-sonnet-4": (3.0, 15.0),
-    "claude-haiku-4-5": (1.0, 5.0),
-    "claude-3-5-haiku-latest": (0.8, 4.0),
+CACHE_WRITE_FACTOR = 1.25  # 5-minute ephemeral cache write
+CACHE_READ_FACTOR = 0.10
+
+
+@dataclass(frozen=True)
+class ModelPrice:
+    input: float
+    output: float
+    cache_write: float
+    cache_read: float
+
+    @classmethod
+    def of(cls, inp: float, out: float) -> ModelPrice:
+        return cls(inp, out, round(inp * CACHE_WRITE_FACTOR, 6), round(inp * CACHE_READ_FACTOR, 6))
+
+
+PRICES: dict[str, ModelPrice] = {
+    "claude-opus-4-1": ModelPrice.of(15.0, 75.0),
+    "claude-opus-4-5": ModelPrice.of(5.0, 25.0),
+    "claude-sonnet-4-5": ModelPrice.of(3.0, 15.0),
+    "claude-sonnet-4": ModelPrice.of(3.0, 15.0),
+    "claude-haiku-4-5": ModelPrice.of(1.0, 5.0),
+    "claude-3-5-haiku-latest": ModelPrice.of(0.8, 4.0),
 }
-_DEAREST = max(PRICES_PER_MTOK.values())
+PRICES_PER_MTOK: dict[str, tuple[float, float]] = {k: (p.input, p.output) for k, p in PRICES.items()}
+_DEAREST = max(PRICES.values(), key=lambda p: (p.input, p.output))
 
 
-def price(model: str) -> tuple[float, float]:
-    for name, p in PRICES_PER_MTOK.items():
+def model_price(model: str) -> ModelPrice:
+    for name, p in PRICES.items():
         if model == name or model.startswith(name + "-"):
             return p
     return _DEAREST
 
 
-def cost_usd(model: str, input_tokens: int, output_tokens: int) -> float:
-    inp, out = price(model)
-    return round((input_tokens * inp + output_tokens * out) / 1_000_000, 8)
+def price(model: str) -> tuple[float, float]:
+    p = model_price(model)
+    return p.input, p.output
 
 
-def usage_for(model: str, input_tokens: int, output_tokens: int) -> Usage:
+def cost_usd(model: str, input_tokens: int, output_tokens: int, *, cache_read: int = 0, cache_write: int = 0) -> float:
+    """The cost of one call. ``input_tokens`` is every prompt token; ``cache_read`` and
+    ``cache_write`` are the parts of it billed at the cache rates (the rest at the input rate)."""
+    p = model_price(model)
+    uncached = max(0, input_tokens - cache_read - cache_write)
+    total = uncached * p.input + cache_write * p.cache_write + cache_read * p.cache_read + output_tokens * p.output
+    return round(total / 1_000_000, 8)
+
+
+def usage_for(model: str, input_tokens: int, output_tokens: int, *, cache_read: int = 0, cache_write: int = 0) -> Usage:
+    """Usage of one call; ``input_tokens`` counts every prompt token, cached or not."""
     return Usage(
-        input_tokens=input_tokens, output_tokens=output_tokens, cost_usd=cost_usd(model, input_tokens, output_tokens)
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        cache_read_input_tokens=cache_read,
+        cache_creation_input_tokens=cache_write,
+        cost_usd=cost_usd(model, input_tokens, output_tokens, cache_read=cache_read, cache_write=cache_write),
     )

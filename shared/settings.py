@@ -236,6 +236,45 @@ class Settings(BaseSettings):
         None, description="export every finished run to this Object Store bucket before it expires"
     )
 
+    # --- cost as the bill says it (issue 11) --------------------------------------------
+    prompt_caching: bool = Field(True, description="send planner turns with prompt-cache breakpoints")
+    more_room_output_tokens: int = Field(
+        8192, ge=16, description="a reply cut off at max_tokens is asked once more with this many (at least 2x)"
+    )
+    compact_at_cached: float = Field(
+        0.95,
+        gt=0,
+        lt=1,
+        description="with a warm prompt cache, soft compaction waits until history reaches this share of its "
+        "allocation (compaction re-writes the cached prefix at 1.25x what a cached turn reads at 0.1x)",
+    )
+    calibration_weight: float = Field(
+        0.2, gt=0, le=1, description="weight of each new sample in the per-model estimate/reported token ratio"
+    )
+    tenant_daily_ceiling_usd: float | None = Field(
+        None, gt=0, description="daily cost ceiling of every tenant (None: no tenant ceiling)"
+    )
+    tenant_ceilings: dict[str, float] = Field(
+        default_factory=dict, description='JSON: tenant -> daily cost ceiling in USD, e.g. {"acme": 25}'
+    )
+    wrap_up_reserve_usd: float = Field(
+        0.0,
+        ge=0,
+        description="cost kept back from the ceiling for the wrap-up: a normal turn must leave this much "
+        "(the wrap-up itself must fit what is left, its reply capped at LW_WRAP_UP_OUTPUT_TOKENS)",
+    )
+    wrap_up_output_tokens: int = Field(1024, ge=16, description="room for the wrap-up turn's final answer")
+    delegate_max_depth: int = Field(2, ge=0, description="how deep sub-agents may nest (0: no delegation)")
+    delegate_max_children: int = Field(4, ge=1, description="sub-agent runs one run may start")
+    delegate_ceiling_usd: float = Field(0.10, gt=0, description="a sub-agent's cost ceiling unless it asks for less")
+    delegate_max_iterations: int = Field(6, ge=1, description="a sub-agent's iteration cap unless it asks for less")
+    spawn_gate_usd: float = Field(
+        0.10, ge=0, description="a sub-agent whose estimated cost is above this waits for a human's approval"
+    )
+    progressive_tools_above: int | None = Field(
+        20, ge=1, description="above this many offered tools the model sees one line per tool; None: always full"
+    )
+
     @field_validator("nats_url")
     @classmethod
     def _nats_scheme(cls, v: str) -> str:
@@ -306,6 +345,14 @@ class Settings(BaseSettings):
         names = [t.strip() for t in v.split(",") if t.strip()]
         if not names:
             raise ValueError("must name at least one tool, or '*'")
+        return v
+
+    @field_validator("tenant_ceilings")
+    @classmethod
+    def _tenant_ceilings(cls, v: dict[str, float]) -> dict[str, float]:
+        for tenant, ceiling in v.items():
+            if ceiling <= 0:
+                raise ValueError(f"{tenant}: a daily ceiling must be above 0 (got {ceiling})")
         return v
 
     @model_validator(mode="after")

@@ -65,6 +65,7 @@ DURABLE_VALIDATOR = "validator"
 DURABLE_JUDGE = "judge"
 DURABLE_ESCALATION_RAISE = "escalation_raise"
 DURABLE_ESCALATION_FAILURES = "escalation_failures"
+DURABLE_GOVERNOR_RUN_FINISHED = "governor_run_finished"
 
 
 def executor_durable(tool: str) -> str:

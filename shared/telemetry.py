@@ -51,6 +51,9 @@ GEN_AI_AGENT_DESCRIPTION = "gen_ai.agent.description"
 GEN_AI_TOOL_TYPE = "gen_ai.tool.type"
 GEN_AI_TOOL_DESCRIPTION = "gen_ai.tool.description"
 GEN_AI_TOKEN_TYPE = "gen_ai.token.type"
+GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS = "gen_ai.usage.cache_read.input_tokens"
+GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS = "gen_ai.usage.cache_creation.input_tokens"
+LW_COST_USD = "loopwarden.cost.usd"
 ERROR_TYPE = "error.type"
 # gen_ai.operation.name values
 OP_CHAT = "chat"
@@ -91,6 +94,8 @@ class GenAiMetrics:
         response_model: str = "",
         input_tokens: int | None = None,
         output_tokens: int | None = None,
+        cache_read_tokens: int = 0,
+        cache_creation_tokens: int = 0,
         error_type: str | None = None,
         operation: str = OP_CHAT,
     ) -> None:
@@ -106,6 +111,11 @@ class GenAiMetrics:
             self.token_usage.record(input_tokens, {**attrs, GEN_AI_TOKEN_TYPE: "input"})
         if output_tokens is not None:
             self.token_usage.record(output_tokens, {**attrs, GEN_AI_TOKEN_TYPE: "output"})
+        # the prompt cache's parts of the input (billed at their own rates), when there are any
+        if cache_read_tokens:
+            self.token_usage.record(cache_read_tokens, {**attrs, GEN_AI_TOKEN_TYPE: "cache_read"})
+        if cache_creation_tokens:
+            self.token_usage.record(cache_creation_tokens, {**attrs, GEN_AI_TOKEN_TYPE: "cache_creation"})
 
 
 def current_traceparent() -> str:

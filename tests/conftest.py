@@ -36,6 +36,7 @@ TEST_ENV = {
     "LW_MODEL_RETRY_MAX_S": "0.3",
     "LW_LOG_LEVEL": "INFO",
     "ANTHROPIC_API_KEY": "test-key-not-real",
+    "LW_TENANT_DAILY_CEILING_USD": "0.05",  # only runs submitted with a tenant have one (tests/test_cost.py)
 }
 REPLICAS = ("planner", "planner", "executor", "executor", "validator", "judge", "governor", "escalation")
 MCP_ORDERS = {

@@ -1,36 +1,86 @@
-"""Governor handler: one budget decision per (run, turn), stored, so a retried request gets
-the same answer and thresholds fire once."""
+"""Governor handlers: one budget decision per (run, turn), stored, so a retried request gets
+the same answer and thresholds fire once; per-model calibration of the token estimate; what
+each tenant spent today (from budget requests, and from each run's final usage)."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from datetime import UTC, datetime
 
-from services.governor.budget import BudgetLedger, evaluate
+from pydantic import BaseModel, Field
+
+from services.governor.budget import BudgetLedger, evaluate, observe, updated_ratio
 from shared import subjects as S
 from shared import telemetry as T
 from shared.bus import Bus, Unchanged
-from shared.messages import BudgetDecision, BudgetRequest, BudgetThreshold, BudgetThresholdKind, ErrorReply
+from shared.messages import (
+    FINAL_STATUSES,
+    BudgetDecision,
+    BudgetRequest,
+    BudgetThreshold,
+    BudgetThresholdKind,
+    ErrorReply,
+    RunEvent,
+    RunFinished,
+)
 from shared.settings import Settings
 
 THRESHOLD_KINDS: dict[str, BudgetThresholdKind] = {
     "warn": "budget.warn",
     "compact": "budget.compact",
     "block": "budget.block",
+    "wrap_up": "budget.wrap_up",
 }  # any other threshold that fires is a model fallback
 KEEP_DECISIONS = 8  # recent turns whose decision a redelivered request gets again
+CALIBRATION_KEY = "calibration.models"
+PERSIST_EVERY = 8  # calibration samples between writes of the shared ratios
+
+
+class Calibration(BaseModel):
+    """Per model: reported / estimated input tokens (running), and how many samples it rests on."""
+
+    ratios: dict[str, float] = Field(default_factory=dict)
+    samples: dict[str, int] = Field(default_factory=dict)
+
+
+class TenantDay(BaseModel):
+    """What a tenant's runs spent on one UTC day: per run its latest total (idempotent to re-apply)."""
+
+    tenant: str
+    day: str
+    runs: dict[str, float] = Field(default_factory=dict)
+
+    @property
+    def spent_usd(self) -> float:
+        return round(sum(self.runs.values()), 8)
+
+
+def today() -> str:
+    return datetime.now(UTC).date().isoformat()
+
+
+def tenant_key(tenant: str, day: str) -> str:
+    return S.kv_key("tenant", tenant, day)
 
 
 class Governor:
     def __init__(self, bus: Bus, settings: Settings, telemetry: T.Telemetry) -> None:
         self.bus, self.settings = bus, settings
         self.tracer = telemetry.tracer("loopwarden.governor")
-        self.decisions = telemetry.meter("loopwarden.governor").create_counter(
-            "loopwarden.budget.decisions", description="budget decisions by action"
+        meter = telemetry.meter("loopwarden.governor")
+        self.decisions = meter.create_counter("loopwarden.budget.decisions", description="budget decisions by action")
+        self.estimated_cost = meter.create_counter(
+            "loopwarden.budget.estimated_cost", unit="USD", description="estimated cost of allowed calls (cache rates)"
+        )
+        self.tenant_spend = meter.create_counter(
+            "loopwarden.tenant.cost", unit="USD", description="spend accounted to tenants"
         )
 
         # The ledger this replica last stored per run, with its revision: tried first under CAS
         # (a conflict re-reads), so a turn costs one KV write and no read.
         self._ledgers: OrderedDict[str, tuple[BudgetLedger, int]] = OrderedDict()
+        self.calibration: Calibration | None = None
+        self._unsaved = 0
 
     def keep(self, key: str, ledger: BudgetLedger | None, revision: int) -> None:
         if ledger is None:
@@ -46,14 +96,104 @@ class Governor:
             model=BudgetRequest,
             reply=lambda reason: ErrorReply(error=reason),  # typed: the planner parses it
         )(self.on_reserve)
+        self.bus.consumer(
+            durable=S.DURABLE_GOVERNOR_RUN_FINISHED,
+            stream=S.STREAM_EVT,
+            filter_subjects=[S.any_run(S.run_event(status)) for status in FINAL_STATUSES],
+            model=RunEvent,
+        )(self.on_run_finished)
 
+    # --- calibration -------------------------------------------------------------------------------
+    async def ratio(self, model: str) -> float:
+        if self.calibration is None:
+            stored, _ = await self.bus.kv_get(S.KV_BUDGETS, CALIBRATION_KEY, Calibration)
+            self.calibration = stored or Calibration()
+        return self.calibration.ratios.get(model, 1.0)
+
+    def learned(self, model: str, samples: list[tuple[str, float]]) -> float:
+        """The ratio for ``model`` with this request's sample counted (not yet stored: ``learn`` does)."""
+        cal = self.calibration or Calibration()
+        ratio = cal.ratios.get(model)
+        for m, sample in samples:
+            if m == model:
+                ratio = updated_ratio(ratio, sample, self.settings.calibration_weight)
+        return ratio if ratio is not None else 1.0
+
+    async def learn(self, model: str, sample: float) -> None:
+        cal = self.calibration or Calibration()
+        self.calibration = cal
+        cal.ratios[model] = updated_ratio(cal.ratios.get(model), sample, self.settings.calibration_weight)
+        cal.samples[model] = cal.samples.get(model, 0) + 1
+        self._unsaved += 1
+        if self._unsaved >= PERSIST_EVERY or cal.samples[model] == 1:
+            self._unsaved = 0
+            mine = cal.model_copy(deep=True)
+
+            def merge(stored: Calibration | None) -> tuple[Calibration, None]:
+                merged = stored or Calibration()
+                for m, r in mine.ratios.items():  # replicas' ratios for one model are averaged by sample count
+                    n_old, n_new = merged.samples.get(m, 0), mine.samples.get(m, 0)
+                    old = merged.ratios.get(m)
+                    merged.ratios[m] = r if old is None else round((old * n_old + r * n_new) / (n_old + n_new), 4)
+                    merged.samples[m] = max(n_old, n_new)
+                return merged, None
+
+            await self.bus.update(S.KV_BUDGETS, CALIBRATION_KEY, Calibration, merge)
+
+    # --- tenants -----------------------------------------------------------------------------------
+    def tenant_ceiling(self, tenant: str | None) -> float | None:
+        if tenant is None:
+            return None
+        return self.settings.tenant_ceilings.get(tenant, self.settings.tenant_daily_ceiling_usd)
+
+    async def account(self, tenant: str, run_id: str, spent_usd: float) -> float:
+        """Record the run's spend so far in its tenant's day; the tenant's total today."""
+        day = today()
+
+        def change(stored: TenantDay | None) -> tuple[TenantDay, float] | Unchanged[float]:
+            record = stored or TenantDay(tenant=tenant, day=day)
+            if record.runs.get(run_id, -1.0) >= spent_usd:
+                return Unchanged(record.spent_usd)
+            record.runs[run_id] = spent_usd
+            return record, record.spent_usd
+
+        return await self.bus.update(S.KV_BUDGETS, tenant_key(tenant, day), TenantDay, change)
+
+    async def on_run_finished(self, event: RunEvent) -> None:
+        """A run's final usage reaches its tenant's day (the last call was never asked about)."""
+        ev = event.root
+        if not isinstance(ev, RunFinished):
+            return
+        ledger, _ = await self.bus.kv_get(S.KV_BUDGETS, S.kv_key(ev.run_id), BudgetLedger)
+        if ledger is None or ledger.tenant is None:
+            return
+        cost = round(ev.detail.usage.cost_usd - ledger.delegated_usd, 8)  # sub-agents account their own
+        await self.account(ledger.tenant, ev.run_id, cost)
+        if cost > ledger.tenant_accounted_usd:
+            self.tenant_spend.add(cost - ledger.tenant_accounted_usd, {"tenant": ledger.tenant})
+
+    # --- the budget decision -----------------------------------------------------------------------
     async def on_reserve(self, req: BudgetRequest) -> BudgetDecision:
         s = self.settings
+        ceiling = self.tenant_ceiling(req.tenant)
+        own = round(req.spent.cost_usd - req.delegated_usd, 8)  # sub-agents account their own spend
+        tenant_spent = await self.account(req.tenant, req.run_id, own) if req.tenant else None
+        key = S.kv_key(req.run_id)
+        known = self._ledgers.pop(key, None)
+        await self.ratio(req.model)  # loads the shared ratios once
+        samples: list[tuple[str, float]] = []
 
         def decide(ledger: BudgetLedger | None) -> tuple[BudgetLedger, BudgetDecision] | Unchanged[BudgetDecision]:
-            ledger = ledger or BudgetLedger(run_id=req.run_id)
+            ledger = ledger or BudgetLedger(run_id=req.run_id, tenant=req.tenant)
             if str(req.turn) in ledger.decisions:  # asked again (a redelivery): the same answer
                 return Unchanged(ledger.decisions[str(req.turn)])
+            samples.clear()
+            sample = observe(ledger, req)
+            if sample is not None:
+                samples.append(sample)
+            calibration = self.learned(req.model, samples)
+            ledger.tenant_accounted_usd = own if req.tenant else 0.0
+            ledger.delegated_usd = req.delegated_usd
             decision = evaluate(
                 req,
                 ledger,
@@ -61,6 +201,12 @@ class Governor:
                 compact_at=s.compact_at,
                 fallback_model=s.fallback_model,
                 exhausted_policy=s.budget_exhausted_policy,
+                compact_at_cached=s.compact_at_cached,
+                wrap_up_reserve_usd=s.wrap_up_reserve_usd,
+                wrap_up_output_tokens=s.wrap_up_output_tokens,
+                calibration=calibration,
+                tenant_spent_usd=tenant_spent,
+                tenant_ceiling_usd=ceiling,
             )
             ledger.decisions[str(req.turn)] = decision
             for old in sorted(ledger.decisions, key=int)[:-KEEP_DECISIONS]:  # the ledger does not grow with the run
@@ -70,17 +216,22 @@ class Governor:
         with self.tracer.start_as_current_span(
             "budget reserve", attributes={T.LW_RUN_ID: req.run_id, T.GEN_AI_REQUEST_MODEL: req.model}
         ) as span:
-            key = S.kv_key(req.run_id)
             decision = await self.bus.update(
                 S.KV_BUDGETS,
                 key,
                 BudgetLedger,
                 decide,
-                known=self._ledgers.pop(key, None),
+                known=known,
                 saved=lambda v, rev: self.keep(key, v, rev),
             )
             span.set_attribute(T.LW_BUDGET_ACTION, decision.action)
+            span.set_attribute("loopwarden.budget.calibration", decision.calibration)
+            span.set_attribute("loopwarden.budget.estimated_cost_usd", decision.estimated_cost_usd)
+        for model, sample in samples:
+            await self.learn(model, sample)
         self.decisions.add(1, {"action": decision.action})
+        if decision.action != "block":
+            self.estimated_cost.add(decision.estimated_cost_usd, {"gen_ai.request.model": decision.model})
         for flag in decision.fired:
             kind = THRESHOLD_KINDS.get(flag, "budget.fallback")
             level = kind.removeprefix("budget.")

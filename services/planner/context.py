@@ -8,8 +8,11 @@ older turns replaced by a summary), the tool catalogue (tools) and room for the 
 from __future__ import annotations
 
 import json
+import weakref
+from collections import OrderedDict
 from typing import Any
 
+from services.planner import delegation
 from services.planner.state import RunState, ToolCallRecord
 from shared import tokens
 from shared.contracts.validation import format_for_model
@@ -44,19 +47,63 @@ def system_prompt(state: RunState) -> str:
     return SYSTEM_PROMPT.format(finish=finish)
 
 
-def tool_specs(state: RunState, contracts: dict[str, ToolContract]) -> list[ToolSpec]:
+# --- the tool catalogue: whole, or one line per tool above a size (progressive disclosure) ------
+
+ONE_LINE_SCHEMA: dict[str, Any] = {"type": "object"}
+PROGRESSIVE_NOTE = (
+    "- Tools marked [schema on first use] show only a one-line summary. Call one when you need it: its full "
+    "input schema is shown from then on, and a call the schema refuses is not executed but returned with the schema."
+)
+ONE_LINE_MARK = "[schema on first use] "
+
+
+def one_line(description: str, limit: int = 90) -> str:
+    """The first sentence of a description, at most ``limit`` characters."""
+    text = " ".join(description.split())
+    cut = text.find(". ")
+    line = text[: cut + 1] if 0 < cut < limit else text
+    return line if len(line) <= limit else line[: limit - 1].rstrip() + "…"
+
+
+def tool_specs(
+    state: RunState, contracts: dict[str, ToolContract], progressive_above: int | None = None
+) -> list[ToolSpec]:
+    """The tools offered this turn. Above ``progressive_above`` tools, a tool the run has not called
+    yet is one line (name, first line of its description, an open object schema); a tool the run has
+    called, and the terminal tools, are offered whole. The executor validates every call against the
+    real schema either way, so a blind first call is refused with the schema, never run wrong."""
     allowed = state.config.allowed_tools
-    return [
-        ToolSpec(name=c.name, description=c.description, input_schema=c.input_schema)
+    offered = [
+        c
         for name, c in sorted(contracts.items())
         if allowed is None or name in allowed or name in state.config.terminal_tools
     ]
+    delegate = [delegation.DELEGATE_SPEC] if delegation.offered(state.config) else []
+    if progressive_above is None or len(offered) <= progressive_above:
+        return [
+            ToolSpec(name=c.name, description=c.description, input_schema=c.input_schema) for c in offered
+        ] + delegate
+    used = {name for name, _ in state.tool_history} | set(state.config.terminal_tools)
+    return delegate + [
+        ToolSpec(name=c.name, description=c.description, input_schema=c.input_schema)
+        if c.name in used
+        else ToolSpec(
+            name=c.name,
+            description=ONE_LINE_MARK + one_line(c.description),
+            input_schema=ONE_LINE_SCHEMA,
+        )
+        for c in offered
+    ]
 
 
-def model_messages(state: RunState) -> list[ChatMessage]:
+def tools_tokens(specs: list[ToolSpec]) -> int:
+    return sum(tokens.count_json(s.model_dump()) for s in specs)
+
+
+def model_messages(state: RunState, extra: ChatMessage | None = None) -> list[ChatMessage]:
     """The conversation to send: never ending on an assistant turn (providers read that as a prefill)."""
     merged: list[ChatMessage] = []
-    for message in state.messages:
+    for message in [*state.messages, *([extra] if extra is not None else [])]:
         if merged and merged[-1].role == message.role:
             merged[-1] = ChatMessage(role=message.role, content=[*merged[-1].content, *message.content])
         else:
@@ -77,6 +124,53 @@ def sections(
         tools=sum(tokens.count_json(s.model_dump()) for s in specs),
         output=max_output,
     )
+
+
+# --- counting the history once per message ---------------------------------------------------
+
+
+class _Tally:
+    """A run's history count so far: the first and last message it covered (by identity) and the total."""
+
+    __slots__ = ("first", "last", "length", "total")
+
+    def __init__(self, first: weakref.ref[ChatMessage], last: weakref.ref[ChatMessage], length: int, total: int):
+        self.first, self.last, self.length, self.total = first, last, length, total
+
+
+_TALLIES: OrderedDict[str, _Tally] = OrderedDict()
+MAX_TALLIES = 1024
+
+
+def message_tokens(message: ChatMessage) -> int:
+    return 4 + tokens.count_content(message.content)
+
+
+def history_tokens(run_id: str, messages: list[ChatMessage]) -> int:
+    """Tokens of ``messages``, counting only the messages added since the last count of this run.
+
+    The planner keeps a run's state between turns, so its earlier messages are the same objects:
+    when the first message and the last one counted are still where they were, only the new tail is
+    counted (a check at step 80 costs what one at step 10 does). A compaction replaces the head and a
+    reload from KV makes new objects: either way the whole history is counted once, then again only
+    what is new."""
+    tally = _TALLIES.get(run_id)
+    if (
+        tally is not None
+        and messages
+        and len(messages) >= tally.length > 0
+        and tally.first() is messages[0]
+        and tally.last() is messages[tally.length - 1]
+    ):
+        total = tally.total + sum(message_tokens(m) for m in messages[tally.length :])
+    else:
+        total = sum(message_tokens(m) for m in messages)
+    if messages:
+        _TALLIES[run_id] = _Tally(weakref.ref(messages[0]), weakref.ref(messages[-1]), len(messages), total)
+        _TALLIES.move_to_end(run_id)
+        while len(_TALLIES) > MAX_TALLIES:
+            _TALLIES.popitem(last=False)
+    return total
 
 
 def opening_message(task: str, lessons: list[str]) -> str:
@@ -180,32 +274,84 @@ def transcript(messages: list[ChatMessage]) -> str:
     return "\n".join(lines)
 
 
-def model_request(state: RunState, contracts: dict[str, ToolContract], model: str, max_tokens: int) -> ModelRequest:
-    """This turn's request to the planner's model."""
+def model_request(
+    state: RunState,
+    contracts: dict[str, ToolContract],
+    model: str,
+    max_tokens: int,
+    progressive_above: int | None = None,
+) -> ModelRequest:
+    """This turn's request to the planner's model (the wrap-up turn's, without tools, when it is one)."""
+    if state.iteration.wrap_up:
+        return wrap_up_request(state, model, max_tokens)
+    specs = tool_specs(state, contracts, progressive_above)
+    system = system_prompt(state)
+    if any(s.description.startswith(ONE_LINE_MARK) for s in specs):
+        system = f"{system}\n{PROGRESSIVE_NOTE}"
+    return ModelRequest(
+        purpose="plan",
+        model=model,
+        system=system,
+        messages=model_messages(state),
+        tools=specs,
+        max_tokens=max_tokens,
+        run_id=state.run_id,
+        script_index=state.model_calls,
+        cache=True,
+    )
+
+
+WRAP_UP_NOTE = (
+    "Stop working now: {why}. Tools are no longer available. Write your best final answer to the task "
+    "from what you already have, as plain text, and say briefly what is missing or uncertain."
+)
+
+
+def wrap_up_note(reason: str) -> str:
+    return WRAP_UP_NOTE.format(why=reason)
+
+
+def wrap_up_request(state: RunState, model: str, max_tokens: int, reason: str | None = None) -> ModelRequest:
+    """The run's last turn: the conversation and a note saying why, no tools, a capped reply."""
+    why = reason or state.iteration.wrap_up or "the budget is nearly spent"
     return ModelRequest(
         purpose="plan",
         model=model,
         system=system_prompt(state),
-        messages=model_messages(state),
-        tools=tool_specs(state, contracts),
+        messages=model_messages(state, ChatMessage.user(wrap_up_note(why))),
+        tools=[],
         max_tokens=max_tokens,
         run_id=state.run_id,
         script_index=state.model_calls,
+        cache=True,
     )
 
 
 def budget_request(state: RunState, req: ModelRequest) -> BudgetRequest:
-    """What the governor decides this turn on: ``req``'s sections counted, and what the run spent."""
+    """What the governor decides this turn on: ``req``'s sections, and what the run spent.
+
+    History is counted once per message (``history_tokens``), the tools and the goal are small
+    and counted from cached texts: the check costs the same at step 80 as at step 10."""
     task = state.messages[0].text() if state.messages else ""
+    task_tokens = tokens.count(task)
+    history = history_tokens(state.run_id, state.messages)
     return BudgetRequest(
         run_id=state.run_id,
         turn=state.iteration.n,
         model=state.model,
-        sections=sections(req.system, task, req.messages, req.tools, req.max_tokens),
+        sections=SectionTokens(
+            goal=tokens.count(req.system) + task_tokens,
+            history=max(0, history - task_tokens),
+            tools=tools_tokens(req.tools),
+            output=req.max_tokens,
+        ),
         spent=state.usage,
         context_budget_tokens=state.config.context_budget_tokens,
         run_token_budget=state.config.run_token_budget,
         cost_ceiling_usd=state.config.cost_ceiling_usd,
+        tenant=state.config.tenant,
+        wrap_up=bool(state.iteration.wrap_up),
+        delegated_usd=state.delegated_usage.cost_usd,
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 from services.planner import context as C
+from services.planner import delegation
 from services.planner.judging import decide_next, finish_iteration
 from services.planner.outbox import Outbox, finish
 from services.planner.state import RunState
@@ -39,6 +40,13 @@ def apply_resolution(state: RunState, res: EscalationResolution) -> Outbox:
         human = Candidate(id=f"{state.run_id}-human{it.n}", iteration=it.n, kind="text", content=answer)
         state.last_answer = answer
         finish(out, "completed", f"final answer provided by {who}", accepted=human)
+        return out
+    gated = next((c for c in it.tool_calls if c.call_id == awaiting.call_id), None) if awaiting.call_id else None
+    if awaiting.kind == "spawn" and gated is not None and gated.tool == delegation.DELEGATE:
+        # the sub-agent gate: yes starts the child, no is the delegate call's result
+        delegation.resolve_gate(out, gated, res.action in ("approve", "accept"), res.note)
+        if not it.pending:
+            finish_iteration(out)
         return out
     if awaiting.kind in ("approval", "spawn"):  # a gate: yes continues, no tells the model it was denied
         it.notes.append(C.gate_note(res.action in ("approve", "accept"), res.note))

@@ -31,7 +31,9 @@ from services.planner.turns import (
     apply_compaction,
     apply_guard,
     apply_model_response,
+    apply_model_stop,
     apply_provider_failure,
+    apply_wrap_up,
     resolve_config,
     start_run,
 )
@@ -52,11 +54,12 @@ from shared.messages import (
     RunSubmit,
     ToolContract,
     ToolOutcome,
+    Usage,
     Verdict,
     Wire,
 )
 from shared.payloads import bounded_outcome
-from shared.providers.base import ModelRequest, ModelResponse, ProviderError, complete_with_retry
+from shared.providers.base import ModelRequest, ModelResponse, ProviderError, StopReasonError, complete_with_retry
 from shared.providers.select import provider_for
 from shared.scenario import Scenario, ScenarioError, parse_scenario
 from shared.settings import Settings
@@ -90,6 +93,7 @@ class Planner:
         self.runs_finished = meter.create_counter("loopwarden.runs.finished", description="runs by final status")
         self.decisions = meter.create_counter("loopwarden.decide.decisions", description="Decide outcomes by row")
         self.gen_ai = telemetry.gen_ai  # gen_ai.client.token.usage / .operation.duration, per model call
+        self.cost = meter.create_counter("loopwarden.model.cost", unit="USD", description="billed model cost")
         self.corrections = meter.create_counter(
             "loopwarden.tool.corrections", description="schema-failure streaks by outcome: recovered, escalated"
         )
@@ -188,7 +192,11 @@ class Planner:
         """The outbox at once (acks awaited together): commands that start the next piece of work
         first, then the events in their order (the run's final event stays last)."""
         ordered = [i for i in items if i.subject.startswith(CMD)] + [i for i in items if not i.subject.startswith(CMD)]
-        await self.bus.publish_all([(i.subject, i.payload.encode(), i.msg_id) for i in ordered], run_id=run_id)
+        own = [i for i in ordered if i.run_id is None]
+        await self.bus.publish_all([(i.subject, i.payload.encode(), i.msg_id) for i in own], run_id=run_id)
+        for i in ordered:
+            if i.run_id is not None:  # another run's message (a sub-agent's answer to its parent)
+                await self.bus.publish(i.subject, i.payload.encode(), msg_id=i.msg_id, run_id=i.run_id)
 
     def count(self, items: list[PublishRecord], state: RunState) -> None:
         for item in items:
@@ -288,6 +296,14 @@ class Planner:
             await self.transact(ev.run_id, msg_id, lambda s: apply_guard(s, reason))
             return
 
+        wrap = state.iteration.wrap_up
+        if decision.action == "wrap_up" and not wrap:  # the governor: the cost ceiling is near
+            wrap = "; ".join(decision.reasons) or "the cost ceiling is near"
+            planned = C.wrap_up_request(state, decision.model, decision.max_output_tokens, wrap)
+        if wrap:
+            await self.wrap_up(state, ev, msg_id, provider, contracts, decision, planned, wrap)
+            return
+
         compaction: tuple[int, str, ModelResponse] | None = None
         if decision.action == "compact":
             compaction = await self.compact(state, provider, decision.model)
@@ -298,6 +314,11 @@ class Planner:
         try:
             reuse = planned if compaction is None else None  # compaction changed the history
             response, storing = await self.model_call(state, provider, contracts, decision, reuse)
+        except StopReasonError as err:  # billed, but no usable turn: a typed end (refusal, cut off, ...)
+            stop = err
+            self.count_tokens(stop.usage)
+            await self.transact(ev.run_id, msg_id, lambda s: apply_model_stop(s, stop.kind, str(stop), stop.usage))
+            return
         except ProviderError as err:
             if err.transient:
                 raise TryLater(f"model provider still failing after retries: {err}", delay=5.0) from err
@@ -306,6 +327,7 @@ class Planner:
             return
         if any(call.name not in contracts for call in response.tool_calls):
             contracts = await self.contracts(refresh=True)  # a tool may have registered a moment ago
+        self.count_tokens(response.usage)
 
         def apply(s: RunState) -> Outbox | None:
             if s.iteration.n != ev.iteration or s.done or s.status != "running":
@@ -322,6 +344,49 @@ class Planner:
         finally:
             if storing is not None:
                 await storing
+
+    async def wrap_up(
+        self,
+        state: RunState,
+        ev: RunAdvance,
+        msg_id: str,
+        provider: object,
+        contracts: dict[str, ToolContract],
+        decision: BudgetDecision,
+        planned: ModelRequest,
+        reason: str,
+    ) -> None:
+        """The run's last turn, without tools; a failed wrap-up call stops the run as the guard would."""
+        try:
+            response, storing = await self.model_call(state, provider, contracts, decision, planned)
+        except ProviderError as err:
+            if err.transient:
+                raise TryLater(f"model provider still failing after retries: {err}", delay=5.0) from err
+            if isinstance(err, StopReasonError):
+                self.count_tokens(err.usage)
+            why = f"{reason} (the wrap-up turn failed: {err})"
+            await self.transact(ev.run_id, msg_id, lambda s: apply_guard(s, why))
+            return
+        self.count_tokens(response.usage)
+
+        def apply(s: RunState) -> Outbox | None:
+            if s.iteration.n != ev.iteration or s.done or s.status != "running":
+                return None
+            if decision.model != s.model:
+                s.warnings.append(f"budget: switched model {s.model} -> {decision.model}")
+                s.model = decision.model
+            return apply_wrap_up(s, response, reason)
+
+        try:
+            await self.transact(ev.run_id, msg_id, apply)
+        finally:
+            if storing is not None:
+                await storing
+
+    def count_tokens(self, usage: Usage) -> None:
+        """The billed cost (the GenAI token histograms, cache parts included, are recorded per call)."""
+        if usage.cost_usd:
+            self.cost.add(usage.cost_usd)
 
     # --- I/O helpers ------------------------------------------------------------------------------
     async def contracts(self, refresh: bool = False) -> dict[str, ToolContract]:
@@ -360,7 +425,9 @@ class Planner:
 
     async def reserve(self, state: RunState, contracts: dict[str, ToolContract]) -> tuple[BudgetDecision, ModelRequest]:
         """The governor's decision for this turn, and the request it was counted on."""
-        req = C.model_request(state, contracts, state.model, state.config.max_output_tokens)
+        req = C.model_request(
+            state, contracts, state.model, state.config.max_output_tokens, self.settings.progressive_tools_above
+        )
         budget = C.budget_request(state, req)
         try:
             return await self.bus.request(S.BUDGET_RESERVE, budget, BudgetDecision), req
@@ -392,8 +459,17 @@ class Planner:
         if planned is not None:  # the request the budget was counted on: not built twice
             req = planned.model_copy(update={"model": decision.model, "max_tokens": decision.max_output_tokens})
         else:
-            req = C.model_request(state, contracts, decision.model, decision.max_output_tokens)
-        response = await complete_with_retry(provider, req, self.policy(), self.tracer, self.gen_ai)  # type: ignore[arg-type]
+            req = C.model_request(
+                state, contracts, decision.model, decision.max_output_tokens, self.settings.progressive_tools_above
+            )
+        response = await complete_with_retry(
+            provider,  # type: ignore[arg-type]
+            req,
+            self.policy(),
+            self.tracer,
+            self.gen_ai,
+            more_room_tokens=self.settings.more_room_output_tokens,
+        )
         return response, asyncio.create_task(self.bus.kv_put(S.KV_MODEL_CALLS, key, response))
 
     async def compact(self, state: RunState, provider: object, model: str) -> tuple[int, str, ModelResponse] | None:

@@ -220,6 +220,8 @@ def _start_iteration(out: Outbox, kind: str) -> None:
         s.iteration.guard = f"max iterations ({s.config.max_iterations}) reached"
         decide_next(out)
         return
+    if n == s.config.max_iterations and n > 1:  # the last turn the cap allows: one answer, no tools
+        s.iteration.wrap_up = f"max iterations ({s.config.max_iterations}) reached"
     if s.usage.cost_usd >= s.config.cost_ceiling_usd:
         s.iteration.guard = f"cost ceiling ${s.config.cost_ceiling_usd:.2f} reached (spent ${s.usage.cost_usd:.4f})"
         out.add(

@@ -28,6 +28,7 @@ from shared.messages import (
     FinishedDetail,
     RunAdvance,
     RunFinished,
+    ToolOutcome,
 )
 
 
@@ -38,13 +39,14 @@ class Outbox:
     state: RunState
     items: list[PublishRecord] = field(default_factory=list)
 
-    def add(self, subject: str, payload: BaseModel, msg_id: str) -> None:
+    def add(self, subject: str, payload: BaseModel, msg_id: str, run_id: str | None = None) -> None:
         self.items.append(
             PublishRecord(
                 subject=subject,
                 msg_id=msg_id,
                 payload=payload.model_dump_json(by_alias=True),
                 model=type(payload).__name__,
+                run_id=run_id,
             )
         )
 
@@ -90,6 +92,36 @@ def finish(
             ),
         )
     )
+    if s.config.parent_run_id and s.config.parent_call_id:
+        answer_parent(out)
+
+
+def answer_parent(out: Outbox) -> None:
+    """A sub-agent run ended: its final output is the parent's ``delegate`` result, with its usage."""
+    s, cfg = out.state, out.state.config
+    assert cfg.parent_run_id is not None and cfg.parent_call_id is not None
+    common: dict[str, Any] = {
+        "run_id": cfg.parent_run_id,
+        "iteration": max(1, cfg.parent_iteration),
+        "call_id": cfg.parent_call_id,
+        "attempt_id": s.run_id,
+        "tool": "delegate",
+        "requested_tool": "delegate",
+        "usage": s.usage,
+    }
+    if s.status == "completed" and (s.final_output or "").strip():
+        outcome = ToolOutcome(success=True, data=s.final_output, **common)
+        subject = S.tool_succeeded("delegate")
+    else:
+        last = f" Its last output: {s.final_output}" if (s.final_output or "").strip() else ""
+        outcome = ToolOutcome(
+            success=False,
+            failure_type="tool_error",
+            error=f"The sub-agent {s.run_id} {s.status}: {s.final_reason}.{last}",
+            **common,
+        )
+        subject = S.failure("tool_error", "delegate")
+    out.add(subject, outcome, f"{s.run_id}.answer.{cfg.parent_call_id}", run_id=cfg.parent_run_id)
 
 
 def final_output(s: RunState, accepted: Candidate | None) -> str:

@@ -35,6 +35,9 @@ def apply_outcome(state: RunState, outcome: ToolOutcome) -> Outbox:
         return out  # stale or duplicate: nothing to do
     cfg = state.config
     record.outcome = outcome
+    if outcome.usage is not None:  # a sub-agent's cost counts against this run's ceiling
+        state.usage = state.usage + outcome.usage
+        state.delegated_usage = state.delegated_usage + outcome.usage
     text, is_error = C.render_outcome(outcome, cfg.max_tool_result_tokens)
     record.result_text, record.is_error = text, is_error
     tool = outcome.requested_tool

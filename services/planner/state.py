@@ -19,6 +19,7 @@ from shared.messages import (
     Rubric,
     RunSnapshot,
     ToolOutcome,
+    Usage,
     Verdict,
     utcnow,
 )
@@ -55,6 +56,16 @@ class RunConfig(_State):
     max_output_tokens: int
     max_tool_result_tokens: int
     keep_recent_turns: int
+    tenant: str | None = None
+    depth: int = 0
+    parent_run_id: str | None = None
+    parent_call_id: str | None = None
+    parent_iteration: int = 0
+    max_depth: int = 2
+    max_children: int = 4
+    child_ceiling_usd: float = 0.10
+    child_max_iterations: int = 6
+    spawn_gate_usd: float = 0.10
 
 
 CallStatus = Literal["dispatched", "succeeded", "failed", "skipped", "blocked", "awaiting_human", "resolved_by_human"]
@@ -95,6 +106,7 @@ class Iteration(IterationView):
     guard: str | None = None
     decision: DecisionRecord | None = None
     notes: list[str] = Field(default_factory=list, description="text added to the next user turn")
+    wrap_up: str | None = Field(None, description="why this is the run's last, tool-less turn (cost or iteration cap)")
 
     @property
     def pending(self) -> list[ToolCallRecord]:
@@ -106,6 +118,7 @@ class PublishRecord(_State):
     msg_id: str
     payload: str  # the JSON body, kept verbatim so a re-publish is byte-identical
     model: str
+    run_id: str | None = None  # published as another run's message (a sub-agent answering its parent)
 
 
 class RunState(RunSnapshot):
@@ -127,6 +140,8 @@ class RunState(RunSnapshot):
     last_submission: dict[str, Any] | None = None
     first_draft_judged: bool = Field(False, description="the judge answered on the first draft (maybe: not judged)")
     events_published: int = Field(0, description="run events this run has published: the sequence in their ids")
+    children: dict[str, str] = Field(default_factory=dict, description="delegate call id -> sub-agent run id")
+    delegated_usage: Usage = Field(default_factory=Usage, description="the part of usage its sub-agents spent")
     applied: list[str] = Field(default_factory=list)
     outbox: dict[str, list[PublishRecord]] = Field(default_factory=dict)
     trace_parent: str = Field("", description="W3C traceparent of the submit: the run's invoke_agent span hangs there")

@@ -11,7 +11,7 @@ import re
 from typing import Any
 
 from services.planner import context as C
-from services.planner import loops
+from services.planner import delegation, loops
 from services.planner.judging import decide_next, finish_iteration
 from services.planner.outbox import Outbox, advance, finish
 from services.planner.state import Iteration, RunConfig, RunState, ToolCallRecord
@@ -23,6 +23,8 @@ from shared.messages import (
     GuardTripped,
     ModelCalled,
     ModelCalledDetail,
+    ModelStopped,
+    ModelStoppedDetail,
     ReasonDetail,
     RunSubmit,
     SimulatedCall,
@@ -72,6 +74,16 @@ def resolve_config(submit: RunSubmit, settings: Settings, contracts: dict[str, T
         max_output_tokens=settings.planner_max_output_tokens,
         max_tool_result_tokens=settings.max_tool_result_tokens,
         keep_recent_turns=settings.keep_recent_turns,
+        tenant=submit.tenant,
+        depth=submit.depth,
+        parent_run_id=submit.parent_run_id,
+        parent_call_id=submit.parent_call_id,
+        parent_iteration=submit.parent_iteration,
+        max_depth=settings.delegate_max_depth,
+        max_children=settings.delegate_max_children,
+        child_ceiling_usd=settings.delegate_ceiling_usd,
+        child_max_iterations=settings.delegate_max_iterations,
+        spawn_gate_usd=settings.spawn_gate_usd,
     )
 
 
@@ -125,6 +137,65 @@ def apply_provider_failure(state: RunState, reason: str) -> Outbox:
     return out
 
 
+def apply_wrap_up(state: RunState, response: ModelResponse, reason: str) -> Outbox:
+    """The wrap-up turn answered (without tools): the run stops with that answer, saying why."""
+    out = Outbox(state)
+    it = state.iteration
+    it.wrap_up = reason
+    state.model_calls += 1
+    state.usage = state.usage + response.usage
+    text = (response.text or "").strip()
+    state.messages.append(ChatMessage.user(C.wrap_up_note(reason)))
+    state.messages.append(ChatMessage(role="assistant", content=[TextBlock(text=text)]))
+    out.event(
+        ModelCalled(
+            **out.head(f"wrap-up turn {it.n}: {len(text)} chars"),
+            detail=ModelCalledDetail(
+                input_tokens=response.usage.input_tokens,
+                output_tokens=response.usage.output_tokens,
+                cost_usd=response.usage.cost_usd,
+                model=response.model,
+                chars=len(text),
+                cache_read_input_tokens=response.usage.cache_read_input_tokens,
+                cache_creation_input_tokens=response.usage.cache_creation_input_tokens,
+                wrap_up=True,
+            ),
+        )
+    )
+    if text:
+        state.last_text = state.last_answer = text
+        answer = Candidate(id=f"{state.run_id}-wrap{it.n}", iteration=it.n, kind="text", content=text)
+        finish(out, "stopped", f"wrapped up: {reason}; final answer written without tools", accepted=answer)
+    else:
+        finish(out, "stopped", f"wrapped up: {reason}; the model gave no final answer")
+    return out
+
+
+def apply_model_stop(state: RunState, kind: str, reason: str, usage: Usage) -> Outbox:
+    """The model stopped without an answer (``StopReasonError``): billed, then a typed end. A refusal
+    stops the run (nothing is retried or escalated: the model declined the task); a reply cut off
+    even with more room, or a full context window, fails it."""
+    out = Outbox(state)
+    state.model_calls += 1
+    state.usage = state.usage + usage
+    out.event(
+        ModelStopped(
+            **out.head(reason),
+            detail=ModelStoppedDetail(
+                stop_reason=kind,
+                input_tokens=usage.input_tokens,
+                output_tokens=usage.output_tokens,
+                cost_usd=usage.cost_usd,
+            ),
+        )
+    )
+    if kind == "refusal":
+        finish(out, "stopped", f"refused by the model: {reason}")
+    else:
+        finish(out, "failed", f"model turn unusable ({kind}): {reason}")
+    return out
+
+
 def apply_model_response(state: RunState, response: ModelResponse, contracts: dict[str, ToolContract]) -> Outbox:
     out = Outbox(state)
     it = state.iteration
@@ -146,6 +217,8 @@ def apply_model_response(state: RunState, response: ModelResponse, contracts: di
                 model=response.model,
                 tool_calls=len(response.tool_calls),
                 chars=len(text),
+                cache_read_input_tokens=response.usage.cache_read_input_tokens,
+                cache_creation_input_tokens=response.usage.cache_creation_input_tokens,
             ),
         )
     )
@@ -202,6 +275,10 @@ def _dispatch(out: Outbox, call: ToolUseBlock, contracts: dict[str, ToolContract
         terminal=call.name in cfg.terminal_tools,
     )
     it.tool_calls.append(record)
+    if call.name == delegation.DELEGATE and delegation.offered(cfg):
+        s.tool_history.append((call.name, sig))
+        delegation.dispatch(out, record)
+        return
     contract = contracts.get(call.name)
     offered = cfg.allowed_tools is None or call.name in cfg.allowed_tools or call.name in cfg.terminal_tools
     if contract is None or not offered:

@@ -4,6 +4,12 @@ The SDK's own retries are off (``max_retries=0``): transient errors (429 rate li
 overloaded, 5xx, timeouts, dropped connections) become ``ProviderError(transient=True)``
 carrying Retry-After, and ``complete_with_retry`` is the one layer that retries them.
 The SDK's own spans are off too; ``complete_with_retry`` emits one GenAI span per attempt.
+408 (request timeout) and 409 (lock conflict) are transient too, as the SDK itself treats them.
+
+Prompt caching: ``api_body`` puts a breakpoint on the system prompt (tools + system, the
+stable prefix) and a rolling one on the conversation's last block (see ``prompt_cache``).
+The API reports ``input_tokens`` *without* the cached parts; our ``Usage.input_tokens`` is
+the whole prompt, with cache reads and writes as parts of it, each billed at its rate.
 """
 
 from __future__ import annotations
@@ -15,6 +21,9 @@ import anthropic
 from shared.messages import ChatMessage, TextBlock, ToolResultBlock, ToolUseBlock
 from shared.pricing import usage_for
 from shared.providers.base import ModelRequest, ModelResponse, ProviderError
+
+EPHEMERAL = {"type": "ephemeral"}
+TRANSIENT_STATUS = {408: "request_timeout", 409: "conflict"}
 
 
 def _retry_after(err: anthropic.APIStatusError) -> float | None:
@@ -50,23 +59,39 @@ def to_api_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     return out
 
 
+def api_body(request: ModelRequest, caching: bool = True) -> dict[str, Any]:
+    """The Messages API request body for ``request``: with breakpoints when ``caching`` and the request allows it."""
+    cache = caching and request.cache
+    body: dict[str, Any] = {
+        "model": request.model,
+        "max_tokens": request.max_tokens,
+        "messages": to_api_messages(request.messages),
+    }
+    if cache and request.system:
+        body["system"] = [{"type": "text", "text": request.system, "cache_control": dict(EPHEMERAL)}]
+    else:
+        body["system"] = request.system
+    if request.tools:
+        body["tools"] = [t.model_dump() for t in request.tools]
+    if cache and body["messages"]:
+        last = body["messages"][-1]["content"][-1]
+        last["cache_control"] = dict(EPHEMERAL)  # the rolling breakpoint
+    return body
+
+
 class AnthropicProvider:
     name = "anthropic"
 
-    def __init__(self, api_key: str, base_url: str | None = None, timeout_s: float = 120.0) -> None:
+    def __init__(
+        self, api_key: str, base_url: str | None = None, timeout_s: float = 120.0, prompt_caching: bool = True
+    ) -> None:
         self._client = anthropic.AsyncAnthropic(
             api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout_s, open_telemetry=False
         )
+        self.prompt_caching = prompt_caching
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
-        kwargs: dict[str, Any] = {
-            "model": request.model,
-            "max_tokens": request.max_tokens,
-            "system": request.system,
-            "messages": to_api_messages(request.messages),
-        }
-        if request.tools:
-            kwargs["tools"] = [t.model_dump() for t in request.tools]
+        kwargs = api_body(request, self.prompt_caching)
         try:
             message = await self._client.messages.create(**kwargs)
         except anthropic.RateLimitError as err:
@@ -89,6 +114,13 @@ class AnthropicProvider:
         except anthropic.APIConnectionError as err:
             raise ProviderError(f"cannot reach the model provider: {err}", transient=True, kind="connection") from err
         except anthropic.APIStatusError as err:
+            if err.status_code in TRANSIENT_STATUS:  # the SDK retries these itself: so do we
+                raise ProviderError(
+                    f"model provider asks to try again (HTTP {err.status_code}): {err.message}",
+                    transient=True,
+                    retry_after_s=_retry_after(err),
+                    kind=TRANSIENT_STATUS[err.status_code],
+                ) from err
             raise ProviderError(
                 f"model provider refused the request (HTTP {err.status_code}): {err.message}",
                 transient=False,
@@ -101,7 +133,11 @@ class AnthropicProvider:
                 text_parts.append(block.text)
             elif block.type == "tool_use":
                 calls.append(ToolUseBlock(id=block.id, name=block.name, input=dict(block.input or {})))
-        usage = usage_for(message.model, message.usage.input_tokens, message.usage.output_tokens)
+        u = message.usage
+        read, written = u.cache_read_input_tokens or 0, u.cache_creation_input_tokens or 0
+        usage = usage_for(
+            message.model, u.input_tokens + read + written, u.output_tokens, cache_read=read, cache_write=written
+        )
         return ModelResponse(
             text="".join(text_parts),
             tool_calls=calls,

@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 
 from shared import telemetry as T
 from shared.backoff import BackoffPolicy, next_delay
-from shared.messages import ChatMessage, ToolUseBlock, Usage
+from shared.messages import ChatMessage, TextBlock, ToolUseBlock, Usage
 
 
 class ToolSpec(BaseModel):
@@ -29,6 +29,7 @@ class ModelRequest(BaseModel):
     max_tokens: int = 1024
     run_id: str = ""
     script_index: int = Field(0, description="which scripted reply this call replays")
+    cache: bool = Field(False, description="may be sent with prompt-cache breakpoints (planner turns)")
 
 
 class ModelResponse(BaseModel):
@@ -53,6 +54,26 @@ class ProviderError(Exception):
         self.kind = kind
 
 
+class StopReasonError(ProviderError):
+    """The model stopped for a reason that is not an answer: cut off at ``max_tokens`` even after a
+    continuation with more room, a ``refusal``, a full context window, or a stop reason we do not know.
+    ``usage`` is what the call(s) cost: they were billed even though they produced nothing usable."""
+
+    def __init__(self, message: str, *, kind: str, usage: Usage, text: str = "") -> None:
+        super().__init__(message, transient=False, kind=kind)
+        self.usage = usage
+        self.text = text
+
+
+# Every stop reason the Messages API documents, and what happens on it (nothing is left to a default).
+STOP_ANSWER = ("end_turn", "tool_use", "stop_sequence")  # a normal turn
+STOP_MORE_ROOM = "max_tokens"  # one continuation with more room, then StopReasonError
+STOP_PAUSED = "pause_turn"  # the API paused a long turn: sent back to continue it
+STOP_REFUSAL = "refusal"  # StopReasonError(kind="refusal")
+STOP_CONTEXT = "model_context_window_exceeded"  # StopReasonError(kind="context_window_exceeded")
+MAX_PAUSE_CONTINUATIONS = 2
+
+
 class ScriptExhausted(ProviderError):
     def __init__(self, message: str) -> None:
         super().__init__(message, transient=False, kind="script_exhausted")
@@ -70,13 +91,92 @@ async def complete_with_retry(
     policy: BackoffPolicy,
     tracer: Tracer,
     metrics: T.GenAiMetrics | None = None,
+    *,
+    more_room_tokens: int | None = None,
+) -> ModelResponse:
+    """One model turn: ``call_with_retry``, with every stop reason handled explicitly.
+
+    * ``end_turn``, ``tool_use``, ``stop_sequence``: the answer.
+    * ``max_tokens``: the reply was cut off (a truncated tool call cannot run): asked once more with
+      more room (``more_room_tokens``, default twice the budget); cut off again -> ``StopReasonError``.
+    * ``pause_turn``: the partial turn is sent back so the model continues it (at most twice).
+    * ``refusal``, ``model_context_window_exceeded`` and anything unknown: ``StopReasonError``.
+    The usage of every call made is summed into the result (or the error): each was billed.
+    """
+    response = await call_with_retry(provider, request, policy, tracer, metrics)
+    spent = response.usage
+    pauses = 0
+    while True:
+        stop = response.stop_reason or "end_turn"
+        if stop in STOP_ANSWER:
+            return response.model_copy(update={"usage": spent})
+        if stop == STOP_MORE_ROOM:
+            room = max(more_room_tokens or 0, request.max_tokens * 2)
+            request = request.model_copy(update={"max_tokens": room})
+            response = await call_with_retry(provider, request, policy, tracer, metrics)
+            spent = spent + response.usage
+            if (response.stop_reason or "end_turn") == STOP_MORE_ROOM:
+                raise StopReasonError(
+                    f"the model's reply was cut off at max_tokens twice (last room {room} tokens)",
+                    kind="max_tokens",
+                    usage=spent,
+                    text=response.text,
+                )
+            continue
+        if stop == STOP_PAUSED and pauses < MAX_PAUSE_CONTINUATIONS:
+            pauses += 1
+            partial: list[TextBlock | ToolUseBlock] = [TextBlock(text=response.text)] if response.text else []
+            partial += response.tool_calls
+            if partial:
+                request = request.model_copy(
+                    update={"messages": [*request.messages, ChatMessage(role="assistant", content=partial)]}
+                )
+            previous = response
+            response = await call_with_retry(provider, request, policy, tracer, metrics)
+            spent = spent + response.usage
+            response = response.model_copy(
+                update={
+                    "text": previous.text + response.text,
+                    "tool_calls": [*previous.tool_calls, *response.tool_calls],
+                }
+            )
+            continue
+        if stop == STOP_REFUSAL:
+            raise StopReasonError(
+                "the model refused to continue this task (stop_reason refusal)",
+                kind="refusal",
+                usage=spent,
+                text=response.text,
+            )
+        if stop == STOP_CONTEXT:
+            raise StopReasonError(
+                "the prompt filled the model's context window (stop_reason model_context_window_exceeded)",
+                kind="context_window_exceeded",
+                usage=spent,
+                text=response.text,
+            )
+        raise StopReasonError(
+            f"the model stopped for a reason loopwarden does not handle: {stop!r}",
+            kind="unknown_stop_reason",
+            usage=spent,
+            text=response.text,
+        )
+
+
+async def call_with_retry(
+    provider: ModelProvider,
+    request: ModelRequest,
+    policy: BackoffPolicy,
+    tracer: Tracer,
+    metrics: T.GenAiMetrics | None = None,
 ) -> ModelResponse:
     """Call the model, retrying transient provider errors with full-jitter backoff.
 
     This is the only retry layer for model calls: the SDK's own retries are switched off.
-    Each attempt is one GenAI client span carrying model, token usage and the response id, and
-    one point of the ``gen_ai.client.operation.duration`` / ``gen_ai.client.token.usage``
-    histograms when ``metrics`` is given.
+    Each attempt is one GenAI client span carrying model, token usage (with the prompt
+    cache's reads and writes), cost and the response id, and one point of the
+    ``gen_ai.client.operation.duration`` / ``gen_ai.client.token.usage`` histograms when
+    ``metrics`` is given.
     """
     started = time.monotonic()
     attempt = 0
@@ -116,9 +216,13 @@ async def complete_with_retry(
                     raise
                 span.set_attribute(T.LW_BACKOFF_S, delay)
             else:
+                u = response.usage
                 span.set_attribute(T.GEN_AI_RESPONSE_MODEL, response.model)
-                span.set_attribute(T.GEN_AI_USAGE_INPUT_TOKENS, response.usage.input_tokens)
-                span.set_attribute(T.GEN_AI_USAGE_OUTPUT_TOKENS, response.usage.output_tokens)
+                span.set_attribute(T.GEN_AI_USAGE_INPUT_TOKENS, u.input_tokens)
+                span.set_attribute(T.GEN_AI_USAGE_OUTPUT_TOKENS, u.output_tokens)
+                span.set_attribute(T.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, u.cache_read_input_tokens)
+                span.set_attribute(T.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS, u.cache_creation_input_tokens)
+                span.set_attribute(T.LW_COST_USD, u.cost_usd)
                 span.set_attribute(T.GEN_AI_RESPONSE_FINISH_REASONS, [response.stop_reason or "end_turn"])
                 if response.id:
                     span.set_attribute(T.GEN_AI_RESPONSE_ID, response.id)
@@ -128,8 +232,10 @@ async def complete_with_retry(
                         request_model=request.model,
                         response_model=response.model,
                         duration_s=time.monotonic() - began,
-                        input_tokens=response.usage.input_tokens,
-                        output_tokens=response.usage.output_tokens,
+                        input_tokens=u.input_tokens,
+                        output_tokens=u.output_tokens,
+                        cache_read_tokens=u.cache_read_input_tokens,
+                        cache_creation_tokens=u.cache_creation_input_tokens,
                     )
                 return response
         await asyncio.sleep(delay)

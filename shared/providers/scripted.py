@@ -12,9 +12,11 @@ import asyncio
 import json
 
 from shared import tokens
-from shared.messages import ToolUseBlock
+from shared.messages import ToolUseBlock, Usage
 from shared.pricing import usage_for
+from shared.providers.anthropic import api_body
 from shared.providers.base import ModelRequest, ModelResponse, ProviderError, ScriptExhausted
+from shared.providers.prompt_cache import PromptCache, blocks_of
 from shared.scenario import Scenario
 
 
@@ -28,11 +30,27 @@ def request_tokens(request: ModelRequest) -> int:
     return total
 
 
+# One cache per process, like the API's per organisation: a run's turns read what its earlier turns wrote.
+PROMPT_CACHE = PromptCache()
+
+
+def cached_usage(request: ModelRequest, input_tokens: int, output_tokens: int, caching: bool) -> Usage:
+    """Usage of a call billed as the API would with prompt caching: the request is rendered as the
+    anthropic provider sends it (breakpoints included) and answered by the prompt cache."""
+    if not (caching and request.cache):
+        return usage_for(request.model, input_tokens, output_tokens)
+    answer = PROMPT_CACHE.answer(request.model, blocks_of(api_body(request, caching=True)))
+    read = min(answer.read, input_tokens)
+    written = min(answer.written, input_tokens - read)
+    return usage_for(request.model, input_tokens, output_tokens, cache_read=read, cache_write=written)
+
+
 class ScriptedProvider:
     name = "scripted"
 
-    def __init__(self, scenario: Scenario) -> None:
+    def __init__(self, scenario: Scenario, prompt_caching: bool = True) -> None:
         self.scenario = scenario
+        self.prompt_caching = prompt_caching
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         response = await self._complete(request)
@@ -73,15 +91,16 @@ class ScriptedProvider:
             for j, c in enumerate(turn.tool_calls)
         ]
         text = turn.text or ""
-        if turn.usage is not None:
-            inp, out = turn.usage.input_tokens, turn.usage.output_tokens
+        if turn.usage is not None:  # scripted usage is billed as written (no cache)
+            usage = usage_for(request.model, turn.usage.input_tokens, turn.usage.output_tokens)
         else:
             inp = request_tokens(request)
             out = tokens.count(text) + sum(tokens.count_json(c.model_dump()) for c in calls)
+            usage = cached_usage(request, inp, out, self.prompt_caching)
         return ModelResponse(
             text=text,
             tool_calls=calls,
-            usage=usage_for(request.model, inp, out),
+            usage=usage,
             model=request.model,
             stop_reason="tool_use" if calls else "end_turn",
         )

@@ -17,14 +17,17 @@ def provider_for(settings: Settings, which: Literal["planner", "judge"], scenari
     chosen = settings.resolved_provider(which)
     explicit = settings.planner_provider if which == "planner" else settings.judge_provider
     if scenario is not None and explicit != "anthropic":
-        return ScriptedProvider(scenario)
+        return ScriptedProvider(scenario, settings.prompt_caching)
     if chosen == "anthropic":
         if settings.anthropic_api_key is None:
             raise ProviderError(
                 f"{which} provider is anthropic but ANTHROPIC_API_KEY is not set", transient=False, kind="config"
             )
         return AnthropicProvider(
-            settings.anthropic_api_key.get_secret_value(), settings.anthropic_base_url, settings.model_timeout_s
+            settings.anthropic_api_key.get_secret_value(),
+            settings.anthropic_base_url,
+            settings.model_timeout_s,
+            prompt_caching=settings.prompt_caching,
         )
     if scenario is None:
         raise ProviderError(
@@ -33,4 +36,4 @@ def provider_for(settings: Settings, which: Literal["planner", "judge"], scenari
             transient=False,
             kind="config",
         )
-    return ScriptedProvider(scenario)
+    return ScriptedProvider(scenario, settings.prompt_caching)

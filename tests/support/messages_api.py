@@ -4,6 +4,12 @@ Tests register a script (a list of replies) under a key and put ``[script:<key>]
 task; each POST /v1/messages whose system prompt or messages mention that marker gets the
 next reply. A reply is either a message (``content`` blocks, ``stop_reason``) or an HTTP
 error (``status``, ``headers``, ``error``). Every request body is recorded for assertions.
+A message reply may carry ``input_scale``: the counted prompt tokens times that (a tokenizer
+that counts more than ours), for calibration tests.
+
+Usage, unless a reply scripts it, is counted from the request and answered by a prompt cache
+the way the real API bills it: ``cache_control`` breakpoints, a read of the longest prefix an
+earlier request cached, a write up to the last breakpoint, ``input_tokens`` the rest.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from collections import defaultdict
 from typing import Any
 
 from shared import tokens
+from shared.providers.prompt_cache import PromptCache, blocks_of
 from tests.support.http_server import LocalHttpServer, QuietHandler
 
 MARKER = re.compile(r"\[script:([A-Za-z0-9_-]+)\]")
@@ -27,6 +34,7 @@ class MessagesApiServer(LocalHttpServer):
         self.requests: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self.headers: dict[str, list[dict[str, str]]] = defaultdict(list)
         self._lock = threading.Lock()
+        self.cache = PromptCache()
         api = self
 
         class Handler(QuietHandler):
@@ -72,10 +80,7 @@ class MessagesApiServer(LocalHttpServer):
             return int(reply["status"]), dict(reply.get("headers", {})), {"type": "error", "error": err}
         content = reply["content"]
         stop = reply.get("stop_reason") or ("tool_use" if any(b["type"] == "tool_use" for b in content) else "end_turn")
-        usage = reply.get("usage") or {
-            "input_tokens": tokens.count(json.dumps(body)),
-            "output_tokens": tokens.count(json.dumps(content)),
-        }
+        usage = reply.get("usage") or self.usage(body, content, float(reply.get("input_scale", 1.0)))
         return (
             200,
             {},
@@ -90,3 +95,14 @@ class MessagesApiServer(LocalHttpServer):
                 "usage": usage,
             },
         )
+
+    def usage(self, body: dict[str, Any], content: list[dict[str, Any]], scale: float = 1.0) -> dict[str, Any]:
+        """Usage counted from the request; ``scale`` stands for a provider whose tokenizer counts more."""
+        answer = self.cache.answer(body["model"], blocks_of(body))
+        total = round(max(answer.total, tokens.count(json.dumps(body))) * scale)
+        return {
+            "input_tokens": total - answer.read - answer.written,  # the API's input_tokens excludes the cache
+            "cache_read_input_tokens": answer.read,
+            "cache_creation_input_tokens": answer.written,
+            "output_tokens": tokens.count(json.dumps(content)),
+        }

@@ -1,0 +1,136 @@
+"""Prompt caching: where the breakpoints go, and how a cache answers a prompt (pure).
+
+Breakpoints (``cache_control: {"type": "ephemeral"}``) mark the end of a cacheable prefix.
+The Messages API renders a prompt as tools, then system, then messages; a planner turn puts
+
+* one breakpoint on the system prompt: tools + system, the stable prefix of every turn;
+* one *rolling* breakpoint on the last block of the conversation: the next turn's prompt
+  starts with this one, so it reads everything up to here from the cache and writes only
+  what the turn added.
+
+``PromptCache`` answers a prompt the way the API bills it: the longest prefix ending at a
+block boundary that an earlier request cached (looking back up to 20 blocks from each
+breakpoint) is read; the prompt up to its last breakpoint is written, minus what was read;
+a prefix shorter than the model's minimum is neither. The scripted provider bills with it,
+and the local Messages-API server in the tests answers with it, so cache usage is the real
+arithmetic everywhere but the real API.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from shared import tokens
+
+LOOKBACK_BLOCKS = 20
+TTL_S = 300.0
+
+
+def min_cacheable(model: str) -> int:
+    """The shortest prefix the API caches (shorter prompts are billed uncached, without error)."""
+    if model.startswith(("claude-haiku-4-5", "claude-opus-4-5")):
+        return 4096
+    if model.startswith("claude-3-5-haiku"):
+        return 2048
+    return 1024
+
+
+@dataclass(frozen=True)
+class Block:
+    """One block of a rendered prompt: its canonical text, its tokens, and whether it ends a breakpoint."""
+
+    key: str
+    tokens: int
+    breakpoint: bool = False
+
+
+@dataclass(frozen=True)
+class CacheAnswer:
+    read: int
+    written: int
+    total: int
+
+
+class PromptCache:
+    """An in-memory prompt cache keyed by prefix hash, with the API's TTL (refreshed on a hit)."""
+
+    def __init__(self, ttl_s: float = TTL_S, max_entries: int = 50_000) -> None:
+        self.ttl_s, self.max_entries = ttl_s, max_entries
+        self._entries: OrderedDict[str, float] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def answer(self, model: str, blocks: list[Block]) -> CacheAnswer:
+        now = time.monotonic()
+        hashes: list[str] = []
+        cumulative: list[int] = []
+        h = hashlib.sha256(model.encode())
+        total = 0
+        for b in blocks:
+            h.update(b.key.encode())
+            hashes.append(h.copy().hexdigest())
+            total += b.tokens
+            cumulative.append(total)
+        marks = [i for i, b in enumerate(blocks) if b.breakpoint]
+        if not marks:
+            return CacheAnswer(0, 0, total)
+        floor = min_cacheable(model)
+        with self._lock:
+            read_at = -1
+            for mark in marks:
+                for i in range(mark, max(-1, mark - LOOKBACK_BLOCKS - 1), -1):
+                    seen = self._entries.get(hashes[i])
+                    if seen is not None and now - seen <= self.ttl_s:
+                        read_at = max(read_at, i)
+                        break
+            read = cumulative[read_at] if read_at >= 0 else 0
+            if read_at >= 0:
+                self._entries[hashes[read_at]] = now
+                self._entries.move_to_end(hashes[read_at])
+            last = marks[-1]
+            written = 0
+            if last > read_at and cumulative[last] >= floor:
+                written = cumulative[last] - read
+            for mark in marks:
+                if cumulative[mark] >= floor:
+                    self._entries[hashes[mark]] = now
+                    self._entries.move_to_end(hashes[mark])
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+        return CacheAnswer(read, written, total)
+
+
+def _canonical(block: dict[str, Any]) -> str:
+    return json.dumps({k: v for k, v in block.items() if k != "cache_control"}, sort_keys=True, ensure_ascii=False)
+
+
+def blocks_of(body: dict[str, Any]) -> list[Block]:
+    """A Messages API request body as the API caches it: tools, then system, then each message's blocks."""
+    out: list[Block] = []
+
+    def add(block: dict[str, Any], prefix: str = "") -> None:
+        key = prefix + _canonical(block)
+        out.append(Block(key=key, tokens=tokens.count(key), breakpoint="cache_control" in block))
+
+    for tool in body.get("tools") or []:
+        add(tool, "tool:")
+    system = body.get("system")
+    if isinstance(system, str):
+        if system:
+            add({"type": "text", "text": system}, "system:")
+    else:
+        for block in system or []:
+            add(block, "system:")
+    for message in body.get("messages") or []:
+        content = message.get("content")
+        if isinstance(content, str):
+            add({"type": "text", "text": content}, f"{message.get('role')}:")
+            continue
+        for block in content or []:
+            add(block, f"{message.get('role')}:")
+    return out
