@@ -17,6 +17,7 @@ from loopwarden.client import Client
 from loopwarden.records import export_run, prefixed_values, purge_handled_commands, run_events, sweep
 from loopwarden.replay import replay, scenario_yaml
 from loopwarden.stack import LocalStack
+from services.planner.state import RunState
 from shared import subjects as S
 from shared.bus import ensure_buckets, kv_history, kv_keys, stream_config
 from shared.messages import Rubric, RunSubmit
@@ -56,7 +57,9 @@ async def test_export_holds_the_whole_run_and_replays_without_divergence(client:
     jsonschema.validate(data, json.loads(SCHEMA.read_text()))
 
     assert record.task == state.task and record.status == "completed" and record.final_output == state.final_output
-    assert record.config["max_iterations"] == state.config.max_iterations and record.config["rubric"]
+    planned, _ = await client.bus.kv_get(S.KV_RUNS, state.run_id, RunState)  # the planner's own record
+    assert planned is not None and record.config["max_iterations"] == planned.config.max_iterations
+    assert record.config["rubric"]
     assert [c.n for c in record.model_calls if c.purpose == "plan"] == [1, 2, 3]
     assert record.model_calls[0].request_messages == 1  # the first request carried the task only
     assert record.model_calls[0].response["tool_calls"][0]["name"] == "search"
