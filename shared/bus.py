@@ -70,6 +70,7 @@ from shared import subjects as S
 from shared.describe import describe
 from shared.messages import DeadLetter, ErrorReply
 from shared.payloads import PayloadError, PayloadStore, ensure_store
+from shared.permissions import GRANTS
 from shared.scenario import Scenario
 from shared.settings import Settings
 
@@ -359,7 +360,7 @@ class Bus:
     # --- lifecycle ---------------------------------------------------------------------------
     @property
     def inbox_prefix(self) -> str:
-        return inbox_prefix(self.service)
+        return S.inbox_prefix(self.service)
 
     @property
     def nc(self) -> NatsClient:
@@ -909,10 +910,6 @@ class Unchanged(Generic[R]):
         self.result = result
 
 
-def inbox_prefix(service: str) -> str:
-    return f"_INBOX_{S.token(service)}"
-
-
 def stream_for(subject: str) -> str | None:
     for stream, patterns in S.STREAM_SUBJECTS.items():
         if any(subject.startswith(p[:-1]) for p in patterns):
@@ -948,8 +945,6 @@ def consumer_drift(actual: ConsumerConfig, wanted: ConsumerConfig) -> str:
 
 def needed_buckets(service: str) -> tuple[str, ...]:
     """The buckets a service's grant lets it use (waited for at start when managed)."""
-    from shared.permissions import GRANTS  # permissions imports this module
-
     grant = GRANTS.get(service)
     return (*grant.kv_write, *grant.kv_read) if grant else ()
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shared import subjects as S
-from shared.bus import inbox_prefix
 from shared.messages import TOOL_FAILURES
 from shared.payloads import BUCKET as PAYLOAD_BUCKET
 
@@ -157,7 +156,7 @@ def _quote(items: list[str]) -> str:
 def rights(service: str, grant: Grant) -> tuple[list[str], list[str]]:
     """The (publish, subscribe) allow lists a service's user gets."""
     pub = list(grant.publish)
-    sub = [f"{inbox_prefix(service)}.>", *grant.subscribe]
+    sub = [f"{S.inbox_prefix(service)}.>", *grant.subscribe]
     # Read and ack through its own durables only: no CONSUMER.CREATE / DURABLE.CREATE, so a
     # service can neither change its consumer's filter (and read every command) nor its limits;
     # `loopwarden bootstrap` (admin) creates them. Stream INFO lets it wait for bootstrap.

@@ -114,6 +114,11 @@ def token(value: str) -> str:
     return cleaned or "_"
 
 
+def inbox_prefix(service: str) -> str:
+    """The reply-inbox prefix of a service's connection (its grant lets it read only its own)."""
+    return f"_INBOX_{token(service)}"
+
+
 def kv_key(*parts: str) -> str:
     """A KV key from parts; KV keys allow ``[-/_=.a-zA-Z0-9]``."""
     return ".".join(re.sub(r"[^-/_=a-zA-Z0-9]", "_", p) or "_" for p in parts)
