@@ -94,8 +94,6 @@ class GenAiMetrics:
         response_model: str = "",
         input_tokens: int | None = None,
         output_tokens: int | None = None,
-        cache_read_tokens: int = 0,
-        cache_creation_tokens: int = 0,
         error_type: str | None = None,
         operation: str = OP_CHAT,
     ) -> None:
@@ -111,11 +109,6 @@ class GenAiMetrics:
             self.token_usage.record(input_tokens, {**attrs, GEN_AI_TOKEN_TYPE: "input"})
         if output_tokens is not None:
             self.token_usage.record(output_tokens, {**attrs, GEN_AI_TOKEN_TYPE: "output"})
-        # the prompt cache's parts of the input (billed at their own rates), when there are any
-        if cache_read_tokens:
-            self.token_usage.record(cache_read_tokens, {**attrs, GEN_AI_TOKEN_TYPE: "cache_read"})
-        if cache_creation_tokens:
-            self.token_usage.record(cache_creation_tokens, {**attrs, GEN_AI_TOKEN_TYPE: "cache_creation"})
 
 
 def current_traceparent() -> str:

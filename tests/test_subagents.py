@@ -12,6 +12,7 @@ from typing import Any
 from loopwarden.client import Client
 from services.planner.delegation import child_run_id
 from services.planner.state import RunState
+from shared import subjects as S
 from shared.messages import RunSubmit
 from tests.conftest import escalations_of
 from tests.support.messages_api import MessagesApiServer
@@ -48,8 +49,16 @@ async def start(client: Client, parent_key: str, tenant: str | None = None) -> s
     return run_id
 
 
+async def planner_record(client: Client, run_id: str) -> RunState:
+    """The planner's own record of a run (its configuration and children; the client reads the snapshot)."""
+    record, _ = await client.bus.kv_get(S.KV_RUNS, run_id, RunState)
+    assert record is not None, run_id
+    return record
+
+
 async def child_state(client: Client, run_id: str) -> RunState:
-    return await client.wait(run_id, timeout=30)
+    await client.wait(run_id, timeout=30)
+    return await planner_record(client, run_id)
 
 
 async def test_a_delegated_sub_task_returns_its_answer_and_its_cost(
@@ -73,7 +82,7 @@ async def test_a_delegated_sub_task_returns_its_answer_and_its_cost(
     assert state.final_output == "42, as the sub-agent found"
 
     child_id = child_run_id(run_id, "toolu_dg1")
-    assert state.children == {"toolu_dg1": child_id}
+    assert (await planner_record(client, run_id)).children == {"toolu_dg1": child_id}
     child = await child_state(client, child_id)
     assert child.status == "completed" and child.final_output == "42"
     assert child.config.parent_run_id == run_id and child.config.depth == 1
@@ -151,7 +160,7 @@ async def test_a_denied_spawn_is_the_calls_result(client: Client, messages_api: 
     assert state.status == "completed", state.final_reason
     result = messages_api.requests[pk][2]["messages"][-1]["content"][0]
     assert result["is_error"] is True and "A human denied this sub-agent: too expensive" in result["content"]
-    assert state.children == {}
+    assert (await planner_record(client, run_id)).children == {}
     assert (await client.bus.kv_get("lw_runs", child_run_id(run_id, "toolu_no"), RunState))[0] is None
 
 
@@ -170,7 +179,7 @@ async def test_fan_out_is_limited(client: Client, messages_api: MessagesApiServe
     run_id = await start(client, pk)
     state = await client.wait(run_id, timeout=60)
     assert state.status == "completed", state.final_reason
-    assert len(state.children) == 4  # LW_DELEGATE_MAX_CHILDREN
+    assert len((await planner_record(client, run_id)).children) == 4  # LW_DELEGATE_MAX_CHILDREN
     results = {b["tool_use_id"]: b for b in messages_api.requests[pk][1]["messages"][-1]["content"]}
     assert [results[f"toolu_f{i}"]["content"] for i in range(4)] == [f"part {i}" for i in range(4)]
     assert results["toolu_f4"]["is_error"] and "fan-out limit" in results["toolu_f4"]["content"]

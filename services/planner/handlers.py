@@ -384,7 +384,7 @@ class Planner:
                 await storing
 
     def count_tokens(self, usage: Usage) -> None:
-        """The billed cost (the GenAI token histograms, cache parts included, are recorded per call)."""
+        """The billed cost (the GenAI token histograms are recorded per call; cache parts are span attributes)."""
         if usage.cost_usd:
             self.cost.add(usage.cost_usd)
 

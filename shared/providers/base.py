@@ -234,8 +234,6 @@ async def call_with_retry(
                         duration_s=time.monotonic() - began,
                         input_tokens=u.input_tokens,
                         output_tokens=u.output_tokens,
-                        cache_read_tokens=u.cache_read_input_tokens,
-                        cache_creation_tokens=u.cache_creation_input_tokens,
                     )
                 return response
         await asyncio.sleep(delay)
