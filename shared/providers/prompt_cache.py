@@ -159,11 +159,27 @@ def _message_block(role: str, block: Any) -> tuple[str, int] | None:
     return found
 
 
+_TOOLS: dict[int, tuple[weakref.ref[Any], Block]] = {}
+
+
+def _tool_block(tool: Any) -> Block:
+    hit = _TOOLS.get(id(tool))
+    if hit is not None and hit[0]() is tool:
+        return hit[1]
+    key = "tool:" + _canonical(tool.model_dump())
+    block = Block(key=key, tokens=tokens.count(key))
+    if len(_TOOLS) >= 4096:  # ids of dead objects may be reused: the identity check above guards that
+        _TOOLS.clear()
+    _TOOLS[id(tool)] = (weakref.ref(tool), block)
+    return block
+
+
 def request_blocks(request: ModelRequest) -> list[Block]:
     """``blocks_of(api_body(request, caching=True))`` for a request sent with breakpoints, each
     message block rendered and counted once per block object: a run's older messages are the same
     objects turn after turn (the planner keeps its state), so a turn's cost does not grow with them."""
-    out = blocks_of(api_body(request.model_copy(update={"messages": []}), caching=True))
+    out = [_tool_block(tool) for tool in request.tools]
+    out += blocks_of({"system": api_body(request.model_copy(update={"messages": [], "tools": []}))["system"]})
     head = len(out)
     for message in request.messages:
         for block in message.content:

@@ -25,7 +25,7 @@ def request_tokens(request: ModelRequest) -> int:
     for message in request.messages:
         total += 4 + tokens.count_content(message.content)
     for tool in request.tools:
-        total += tokens.count_json(tool.model_dump())
+        total += tokens.count_model(tool)
     return total
 
 

@@ -50,3 +50,26 @@ def test_the_cache_answers_the_same_either_way() -> None:
         history += turn(k)
         req = request(list(history))
         assert a.answer(req.model, request_blocks(req)) == b.answer(req.model, blocks_of(api_body(req, caching=True)))
+
+
+def test_tool_specs_are_the_same_objects_per_contract_and_count_as_their_dump() -> None:
+    from services.planner import context as C
+    from shared import tokens
+    from shared.messages import ToolContract
+
+    from .test_cost_parts import state
+
+    schema = {"type": "object", "properties": {"e": {"type": "string", "description": "expression " * 30}}}
+    contracts = {
+        n: ToolContract(name=n, description=f"{n}. Does it well.", inputSchema=schema, outputSchema=schema)
+        for n in ("a", "b", "submit_result")
+    }
+    s = state(4)
+    first, again = C.tool_specs(s, contracts), C.tool_specs(s, contracts)
+    assert all(x is y for x, y in zip(first, again, strict=True))
+    assert C.tools_tokens(again) == sum(tokens.count_json(t.model_dump()) for t in again)
+    short = C.tool_specs(s, contracts, progressive_above=1)  # not called yet: one line each, terminal whole
+    assert [t.description.startswith(C.ONE_LINE_MARK) for t in short] == [True, True, False]
+    assert C.tools_tokens(short) == sum(tokens.count_json(t.model_dump()) for t in short) < C.tools_tokens(first)
+    renewed = {n: c.model_copy(update={"description": "other"}) for n, c in contracts.items()}  # new objects
+    assert [t.description for t in C.tool_specs(s, renewed)] == ["other"] * 3
