@@ -66,3 +66,19 @@ def count_content(blocks: Sequence[BaseModel]) -> int:
         _CONTENT.clear()
     _CONTENT[key] = ([weakref.ref(b) for b in blocks], n)
     return n
+
+
+_MODELS: dict[int, tuple[weakref.ref[BaseModel], int]] = {}
+
+
+def count_model(value: BaseModel) -> int:
+    """``count_json(value.model_dump())``, remembered per object (a turn's tools are the same
+    objects turn after turn: dumped and counted once). A counted object must not be changed."""
+    hit = _MODELS.get(id(value))
+    if hit is not None and hit[0]() is value:
+        return hit[1]
+    n = count_json(value.model_dump())
+    if len(_MODELS) >= 65_536:  # ids of dead objects may be reused: the identity check above guards that
+        _MODELS.clear()
+    _MODELS[id(value)] = (weakref.ref(value), n)
+    return n

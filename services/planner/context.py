@@ -80,24 +80,29 @@ def tool_specs(
     ]
     delegate = [delegation.DELEGATE_SPEC] if delegation.offered(state.config) else []
     if progressive_above is None or len(offered) <= progressive_above:
-        return [
-            ToolSpec(name=c.name, description=c.description, input_schema=c.input_schema) for c in offered
-        ] + delegate
+        return [spec_of(c, whole=True) for c in offered] + delegate
     used = {name for name, _ in state.tool_history} | set(state.config.terminal_tools)
-    return delegate + [
-        ToolSpec(name=c.name, description=c.description, input_schema=c.input_schema)
-        if c.name in used
-        else ToolSpec(
-            name=c.name,
-            description=ONE_LINE_MARK + one_line(c.description),
-            input_schema=ONE_LINE_SCHEMA,
-        )
-        for c in offered
-    ]
+    return delegate + [spec_of(c, whole=c.name in used) for c in offered]
+
+
+# per contract object: (the contract, its whole spec, its one-line spec): the same objects every
+# turn while the planner keeps its contracts, so each is dumped and counted once (tokens.count_model)
+_SPECS: dict[int, tuple[weakref.ref[ToolContract], ToolSpec, ToolSpec]] = {}
+
+
+def spec_of(c: ToolContract, whole: bool) -> ToolSpec:
+    hit = _SPECS.get(id(c))
+    if hit is None or hit[0]() is not c:
+        full = ToolSpec(name=c.name, description=c.description, input_schema=c.input_schema)
+        short = ToolSpec(name=c.name, description=ONE_LINE_MARK + one_line(c.description), input_schema=ONE_LINE_SCHEMA)
+        if len(_SPECS) >= 4096:  # ids of dead objects may be reused: the identity check above guards that
+            _SPECS.clear()
+        hit = _SPECS[id(c)] = (weakref.ref(c), full, short)
+    return hit[1] if whole else hit[2]
 
 
 def tools_tokens(specs: list[ToolSpec]) -> int:
-    return sum(tokens.count_json(s.model_dump()) for s in specs)
+    return sum(tokens.count_model(s) for s in specs)
 
 
 def model_messages(state: RunState, extra: ChatMessage | None = None) -> list[ChatMessage]:

@@ -98,6 +98,7 @@ class Planner:
             "loopwarden.tool.corrections", description="schema-failure streaks by outcome: recovered, escalated"
         )
         self._contracts: tuple[float, dict[str, ToolContract]] = (0.0, {})
+        self._contracts_fetch: asyncio.Task[dict[str, ToolContract]] | None = None  # one listing at a time
         # Runs: the record and its history, and what this replica last stored or read of each
         # (a transaction tries its CAS on that without reading first; a conflict re-reads).
         self.store = RunStore(bus)
@@ -394,8 +395,21 @@ class Planner:
         fetched_at, cached = self._contracts
         if not refresh and time.monotonic() - fetched_at < 2.0 and cached:
             return cached
+        # One listing at a time: the many messages in flight when the cache expires share it (each
+        # listing is a consumer on the bucket plus a get per contract, not a step's worth of work).
+        started = time.monotonic()
+        fetch = self._contracts_fetch
+        if fetch is None or fetch.done():
+            fetch = self._contracts_fetch = asyncio.ensure_future(self._list_contracts())
+        found = await asyncio.shield(fetch)
+        if refresh and self._contracts[0] < started:  # the shared listing began before this caller asked
+            return await self.contracts(refresh=True)
+        return found
+
+    async def _list_contracts(self) -> dict[str, ToolContract]:
+        listed_at = time.monotonic()
         found = {c.name: c for c in (await self.bus.kv_values(S.KV_CONTRACTS, ToolContract)).values()}
-        self._contracts = (time.monotonic(), found)
+        self._contracts = (listed_at, found)
         return found
 
     async def bind_scenario(self, submit: RunSubmit) -> bool:

@@ -22,11 +22,15 @@ import hashlib
 import json
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
 from shared import tokens
+from shared.messages import ChatMessage
+from shared.providers.anthropic import api_body, to_api_messages
+from shared.providers.base import ModelRequest
 
 LOOKBACK_BLOCKS = 20
 TTL_S = 300.0
@@ -133,4 +137,55 @@ def blocks_of(body: dict[str, Any]) -> list[Block]:
             continue
         for block in content or []:
             add(block, f"{message.get('role')}:")
+    return out
+
+
+# per content block object: (the block, its role, its (key, tokens) as rendered, None when the API drops it)
+_RENDERED: dict[int, tuple[weakref.ref[Any], str, tuple[str, int] | None]] = {}
+
+
+def _message_block(role: str, block: Any) -> tuple[str, int] | None:
+    hit = _RENDERED.get(id(block))
+    if hit is not None and hit[0]() is block and hit[1] == role:
+        return hit[2]
+    rendered = to_api_messages([ChatMessage(role=role, content=[block])])
+    found = None
+    if rendered:
+        key = f"{role}:" + _canonical(rendered[0]["content"][0])
+        found = (key, tokens.count(key))
+    if len(_RENDERED) >= 65_536:  # ids of dead objects may be reused: the identity check above guards that
+        _RENDERED.clear()
+    _RENDERED[id(block)] = (weakref.ref(block), role, found)
+    return found
+
+
+_TOOLS: dict[int, tuple[weakref.ref[Any], Block]] = {}
+
+
+def _tool_block(tool: Any) -> Block:
+    hit = _TOOLS.get(id(tool))
+    if hit is not None and hit[0]() is tool:
+        return hit[1]
+    key = "tool:" + _canonical(tool.model_dump())
+    block = Block(key=key, tokens=tokens.count(key))
+    if len(_TOOLS) >= 4096:  # ids of dead objects may be reused: the identity check above guards that
+        _TOOLS.clear()
+    _TOOLS[id(tool)] = (weakref.ref(tool), block)
+    return block
+
+
+def request_blocks(request: ModelRequest) -> list[Block]:
+    """``blocks_of(api_body(request, caching=True))`` for a request sent with breakpoints, each
+    message block rendered and counted once per block object: a run's older messages are the same
+    objects turn after turn (the planner keeps its state), so a turn's cost does not grow with them."""
+    out = [_tool_block(tool) for tool in request.tools]
+    out += blocks_of({"system": api_body(request.model_copy(update={"messages": [], "tools": []}))["system"]})
+    head = len(out)
+    for message in request.messages:
+        for block in message.content:
+            found = _message_block(message.role, block)
+            if found is not None:
+                out.append(Block(key=found[0], tokens=found[1]))
+    if len(out) > head:  # the rolling breakpoint: the conversation's last block
+        out[-1] = Block(key=out[-1].key, tokens=out[-1].tokens, breakpoint=True)
     return out

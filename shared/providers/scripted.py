@@ -14,9 +14,8 @@ import json
 from shared import tokens
 from shared.messages import ToolUseBlock, Usage
 from shared.pricing import usage_for
-from shared.providers.anthropic import api_body
 from shared.providers.base import ModelRequest, ModelResponse, ProviderError, ScriptExhausted
-from shared.providers.prompt_cache import PromptCache, blocks_of
+from shared.providers.prompt_cache import PromptCache, request_blocks
 from shared.scenario import Scenario
 
 
@@ -26,7 +25,7 @@ def request_tokens(request: ModelRequest) -> int:
     for message in request.messages:
         total += 4 + tokens.count_content(message.content)
     for tool in request.tools:
-        total += tokens.count_json(tool.model_dump())
+        total += tokens.count_model(tool)
     return total
 
 
@@ -39,7 +38,7 @@ def cached_usage(request: ModelRequest, input_tokens: int, output_tokens: int, c
     anthropic provider sends it (breakpoints included) and answered by the prompt cache."""
     if not (caching and request.cache):
         return usage_for(request.model, input_tokens, output_tokens)
-    answer = PROMPT_CACHE.answer(request.model, blocks_of(api_body(request, caching=True)))
+    answer = PROMPT_CACHE.answer(request.model, request_blocks(request))
     read = min(answer.read, input_tokens)
     written = min(answer.written, input_tokens - read)
     return usage_for(request.model, input_tokens, output_tokens, cache_read=read, cache_write=written)
