@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
+from nats.js.errors import KeyNotFoundError
 from pydantic import Field
 
 from services.planner import context as C
@@ -60,7 +61,7 @@ from shared.messages import (
 )
 from shared.payloads import bounded_outcome
 from shared.providers.base import ModelRequest, ModelResponse, ProviderError, StopReasonError, complete_with_retry
-from shared.providers.select import provider_for
+from shared.providers.select import run_provider
 from shared.scenario import Scenario, ScenarioError, parse_scenario
 from shared.settings import Settings
 from shared.telemetry import LW_ITERATION, LW_RUN_ID, Telemetry, current_traceparent, record_invoke_agent
@@ -221,6 +222,8 @@ class Planner:
         if existing is not None:
             await self.publish(existing.outbox.get("submit", []), submit.run_id)
             return
+        if submit.scenario is None:
+            await self.unbind_stray_scenario(submit.run_id)
         contracts = await self.contracts()
         lessons: list[str] = []
         if submit.lessons:
@@ -277,9 +280,8 @@ class Planner:
         if not self.takes(state, ev):
             return  # stale: this iteration already moved on
         contracts = await self.contracts()
-        scenario = await self.bus.scenario(ev.run_id) if state.config.scripted else None
         try:
-            provider = provider_for(self.settings, "planner", scenario)
+            provider = await run_provider(self.bus, self.settings, "planner", ev.run_id)
         except ProviderError as err:
             reason = str(err)
             await self.transact(ev.run_id, msg_id, lambda s: apply_provider_failure(s, reason))
@@ -423,6 +425,18 @@ class Planner:
         log.error("planner: refused the submit of %s: %s", submit.run_id, problem)
         return False
 
+    async def unbind_stray_scenario(self, run_id: str) -> None:
+        """A run submitted without a scenario is live: a scenario stored under its id by anyone else (an
+        admin could) is removed before the run starts, so nothing treats the run as scripted."""
+        kv = await self.bus.kv(S.KV_SCENARIOS)
+        try:
+            stray = await kv.get(run_id)  # read raw: an unreadable one is removed too
+        except KeyNotFoundError:
+            return
+        if stray.value is not None and stray.operation not in ("DEL", "PURGE"):
+            await kv.delete(run_id)
+            log.warning("planner: removed a scenario stored for live run %s before it started", run_id)
+
     async def reserve(self, state: RunState, contracts: dict[str, ToolContract]) -> tuple[BudgetDecision, ModelRequest]:
         """The governor's decision for this turn, and the request it was counted on."""
         req = C.model_request(
@@ -483,7 +497,7 @@ class Planner:
                 purpose="summarize",
                 model=model,
                 run_id=state.run_id,
-                script_index=state.compactions,
+                seq=state.compactions,
                 system="You compress an agent's working history. Keep facts, tool results that matter, decisions "
                 "and open questions; drop chatter. Be concise.",
                 messages=[ChatMessage.user(f"Task: {state.task}\n\nSummarize this history:\n{C.transcript(older)}")],

@@ -68,7 +68,6 @@ def resolve_config(submit: RunSubmit, settings: Settings, contracts: dict[str, T
         terminal_tools=terminal,
         allowed_tools=submit.tools,
         rubric=submit.rubric,
-        scripted=submit.scripted,
         lessons=submit.lessons,
         model=settings.planner_model,
         max_output_tokens=settings.planner_max_output_tokens,
@@ -315,7 +314,6 @@ def _dispatch(out: Outbox, call: ToolUseBlock, contracts: dict[str, ToolContract
             tool=call.name,
             requested_tool=call.name,
             arguments=call.input,
-            scripted=cfg.scripted,
         ),
         f"{s.run_id}.call.{it.n}.{call.id}",
     )
