@@ -22,6 +22,7 @@ from nats.js.errors import KeyNotFoundError
 from pydantic import Field
 
 from services.planner import context as C
+from services.planner import ids
 from services.planner.escalations import apply_resolution
 from services.planner.judging import apply_verdict
 from services.planner.outbox import Outbox
@@ -220,7 +221,7 @@ class Planner:
             return
         existing = await self.load(submit.run_id, fresh=True)
         if existing is not None:
-            await self.publish(existing.outbox.get("submit", []), submit.run_id)
+            await self.publish(existing.outbox.get(ids.SUBMIT, []), submit.run_id)
             return
         if submit.scenario is None:
             await self.unbind_stray_scenario(submit.run_id)
@@ -231,7 +232,7 @@ class Planner:
             lessons = stored.reasons if stored else []
         config = resolve_config(submit, self.settings, contracts)
         out = start_run(submit, config, lessons)
-        out.state.remember("submit", out.items)
+        out.state.remember(ids.SUBMIT, out.items)
         out.state.trace_parent = current_traceparent() if self.tracing else ""
         try:
             await self.store.create(out.state)
@@ -239,7 +240,7 @@ class Planner:
         except CasConflict:
             existing = await self.load(submit.run_id, fresh=True)
             if existing is not None:
-                await self.publish(existing.outbox.get("submit", []), submit.run_id)
+                await self.publish(existing.outbox.get(ids.SUBMIT, []), submit.run_id)
             return
         await asyncio.gather(self.publish(out.items, submit.run_id), self.store.store_tail(out.state))
 
@@ -250,16 +251,16 @@ class Planner:
         outcome = bounded_outcome(outcome, self.settings.run_state_result_max_bytes)
         await self.transact(
             outcome.run_id,
-            f"outcome.{outcome.iteration}.{outcome.call_id}",
+            ids.outcome(outcome.iteration, outcome.call_id),
             lambda s: apply_outcome(s, outcome),
         )
 
     async def on_verdict(self, verdict: Verdict) -> None:
-        msg_id = f"verdict.{verdict.candidate_id}"
+        msg_id = ids.verdict(verdict.candidate_id)
         await self.transact(verdict.run_id, msg_id, lambda s: apply_verdict(s, verdict))
 
     async def on_resolution(self, res: EscalationResolution) -> None:
-        msg_id = f"resolution.{res.escalation_id}"
+        msg_id = ids.resolution(res.escalation_id)
         await self.transact(res.run_id, msg_id, lambda s: apply_resolution(s, res))
 
     @staticmethod
@@ -268,7 +269,7 @@ class Planner:
         return not state.done and state.iteration.n == ev.iteration and state.status == "running"
 
     async def on_advance(self, ev: RunAdvance) -> None:
-        msg_id = f"advance.{ev.iteration}"
+        msg_id = ids.advanced(ev.iteration)
         state = await self.load(ev.run_id)
         if state is not None and not state.seen(msg_id) and not self.takes(state, ev):
             state = await self.load(ev.run_id, fresh=True)  # what this replica kept may be behind
@@ -421,7 +422,7 @@ class Planner:
         letter = DeadLetter(
             service="planner", subject=S.RUN_SUBMIT, reason=problem, body=submit.model_dump_json(by_alias=True)
         )
-        await self.bus.publish(S.dead_letter("planner"), letter, msg_id=f"dlq-planner-scenario-{submit.run_id}")
+        await self.bus.publish(S.dead_letter("planner"), letter, msg_id=ids.refused_scenario(submit.run_id))
         log.error("planner: refused the submit of %s: %s", submit.run_id, problem)
         return False
 
