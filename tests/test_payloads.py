@@ -216,6 +216,21 @@ async def test_a_live_run_never_applies_stored_scripted_tool_behaviour(client: C
     # submitted without a scenario: the one stored under its id was removed before the run started
     assert (await client.bus.kv_get(S.KV_SCENARIOS, run_id, Scenario))[0] is None
 
+    # and a scenario submitted for it afterwards is refused, never bound to the live run
+    data = trap.model_dump(mode="json", by_alias=True)
+    late = RunSubmit(run_id=run_id, task="x", scenario=data, scenario_digest=digest_of(data))
+    await client.bus.publish(S.RUN_SUBMIT, late, msg_id=f"late-scenario.{run_id}")
+    reason = ""
+    for _ in range(100):
+        reason = next(
+            (d.reason for d in await client.dead_letters() if d.service == "planner" and run_id in d.body), ""
+        )
+        if reason:
+            break
+        await asyncio.sleep(0.1)
+    assert f"run {run_id} was started without a scenario" in reason
+    assert (await client.bus.kv_get(S.KV_SCENARIOS, run_id, Scenario))[0] is None
+
 
 # --- the claim check itself ---------------------------------------------------------------------------
 

@@ -217,9 +217,9 @@ class Planner:
 
     # --- handlers -------------------------------------------------------------------------------
     async def on_submit(self, submit: RunSubmit) -> None:
-        if submit.scenario is not None and not await self.bind_scenario(submit):
-            return
         existing = await self.load(submit.run_id, fresh=True)
+        if submit.scenario is not None and not await self.bind_scenario(submit, started=existing is not None):
+            return
         if existing is not None:
             await self.publish(existing.outbox.get(ids.SUBMIT, []), submit.run_id)
             return
@@ -401,10 +401,11 @@ class Planner:
         self._contracts = (time.monotonic(), found)
         return found
 
-    async def bind_scenario(self, submit: RunSubmit) -> bool:
+    async def bind_scenario(self, submit: RunSubmit, started: bool = False) -> bool:
         """Store the submitted scenario for the run, create-only: the planner is its only writer, so a
         scripted run replays what was submitted with it, and nothing changes it afterwards. A scenario
-        that does not match its digest, does not parse, or differs from one already bound is refused."""
+        that does not match its digest, does not parse, or differs from one already bound is refused, and
+        so is one for a run already ``started`` without a scenario (a live run is never made scripted)."""
         problem = None
         if submit.scenario_digest != digest_of(submit.scenario):
             problem = "the submitted scenario does not match its scenario_digest"
@@ -414,8 +415,13 @@ class Planner:
             except ScenarioError as err:
                 problem = str(err)
             else:
-                stored, _, _ = await self.bus.create_or_get(S.KV_SCENARIOS, submit.run_id, scenario)
-                if _scenario_digest(stored) != _scenario_digest(scenario):  # bound before: the same one only
+                if started:  # a scripted run's scenario was bound before its state was stored
+                    stored, _ = await self.bus.kv_get(S.KV_SCENARIOS, submit.run_id, Scenario)
+                else:
+                    stored, _, _ = await self.bus.create_or_get(S.KV_SCENARIOS, submit.run_id, scenario)
+                if stored is None:
+                    problem = f"run {submit.run_id} was started without a scenario"
+                elif _scenario_digest(stored) != _scenario_digest(scenario):  # bound before: the same one only
                     problem = f"another scenario is already bound to run {submit.run_id}"
         if problem is None:
             return True
