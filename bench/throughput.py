@@ -231,7 +231,7 @@ async def floor_steps(runs: int, steps: int) -> list[float]:
         scenario = steps_scenario(steps)
         run_id = f"run-floor{uuid.uuid4().hex[:12]}"
         limits = scenario.limits or RunLimits()
-        submit = RunSubmit(run_id=run_id, task=scenario.task, limits=limits, answer_mode="text", scripted=True)
+        submit = RunSubmit(run_id=run_id, task=scenario.task, limits=limits, answer_mode="text")
         state = start_run(submit, resolve_config(submit, settings, contracts), []).state
         provider, ledger = ScriptedProvider(scenario), BudgetLedger(run_id=run_id)
         first = True

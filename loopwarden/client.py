@@ -139,7 +139,6 @@ class Client:
             terminal_tools=scenario.terminal_tools,
             tools=scenario.allowed_tools,
             lessons=scenario.lessons,
-            scripted=True,
             scenario=data,
             scenario_digest=digest_of(data),
         )

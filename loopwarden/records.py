@@ -236,7 +236,7 @@ async def collect(bus: Bus, run_id: str) -> RunRecord:
         created_at=state.get("created_at"),
         updated_at=state.get("updated_at"),
         trace_id=trace_id,
-        provider="scripted" if config.get("scripted") else "live",
+        provider="scripted" if scenario is not None else "live",
         config=config,
         usage=dict(state.get("usage") or {}),
         messages=messages,

@@ -323,7 +323,7 @@ class Bus:
         self._subs: list[Subscription] = []
         self._background: set[asyncio.Task[Any]] = set()
         self._run_locks = _RunLocks()
-        self._scenarios: OrderedDict[str, Scenario] = OrderedDict()
+        self._scenarios: OrderedDict[str, Scenario | None] = OrderedDict()
         self._started = False
         self._js: JetStreamContext | None = None
         self._rpc_slots = asyncio.Semaphore(self.settings.in_flight_for(self.service))
@@ -891,12 +891,11 @@ class Bus:
                 found[key] = value
         return found
 
-    async def scenario(self, run_id: str) -> Scenario:
-        """The scenario bound to a scripted run (bound at submit, never changed: cached per run)."""
+    async def scenario(self, run_id: str) -> Scenario | None:
+        """The scenario bound to the run, or None for a run submitted without one. The planner binds it at
+        submit, before the run starts, and nothing changes it afterwards: cached per run, either way."""
         if run_id not in self._scenarios:
             scenario, _ = await self.kv_get(S.KV_SCENARIOS, run_id, Scenario)
-            if scenario is None:  # bound at submit: absent only for a moment, never for good
-                raise TryLater(f"scenario for {run_id} not stored yet", delay=1.0)
             self._scenarios[run_id] = scenario
             while len(self._scenarios) > SCENARIOS_KEPT:
                 self._scenarios.popitem(last=False)

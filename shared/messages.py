@@ -167,10 +167,11 @@ class RunSubmit(Wire):
     terminal_tools: list[str] = Field(default_factory=lambda: ["submit_result"])
     tools: list[str] | None = Field(None, description="allowlist of tools; None offers every registered tool")
     lessons: bool = Field(False, description="start with the failure reasons of earlier runs of this task")
-    scripted: bool = Field(False, description="a scripted scenario is stored under this run id")
     submitted_at: datetime = Field(default_factory=utcnow)
     scenario: dict[str, Any] | None = Field(
-        None, description="the scripted scenario, bound to the run at submit (only the planner stores it)"
+        None,
+        description="a scenario bound to the run at submit (only the planner stores it): its turns replace the "
+        "model's and its tool behaviour the tools'",
     )
     scenario_digest: str | None = Field(None, description="sha256 of the scenario's canonical JSON")
     tenant: str | None = Field(
@@ -522,7 +523,6 @@ class ToolCall(Wire):
     requested_tool: str
     arguments: dict[str, Any]
     fallback_from: FallbackNote | None = None
-    scripted: bool = Field(False, description="the run was submitted as scripted: its scenario applies to tools")
 
 
 class FallbackNote(Wire):
@@ -641,8 +641,7 @@ class JudgeRequest(Wire):
     candidate: Candidate
     task: str
     rubric: Rubric
-    judge_seq: int = Field(ge=0, description="this run's n-th judge request (scripted judges replay by it)")
-    scripted: bool = False
+    judged_before: int = Field(0, ge=0, description="candidates of this run sent to the judge before this one")
     tool_history: list[str] = Field(default_factory=list)
 
 

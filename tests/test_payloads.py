@@ -25,7 +25,7 @@ from shared.bus import Bus
 from shared.canonical import digest_of
 from shared.messages import RunSubmit
 from shared.payloads import BUCKET, KV_REF_KEY, PayloadError, PayloadRef, bounded
-from shared.scenario import parse_scenario
+from shared.scenario import Scenario, parse_scenario
 from shared.settings import Settings
 from tests.conftest import ROOT, TEST_ENV, escalations_of, settings_for
 from tests.support.runs import submit, tool_results
@@ -154,10 +154,10 @@ async def test_a_bound_scenario_is_immutable_and_must_match_its_digest(client: C
     assert state.final_output == "1"
 
     other = parse_scenario({**base, "planner": [submit("2")]}).model_dump(mode="json", by_alias=True)
-    again = RunSubmit(run_id=run_id, task="Submit 1.", scripted=True, scenario=other, scenario_digest=digest_of(other))
+    again = RunSubmit(run_id=run_id, task="Submit 1.", scenario=other, scenario_digest=digest_of(other))
     await client.bus.publish(S.RUN_SUBMIT, again, msg_id=f"resubmit.{run_id}")
     fresh = "run-bad-digest-" + os.urandom(4).hex()
-    forged = RunSubmit(run_id=fresh, task="Submit 1.", scripted=True, scenario=other, scenario_digest="0" * 64)
+    forged = RunSubmit(run_id=fresh, task="Submit 1.", scenario=other, scenario_digest="0" * 64)
     await client.bus.publish(S.RUN_SUBMIT, forged, msg_id=f"submit.{fresh}")
 
     reasons: dict[str, str] = {}
@@ -213,6 +213,23 @@ async def test_a_live_run_never_applies_stored_scripted_tool_behaviour(client: C
     [result] = [r for r in tool_results(state) if r.tool_use_id == "toolu_l1"]
     assert not result.is_error and json.loads(result.content)["result"] == 42
     assert "SCRIPTED TRAP" not in json.dumps(state.model_dump(mode="json"))
+    # submitted without a scenario: the one stored under its id was removed before the run started
+    assert (await client.bus.kv_get(S.KV_SCENARIOS, run_id, Scenario))[0] is None
+
+    # and a scenario submitted for it afterwards is refused, never bound to the live run
+    data = trap.model_dump(mode="json", by_alias=True)
+    late = RunSubmit(run_id=run_id, task="x", scenario=data, scenario_digest=digest_of(data))
+    await client.bus.publish(S.RUN_SUBMIT, late, msg_id=f"late-scenario.{run_id}")
+    reason = ""
+    for _ in range(100):
+        reason = next(
+            (d.reason for d in await client.dead_letters() if d.service == "planner" and run_id in d.body), ""
+        )
+        if reason:
+            break
+        await asyncio.sleep(0.1)
+    assert f"run {run_id} was started without a scenario" in reason
+    assert (await client.bus.kv_get(S.KV_SCENARIOS, run_id, Scenario))[0] is None
 
 
 # --- the claim check itself ---------------------------------------------------------------------------

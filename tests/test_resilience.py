@@ -73,8 +73,12 @@ async def test_a_message_with_fields_an_older_reader_does_not_know_is_processed(
         }
     )
     run_id = "run-newer-writer-" + os.urandom(4).hex()
-    await client.bus.kv_put(S.KV_SCENARIOS, run_id, scenario)
-    body = RunSubmit(run_id=run_id, task="Submit 7.", scripted=True).model_dump(mode="json")
+    from shared.canonical import digest_of
+
+    data = scenario.model_dump(mode="json", by_alias=True)
+    body = RunSubmit(run_id=run_id, task="Submit 7.", scenario=data, scenario_digest=digest_of(data)).model_dump(
+        mode="json"
+    )
     body["priority_class"] = "gold"  # a field from a newer client
     body["limits"]["max_parallel_tools"] = 4
     import json

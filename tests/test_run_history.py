@@ -78,7 +78,7 @@ async def test_a_long_runs_record_does_not_grow_and_its_history_is_whole(client:
 
 
 def run_record(run_id: str) -> RunState:
-    submit = RunSubmit(run_id=run_id, task="Count.", limits=RunLimits(), answer_mode="text", scripted=True)
+    submit = RunSubmit(run_id=run_id, task="Count.", limits=RunLimits(), answer_mode="text")
     state = start_run(submit, resolve_config(submit, Settings(), {}), []).state
     state.remember("submit", [])
     return state

@@ -41,6 +41,7 @@ from shared.messages import (
     ToolResultRaw,
     Wire,
 )
+from shared.providers.select import scripted_tools
 from shared.scenario import ToolBehaviour
 from shared.settings import FaultPoint, Settings
 
@@ -385,12 +386,10 @@ class Executor:
         return Attempted(True, output=output, output_is_text=isinstance(output, str))
 
     async def scripted(self, call: ToolCall) -> ToolBehaviour | None:
-        """Scripted tool behaviour: only for a run submitted as scripted (the flag travels in the call, set by
-        the planner from the run's submission); a live run never reads a scenario."""
-        if not call.scripted:
-            return None
-        scenario = await self.bus.scenario(call.run_id)
-        if call.tool not in scenario.tools:
+        """Scripted tool behaviour: only for a run submitted with a scenario (the provider registry says which);
+        a live run never consults one."""
+        scenario = await scripted_tools(self.bus, call.run_id)
+        if scenario is None or call.tool not in scenario.tools:
             return None
 
         def take(cursor: Cursor | None) -> tuple[Cursor, int]:  # the n-th attempt of this tool in this run

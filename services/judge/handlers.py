@@ -15,8 +15,8 @@ from shared import telemetry as T
 from shared.backoff import BackoffPolicy
 from shared.bus import Bus
 from shared.messages import ChatMessage, JudgeRequest, Verdict
-from shared.providers.base import ModelRequest, ProviderError, complete_with_retry
-from shared.providers.select import provider_for
+from shared.providers.base import ModelProvider, ModelRequest, ProviderError, complete_with_retry
+from shared.providers.select import run_provider
 from shared.settings import Settings
 
 log = logging.getLogger("loopwarden.judge")
@@ -48,40 +48,50 @@ class Judge:
             "judge candidate",
             attributes={T.LW_RUN_ID: req.run_id, "loopwarden.candidate.id": req.candidate.id},
         ) as span:
-            # Reading the bus or storage is outside the "not judged" boundary: an error there is
-            # raised, so the bus helper redelivers the request; only the model's side is "not judged".
-            scenario = await self.bus.scenario(req.run_id) if req.scripted else None
+            span.set_attribute("loopwarden.judge.judged_before", req.judged_before)
+            # Reading the bus or storage (which provider serves the run) is outside the "not judged"
+            # boundary: an error there is raised, so the bus helper redelivers the request; only the
+            # model's side is "not judged".
             try:
-                provider = provider_for(self.settings, "judge", scenario)
-                request = ModelRequest(
-                    purpose="judge",
-                    model=model,
-                    system=scoring.JUDGE_SYSTEM,
-                    messages=[ChatMessage.user(scoring.judge_prompt(req))],
-                    max_tokens=self.settings.judge_max_output_tokens,
-                    run_id=req.run_id,
-                    script_index=req.judge_seq,
-                )
-                policy = BackoffPolicy(
-                    self.settings.model_retry_attempts,
-                    self.settings.model_retry_base_s,
-                    self.settings.model_retry_max_s,
-                    self.settings.model_timeout_s,
-                )
-                response = await complete_with_retry(provider, request, policy, self.tracer, self.gen_ai)
-            except ProviderError as err:
+                provider = await run_provider(self.bus, self.settings, "judge", req.run_id)
+            except ProviderError as err:  # misconfigured (e.g. no key for a live run): not judged
                 verdict = scoring.not_judged(req, f"judge call failed: {err}", model)
-            except Exception as err:  # a judge exception is "not judged", never a default score
-                log.exception("judge failed on %s", req.candidate.id)
-                verdict = scoring.not_judged(req, f"judge raised {type(err).__name__}: {err}", model)
             else:
-                try:
-                    parsed = scoring.parse_reply(response.text, req.rubric)
-                except scoring.NotJudged as err:
-                    verdict = scoring.not_judged(req, str(err), response.model or model, response.usage)
-                else:
-                    verdict = scoring.score(req, parsed, response.model or model, response.usage)
+                verdict = await self.ask(req, provider, model)
             span.set_attribute(T.LW_VERDICT, verdict.status)
             if verdict.score is not None:
                 span.set_attribute(T.LW_SCORE, verdict.score)
             return verdict
+
+    async def ask(self, req: JudgeRequest, provider: ModelProvider, model: str) -> Verdict:
+        """The judge model's verdict on the candidate; any failure on the model's side is "not judged"."""
+        try:
+            request = ModelRequest(
+                purpose="judge",
+                model=model,
+                system=scoring.JUDGE_SYSTEM,
+                messages=[ChatMessage.user(scoring.judge_prompt(req))],
+                max_tokens=self.settings.judge_max_output_tokens,
+                run_id=req.run_id,
+                seq=req.judged_before,
+            )
+            policy = BackoffPolicy(
+                self.settings.model_retry_attempts,
+                self.settings.model_retry_base_s,
+                self.settings.model_retry_max_s,
+                self.settings.model_timeout_s,
+            )
+            response = await complete_with_retry(provider, request, policy, self.tracer, self.gen_ai)
+        except ProviderError as err:
+            verdict = scoring.not_judged(req, f"judge call failed: {err}", model)
+        except Exception as err:  # a judge exception is "not judged", never a default score
+            log.exception("judge failed on %s", req.candidate.id)
+            verdict = scoring.not_judged(req, f"judge raised {type(err).__name__}: {err}", model)
+        else:
+            try:
+                parsed = scoring.parse_reply(response.text, req.rubric)
+            except scoring.NotJudged as err:
+                verdict = scoring.not_judged(req, str(err), response.model or model, response.usage)
+            else:
+                verdict = scoring.score(req, parsed, response.model or model, response.usage)
+        return verdict

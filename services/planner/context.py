@@ -301,7 +301,7 @@ def model_request(
         tools=specs,
         max_tokens=max_tokens,
         run_id=state.run_id,
-        script_index=state.model_calls,
+        seq=state.model_calls,
         cache=True,
     )
 
@@ -327,7 +327,7 @@ def wrap_up_request(state: RunState, model: str, max_tokens: int, reason: str | 
         tools=[],
         max_tokens=max_tokens,
         run_id=state.run_id,
-        script_index=state.model_calls,
+        seq=state.model_calls,
         cache=True,
     )
 

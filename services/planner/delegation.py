@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from services.planner import ids
 from services.planner.outbox import Outbox, escalate
 from services.planner.state import RunConfig, RunState, ToolCallRecord
 from shared import subjects as S
@@ -128,7 +129,7 @@ def dispatch(out: Outbox, record: ToolCallRecord) -> None:
         record.status = "awaiting_human"
         escalate(
             out,
-            S.kv_key(f"esc-{s.run_id}-spawn-{record.iteration}-{record.call_id}"),
+            ids.spawn_escalation(s.run_id, record.iteration, record.call_id),
             "spawn",
             f"a sub-agent is estimated at ${estimate:.4f}, above the spawn gate ${s.config.spawn_gate_usd:.4f}: "
             f"{submit.task[:300]}",
@@ -155,7 +156,7 @@ def spawn(out: Outbox, record: ToolCallRecord, submit: RunSubmit | None = None, 
         estimate = estimated_cost(s, submit)
     s.children[record.call_id] = submit.run_id
     record.status = "dispatched"
-    out.add(S.RUN_SUBMIT, submit, f"{submit.run_id}.submit")
+    out.add(S.RUN_SUBMIT, submit, ids.child_submit(submit.run_id))
     out.event(
         Delegated(
             **out.head(f"sub-agent {submit.run_id} started: {submit.task[:160]}"),

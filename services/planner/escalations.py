@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 from services.planner import context as C
-from services.planner import delegation
+from services.planner import delegation, ids
 from services.planner.judging import decide_next, finish_iteration
 from services.planner.outbox import Outbox, finish
 from services.planner.state import RunState
@@ -37,7 +37,7 @@ def apply_resolution(state: RunState, res: EscalationResolution) -> Outbox:
     it = state.iteration
     if res.action == "final_answer":  # a person wrote the answer: the run ends with it, completed
         answer = res.result if isinstance(res.result, str) else json.dumps(res.result, ensure_ascii=False)
-        human = Candidate(id=f"{state.run_id}-human{it.n}", iteration=it.n, kind="text", content=answer)
+        human = Candidate(id=ids.human_candidate(state.run_id, it.n), iteration=it.n, kind="text", content=answer)
         state.last_answer = answer
         finish(out, "completed", f"final answer provided by {who}", accepted=human)
         return out

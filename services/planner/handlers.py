@@ -18,9 +18,11 @@ from dataclasses import dataclass
 
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
+from nats.js.errors import KeyNotFoundError
 from pydantic import Field
 
 from services.planner import context as C
+from services.planner import ids
 from services.planner.escalations import apply_resolution
 from services.planner.judging import apply_verdict
 from services.planner.outbox import Outbox
@@ -60,7 +62,7 @@ from shared.messages import (
 )
 from shared.payloads import bounded_outcome
 from shared.providers.base import ModelRequest, ModelResponse, ProviderError, StopReasonError, complete_with_retry
-from shared.providers.select import provider_for
+from shared.providers.select import run_provider
 from shared.scenario import Scenario, ScenarioError, parse_scenario
 from shared.settings import Settings
 from shared.telemetry import LW_ITERATION, LW_RUN_ID, Telemetry, current_traceparent, record_invoke_agent
@@ -216,12 +218,14 @@ class Planner:
 
     # --- handlers -------------------------------------------------------------------------------
     async def on_submit(self, submit: RunSubmit) -> None:
-        if submit.scenario is not None and not await self.bind_scenario(submit):
-            return
         existing = await self.load(submit.run_id, fresh=True)
-        if existing is not None:
-            await self.publish(existing.outbox.get("submit", []), submit.run_id)
+        if submit.scenario is not None and not await self.bind_scenario(submit, started=existing is not None):
             return
+        if existing is not None:
+            await self.publish(existing.outbox.get(ids.SUBMIT, []), submit.run_id)
+            return
+        if submit.scenario is None:
+            await self.unbind_stray_scenario(submit.run_id)
         contracts = await self.contracts()
         lessons: list[str] = []
         if submit.lessons:
@@ -229,7 +233,7 @@ class Planner:
             lessons = stored.reasons if stored else []
         config = resolve_config(submit, self.settings, contracts)
         out = start_run(submit, config, lessons)
-        out.state.remember("submit", out.items)
+        out.state.remember(ids.SUBMIT, out.items)
         out.state.trace_parent = current_traceparent() if self.tracing else ""
         try:
             await self.store.create(out.state)
@@ -237,7 +241,7 @@ class Planner:
         except CasConflict:
             existing = await self.load(submit.run_id, fresh=True)
             if existing is not None:
-                await self.publish(existing.outbox.get("submit", []), submit.run_id)
+                await self.publish(existing.outbox.get(ids.SUBMIT, []), submit.run_id)
             return
         await asyncio.gather(self.publish(out.items, submit.run_id), self.store.store_tail(out.state))
 
@@ -248,16 +252,16 @@ class Planner:
         outcome = bounded_outcome(outcome, self.settings.run_state_result_max_bytes)
         await self.transact(
             outcome.run_id,
-            f"outcome.{outcome.iteration}.{outcome.call_id}",
+            ids.outcome(outcome.iteration, outcome.call_id),
             lambda s: apply_outcome(s, outcome),
         )
 
     async def on_verdict(self, verdict: Verdict) -> None:
-        msg_id = f"verdict.{verdict.candidate_id}"
+        msg_id = ids.verdict(verdict.candidate_id)
         await self.transact(verdict.run_id, msg_id, lambda s: apply_verdict(s, verdict))
 
     async def on_resolution(self, res: EscalationResolution) -> None:
-        msg_id = f"resolution.{res.escalation_id}"
+        msg_id = ids.resolution(res.escalation_id)
         await self.transact(res.run_id, msg_id, lambda s: apply_resolution(s, res))
 
     @staticmethod
@@ -266,7 +270,7 @@ class Planner:
         return not state.done and state.iteration.n == ev.iteration and state.status == "running"
 
     async def on_advance(self, ev: RunAdvance) -> None:
-        msg_id = f"advance.{ev.iteration}"
+        msg_id = ids.advanced(ev.iteration)
         state = await self.load(ev.run_id)
         if state is not None and not state.seen(msg_id) and not self.takes(state, ev):
             state = await self.load(ev.run_id, fresh=True)  # what this replica kept may be behind
@@ -278,9 +282,8 @@ class Planner:
         if not self.takes(state, ev):
             return  # stale: this iteration already moved on
         contracts = await self.contracts()
-        scenario = await self.bus.scenario(ev.run_id) if state.config.scripted else None
         try:
-            provider = provider_for(self.settings, "planner", scenario)
+            provider = await run_provider(self.bus, self.settings, "planner", ev.run_id)
         except ProviderError as err:
             reason = str(err)
             await self.transact(ev.run_id, msg_id, lambda s: apply_provider_failure(s, reason))
@@ -412,10 +415,11 @@ class Planner:
         self._contracts = (listed_at, found)
         return found
 
-    async def bind_scenario(self, submit: RunSubmit) -> bool:
+    async def bind_scenario(self, submit: RunSubmit, started: bool = False) -> bool:
         """Store the submitted scenario for the run, create-only: the planner is its only writer, so a
         scripted run replays what was submitted with it, and nothing changes it afterwards. A scenario
-        that does not match its digest, does not parse, or differs from one already bound is refused."""
+        that does not match its digest, does not parse, or differs from one already bound is refused, and
+        so is one for a run already ``started`` without a scenario (a live run is never made scripted)."""
         problem = None
         if submit.scenario_digest != digest_of(submit.scenario):
             problem = "the submitted scenario does not match its scenario_digest"
@@ -425,17 +429,34 @@ class Planner:
             except ScenarioError as err:
                 problem = str(err)
             else:
-                stored, _, _ = await self.bus.create_or_get(S.KV_SCENARIOS, submit.run_id, scenario)
-                if _scenario_digest(stored) != _scenario_digest(scenario):  # bound before: the same one only
+                if started:  # a scripted run's scenario was bound before its state was stored
+                    stored, _ = await self.bus.kv_get(S.KV_SCENARIOS, submit.run_id, Scenario)
+                else:
+                    stored, _, _ = await self.bus.create_or_get(S.KV_SCENARIOS, submit.run_id, scenario)
+                if stored is None:
+                    problem = f"run {submit.run_id} was started without a scenario"
+                elif _scenario_digest(stored) != _scenario_digest(scenario):  # bound before: the same one only
                     problem = f"another scenario is already bound to run {submit.run_id}"
         if problem is None:
             return True
         letter = DeadLetter(
             service="planner", subject=S.RUN_SUBMIT, reason=problem, body=submit.model_dump_json(by_alias=True)
         )
-        await self.bus.publish(S.dead_letter("planner"), letter, msg_id=f"dlq-planner-scenario-{submit.run_id}")
+        await self.bus.publish(S.dead_letter("planner"), letter, msg_id=ids.refused_scenario(submit.run_id))
         log.error("planner: refused the submit of %s: %s", submit.run_id, problem)
         return False
+
+    async def unbind_stray_scenario(self, run_id: str) -> None:
+        """A run submitted without a scenario is live: a scenario stored under its id by anyone else (an
+        admin could) is removed before the run starts, so nothing treats the run as scripted."""
+        kv = await self.bus.kv(S.KV_SCENARIOS)
+        try:
+            stray = await kv.get(run_id)  # read raw: an unreadable one is removed too
+        except KeyNotFoundError:
+            return
+        if stray.value is not None and stray.operation not in ("DEL", "PURGE"):
+            await kv.delete(run_id)
+            log.warning("planner: removed a scenario stored for live run %s before it started", run_id)
 
     async def reserve(self, state: RunState, contracts: dict[str, ToolContract]) -> tuple[BudgetDecision, ModelRequest]:
         """The governor's decision for this turn, and the request it was counted on."""
@@ -497,7 +518,7 @@ class Planner:
                 purpose="summarize",
                 model=model,
                 run_id=state.run_id,
-                script_index=state.compactions,
+                seq=state.compactions,
                 system="You compress an agent's working history. Keep facts, tool results that matter, decisions "
                 "and open questions; drop chatter. Be concise.",
                 messages=[ChatMessage.user(f"Task: {state.task}\n\nSummarize this history:\n{C.transcript(older)}")],

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 from services.planner import context as C
+from services.planner import ids
 from services.planner.decide import Action, IterationFacts, decide
 from services.planner.outbox import Outbox, advance, escalate, finish, submission_text
 from services.planner.state import DecisionRecord, Iteration, RunState
@@ -43,7 +44,7 @@ def finish_iteration(out: Outbox) -> None:
         payload = submitted[-1].arguments
         content = submission_text(payload)
         it.candidate = Candidate(
-            id=f"{s.run_id}-c{it.n}", iteration=it.n, kind="submission", content=content, payload=payload
+            id=ids.candidate(s.run_id, it.n), iteration=it.n, kind="submission", content=content, payload=payload
         )
         if content.strip():
             s.last_answer = content
@@ -62,11 +63,10 @@ def finish_iteration(out: Outbox) -> None:
                 candidate=it.candidate,
                 task=s.task,
                 rubric=rubric,
-                judge_seq=s.judge_seq,
-                scripted=s.config.scripted,
+                judged_before=s.judge_seq,
                 tool_history=history,
             ),
-            f"{s.run_id}.judge.{it.candidate.id}",
+            ids.judge_request(s.run_id, it.candidate.id),
         )
         s.judge_seq += 1
         out.event(
@@ -126,13 +126,13 @@ def apply_verdict(state: RunState, verdict: Verdict) -> Outbox:
                 **out.head(verdict.not_judged_reason or ""),
                 detail=NotJudgedDetail(candidate_id=verdict.candidate_id, reason=verdict.not_judged_reason or ""),
             ),
-            f"{state.run_id}.notjudged.{verdict.candidate_id}",
+            ids.not_judged(state.run_id, verdict.candidate_id),
         )
         policy = state.config.not_judged_policy
         if policy == "escalate":
             escalate(
                 out,
-                S.kv_key(f"esc-{state.run_id}-{verdict.candidate_id}"),
+                ids.not_judged_escalation(state.run_id, verdict.candidate_id),
                 "not_judged",
                 f"the judge could not score the candidate: {verdict.not_judged_reason}",
                 None,
@@ -229,7 +229,7 @@ def _start_iteration(out: Outbox, kind: str) -> None:
             GuardTripped(
                 **out.head(s.iteration.guard), kind="guard.cost", detail=ReasonDetail(reason=s.iteration.guard)
             ),
-            f"{s.run_id}.guard.cost.{n}",
+            ids.cost_guard(s.run_id, n),
         )
         decide_next(out)
         return

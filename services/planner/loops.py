@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from services.planner import ids
 from services.planner.context import LOOP_REFLECTION
 from services.planner.outbox import Outbox, escalate
 from shared import subjects as S
@@ -79,7 +80,7 @@ def react(out: Outbox, finding: LoopFinding, tool: str, call_id: str) -> None:
             **out.head(finding.reflection),
             detail=LoopDetail(pattern=finding.kind, call_id=call_id, reflections=s.loop_reflections),
         ),
-        f"{s.run_id}.loop.{finding.kind}.{it.n}.{call_id}",
+        ids.loop(s.run_id, finding.kind, it.n, call_id),
     )
     if s.loop_reflections <= MAX_LOOP_REFLECTIONS:
         return
@@ -87,7 +88,7 @@ def react(out: Outbox, finding: LoopFinding, tool: str, call_id: str) -> None:
         if s.awaiting is None:  # one open question per run: a human already looking sees this loop too
             escalate(
                 out,
-                S.kv_key(f"esc-{s.run_id}-loop-{it.n}"),
+                ids.loop_escalation(s.run_id, it.n),
                 "loop",
                 f"the model keeps looping ({finding.kind}) after a reflection",
                 tool,

@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from services.planner import ids
 from services.planner.state import Awaiting, PublishRecord, RunState
 from shared import subjects as S
 from shared.messages import (
@@ -59,13 +60,13 @@ class Outbox:
         """Publish a run event on ``run.<kind>``; its id is unique in the run (a counter in the state)."""
         s = self.state
         s.events_published += 1
-        self.add(S.run_event(event.kind), event, f"{s.run_id}.evt.{event.kind}.{s.iteration.n}.{s.events_published}")
+        self.add(S.run_event(event.kind), event, ids.event(s.run_id, event.kind, s.iteration.n, s.events_published))
 
 
 def advance(out: Outbox) -> None:
     """Ask for the next model turn of the current iteration."""
     s = out.state
-    out.add(S.RUN_ADVANCE, RunAdvance(run_id=s.run_id, iteration=s.iteration.n), f"{s.run_id}.adv.{s.iteration.n}")
+    out.add(S.RUN_ADVANCE, RunAdvance(run_id=s.run_id, iteration=s.iteration.n), ids.advance(s.run_id, s.iteration.n))
 
 
 def finish(
@@ -121,7 +122,7 @@ def answer_parent(out: Outbox) -> None:
             **common,
         )
         subject = S.failure("tool_error", "delegate")
-    out.add(subject, outcome, f"{s.run_id}.answer.{cfg.parent_call_id}", run_id=cfg.parent_run_id)
+    out.add(subject, outcome, ids.answer_to_parent(s.run_id, cfg.parent_call_id), run_id=cfg.parent_run_id)
 
 
 def final_output(s: RunState, accepted: Candidate | None) -> str:
@@ -190,6 +191,6 @@ def escalate(
             call_id=call_id,
             details=details,
         ),
-        f"{s.run_id}.esc.{escalation_id}",
+        ids.escalation_raise(s.run_id, escalation_id),
     )
     await_human(out, escalation_id, kind, reason, call_id)

@@ -9,7 +9,7 @@ cap), a fatal or unknown outcome waits for a human, ``skip_and_note`` goes on wi
 from __future__ import annotations
 
 from services.planner import context as C
-from services.planner import loops
+from services.planner import ids, loops
 from services.planner.judging import finish_iteration
 from services.planner.outbox import Outbox, await_human, escalate
 from services.planner.state import RunState
@@ -22,7 +22,6 @@ from shared.messages import (
     ToolOutcome,
     ToolSucceeded,
     ToolSucceededDetail,
-    escalation_id_for_call,
     needs_human,
 )
 
@@ -87,7 +86,7 @@ def apply_outcome(state: RunState, outcome: ToolOutcome) -> Outbox:
                 stats["escalated"] += 1
                 escalate(
                     out,
-                    escalation_id_for_call(state.run_id, it.n, record.call_id) + "-schema",
+                    ids.schema_cap_escalation(state.run_id, it.n, record.call_id),
                     "schema_cap",
                     f"'{tool}' failed its contract {state.schema_streak[tool]} times in a row "
                     f"(cap {cfg.max_schema_corrections}): {outcome.error}",
@@ -101,7 +100,7 @@ def apply_outcome(state: RunState, outcome: ToolOutcome) -> Outbox:
             record.status = "awaiting_human"
             await_human(
                 out,
-                escalation_id_for_call(state.run_id, it.n, record.call_id),
+                ids.call_escalation(state.run_id, it.n, record.call_id),
                 ftype,
                 outcome.error or ftype,
                 record.call_id,
@@ -114,7 +113,7 @@ def apply_outcome(state: RunState, outcome: ToolOutcome) -> Outbox:
             record.status = "awaiting_human"
             escalate(
                 out,
-                escalation_id_for_call(state.run_id, it.n, record.call_id),
+                ids.call_escalation(state.run_id, it.n, record.call_id),
                 "ask_human",
                 f"'{tool}' failed and its boundary asks a human: {outcome.error}",
                 tool,

@@ -50,7 +50,6 @@ class RunConfig(_State):
     terminal_tools: list[str]
     allowed_tools: list[str] | None
     rubric: Rubric | None
-    scripted: bool
     lessons: bool
     model: str
     max_output_tokens: int

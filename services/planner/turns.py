@@ -11,7 +11,7 @@ import re
 from typing import Any
 
 from services.planner import context as C
-from services.planner import delegation, loops
+from services.planner import delegation, ids, loops
 from services.planner.judging import decide_next, finish_iteration
 from services.planner.outbox import Outbox, advance, finish
 from services.planner.state import Iteration, RunConfig, RunState, ToolCallRecord
@@ -68,7 +68,6 @@ def resolve_config(submit: RunSubmit, settings: Settings, contracts: dict[str, T
         terminal_tools=terminal,
         allowed_tools=submit.tools,
         rubric=submit.rubric,
-        scripted=submit.scripted,
         lessons=submit.lessons,
         model=settings.planner_model,
         max_output_tokens=settings.planner_max_output_tokens,
@@ -125,7 +124,7 @@ def apply_guard(state: RunState, reason: str) -> Outbox:
     out.add(
         S.failure("budget", None),
         GuardTripped(**out.head(reason), kind="guard.budget", detail=ReasonDetail(reason=reason)),
-        f"{state.run_id}.guard.{state.iteration.n}",
+        ids.guard(state.run_id, state.iteration.n),
     )
     decide_next(out)
     return out
@@ -164,7 +163,7 @@ def apply_wrap_up(state: RunState, response: ModelResponse, reason: str) -> Outb
     )
     if text:
         state.last_text = state.last_answer = text
-        answer = Candidate(id=f"{state.run_id}-wrap{it.n}", iteration=it.n, kind="text", content=text)
+        answer = Candidate(id=ids.wrap_up_candidate(state.run_id, it.n), iteration=it.n, kind="text", content=text)
         finish(out, "stopped", f"wrapped up: {reason}; final answer written without tools", accepted=answer)
     else:
         finish(out, "stopped", f"wrapped up: {reason}; the model gave no final answer")
@@ -232,7 +231,7 @@ def apply_model_response(state: RunState, response: ModelResponse, contracts: di
             it.notes.append(C.SIMULATED_CALL_NOTE)
             out.event(SimulatedCall(**out.head("a tool call was described in text, not made")))
         elif cfg.answer_mode != "submit" and text.strip():
-            it.candidate = Candidate(id=f"{state.run_id}-c{it.n}", iteration=it.n, kind="text", content=text)
+            it.candidate = Candidate(id=ids.candidate(state.run_id, it.n), iteration=it.n, kind="text", content=text)
             state.last_answer = text
         finish_iteration(out)
         return out
@@ -311,13 +310,12 @@ def _dispatch(out: Outbox, call: ToolUseBlock, contracts: dict[str, ToolContract
             run_id=s.run_id,
             iteration=it.n,
             call_id=call.id,
-            attempt_id=S.kv_key(s.run_id, f"i{it.n}", call.id),
+            attempt_id=ids.attempt(s.run_id, it.n, call.id),
             tool=call.name,
             requested_tool=call.name,
             arguments=call.input,
-            scripted=cfg.scripted,
         ),
-        f"{s.run_id}.call.{it.n}.{call.id}",
+        ids.tool_call(s.run_id, it.n, call.id),
     )
     out.event(
         ToolDispatched(

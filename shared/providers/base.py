@@ -28,7 +28,12 @@ class ModelRequest(BaseModel):
     tools: list[ToolSpec] = Field(default_factory=list)
     max_tokens: int = 1024
     run_id: str = ""
-    script_index: int = Field(0, description="which scripted reply this call replays")
+    seq: int = Field(
+        0,
+        ge=0,
+        description="this run's n-th call for this purpose (0 first), the same when a call is repeated on a "
+        "redelivery: a provider keys a deterministic reply or an idempotency key by it",
+    )
     cache: bool = Field(False, description="may be sent with prompt-cache breakpoints (planner turns)")
 
 

@@ -54,26 +54,24 @@ class ScriptedProvider:
     async def complete(self, request: ModelRequest) -> ModelResponse:
         response = await self._complete(request)
         # a stable id per replayed reply, as a real provider's message id (gen_ai.response.id)
-        return response.model_copy(
-            update={"id": f"scripted_{request.purpose}_{request.run_id or '_'}_{request.script_index}"}
-        )
+        return response.model_copy(update={"id": f"scripted_{request.purpose}_{request.run_id or '_'}_{request.seq}"})
 
     async def _complete(self, request: ModelRequest) -> ModelResponse:
         if request.purpose == "plan":
             turns = self.scenario.planner
-            if request.script_index < len(turns) and turns[request.script_index].latency_s:
-                await asyncio.sleep(turns[request.script_index].latency_s)
+            if request.seq < len(turns) and turns[request.seq].latency_s:
+                await asyncio.sleep(turns[request.seq].latency_s)
             return self._plan(request)
         if request.purpose == "summarize":
             return self._summary(request)
         judged = self.scenario.judge
-        if request.script_index < len(judged) and judged[request.script_index].latency_s:
-            await asyncio.sleep(judged[request.script_index].latency_s)
+        if request.seq < len(judged) and judged[request.seq].latency_s:
+            await asyncio.sleep(judged[request.seq].latency_s)
         return self._judge(request)
 
     def _plan(self, request: ModelRequest) -> ModelResponse:
         turns = self.scenario.planner
-        i = request.script_index
+        i = request.seq
         if i >= len(turns):
             raise ScriptExhausted(
                 f"scenario '{self.scenario.name}' has {len(turns)} planner turn(s); model call #{i + 1} has no "
@@ -106,7 +104,7 @@ class ScriptedProvider:
 
     def _judge(self, request: ModelRequest) -> ModelResponse:
         turns = self.scenario.judge
-        i = request.script_index
+        i = request.seq
         if i >= len(turns):
             raise ScriptExhausted(
                 f"scenario '{self.scenario.name}' has {len(turns)} judge repl(ies); judge call #{i + 1} has none"
@@ -125,7 +123,7 @@ class ScriptedProvider:
 
     def _summary(self, request: ModelRequest) -> ModelResponse:
         summaries = self.scenario.summaries
-        i = request.script_index
+        i = request.seq
         if i < len(summaries):
             text = summaries[i]
         else:

@@ -1,14 +1,23 @@
-"""Choose a provider for a run: the planner's and the judge's are configured separately."""
+"""Choose a provider for a run: the planner's and the judge's are configured separately.
+
+The one place that knows which runs are scripted: a run submitted with a scenario (bound by the
+planner at submit) is replayed by the scripted provider, and its scenario's tool behaviour applies
+to its tool calls. Services ask ``run_provider`` / ``scripted_tools`` for the run; no message says
+whether a run is scripted.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from shared.providers.anthropic import AnthropicProvider
 from shared.providers.base import ModelProvider, ProviderError
 from shared.providers.scripted import ScriptedProvider
 from shared.scenario import Scenario
 from shared.settings import Settings
+
+if TYPE_CHECKING:
+    from shared.bus import Bus
 
 
 def provider_for(settings: Settings, which: Literal["planner", "judge"], scenario: Scenario | None) -> ModelProvider:
@@ -37,3 +46,16 @@ def provider_for(settings: Settings, which: Literal["planner", "judge"], scenari
             kind="config",
         )
     return ScriptedProvider(scenario, settings.prompt_caching)
+
+
+async def run_provider(bus: Bus, settings: Settings, which: Literal["planner", "judge"], run_id: str) -> ModelProvider:
+    """The provider serving ``run_id``: ``provider_for`` with the scenario bound to the run, if any.
+    A storage error reading the binding is raised (the caller's message is redelivered)."""
+    pinned = (settings.planner_provider if which == "planner" else settings.judge_provider) == "anthropic"
+    return provider_for(settings, which, None if pinned else await bus.scenario(run_id))
+
+
+async def scripted_tools(bus: Bus, run_id: str) -> Scenario | None:
+    """The scenario whose tool behaviour applies to ``run_id``'s tool calls: only a run submitted with one
+    (a live run never consults a scenario: the planner removes one stored before a live run starts)."""
+    return await bus.scenario(run_id)

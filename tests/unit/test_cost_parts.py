@@ -184,7 +184,6 @@ def state(n: int) -> RunState:
         terminal_tools=["submit_result"],
         allowed_tools=None,
         rubric=None,
-        scripted=True,
         lessons=False,
         model="claude-sonnet-4-5",
         max_output_tokens=100,

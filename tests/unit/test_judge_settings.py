@@ -21,7 +21,6 @@ async def test_judge_provider_set_to_anthropic_without_a_key_is_not_judged() -> 
         candidate=Candidate(id="r-c1", iteration=1, kind="text", content="an answer"),
         task="t",
         rubric=Rubric.model_validate({"criteria": [{"name": "accurate"}]}),
-        judge_seq=0,
     )
     verdict = await judge.judge(req)
     assert verdict.status == "not_judged" and verdict.score is None

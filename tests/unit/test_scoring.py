@@ -25,7 +25,6 @@ def request(rubric: Rubric = RUBRIC) -> JudgeRequest:
         candidate=Candidate(id="r-c1", iteration=1, kind="text", content="answer"),
         task="t",
         rubric=rubric,
-        judge_seq=0,
     )
 
 
