@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import uuid
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from loopwarden.stack import LocalStack
 from services.planner.state import RunState
 from shared import subjects as S
 from shared.bus import ensure_buckets, kv_history, kv_keys, stream_config
-from shared.messages import Rubric, RunSubmit
+from shared.messages import Rubric, RunSubmit, utcnow
 from shared.records import RunRecord, record_schema, trajectory
 from shared.scenario import load_scenario, parse_scenario
 from shared.settings import Settings
@@ -47,6 +48,12 @@ async def stored(client: Client) -> dict[str, int]:
 
 def test_schema_file_matches_the_model() -> None:
     assert SCHEMA.read_text() == record_schema(), "run `make schemas` (python -m shared.records)"
+
+
+def soon() -> datetime:
+    """The sweep's clock a little ahead: a record the planner saved a moment after the test saw the run
+    end (a late message applied to a finished run) has not outlived a retention of 0 s at "now"."""
+    return utcnow() + timedelta(seconds=10)
 
 
 async def test_export_holds_the_whole_run_and_replays_without_divergence(client: Client, tmp_path: Path) -> None:
@@ -206,7 +213,7 @@ async def test_finished_runs_expire_waiting_runs_do_not(client: Client, stack: L
     assert (await client.state(finished.run_id)) is not None
 
     settings = settings_for(stack, retention_runs_s=0.0, retention_escalations_s=0.0, archive_dir=str(archive))
-    report = await sweep(client.bus, settings, only=mine)
+    report = await sweep(client.bus, settings, now=soon(), only=mine)
     assert report.runs_purged == [finished.run_id] and not report.errors
     # every record of the finished run is gone ...
     assert await client.state(finished.run_id) is None
@@ -237,8 +244,8 @@ async def test_escalations_follow_their_own_retention(client: Client, stack: Loc
 
     # the run's records expire; the resolved item and its events (the audit trail) are kept
     settings = settings_for(stack, retention_runs_s=0.0, retention_escalations_s=3600.0)
-    report = await sweep(client.bus, settings, only={waits.run_id})
-    assert report.runs_purged == [waits.run_id] and report.escalations_purged == []
+    report = await sweep(client.bus, settings, now=soon(), only={waits.run_id})
+    assert report.runs_purged == [waits.run_id] and report.escalations_purged == [], report
     assert await client.state(waits.run_id) is None
     left = (await run_events(client.bus, waits.run_id))[0]
     assert left and all(e.kind.startswith("escalation.") for e in left)
@@ -247,7 +254,7 @@ async def test_escalations_follow_their_own_retention(client: Client, stack: Loc
 
     # past the audit retention they go too
     settings = settings_for(stack, retention_runs_s=0.0, retention_escalations_s=0.0)
-    report = await sweep(client.bus, settings, only={waits.run_id})
+    report = await sweep(client.bus, settings, now=soon(), only={waits.run_id})
     assert report.escalations_purged == [item.escalation_id]
     assert await _missing(esc, item.escalation_id)
     assert (await run_events(client.bus, waits.run_id))[0] == []
@@ -264,7 +271,7 @@ async def test_storage_per_run_is_bounded_and_returns_after_expiry(client: Clien
     # one revision of the run state is kept: the bucket grows by about the final state per run, not 5x it
     assert grown[f"KV_{S.KV_RUNS}"] < 3 * final_state * 1.5, (grown, final_state)
     settings = settings_for(stack, retention_runs_s=0.0)
-    report = await sweep(client.bus, settings, only={s.run_id for s in states})
+    report = await sweep(client.bus, settings, now=soon(), only={s.run_id for s in states})
     assert sorted(report.runs_purged) == sorted(s.run_id for s in states)
     swept = await stored(client)
     for name in (f"KV_{S.KV_RUNS}", f"KV_{S.KV_MODEL_CALLS}", f"KV_{S.KV_TOOL_LEDGER}", f"KV_{S.KV_VERDICTS}"):
