@@ -68,8 +68,12 @@ def limits(steps: int, whole_history: bool) -> RunLimits:
 
 async def _run(client: Client, steps: int, whole_history: bool) -> RunState:
     run_id = await client.submit_scenario(parse_scenario(scenario(steps)), limits=limits(steps, whole_history))
-    state = await client.wait(run_id, timeout=60 + steps * 4)
-    assert state.status == "completed", state.final_reason
+    snapshot = await client.wait(run_id, timeout=60 + steps * 4, history=True)
+    assert snapshot.status == "completed", snapshot.final_reason
+    # the planner's own record (configuration, iteration) with the whole conversation from lw_history
+    state, _ = await client.bus.kv_get(S.KV_RUNS, run_id, RunState)
+    assert state is not None, run_id
+    state.messages = list(snapshot.messages)
     return state
 
 

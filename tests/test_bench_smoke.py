@@ -1,0 +1,32 @@
+"""The short forms of the cost and storage benchmarks run in every `make test`, so a change that
+breaks `make bench` (a module reading a field that moved) fails here, not on a user's machine."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize(
+    ("only", "expected"),
+    [
+        ("cost", ["cost: 24-step scripted run", "budget check at step 24", "tools section, 30 tools"]),
+        ("storage", ["storage per run: 40 demo runs", "retention sweep after each batch"]),
+    ],
+)
+def test_the_benchmark_runs_in_its_short_form(only: str, expected: list[str]) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--only", only],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    for line in expected:
+        assert line in proc.stdout, proc.stdout
