@@ -10,7 +10,10 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from loopwarden.cli_common import FAILED, OK, UserError, connected, say, settings
+from shared.describe import describe
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -76,8 +79,10 @@ def cmd_replay(args: argparse.Namespace) -> Any:
 
     try:  # the local file first: a bad one never waits for a connection
         record = load_record(args.file)
-    except (OSError, ValueError) as err:
-        raise UserError(f"{args.file}: not a run export: {err}") from None
+    except ValidationError as err:
+        raise UserError(f"{args.file}: not a run export: {describe(err)}") from None
+    except OSError as err:
+        raise UserError(f"{args.file}: cannot read it: {err.strerror or err}") from None
     if args.save:
         Path(args.save).write_text(scenario_yaml(record, Path(args.save).stem))
         say(f"wrote {args.save}")

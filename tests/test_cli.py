@@ -245,12 +245,15 @@ def test_unreachable_nats_fails_fast_naming_the_url(tmp_path) -> None:
         (("check-contract", search, "--input", "@" + str(bad_json)), "not JSON"),
         (("check-contract", search, "--output", "@/nonexistent"), "no such file"),
         (("check-scenario", str(tmp_path / "missing.yaml")), "no such file"),
+        (("replay", str(bad_json)), "not a run export: (message): Invalid JSON"),
+        (("export", "run-x", "-o", str(tmp_path / "no" / "x.json")), "no such folder"),
     ]
     with ThreadPoolExecutor(4) as pool:
         local_results = list(pool.map(lambda case: _lw(*case[0], env=env, timeout=60), local_errors))
     for (args, said), done in zip(local_errors, local_results, strict=True):
         assert done.returncode == 2, (args, done.stdout, done.stderr)
         assert said in done.stderr and "Traceback" not in done.stderr, (args, done.stderr)
+        assert len(done.stderr.strip().splitlines()) == 1, (args, done.stderr)
     bad_setting = _lw("status", "run-x", env={**env, "LW_CLI_CONNECT_TIMEOUT_S": "soon"}, timeout=60)
     assert bad_setting.returncode == 2 and "invalid setting LW_CLI_CONNECT_TIMEOUT_S" in bad_setting.stderr
 
