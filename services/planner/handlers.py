@@ -334,13 +334,11 @@ class Planner:
         self.count_tokens(response.usage)
 
         def apply(s: RunState) -> Outbox | None:
-            if s.iteration.n != ev.iteration or s.done or s.status != "running":
+            if not on_turn(s, ev.iteration):
                 return None
             if compaction is not None:
                 apply_compaction(s, compaction[0], compaction[1], compaction[2].usage)
-            if decision.model != s.model:
-                s.warnings.append(f"budget: switched model {s.model} -> {decision.model}")
-                s.model = decision.model
+            adopt_model(s, decision.model)
             return apply_model_response(s, response, contracts)
 
         try:
@@ -374,11 +372,9 @@ class Planner:
         self.count_tokens(response.usage)
 
         def apply(s: RunState) -> Outbox | None:
-            if s.iteration.n != ev.iteration or s.done or s.status != "running":
+            if not on_turn(s, ev.iteration):
                 return None
-            if decision.model != s.model:
-                s.warnings.append(f"budget: switched model {s.model} -> {decision.model}")
-                s.model = decision.model
+            adopt_model(s, decision.model)
             return apply_wrap_up(s, response, reason)
 
         try:
@@ -541,3 +537,15 @@ class Planner:
 
 def _scenario_digest(scenario: Scenario) -> str:
     return digest_of(scenario.model_dump(mode="json", by_alias=True))
+
+
+def on_turn(s: RunState, iteration: int) -> bool:
+    """The run is still running the turn a model answer was for (not a stale or repeated answer)."""
+    return s.iteration.n == iteration and not s.done and s.status == "running"
+
+
+def adopt_model(s: RunState, model: str) -> None:
+    """The budget chose this model for the turn: recorded, with a warning when it switched."""
+    if model != s.model:
+        s.warnings.append(f"budget: switched model {s.model} -> {model}")
+        s.model = model
