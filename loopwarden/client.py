@@ -21,6 +21,7 @@ from shared.bus import RUN_ID_HEADER, Bus, stream_for
 from shared.canonical import digest_of
 from shared.messages import (
     FINAL_STATUSES,
+    PROGRESS_EVENTS,
     ChatMessage,
     Corrected,
     DeadLetter,
@@ -38,6 +39,8 @@ from shared.messages import (
 from shared.scenario import Outcome, Scenario
 from shared.settings import Settings
 from shared.telemetry import LW_RUN_ID, Telemetry, setup_telemetry
+
+PROGRESS_STEMS = frozenset(S.run_event(e.model_fields["kind"].default) for e in PROGRESS_EVENTS)
 
 
 def new_run_id() -> str:
@@ -178,7 +181,8 @@ class Client:
         """The run's snapshot once its status is in ``until`` (with its ``messages`` unless
         ``history`` is false). Reacts to the run's own events (a subscription to that run's subjects,
         shared by waits on it) instead of polling; the state is read again only when one of the
-        run's events arrives (and once a second as a safety net)."""
+        run's events that can change its status arrives (not on a step's progress events, see
+        ``PROGRESS_EVENTS``), and once a second as a safety net."""
         deadline = time.monotonic() + timeout
         changed = await self._on_run_events(run_id)
         state = None
@@ -214,6 +218,8 @@ class Client:
             subs = self._run_events[run_id] = []
 
             async def dispatch(msg: Any) -> None:
+                if msg.subject.rsplit(".", 1)[0] in PROGRESS_STEMS:
+                    return  # a step's progress: the status is unchanged, nothing to read again
                 for waiter in self._waiters.get(run_id, ()):
                     waiter.set()
 

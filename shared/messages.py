@@ -473,6 +473,24 @@ AnyRunEvent = Annotated[
 ]
 
 
+# Events that never change a run's status: a change always comes with its own event (started,
+# escalated, resumed, the final event, a guard, a loop). A waiter reads the run again on the others only.
+PROGRESS_EVENTS: tuple[type[RunEventHead], ...] = (
+    ModelCalled,
+    SimulatedCall,
+    ToolBlocked,
+    ToolDispatched,
+    ToolSucceeded,
+    ToolFailed,
+    Corrected,
+    JudgeRequested,
+    Judged,
+    VerdictIgnored,
+    Decided,
+    Delegated,
+)
+
+
 class RunEvent(RootModel[AnyRunEvent]):
     """Any run event (``RunEvent.model_validate_json(data).root`` is the typed event)."""
 

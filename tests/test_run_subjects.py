@@ -186,3 +186,41 @@ def matches(pattern: str, subject: str) -> bool:
         if i >= len(s) or (tok != "*" and tok != s[i]):
             return False
     return len(p) == len(s)
+
+
+async def test_waiting_reads_the_run_on_status_events_not_on_every_step(client: Client, stack: LocalStack) -> None:
+    """A step's progress events (``PROGRESS_EVENTS``) do not make a waiter read the run's record again:
+    a 12-step run is read a few times (start, the final event, the one-second safety net), not per step."""
+    steps = 12
+    scenario = {
+        "name": "many-steps-waited",
+        "task": "Add the numbers one by one, then say done.",
+        "answer_mode": "text",
+        "planner": [
+            *({"tool_calls": [{"name": "calculator", "input": {"expression": f"{k}+1"}}]} for k in range(steps)),
+            {"text": "done"},
+        ],
+        "limits": {"max_iterations": steps + 3},
+    }
+    async with Client(settings_for(stack), identity="waiter") as waiter:
+        reads: list[str] = []
+
+        async def on_read(msg: Any) -> None:
+            if (msg.reply or "").startswith(waiter.bus.inbox_prefix):
+                reads.append(msg.subject)
+
+        sub = await client.bus.nc.subscribe(f"$JS.API.DIRECT.GET.KV_{S.KV_RUNS}.>", cb=on_read)
+        await client.bus.nc.flush()
+        try:
+            run_id = await client.submit_scenario(parse_scenario(scenario))
+            started = asyncio.get_running_loop().time()
+            state = await waiter.wait(run_id, timeout=60, history=False)
+            seconds = asyncio.get_running_loop().time() - started
+            await asyncio.sleep(0.2)
+        finally:
+            await sub.unsubscribe()
+        assert state.status == "completed" and state.iteration.n >= steps
+        print(f"\nwait over {steps} steps in {seconds:.2f} s: {len(reads)} reads of the run's record")
+        assert reads, "the waiter's reads were not seen: the test would prove nothing"
+        # once at the start, once per status event (started, finished), once per second as a safety net
+        assert len(reads) <= 4 + int(seconds), (len(reads), seconds)
