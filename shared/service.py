@@ -11,7 +11,10 @@ import contextlib
 import logging
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+import uvloop
 
 from shared.bus import Bus
 from shared.health import HealthServer
@@ -95,7 +98,16 @@ async def serve(service: str, build: Build, settings: Settings | None = None) ->
             await health.stop()
 
 
+def run(main: Coroutine[Any, Any, None], settings: Settings) -> None:
+    """Run a service's main coroutine on the configured event loop (``LW_EVENT_LOOP``): uvloop by
+    default, which spends less CPU per message than the standard loop (``make bench``, throughput)."""
+    with contextlib.suppress(KeyboardInterrupt):
+        if settings.event_loop == "uvloop":
+            uvloop.run(main)
+        else:
+            asyncio.run(main)
+
+
 def main(service: str, build: Build) -> None:
     settings = load_settings(service)
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(service, build, settings))
+    run(serve(service, build, settings), settings)

@@ -92,6 +92,9 @@ class Settings(BaseSettings):
     max_in_flight_by_service: dict[str, PositiveInt] = Field(
         default_factory=dict, description='JSON: per-service override of LW_MAX_IN_FLIGHT, e.g. {"executor": 256}'
     )
+    event_loop: Literal["uvloop", "asyncio"] = Field(
+        "uvloop", description="a service's event loop: uvloop (libuv; less CPU per message) or the standard asyncio one"
+    )
     max_ack_pending: int | None = Field(
         None, ge=1, description="unacked messages per durable across its replicas (default: 8 x max in flight)"
     )

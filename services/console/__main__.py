@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import uvicorn
 
 from loopwarden.client import Client
 from services.console.app import create_app
-from shared.service import configure_logging
+from shared.service import configure_logging, run
 from shared.settings import Settings, load_settings
 from shared.telemetry import setup_telemetry
 
@@ -55,8 +54,7 @@ async def serve(settings: Settings) -> None:
 
 def main() -> None:
     settings = load_settings("console")
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(settings))
+    run(serve(settings), settings)
 
 
 if __name__ == "__main__":
