@@ -13,11 +13,12 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Coroutine
 from typing import Any, assert_never
 
 from nats.errors import MaxPayloadError
 from nats.js.errors import APIError
-from opentelemetry.trace import Status, StatusCode
+from opentelemetry.trace import Span, Status, StatusCode
 from pydantic_core import PydanticSerializationError
 
 from services.executor.ledger import FinalPublish, LedgerEntry, claim, on_delivery
@@ -180,37 +181,53 @@ class Executor:
                 )
                 return
 
-            entry, revision = await self.bus.kv_get(S.KV_TOOL_LEDGER, call.attempt_id, LedgerEntry)
-            decision = on_delivery(entry)
-            match decision:
-                case "republish":
-                    assert entry is not None
-                    await self.deliver(call, entry, revision)
-                    return
-                case "unknown_outcome":
-                    assert entry is not None
-                    span.set_attribute(T.LW_FAILURE_TYPE, "unknown_outcome")
-                    await self.finish_failure(
-                        call,
-                        entry,
-                        revision,
-                        "unknown_outcome",
-                        "a previous delivery started it but no result was recorded",
-                        attempts=entry.runs,
-                    )
-                    return
-                case "run":
-                    pass
-                case _:
-                    assert_never(decision)
-            entry = claim(entry, call.attempt_id, call.tool, contract.idempotent)
+            # A first delivery claims the call with a create (one round trip: the common case reads
+            # nothing); only a key that exists already (a redelivery) is read and decided upon.
+            entry = claim(None, call.attempt_id, call.tool, contract.idempotent)
             try:
-                revision = await self.save(entry, revision)  # recorded *before* the tool runs
-            except CasConflict as err:  # another executor claimed it a moment ago: decide again
-                raise TryLater(f"ledger entry {call.attempt_id} changed while claiming it", delay=0.5) from err
+                revision = await self.save(entry, 0)  # recorded *before* the tool runs
+            except CasConflict:
+                claimed = await self.reclaim(call, contract.idempotent, span)
+                if claimed is None:
+                    return
+                entry, revision = claimed
             self.fault("after_start_recorded")
             await self.run_attempts(call, hosted, entry, revision)
             self.fault("after_final_published")
+
+    async def reclaim(self, call: ToolCall, idempotent: bool, span: Span) -> tuple[LedgerEntry, int] | None:
+        """The ledger already holds this call (a redelivery, or a racing delivery's claim): republish its
+        recorded final, fail it as an unknown outcome, or claim it again (CAS) to run an idempotent tool
+        once more. The claimed entry and its revision, or None when the call is finished here."""
+        entry, revision = await self.bus.kv_get(S.KV_TOOL_LEDGER, call.attempt_id, LedgerEntry)
+        decision = on_delivery(entry)
+        match decision:
+            case "republish":
+                assert entry is not None
+                await self.deliver(call, entry, revision)
+                return None
+            case "unknown_outcome":
+                assert entry is not None
+                span.set_attribute(T.LW_FAILURE_TYPE, "unknown_outcome")
+                await self.finish_failure(
+                    call,
+                    entry,
+                    revision,
+                    "unknown_outcome",
+                    "a previous delivery started it but no result was recorded",
+                    attempts=entry.runs,
+                )
+                return None
+            case "run":
+                pass
+            case _:
+                assert_never(decision)
+        entry = claim(entry, call.attempt_id, call.tool, idempotent)
+        try:
+            revision = await self.save(entry, revision)
+        except CasConflict as err:  # another executor claimed it a moment ago: decide again
+            raise TryLater(f"ledger entry {call.attempt_id} changed while claiming it", delay=0.5) from err
+        return entry, revision
 
     async def refuse(self, call: ToolCall, subject_tool: str) -> None:
         """A command on one tool's subject that names another tool: dead-lettered, nothing runs."""
@@ -245,20 +262,22 @@ class Executor:
                 if delay is not None:
                     span.set_attribute(T.LW_BACKOFF_S, round(delay, 4))
                 self.attempts.add(1, {"tool": call.tool, "result": "ok" if result.ok else result.failure_type or ""})
-                await self.bus.publish(
-                    S.tool_attempt(call.tool),
-                    ToolAttempt(
-                        run_id=call.run_id,
-                        call_id=call.call_id,
-                        attempt_id=call.attempt_id,
-                        tool=call.tool,
-                        attempt=n,
-                        ok=result.ok,
-                        failure_type=result.failure_type,
-                        error=result.error,
-                        next_delay_s=delay,
-                    ),
-                    msg_id=f"{call.attempt_id}.attempt.{entry.runs}.{n}",
+                attempted = asyncio.create_task(  # under this attempt's span
+                    self.bus.publish(
+                        S.tool_attempt(call.tool),
+                        ToolAttempt(
+                            run_id=call.run_id,
+                            call_id=call.call_id,
+                            attempt_id=call.attempt_id,
+                            tool=call.tool,
+                            attempt=n,
+                            ok=result.ok,
+                            failure_type=result.failure_type,
+                            error=result.error,
+                            next_delay_s=delay,
+                        ),
+                        msg_id=f"{call.attempt_id}.attempt.{entry.runs}.{n}",
+                    )
                 )
             if result.ok:
                 raw = raw_result(
@@ -268,8 +287,12 @@ class Executor:
                     output_is_text=result.output_is_text,
                     duration_ms=round((time.monotonic() - started) * 1000, 2),
                 )
-                await self.finish_result(call, hosted, entry, revision, raw)
+                # The attempt event is observability, de-duplicated by its id: it travels while the
+                # final is recorded (it is on the wire before the final is published) and is awaited
+                # before the command is acked, so a failed publish still gets the command redelivered.
+                await alongside(attempted, self.finish_result(call, hosted, entry, revision, raw))
                 return
+            await attempted
             if delay is None:
                 break
             await self.interim_failure(call, entry, result, n)
@@ -541,6 +564,17 @@ class Executor:
                 **{k: v for k, v in extra.items() if v is not None},
             }
         )
+
+
+async def alongside(task: asyncio.Task[None], main: Coroutine[Any, Any, None]) -> None:
+    """Run ``main`` while ``task`` is in flight; both have finished when this returns, and the
+    first failure (``main``'s first) is raised."""
+    try:
+        await main
+    except BaseException:
+        await asyncio.gather(task, return_exceptions=True)  # settled, its own failure not left unread
+        raise
+    await task
 
 
 def refused_for_good(err: Exception) -> bool:

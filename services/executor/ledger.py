@@ -1,6 +1,7 @@
 """The idempotency ledger (pure): what happened to each execution of a tool call.
 
-Two writes per call, no more: the entry is *created* (compare-and-swap on "absent")
+Two writes per call, no more: the entry is *created* (compare-and-swap on "absent", which
+is the claim itself: a first delivery reads nothing, only a create that finds an entry does)
 before the tool first runs, and the *final* message — the result for the validator, the
 fallback command, or the failure event — is recorded in one update after the last attempt,
 *before* it is published. Every crash point is then covered:

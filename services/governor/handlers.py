@@ -4,6 +4,9 @@ each tenant spent today (from budget requests, and from each run's final usage).
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import logging
 from collections import OrderedDict
 from datetime import UTC, datetime
 
@@ -31,6 +34,7 @@ THRESHOLD_KINDS: dict[str, BudgetThresholdKind] = {
     "block": "budget.block",
     "wrap_up": "budget.wrap_up",
 }  # any other threshold that fires is a model fallback
+log = logging.getLogger("loopwarden.governor")
 KEEP_DECISIONS = 8  # recent turns whose decision a redelivered request gets again
 CALIBRATION_KEY = "calibration.models"
 PERSIST_EVERY = 8  # calibration samples between writes of the shared ratios
@@ -41,6 +45,17 @@ class Calibration(BaseModel):
 
     ratios: dict[str, float] = Field(default_factory=dict)
     samples: dict[str, int] = Field(default_factory=dict)
+
+
+def share(mine: Calibration, stored: Calibration | None) -> tuple[Calibration, None]:
+    """The shared ratios with one replica's merged in: per model averaged by sample count."""
+    out = stored or Calibration()
+    for m, r in mine.ratios.items():
+        n_old, n_new = out.samples.get(m, 0), mine.samples.get(m, 0)
+        old = out.ratios.get(m)
+        out.ratios[m] = r if old is None else round((old * n_old + r * n_new) / (n_old + n_new), 4)
+        out.samples[m] = max(n_old, n_new)
+    return out, None
 
 
 class TenantDay(BaseModel):
@@ -81,6 +96,8 @@ class Governor:
         self._ledgers: OrderedDict[str, tuple[BudgetLedger, int]] = OrderedDict()
         self.calibration: Calibration | None = None
         self._unsaved = 0
+        self._share_due = False
+        self._sharing: asyncio.Task[None] | None = None
 
     def keep(self, key: str, ledger: BudgetLedger | None, revision: int) -> None:
         if ledger is None:
@@ -119,7 +136,10 @@ class Governor:
                 ratio = updated_ratio(ratio, sample, self.settings.calibration_weight)
         return ratio if ratio is not None else 1.0
 
-    async def learn(self, model: str, sample: float) -> None:
+    def learn(self, model: str, sample: float) -> None:
+        """Count a sample in this replica's ratios now; share them through the bucket every few samples,
+        in the background (the shared ratios only seed other replicas and restarts: a budget answer
+        never waits for them)."""
         cal = self.calibration or Calibration()
         self.calibration = cal
         cal.ratios[model] = updated_ratio(cal.ratios.get(model), sample, self.settings.calibration_weight)
@@ -127,18 +147,20 @@ class Governor:
         self._unsaved += 1
         if self._unsaved >= PERSIST_EVERY or cal.samples[model] == 1:
             self._unsaved = 0
-            mine = cal.model_copy(deep=True)
+            self._share_due = True
+            if self._sharing is None or self._sharing.done():
+                self._sharing = asyncio.create_task(self.share_calibration(), name="governor calibration")
 
-            def merge(stored: Calibration | None) -> tuple[Calibration, None]:
-                merged = stored or Calibration()
-                for m, r in mine.ratios.items():  # replicas' ratios for one model are averaged by sample count
-                    n_old, n_new = merged.samples.get(m, 0), mine.samples.get(m, 0)
-                    old = merged.ratios.get(m)
-                    merged.ratios[m] = r if old is None else round((old * n_old + r * n_new) / (n_old + n_new), 4)
-                    merged.samples[m] = max(n_old, n_new)
-                return merged, None
-
-            await self.bus.update(S.KV_BUDGETS, CALIBRATION_KEY, Calibration, merge)
+    async def share_calibration(self) -> None:
+        """Merge this replica's ratios into the shared ones, again while more became due meanwhile
+        (one write in flight at a time)."""
+        while self._share_due and self.calibration is not None:
+            self._share_due = False
+            mine = self.calibration.model_copy(deep=True)
+            try:
+                await self.bus.update(S.KV_BUDGETS, CALIBRATION_KEY, Calibration, functools.partial(share, mine))
+            except Exception as err:  # best effort: the next due sample shares them again
+                log.warning("governor: could not share the calibration: %r", err)
 
     # --- tenants -----------------------------------------------------------------------------------
     def tenant_ceiling(self, tenant: str | None) -> float | None:
@@ -228,7 +250,7 @@ class Governor:
             span.set_attribute("loopwarden.budget.calibration", decision.calibration)
             span.set_attribute("loopwarden.budget.estimated_cost_usd", decision.estimated_cost_usd)
         for model, sample in samples:
-            await self.learn(model, sample)
+            self.learn(model, sample)
         self.decisions.add(1, {"action": decision.action})
         if decision.action != "block":
             self.estimated_cost.add(decision.estimated_cost_usd, {"gen_ai.request.model": decision.model})

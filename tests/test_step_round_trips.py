@@ -1,0 +1,121 @@
+"""The edge of a step - the executor and the governor - makes no round trip on the step's path
+that its guarantees do not need.
+
+Observed on the server, as a plain NATS subscriber sees what the services send (the real stack,
+nothing wrapped): the executor claims a call with one create and records its final in one more
+write, reading the ledger only when the create finds the call there already (a redelivery, driven
+end to end by tests/test_exactly_once.py); the governor answers a budget request before it shares
+its calibration, which it still does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from nats.aio.msg import Msg
+
+from loopwarden.client import Client
+from services.governor.handlers import CALIBRATION_KEY, Calibration
+from shared import subjects as S
+from shared.scenario import parse_scenario
+
+CREATE_HEADER = "Nats-Expected-Last-Subject-Sequence"
+
+
+@dataclass
+class Seen:
+    subject: str
+    reply: str
+    data: bytes
+    headers: dict[str, str]
+
+
+class Wire:
+    """Every message the server relays on ``subjects``, in the order it relays them."""
+
+    def __init__(self, client: Client, *subjects: str) -> None:
+        self.client, self.subjects = client, subjects
+        self.seen: list[Seen] = []
+        self.subs: list[Any] = []
+
+    async def __aenter__(self) -> Wire:
+        async def cb(msg: Msg) -> None:
+            self.seen.append(Seen(msg.subject, msg.reply, msg.data, dict(msg.headers or {})))
+
+        nc = self.client.bus.nc
+        for subject in self.subjects:
+            self.subs.append(await nc.subscribe(subject, cb=cb))
+        await nc.flush()
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await asyncio.sleep(0.3)  # what is in flight reaches us
+        for sub in self.subs:
+            await sub.unsubscribe()
+
+
+def calculator_steps(name: str, steps: int) -> dict[str, Any]:
+    return {
+        "name": name,
+        "task": "Add the numbers one by one, then say done.",
+        "planner": [
+            *({"tool_calls": [{"name": "calculator", "input": {"expression": f"{k}+1"}}]} for k in range(steps)),
+            {"text": "done"},
+        ],
+        "answer_mode": "text",
+        "limits": {"max_iterations": steps + 5},
+    }
+
+
+async def test_a_first_delivery_claims_its_call_with_one_create_and_reads_nothing(client: Client) -> None:
+    ledger = f"$KV.{S.KV_TOOL_LEDGER}."
+    async with Wire(client, f"{ledger}>", f"$JS.API.DIRECT.GET.KV_{S.KV_TOOL_LEDGER}.>") as wire:
+        run_id = await client.submit_scenario(parse_scenario(calculator_steps("one-create", 3)))
+        state = await client.wait(run_id, timeout=30)
+    assert state.status == "completed", state.final_reason
+    mine = [m for m in wire.seen if run_id in m.subject]
+    reads = [m.subject for m in mine if m.subject.startswith("$JS.API.")]
+    assert reads == [], f"the ledger was read on a first delivery: {reads}"
+    writes: dict[str, list[Seen]] = {}
+    for m in mine:
+        writes.setdefault(m.subject.removeprefix(ledger), []).append(m)
+    assert len(writes) == 3, list(writes)  # one entry per call
+    for key, entries in writes.items():
+        # created (expected revision 0: it must not exist) before the tool runs, then the final, under CAS
+        assert len(entries) == 2, (key, [e.data for e in entries])
+        assert entries[0].headers.get(CREATE_HEADER) == "0"
+        assert entries[1].headers.get(CREATE_HEADER, "0") != "0"
+        assert b'"final":null' in entries[0].data and b'"final":{' in entries[1].data
+    # the attempt event travels beside the final record, and is still in the history before the result
+    kinds = [e.kind for e in await client.events(run_id)]
+    attempts = [i for i, k in enumerate(kinds) if k == "tool.attempt.calculator"]
+    results = [i for i, k in enumerate(kinds) if k == "tool.succeeded.calculator"]
+    assert len(attempts) == len(results) == 3, kinds
+    assert all(a < r for a, r in zip(attempts, results, strict=True)), kinds
+
+
+async def test_a_budget_answer_does_not_wait_for_the_shared_calibration(client: Client) -> None:
+    shared_key = f"$KV.{S.KV_BUDGETS}.{CALIBRATION_KEY}"
+    async with Wire(
+        client,
+        S.BUDGET_RESERVE,
+        f"{S.inbox_prefix('planner')}.>",
+        shared_key,
+        f"$JS.API.DIRECT.GET.KV_{S.KV_BUDGETS}.{shared_key}",
+    ) as wire:
+        # 12 turns: the governor shares its ratios at least every 8 samples
+        run_id = await client.submit_scenario(parse_scenario(calculator_steps("calibration-aside", 11)))
+        state = await client.wait(run_id, timeout=30)
+    assert state.status == "completed", state.final_reason
+    asked = {m.reply: i for i, m in enumerate(wire.seen) if m.subject == S.BUDGET_RESERVE and run_id.encode() in m.data}
+    answered = {m.subject: i for i, m in enumerate(wire.seen) if m.subject in asked}
+    assert len(asked) == 12 and asked.keys() == answered.keys()
+    shared = [i for i, m in enumerate(wire.seen) if m.subject in (shared_key, wire.subjects[3])]
+    assert shared, "the governor did not share its calibration during 12 turns"
+    for inbox, at in asked.items():
+        between = [i for i in shared if at < i < answered[inbox]]
+        assert between == [], f"a budget answer waited for the calibration ({len(between)} operations)"
+    stored, _ = await client.bus.kv_get(S.KV_BUDGETS, CALIBRATION_KEY, Calibration)
+    assert stored is not None and state.model in stored.ratios, stored
