@@ -28,7 +28,7 @@ import logging
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -159,24 +159,28 @@ class _RunLocks:
     def __init__(self) -> None:
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
 
-    @contextlib.asynccontextmanager
-    async def hold(self, key: str | None) -> AsyncIterator[None]:
-        if not key:
-            yield
-            return
+    async def acquire(self, key: str) -> None:
+        """Take the run's lock (``release`` it after); ``hold`` without a context manager per message."""
         lock, users = self._locks.get(key, (None, 0))
         if lock is None:
             lock = asyncio.Lock()
         self._locks[key] = (lock, users + 1)
         try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._locks[key]
-            if users <= 1:
-                del self._locks[key]
-            else:
-                self._locks[key] = (lock, users - 1)
+            await lock.acquire()
+        except BaseException:  # cancelled while waiting
+            self._drop(key)
+            raise
+
+    def release(self, key: str) -> None:
+        self._locks[key][0].release()
+        self._drop(key)
+
+    def _drop(self, key: str) -> None:
+        lock, users = self._locks[key]
+        if users <= 1:
+            del self._locks[key]
+        else:
+            self._locks[key] = (lock, users - 1)
 
 
 class _Pull:
@@ -232,13 +236,19 @@ class _Pull:
     async def run(self, msg: Msg) -> None:
         try:
             run_id = msg.headers.get(RUN_ID_HEADER) if msg.headers else None
-            async with self.bus._run_locks.hold(run_id):
+            locks = self.bus._run_locks
+            if run_id:
+                await locks.acquire(run_id)
+            try:
                 if self.bus._tracer is None:
                     await self.bus._deliver(msg, self.model, self.handler)
                 else:
                     ctx = self.bus._extract(msg.headers)
                     with self.bus._span(f"{S.stem(msg.subject)} process", SpanKind.CONSUMER, ctx, msg.headers):
                         await self.bus._deliver(msg, self.model, self.handler)
+            finally:
+                if run_id:
+                    locks.release(run_id)
         except asyncio.CancelledError:  # shutdown ran out of time: hand the message back
             with contextlib.suppress(Exception):
                 await msg.nak()
@@ -295,16 +305,18 @@ class _Pull:
 class _Replies:
     """The answers to this connection's JetStream requests (PubAcks, direct gets), collected by one
     wildcard inbox subscription: a request is a plain publish with ``<inbox>.<n>`` as its reply and a
-    future resolved by the answer - no inbox token, timer or task per request as ``nc.request`` makes,
-    and one timeout for a whole batch. An answer nobody waits for any more (its wait timed out, or a
-    duplicate) is dropped."""
+    future resolved by the answer - no inbox token, ``wait_for``, timer or task per request as
+    ``nc.request`` makes. Timeouts are kept by one sweeper that runs while answers are awaited: an
+    answer not in by its deadline (``LW_JS_TIMEOUT_S`` after sending, noticed within a tick) fails
+    with ``NatsTimeoutError``. An answer nobody waits for any more (timed out, or a duplicate) is dropped."""
 
     def __init__(self, bus: Bus) -> None:
         self.bus = bus
         self.prefix = ""
-        self.waiting: dict[str, asyncio.Future[Msg]] = {}
+        self.waiting: dict[str, tuple[asyncio.Future[Msg], float]] = {}  # token -> (future, deadline)
         self._count = itertools.count(1)
         self._starting: asyncio.Future[None] | None = None
+        self._sweeper: asyncio.Task[None] | None = None
 
     async def _start(self) -> None:
         nc = self.bus.nc
@@ -329,52 +341,65 @@ class _Replies:
             await asyncio.shield(self._starting)
 
     async def _on_reply(self, msg: Msg) -> None:
-        fut = self.waiting.pop(msg.subject[len(self.prefix) :], None)
-        if fut is not None and not fut.done():
-            fut.set_result(msg)
+        waiting = self.waiting.pop(msg.subject[len(self.prefix) :], None)
+        if waiting is not None and not waiting[0].done():
+            waiting[0].set_result(msg)
+
+    async def _sweep(self) -> None:
+        """Fail what is past its deadline; end when nothing is awaited (``send`` starts it again)."""
+        loop = asyncio.get_running_loop()
+        tick = min(0.25, self.bus.settings.js_timeout_s / 5)
+        try:
+            while self.waiting:
+                await asyncio.sleep(tick)
+                now = loop.time()
+                late = [token for token, (fut, deadline) in self.waiting.items() if deadline <= now or fut.done()]
+                for token in late:
+                    fut, _ = self.waiting.pop(token)
+                    if not fut.done():
+                        fut.set_exception(NatsTimeoutError())
+        finally:
+            self._sweeper = None
 
     async def send(self, subject: str, body: bytes, headers: dict[str, str] | None) -> tuple[str, asyncio.Future[Msg]]:
-        """Publish a request; its answer resolves the returned future (forget the token if not awaited)."""
+        """Publish a request; its answer (or ``NatsTimeoutError``) resolves the returned future."""
         if not self.prefix:
             await self.ready()
+        loop = asyncio.get_running_loop()
         token = str(next(self._count))
-        fut: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
-        self.waiting[token] = fut
+        fut: asyncio.Future[Msg] = loop.create_future()
+        self.waiting[token] = (fut, loop.time() + self.bus.settings.js_timeout_s)
         try:
             await self.bus.nc.publish(subject, body, reply=self.prefix + token, headers=headers)
         except BaseException:
             self.waiting.pop(token, None)
+            fut.cancel()
             raise
+        if self._sweeper is None:
+            self._sweeper = loop.create_task(self._sweep(), name="reply timeouts")
         return token, fut
 
-    async def wait(self, sent: list[tuple[str, asyncio.Future[Msg]]], timeout: float) -> None:
-        """Wait until every future of ``sent`` is resolved or ``timeout`` passed (one timer for all);
-        the tokens of those still open are forgotten (a late answer is dropped)."""
-        try:
-            async with asyncio.timeout(timeout):
-                for _, fut in sent:
-                    if not fut.done():
-                        await fut
-        except TimeoutError:
-            pass
-        finally:
-            self.forget(sent)
+    @staticmethod
+    async def wait(sent: list[tuple[str, asyncio.Future[Msg]]]) -> None:
+        """Wait until every future of ``sent`` has its answer or its timeout."""
+        for _, fut in sent:
+            if not fut.done():
+                try:
+                    await fut
+                except NatsTimeoutError:
+                    pass
 
     def forget(self, sent: list[tuple[str, asyncio.Future[Msg]]]) -> None:
         """Stop waiting for the answers still open in ``sent`` (their futures are cancelled)."""
         for token, fut in sent:
-            if fut.cancelled() or not fut.done():  # the timeout cancels the future it interrupts
+            if not fut.done():
                 self.waiting.pop(token, None)
                 fut.cancel()
 
     async def request(self, subject: str, body: bytes, headers: dict[str, str] | None) -> Msg:
         """One request and its answer; ``NatsTimeoutError`` if none came within ``LW_JS_TIMEOUT_S``."""
-        sent = [await self.send(subject, body, headers)]
-        await self.wait(sent, self.bus.settings.js_timeout_s)
-        fut = sent[0][1]
-        if fut.cancelled():
-            raise NatsTimeoutError
-        return fut.result()
+        _, fut = await self.send(subject, body, headers)
+        return await fut
 
 
 class _PubAck:
@@ -410,6 +435,23 @@ def pub_ack(msg: Msg) -> _PubAck:
             raise
         raise APIError(description=str(error))  # from_error always raises
     return _PubAck(resp.get("stream", ""), int(resp.get("seq", 0)), bool(resp.get("duplicate", False)))
+
+
+def num_delivered(reply: str | None) -> int:
+    """How often a JetStream message was delivered, read from its ack subject as ``Msg.metadata`` reads
+    it (``$JS.ACK.<stream>.<consumer>.<delivered>...``, 9 tokens; or 12+ with domain and account
+    hash), without building the whole metadata; 1 for anything else."""
+    tokens = reply.split(".") if reply else []
+    if len(tokens) < 9 or tokens[0] != "$JS" or tokens[1] != "ACK":
+        return 1
+    try:
+        if len(tokens) == 9:
+            return int(tokens[4])
+        if len(tokens) >= 11:
+            return int(tokens[6])
+    except ValueError:
+        pass
+    return 1
 
 
 def _stream_seq(raw: Any) -> int:
@@ -740,10 +782,7 @@ class Bus:
 
     async def _deliver(self, msg: Msg, model: type[M], handler: Handler[M]) -> None:
         """Decode, run the handler, then ack; dead-letter what cannot be delivered, with its reason."""
-        try:
-            deliveries = msg.metadata.num_delivered
-        except Exception:
-            deliveries = 1
+        deliveries = num_delivered(msg.reply)
         limit = self.settings.max_deliver
         if deliveries > limit:
             # It never completed: the handler crashed its process (or hung) on every delivery.
@@ -927,11 +966,11 @@ class Bus:
             except BaseException:
                 self._replies.forget(sent)  # nobody awaits what went out
                 raise
-            await self._replies.wait(sent, self.settings.js_timeout_s)
+            await self._replies.wait(sent)
             again: list[int] = []
             failure: Exception | None = None
             for i, (_, fut) in zip(todo, sent, strict=True):
-                if fut.cancelled():  # no PubAck in time: ambiguous
+                if fut.exception() is not None:  # no PubAck in time (the only exception set): ambiguous
                     failure = NatsTimeoutError()
                     if not items[i][3]:
                         raise failure

@@ -23,7 +23,7 @@ from nats.js.errors import APIError
 from pydantic import BaseModel
 
 from loopwarden.stack import LocalStack
-from shared.bus import MSG_ID_HEADER, Bus, CasConflict
+from shared.bus import MSG_ID_HEADER, Bus, CasConflict, num_delivered
 from shared.settings import Settings
 
 STORE, FULL = "LWTEST_STORE", "LWTEST_FULL"
@@ -78,6 +78,7 @@ async def raw(server: LocalStack) -> AsyncIterator[NatsClient]:
 async def slow(raw: NatsClient) -> AsyncIterator[SlowStream]:
     stream = SlowStream(raw)
     sub = await raw.subscribe("bustest.slow.>", cb=stream.on_msg)
+    await raw.flush()  # the server knows the subscriber before the bus publishes
     yield stream
     await sub.unsubscribe()
 
@@ -181,3 +182,11 @@ async def test_a_timed_out_publish_without_an_id_is_not_repeated(bus: Bus, raw: 
     assert [s for s, _ in slow.attempts] == ["bustest.slow.noid", "bustest.slow.noid2"]
     assert await stored(raw, "bustest.store.noid") == []
     assert not bus._replies.waiting
+
+
+def test_num_delivered_reads_the_ack_subject_as_nats_py_does() -> None:
+    v1 = "$JS.ACK.LW_CMD.planner_advance.3.120.45.1764530000000000000.0"
+    v2 = "$JS.ACK.hub.ACCHASH.LW_CMD.planner_advance.4.120.45.1764530000000000000.0.tok"
+    for reply in (v1, v2):
+        assert num_delivered(reply) == Msg(_client=None, reply=reply).metadata.num_delivered  # type: ignore[arg-type]
+    assert [num_delivered(r) for r in (None, "", "_INBOX.x.y", "$JS.ACK.a.b.x.1.1.1.0")] == [1, 1, 1, 1]
