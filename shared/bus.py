@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from faststream.nats import NatsBroker, NatsUserPassword
+from nats.aio.client import _HEADER_KEY_RE, _SUBJECT_INVALID_RE
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -370,7 +371,7 @@ class _Replies:
         fut: asyncio.Future[Msg] = loop.create_future()
         self.waiting[token] = (fut, loop.time() + self.bus.settings.js_timeout_s)
         try:
-            await self.bus.nc.publish(subject, body, reply=self.prefix + token, headers=headers)
+            await publish_raw(self.bus.nc, subject, body, self.prefix + token, headers)
         except BaseException:
             self.waiting.pop(token, None)
             fut.cancel()
@@ -400,6 +401,44 @@ class _Replies:
         """One request and its answer; ``NatsTimeoutError`` if none came within ``LW_JS_TIMEOUT_S``."""
         _, fut = await self.send(subject, body, headers)
         return await fut
+
+
+_HEADER_KEYS_OK: set[str] = set()  # header names already checked against nats-py's rule
+
+
+async def publish_raw(nc: NatsClient, subject: str, body: bytes, reply: str, headers: dict[str, str] | None) -> None:
+    """``nc.publish`` with the header block written in one go: nats-py checks every header name with a
+    regular expression and builds the block piece by piece on every publish (about 9 us of 13 for four
+    headers). Same bytes on the wire; whatever the fast path does not cover - a header name not seen
+    yet that fails nats-py's rule, a value with a line break, an empty subject or one with whitespace,
+    a body over the server's limit, a connection not connected (reconnect buffering) - goes through
+    ``nc.publish`` itself, which raises or rewrites as it always does."""
+    if (
+        not headers
+        or nc._status != NatsClient.CONNECTED
+        or not subject
+        or len(body) > nc._max_payload
+        or _SUBJECT_INVALID_RE.search(subject) is not None
+    ):
+        await nc.publish(subject, body, reply=reply, headers=headers)
+        return
+    for key in headers:
+        if key not in _HEADER_KEYS_OK:
+            if not _HEADER_KEY_RE.fullmatch(key):
+                await nc.publish(subject, body, reply=reply, headers=headers)
+                return
+            _HEADER_KEYS_OK.add(key)
+    values = "".join(headers.values())
+    if "\r" in values or "\n" in values:
+        await nc.publish(subject, body, reply=reply, headers=headers)
+        return
+    hdr = ("NATS/1.0\r\n" + "".join([f"{k}: {v.strip()}\r\n" for k, v in headers.items()]) + "\r\n").encode()
+    total = len(hdr) + len(body)
+    nc.stats["out_msgs"] += 1
+    nc.stats["out_bytes"] += len(body)
+    await nc._send_command(b"".join((f"HPUB {subject} {reply} {len(hdr)} {total}\r\n".encode(), hdr, body, b"\r\n")))
+    if nc._flush_queue is not None and nc._flush_queue.empty():
+        await nc._flush_pending()
 
 
 class _PubAck:

@@ -23,7 +23,7 @@ from nats.js.errors import APIError
 from pydantic import BaseModel
 
 from loopwarden.stack import LocalStack
-from shared.bus import MSG_ID_HEADER, Bus, CasConflict, num_delivered
+from shared.bus import MSG_ID_HEADER, Bus, CasConflict, num_delivered, publish_raw
 from shared.settings import Settings
 
 STORE, FULL = "LWTEST_STORE", "LWTEST_FULL"
@@ -190,3 +190,32 @@ def test_num_delivered_reads_the_ack_subject_as_nats_py_does() -> None:
     for reply in (v1, v2):
         assert num_delivered(reply) == Msg(_client=None, reply=reply).metadata.num_delivered  # type: ignore[arg-type]
     assert [num_delivered(r) for r in (None, "", "_INBOX.x.y", "$JS.ACK.a.b.x.1.1.1.0")] == [1, 1, 1, 1]
+
+
+async def test_headers_written_in_one_go_arrive_as_nats_py_writes_them(bus: Bus, raw: NatsClient) -> None:
+    """``publish_raw`` (the fast header block) and ``nc.publish`` (its fallback: here a value with a
+    line break) store the same headers; the message id still de-duplicates a repeat."""
+    headers = {"content-type": "application/json", MSG_ID_HEADER: "hdr-1", "Lw-Run-Id": "run-x", "X-Pad": "  a b  "}
+    await publish_raw(bus.nc, "bustest.store.hdr", b"{}", raw.new_inbox(), dict(headers))
+    await raw.publish("bustest.store.hdr", b"{}", headers={**headers, MSG_ID_HEADER: "hdr-2"})
+    await publish_raw(
+        bus.nc, "bustest.store.hdr", b"{}", raw.new_inbox(), {**headers, MSG_ID_HEADER: "hdr-3", "X-Pad": "a\nb"}
+    )
+    await bus.publish("bustest.store.hdr", b"{}", msg_id="hdr-1")  # a repeat of the first: dropped
+    js = raw.jetstream()
+    sub = await js.pull_subscribe("bustest.store.hdr", stream=STORE)
+    try:
+        msgs = await sub.fetch(10, timeout=1)
+    finally:
+        await sub.unsubscribe()
+    got = {
+        (m.headers or {}).get(MSG_ID_HEADER): {k: v for k, v in (m.headers or {}).items() if k != MSG_ID_HEADER}
+        for m in msgs
+    }
+    assert len(msgs) == 3 and sorted(got) == ["hdr-1", "hdr-2", "hdr-3"]  # two connections: any order
+    assert got["hdr-1"] == got["hdr-2"] == {"content-type": "application/json", "Lw-Run-Id": "run-x", "X-Pad": "a b"}
+    assert got["hdr-3"] == {
+        "content-type": "application/json",
+        "Lw-Run-Id": "run-x",
+        "X-Pad": "a b",
+    }  # newline -> space
