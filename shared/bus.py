@@ -380,6 +380,15 @@ class _Replies:
             self._sweeper = loop.create_task(self._sweep(), name="reply timeouts")
         return token, fut
 
+    def close(self) -> None:
+        """The connection is closed: nothing will answer; stop the sweeper, fail what still waits."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        waiting, self.waiting = self.waiting, {}
+        for fut, _ in waiting.values():
+            if not fut.done():
+                fut.set_exception(NatsTimeoutError())
+
     @staticmethod
     async def wait(sent: list[tuple[str, asyncio.Future[Msg]]]) -> None:
         """Wait until every future of ``sent`` has its answer or its timeout."""
@@ -700,6 +709,7 @@ class Bus:
                 with contextlib.suppress(Exception):
                     async with asyncio.timeout(2):
                         await self.broker.stop()
+            self._replies.close()
         finally:
             for hook in self.on_stop:
                 with contextlib.suppress(Exception):
