@@ -104,6 +104,9 @@ class Settings(BaseSettings):
     failover_retry_s: float = Field(
         20.0, ge=0, description="how long a publish or KV request rides out a stream leader election"
     )
+    js_timeout_s: float = Field(
+        5.0, gt=0, description="how long one JetStream publish or KV request waits for its answer before a retry"
+    )
     infra_wait_s: float = Field(
         0, ge=0, description="with LW_MANAGE_STREAMS=false: give up waiting for bootstrap after this long (0: never)"
     )
