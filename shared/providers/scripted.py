@@ -75,7 +75,7 @@ class _Seen:
             self.model == request.model
             and self.system == request.system
             and len(self.tools) == len(request.tools)
-            and all(a is b for a, b in zip(self.tools, request.tools, strict=True))
+            and all(a is b or a == b for a, b in zip(self.tools, request.tools, strict=True))
             and len(msgs) > n
             and (n == 0 or (self.first is not None and self.first() is msgs[0]))
             and (n == 0 or (self.last is not None and self.last() is msgs[n - 1]))
@@ -94,7 +94,9 @@ class TurnMeter:
     def seen(self, request: ModelRequest) -> _Seen:
         run_id = request.run_id or ""
         kept = self._runs.pop(run_id, None)
-        if kept is None or not kept.fits(request):
+        if kept is not None and kept.fits(request):
+            kept.tools = list(request.tools)  # equal tools, maybe new objects (the catalogue was listed again)
+        else:
             head = head_blocks(request)
             chain = Chain(request.model)
             chain.extend(head)

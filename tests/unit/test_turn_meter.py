@@ -71,6 +71,11 @@ def test_a_compaction_a_reload_a_wrap_up_and_a_model_switch_are_measured_afresh_
     twin.agree(request("run-b", reloaded))
     twin.agree(request("run-b", [*reloaded, ChatMessage.user("Stop now.")], tools=[]))  # the wrap-up turn
     twin.agree(request("run-b", [*reloaded, *turn(9)], model="-fallback"))  # the budget switched the model
+    relisted = [t.model_copy(deep=True) for t in TOOLS]  # the catalogue listed again: equal, new objects
+    grown = [*reloaded, *turn(10)]
+    twin.agree(request("run-b", grown, tools=relisted, model="-fallback"))
+    kept = twin.meter.seen(request("run-b", grown, tools=relisted, model="-fallback"))
+    assert kept.tools[0] is relisted[0] and kept.length == len(grown) - 1
 
 
 def test_runs_are_measured_apart() -> None:
