@@ -203,7 +203,7 @@ class Planner:
         if applied is None:
             return
         self.saved()
-        if not applied.was_done:
+        if not applied.was_done:  # (not at submit: a first turn's request stays one ask, from the advance)
             self.prefetch(applied.state, applied.items)
         # the next step's work goes out while the step's messages are appended to the history
         await asyncio.gather(self.publish(applied.items, run_id), self.store.store_tail(applied.state))
@@ -280,7 +280,6 @@ class Planner:
             if existing is not None:
                 await self.publish(existing.outbox.get(ids.SUBMIT, []), submit.run_id)
             return
-        self.prefetch(out.state, out.items)
         await asyncio.gather(self.publish(out.items, submit.run_id), self.store.store_tail(out.state))
 
     async def on_outcome(self, outcome: ToolOutcome) -> None:
@@ -537,12 +536,8 @@ class Planner:
         else asked now."""
         early = self.prefetched.pop(state.run_id, None)
         if early is not None and early.fits(state, self.store.revision(state), contracts):
-            try:
-                return await early.decision, early.planned
-            except TryLater:
-                raise  # the governor did not answer in time: asking again now would wait as long
-            except Exception as err:  # whatever the early ask hit, the turn asks again as it always did
-                log.info("planner: the early budget request for %s failed (%r); asking again", state.run_id, err)
+            # the early ask is this turn's ask: its failure (no answer, a refusal) is the turn's, as it would be now
+            return await early.decision, early.planned
         req = self.turn_request(state, contracts)
         return await self.ask_budget(C.budget_request(state, req)), req
 
