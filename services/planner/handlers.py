@@ -203,7 +203,7 @@ class Planner:
         if applied is None:
             return
         self.saved()
-        if not applied.was_done:  # (not at submit: a first turn's request stays one ask, from the advance)
+        if not applied.was_done:
             self.prefetch(applied.state, applied.items)
         # the next step's work goes out while the step's messages are appended to the history
         await asyncio.gather(self.publish(applied.items, run_id), self.store.store_tail(applied.state))
@@ -495,7 +495,9 @@ class Planner:
         """A transaction just stored ``state`` and is about to publish ``items``: when they carry the
         advance to the run's next model turn, that turn's budget request goes out now, so the
         governor's round trip overlaps the advance's instead of following it. Only with the catalogue
-        cached (a listing is not worth waiting for here: the turn then simply asks)."""
+        cached (a listing is not worth waiting for here: the turn then simply asks). Not at submit: on
+        several replicas the advance may go to another one, which asks itself; a first request the
+        governor refuses then stays one refusal (one dead letter), as before."""
         advance = next((i for i in items if i.subject == S.RUN_ADVANCE and i.run_id is None), None)
         if advance is None:
             return
