@@ -44,6 +44,8 @@ def count_json(value: Any) -> int:
 
 def truncate(text: str, max_tokens: int) -> tuple[str, int]:
     """``text`` cut to ``max_tokens`` tokens, and how many tokens were dropped."""
+    if len(text) <= max_tokens and len(text.encode()) <= max_tokens:  # a token is at least one byte: it fits
+        return text, 0
     tokens = encoding().encode(text, disallowed_special=())
     if len(tokens) <= max_tokens:
         return text, 0

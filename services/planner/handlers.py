@@ -13,6 +13,7 @@ import hashlib
 import logging
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -46,6 +47,7 @@ from shared.canonical import digest_of
 from shared.messages import (
     TOOL_FAILURES,
     BudgetDecision,
+    BudgetRequest,
     ChatMessage,
     Corrected,
     DeadLetter,
@@ -78,6 +80,38 @@ class Applied:
     was_done: bool
 
 
+@dataclass
+class Prefetched:
+    """A turn's budget decision, asked for as soon as the transaction that scheduled the turn
+    committed (while the advance is published): the turn uses it when it starts from the very
+    state, revision and catalogue the request was built from; otherwise it asks as before (the
+    governor answers once per (run, turn), so both asks get the same decision)."""
+
+    turn: int
+    state: RunState
+    revision: int
+    contracts: dict[str, ToolContract]
+    planned: ModelRequest
+    decision: asyncio.Future[BudgetDecision]
+
+    def fits(self, state: RunState, revision: int | None, contracts: dict[str, ToolContract]) -> bool:
+        return (
+            state is self.state
+            and revision == self.revision
+            and state.iteration.n == self.turn
+            and contracts is self.contracts
+        )
+
+
+PREFETCHED_MAX = 1024  # runs whose next turn's decision a replica holds at once
+
+
+def _retrieved(task: asyncio.Future[BudgetDecision]) -> None:
+    """A prefetch nobody awaited (its turn asked again, or it was dropped) must not log an unretrieved error."""
+    if not task.cancelled():
+        task.exception()
+
+
 class Lessons(Wire):
     reasons: list[str] = Field(default_factory=list)
 
@@ -104,6 +138,7 @@ class Planner:
         # Runs: the record and its history, and what this replica last stored or read of each
         # (a transaction tries its CAS on that without reading first; a conflict re-reads).
         self.store = RunStore(bus)
+        self.prefetched: OrderedDict[str, Prefetched] = OrderedDict()  # per run: its next turn's budget decision
         self.crash_after_save = settings.fault_inject == "after_run_saved"  # TEST ONLY (tests/test_run_history.py)
         if self.crash_after_save:
             log.warning("TEST FAULT INJECTION: this planner exits after saving a run's record")
@@ -168,6 +203,8 @@ class Planner:
         if applied is None:
             return
         self.saved()
+        if not applied.was_done:
+            self.prefetch(applied.state, applied.items)
         # the next step's work goes out while the step's messages are appended to the history
         await asyncio.gather(self.publish(applied.items, run_id), self.store.store_tail(applied.state))
         if not applied.was_done:
@@ -454,16 +491,57 @@ class Planner:
             await kv.delete(run_id)
             log.warning("planner: removed a scenario stored for live run %s before it started", run_id)
 
-    async def reserve(self, state: RunState, contracts: dict[str, ToolContract]) -> tuple[BudgetDecision, ModelRequest]:
-        """The governor's decision for this turn, and the request it was counted on."""
-        req = C.model_request(
+    def prefetch(self, state: RunState, items: list[PublishRecord]) -> None:
+        """A transaction just stored ``state`` and is about to publish ``items``: when they carry the
+        advance to the run's next model turn, that turn's budget request goes out now, so the
+        governor's round trip overlaps the advance's instead of following it. Only with the catalogue
+        cached (a listing is not worth waiting for here: the turn then simply asks). Not at submit: on
+        several replicas the advance may go to another one, which asks itself; a first request the
+        governor refuses then stays one refusal (one dead letter), as before."""
+        advance = next((i for i in items if i.subject == S.RUN_ADVANCE and i.run_id is None), None)
+        if advance is None:
+            return
+        turn = RunAdvance.model_validate_json(advance.payload).iteration
+        revision = self.store.revision(state)
+        fetched_at, contracts = self._contracts
+        if (
+            revision is None
+            or not contracts
+            or time.monotonic() - fetched_at >= 2.0
+            or state.done
+            or state.status != "running"
+            or state.iteration.n != turn
+        ):
+            return
+        req = self.turn_request(state, contracts)
+        decision = asyncio.ensure_future(self.ask_budget(C.budget_request(state, req)))
+        decision.add_done_callback(_retrieved)
+        self.prefetched[state.run_id] = Prefetched(turn, state, revision, contracts, req, decision)
+        self.prefetched.move_to_end(state.run_id)
+        while len(self.prefetched) > PREFETCHED_MAX:
+            self.prefetched.popitem(last=False)
+
+    def turn_request(self, state: RunState, contracts: dict[str, ToolContract]) -> ModelRequest:
+        return C.model_request(
             state, contracts, state.model, state.config.max_output_tokens, self.settings.progressive_tools_above
         )
-        budget = C.budget_request(state, req)
+
+    async def ask_budget(self, budget: BudgetRequest) -> BudgetDecision:
         try:
-            return await self.bus.request(S.BUDGET_RESERVE, budget, BudgetDecision), req
+            return await self.bus.request(S.BUDGET_RESERVE, budget, BudgetDecision)
         except (NatsTimeout, NoRespondersError, TimeoutError) as err:
             raise TryLater(f"governor did not answer: {err!r}", delay=1.0) from err
+
+    async def reserve(self, state: RunState, contracts: dict[str, ToolContract]) -> tuple[BudgetDecision, ModelRequest]:
+        """The governor's decision for this turn, and the request it was counted on: the one asked
+        for when the turn was scheduled if it fits (same state, revision, turn and catalogue),
+        else asked now."""
+        early = self.prefetched.pop(state.run_id, None)
+        if early is not None and early.fits(state, self.store.revision(state), contracts):
+            # the early ask is this turn's ask: its failure (no answer, a refusal) is the turn's, as it would be now
+            return await early.decision, early.planned
+        req = self.turn_request(state, contracts)
+        return await self.ask_budget(C.budget_request(state, req)), req
 
     def policy(self) -> BackoffPolicy:
         s = self.settings

@@ -45,6 +45,11 @@ class RunStore:
         while len(self._seen) > self.SIZE:
             self._seen.popitem(last=False)
 
+    def revision(self, state: RunState) -> int | None:
+        """The revision ``state`` was kept at, if it is still what this replica keeps for its run."""
+        kept = self._states.get(state.run_id)
+        return kept[1] if kept is not None and kept[0] is state else None
+
     def forget(self, run_id: str) -> None:
         """The kept state was changed outside a transaction: the next one reads the record again."""
         self._states.pop(run_id, None)

@@ -70,17 +70,17 @@ class PromptCache:
         self._lock = threading.Lock()
 
     def answer(self, model: str, blocks: list[Block]) -> CacheAnswer:
+        chain = Chain(model)
+        chain.extend(blocks)
+        return self.answer_chain(
+            model, chain.hashes, chain.cumulative, [i for i, b in enumerate(blocks) if b.breakpoint]
+        )
+
+    def answer_chain(self, model: str, hashes: list[str], cumulative: list[int], marks: list[int]) -> CacheAnswer:
+        """``answer`` for a prompt given by its prefix hashes (``Chain``), running token counts and
+        the indices of its breakpoint blocks."""
         now = time.monotonic()
-        hashes: list[str] = []
-        cumulative: list[int] = []
-        h = hashlib.sha256(model.encode())
-        total = 0
-        for b in blocks:
-            h.update(b.key.encode())
-            hashes.append(h.copy().hexdigest())
-            total += b.tokens
-            cumulative.append(total)
-        marks = [i for i, b in enumerate(blocks) if b.breakpoint]
+        total = cumulative[-1] if cumulative else 0
         if not marks:
             return CacheAnswer(0, 0, total)
         floor = min_cacheable(model)
@@ -107,6 +107,40 @@ class PromptCache:
             while len(self._entries) > self.max_entries:
                 self._entries.popitem(last=False)
         return CacheAnswer(read, written, total)
+
+
+class Chain:
+    """The prefix hashes of a prompt's blocks (each covers the model and every block up to it) and
+    the running token count, as ``PromptCache.answer`` keys them; extendable, so a run's next turn
+    hashes only the blocks it added."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self._h = hashlib.sha256(model.encode())
+        self.hashes: list[str] = []
+        self.cumulative: list[int] = []
+
+    @property
+    def total(self) -> int:
+        return self.cumulative[-1] if self.cumulative else 0
+
+    def extend(self, blocks: list[Block]) -> None:
+        hashes, cumulative = self.peek(blocks, self._h)
+        self.hashes += hashes
+        self.cumulative += cumulative
+
+    def peek(self, blocks: list[Block], h: Any = None) -> tuple[list[str], list[int]]:
+        """The hashes and running counts ``blocks`` would add, without adding them (``h``: extend in place)."""
+        h = self._h.copy() if h is None else h
+        hashes: list[str] = []
+        cumulative: list[int] = []
+        total = self.total
+        for b in blocks:
+            h.update(b.key.encode())
+            hashes.append(h.copy().hexdigest())
+            total += b.tokens
+            cumulative.append(total)
+        return hashes, cumulative
 
 
 def _canonical(block: dict[str, Any]) -> str:
@@ -174,18 +208,31 @@ def _tool_block(tool: Any) -> Block:
     return block
 
 
+def head_blocks(request: ModelRequest) -> list[Block]:
+    """The blocks before the conversation: the tools, then the system prompt (with its breakpoint)."""
+    out = [_tool_block(tool) for tool in request.tools]
+    out += blocks_of({"system": api_body(request.model_copy(update={"messages": [], "tools": []}))["system"]})
+    return out
+
+
+def message_blocks(message: ChatMessage) -> list[Block]:
+    """One message's blocks as the API caches them (each block object rendered and counted once)."""
+    out = []
+    for block in message.content:
+        found = _message_block(message.role, block)
+        if found is not None:
+            out.append(Block(key=found[0], tokens=found[1]))
+    return out
+
+
 def request_blocks(request: ModelRequest) -> list[Block]:
     """``blocks_of(api_body(request, caching=True))`` for a request sent with breakpoints, each
     message block rendered and counted once per block object: a run's older messages are the same
     objects turn after turn (the planner keeps its state), so a turn's cost does not grow with them."""
-    out = [_tool_block(tool) for tool in request.tools]
-    out += blocks_of({"system": api_body(request.model_copy(update={"messages": [], "tools": []}))["system"]})
+    out = head_blocks(request)
     head = len(out)
     for message in request.messages:
-        for block in message.content:
-            found = _message_block(message.role, block)
-            if found is not None:
-                out.append(Block(key=found[0], tokens=found[1]))
+        out += message_blocks(message)
     if len(out) > head:  # the rolling breakpoint: the conversation's last block
         out[-1] = Block(key=out[-1].key, tokens=out[-1].tokens, breakpoint=True)
     return out

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass
 
 from shared import tokens
-from shared.messages import ToolUseBlock, Usage
+from shared.messages import ChatMessage, ToolUseBlock, Usage
 from shared.pricing import usage_for
-from shared.providers.base import ModelRequest, ModelResponse, ProviderError, ScriptExhausted
-from shared.providers.prompt_cache import PromptCache, request_blocks
+from shared.providers.base import ModelRequest, ModelResponse, ProviderError, ScriptExhausted, ToolSpec
+from shared.providers.prompt_cache import CacheAnswer, Chain, PromptCache, head_blocks, message_blocks, request_blocks
 from shared.scenario import Scenario
 
 
@@ -42,6 +45,118 @@ def cached_usage(request: ModelRequest, input_tokens: int, output_tokens: int, c
     read = min(answer.read, input_tokens)
     written = min(answer.written, input_tokens - read)
     return usage_for(request.model, input_tokens, output_tokens, cache_read=read, cache_write=written)
+
+
+def message_tokens(message: ChatMessage) -> int:
+    return 4 + tokens.count_content(message.content)
+
+
+@dataclass
+class _Seen:
+    """What a run's last turn request was measured as, up to (not including) its last message: the
+    conversation's head is the same objects next turn (the planner keeps its state), so only what
+    the turn added is counted, rendered and hashed again."""
+
+    model: str
+    system: str
+    tools: list[ToolSpec]
+    first: weakref.ref[ChatMessage] | None
+    last: weakref.ref[ChatMessage] | None
+    length: int
+    head_tokens: int  # the system prompt and the tools
+    message_tokens: int  # messages[:length]
+    marks: list[int]  # breakpoints among the head blocks
+    head: int  # how many head blocks
+    chain: Chain  # head blocks + the blocks of messages[:length]
+
+    def fits(self, request: ModelRequest) -> bool:
+        msgs, n = request.messages, self.length
+        return (
+            self.model == request.model
+            and self.system == request.system
+            and len(self.tools) == len(request.tools)
+            and all(a is b or a == b for a, b in zip(self.tools, request.tools, strict=True))
+            and len(msgs) > n
+            and (n == 0 or (self.first is not None and self.first() is msgs[0]))
+            and (n == 0 or (self.last is not None and self.last() is msgs[n - 1]))
+        )
+
+
+class TurnMeter:
+    """A plan turn's input tokens and prompt-cache answer, kept per run so a turn costs what it
+    added, not the whole conversation (``request_tokens`` and ``cached_usage`` give the same figures)."""
+
+    MAX_RUNS = 1024
+
+    def __init__(self) -> None:
+        self._runs: OrderedDict[str, _Seen] = OrderedDict()
+
+    def seen(self, request: ModelRequest) -> _Seen:
+        run_id = request.run_id or ""
+        kept = self._runs.pop(run_id, None)
+        if kept is not None and kept.fits(request):
+            kept.tools = list(request.tools)  # equal tools, maybe new objects (the catalogue was listed again)
+        else:
+            head = head_blocks(request)
+            chain = Chain(request.model)
+            chain.extend(head)
+            head_tokens = tokens.count(request.system) + sum(tokens.count_model(t) for t in request.tools)
+            marks = [i for i, b in enumerate(head) if b.breakpoint]
+            kept = _Seen(
+                request.model,
+                request.system,
+                list(request.tools),
+                None,
+                None,
+                0,
+                head_tokens,
+                0,
+                marks,
+                len(head),
+                chain,
+            )
+        msgs = request.messages
+        new = msgs[kept.length : len(msgs) - 1]  # the last message is measured per turn, never kept
+        for message in new:
+            kept.message_tokens += message_tokens(message)
+            kept.chain.extend(message_blocks(message))
+        if new:
+            kept.length = len(msgs) - 1
+            kept.first, kept.last = weakref.ref(msgs[0]), weakref.ref(msgs[kept.length - 1])
+        self._runs[run_id] = kept
+        while len(self._runs) > self.MAX_RUNS:
+            self._runs.popitem(last=False)
+        return kept
+
+    def input_tokens(self, request: ModelRequest) -> tuple[int, _Seen | None]:
+        """``request_tokens(request)``; for a plan turn of a run, counting only what is new."""
+        if request.purpose != "plan" or not request.run_id or not request.messages:
+            return request_tokens(request), None
+        kept = self.seen(request)
+        return kept.head_tokens + kept.message_tokens + message_tokens(request.messages[-1]), kept
+
+    def answer(self, request: ModelRequest, kept: _Seen, cache: PromptCache) -> CacheAnswer:
+        """``cache.answer(request.model, request_blocks(request))``, hashing only the blocks this turn added."""
+        last = message_blocks(request.messages[-1])
+        hashes, cumulative = kept.chain.peek(last)
+        marks = list(kept.marks)
+        if last or len(kept.chain.hashes) > kept.head:  # the rolling breakpoint: the conversation's last block
+            marks.append(len(kept.chain.hashes) + len(last) - 1)
+        return cache.answer_chain(request.model, kept.chain.hashes + hashes, kept.chain.cumulative + cumulative, marks)
+
+    def usage(
+        self, request: ModelRequest, kept: _Seen | None, input_tokens: int, output_tokens: int, caching: bool
+    ) -> Usage:
+        """``cached_usage``, hashing only the blocks this turn added."""
+        if kept is None or not (caching and request.cache):
+            return cached_usage(request, input_tokens, output_tokens, caching)
+        answer = self.answer(request, kept, PROMPT_CACHE)
+        read = min(answer.read, input_tokens)
+        written = min(answer.written, input_tokens - read)
+        return usage_for(request.model, input_tokens, output_tokens, cache_read=read, cache_write=written)
+
+
+TURNS = TurnMeter()
 
 
 class ScriptedProvider:
@@ -91,9 +206,9 @@ class ScriptedProvider:
         if turn.usage is not None:  # scripted usage is billed as written (no cache)
             usage = usage_for(request.model, turn.usage.input_tokens, turn.usage.output_tokens)
         else:
-            inp = request_tokens(request)
+            inp, kept = TURNS.input_tokens(request)
             out = tokens.count(text) + sum(tokens.count_json(c.model_dump()) for c in calls)
-            usage = cached_usage(request, inp, out, self.prompt_caching)
+            usage = TURNS.usage(request, kept, inp, out, self.prompt_caching)
         return ModelResponse(
             text=text,
             tool_calls=calls,
