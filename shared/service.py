@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import sys
@@ -20,6 +21,12 @@ from shared.bus import Bus
 from shared.health import HealthServer
 from shared.settings import Settings, load_settings
 from shared.telemetry import Telemetry, setup_telemetry
+
+# A service keeps many runs' states, messages and memos alive: with the default thresholds the cyclic
+# GC walked them all over and over (measured in the planner on a loaded box: ~1.8 s in full collections
+# of ~4.5 s of CPU for a 64-run benchmark). What exists once handlers are built is never garbage; a
+# young generation of 10k allocations lets a message's short-lived objects die by refcount first.
+GC_THRESHOLDS = (10_000, 20, 10)
 
 # build(bus, settings, telemetry) registers handlers and returns an optional
 # coroutine factory run once the broker is connected (e.g. registering tool contracts).
@@ -43,6 +50,9 @@ async def serve(service: str, build: Build, settings: Settings | None = None) ->
     telemetry = setup_telemetry(service, settings)
     bus = Bus(settings, service, telemetry.bus_tracer_provider, telemetry.meter_provider)
     after_connect = build(bus, settings, telemetry)
+    gc.collect()
+    gc.freeze()  # the modules, settings and handlers built so far: out of every later collection
+    gc.set_threshold(*GC_THRESHOLDS)
     stop = asyncio.Event()
     started = asyncio.Event()
 
