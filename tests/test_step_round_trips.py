@@ -111,7 +111,9 @@ async def test_a_budget_answer_does_not_wait_for_the_shared_calibration(client: 
     assert state.status == "completed", state.final_reason
     asked = {m.reply: i for i, m in enumerate(wire.seen) if m.subject == S.BUDGET_RESERVE and run_id.encode() in m.data}
     answered = {m.subject: i for i, m in enumerate(wire.seen) if m.subject in asked}
-    assert len(asked) == 12 and asked.keys() == answered.keys()
+    # every turn asks; a turn that starts on the other planner replica asks again (the early ask was
+    # made by the replica that saved the outcome): at most twice per turn, every ask answered
+    assert 12 <= len(asked) <= 24 and asked.keys() == answered.keys(), len(asked)
     shared = [i for i, m in enumerate(wire.seen) if m.subject in (shared_key, wire.subjects[3])]
     assert shared, "the governor did not share its calibration during 12 turns"
     for inbox, at in asked.items():
