@@ -112,7 +112,7 @@ def recount_time(state: RunState, step: int, reps: int, stat: Any = statistics.m
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
-        sum(4 + tokens.count_content(m.content) for m in messages)
+        sum(tokens.count_message(m) for m in messages)
         times.append(time.perf_counter() - t0)
     return float(stat(times))
 

@@ -70,6 +70,14 @@ def count_content(blocks: Sequence[BaseModel]) -> int:
     return n
 
 
+MESSAGE_OVERHEAD = 4  # tokens a message costs besides its content (role and separators)
+
+
+def count_message(message: Any) -> int:
+    """Tokens of one chat message (anything with ``content`` blocks): its content and the overhead."""
+    return MESSAGE_OVERHEAD + count_content(message.content)
+
+
 _MODELS: dict[int, tuple[weakref.ref[BaseModel], int]] = {}
 
 

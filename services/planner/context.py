@@ -121,7 +121,7 @@ def model_messages(state: RunState, extra: ChatMessage | None = None) -> list[Ch
 def sections(
     system: str, task_message: str, messages: list[ChatMessage], specs: list[ToolSpec], max_output: int
 ) -> SectionTokens:
-    history = sum(4 + tokens.count_content(m.content) for m in messages)
+    history = sum(tokens.count_message(m) for m in messages)
     goal = tokens.count(system) + tokens.count(task_message)
     return SectionTokens(
         goal=goal,
@@ -147,10 +147,6 @@ _TALLIES: OrderedDict[str, _Tally] = OrderedDict()
 MAX_TALLIES = 1024
 
 
-def message_tokens(message: ChatMessage) -> int:
-    return 4 + tokens.count_content(message.content)
-
-
 def history_tokens(run_id: str, messages: list[ChatMessage]) -> int:
     """Tokens of ``messages``, counting only the messages added since the last count of this run.
 
@@ -167,9 +163,9 @@ def history_tokens(run_id: str, messages: list[ChatMessage]) -> int:
         and tally.first() is messages[0]
         and tally.last() is messages[tally.length - 1]
     ):
-        total = tally.total + sum(message_tokens(m) for m in messages[tally.length :])
+        total = tally.total + sum(tokens.count_message(m) for m in messages[tally.length :])
     else:
-        total = sum(message_tokens(m) for m in messages)
+        total = sum(tokens.count_message(m) for m in messages)
     if messages:
         _TALLIES[run_id] = _Tally(weakref.ref(messages[0]), weakref.ref(messages[-1]), len(messages), total)
         _TALLIES.move_to_end(run_id)

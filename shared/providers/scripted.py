@@ -26,7 +26,7 @@ def request_tokens(request: ModelRequest) -> int:
     """Input tokens of a request, counted with the real tokenizer."""
     total = tokens.count(request.system)
     for message in request.messages:
-        total += 4 + tokens.count_content(message.content)
+        total += tokens.count_message(message)
     for tool in request.tools:
         total += tokens.count_model(tool)
     return total
@@ -41,14 +41,14 @@ def cached_usage(request: ModelRequest, input_tokens: int, output_tokens: int, c
     anthropic provider sends it (breakpoints included) and answered by the prompt cache."""
     if not (caching and request.cache):
         return usage_for(request.model, input_tokens, output_tokens)
-    answer = PROMPT_CACHE.answer(request.model, request_blocks(request))
+    return billed(request, PROMPT_CACHE.answer(request.model, request_blocks(request)), input_tokens, output_tokens)
+
+
+def billed(request: ModelRequest, answer: CacheAnswer, input_tokens: int, output_tokens: int) -> Usage:
+    """Usage of a call whose prompt the cache answered: reads and writes within the input tokens."""
     read = min(answer.read, input_tokens)
     written = min(answer.written, input_tokens - read)
     return usage_for(request.model, input_tokens, output_tokens, cache_read=read, cache_write=written)
-
-
-def message_tokens(message: ChatMessage) -> int:
-    return 4 + tokens.count_content(message.content)
 
 
 @dataclass
@@ -118,7 +118,7 @@ class TurnMeter:
         msgs = request.messages
         new = msgs[kept.length : len(msgs) - 1]  # the last message is measured per turn, never kept
         for message in new:
-            kept.message_tokens += message_tokens(message)
+            kept.message_tokens += tokens.count_message(message)
             kept.chain.extend(message_blocks(message))
         if new:
             kept.length = len(msgs) - 1
@@ -133,7 +133,7 @@ class TurnMeter:
         if request.purpose != "plan" or not request.run_id or not request.messages:
             return request_tokens(request), None
         kept = self.seen(request)
-        return kept.head_tokens + kept.message_tokens + message_tokens(request.messages[-1]), kept
+        return kept.head_tokens + kept.message_tokens + tokens.count_message(request.messages[-1]), kept
 
     def answer(self, request: ModelRequest, kept: _Seen, cache: PromptCache) -> CacheAnswer:
         """``cache.answer(request.model, request_blocks(request))``, hashing only the blocks this turn added."""
@@ -150,10 +150,7 @@ class TurnMeter:
         """``cached_usage``, hashing only the blocks this turn added."""
         if kept is None or not (caching and request.cache):
             return cached_usage(request, input_tokens, output_tokens, caching)
-        answer = self.answer(request, kept, PROMPT_CACHE)
-        read = min(answer.read, input_tokens)
-        written = min(answer.written, input_tokens - read)
-        return usage_for(request.model, input_tokens, output_tokens, cache_read=read, cache_write=written)
+        return billed(request, self.answer(request, kept, PROMPT_CACHE), input_tokens, output_tokens)
 
 
 TURNS = TurnMeter()

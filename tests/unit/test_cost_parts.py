@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from services.governor.budget import BudgetLedger, calibrated, evaluate, observe, updated_ratio
 from services.planner import context as C
 from services.planner.state import Iteration, RunConfig, RunState
+from shared import tokens
 from shared.messages import BudgetRequest, ChatMessage, SectionTokens, TextBlock, Usage
 from shared.pricing import cost_usd, model_price, usage_for
 from shared.providers.prompt_cache import Block, PromptCache
@@ -199,12 +200,12 @@ def state(n: int) -> RunState:
 
 def test_history_tokens_counts_new_messages_only_and_agrees_with_a_full_count() -> None:
     s = state(40)
-    full = sum(C.message_tokens(m) for m in s.messages)
-    assert C.history_tokens(s.run_id, s.messages[:30]) == sum(C.message_tokens(m) for m in s.messages[:30])
+    full = sum(tokens.count_message(m) for m in s.messages)
+    assert C.history_tokens(s.run_id, s.messages[:30]) == sum(tokens.count_message(m) for m in s.messages[:30])
     assert C.history_tokens(s.run_id, s.messages) == full
     # a compaction replaces the head: counted again, whole
     s.messages = [ChatMessage.user("summary"), *s.messages[-4:]]
-    assert C.history_tokens(s.run_id, s.messages) == sum(C.message_tokens(m) for m in s.messages)
+    assert C.history_tokens(s.run_id, s.messages) == sum(tokens.count_message(m) for m in s.messages)
 
 
 def test_one_line_summaries() -> None:
