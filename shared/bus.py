@@ -982,9 +982,7 @@ class Bus:
 
     async def _js_publish(self, subject: str, body: bytes, headers: dict[str, str], *, repeatable: bool) -> _PubAck:
         # A repeat is harmless when the message id de-duplicates it; JetStream rides out a leader election.
-        stream = stream_for(subject)
-        if stream is not None:
-            headers[EXPECTED_STREAM_HEADER] = stream
+        expect_stream(subject, headers)
         return await self.through_failover(
             f"publish {subject}", lambda: self._js_request(subject, body, headers), repeatable=repeatable
         )
@@ -999,9 +997,7 @@ class Bus:
         repeatable) or found no stream leader is sent again (same headers, so the same message id)
         until ``LW_FAILOVER_RETRY_S``; any other error is raised."""
         for subject, _, headers, _ in items:
-            stream = stream_for(subject)
-            if stream is not None:
-                headers[EXPECTED_STREAM_HEADER] = stream
+            expect_stream(subject, headers)
         deadline = time.monotonic() + self.settings.failover_retry_s
         delay = 0.1
         acks: list[_PubAck | None] = [None] * len(items)
@@ -1240,6 +1236,13 @@ class Unchanged(Generic[R]):
 
 
 _STREAM_PREFIXES = tuple((stream, tuple(p[:-1] for p in patterns)) for stream, patterns in S.STREAM_SUBJECTS.items())
+
+
+def expect_stream(subject: str, headers: dict[str, str]) -> None:
+    """Name the stream a publish must land in (``Nats-Expected-Stream``), as ``js.publish(stream=)`` does."""
+    stream = stream_for(subject)
+    if stream is not None:
+        headers[EXPECTED_STREAM_HEADER] = stream
 
 
 def stream_for(subject: str) -> str | None:

@@ -39,6 +39,7 @@ TEST_ENV = {
     "LW_TENANT_DAILY_CEILING_USD": "0.05",  # only runs submitted with a tenant have one (tests/test_cost.py)
 }
 REPLICAS = ("planner", "planner", "executor", "executor", "validator", "judge", "governor", "escalation")
+ONE_EACH = ("planner", "executor", "validator", "judge", "governor", "escalation")
 MCP_ORDERS = {
     "name": "orders",
     "command": [sys.executable, "-m", "services.executor.tools.mcp_orders"],
@@ -133,3 +134,20 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         if st is not None:
             logs = "\n".join(tail(p.log, 25) for p in st.procs)
             report.sections.append(("service logs (tail)", logs))
+
+
+@pytest.fixture(scope="module")
+def one_each(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    """One replica of each service, one stack per test module that asks for it."""
+    stack = LocalStack(state_dir=tmp_path_factory.mktemp("one-each"), env=TEST_ENV, services=ONE_EACH)
+    try:
+        stack.start()
+        yield stack
+    finally:
+        stack.stop()
+
+
+@pytest.fixture
+async def one_client(one_each: LocalStack) -> AsyncIterator[Client]:
+    async with Client(settings_for(one_each)) as c:
+        yield c

@@ -11,42 +11,17 @@ its calibration, which it still does.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import pytest
 from nats.aio.msg import Msg
 
 from loopwarden.client import Client
-from loopwarden.stack import LocalStack
 from services.governor.handlers import CALIBRATION_KEY, Calibration
 from shared import subjects as S
 from shared.scenario import parse_scenario
-from shared.settings import Settings
-from tests.conftest import TEST_ENV
 
 CREATE_HEADER = "Nats-Expected-Last-Subject-Sequence"
-ONE_EACH = ("planner", "executor", "validator", "judge", "governor", "escalation")
-
-
-@pytest.fixture(scope="module")
-def single(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
-    """One replica of each service: one run's budget requests then come one after another (on the
-    shared stack a turn may be asked by both planner replicas at once, and an answer's calibration
-    write may land inside the other ask's window without anything having waited for it)."""
-    stack = LocalStack(state_dir=tmp_path_factory.mktemp("single"), env=TEST_ENV, services=ONE_EACH)
-    try:
-        stack.start()
-        yield stack
-    finally:
-        stack.stop()
-
-
-@pytest.fixture
-async def single_client(single: LocalStack) -> AsyncIterator[Client]:
-    async with Client(Settings(nats_url=single.nats_url)) as c:
-        yield c
 
 
 @dataclass
@@ -121,8 +96,11 @@ async def test_a_first_delivery_claims_its_call_with_one_create_and_reads_nothin
     assert all(a < r for a, r in zip(attempts, results, strict=True)), kinds
 
 
-async def test_a_budget_answer_does_not_wait_for_the_shared_calibration(single_client: Client) -> None:
-    client = single_client
+async def test_a_budget_answer_does_not_wait_for_the_shared_calibration(one_client: Client) -> None:
+    # one replica of each: one run's budget requests come one after another (on the shared stack a turn
+    # may be asked by both planner replicas at once, and an answer's calibration write may land inside
+    # the other ask's window without anything having waited for it)
+    client = one_client
     # the governor reads the shared ratios once, before its first answer: that read is not the sharing
     warm = await client.submit_scenario(parse_scenario(calculator_steps("calibration-warm-up", 1)))
     assert (await client.wait(warm, timeout=30)).status == "completed"

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,6 @@ from shared.scenario import parse_scenario
 from tests.conftest import TEST_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
-ONE_EACH = ("planner", "executor", "validator", "judge", "governor", "escalation")
 MODEL_S, TOOL_S, JUDGE_S = 1.0, 3.5, 1.0  # the tool outlasts LW_ACK_WAIT_S=3: only heartbeats keep it
 
 
@@ -42,24 +40,6 @@ def slow_run(i: int, model_s: float = MODEL_S, tool_s: float = TOOL_S, judge_s: 
         "rubric": {"threshold": 0.5, "criteria": [{"name": "correct"}]},
         "answer_mode": "text",
     }
-
-
-@pytest.fixture(scope="module")
-def one_each(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
-    stack = LocalStack(state_dir=tmp_path_factory.mktemp("one-each"), env=TEST_ENV, services=ONE_EACH)
-    try:
-        stack.start()
-        yield stack
-    finally:
-        stack.stop()
-
-
-@pytest.fixture
-async def one_client(one_each: LocalStack) -> AsyncIterator[Client]:
-    from shared.settings import Settings
-
-    async with Client(Settings(nats_url=one_each.nats_url)) as c:
-        yield c
 
 
 async def test_concurrent_slow_runs_overlap_on_one_replica_of_each_service(one_client: Client) -> None:

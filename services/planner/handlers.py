@@ -103,6 +103,7 @@ class Prefetched:
         )
 
 
+CONTRACTS_FRESH_S = 2.0  # how long a listing of the registered tools is used before listing again
 PREFETCHED_MAX = 1024  # runs whose next turn's decision a replica holds at once
 
 
@@ -426,10 +427,15 @@ class Planner:
             self.cost.add(usage.cost_usd)
 
     # --- I/O helpers ------------------------------------------------------------------------------
+    def cached_contracts(self) -> dict[str, ToolContract] | None:
+        """The registered tools as last listed, while that listing is fresh (2 s); else None."""
+        fetched_at, cached = self._contracts
+        return cached if cached and time.monotonic() - fetched_at < CONTRACTS_FRESH_S else None
+
     async def contracts(self, refresh: bool = False) -> dict[str, ToolContract]:
         """Registered tools (cached for 2 s; ``refresh`` when a call names a tool not in the cache)."""
-        fetched_at, cached = self._contracts
-        if not refresh and time.monotonic() - fetched_at < 2.0 and cached:
+        cached = self.cached_contracts()
+        if not refresh and cached is not None:
             return cached
         # One listing at a time: the many messages in flight when the cache expires share it (each
         # listing is a consumer on the bucket plus a get per contract, not a step's worth of work).
@@ -503,11 +509,10 @@ class Planner:
             return
         turn = RunAdvance.model_validate_json(advance.payload).iteration
         revision = self.store.revision(state)
-        fetched_at, contracts = self._contracts
+        contracts = self.cached_contracts()
         if (
             revision is None
-            or not contracts
-            or time.monotonic() - fetched_at >= 2.0
+            or contracts is None
             or state.done
             or state.status != "running"
             or state.iteration.n != turn
