@@ -34,6 +34,7 @@ FaultPoint = Literal[
     "after_final_recorded",
     "after_final_published",
     "after_run_saved",  # the planner: a run's record is saved, nothing of it published or appended yet
+    "after_model_answered",  # the planner: a turn's new model answer is stored, the run's record not yet saved
 ]
 
 
@@ -211,7 +212,8 @@ class Settings(BaseSettings):
     fault_inject: FaultPoint | None = Field(
         None,
         description="TEST ONLY: the executor exits (os._exit) at this point of every tool call (the planner: "
-        "after_run_saved, after saving a run's record); unset in production",
+        "after_run_saved, after saving a run's record; after_model_answered, after storing a turn's new model "
+        "answer, before saving the record); unset in production",
     )
     # --- the command line (loopwarden) ---------------------------------------------------------
     state_dir: str | None = Field(

@@ -1,6 +1,6 @@
-"""A turn's budget decision is asked for as soon as the transaction that schedules the turn commits,
-so the governor's round trip overlaps the advance's instead of following it (issue 8), and the turn
-uses that early answer only when it starts from the very state it was asked on.
+"""A turn's budget decision is asked for as soon as the transaction that schedules the turn is applied,
+while it is saved, so the governor's round trip overlaps the save's instead of following it (issue 8),
+and the turn uses that early answer only when it starts from the very state it was asked on, saved.
 
 Against the session's real NATS server and governor: a planner under test (its own bus, not
 subscribed to anything) stores a run and asks early; every budget request on the wire is watched
@@ -85,6 +85,7 @@ async def test_the_early_decision_is_used_by_its_turn_without_asking_again(
 ) -> None:
     state, out = await started(planner)
     planner.prefetch(state, out.items)
+    planner.prefetch_saved(state)
     early = planner.prefetched[state.run_id]
     decision, planned = await planner.reserve(state, await planner.contracts())
     await settled(client)
@@ -98,6 +99,7 @@ async def test_a_stale_early_decision_is_not_used_and_the_turn_asks_again_gettin
 ) -> None:
     state, out = await started(planner)
     planner.prefetch(state, out.items)
+    planner.prefetch_saved(state)
     early = await planner.prefetched[state.run_id].decision
 
     def note(s: RunState | None) -> tuple[RunState, None]:  # another message moved the run meanwhile
@@ -113,6 +115,19 @@ async def test_a_stale_early_decision_is_not_used_and_the_turn_asks_again_gettin
     assert asked.of(state.run_id) == [1, 1]  # the turn asked again ...
     assert decision == early  # ... and the governor answered as it did: once per (run, turn)
     assert planned.messages == now.messages
+
+
+async def test_an_early_decision_asked_for_a_state_that_was_not_saved_is_not_used(
+    planner: Planner, client: Client, asked: Asked
+) -> None:
+    """The early ask goes out before the transaction's save; a save that did not happen (a conflict,
+    a crash) leaves it unused: the turn asks again, and the governor answers as it did."""
+    state, out = await started(planner)
+    planner.prefetch(state, out.items)
+    early = await planner.prefetched[state.run_id].decision
+    decision, _ = await planner.reserve(state, await planner.contracts())
+    await settled(client)
+    assert asked.of(state.run_id) == [1, 1] and decision == early
 
 
 async def test_only_an_advance_to_the_runs_current_turn_is_asked_for_early(

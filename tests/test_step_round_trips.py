@@ -10,50 +10,15 @@ its calibration, which it still does.
 
 from __future__ import annotations
 
-import asyncio
-from dataclasses import dataclass
 from typing import Any
-
-from nats.aio.msg import Msg
 
 from loopwarden.client import Client
 from services.governor.handlers import CALIBRATION_KEY, Calibration
 from shared import subjects as S
 from shared.scenario import parse_scenario
+from tests.support.wire import Seen, Wire
 
 CREATE_HEADER = "Nats-Expected-Last-Subject-Sequence"
-
-
-@dataclass
-class Seen:
-    subject: str
-    reply: str
-    data: bytes
-    headers: dict[str, str]
-
-
-class Wire:
-    """Every message the server relays on ``subjects``, in the order it relays them."""
-
-    def __init__(self, client: Client, *subjects: str) -> None:
-        self.client, self.subjects = client, subjects
-        self.seen: list[Seen] = []
-        self.subs: list[Any] = []
-
-    async def __aenter__(self) -> Wire:
-        async def cb(msg: Msg) -> None:
-            self.seen.append(Seen(msg.subject, msg.reply, msg.data, dict(msg.headers or {})))
-
-        nc = self.client.bus.nc
-        for subject in self.subjects:
-            self.subs.append(await nc.subscribe(subject, cb=cb))
-        await nc.flush()
-        return self
-
-    async def __aexit__(self, *_: object) -> None:
-        await asyncio.sleep(0.3)  # what is in flight reaches us
-        for sub in self.subs:
-            await sub.unsubscribe()
 
 
 def calculator_steps(name: str, steps: int) -> dict[str, Any]:

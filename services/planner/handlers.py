@@ -82,21 +82,22 @@ class Applied:
 
 @dataclass
 class Prefetched:
-    """A turn's budget decision, asked for as soon as the transaction that scheduled the turn
-    committed (while the advance is published): the turn uses it when it starts from the very
-    state, revision and catalogue the request was built from; otherwise it asks as before (the
+    """A turn's budget decision, asked for as soon as the transaction that schedules the turn is
+    applied (while it is saved): the turn uses it when it starts from the very state the request
+    was built from, saved (``revision``), with the same catalogue; otherwise it asks as before (the
     governor answers once per (run, turn), so both asks get the same decision)."""
 
     turn: int
     state: RunState
-    revision: int
     contracts: dict[str, ToolContract]
     planned: ModelRequest
     decision: asyncio.Future[BudgetDecision]
+    revision: int | None = None  # what the state was saved at (None: not saved, never used)
 
     def fits(self, state: RunState, revision: int | None, contracts: dict[str, ToolContract]) -> bool:
         return (
             state is self.state
+            and revision is not None
             and revision == self.revision
             and state.iteration.n == self.turn
             and contracts is self.contracts
@@ -140,13 +141,13 @@ class Planner:
         # (a transaction tries its CAS on that without reading first; a conflict re-reads).
         self.store = RunStore(bus)
         self.prefetched: OrderedDict[str, Prefetched] = OrderedDict()  # per run: its next turn's budget decision
-        self.crash_after_save = settings.fault_inject == "after_run_saved"  # TEST ONLY (tests/test_run_history.py)
-        if self.crash_after_save:
-            log.warning("TEST FAULT INJECTION: this planner exits after saving a run's record")
+        self.fault = settings.fault_inject  # TEST ONLY (tests/test_run_history.py, tests/test_inline_turns.py)
+        if self.fault is not None:
+            log.warning("TEST FAULT INJECTION: this planner exits at %s", self.fault)
 
     def saved(self) -> None:
         """The record is stored; nothing of this step is published or appended to the history yet."""
-        if self.crash_after_save:
+        if self.fault == "after_run_saved":
             os._exit(70)
 
     async def load(self, run_id: str, fresh: bool = False) -> RunState | None:
@@ -178,8 +179,19 @@ class Planner:
         )(self.on_resolution)
 
     # --- the transaction -----------------------------------------------------------------------
-    async def transact(self, run_id: str, msg_id: str, apply: Callable[[RunState], Outbox | None]) -> None:
-        """Apply one message to the run under CAS, then publish what it produced."""
+    async def transact(
+        self, run_id: str, msg_id: str, apply: Callable[[RunState], Outbox | None], take_turn: bool = False
+    ) -> None:
+        """Apply one message to the run under CAS, then publish what it produced.
+
+        With ``take_turn`` (an outcome, a verdict, a resolution), when what it produced schedules
+        the run's next model turn, this replica takes that turn here, before the message is acked,
+        instead of publishing the advance and taking it from the advance consumer: one hand-off
+        through the server fewer on every step. The advance stays in the message's outbox, so a
+        redelivery of the message (this process died during the turn, or the turn said try later)
+        takes the turn again from there: on a redelivery the model's stored answer is reused, as for
+        a redelivered advance, and a planner that does not take turns inline publishes the advance.
+        """
 
         def step(state: RunState | None) -> tuple[RunState, Applied] | Unchanged[Applied | None]:
             if state is None:
@@ -198,6 +210,8 @@ class Planner:
             if out is None:
                 return Unchanged(None)
             state.remember(msg_id, out.items)  # applied once: a redelivery re-publishes, never re-applies
+            if not was_done:
+                self.prefetch(state, out.items)  # the next turn's budget ask travels while this is saved
             return state, Applied(state, out.items, was_done)
 
         applied = await self.store.update(run_id, step)
@@ -205,15 +219,20 @@ class Planner:
             return
         self.saved()
         if not applied.was_done:
-            self.prefetch(applied.state, applied.items)
+            self.prefetch_saved(applied.state)
+        items, turn = applied.items, None
+        if take_turn:
+            items, turn = without_advance(items)
         # the next step's work goes out while the step's messages are appended to the history
-        await asyncio.gather(self.publish(applied.items, run_id), self.store.store_tail(applied.state))
+        await asyncio.gather(self.publish(items, run_id), self.store.store_tail(applied.state))
         if not applied.was_done:
             self.count(applied.items, applied.state)
             if applied.state.done:
                 if self.tracing:
                     self.agent_span(applied.state)
                 await self.record_lessons(applied.state)
+        if turn is not None:
+            await self.on_advance(turn)
 
     def agent_span(self, state: RunState) -> None:
         record_invoke_agent(
@@ -292,15 +311,16 @@ class Planner:
             outcome.run_id,
             ids.outcome(outcome.iteration, outcome.call_id),
             lambda s: apply_outcome(s, outcome),
+            take_turn=True,
         )
 
     async def on_verdict(self, verdict: Verdict) -> None:
         msg_id = ids.verdict(verdict.candidate_id)
-        await self.transact(verdict.run_id, msg_id, lambda s: apply_verdict(s, verdict))
+        await self.transact(verdict.run_id, msg_id, lambda s: apply_verdict(s, verdict), take_turn=True)
 
     async def on_resolution(self, res: EscalationResolution) -> None:
         msg_id = ids.resolution(res.escalation_id)
-        await self.transact(res.run_id, msg_id, lambda s: apply_resolution(s, res))
+        await self.transact(res.run_id, msg_id, lambda s: apply_resolution(s, res), take_turn=True)
 
     @staticmethod
     def takes(state: RunState, ev: RunAdvance) -> bool:
@@ -498,33 +518,33 @@ class Planner:
             log.warning("planner: removed a scenario stored for live run %s before it started", run_id)
 
     def prefetch(self, state: RunState, items: list[PublishRecord]) -> None:
-        """A transaction just stored ``state`` and is about to publish ``items``: when they carry the
-        advance to the run's next model turn, that turn's budget request goes out now, so the
-        governor's round trip overlaps the advance's instead of following it. Only with the catalogue
-        cached (a listing is not worth waiting for here: the turn then simply asks). Not at submit: on
-        several replicas the advance may go to another one, which asks itself; a first request the
-        governor refuses then stays one refusal (one dead letter), as before."""
-        advance = next((i for i in items if i.subject == S.RUN_ADVANCE and i.run_id is None), None)
+        """A transaction just applied a message to ``state`` and is about to save it: when ``items``
+        carry the advance to the run's next model turn, that turn's budget request goes out now, so
+        the governor's round trip overlaps the save's instead of following it; ``prefetch_saved``
+        marks it usable once the save succeeded. Only with the catalogue cached (a listing is not
+        worth waiting for here: the turn then simply asks). Not at submit: on several replicas the
+        advance may go to another one, which asks itself; a first request the governor refuses then
+        stays one refusal (one dead letter), as before."""
+        _, advance = without_advance(items)
         if advance is None:
             return
-        turn = RunAdvance.model_validate_json(advance.payload).iteration
-        revision = self.store.revision(state)
+        turn = advance.iteration
         contracts = self.cached_contracts()
-        if (
-            revision is None
-            or contracts is None
-            or state.done
-            or state.status != "running"
-            or state.iteration.n != turn
-        ):
+        if contracts is None or state.done or state.status != "running" or state.iteration.n != turn:
             return
         req = self.turn_request(state, contracts)
         decision = asyncio.ensure_future(self.ask_budget(C.budget_request(state, req)))
         decision.add_done_callback(_retrieved)
-        self.prefetched[state.run_id] = Prefetched(turn, state, revision, contracts, req, decision)
+        self.prefetched[state.run_id] = Prefetched(turn, state, contracts, req, decision)
         self.prefetched.move_to_end(state.run_id)
         while len(self.prefetched) > PREFETCHED_MAX:
             self.prefetched.popitem(last=False)
+
+    def prefetch_saved(self, state: RunState) -> None:
+        """``state`` is stored: the early ask made from it may serve its turn."""
+        early = self.prefetched.get(state.run_id)
+        if early is not None and early.state is state:
+            early.revision = self.store.revision(state)
 
     def turn_request(self, state: RunState, contracts: dict[str, ToolContract]) -> ModelRequest:
         return C.model_request(
@@ -584,7 +604,11 @@ class Planner:
             self.gen_ai,
             more_room_tokens=self.settings.more_room_output_tokens,
         )
-        return response, asyncio.create_task(self.bus.kv_put(S.KV_MODEL_CALLS, key, response))
+        storing = asyncio.create_task(self.bus.kv_put(S.KV_MODEL_CALLS, key, response))
+        if self.fault == "after_model_answered":
+            await storing
+            os._exit(70)
+        return response, storing
 
     async def compact(self, state: RunState, provider: object, model: str) -> tuple[int, str, ModelResponse] | None:
         older, _ = C.split_for_compaction(state.messages, state.config.keep_recent_turns)
@@ -620,6 +644,14 @@ class Planner:
 
 def _scenario_digest(scenario: Scenario) -> str:
     return digest_of(scenario.model_dump(mode="json", by_alias=True))
+
+
+def without_advance(items: list[PublishRecord]) -> tuple[list[PublishRecord], RunAdvance | None]:
+    """The outbox without the advance to the run's own next turn, and that advance (None: none)."""
+    for k, item in enumerate(items):
+        if item.subject == S.RUN_ADVANCE and item.run_id is None:
+            return items[:k] + items[k + 1 :], RunAdvance.model_validate_json(item.payload)
+    return items, None
 
 
 def on_turn(s: RunState, iteration: int) -> bool:

@@ -1,0 +1,99 @@
+"""The planner takes a run's next model turn where the outcome (verdict, resolution) that schedules it
+is applied, before that message is acked, instead of publishing the advance to itself: one hand-off
+through the server fewer per step. The advance stays in the message's stored outbox, so a redelivery
+(the planner died during the turn) takes the turn again, and reuses the model's stored answer.
+
+Observed on the server, as a plain NATS subscriber sees what the services send (the real stack).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from loopwarden.client import Client
+from loopwarden.stack import LocalStack, tail
+from shared import subjects as S
+from shared.bus import RUN_ID_HEADER
+from shared.scenario import parse_scenario
+from shared.settings import Settings
+from tests.conftest import TEST_ENV
+from tests.support.wire import Wire
+
+
+def calculator_steps(name: str, steps: int) -> dict[str, Any]:
+    return {
+        "name": name,
+        "task": "Add the numbers one by one, then say done.",
+        "planner": [
+            *({"tool_calls": [{"name": "calculator", "input": {"expression": f"{k}+1"}}]} for k in range(steps)),
+            {"text": "done"},
+        ],
+        "answer_mode": "text",
+        "limits": {"max_iterations": steps + 5},
+    }
+
+
+async def test_a_step_takes_its_next_turn_without_an_advance_on_the_wire(client: Client) -> None:
+    """Four tool steps and a final turn: the first turn is asked for with an advance (from the
+    submit); the four after it are taken where each tool's outcome is applied."""
+    async with Wire(client, S.RUN_ADVANCE, f"$KV.{S.KV_MODEL_CALLS}.>") as wire:
+        run_id = await client.submit_scenario(parse_scenario(calculator_steps("inline", 4)))
+        state = await client.wait(run_id, timeout=30)
+    assert state.status == "completed", state.final_reason
+    assert state.model_calls == 5
+    advances = [m for m in wire.seen if m.subject == S.RUN_ADVANCE and m.headers.get(RUN_ID_HEADER) == run_id]
+    assert len(advances) == 1, [m.data for m in advances]
+    answers = [m.subject for m in wire.seen if m.subject.startswith(f"$KV.{S.KV_MODEL_CALLS}.{run_id}")]
+    assert len(answers) == 5 and len(set(answers)) == 5  # one model call per turn
+
+
+@pytest.fixture(scope="module")
+def no_planner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    """A stack of its own with every service but the planner: the test decides which planner runs."""
+    services = ("executor", "validator", "judge", "governor", "escalation")
+    stack = LocalStack(state_dir=tmp_path_factory.mktemp("inline-turns"), env=TEST_ENV, services=services)
+    try:
+        stack.start()
+        yield stack
+    finally:
+        stack.stop()
+
+
+async def test_a_planner_dying_after_a_model_answer_is_stored_never_asks_the_model_again(
+    no_planner: LocalStack,
+) -> None:
+    """Planners that exit as soon as a turn's new model answer is stored, before the run's record is
+    saved (``LW_FAULT_INJECT=after_model_answered``): the first dies in the run's first turn (taken
+    from the submit's advance), the second reuses that answer from the redelivered advance, runs the
+    tool step, and dies in the second turn (taken inline, where the tool's outcome is applied). A
+    healthy planner takes the redelivered outcome: the outcome is not applied twice, the second turn
+    reuses its stored answer, and the run completes. Every turn's answer was stored once (the model
+    was asked once per turn), the tool ran once, and only the submit's advance was published."""
+    async with Client(Settings(nats_url=no_planner.nats_url)) as client:
+        async with Wire(client, S.RUN_ADVANCE, f"$KV.{S.KV_MODEL_CALLS}.>") as wire:
+            run_id = await client.submit_scenario(parse_scenario(calculator_steps("dies-after-answer", 1)))
+            fault = {"LW_FAULT_INJECT": "after_model_answered"}
+            for label in ("planner-dies-turn-1", "planner-dies-turn-2"):
+                dying = no_planner.start_service("planner", label=label, extra_env=fault)
+                code = await asyncio.to_thread(dying.popen.wait, 60)
+                assert code == 70, tail(dying.log)
+            snap = await client.state(run_id)
+            assert snap is not None and snap.iteration.n == 2 and snap.model_calls == 1, snap
+            healthy = no_planner.start_service("planner", label="planner-healthy")
+            try:
+                state = await client.wait(run_id, timeout=60)
+            finally:
+                healthy.popen.terminate()
+                await asyncio.to_thread(healthy.popen.wait, 15)
+        kinds = [e.kind for e in await client.events(run_id)]
+    assert state.status == "completed", state.final_reason
+    assert state.model_calls == 2 and state.final_output == "done"
+    answers = [m.subject.rsplit(".", 1)[-1] for m in wire.seen if run_id in m.subject and "KV" in m.subject]
+    assert sorted(answers) == ["turn1", "turn2"], answers  # each turn's answer stored once: no second model call
+    advances = [m for m in wire.seen if m.subject == S.RUN_ADVANCE and m.headers.get(RUN_ID_HEADER) == run_id]
+    assert len({m.headers.get("Nats-Msg-Id") for m in advances}) == 1  # the submit's (re-sent, same id)
+    assert kinds.count("tool.succeeded.calculator") == 1 and kinds.count("run.completed") == 1, kinds
