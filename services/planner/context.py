@@ -105,14 +105,61 @@ def tools_tokens(specs: list[ToolSpec]) -> int:
     return sum(tokens.count_model(s) for s in specs)
 
 
+class Sent:
+    """What ``model_messages`` built from a run's history: ``messages[:cut]`` merged, where ``cut`` is
+    where the history's last run of same-role messages starts (it may still grow), and the first and
+    the last message it covered (by identity: the history is append-only between compactions)."""
+
+    __slots__ = ("cut", "first", "last", "merged")
+
+    def __init__(self, first: ChatMessage, last: ChatMessage, cut: int, merged: list[ChatMessage]) -> None:
+        self.first, self.last, self.cut, self.merged = first, last, cut, merged
+
+    def covers(self, messages: list[ChatMessage]) -> bool:
+        return len(messages) >= self.cut > 0 and messages[0] is self.first and messages[self.cut - 1] is self.last
+
+
+def merge(group: list[ChatMessage]) -> ChatMessage:
+    """Consecutive messages of one role as one message (the one message itself when it is alone)."""
+    if len(group) == 1:
+        return group[0]
+    return ChatMessage(role=group[0].role, content=[b for m in group for b in m.content])
+
+
 def model_messages(state: RunState, extra: ChatMessage | None = None) -> list[ChatMessage]:
-    """The conversation to send: never ending on an assistant turn (providers read that as a prefill)."""
-    merged: list[ChatMessage] = []
-    for message in [*state.messages, *([extra] if extra is not None else [])]:
-        if merged and merged[-1].role == message.role:
-            merged[-1] = ChatMessage(role=message.role, content=[*merged[-1].content, *message.content])
+    """The conversation to send: consecutive messages of one role merged, never ending on an
+    assistant turn (providers read that as a prefill).
+
+    Only the messages appended since the last turn are looked at: the rest is what the last turn
+    sent, the same objects (so a turn costs the same at step 500 as at step 10, and the per-run
+    meters that go by identity, the tokens of a turn and its prompt-cache answer, see an unchanged
+    head: after a compaction the first two user turns are merged, and a new merged object every
+    turn would make them measure the whole conversation again). A compaction or a reload makes new
+    objects: then it is built whole once."""
+    messages = state.messages
+    sent: Sent | None = state._sent
+    if sent is not None and sent.covers(messages):
+        merged, start = list(sent.merged), sent.cut
+    else:
+        merged, start = [], 0
+    groups: list[list[ChatMessage]] = []
+    for message in messages[start:]:
+        if groups and groups[-1][-1].role == message.role:
+            groups[-1].append(message)
         else:
-            merged.append(message)
+            groups.append([message])
+    last = groups[-1] if groups else []
+    if len(groups) > 1:  # the complete groups are kept for the next turn; the last one may still grow
+        merged += [merge(g) for g in groups[:-1]]
+        cut = len(messages) - len(last)
+        state._sent = Sent(messages[0], messages[cut - 1], cut, list(merged))
+    if last:
+        merged.append(merge(last))
+    if extra is not None:
+        if merged and merged[-1].role == extra.role:
+            merged[-1] = merge([merged[-1], extra])
+        else:
+            merged.append(extra)
     if merged and merged[-1].role == "assistant":
         merged.append(ChatMessage.user("Continue."))
     return merged

@@ -149,6 +149,9 @@ class RunState(RunSnapshot):
     _synced: list[ChatMessage] | None = PrivateAttr(default=None)
     _synced_len: int = PrivateAttr(default=0)
     _tail_stored: bool = PrivateAttr(default=False)
+    # What ``context.model_messages`` last built from ``messages`` (a ``context.Sent``): the next
+    # turn's request merges only the messages appended since, and sends the same merged objects.
+    _sent: Any = PrivateAttr(default=None)
 
     def seen(self, msg_id: str) -> bool:
         return msg_id in self.applied

@@ -139,10 +139,17 @@ class TurnMeter:
         """``cache.answer(request.model, request_blocks(request))``, hashing only the blocks this turn added."""
         last = message_blocks(request.messages[-1])
         hashes, cumulative = kept.chain.peek(last)
+        chain, n = kept.chain, len(kept.chain.hashes)
         marks = list(kept.marks)
-        if last or len(kept.chain.hashes) > kept.head:  # the rolling breakpoint: the conversation's last block
-            marks.append(len(kept.chain.hashes) + len(last) - 1)
-        return cache.answer_chain(request.model, kept.chain.hashes + hashes, kept.chain.cumulative + cumulative, marks)
+        if last or n > kept.head:  # the rolling breakpoint: the conversation's last block
+            marks.append(n + len(last) - 1)
+        # the last message's blocks are added for the answer and taken off again (not a copy of the whole chain)
+        chain.hashes += hashes
+        chain.cumulative += cumulative
+        try:
+            return cache.answer_chain(request.model, chain.hashes, chain.cumulative, marks)
+        finally:
+            del chain.hashes[n:], chain.cumulative[n:]
 
     def usage(
         self, request: ModelRequest, kept: _Seen | None, input_tokens: int, output_tokens: int, caching: bool
