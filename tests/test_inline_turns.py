@@ -16,8 +16,10 @@ import pytest
 
 from loopwarden.client import Client
 from loopwarden.stack import LocalStack, tail
+from services.planner import ids
 from shared import subjects as S
 from shared.bus import RUN_ID_HEADER
+from shared.messages import RunAdvance
 from shared.scenario import parse_scenario
 from shared.settings import Settings
 from tests.conftest import TEST_ENV
@@ -70,9 +72,10 @@ async def test_a_planner_dying_after_a_model_answer_is_stored_never_asks_the_mod
     saved (``LW_FAULT_INJECT=after_model_answered``): the first dies in the run's first turn (taken
     from the submit's advance), the second reuses that answer from the redelivered advance, runs the
     tool step, and dies in the second turn (taken inline, where the tool's outcome is applied). A
-    healthy planner takes the redelivered outcome: the outcome is not applied twice, the second turn
-    reuses its stored answer, and the run completes. Every turn's answer was stored once (the model
-    was asked once per turn), the tool ran once, and only the submit's advance was published."""
+    healthy planner takes over, first the advance to turn 2 as a planner of the previous version
+    re-publishes it with the outcome's stored outbox (a first delivery), then the redelivered outcome:
+    the outcome is not applied twice, the second turn reuses its stored answer, and the run completes.
+    Every turn's answer was stored once (the model was asked once per turn) and the tool ran once."""
     async with Client(Settings(nats_url=no_planner.nats_url)) as client:
         async with Wire(client, S.RUN_ADVANCE, f"$KV.{S.KV_MODEL_CALLS}.>") as wire:
             run_id = await client.submit_scenario(parse_scenario(calculator_steps("dies-after-answer", 1)))
@@ -83,6 +86,10 @@ async def test_a_planner_dying_after_a_model_answer_is_stored_never_asks_the_mod
                 assert code == 70, tail(dying.log)
             snap = await client.state(run_id)
             assert snap is not None and snap.iteration.n == 2 and snap.model_calls == 1, snap
+            # a planner of the previous version, handed the redelivered outcome, re-publishes its whole
+            # outbox: the advance to turn 2 then arrives as a first delivery, before the outcome again
+            again = RunAdvance(run_id=run_id, iteration=2)
+            await client.bus.publish(S.RUN_ADVANCE, again, msg_id=ids.advance(run_id, 2))
             healthy = no_planner.start_service("planner", label="planner-healthy")
             try:
                 state = await client.wait(run_id, timeout=60)
@@ -95,5 +102,5 @@ async def test_a_planner_dying_after_a_model_answer_is_stored_never_asks_the_mod
     answers = [m.subject.rsplit(".", 1)[-1] for m in wire.seen if run_id in m.subject and "KV" in m.subject]
     assert sorted(answers) == ["turn1", "turn2"], answers  # each turn's answer stored once: no second model call
     advances = [m for m in wire.seen if m.subject == S.RUN_ADVANCE and m.headers.get(RUN_ID_HEADER) == run_id]
-    assert len({m.headers.get("Nats-Msg-Id") for m in advances}) == 1  # the submit's (re-sent, same id)
+    assert {m.headers.get("Nats-Msg-Id") for m in advances} == {ids.advance(run_id, 1), ids.advance(run_id, 2)}
     assert kinds.count("tool.succeeded.calculator") == 1 and kinds.count("run.completed") == 1, kinds

@@ -232,7 +232,7 @@ class Planner:
                     self.agent_span(applied.state)
                 await self.record_lessons(applied.state)
         if turn is not None:
-            await self.on_advance(turn)
+            await self.on_advance(turn, inline=True)
 
     def agent_span(self, state: RunState) -> None:
         record_invoke_agent(
@@ -327,8 +327,13 @@ class Planner:
         """Whether the run is (still) at the turn ``ev`` asks for."""
         return not state.done and state.iteration.n == ev.iteration and state.status == "running"
 
-    async def on_advance(self, ev: RunAdvance) -> None:
+    async def on_advance(self, ev: RunAdvance, inline: bool = False) -> None:
+        """Take the run's turn ``ev`` names: from the advance consumer, or ``inline`` where the message
+        that scheduled it is handled (``transact``)."""
         msg_id = ids.advanced(ev.iteration)
+        # A later turn comes through the advance consumer only when a planner of an earlier version
+        # re-published the advance of a message whose inline turn may have stored its answer.
+        stored = current_deliveries() > 1 or (not inline and ev.iteration > 1)
         state = await self.load(ev.run_id)
         if state is not None and not state.seen(msg_id) and not self.takes(state, ev):
             state = await self.load(ev.run_id, fresh=True)  # what this replica kept may be behind
@@ -363,7 +368,7 @@ class Planner:
             wrap = "; ".join(decision.reasons) or "the cost ceiling is near"
             planned = C.wrap_up_request(state, decision.model, decision.max_output_tokens, wrap)
         if wrap:
-            await self.wrap_up(state, ev, msg_id, provider, contracts, decision, planned, wrap)
+            await self.wrap_up(state, ev, msg_id, provider, contracts, decision, planned, wrap, stored)
             return
 
         compaction: tuple[int, str, ModelResponse] | None = None
@@ -375,7 +380,7 @@ class Planner:
 
         try:
             reuse = planned if compaction is None else None  # compaction changed the history
-            response, storing = await self.model_call(state, provider, contracts, decision, reuse)
+            response, storing = await self.model_call(state, provider, contracts, decision, reuse, stored)
         except StopReasonError as err:  # billed, but no usable turn: a typed end (refusal, cut off, ...)
             stop = err
             self.count_tokens(stop.usage)
@@ -415,10 +420,11 @@ class Planner:
         decision: BudgetDecision,
         planned: ModelRequest,
         reason: str,
+        stored: bool,
     ) -> None:
         """The run's last turn, without tools; a failed wrap-up call stops the run as the guard would."""
         try:
-            response, storing = await self.model_call(state, provider, contracts, decision, planned)
+            response, storing = await self.model_call(state, provider, contracts, decision, planned, stored)
         except ProviderError as err:
             if err.transient:
                 raise TryLater(f"model provider still failing after retries: {err}", delay=5.0) from err
@@ -581,12 +587,14 @@ class Planner:
         contracts: dict[str, ToolContract],
         decision: BudgetDecision,
         planned: ModelRequest | None = None,
+        stored: bool = False,
     ) -> tuple[ModelResponse, asyncio.Task[int] | None]:
-        """One model call per (run, iteration): a redelivered advance reuses the stored response.
-        Only a redelivery can find one stored, so a first delivery does not look. The response is
-        stored while the caller saves the run (returned: the task to await)."""
+        """One model call per (run, iteration): a turn taken again reuses the stored response.
+        Only a turn taken again can find one ``stored`` (a redelivery, or an advance an earlier
+        version re-published), so a first take does not look. The response is stored while the
+        caller saves the run (returned: the task to await)."""
         key = S.kv_key(state.run_id, f"turn{state.iteration.n}")
-        if current_deliveries() > 1:
+        if stored:
             cached, _ = await self.bus.kv_get(S.KV_MODEL_CALLS, key, ModelResponse)
             if cached is not None:
                 return cached, None

@@ -17,6 +17,7 @@ from shared.messages import (
     EscalationKind,
     IterationView,
     Rubric,
+    RunAdvance,
     RunSnapshot,
     ToolOutcome,
     Usage,
@@ -120,6 +121,11 @@ class PublishRecord(_State):
     run_id: str | None = None  # published as another run's message (a sub-agent answering its parent)
 
 
+def schedules_turn(items: list[PublishRecord]) -> bool:
+    """Whether an outbox carries the advance to its own run's next model turn."""
+    return any(i.model == RunAdvance.__name__ and i.run_id is None for i in items)
+
+
 class RunState(RunSnapshot):
     """The published snapshot plus what only the planner reads."""
 
@@ -157,10 +163,18 @@ class RunState(RunSnapshot):
         return msg_id in self.applied
 
     def remember(self, msg_id: str, published: list[PublishRecord]) -> None:
+        """``msg_id`` is applied and published ``published``: kept are the newest outboxes and,
+        however old, the newest one that schedules the run's next turn. That advance is taken where
+        the message is handled (``Planner.transact``) and lives only in its outbox until the turn
+        is applied: a redelivery after the turn failed (the model provider or the governor down a
+        while) must still find it, whatever stray messages were applied meanwhile."""
         self.applied = [*self.applied, msg_id][-MAX_APPLIED:]
         self.outbox[msg_id] = published
-        while len(self.outbox) > MAX_OUTBOX:
-            self.outbox.pop(next(iter(self.outbox)))
+        if len(self.outbox) > MAX_OUTBOX:
+            newest = list(self.outbox)[-MAX_OUTBOX:]
+            turn = next((k for k in reversed(self.outbox) if schedules_turn(self.outbox[k])), None)
+            for key in [k for k in self.outbox if k not in newest and k != turn]:
+                del self.outbox[key]
         self.updated_at = utcnow()
 
     # --- the history pointers -------------------------------------------------------------------
