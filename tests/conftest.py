@@ -73,18 +73,15 @@ def stack(
     tmp_path_factory: pytest.TempPathFactory, otlp: OtlpCollector, messages_api: MessagesApiServer
 ) -> Iterator[LocalStack]:
     env = {**TEST_ENV, "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.endpoint, "ANTHROPIC_BASE_URL": messages_api.base_url}
-    st = LocalStack(
-        state_dir=tmp_path_factory.mktemp("stack"),
-        nats_url=os.environ.get("LW_TEST_NATS_URL"),
-        env=env,
-        services=REPLICAS,
-        env_per_service={"executor": {"LW_MCP_SERVERS": json.dumps([MCP_ORDERS])}},
+    yield from running(
+        LocalStack(
+            state_dir=tmp_path_factory.mktemp("stack"),
+            nats_url=os.environ.get("LW_TEST_NATS_URL"),
+            env=env,
+            services=REPLICAS,
+            env_per_service={"executor": {"LW_MCP_SERVERS": json.dumps([MCP_ORDERS])}},
+        )
     )
-    try:
-        st.start()
-        yield st
-    finally:
-        st.stop()
 
 
 @pytest.fixture(scope="session")
@@ -136,15 +133,30 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             report.sections.append(("service logs (tail)", logs))
 
 
-@pytest.fixture(scope="module")
-def one_each(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
-    """One replica of each service, one stack per test module that asks for it."""
-    stack = LocalStack(state_dir=tmp_path_factory.mktemp("one-each"), env=TEST_ENV, services=ONE_EACH)
+def running(stack: LocalStack) -> Iterator[LocalStack]:
+    """A fixture's stack, started, and stopped when the fixture ends."""
     try:
         stack.start()
         yield stack
     finally:
         stack.stop()
+
+
+def own_stack(tmp_path_factory: pytest.TempPathFactory, name: str, services: tuple[str, ...]) -> Iterator[LocalStack]:
+    return running(LocalStack(state_dir=tmp_path_factory.mktemp(name), env=TEST_ENV, services=services))
+
+
+@pytest.fixture(scope="module")
+def one_each(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    """One replica of each service, one stack per test module that asks for it."""
+    yield from own_stack(tmp_path_factory, "one-each", ONE_EACH)
+
+
+@pytest.fixture(scope="module")
+def no_planner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    """Every service but the planner, one stack per test module that asks for it: the test decides
+    which planner runs (e.g. one started with ``LW_FAULT_INJECT``)."""
+    yield from own_stack(tmp_path_factory, "no-planner", tuple(s for s in ONE_EACH if s != "planner"))
 
 
 @pytest.fixture

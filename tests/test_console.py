@@ -26,7 +26,7 @@ from services.console.auth import hash_password
 from shared import subjects as S
 from shared.scenario import parse_scenario
 from shared.settings import Settings
-from tests.conftest import ROOT, TEST_ENV, escalations_of
+from tests.conftest import ROOT, TEST_ENV, escalations_of, running
 from tests.support.otlp_collector import OtlpCollector
 
 CHROMIUM = "/usr/bin/chromium-headless-shell"
@@ -88,16 +88,13 @@ def human_stack(tmp_path_factory: pytest.TempPathFactory, otlp: OtlpCollector) -
         "LW_CONSOLE_PORT": "0",  # any free port: the stack reads the real one from the ready line
         "LW_JAEGER_URL": JAEGER,
     }
-    stack = LocalStack(
-        state_dir=tmp_path_factory.mktemp("human"),
-        env=env,
-        services=("planner", "executor", "validator", "judge", "governor", "escalation", "console"),
+    yield from running(
+        LocalStack(
+            state_dir=tmp_path_factory.mktemp("human"),
+            env=env,
+            services=("planner", "executor", "validator", "judge", "governor", "escalation", "console"),
+        )
     )
-    try:
-        stack.start()
-        yield stack
-    finally:
-        stack.stop()
 
 
 @pytest.fixture(scope="module")

@@ -8,35 +8,16 @@ Observed on the server, as a plain NATS subscriber sees what the services send (
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Iterator
-from typing import Any
-
-import pytest
-
 from loopwarden.client import Client
-from loopwarden.stack import LocalStack, tail
+from loopwarden.stack import LocalStack
 from services.planner import ids
 from shared import subjects as S
 from shared.bus import RUN_ID_HEADER
 from shared.messages import RunAdvance
 from shared.scenario import parse_scenario
 from shared.settings import Settings
-from tests.conftest import TEST_ENV
+from tests.support.runs import calculator_steps, healthy_planner_finishes, planner_dies
 from tests.support.wire import Wire
-
-
-def calculator_steps(name: str, steps: int) -> dict[str, Any]:
-    return {
-        "name": name,
-        "task": "Add the numbers one by one, then say done.",
-        "planner": [
-            *({"tool_calls": [{"name": "calculator", "input": {"expression": f"{k}+1"}}]} for k in range(steps)),
-            {"text": "done"},
-        ],
-        "answer_mode": "text",
-        "limits": {"max_iterations": steps + 5},
-    }
 
 
 async def test_a_step_takes_its_next_turn_without_an_advance_on_the_wire(client: Client) -> None:
@@ -53,18 +34,6 @@ async def test_a_step_takes_its_next_turn_without_an_advance_on_the_wire(client:
     assert len(answers) == 5 and len(set(answers)) == 5  # one model call per turn
 
 
-@pytest.fixture(scope="module")
-def no_planner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
-    """A stack of its own with every service but the planner: the test decides which planner runs."""
-    services = ("executor", "validator", "judge", "governor", "escalation")
-    stack = LocalStack(state_dir=tmp_path_factory.mktemp("inline-turns"), env=TEST_ENV, services=services)
-    try:
-        stack.start()
-        yield stack
-    finally:
-        stack.stop()
-
-
 async def test_a_planner_dying_after_a_model_answer_is_stored_never_asks_the_model_again(
     no_planner: LocalStack,
 ) -> None:
@@ -79,23 +48,15 @@ async def test_a_planner_dying_after_a_model_answer_is_stored_never_asks_the_mod
     async with Client(Settings(nats_url=no_planner.nats_url)) as client:
         async with Wire(client, S.RUN_ADVANCE, f"$KV.{S.KV_MODEL_CALLS}.>") as wire:
             run_id = await client.submit_scenario(parse_scenario(calculator_steps("dies-after-answer", 1)))
-            fault = {"LW_FAULT_INJECT": "after_model_answered"}
             for label in ("planner-dies-turn-1", "planner-dies-turn-2"):
-                dying = no_planner.start_service("planner", label=label, extra_env=fault)
-                code = await asyncio.to_thread(dying.popen.wait, 60)
-                assert code == 70, tail(dying.log)
+                await planner_dies(no_planner, "after_model_answered", label)
             snap = await client.state(run_id)
             assert snap is not None and snap.iteration.n == 2 and snap.model_calls == 1, snap
             # a planner of the previous version, handed the redelivered outcome, re-publishes its whole
             # outbox: the advance to turn 2 then arrives as a first delivery, before the outcome again
             again = RunAdvance(run_id=run_id, iteration=2)
             await client.bus.publish(S.RUN_ADVANCE, again, msg_id=ids.advance(run_id, 2))
-            healthy = no_planner.start_service("planner", label="planner-healthy")
-            try:
-                state = await client.wait(run_id, timeout=60)
-            finally:
-                healthy.popen.terminate()
-                await asyncio.to_thread(healthy.popen.wait, 15)
+            state = await healthy_planner_finishes(no_planner, client, run_id)
         kinds = [e.kind for e in await client.events(run_id)]
     assert state.status == "completed", state.final_reason
     assert state.model_calls == 2 and state.final_output == "done"

@@ -7,15 +7,11 @@ record (a core subscription to the bucket's subject), and the history keys thems
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
-
 from loopwarden.client import Client, new_run_id
-from loopwarden.stack import LocalStack, tail
+from loopwarden.stack import LocalStack
 from services.planner.state import RunState
 from services.planner.store import RunStore
 from services.planner.turns import resolve_config, start_run
@@ -25,7 +21,7 @@ from shared.bus import Unchanged
 from shared.messages import ChatMessage, RunLimits, RunSubmit
 from shared.scenario import parse_scenario
 from shared.settings import Settings
-from tests.conftest import TEST_ENV
+from tests.support.runs import healthy_planner_finishes, planner_dies
 
 
 def steps(n: int) -> dict[str, Any]:
@@ -140,18 +136,6 @@ async def test_replicas_read_back_what_they_did_not_see_and_a_dropped_tail_is_st
     assert fresh is not None and texts(fresh.messages) == ["summary of one and two", "three"]
 
 
-@pytest.fixture(scope="module")
-def no_planner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
-    """A stack of its own with every service but the planner: the test decides which planner runs."""
-    services = ("executor", "validator", "judge", "governor", "escalation")
-    stack = LocalStack(state_dir=tmp_path_factory.mktemp("no-planner"), env=TEST_ENV, services=services)
-    try:
-        stack.start()
-        yield stack
-    finally:
-        stack.stop()
-
-
 async def test_a_planner_dying_after_saving_a_record_loses_no_message_of_the_history(no_planner: LocalStack) -> None:
     """The only planner exits right after its first save (``LW_FAULT_INJECT=after_run_saved``): the
     record carries the task message in its tail, nothing went to lw_history and nothing was published.
@@ -159,22 +143,14 @@ async def test_a_planner_dying_after_saving_a_record_loses_no_message_of_the_his
     tail before its first save drops it from the record; the run's history is whole."""
     async with Client(Settings(nats_url=no_planner.nats_url)) as client:
         run_id = await client.submit_scenario(parse_scenario(steps(3)))
-        fault = {"LW_FAULT_INJECT": "after_run_saved"}
-        dying = no_planner.start_service("planner", label="planner-dies", extra_env=fault)
-        code = await asyncio.to_thread(dying.popen.wait, 60)
-        assert code == 70, tail(dying.log)
+        await planner_dies(no_planner, "after_run_saved", "planner-dies")
         snap = await client.state(run_id)
         assert snap is not None and snap.status == "running" and snap.history_len == 1 and len(snap.tail) == 1
         lost, _ = await client.bus.kv_get(S.KV_HISTORY, history.key(run_id, 0), ChatMessage)
         assert lost is None  # the task message is only in the record
         assert await client.events(run_id, timeout=0.5) == []  # nothing was published
 
-        healthy = no_planner.start_service("planner", label="planner-healthy")
-        try:
-            state = await client.wait(run_id, timeout=60)
-        finally:
-            healthy.popen.terminate()
-            await asyncio.to_thread(healthy.popen.wait, 15)
+        state = await healthy_planner_finishes(no_planner, client, run_id)
         assert state.status == "completed", state.final_reason
         assert state.history_len == len(state.messages) == 2 * 3 + 2
         first, _ = await client.bus.kv_get(S.KV_HISTORY, history.key(run_id, 0), ChatMessage)

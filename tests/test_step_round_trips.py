@@ -10,28 +10,14 @@ its calibration, which it still does.
 
 from __future__ import annotations
 
-from typing import Any
-
 from loopwarden.client import Client
 from services.governor.handlers import CALIBRATION_KEY, Calibration
 from shared import subjects as S
 from shared.scenario import parse_scenario
+from tests.support.runs import calculator_steps
 from tests.support.wire import Seen, Wire
 
 CREATE_HEADER = "Nats-Expected-Last-Subject-Sequence"
-
-
-def calculator_steps(name: str, steps: int) -> dict[str, Any]:
-    return {
-        "name": name,
-        "task": "Add the numbers one by one, then say done.",
-        "planner": [
-            *({"tool_calls": [{"name": "calculator", "input": {"expression": f"{k}+1"}}]} for k in range(steps)),
-            {"text": "done"},
-        ],
-        "answer_mode": "text",
-        "limits": {"max_iterations": steps + 5},
-    }
 
 
 async def test_a_first_delivery_claims_its_call_with_one_create_and_reads_nothing(client: Client) -> None:
