@@ -28,7 +28,7 @@ from services.planner.escalations import apply_resolution
 from services.planner.judging import apply_verdict
 from services.planner.outbox import Outbox
 from services.planner.outcomes import apply_outcome
-from services.planner.state import PublishRecord, RunState
+from services.planner.state import PublishRecord, RunState, is_own_advance
 from services.planner.store import RunStore
 from services.planner.turns import (
     apply_compaction,
@@ -657,7 +657,7 @@ def _scenario_digest(scenario: Scenario) -> str:
 def without_advance(items: list[PublishRecord]) -> tuple[list[PublishRecord], RunAdvance | None]:
     """The outbox without the advance to the run's own next turn, and that advance (None: none)."""
     for k, item in enumerate(items):
-        if item.subject == S.RUN_ADVANCE and item.run_id is None:
+        if is_own_advance(item):
             return items[:k] + items[k + 1 :], RunAdvance.model_validate_json(item.payload)
     return items, None
 

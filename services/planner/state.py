@@ -121,9 +121,14 @@ class PublishRecord(_State):
     run_id: str | None = None  # published as another run's message (a sub-agent answering its parent)
 
 
+def is_own_advance(item: PublishRecord) -> bool:
+    """The advance to its own run's next model turn (not another run's message)."""
+    return item.model == RunAdvance.__name__ and item.run_id is None
+
+
 def schedules_turn(items: list[PublishRecord]) -> bool:
     """Whether an outbox carries the advance to its own run's next model turn."""
-    return any(i.model == RunAdvance.__name__ and i.run_id is None for i in items)
+    return any(is_own_advance(i) for i in items)
 
 
 class RunState(RunSnapshot):
