@@ -225,6 +225,7 @@ class Planner:
             items, turn = without_advance(items)
         # the next step's work goes out while the step's messages are appended to the history
         await asyncio.gather(self.publish(items, run_id), self.store.store_tail(applied.state))
+        applied.state.published(msg_id, items)  # the next save stops carrying them
         if not applied.was_done:
             self.count(applied.items, applied.state)
             if applied.state.done:
@@ -301,6 +302,7 @@ class Planner:
                 await self.publish(existing.outbox.get(ids.SUBMIT, []), submit.run_id)
             return
         await asyncio.gather(self.publish(out.items, submit.run_id), self.store.store_tail(out.state))
+        out.state.published(ids.SUBMIT, out.items)
 
     async def on_outcome(self, outcome: ToolOutcome) -> None:
         if outcome.will_retry:

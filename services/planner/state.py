@@ -28,7 +28,8 @@ from shared.messages import (
 # Every step rewrites the record, so whatever it keeps is bounded, not a history:
 MAX_APPLIED = 32  # latest message ids remembered for de-duplication (a run's messages come in order; an
 # older one is stale anyway: its iteration has moved on, and each apply_* ignores it)
-MAX_OUTBOX = 6  # outboxes kept for re-publishing after a crash (only the latest few can be redelivered)
+MAX_OUTBOX = 6  # outboxes kept for re-publishing after a crash (only the latest few can be redelivered);
+# what this replica saw published leaves the record at its next save (``published``)
 MIN_CALL_HISTORY = 4  # loop detection looks at the last loop_window calls and A-B-A-B (4)
 
 
@@ -181,6 +182,21 @@ class RunState(RunSnapshot):
             for key in [k for k in self.outbox if k not in newest and k != turn]:
                 del self.outbox[key]
         self.updated_at = utcnow()
+
+    def published(self, msg_id: str, items: list[PublishRecord]) -> None:
+        """This replica has every PubAck of ``items`` (of ``msg_id``'s outbox): they are in the streams,
+        so the record's next save stops carrying them (a redelivery would only re-publish copies the
+        server drops). What stays is what was not published, e.g. an advance whose turn is taken in
+        place. Until that save, the stored record still carries them for a replica that dies now."""
+        kept = self.outbox.get(msg_id)
+        if kept is None:
+            return
+        done = {i.msg_id for i in items}
+        rest = [i for i in kept if i.msg_id not in done]
+        if rest:
+            self.outbox[msg_id] = rest
+        else:
+            del self.outbox[msg_id]
 
     # --- the history pointers -------------------------------------------------------------------
     def loaded(self, messages: list[ChatMessage], *, tail_stored: bool) -> None:

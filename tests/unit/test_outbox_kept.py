@@ -1,14 +1,15 @@
 """The outboxes a run's record keeps (``RunState.remember``): the newest few, and however old, the
 newest one that schedules the run's next turn. That advance is taken where its message is handled
 (``Planner.transact``) and lives only in the outbox until the turn is applied, so a redelivery after
-the turn failed must find it whatever stray messages were applied meanwhile."""
+the turn failed must find it whatever stray messages were applied meanwhile. What this replica has
+published leaves the record at its next save (``RunState.published``)."""
 
 from __future__ import annotations
 
 from services.planner.outbox import Outbox, advance
 from services.planner.state import MAX_OUTBOX, PublishRecord, RunState
 from services.planner.turns import resolve_config, start_run
-from shared.messages import RunSubmit
+from shared.messages import RunSubmit, Started, StartedDetail
 from shared.settings import Settings
 
 
@@ -51,3 +52,21 @@ def test_an_advance_for_another_run_does_not_pin_its_outbox() -> None:
     for k in range(MAX_OUTBOX):
         state.remember(f"stray.{k}", [])
     assert "child.final" not in state.outbox and len(state.outbox) == MAX_OUTBOX
+
+
+def test_what_was_published_leaves_the_record_and_what_was_not_stays() -> None:
+    """``published``: the items whose PubAcks this replica has are dropped from the record's next save;
+    the advance of a turn taken in place (never published) stays, and the message stays applied."""
+    state = started()
+    out = Outbox(state)
+    out.event(Started(**out.head("started"), detail=StartedDetail(task="t", answer_mode="auto")))
+    advance(out)
+    state.remember("outcome.1", out.items)
+    events = [i for i in out.items if i.model != "RunAdvance"]
+    assert events and len(events) < len(out.items)
+    state.published("outcome.1", events)  # published, the advance held back for the inline turn
+    assert state.outbox["outcome.1"] == scheduling(state)
+    state.published("outcome.1", scheduling(state))
+    assert "outcome.1" not in state.outbox and state.seen("outcome.1")
+    state.published("never.applied", events)  # nothing to drop: no error, nothing added
+    assert "never.applied" not in state.outbox
