@@ -31,6 +31,7 @@ from shared.messages import (
     ToolBlocked,
     ToolDispatched,
     ToolFailed,
+    ToolOutcome,
     ToolSucceeded,
     VerdictIgnored,
 )
@@ -44,6 +45,12 @@ def render(e: Event) -> str | None:
             return run_line(RunEvent.model_validate(p).root)
         except ValidationError:  # a kind this version does not know (a newer writer): not shown
             return None
+    if kind.startswith("tool.succeeded."):  # the validator's event (a sub-agent's answer to ``delegate`` too)
+        o = ToolOutcome.model_validate(p)
+        extra = " (output repaired)" if o.repaired else ""
+        extra += " (from cache)" if o.cached else ""
+        extra += f" (fallback: {o.fallback_from.to_tool})" if o.fallback_from else ""
+        return f"{iteration_tag(o.iteration)} ✓ {o.tool} validated{extra}"
     if kind.startswith("tool.attempt."):
         a = ToolAttempt.model_validate(p)
         if a.ok:
@@ -55,24 +62,26 @@ def render(e: Event) -> str | None:
     return None  # failures are shown through the run events
 
 
+def iteration_tag(iteration: int) -> str:
+    return f"[it {iteration}]" if iteration else "      "
+
+
 def run_line(ev: AnyRunEvent) -> str | None:
     """The line for one run event, from its fields."""
-    tag = f"[it {ev.iteration}]" if ev.iteration else "      "
+    tag = iteration_tag(ev.iteration)
     match ev:
         case Started(detail=d):
             return f"▶ run started ({d.answer_mode} mode): {d.task}"
         case ModelCalled(detail=d):
+            calls = "".join(f"\n{tag} → {c.tool}({c.arguments})" for c in d.calls)
             return (
                 f"{tag} model: {d.tool_calls} tool call(s), {d.chars} chars · tokens in {d.input_tokens} "
-                f"out {d.output_tokens} · ${d.cost_usd:.4f}"
+                f"out {d.output_tokens} · ${d.cost_usd:.4f}{calls}"
             )
-        case ToolDispatched():
+        case ToolDispatched():  # an older planner's event (the calls are in model_called now)
             return f"{tag} → {ev.summary}"
-        case ToolSucceeded(detail=d):
-            extra = " (output repaired)" if d.repaired else ""
-            extra += " (from cache)" if d.cached else ""
-            extra += f" (fallback: {d.fallback})" if d.fallback else ""
-            return f"{tag} ✓ {d.tool} validated{extra}"
+        case ToolSucceeded():  # an older planner's event: shown from the validator's tool.succeeded
+            return None
         case ToolFailed():
             return f"{tag} ✗ {ev.summary}"
         case ToolBlocked():

@@ -225,6 +225,15 @@ class Started(RunEventHead):
     detail: StartedDetail
 
 
+class CallDetail(Wire):
+    tool: str
+    call_id: str
+
+
+class RequestedCall(CallDetail):
+    arguments: str = Field("", description="the call's arguments as JSON, cut to 160 characters")
+
+
 class ModelCalledDetail(Wire):
     input_tokens: int
     output_tokens: int
@@ -235,6 +244,11 @@ class ModelCalledDetail(Wire):
     cache_read_input_tokens: int = Field(0, description="part of input_tokens read from the prompt cache")
     cache_creation_input_tokens: int = Field(0, description="part of input_tokens written to the prompt cache")
     wrap_up: bool = Field(False, description="the run's last, tool-less turn")
+    calls: list[RequestedCall] = Field(
+        default_factory=list,
+        description="the tool calls the model made: each is dispatched to its tool (no event of its own), "
+        "or blocked or delegated (with its own event)",
+    )
 
 
 class ModelCalled(RunEventHead):
@@ -279,11 +293,6 @@ class SimulatedCall(RunEventHead):
     detail: NoDetail = Field(default_factory=NoDetail)
 
 
-class CallDetail(Wire):
-    tool: str
-    call_id: str
-
-
 class ToolBlocked(RunEventHead):
     """A call to a tool the run does not offer: answered with the list of tools, not executed."""
 
@@ -292,6 +301,9 @@ class ToolBlocked(RunEventHead):
 
 
 class ToolDispatched(RunEventHead):
+    """No longer published: the calls are in ``run.model_called`` (``detail.calls``). Read in older
+    streams."""
+
     kind: Literal["tool_dispatched"] = "tool_dispatched"
     detail: CallDetail
 
@@ -303,6 +315,9 @@ class ToolSucceededDetail(CallDetail):
 
 
 class ToolSucceeded(RunEventHead):
+    """No longer published: the validator's ``tool.succeeded.<tool>.<run>`` says it. Read in older
+    streams."""
+
     kind: Literal["tool_succeeded"] = "tool_succeeded"
     detail: ToolSucceededDetail
 

@@ -35,7 +35,6 @@ async def test_demo_run_completes_with_its_final_answer(client: Client) -> None:
     for expected in (
         "run.started",
         "run.model_called",
-        "run.tool_dispatched",
         "tool.attempt.search",
         "tool.succeeded.search",
         "tool.succeeded.calculator",

@@ -20,8 +20,6 @@ from shared.messages import (
     ToolFailed,
     ToolFailedDetail,
     ToolOutcome,
-    ToolSucceeded,
-    ToolSucceededDetail,
     needs_human,
 )
 
@@ -55,18 +53,7 @@ def apply_outcome(state: RunState, outcome: ToolOutcome) -> Outbox:
         state.schema_streak[tool] = 0
         if record.terminal:
             state.last_submission = dict(record.arguments)
-        out.event(
-            ToolSucceeded(
-                **out.head(f"{outcome.tool} ok" + (" (repaired)" if outcome.repaired else "")),
-                detail=ToolSucceededDetail(
-                    tool=outcome.tool,
-                    call_id=record.call_id,
-                    repaired=outcome.repaired,
-                    cached=outcome.cached,
-                    fallback=outcome.fallback_from.to_tool if outcome.fallback_from else None,
-                ),
-            )
-        )
+        # no run event of its own: the validator's tool.succeeded.<tool>.<run> says it, with the output
     else:
         record.status = "failed"
         ftype = outcome.failure_type or "fatal"

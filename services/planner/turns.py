@@ -26,6 +26,7 @@ from shared.messages import (
     ModelStopped,
     ModelStoppedDetail,
     ReasonDetail,
+    RequestedCall,
     RunSubmit,
     SimulatedCall,
     Started,
@@ -34,7 +35,6 @@ from shared.messages import (
     ToolBlocked,
     ToolCall,
     ToolContract,
-    ToolDispatched,
     ToolUseBlock,
     Usage,
 )
@@ -218,6 +218,12 @@ def apply_model_response(state: RunState, response: ModelResponse, contracts: di
                 chars=len(text),
                 cache_read_input_tokens=response.usage.cache_read_input_tokens,
                 cache_creation_input_tokens=response.usage.cache_creation_input_tokens,
+                calls=[
+                    RequestedCall(
+                        tool=call.name, call_id=call.id, arguments=json.dumps(call.input, ensure_ascii=False)[:160]
+                    )
+                    for call in response.tool_calls
+                ],
             ),
         )
     )
@@ -316,12 +322,6 @@ def _dispatch(out: Outbox, call: ToolUseBlock, contracts: dict[str, ToolContract
             arguments=call.input,
         ),
         ids.tool_call(s.run_id, it.n, call.id),
-    )
-    out.event(
-        ToolDispatched(
-            **out.head(f"{call.name}({json.dumps(call.input, ensure_ascii=False)[:160]})"),
-            detail=CallDetail(tool=call.name, call_id=call.id),
-        )
     )
 
 

@@ -10,8 +10,12 @@ from shared.messages import (
     DecidedDetail,
     ModelCalled,
     ModelCalledDetail,
+    RequestedCall,
     Started,
     StartedDetail,
+    ToolOutcome,
+    ToolSucceeded,
+    ToolSucceededDetail,
 )
 
 
@@ -28,6 +32,43 @@ def test_a_model_turn_line_comes_from_its_fields_whatever_the_summary_says() -> 
     )
     line = render(event("run.model_called", ev.model_dump(mode="json")))
     assert line == "[it 2] model: 1 tool call(s), 0 chars · tokens in 120 out 7 · $0.0012"
+
+
+def test_the_calls_of_a_model_turn_are_shown_under_it() -> None:
+    detail = ModelCalledDetail(
+        input_tokens=1,
+        output_tokens=1,
+        cost_usd=0.0,
+        model="m",
+        tool_calls=2,
+        calls=[
+            RequestedCall(tool="search", call_id="c1", arguments='{"q": "news"}'),
+            RequestedCall(tool="calculator", call_id="c2", arguments='{"expression": "1+2"}'),
+        ],
+    )
+    ev = ModelCalled(run_id="r1", iteration=3, summary="x", detail=detail)
+    lines = str(render(event("run.model_called", ev.model_dump(mode="json")))).splitlines()
+    assert lines[1:] == ['[it 3] → search({"q": "news"})', '[it 3] → calculator({"expression": "1+2"})']
+
+
+def test_a_validated_result_is_shown_from_the_validators_event_once() -> None:
+    outcome = ToolOutcome(
+        run_id="r1",
+        iteration=2,
+        call_id="c1",
+        attempt_id="a1",
+        tool="search",
+        requested_tool="search",
+        success=True,
+        repaired=True,
+    )
+    line = render(event("tool.succeeded.search", outcome.model_dump(mode="json")))
+    assert line == "[it 2] ✓ search validated (output repaired)"
+    # an older planner also published run.tool_succeeded for it: not shown a second time
+    old = ToolSucceeded(
+        run_id="r1", iteration=2, summary="search ok", detail=ToolSucceededDetail(tool="search", call_id="c1")
+    )
+    assert render(event("run.tool_succeeded", old.model_dump(mode="json"))) is None
 
 
 def test_the_start_line_shows_the_task_from_its_field() -> None:
