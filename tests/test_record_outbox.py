@@ -7,6 +7,7 @@ Observed on the server, as a plain NATS subscriber sees the planner's saves (the
 
 from __future__ import annotations
 
+import itertools
 import json
 
 from loopwarden.client import Client
@@ -27,7 +28,7 @@ async def test_a_save_no_longer_carries_what_the_previous_one_published(one_clie
     assert state.status == "completed", state.final_reason
     saves = [json.loads(m.data) for m in wire.seen if m.subject == f"$KV.{S.KV_RUNS}.{run_id}" and m.data]
     assert len(saves) >= 2 * 8, len(saves)  # an outcome's save and its turn's save per step
-    for before, after in zip(saves, saves[1:], strict=False):
+    for before, after in itertools.pairwise(saves):
         carried = {i["msg_id"] for items in before["outbox"].values() for i in items}
         again = [i for items in after["outbox"].values() for i in items if i["msg_id"] in carried]
         # only an advance whose turn was taken in place (never published) is carried on
