@@ -429,6 +429,7 @@ def tool_metrics(events: list[Event]) -> dict[str, dict[str, float]]:
             row["parsed"] += int(o.parsed)
             row["valid_first"] += int(o.success and not o.repaired)
             row["repaired"] += int(o.repaired)
+            row["attempts"] += int(o.from_an_attempt)  # the attempt that returned it (failed ones: below)
         if e.subject.startswith(f"{S.FAILURE_PREFIX}.input_invalid") or e.subject.startswith(
             f"{S.FAILURE_PREFIX}.output_invalid"
         ):
@@ -438,6 +439,8 @@ def tool_metrics(events: list[Event]) -> dict[str, dict[str, float]]:
             c(corrected.detail.tool)["recovered"] += corrected.detail.after
         if e.subject.startswith(S.TOOL_ATTEMPT_PREFIX):
             a = ToolAttempt.model_validate(e.payload)
+            if a.ok:  # an earlier executor's event for the attempt the outcome already counts
+                continue
             c(a.tool)["attempts"] += 1
             c(a.tool)["retried"] += int(a.next_delay_s is not None)
     out: dict[str, dict[str, float]] = {}

@@ -627,6 +627,12 @@ class ToolOutcome(Wire):
         None, description="model usage the call caused (a sub-agent run's), rolled up into the calling run's"
     )
 
+    @property
+    def from_an_attempt(self) -> bool:
+        """The output an attempt of the call returned (validated, or failed validation), not a cached
+        one: that attempt, number ``attempts``, has no ``tool.attempt`` event of its own."""
+        return (self.success or self.failure_type == "output_invalid") and not self.cached and not self.will_retry
+
     @model_validator(mode="after")
     def _failure_has_type(self) -> ToolOutcome:
         if not self.success and self.failure_type is None:
@@ -637,7 +643,9 @@ class ToolOutcome(Wire):
 
 
 class ToolAttempt(Wire):
-    """Event: one execution attempt (transient retries are visible here and in the trace)."""
+    """Event: one execution attempt that failed (transient retries are visible here and in the trace).
+    The attempt that returned output is told by the call's outcome (``ToolOutcome.attempts``); an
+    earlier version published it here too, with ``ok`` true."""
 
     run_id: str
     call_id: str

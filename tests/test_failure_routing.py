@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from loopwarden.client import Client
+from loopwarden.client import Client, tool_metrics
 from loopwarden.stack import LocalStack
 from shared import subjects as S
 from shared.messages import escalation_id_for_call
@@ -46,9 +46,13 @@ async def test_two_503s_then_success_are_absorbed_by_the_executor(client: Client
     assert state.status == "completed"
     assert state.model_calls == 2  # no model involvement in the retries
     assert not tool_results(state)[0].is_error
-    tried = attempts(await client.events(state.run_id), "search")
-    assert [a["ok"] for a in tried] == [False, False, True]
-    assert all(a["next_delay_s"] is not None for a in tried[:2]) and tried[2]["next_delay_s"] is None
+    events = await client.events(state.run_id)
+    tried = attempts(events, "search")  # the failed ones; the third is counted in the outcome
+    assert [(a["attempt"], a["ok"]) for a in tried] == [(1, False), (2, False)]
+    assert all(a["next_delay_s"] is not None for a in tried)
+    assert [e.payload["attempts"] for e in events if e.kind == "tool.succeeded.search"] == [3]
+    counted = tool_metrics(events)["search"]
+    assert (counted["attempts"], counted["retried_attempts"]) == (3, 2)
     spans = await spans_of_run(otlp, client, state.run_id, {"loopwarden-executor"})
     tries = sorted(
         (s for s in spans if s.name == "tool attempt search"), key=lambda s: s.attributes["loopwarden.tool.attempt"]
@@ -109,7 +113,8 @@ async def test_a_tool_that_always_fails_falls_back(client: Client) -> None:
     assert '"source":"snapshot"' in result.content.replace(" ", "") and '"n":1' in result.content.replace(" ", "")
     events = await client.events(state.run_id)
     assert len(attempts(events, "sql_query")) == 3  # its own retry policy first
-    assert [a["ok"] for a in attempts(events, "readonly_cache")] == [True]
+    assert attempts(events, "readonly_cache") == []  # its one attempt returned the output: no event of its own
+    assert [e.payload["attempts"] for e in events if e.kind == "tool.succeeded.readonly_cache"] == [1]
 
 
 async def test_skip_and_note_boundary(client: Client) -> None:

@@ -13,7 +13,6 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Coroutine
 from typing import Any, assert_never
 
 from nats.errors import MaxPayloadError
@@ -262,8 +261,8 @@ class Executor:
                 if delay is not None:
                     span.set_attribute(T.LW_BACKOFF_S, round(delay, 4))
                 self.attempts.add(1, {"tool": call.tool, "result": "ok" if result.ok else result.failure_type or ""})
-                attempted = asyncio.create_task(  # under this attempt's span
-                    self.bus.publish(
+                if not result.ok:  # a successful attempt is told by the call's outcome (its ``attempts``)
+                    await self.bus.publish(
                         S.tool_attempt(call.tool),
                         ToolAttempt(
                             run_id=call.run_id,
@@ -271,14 +270,13 @@ class Executor:
                             attempt_id=call.attempt_id,
                             tool=call.tool,
                             attempt=n,
-                            ok=result.ok,
+                            ok=False,
                             failure_type=result.failure_type,
                             error=result.error,
                             next_delay_s=delay,
                         ),
                         msg_id=f"{call.attempt_id}.attempt.{entry.runs}.{n}",
                     )
-                )
             if result.ok:
                 raw = raw_result(
                     call,
@@ -287,12 +285,8 @@ class Executor:
                     output_is_text=result.output_is_text,
                     duration_ms=round((time.monotonic() - started) * 1000, 2),
                 )
-                # The attempt event is observability, de-duplicated by its id: it travels while the
-                # final is recorded (it is on the wire before the final is published) and is awaited
-                # before the command is acked, so a failed publish still gets the command redelivered.
-                await alongside(attempted, self.finish_result(call, hosted, entry, revision, raw))
+                await self.finish_result(call, hosted, entry, revision, raw)
                 return
-            await attempted
             if delay is None:
                 break
             await self.interim_failure(call, entry, result, n)
@@ -564,17 +558,6 @@ class Executor:
                 **{k: v for k, v in extra.items() if v is not None},
             }
         )
-
-
-async def alongside(task: asyncio.Task[None], main: Coroutine[Any, Any, None]) -> None:
-    """Run ``main`` while ``task`` is in flight; both have finished when this returns, and the
-    first failure (``main``'s first) is raised."""
-    try:
-        await main
-    except BaseException:
-        await asyncio.gather(task, return_exceptions=True)  # settled, its own failure not left unread
-        raise
-    await task
 
 
 def refused_for_good(err: Exception) -> bool:
