@@ -85,6 +85,38 @@ async def test_an_executor_dying_at_any_point_never_charges_twice(
         await asyncio.to_thread(healthy.popen.wait, 15)
 
 
+@pytest.mark.parametrize(
+    ("point", "charged"),
+    [
+        ("after_side_effect", 2),  # nothing recorded (an idempotent call is not claimed): safe to run again
+        ("after_final_recorded", 1),  # its final was recorded with a create: published, not run again
+    ],
+)
+async def test_an_idempotent_call_runs_again_only_when_no_final_was_recorded(
+    stack: LocalStack, client: Client, point: str, charged: int
+) -> None:
+    env = {**ONLY, "LW_EXECUTOR_TOOLS": "sync_ledger"}
+    faulty = stack.start_service(
+        "executor", label=f"executor-idempotent-{point}", extra_env={**env, "LW_FAULT_INJECT": point}
+    )
+    stack.wait_ready([faulty])
+    run_id = await client.submit_scenario(parse_scenario(money_scenario(f"idempotent-{point}", tool="sync_ledger")))
+    code = await asyncio.to_thread(faulty.popen.wait, 60)
+    assert code == FAULT_EXIT, f"the executor was to exit at {point}"
+    assert await charges(client, run_id) == 1
+    healthy = stack.start_service("executor", label=f"executor-idempotent-after-{point}", extra_env=env)
+    try:
+        stack.wait_ready([healthy])
+        state = await client.wait(run_id, timeout=60)
+        assert state.status == "completed", state.final_reason
+        kinds = [e.kind for e in await client.events(run_id)]
+        assert kinds.count("tool.succeeded.sync_ledger") == 1, kinds
+        assert await charges(client, run_id) == charged
+    finally:
+        healthy.popen.terminate()
+        await asyncio.to_thread(healthy.popen.wait, 15)
+
+
 # --- the subject names the tool ----------------------------------------------------------------------
 
 
@@ -189,21 +221,28 @@ async def test_the_last_transient_failure_is_the_outcome_and_says_it_is_not_retr
     assert result.is_error  # the model saw the final failure, once
 
 
-async def test_a_call_costs_two_ledger_writes_create_and_final(client: Client) -> None:
+@pytest.mark.parametrize(
+    ("tool", "arguments", "writes"),
+    [
+        # created before the tool ran, final recorded before it was published
+        ("charge_card", {"customer_id": "cus_two1", "amount_cents": 100, "currency": "eur"}, 2),
+        ("calculator", {"expression": "2+3"}, 1),  # idempotent: no claim, the final is the create
+    ],
+)
+async def test_a_call_costs_its_ledger_writes_and_no_more(
+    client: Client, tool: str, arguments: dict[str, object], writes: int
+) -> None:
     scenario = {
-        "name": "ledger-writes",
-        "task": "Compute, then submit.",
-        "planner": [
-            {"tool_calls": [{"name": "calculator", "id": "toolu_c", "input": {"expression": "2+3"}}]},
-            submit("5"),
-        ],
+        "name": f"ledger-writes-{tool}",
+        "task": "Do it, then submit.",
+        "planner": [{"tool_calls": [{"name": tool, "id": "toolu_c", "input": arguments}]}, submit("done")],
     }
     run_id = await client.submit_scenario(parse_scenario(scenario))
     state = await client.wait(run_id)
     assert state.status == "completed"
     kv = await client.bus.kv(S.KV_TOOL_LEDGER)
     history = await kv.history(S.kv_key(run_id, "i1", "toolu_c"))
-    assert len(history) == 2  # created before the tool ran, final recorded before it was published
+    assert len(history) == writes
 
 
 async def test_retried_transient_failures_are_counted_in_the_failures_metric(

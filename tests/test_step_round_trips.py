@@ -2,10 +2,11 @@
 that its guarantees do not need.
 
 Observed on the server, as a plain NATS subscriber sees what the services send (the real stack,
-nothing wrapped): the executor claims a call with one create and records its final in one more
-write, reading the ledger only when the create finds the call there already (a redelivery, driven
-end to end by tests/test_exactly_once.py); the governor answers a budget request before it shares
-its calibration, which it still does.
+nothing wrapped): the executor claims a non-idempotent call with one create and records its final
+in one more write, reading the ledger only when the create finds the call there already (a
+redelivery, driven end to end by tests/test_exactly_once.py); an idempotent call's first delivery
+writes only its final, with a create; the governor answers a budget request before it shares its
+calibration, which it still does.
 """
 
 from __future__ import annotations
@@ -20,25 +21,55 @@ from tests.support.wire import Seen, Wire
 CREATE_HEADER = "Nats-Expected-Last-Subject-Sequence"
 
 
-async def test_a_first_delivery_claims_its_call_with_one_create_and_reads_nothing(client: Client) -> None:
+def ledger_writes(wire: Wire, run_id: str) -> dict[str, list[Seen]]:
+    """Per ledger key of the run, what was written to it (no ledger read is allowed on a first delivery)."""
     ledger = f"$KV.{S.KV_TOOL_LEDGER}."
-    async with Wire(client, f"{ledger}>", f"$JS.API.DIRECT.GET.KV_{S.KV_TOOL_LEDGER}.>") as wire:
-        run_id = await client.submit_scenario(parse_scenario(calculator_steps("one-create", 3)))
-        state = await client.wait(run_id, timeout=30)
-    assert state.status == "completed", state.final_reason
     mine = [m for m in wire.seen if run_id in m.subject]
     reads = [m.subject for m in mine if m.subject.startswith("$JS.API.")]
     assert reads == [], f"the ledger was read on a first delivery: {reads}"
     writes: dict[str, list[Seen]] = {}
     for m in mine:
         writes.setdefault(m.subject.removeprefix(ledger), []).append(m)
+    return writes
+
+
+async def test_a_first_delivery_claims_a_non_idempotent_call_with_one_create_and_reads_nothing(
+    client: Client,
+) -> None:
+    ledger = f"$KV.{S.KV_TOOL_LEDGER}."
+    charge = {"customer_id": "cus_once1", "amount_cents": 300, "currency": "eur"}
+    scenario = {
+        "name": "one-create-charge",
+        "task": "Charge 3 EUR once, then say done.",
+        "planner": [{"tool_calls": [{"name": "charge_card", "input": charge}]}, {"text": "done"}],
+        "answer_mode": "text",
+    }
+    async with Wire(client, f"{ledger}>", f"$JS.API.DIRECT.GET.KV_{S.KV_TOOL_LEDGER}.>") as wire:
+        run_id = await client.submit_scenario(parse_scenario(scenario))
+        state = await client.wait(run_id, timeout=30)
+    assert state.status == "completed", state.final_reason
+    writes = ledger_writes(wire, run_id)
+    assert len(writes) == 1, list(writes)
+    (entries,) = writes.values()
+    # created (expected revision 0: it must not exist) before the tool runs, then the final, under CAS
+    assert len(entries) == 2, [e.data for e in entries]
+    assert entries[0].headers.get(CREATE_HEADER) == "0"
+    assert entries[1].headers.get(CREATE_HEADER, "0") != "0"
+    assert b'"final":null' in entries[0].data and b'"final":{' in entries[1].data
+
+
+async def test_an_idempotent_call_is_not_claimed_its_final_is_created(client: Client) -> None:
+    ledger = f"$KV.{S.KV_TOOL_LEDGER}."
+    async with Wire(client, f"{ledger}>", f"$JS.API.DIRECT.GET.KV_{S.KV_TOOL_LEDGER}.>") as wire:
+        run_id = await client.submit_scenario(parse_scenario(calculator_steps("one-create", 3)))
+        state = await client.wait(run_id, timeout=30)
+    assert state.status == "completed", state.final_reason
+    writes = ledger_writes(wire, run_id)
     assert len(writes) == 3, list(writes)  # one entry per call
     for key, entries in writes.items():
-        # created (expected revision 0: it must not exist) before the tool runs, then the final, under CAS
-        assert len(entries) == 2, (key, [e.data for e in entries])
-        assert entries[0].headers.get(CREATE_HEADER) == "0"
-        assert entries[1].headers.get(CREATE_HEADER, "0") != "0"
-        assert b'"final":null' in entries[0].data and b'"final":{' in entries[1].data
+        # running it again is harmless: no claim before it runs, the final is written with a create
+        assert len(entries) == 1, (key, [e.data for e in entries])
+        assert entries[0].headers.get(CREATE_HEADER) == "0" and b'"final":{' in entries[0].data
     # a first attempt that returns its output publishes no attempt event: the outcome counts it
     events = await client.events(run_id)
     assert [e.kind for e in events if e.kind.startswith("tool.attempt.")] == []

@@ -26,7 +26,7 @@ from services.executor.recovery import after_retries as recovery_after
 from services.executor.registry import HostedTool, ToolContext, ToolFailure, ToolRegistry
 from shared import subjects as S
 from shared import telemetry as T
-from shared.bus import Bus, CasConflict, TryLater
+from shared.bus import Bus, CasConflict, TryLater, current_deliveries
 from shared.canonical import cache_key
 from shared.contracts.registration import validator_for
 from shared.contracts.validation import format_for_model
@@ -180,16 +180,20 @@ class Executor:
                 )
                 return
 
-            # A first delivery claims the call with a create (one round trip: the common case reads
-            # nothing); only a key that exists already (a redelivery) is read and decided upon.
             entry = claim(None, call.attempt_id, call.tool, contract.idempotent)
-            try:
-                revision = await self.save(entry, 0)  # recorded *before* the tool runs
-            except CasConflict:
-                claimed = await self.reclaim(call, contract.idempotent, span)
-                if claimed is None:
-                    return
-                entry, revision = claimed
+            revision = 0
+            if not (contract.idempotent and current_deliveries() == 1):
+                # A non-idempotent call (or any redelivery) is claimed with a create before the tool
+                # runs (one round trip: the common case reads nothing); only a key that exists already
+                # is read and decided upon. An idempotent call's first delivery runs at once (running
+                # it again is harmless) and records its final with that create (``finish``).
+                try:
+                    revision = await self.save(entry, 0)  # recorded *before* the tool runs
+                except CasConflict:
+                    claimed = await self.reclaim(call, contract.idempotent, span)
+                    if claimed is None:
+                        return
+                    entry, revision = claimed
             self.fault("after_start_recorded")
             await self.run_attempts(call, hosted, entry, revision)
             self.fault("after_final_published")

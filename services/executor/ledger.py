@@ -4,7 +4,9 @@ Two writes per call, no more: the entry is *created* (compare-and-swap on "absen
 is the claim itself: a first delivery reads nothing, only a create that finds an entry does)
 before the tool first runs, and the *final* message — the result for the validator, the
 fallback command, or the failure event — is recorded in one update after the last attempt,
-*before* it is published. Every crash point is then covered:
+*before* it is published. An idempotent tool's first delivery skips the claim (running it
+again is harmless): its final is recorded with the create, and a delivery that finds it
+there publishes it. Every crash point is then covered:
 
 * created, tool not (yet) run or its effect unknown -> no final: a non-idempotent tool is
   ``unknown_outcome`` (a human decides; it is never run again for this call), an
