@@ -16,6 +16,7 @@ import pytest
 
 from loopwarden.client import Client
 from loopwarden.stack import LocalStack
+from services.executor.ledger import LedgerEntry
 from shared import subjects as S
 from shared.messages import ToolCall
 from shared.scenario import parse_scenario
@@ -86,14 +87,14 @@ async def test_an_executor_dying_at_any_point_never_charges_twice(
 
 
 @pytest.mark.parametrize(
-    ("point", "charged"),
+    ("point", "writes", "charged"),
     [
-        ("after_side_effect", 2),  # nothing recorded (an idempotent call is not claimed): safe to run again
-        ("after_final_recorded", 1),  # its final was recorded with a create: published, not run again
+        ("after_side_effect", 0, 2),  # nothing recorded (an idempotent call is not claimed): safe to run again
+        ("after_final_recorded", 1, 1),  # its final was recorded with a create: published, not run again
     ],
 )
 async def test_an_idempotent_call_runs_again_only_when_no_final_was_recorded(
-    stack: LocalStack, client: Client, point: str, charged: int
+    stack: LocalStack, client: Client, point: str, writes: int, charged: int
 ) -> None:
     env = {**ONLY, "LW_EXECUTOR_TOOLS": "sync_ledger"}
     faulty = stack.start_service(
@@ -104,6 +105,13 @@ async def test_an_idempotent_call_runs_again_only_when_no_final_was_recorded(
     code = await asyncio.to_thread(faulty.popen.wait, 60)
     assert code == FAULT_EXIT, f"the executor was to exit at {point}"
     assert await charges(client, run_id) == 1
+    key = S.kv_key(run_id, "i1", "toolu_money")
+    entry, _ = await client.bus.kv_get(S.KV_TOOL_LEDGER, key, LedgerEntry)
+    if writes == 0:
+        assert entry is None  # the first delivery was not claimed
+    else:  # one write: the final, with the create
+        assert entry is not None and entry.final is not None
+        assert len(await (await client.bus.kv(S.KV_TOOL_LEDGER)).history(key)) == writes
     healthy = stack.start_service("executor", label=f"executor-idempotent-after-{point}", extra_env=env)
     try:
         stack.wait_ready([healthy])
@@ -112,6 +120,42 @@ async def test_an_idempotent_call_runs_again_only_when_no_final_was_recorded(
         kinds = [e.kind for e in await client.events(run_id)]
         assert kinds.count("tool.succeeded.sync_ledger") == 1, kinds
         assert await charges(client, run_id) == charged
+    finally:
+        healthy.popen.terminate()
+        await asyncio.to_thread(healthy.popen.wait, 15)
+
+
+async def test_an_idempotent_call_run_again_after_a_crash_keeps_each_deliverys_failed_attempts(
+    stack: LocalStack, client: Client
+) -> None:
+    """``retry_ledger`` is idempotent and retried: each delivery's first attempt fails (a scripted 503),
+    its second runs the real tool. The first executor dies right after that side effect, with no
+    ledger entry (an idempotent call's first delivery is not claimed); the second delivery creates
+    the entry, counting the first as a run, so its failed attempt's event does not repeat the first
+    one's id (the stream would drop it as a duplicate)."""
+    env = {**ONLY, "LW_EXECUTOR_TOOLS": "retry_ledger"}
+    faulty = stack.start_service(
+        "executor", label="executor-retry-dies", extra_env={**env, "LW_FAULT_INJECT": "after_side_effect"}
+    )
+    stack.wait_ready([faulty])
+    scenario = money_scenario("idempotent-attempts", tool="retry_ledger")
+    fail = {"fail": "transient", "error": "HTTP 503 Service Unavailable", "times": 1}
+    scenario["tools"] = {"retry_ledger": [fail, {"latency_s": 0}, fail, {"latency_s": 0}]}
+    run_id = await client.submit_scenario(parse_scenario(scenario))
+    code = await asyncio.to_thread(faulty.popen.wait, 60)
+    assert code == FAULT_EXIT
+    entry, _ = await client.bus.kv_get(S.KV_TOOL_LEDGER, S.kv_key(run_id, "i1", "toolu_money"), LedgerEntry)
+    assert entry is None  # the first delivery ran unclaimed
+    healthy = stack.start_service("executor", label="executor-retry-after", extra_env=env)
+    try:
+        stack.wait_ready([healthy])
+        state = await client.wait(run_id, timeout=60)
+        assert state.status == "completed", state.final_reason
+        events = await client.events(run_id)
+        failed = [e.headers.get("Nats-Msg-Id") for e in events if e.kind == "tool.attempt.retry_ledger"]
+        assert len(failed) == 2 and len(set(failed)) == 2, failed  # one per delivery, neither dropped
+        assert [e.payload["attempts"] for e in events if e.kind == "tool.succeeded.retry_ledger"] == [2]
+        assert await charges(client, run_id) == 2  # idempotent: safe to run again, and it was
     finally:
         healthy.popen.terminate()
         await asyncio.to_thread(healthy.popen.wait, 15)

@@ -180,9 +180,10 @@ class Executor:
                 )
                 return
 
-            entry = claim(None, call.attempt_id, call.tool, contract.idempotent)
+            delivery = current_deliveries()
+            entry = claim(None, call.attempt_id, call.tool, contract.idempotent, delivery)
             revision = 0
-            if not (contract.idempotent and current_deliveries() == 1):
+            if not (contract.idempotent and delivery == 1):
                 # A non-idempotent call (or any redelivery) is claimed with a create before the tool
                 # runs (one round trip: the common case reads nothing); only a key that exists already
                 # is read and decided upon. An idempotent call's first delivery runs at once (running

@@ -38,3 +38,9 @@ def test_claiming_again_counts_the_runs_of_an_idempotent_call() -> None:
     first = claim(None, "a", "search", idempotent=True)
     again = claim(first, "a", "search", idempotent=True)
     assert again.runs == 2 and first.runs == 1
+
+
+def test_an_entry_first_created_by_a_redelivery_counts_the_unclaimed_runs_before_it() -> None:
+    # an idempotent call's first delivery runs without a claim; the third delivery creates the entry
+    assert claim(None, "a", "search", idempotent=True, delivery=3).runs == 3
+    assert claim(None, "a", "search", idempotent=True).runs == 1
