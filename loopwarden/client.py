@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +36,9 @@ from shared.messages import (
     RunSubmit,
     ToolAttempt,
     ToolOutcome,
+    call_attempts,
 )
+from shared.payloads import PayloadError
 from shared.scenario import Outcome, Scenario
 from shared.settings import Settings
 from shared.telemetry import LW_RUN_ID, Telemetry, setup_telemetry
@@ -64,15 +67,15 @@ class Event:
 class Watch:
     """A run's live events (``Client.watch``): iterate it; ``close`` (or leave its ``async with``) unsubscribes."""
 
-    def __init__(self, run_id: str) -> None:
+    def __init__(self, run_id: str, event: Callable[[Any], Awaitable[Event]]) -> None:
         self.run_id = run_id
+        self.event = event  # a received message as an Event (``Client.event``)
         self.subs: list[Any] = []
         self._queue: asyncio.Queue[Event] = asyncio.Queue()
 
     async def on_msg(self, msg: Any) -> None:
-        rid = (msg.headers or {}).get(RUN_ID_HEADER, "")
-        if rid == self.run_id:
-            await self._queue.put(Event(msg.subject, _json(msg.data), rid, dict(msg.headers or {})))
+        if (msg.headers or {}).get(RUN_ID_HEADER, "") == self.run_id:
+            await self._queue.put(await self.event(msg))
 
     def __aiter__(self) -> Watch:
         return self
@@ -277,9 +280,8 @@ class Client:
                         msg = await sub.next_msg(timeout=timeout)
                     except Exception:  # no more messages within the timeout
                         break
-                    rid = (msg.headers or {}).get(RUN_ID_HEADER, "")
-                    if run_id is None or rid == run_id:
-                        out.append(Event(msg.subject, _json(msg.data), rid, dict(msg.headers or {})))
+                    if run_id is None or (msg.headers or {}).get(RUN_ID_HEADER, "") == run_id:
+                        out.append(await self.event(msg))
                     if msg.metadata and not msg.metadata.num_pending:
                         break
         finally:
@@ -287,11 +289,20 @@ class Client:
                 await sub.unsubscribe()
         return out
 
+    async def event(self, msg: Any) -> Event:
+        """A received event message as an ``Event``, its body fetched when it travelled by reference
+        (a large tool result: ``shared/payloads.py``); a reference that cannot be had stays as it is."""
+        headers = dict(msg.headers or {})
+        data = msg.data
+        with contextlib.suppress(PayloadError):
+            data = await self.bus.payloads.inflate(self.bus.nc, data, headers)
+        return Event(msg.subject, _json(data), headers.get(RUN_ID_HEADER, ""), headers)
+
     async def watch(self, run_id: str) -> Watch:
         """Live events of a run as they are published. Subscribed when this returns (the server has
         the subscription: flushed), so a run submitted after it misses nothing:
         ``async with await client.watch(run_id) as events: ... async for e in events``."""
-        watch = Watch(run_id)
+        watch = Watch(run_id, self.event)
         nc = self.bus.broker.connection
         watch.subs = [await nc.subscribe(subject, cb=watch.on_msg) for subject in S.run_filters(run_id)]
         await nc.flush()
@@ -421,6 +432,11 @@ def tool_metrics(events: list[Event]) -> dict[str, dict[str, float]]:
             },
         )
 
+    calls: dict[str, list[Any]] = {}  # per attempt id: [tool, its attempt events, its final outcome's attempts]
+
+    def call(attempt_id: str, tool: str) -> list[Any]:
+        return calls.setdefault(attempt_id, [tool, 0, 0])
+
     for e in events:
         if e.subject.startswith(S.TOOL_SUCCEEDED_PREFIX) or e.subject.startswith(f"{S.FAILURE_PREFIX}.output_invalid"):
             o = ToolOutcome.model_validate(e.payload)
@@ -429,7 +445,6 @@ def tool_metrics(events: list[Event]) -> dict[str, dict[str, float]]:
             row["parsed"] += int(o.parsed)
             row["valid_first"] += int(o.success and not o.repaired)
             row["repaired"] += int(o.repaired)
-            row["attempts"] += int(o.from_an_attempt)  # the attempt that returned it (failed ones: below)
         if e.subject.startswith(f"{S.FAILURE_PREFIX}.input_invalid") or e.subject.startswith(
             f"{S.FAILURE_PREFIX}.output_invalid"
         ):
@@ -439,10 +454,14 @@ def tool_metrics(events: list[Event]) -> dict[str, dict[str, float]]:
             c(corrected.detail.tool)["recovered"] += corrected.detail.after
         if e.subject.startswith(S.TOOL_ATTEMPT_PREFIX):
             a = ToolAttempt.model_validate(e.payload)
-            if a.ok:  # an earlier executor's event for the attempt the outcome already counts
-                continue
-            c(a.tool)["attempts"] += 1
+            call(a.attempt_id, a.tool)[1] += 1
             c(a.tool)["retried"] += int(a.next_delay_s is not None)
+        elif e.kind.startswith(("tool.succeeded.", "failure.")) and "attempt_id" in e.payload:
+            o = ToolOutcome.model_validate(e.payload)
+            if not o.will_retry:  # the call's final outcome
+                call(o.attempt_id, o.tool)[2] = o.attempts
+    for tool, events_of_call, final_attempts in calls.values():
+        c(tool)["attempts"] += call_attempts(final_attempts, events_of_call)
     out: dict[str, dict[str, float]] = {}
     for tool, k in sorted(counts.items()):
         outputs = k["outputs"] or 0

@@ -45,15 +45,22 @@ def render(e: Event) -> str | None:
             return run_line(RunEvent.model_validate(p).root)
         except ValidationError:  # a kind this version does not know (a newer writer): not shown
             return None
+    tool = kind.split(".")[2] if kind.count(".") >= 2 else "?"
     if kind.startswith("tool.succeeded."):  # the validator's event (a sub-agent's answer to ``delegate`` too)
-        o = ToolOutcome.model_validate(p)
+        try:
+            o = ToolOutcome.model_validate(p)
+        except ValidationError:  # e.g. a large result whose body could not be fetched: the subject says enough
+            return f"       ✓ {tool} validated"
         extra = " (output repaired)" if o.repaired else ""
         extra += " (from cache)" if o.cached else ""
         extra += f" (fallback: {o.fallback_from.to_tool})" if o.fallback_from else ""
         return f"{iteration_tag(o.iteration)} ✓ {o.tool} validated{extra}"
     if kind.startswith("tool.attempt."):
-        a = ToolAttempt.model_validate(p)
-        if a.ok:
+        try:
+            a = ToolAttempt.model_validate(p)
+        except ValidationError:
+            return f"       ↻ {tool}: an attempt failed"
+        if a.ok:  # an older executor's event for the attempt that returned the output
             return None
         then = f", retrying in {a.next_delay_s:.2f}s" if a.next_delay_s is not None else ", no retries left"
         return f"       ↻ {a.tool} attempt {a.attempt} failed ({a.failure_type}: {a.error}){then}"

@@ -19,6 +19,7 @@ import pytest
 from nats.js.api import ObjectStoreConfig
 
 from loopwarden.client import Client
+from loopwarden.progress import render
 from loopwarden.stack import LocalStack, Proc
 from shared import subjects as S
 from shared.bus import Bus
@@ -77,9 +78,14 @@ async def test_a_3_mb_result_travels_by_reference_and_the_tool_runs_once(bulk_ex
     state = await client.wait(run_id, timeout=90)
     assert state.status == "completed", state.final_reason
     assert await runs_of(client, "bulk", run_id) == 1
-    kinds = [e.kind for e in await client.events(run_id)]
+    events = await client.events(run_id)
+    kinds = [e.kind for e in events]
     assert kinds.count("tool.succeeded.bulk_report") == 1
     assert not any(k.startswith("failure.") for k in kinds)
+    # a reader gets the event as it was published, its body fetched from the payload store
+    (done,) = [e for e in events if e.kind == "tool.succeeded.bulk_report"]
+    assert done.payload["tool"] == "bulk_report" and done.payload["attempts"] == 1
+    assert render(done) == "[it 1] ✓ bulk_report validated"
     # the planner's KV-stored run state holds a bounded form, not megabytes (nor a reference to them)
     raw = await raw_run_state(client, run_id)
     assert len(raw) < 200_000 and KV_REF_KEY.encode() not in raw[:64]

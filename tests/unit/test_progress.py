@@ -71,6 +71,13 @@ def test_a_validated_result_is_shown_from_the_validators_event_once() -> None:
     assert render(event("run.tool_succeeded", old.model_dump(mode="json"))) is None
 
 
+def test_a_result_whose_body_is_only_a_reference_still_gets_its_line() -> None:
+    # a large result travels by reference; when its body cannot be fetched the event is the reference
+    reference = {"name": "sha256-ab", "size": 3_000_000, "sha256": "ab"}
+    assert render(event("tool.succeeded.bulk_report", reference)) == "       ✓ bulk_report validated"
+    assert render(event("tool.attempt.bulk_report", reference)) == "       ↻ bulk_report: an attempt failed"
+
+
 def test_the_start_line_shows_the_task_from_its_field() -> None:
     ev = Started(run_id="r1", iteration=1, summary="x", detail=StartedDetail(task="What is new?", answer_mode="text"))
     assert render(event("run.started", ev.model_dump(mode="json"))) == "▶ run started (text mode): What is new?"
