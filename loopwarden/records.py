@@ -31,7 +31,7 @@ from nats.js.object_store import ObjectStore
 
 from shared import subjects as S
 from shared.bus import RUN_ID_HEADER, Bus, kv_keys
-from shared.messages import ToolOutcome, utcnow
+from shared.messages import call_attempts, utcnow
 from shared.records import (
     EventRecord,
     ModelCallRecord,
@@ -196,9 +196,10 @@ async def collect(bus: Bus, run_id: str) -> RunRecord:
             tc.outcome = p
             tc.iteration = int(p.get("iteration") or tc.iteration)
             tc.arguments = p.get("arguments") or tc.arguments
-            outcome = ToolOutcome.model_validate(p)
-            if outcome.from_an_attempt and not any(a.ok and a.attempt == outcome.attempts for a in tc.attempts):
-                tc.attempts.append(ToolAttemptRecord(attempt=outcome.attempts, ok=True))  # no event of its own
+    for tc in tool_calls.values():  # the attempt that returned the output has no event of its own
+        made = call_attempts(int((tc.outcome or {}).get("attempts") or 0), len(tc.attempts))
+        if made > len(tc.attempts):
+            tc.attempts.append(ToolAttemptRecord(attempt=made, ok=True))
     for key, entry in ledger.items():
         aid = str(entry.get("attempt_id") or key)
         found = tool_calls.get(aid)

@@ -627,12 +627,6 @@ class ToolOutcome(Wire):
         None, description="model usage the call caused (a sub-agent run's), rolled up into the calling run's"
     )
 
-    @property
-    def from_an_attempt(self) -> bool:
-        """The output an attempt of the call returned (validated, or failed validation), not a cached
-        one: that attempt, number ``attempts``, has no ``tool.attempt`` event of its own."""
-        return (self.success or self.failure_type == "output_invalid") and not self.cached and not self.will_retry
-
     @model_validator(mode="after")
     def _failure_has_type(self) -> ToolOutcome:
         if not self.success and self.failure_type is None:
@@ -642,10 +636,19 @@ class ToolOutcome(Wire):
         return self
 
 
+def call_attempts(outcome_attempts: int, attempt_events: int) -> int:
+    """How many attempts one tool call made: its final outcome counts them all (``attempts``); its
+    ``tool.attempt`` events are the failed ones (and, from an earlier executor, the successful one
+    too). A call with no final outcome yet (a fallback took over, or it is still running) has only
+    its events to count."""
+    return max(outcome_attempts, attempt_events)
+
+
 class ToolAttempt(Wire):
     """Event: one execution attempt that failed (transient retries are visible here and in the trace).
-    The attempt that returned output is told by the call's outcome (``ToolOutcome.attempts``); an
-    earlier version published it here too, with ``ok`` true."""
+    The attempt that returned output is told by the call's outcome: a call made as many attempts as
+    its final outcome's ``attempts`` (``call_attempts``); an earlier executor published that attempt
+    here too, with ``ok`` true."""
 
     run_id: str
     call_id: str

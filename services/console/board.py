@@ -96,6 +96,9 @@ def timeline_entry(seq: int, subject: str, body: bytes, at: datetime | None) -> 
         if isinstance(value, str) and value:
             summary = value
             break
+    if kind.startswith("tool.succeeded."):  # the validator's outcome: no summary field of its own
+        how = [w for w, on in (("repaired", data.get("repaired")), ("from cache", data.get("cached"))) if on]
+        summary = "validated" + (f" ({', '.join(how)})" if how else "")
     if kind.startswith("escalation.") and data.get("operator"):
         via = f" via {data['via']}" if data.get("via") else ""
         summary = f"{data['operator']}{via}: {summary}".rstrip(": ")

@@ -108,6 +108,7 @@ def answer_parent(out: Outbox) -> None:
         "attempt_id": s.run_id,
         "tool": "delegate",
         "requested_tool": "delegate",
+        "attempts": 0,  # no tool attempt ran: a sub-agent answered
         "usage": s.usage,
     }
     if s.status == "completed" and (s.final_output or "").strip():

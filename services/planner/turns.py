@@ -208,7 +208,11 @@ def apply_model_response(state: RunState, response: ModelResponse, contracts: di
     state.messages.append(ChatMessage(role="assistant", content=blocks or [TextBlock(text="")]))
     out.event(
         ModelCalled(
-            **out.head(f"model turn {it.n}: {len(response.tool_calls)} tool call(s), {len(text)} chars"),
+            **out.head(
+                f"model turn {it.n}: {len(response.tool_calls)} tool call(s)"
+                + (f" ({', '.join(call.name for call in response.tool_calls)})" if response.tool_calls else "")
+                + f", {len(text)} chars"
+            ),
             detail=ModelCalledDetail(
                 input_tokens=response.usage.input_tokens,
                 output_tokens=response.usage.output_tokens,

@@ -67,6 +67,12 @@ def test_timeline_entries_name_who_resolved_and_through_what() -> None:
     )
 
 
+def test_a_validated_result_has_a_summary_in_the_timeline() -> None:
+    body = {"tool": "search", "success": True, "repaired": True, "cached": False}
+    entry = B.timeline_entry(6, "lw.v1.evt.tool.succeeded.search.r1", json.dumps(body).encode(), None)
+    assert (entry.kind, entry.summary) == ("tool.succeeded.search", "validated (repaired)")
+
+
 def test_a_timeline_keeps_the_latest_events_only() -> None:
     timeline = B.RunTimeline()
     for i in range(B.MAX_EVENTS_PER_RUN + 5):
