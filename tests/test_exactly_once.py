@@ -10,7 +10,10 @@ takes the redelivered command over.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -43,6 +46,30 @@ def money_scenario(name: str, tool: str = "transfer_funds") -> dict[str, object]
     }
 
 
+async def executor_dies(stack: LocalStack, client: Client, tool: str, point: str, scenario: dict[str, Any]) -> str:
+    """An executor hosting only ``tool``, started with ``LW_FAULT_INJECT=point``, exits there while it
+    runs ``scenario``'s call: the run's id."""
+    env = {**ONLY, "LW_EXECUTOR_TOOLS": tool, "LW_FAULT_INJECT": point}
+    faulty = stack.start_service("executor", label=f"executor-{scenario['name']}", extra_env=env)
+    stack.wait_ready([faulty])
+    run_id = await client.submit_scenario(parse_scenario(scenario))
+    code = await asyncio.to_thread(faulty.popen.wait, 60)
+    assert code == FAULT_EXIT, f"the executor was to exit at {point}"
+    return run_id
+
+
+@contextlib.asynccontextmanager
+async def healthy_executor(stack: LocalStack, tool: str, label: str) -> AsyncIterator[None]:
+    """An executor hosting only ``tool`` while the block runs (e.g. taking a redelivery over)."""
+    proc = stack.start_service("executor", label=f"executor-{label}", extra_env={**ONLY, "LW_EXECUTOR_TOOLS": tool})
+    try:
+        stack.wait_ready([proc])
+        yield
+    finally:
+        proc.popen.terminate()
+        await asyncio.to_thread(proc.popen.wait, 15)
+
+
 # --- a crash at each point between the side effect and the final record ---------------------------
 
 
@@ -58,18 +85,9 @@ def money_scenario(name: str, tool: str = "transfer_funds") -> dict[str, object]
 async def test_an_executor_dying_at_any_point_never_charges_twice(
     stack: LocalStack, client: Client, point: str, charged_before_crash: int, outcome: str
 ) -> None:
-    env = {**ONLY, "LW_EXECUTOR_TOOLS": "transfer_funds"}
-    faulty = stack.start_service(
-        "executor", label=f"executor-fault-{point}", extra_env={**env, "LW_FAULT_INJECT": point}
-    )
-    stack.wait_ready([faulty])
-    run_id = await client.submit_scenario(parse_scenario(money_scenario(f"crash-{point}")))
-    code = await asyncio.to_thread(faulty.popen.wait, 60)
-    assert code == FAULT_EXIT, f"the executor was to exit at {point}"
+    run_id = await executor_dies(stack, client, "transfer_funds", point, money_scenario(f"crash-{point}"))
     assert await charges(client, run_id) == charged_before_crash
-    healthy = stack.start_service("executor", label=f"executor-after-{point}", extra_env=env)
-    try:
-        stack.wait_ready([healthy])
+    async with healthy_executor(stack, "transfer_funds", f"after-{point}"):
         if outcome == "unknown_outcome":
             state = await client.wait(run_id, timeout=60, until=("awaiting_human",))
             assert state.awaiting is not None and state.awaiting.kind == "unknown_outcome"
@@ -81,9 +99,6 @@ async def test_an_executor_dying_at_any_point_never_charges_twice(
             kinds = [e.kind for e in await client.events(run_id)]
             assert kinds.count("tool.succeeded.transfer_funds") == 1
         assert await charges(client, run_id) == charged_before_crash  # the second executor charged nothing
-    finally:
-        healthy.popen.terminate()
-        await asyncio.to_thread(healthy.popen.wait, 15)
 
 
 @pytest.mark.parametrize(
@@ -96,14 +111,8 @@ async def test_an_executor_dying_at_any_point_never_charges_twice(
 async def test_an_idempotent_call_runs_again_only_when_no_final_was_recorded(
     stack: LocalStack, client: Client, point: str, writes: int, charged: int
 ) -> None:
-    env = {**ONLY, "LW_EXECUTOR_TOOLS": "sync_ledger"}
-    faulty = stack.start_service(
-        "executor", label=f"executor-idempotent-{point}", extra_env={**env, "LW_FAULT_INJECT": point}
-    )
-    stack.wait_ready([faulty])
-    run_id = await client.submit_scenario(parse_scenario(money_scenario(f"idempotent-{point}", tool="sync_ledger")))
-    code = await asyncio.to_thread(faulty.popen.wait, 60)
-    assert code == FAULT_EXIT, f"the executor was to exit at {point}"
+    scenario = money_scenario(f"idempotent-{point}", tool="sync_ledger")
+    run_id = await executor_dies(stack, client, "sync_ledger", point, scenario)
     assert await charges(client, run_id) == 1
     key = S.kv_key(run_id, "i1", "toolu_money")
     entry, _ = await client.bus.kv_get(S.KV_TOOL_LEDGER, key, LedgerEntry)
@@ -112,17 +121,12 @@ async def test_an_idempotent_call_runs_again_only_when_no_final_was_recorded(
     else:  # one write: the final, with the create
         assert entry is not None and entry.final is not None
         assert len(await (await client.bus.kv(S.KV_TOOL_LEDGER)).history(key)) == writes
-    healthy = stack.start_service("executor", label=f"executor-idempotent-after-{point}", extra_env=env)
-    try:
-        stack.wait_ready([healthy])
+    async with healthy_executor(stack, "sync_ledger", f"after-idempotent-{point}"):
         state = await client.wait(run_id, timeout=60)
         assert state.status == "completed", state.final_reason
         kinds = [e.kind for e in await client.events(run_id)]
         assert kinds.count("tool.succeeded.sync_ledger") == 1, kinds
         assert await charges(client, run_id) == charged
-    finally:
-        healthy.popen.terminate()
-        await asyncio.to_thread(healthy.popen.wait, 15)
 
 
 async def test_an_idempotent_call_run_again_after_a_crash_keeps_each_deliverys_failed_attempts(
@@ -133,22 +137,13 @@ async def test_an_idempotent_call_run_again_after_a_crash_keeps_each_deliverys_f
     ledger entry (an idempotent call's first delivery is not claimed); the second delivery creates
     the entry, counting the first as a run, so its failed attempt's event does not repeat the first
     one's id (the stream would drop it as a duplicate)."""
-    env = {**ONLY, "LW_EXECUTOR_TOOLS": "retry_ledger"}
-    faulty = stack.start_service(
-        "executor", label="executor-retry-dies", extra_env={**env, "LW_FAULT_INJECT": "after_side_effect"}
-    )
-    stack.wait_ready([faulty])
     scenario = money_scenario("idempotent-attempts", tool="retry_ledger")
     fail = {"fail": "transient", "error": "HTTP 503 Service Unavailable", "times": 1}
     scenario["tools"] = {"retry_ledger": [fail, {"latency_s": 0}, fail, {"latency_s": 0}]}
-    run_id = await client.submit_scenario(parse_scenario(scenario))
-    code = await asyncio.to_thread(faulty.popen.wait, 60)
-    assert code == FAULT_EXIT
+    run_id = await executor_dies(stack, client, "retry_ledger", "after_side_effect", scenario)
     entry, _ = await client.bus.kv_get(S.KV_TOOL_LEDGER, S.kv_key(run_id, "i1", "toolu_money"), LedgerEntry)
     assert entry is None  # the first delivery ran unclaimed
-    healthy = stack.start_service("executor", label="executor-retry-after", extra_env=env)
-    try:
-        stack.wait_ready([healthy])
+    async with healthy_executor(stack, "retry_ledger", "after-idempotent-attempts"):
         state = await client.wait(run_id, timeout=60)
         assert state.status == "completed", state.final_reason
         events = await client.events(run_id)
@@ -156,9 +151,6 @@ async def test_an_idempotent_call_run_again_after_a_crash_keeps_each_deliverys_f
         assert len(failed) == 2 and len(set(failed)) == 2, failed  # one per delivery, neither dropped
         assert [e.payload["attempts"] for e in events if e.kind == "tool.succeeded.retry_ledger"] == [2]
         assert await charges(client, run_id) == 2  # idempotent: safe to run again, and it was
-    finally:
-        healthy.popen.terminate()
-        await asyncio.to_thread(healthy.popen.wait, 15)
 
 
 # --- the subject names the tool ----------------------------------------------------------------------
@@ -200,10 +192,7 @@ async def test_a_timed_out_non_idempotent_call_is_an_unknown_outcome_not_a_retry
 ) -> None:
     """slow_charge allows 3 attempts, but its charge happens before the (scripted) slow answer runs
     into the 1 s timeout: retrying would charge again, so the outcome goes to a human."""
-    env = {**ONLY, "LW_EXECUTOR_TOOLS": "slow_charge"}
-    proc = stack.start_service("executor", label="executor-slow-charge", extra_env=env)
-    try:
-        stack.wait_ready([proc])
+    async with healthy_executor(stack, "slow_charge", "slow-charge"):
         scenario = money_scenario("slow-charge", tool="slow_charge")
         scenario["tools"] = {"slow_charge": [{"latency_s": 3, "times": "always"}]}
         run_id = await client.submit_scenario(parse_scenario(scenario))
@@ -214,9 +203,6 @@ async def test_a_timed_out_non_idempotent_call_is_an_unknown_outcome_not_a_retry
         assert await charges(client, run_id) == 1
         attempts = [e for e in await client.events(run_id) if e.kind == "tool.attempt.slow_charge"]
         assert len(attempts) == 1 and attempts[0].payload["failure_type"] == "timeout"
-    finally:
-        proc.popen.terminate()
-        await asyncio.to_thread(proc.popen.wait, 15)
 
 
 # --- every transient failure is an event ------------------------------------------------------------
