@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from nats.js.api import ConsumerConfig, DeliverPolicy, ObjectStoreConfig, StorageType
+from nats.js.client import JetStreamContext
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError, NotFoundError, ObjectNotFoundError
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
@@ -362,6 +363,13 @@ async def _keys(kv: KeyValue) -> list[str]:
         return []
 
 
+async def purge_bucket(js: JetStreamContext, bucket: str, keys: str) -> None:
+    """Purge ``keys`` (a key or a ``.>`` pattern) from a bucket; a bucket never created (nothing of
+    its kind was ever written, e.g. no tool ran on this deployment yet) holds nothing to purge."""
+    with contextlib.suppress(NotFoundError):
+        await js.purge_stream(f"KV_{bucket}", subject=f"$KV.{bucket}.{keys}")
+
+
 async def purge_run(bus: Bus, run_id: str, *, keep_escalation_events: bool) -> None:
     """Remove every record of one run: events, model calls, ledger, cursors, budget, scenario, verdicts,
     then the run state last (a sweep cut short finds the run again next time)."""
@@ -373,9 +381,9 @@ async def purge_run(bus: Bus, run_id: str, *, keep_escalation_events: bool) -> N
         if e.kind == "judge.verdict" and e.payload.get("candidate_id")
     ]
     for cid in dict.fromkeys(verdicts):
-        await js.purge_stream(f"KV_{S.KV_VERDICTS}", subject=f"$KV.{S.KV_VERDICTS}.{S.kv_key(cid)}")
+        await purge_bucket(js, S.KV_VERDICTS, S.kv_key(cid))
     for bucket, suffix in RUN_KEYS:
-        await js.purge_stream(f"KV_{bucket}", subject=f"$KV.{bucket}.{S.kv_key(run_id)}{suffix}")
+        await purge_bucket(js, bucket, f"{S.kv_key(run_id)}{suffix}")
     for filt in S.run_filters(run_id):
         if not keep_escalation_events:
             await js.purge_stream(S.STREAM_EVT, subject=filt)

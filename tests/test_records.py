@@ -234,6 +234,20 @@ async def test_finished_runs_expire_waiting_runs_do_not(client: Client, stack: L
     assert len(await escalations_of(client, waits.run_id)) == 1
 
 
+async def test_a_sweep_purges_a_run_where_some_buckets_were_never_created(one_each: LocalStack) -> None:
+    """A fresh deployment where no tool ever ran has no tool ledger bucket (nor cursors, nor verdicts):
+    the sweep purges the run all the same, instead of failing on the missing bucket."""
+    async with Client(settings_for(one_each)) as client:
+        scenario = {"name": "no-tools", "task": "Say done.", "planner": [{"text": "done"}], "answer_mode": "text"}
+        run_id = await client.submit_scenario(parse_scenario(scenario))
+        assert (await client.wait(run_id, timeout=30)).status == "completed"
+        names = {i.config.name for i in await client.bus.js.streams_info()}
+        assert f"KV_{S.KV_TOOL_LEDGER}" not in names  # no tool ever ran here
+        report = await sweep(client.bus, settings_for(one_each, retention_runs_s=0.0), now=soon(), only={run_id})
+        assert report.runs_purged == [run_id] and report.errors == [], report
+        assert await client.state(run_id) is None
+
+
 async def test_escalations_follow_their_own_retention(client: Client, stack: LocalStack) -> None:
     waits = await run_scenario(client, waiting(), until=("awaiting_human",))
     [item] = await escalations_of(client, waits.run_id)
