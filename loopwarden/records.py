@@ -26,7 +26,7 @@ from typing import Any
 
 from nats.js.api import ConsumerConfig, DeliverPolicy, ObjectStoreConfig, StorageType
 from nats.js.client import JetStreamContext
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError, NotFoundError, ObjectNotFoundError
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError, ObjectNotFoundError
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
@@ -356,10 +356,10 @@ class SweepReport:
     errors: list[str] = field(default_factory=list)
 
 
-async def _keys(kv: KeyValue) -> list[str]:
+async def _keys(bus: Bus, bucket: str) -> list[str]:
     try:
-        return await kv_keys(kv)
-    except NoKeysError:
+        return await kv_keys(bus.nc, bucket)
+    except NotFoundError:  # a bucket never created holds no keys
         return []
 
 
@@ -424,14 +424,14 @@ async def sweep(bus: Bus, settings: Settings, now: datetime | None = None, only:
     esc_kv = await bus.kv(S.KV_ESCALATIONS)
 
     items: dict[str, dict[str, Any]] = {}
-    for key in await _keys(esc_kv):
+    for key in await _keys(bus, S.KV_ESCALATIONS):
         item = await _value(bus, esc_kv, key)
         if item is not None:
             items[key] = item
     open_runs = {str(i.get("run_id")) for i in items.values()}
     archiving = settings.archive_dir is not None or bool(settings.archive_bucket)
 
-    for key in await _keys(runs_kv):
+    for key in await _keys(bus, S.KV_RUNS):
         if only is not None and key not in only:
             continue
         report.runs_seen += 1
@@ -454,7 +454,7 @@ async def sweep(bus: Bus, settings: Settings, now: datetime | None = None, only:
         except Exception as err:  # one bad record never stops the sweep
             report.errors.append(f"run {key}: {err!r}")
 
-    live_runs = set(await _keys(runs_kv))
+    live_runs = set(await _keys(bus, S.KV_RUNS))
     by_run: dict[str, list[str]] = {}
     for key, item in items.items():
         if only is not None and str(item.get("run_id")) not in only:
