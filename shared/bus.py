@@ -849,11 +849,24 @@ class Bus:
             return
         token = _DELIVERIES.set(deliveries)
         try:
-            await handler(payload)
-        except TryLater as later:
-            log.info("%s: retry later (%s)", self.service, later)
-            await msg.nak(delay=later.delay)
-            return
+            held = 0.0
+            while True:
+                try:
+                    await handler(payload)
+                    break
+                except TryLater as later:
+                    # A dependency is not ready (e.g. the governor restarting): retry here, the message
+                    # held under its heartbeat, for up to the ack wait, so an outage spends no delivery
+                    # (deliveries count crashes: ``max_deliver`` of them dead-letter the message); past
+                    # that, hand it back for later.
+                    if held + later.delay > self.settings.ack_wait_s:
+                        log.info("%s: retry later, handed back (%s)", self.service, later)
+                        await msg.nak(delay=later.delay)
+                        return
+                    log.info("%s: retry later (%s)", self.service, later)
+                    await asyncio.sleep(later.delay)
+                    held += later.delay
+                    _DELIVERIES.set(deliveries + 1)  # taken again: a handler reuses what the last take stored
         except Exception as err:
             if deliveries >= limit:
                 log.exception("%s: giving up on %s after %d deliveries", self.service, msg.subject, deliveries)

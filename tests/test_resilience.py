@@ -86,3 +86,31 @@ async def test_a_message_with_fields_an_older_reader_does_not_know_is_processed(
     await client.bus.publish(S.RUN_SUBMIT, json.dumps(body).encode(), msg_id=f"submit.{run_id}")
     state = await client.wait(run_id)
     assert state.status == "completed" and state.final_output == "7"
+
+
+async def test_a_governor_down_longer_than_the_delivery_budget_strands_no_run(tmp_path: Path) -> None:
+    """Every service but the governor; a run is submitted and its first turn cannot get a budget decision
+    for 8 s, longer than max_deliver (5) hand-backs of 1 s each. Waiting for a dependency spends no
+    delivery (the planner holds the message and retries in place): when the governor starts, the run
+    completes, and nothing was dead-lettered."""
+    stack = LocalStack(
+        state_dir=tmp_path, env=TEST_ENV, services=("planner", "executor", "validator", "judge", "escalation")
+    )
+    stack.start()
+    try:
+        async with Client(Settings(nats_url=stack.nats_url)) as client:
+            scenario = {
+                "name": "governor-late",
+                "task": "Compute, then say done.",
+                "planner": [{"tool_calls": [{"name": "calculator", "input": {"expression": "6*7"}}]}, {"text": "done"}],
+                "answer_mode": "text",
+            }
+            run_id = await client.submit_scenario(parse_scenario(scenario))
+            await asyncio.sleep(8)
+            assert (await client.state(run_id)).iteration.n == 1  # type: ignore[union-attr]
+            stack.wait_ready([stack.start_service("governor")])
+            state = await client.wait(run_id, timeout=60)
+            assert state.status == "completed", state.final_reason
+            assert [d for d in await client.dead_letters() if run_id in d.body] == []
+    finally:
+        stack.stop()
