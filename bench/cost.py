@@ -17,6 +17,7 @@ import asyncio
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -77,31 +78,45 @@ async def _run(client: Client, steps: int, whole_history: bool) -> RunState:
     return state
 
 
-def check_time(
-    state: RunState, step: int, contracts: dict[str, ToolContract], reps: int, stat: Any = statistics.median
-) -> float:
-    """Seconds of one budget check at ``step`` (``stat`` of ``reps``, the median by default): the planner
-    has checked step-1 (its tally is warm), the step's assistant turn and tool results arrive, and the
-    check counts and decides."""
+def budget_check_at(
+    state: RunState, step: int, contracts: dict[str, ToolContract]
+) -> tuple[Callable[[], None], Callable[[], None]]:
+    """(warm, check) for one budget check at ``step``: ``warm`` is the previous turn's check (the
+    planner's tally is warm) and the arrival of the step's assistant turn and tool results, ``check``
+    counts and decides."""
     head = state.messages[: 1 + 2 * (step - 1)]
     new = state.messages[1 + 2 * (step - 1) : 1 + 2 * step]
     probe = state.model_copy(update={"messages": list(head)})
     req = C.model_request(probe, contracts, probe.model, 2048)
-    times = []
-    for _ in range(reps):
+
+    def warm() -> None:
         probe.messages = list(head)
-        C.budget_request(probe, req)  # the previous turn's check (not timed)
+        C.budget_request(probe, req)
         probe.messages = [*head, *new]
-        t0 = time.perf_counter()
-        budget = C.budget_request(probe, req)
+
+    def check() -> None:
         evaluate(
-            budget,
+            C.budget_request(probe, req),
             BudgetLedger(run_id=probe.run_id),
             warn_at=0.7,
             compact_at=0.8,
             fallback_model="claude-haiku-4-5",
             exhausted_policy="fallback_model",
         )
+
+    return warm, check
+
+
+def check_time(
+    state: RunState, step: int, contracts: dict[str, ToolContract], reps: int, stat: Any = statistics.median
+) -> float:
+    """Seconds of one budget check at ``step`` (``stat`` of ``reps``, the median by default)."""
+    warm, check = budget_check_at(state, step, contracts)
+    times = []
+    for _ in range(reps):
+        warm()
+        t0 = time.perf_counter()
+        check()
         times.append(time.perf_counter() - t0)
     return float(stat(times))
 
