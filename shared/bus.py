@@ -860,6 +860,12 @@ class Bus:
                     # (deliveries count crashes: ``max_deliver`` of them dead-letter the message); past
                     # that, hand it back for later.
                     if held + later.delay > self.settings.ack_wait_s:
+                        if deliveries >= limit:  # not ready through every delivery: say so, not "crashed"
+                            log.error("%s: giving up on %s: %s", self.service, msg.subject, later)
+                            reason = f"still not ready after {deliveries} deliveries held {held:g}s each: {later}"
+                            await self.dead_letter(msg, reason, deliveries)
+                            await msg.ack()
+                            return
                         log.info("%s: retry later, handed back (%s)", self.service, later)
                         await msg.nak(delay=later.delay)
                         return

@@ -10,7 +10,7 @@ from pathlib import Path
 from loopwarden.client import Client
 from loopwarden.stack import LocalStack
 from shared import subjects as S
-from shared.messages import RunSubmit
+from shared.messages import DeadLetter, RunSubmit
 from shared.scenario import parse_scenario
 from shared.settings import Settings
 from tests.conftest import TEST_ENV
@@ -112,5 +112,31 @@ async def test_a_governor_down_longer_than_the_delivery_budget_strands_no_run(tm
             state = await client.wait(run_id, timeout=60)
             assert state.status == "completed", state.final_reason
             assert [d for d in await client.dead_letters() if run_id in d.body] == []
+    finally:
+        stack.stop()
+
+
+async def test_a_dependency_that_never_comes_back_dead_letters_the_turn_with_its_reason(tmp_path: Path) -> None:
+    """No governor at all, a 1 s ack wait and 2 deliveries: the run's first turn is held and retried
+    through both deliveries, then dead-lettered with the reason it could not go on (the governor did
+    not answer), not as a crashed handler."""
+    env = {**TEST_ENV, "LW_ACK_WAIT_S": "1", "LW_MAX_DELIVER": "2"}
+    stack = LocalStack(state_dir=tmp_path, env=env, services=("planner", "executor", "validator"))
+    stack.start()
+    try:
+        async with Client(Settings(nats_url=stack.nats_url)) as client:
+            scenario = {"name": "governor-gone", "task": "Say done.", "planner": [{"text": "done"}]}
+            run_id = await client.submit_scenario(parse_scenario(scenario))
+            letters: list[DeadLetter] = []
+            for _ in range(60):
+                letters = [d for d in await client.dead_letters() if run_id in d.body]
+                if letters:
+                    break
+                await asyncio.sleep(0.5)
+            assert len(letters) == 1, letters
+            (letter,) = letters
+            assert letter.service == "planner" and letter.deliveries == 2, letter
+            assert "still not ready after 2 deliveries" in letter.reason and "governor" in letter.reason, letter.reason
+            assert (await client.state(run_id)).status == "running"  # type: ignore[union-attr]
     finally:
         stack.stop()
