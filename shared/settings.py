@@ -77,8 +77,17 @@ class Settings(BaseSettings):
     nats_url: str = Field("nats://127.0.0.1:4222", validation_alias=AliasChoices("LW_NATS_URL", "NATS_URL"))
     nats_user: str | None = None
     nats_password: SecretStr | None = None
-    ack_wait_s: float = Field(30.0, gt=0, description="JetStream ack wait; handlers heartbeat at a third of it")
-    max_deliver: int = Field(6, ge=2, description="deliveries before a message is dead-lettered")
+    ack_wait_s: float = Field(
+        30.0,
+        gt=0,
+        description="JetStream ack wait; handlers heartbeat at a third of it, and a handler whose dependency is not "
+        "ready (the governor restarting) retries in place for up to it before handing its message back",
+    )
+    max_deliver: int = Field(
+        6,
+        ge=2,
+        description="deliveries before a message is dead-lettered (a crash or hang each; an outage one per ack wait)",
+    )
     redeliver_delay_s: float = Field(0.5, ge=0, description="first nack delay; doubles per delivery")
     duplicate_window_s: float = Field(600.0, gt=0, description="JetStream de-duplication window")
     stream_max_age_s: float = Field(7 * 24 * 3600.0, gt=0)
