@@ -19,9 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+
 from loopwarden.client import Client, new_run_id
 from loopwarden.stack import LocalStack, Proc
 from shared import subjects as S
+from shared.messages import Escalation
 from shared.scenario import parse_scenario
 from shared.settings import Settings
 from tests.support.payments import count_charges
@@ -72,6 +76,19 @@ async def failed_visibly(client: Client, run_id: str, tool: str) -> bool:
     """A failure event of ``tool`` is in the run's history (the model and subscribers saw it)."""
     events = await client.events(run_id, subjects=f"{S.FAILURE_PREFIX}.>")
     return any(e.kind.endswith(f".{tool}") for e in events)
+
+
+async def open_escalations(client: Client, run_id: str, within_s: float = 30.0) -> list[Escalation]:
+    """The run's open escalations; asked again while no escalation replica answers (the last one
+    killed is still starting: a request then has no responders)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            return (await client.escalations(run_id=run_id)).escalations
+        except (NoRespondersError, NatsTimeoutError):
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
 
 
 async def killer(stack: LocalStack, kills: int, interval: float, rng: random.Random, result: ChaosResult) -> None:
@@ -133,7 +150,7 @@ async def drive(
                     else:
                         result.lost.append(run_id)  # completed, yet the payment never happened
             elif state.status == "awaiting_human":
-                open_items = (await client.escalations(run_id=run_id)).escalations
+                open_items = await open_escalations(client, run_id)
                 if open_items:
                     result.escalated += 1
                     result.unknown_outcomes += sum(1 for e in open_items if e.kind == "unknown_outcome")
