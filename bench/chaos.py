@@ -61,11 +61,12 @@ class ChaosResult:
     unknown_outcomes: int = 0
     payments_failed: int = 0  # the tool failed (an event says so) and the run went on without it
     kills: Counter[str] = field(default_factory=Counter)
+    dead_letters: list[str] = field(default_factory=list)  # a kill is a crash, never a reason to give up on a message
     seconds: float = 0.0
 
     @property
     def ok(self) -> bool:
-        return not (self.lost or self.stuck or self.doubled)
+        return not (self.lost or self.stuck or self.doubled or self.dead_letters)
 
 
 async def charges(client: Client, run_id: str) -> int:
@@ -160,6 +161,7 @@ async def drive(
                 result.stuck[run_id] = f"{state.status} (iteration {state.iteration.n})"
             else:
                 result.stuck[run_id] = f"{state.status}: {state.final_reason}"
+        result.dead_letters = [f"{d.service} {d.subject}: {d.reason}" for d in await client.dead_letters()]
     result.seconds = time.monotonic() - started
     return result
 
@@ -197,8 +199,10 @@ def report(r: ChaosResult) -> list[str]:
         f"{r.seconds:.0f} s:",
         f"  completed {r.completed}   escalated to a human {r.escalated} (unknown outcome {r.unknown_outcomes})",
         f"  lost {len(r.lost)}   doubled {len(r.doubled)}   stuck {len(r.stuck)}   "
-        f"payments charged exactly once {r.charged_once}, failed visibly {r.payments_failed}",
+        f"payments charged exactly once {r.charged_once}, failed visibly {r.payments_failed}   "
+        f"dead-lettered {len(r.dead_letters)}",
         *(f"  LOST {run_id}" for run_id in r.lost),
         *(f"  DOUBLED {run_id}: {n} charges" for run_id, n in r.doubled.items()),
         *(f"  STUCK {run_id}: {why}" for run_id, why in r.stuck.items()),
+        *(f"  DEAD-LETTERED {letter}" for letter in r.dead_letters),
     ]

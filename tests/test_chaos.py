@@ -23,6 +23,7 @@ def test_random_replicas_killed_under_load_lose_and_double_nothing(tmp_path: Pat
     assert result.lost == [], summary
     assert result.doubled == {}, summary
     assert result.stuck == {}, summary
+    assert result.dead_letters == [], summary
     assert result.completed + result.escalated == result.runs, summary
     # A killed replica's replacement appends to its log: what the dead process wrote is still there.
     restarted = [log for log in (tmp_path / "logs").glob("*.log") if log.read_text().count("--- started") > 1]
