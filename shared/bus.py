@@ -88,6 +88,7 @@ LW_RUN_ID_ATTR = "loopwarden.run.id"
 DLQ_BODY_LIMIT = 256 * 1024  # bytes of a dead-lettered body kept in its letter
 SCENARIOS_KEPT = 256  # scripted runs whose scenario a process keeps in memory
 PULL_EXPIRES_S = 5.0  # a pull request's lifetime; a new one is sent as slots free up
+MIN_RETRY_S = 0.1  # the shortest wait before a handler that said "try later" is tried again in place
 KV_OP_HEADER = "KV-Operation"
 EXPECTED_STREAM_HEADER = "Nats-Expected-Stream"
 EXPECTED_LAST_SUBJECT_SEQUENCE_HEADER = "Nats-Expected-Last-Subject-Sequence"
@@ -535,6 +536,7 @@ class Bus:
             self.tracer_provider.get_tracer("loopwarden.bus") if self.tracer_provider is not None else None
         )
         self._pulls: list[_Pull] = []
+        self._stopping = False  # set by ``stop``: a handler waiting for a dependency hands its message back
         self._responders: list[_Responder] = []
         self._subs: list[Subscription] = []
         self._background: set[asyncio.Task[Any]] = set()
@@ -688,6 +690,7 @@ class Bus:
         """Finish in-flight handlers (handing back what does not finish in time), close the
         connection (or just close if the server is already gone), then run the ``on_stop``
         hooks (e.g. closing MCP sessions), each bounded."""
+        self._stopping = True
         try:
             connected = self.broker.connection.is_connected
         except Exception:  # never connected
@@ -848,30 +851,27 @@ class Bus:
             await msg.ack()
             return
         token = _DELIVERIES.set(deliveries)
+        waited: TryLater | None = None
+        started = time.monotonic()
         try:
-            held = 0.0
+            # A dependency that is not ready (``TryLater``: the governor restarting) is retried here, the
+            # message held under its heartbeat, for up to the ack wait counted from this delivery, so an
+            # outage spends no delivery (deliveries count crashes: ``max_deliver`` of them dead-letter the
+            # message); past that, or when the service stops, the message is handed back for later.
             while True:
                 try:
                     await handler(payload)
                     break
                 except TryLater as later:
-                    # A dependency is not ready (e.g. the governor restarting): retry here, the message
-                    # held under its heartbeat, for up to the ack wait, so an outage spends no delivery
-                    # (deliveries count crashes: ``max_deliver`` of them dead-letter the message); past
-                    # that, hand it back for later.
-                    if held + later.delay > self.settings.ack_wait_s:
-                        if deliveries >= limit:  # not ready through every delivery: say so, not "crashed"
-                            log.error("%s: giving up on %s: %s", self.service, msg.subject, later)
-                            reason = f"still not ready after {deliveries} deliveries held {held:g}s each: {later}"
-                            await self.dead_letter(msg, reason, deliveries)
-                            await msg.ack()
-                            return
-                        log.info("%s: retry later, handed back (%s)", self.service, later)
-                        await msg.nak(delay=later.delay)
-                        return
+                    held = time.monotonic() - started
+                    if self._stopping or held + later.delay > self.settings.ack_wait_s:
+                        waited = later
+                        break
                     log.info("%s: retry later (%s)", self.service, later)
-                    await asyncio.sleep(later.delay)
-                    held += later.delay
+                    await asyncio.sleep(max(later.delay, MIN_RETRY_S))
+                    if self._stopping:
+                        waited = later
+                        break
                     _DELIVERIES.set(deliveries + 1)  # taken again: a handler reuses what the last take stored
         except Exception as err:
             if deliveries >= limit:
@@ -884,7 +884,17 @@ class Bus:
             return
         finally:
             _DELIVERIES.reset(token)
-        await msg.ack()
+        if waited is None:
+            await msg.ack()
+        elif deliveries >= limit:  # not ready through every delivery: say so, not "crashed"
+            log.error("%s: giving up on %s: %s", self.service, msg.subject, waited)
+            held = time.monotonic() - started
+            reason = f"still not ready after {deliveries} deliveries ({held:.0f}s on the last): {waited}"
+            await self.dead_letter(msg, reason, deliveries)
+            await msg.ack()
+        else:
+            log.info("%s: retry later, handed back (%s)", self.service, waited)
+            await msg.nak(delay=waited.delay)
 
     async def _heartbeats(self) -> None:
         interval = max(0.2, self.settings.ack_wait_s / 3)

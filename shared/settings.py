@@ -81,7 +81,7 @@ class Settings(BaseSettings):
         30.0,
         gt=0,
         description="JetStream ack wait; handlers heartbeat at a third of it, and a handler whose dependency is not "
-        "ready (the governor restarting) retries in place for up to it before handing its message back",
+        "ready (the governor restarting) retries in place until it has passed since the delivery, then hands it back",
     )
     max_deliver: int = Field(
         6,

@@ -199,6 +199,42 @@ async def test_a_handler_that_kills_its_process_on_every_delivery_is_dead_letter
     assert "not completed after 2 deliveries" in letters[0].reason
 
 
+async def test_a_handler_waiting_for_a_dependency_is_held_for_the_ack_wait_then_dead_lettered_with_why(
+    client: Client, stack: LocalStack
+) -> None:
+    """A handler that spends 0.4 s before saying "try later" (a dependency that times out) is tried
+    again in place only until the ack wait (1 s) has passed since its delivery - its own time counted,
+    not only the waits between tries - then handed back; after the last delivery the message is
+    dead-lettered with what it waited for, not as a crashed handler."""
+    from shared.bus import Bus, TryLater, current_deliveries
+    from shared.settings import Settings
+
+    marker = "later-" + os.urandom(4).hex()
+    subject = f"{S.P}.cmd.test.later.{marker}"
+    bus = Bus(Settings(nats_url=str(stack.nats_url), ack_wait_s=1, max_deliver=2), "latertest")
+    tries: list[int] = []
+
+    @bus.consumer(durable=f"latertest_{marker}", filter_subjects=[subject], model=RunAdvance)
+    async def on_event(ev: RunAdvance) -> None:
+        tries.append(current_deliveries())
+        await asyncio.sleep(0.4)
+        raise TryLater("the dependency did not answer", delay=0.05)
+
+    await bus.connect()
+    try:
+        await bus.publish(subject, RunAdvance(run_id=marker, iteration=0), msg_id=marker)
+        await bus.start()
+        letters = await letters_where(client, marker, timeout=30)
+    finally:
+        await bus.stop()
+    # 2 deliveries of at most 3 tries each (0.4 s + 0.05 s a try within 1 s); the waits alone would allow 20 each
+    assert 4 <= len(tries) <= 6, tries
+    assert tries[0] == 1 and tries[1] == 2, tries  # a try in place sees itself as taken again
+    assert len(letters) == 1 and letters[0].service == "latertest" and letters[0].deliveries == 2, letters
+    assert letters[0].reason.startswith("still not ready after 2 deliveries"), letters[0].reason
+    assert "the dependency did not answer" in letters[0].reason
+
+
 async def test_the_benchmarks_in_process_floor_drives_a_whole_run() -> None:
     """`make bench` compares the service loop with this in-process driver of the same domain code."""
     from bench.throughput import floor_steps
