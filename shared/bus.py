@@ -102,11 +102,15 @@ def current_deliveries() -> int:
 
 
 class TryLater(Exception):
-    """Raised by a handler whose dependency is not ready: redeliver after ``delay``."""
+    """Raised by a handler whose dependency is not ready: try again after ``delay``, in place (the
+    message held) while the ack wait lasts; ``in_place=False`` hands the message back at once, for a
+    wait that must not hold one of the consumer's slots (one tool's missing contract would otherwise
+    stall every other tool's results)."""
 
-    def __init__(self, reason: str, delay: float = 0.5) -> None:
+    def __init__(self, reason: str, delay: float = 0.5, *, in_place: bool = True) -> None:
         super().__init__(reason)
         self.delay = delay
+        self.in_place = in_place
 
 
 class CasConflict(Exception):
@@ -864,7 +868,7 @@ class Bus:
                     break
                 except TryLater as later:
                     held = time.monotonic() - started
-                    if self._stopping or held + later.delay > self.settings.ack_wait_s:
+                    if not later.in_place or self._stopping or held + later.delay > self.settings.ack_wait_s:
                         waited = later
                         break
                     log.info("%s: retry later (%s)", self.service, later)

@@ -38,8 +38,8 @@ class Validator:
         if cached is not None and time.monotonic() - fetched_at < self.CONTRACT_TTL_S:
             return cached
         contract, _ = await self.bus.kv_get(S.KV_CONTRACTS, S.kv_key(tool), ToolContract)
-        if contract is None:
-            raise TryLater(f"no contract registered for tool '{tool}'", delay=1.0)
+        if contract is None:  # handed back, not held: results of every other tool share this consumer
+            raise TryLater(f"no contract registered for tool '{tool}'", delay=1.0, in_place=False)
         self._contracts[tool] = (time.monotonic(), contract)
         return contract
 
