@@ -86,7 +86,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "duplicated in the runs' history. If it fails again it is dead-lettered again, under a new number. "
         "Requeuing the same letter twice within the de-duplication window runs it once.",
     )
-    q.add_argument("seqs", metavar="N", nargs="+", type=_letter_number, help="a letter's number (`loopwarden dlq`)")
+    q.add_argument("seqs", metavar="N", nargs="+", help="a letter's number (`loopwarden dlq` lists them)")
     q.set_defaults(func=cmd_requeue)
 
 
@@ -283,30 +283,29 @@ async def cmd_dlq(args: argparse.Namespace) -> int:
     return OK
 
 
-def _letter_number(value: str) -> int:
-    try:
-        seq = int(value)
-    except ValueError:
-        seq = 0
-    if seq < 1:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a letter's number (`loopwarden dlq` lists them)")
-    return seq
+def letter_number(value: str) -> int:
+    """A letter's number as typed, or a UserError."""
+    digits = value.strip()
+    if not digits.isdigit() or int(digits) < 1:
+        raise UserError(f"{value!r} is not a letter's number (`loopwarden dlq` lists them)")
+    return int(digits)
 
 
 async def cmd_requeue(args: argparse.Namespace) -> int:
     from loopwarden.client import NoSuchLetter, NotRequeueable
     from shared.dead_letters import refusal
 
+    seqs = list(dict.fromkeys(letter_number(v) for v in args.seqs))  # before connecting
     cfg = settings()
     async with connected(cfg, identity=cfg.nats_user or "client") as client:
         try:
-            for seq in dict.fromkeys(args.seqs):  # every letter checked before any is handed back
+            for seq in seqs:  # every letter checked before any is handed back
                 why = refusal(seq, await client.letter(seq))
                 if why is not None:
                     raise NotRequeueable(why)
-            done = [await client.requeue(seq) for seq in dict.fromkeys(args.seqs)]
+            done = [await client.requeue(seq) for seq in seqs]
         except (NoSuchLetter, NotRequeueable) as err:
-            raise UserError(f"{err}; nothing was requeued" if len(args.seqs) > 1 else str(err)) from None
+            raise UserError(f"{err}; nothing was requeued" if len(seqs) > 1 else str(err)) from None
     for r in done:
         if r.duplicate:
             say(
