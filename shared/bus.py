@@ -955,7 +955,14 @@ class Bus:
                 await msg.nak(delay=self.settings.redeliver_delay_s)
             return
         log.info("%s: letter %d requeued on %s (%s)", self.service, cmd.letter, pull.spec.durable, cmd.subject)
-        await self._deliver(original, pull.model, pull.handler, earlier=cmd.deliveries, requeued_from=cmd.letter)
+        deliver = self._deliver(original, pull.model, pull.handler, earlier=cmd.deliveries, requeued_from=cmd.letter)
+        if self._tracer is None or "traceparent" not in cmd.headers:
+            await deliver
+            return
+        # Processed in the trace the message belonged to (the run's), whoever requeued it and whether or
+        # not they traced: what the handler does now continues the run's trace.
+        with self._span(f"{S.stem(cmd.subject)} process", SpanKind.CONSUMER, self._extract(cmd.headers), cmd.headers):
+            await deliver
 
     async def _heartbeats(self) -> None:
         interval = max(0.2, self.settings.ack_wait_s / 3)

@@ -22,7 +22,10 @@ from loopwarden.stack import LocalStack
 from shared import subjects as S
 from shared.scenario import parse_scenario
 from shared.settings import Settings
+from shared.telemetry import Telemetry
 from tests.conftest import ROOT, TEST_ENV
+from tests.support.otlp_collector import OtlpCollector
+from tests.support.tracing import spans_of_run
 
 GIVES_UP_FAST = {**TEST_ENV, "LW_ACK_WAIT_S": "1", "LW_MAX_DELIVER": "2"}
 
@@ -57,16 +60,20 @@ def duplicated(events: list[Event]) -> list[str]:
     return [subject for (subject, _), n in seen.items() if n > 1]
 
 
-async def test_a_turn_dead_lettered_while_the_governor_was_gone_completes_once_it_is_requeued(tmp_path: Path) -> None:
+async def test_a_turn_dead_lettered_while_the_governor_was_gone_completes_once_it_is_requeued(
+    tmp_path: Path, otlp: OtlpCollector, client_telemetry: Telemetry
+) -> None:
     """No governor: the run's first turn (a `run.advance` command) is dead-lettered by the planner with its
     reason. The governor starts; `loopwarden dlq` names the letter's number; `loopwarden dlq requeue N` hands it
-    back; the run completes, with each event once. Requeuing it again within the de-duplication window runs
-    nothing more; a request/reply letter and an unknown number are one-line refusals (exit 2)."""
-    stack = LocalStack(state_dir=tmp_path, env=GIVES_UP_FAST, services=("planner", "executor", "validator"))
+    back; the run completes, with each event once, and the turn taken now is in the run's trace although the
+    CLI traces nothing. Requeuing it again within the de-duplication window runs nothing more; a request/reply
+    letter and an unknown number are one-line refusals (exit 2)."""
+    env = {**GIVES_UP_FAST, "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.endpoint}
+    stack = LocalStack(state_dir=tmp_path, env=env, services=("planner", "executor", "validator"))
     stack.start()
     url = str(stack.nats_url)
     try:
-        async with Client(Settings(nats_url=url)) as client:
+        async with Client(Settings(nats_url=url), telemetry=client_telemetry) as client:
             scenario = {"name": "governor-gone", "task": "Say done.", "planner": [{"text": "done"}]}
             run_id = await client.submit_scenario(parse_scenario({**scenario, "answer_mode": "text"}))
             (numbered,) = await letters_of(client, run_id)
@@ -95,6 +102,14 @@ async def test_a_turn_dead_lettered_while_the_governor_was_gone_completes_once_i
             kinds = Counter(e.kind for e in events)
             assert kinds["run.started"] == 1 and kinds["run.model_called"] == 1 and kinds["run.completed"] == 1
             assert duplicated(events) == [], duplicated(events)
+            # the model call could only happen after the requeue (no budget before): it is in the run's trace
+            await spans_of_run(otlp, client, run_id, {"loopwarden-planner"})
+            root = next(s for s in otlp.spans if s.name == f"run {run_id}")
+            for _ in range(100):
+                if any(s.name.startswith("chat ") for s in otlp.trace(root.trace_id)):
+                    break
+                await asyncio.sleep(0.1)
+            assert any(s.name.startswith("chat ") for s in otlp.trace(root.trace_id)), otlp.trace(root.trace_id)
 
             again = await run_cli(url, tmp_path, "dlq", "requeue", str(numbered.seq))
             assert again.returncode == 0 and "already" in again.stdout, again.stdout + again.stderr
