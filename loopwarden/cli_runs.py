@@ -269,7 +269,8 @@ async def cmd_metrics(args: argparse.Namespace) -> int:
 
 
 async def cmd_dlq(args: argparse.Namespace) -> int:
-    async with connected() as client:
+    cfg = settings()  # as the user LW_NATS_USER names (an operator reads the letters they may hand back)
+    async with connected(cfg, identity=cfg.nats_user or "client") as client:
         letters = await client.letters()
     if args.json:
         emit_json([{"seq": n.seq, **n.letter.model_dump(mode="json")} for n in letters])
