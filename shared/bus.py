@@ -71,7 +71,7 @@ from opentelemetry.trace import SpanKind, Tracer
 from pydantic import BaseModel, ValidationError
 
 from shared import subjects as S
-from shared.dead_letters import BODY_LIMIT, letter_body, taker
+from shared.dead_letters import letter_body, taker
 from shared.describe import describe
 from shared.messages import DeadLetter, ErrorReply, Requeue
 from shared.payloads import PayloadError, PayloadStore, ensure_store
@@ -87,7 +87,6 @@ Handler = Callable[[M], Awaitable[None]]
 RUN_ID_HEADER = "Lw-Run-Id"
 MSG_ID_HEADER = "Nats-Msg-Id"
 LW_RUN_ID_ATTR = "loopwarden.run.id"
-DLQ_BODY_LIMIT = BODY_LIMIT  # bytes of a dead-lettered body kept in its letter
 SCENARIOS_KEPT = 256  # scripted runs whose scenario a process keeps in memory
 PULL_EXPIRES_S = 5.0  # a pull request's lifetime; a new one is sent as slots free up
 MIN_RETRY_S = 0.1  # the shortest wait before a handler that said "try later" is tried again in place
