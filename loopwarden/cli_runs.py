@@ -1,6 +1,6 @@
 """Commands for whoever submits and follows runs: ``submit``, ``status``, ``events``, ``trace``,
-``metrics``, ``dlq``. Each reads through a bounded connect (``cli_common.connected``); the reading
-ones take ``--json``."""
+``metrics``, ``dlq`` (and ``dlq requeue``, which hands dead letters back). Each reads through a bounded
+connect (``cli_common.connected``); the reading ones take ``--json``."""
 
 from __future__ import annotations
 
@@ -69,9 +69,25 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_json_flag(p)
     p.set_defaults(func=cmd_metrics)
 
-    p = sub.add_parser("dlq", help="dead-lettered messages and why", description="Dead letters, oldest first.")
+    p = sub.add_parser(
+        "dlq",
+        help="dead-lettered messages and why; `dlq requeue N` hands one back",
+        description="Dead letters, oldest first, each with its number (its LW_DLQ sequence).",
+    )
     add_json_flag(p)
     p.set_defaults(func=cmd_dlq)
+    actions = p.add_subparsers(dest="dlq_action", metavar="ACTION")
+    q = actions.add_parser(
+        "requeue",
+        help="hand dead letters back to the services that gave up on them",
+        description="Hand each letter back to the service that dead-lettered it: the service runs it again "
+        "through the consumer that took it, as a redelivery (once the dependency it waited for is back, or the "
+        "fault is fixed). Nothing is published on the message's own subject again, so an event is not "
+        "duplicated in the runs' history. If it fails again it is dead-lettered again, under a new number. "
+        "Requeuing the same letter twice within the de-duplication window runs it once.",
+    )
+    q.add_argument("seqs", metavar="N", nargs="+", help="a letter's number (`loopwarden dlq` lists them)")
+    q.set_defaults(func=cmd_requeue)
 
 
 # --- submit -------------------------------------------------------------------------------------
@@ -253,11 +269,50 @@ async def cmd_metrics(args: argparse.Namespace) -> int:
 
 
 async def cmd_dlq(args: argparse.Namespace) -> int:
-    async with connected() as client:
-        letters = await client.dead_letters()
+    cfg = settings()  # as the user LW_NATS_USER names (an operator reads the letters they may hand back)
+    async with connected(cfg, identity=cfg.nats_user or "client") as client:
+        letters = await client.letters()
     if args.json:
-        emit_json([letter.model_dump(mode="json") for letter in letters])
+        emit_json([{"seq": n.seq, **n.letter.model_dump(mode="json")} for n in letters])
         return OK
-    for letter in letters:
-        say(f"{letter.at:%H:%M:%S} {letter.service:10} {letter.subject}: {letter.reason}")
+    for n in letters:
+        letter = n.letter
+        again = f" (requeued letter {letter.requeued_from})" if letter.requeued_from is not None else ""
+        say(f"{n.seq:>5}  {letter.at:%H:%M:%S} {letter.service:10} {letter.subject}: {letter.reason}{again}")
+    if letters:
+        say("(`loopwarden dlq requeue N` hands letter N back to its service)")
+    return OK
+
+
+def letter_number(value: str) -> int:
+    """A letter's number as typed, or a UserError."""
+    digits = value.strip()
+    if not digits.isdigit() or int(digits) < 1:
+        raise UserError(f"{value!r} is not a letter's number (`loopwarden dlq` lists them)")
+    return int(digits)
+
+
+async def cmd_requeue(args: argparse.Namespace) -> int:
+    from loopwarden.client import NoSuchLetter, NotRequeueable
+    from shared.dead_letters import refusal
+
+    seqs = list(dict.fromkeys(letter_number(v) for v in args.seqs))  # before connecting
+    cfg = settings()
+    async with connected(cfg, identity=cfg.nats_user or "client") as client:
+        try:
+            for seq in seqs:  # every letter checked before any is handed back
+                why = refusal(seq, await client.letter(seq))
+                if why is not None:
+                    raise NotRequeueable(why)
+            done = [await client.requeue(seq) for seq in seqs]
+        except (NoSuchLetter, NotRequeueable) as err:
+            raise UserError(f"{err}; nothing was requeued" if len(seqs) > 1 else str(err)) from None
+    for r in done:
+        if r.duplicate:
+            say(
+                f"letter {r.seq} was handed back to {r.service} already (within the de-duplication window): "
+                "not sent again; if it was dead-lettered again, requeue the newer letter"
+            )
+        else:
+            say(f"letter {r.seq} handed back to {r.service} ({r.subject})")
     return OK

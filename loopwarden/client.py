@@ -14,12 +14,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.js.errors import NotFoundError
 from opentelemetry.trace import SpanKind
+from pydantic import ValidationError
 
 from shared import history as H
 from shared import subjects as S
 from shared.bus import RUN_ID_HEADER, Bus, stream_for
 from shared.canonical import digest_of
+from shared.dead_letters import refusal, requeue_command, requeue_msg_id
+from shared.describe import describe
 from shared.messages import (
     FINAL_STATUSES,
     PROGRESS_EVENTS,
@@ -58,10 +62,38 @@ class Event:
     payload: dict[str, Any]
     run_id: str
     headers: dict[str, str] = field(default_factory=dict)  # as published (``traceparent``: the run's trace)
+    seq: int = 0  # its sequence in the stream it was read from
 
     @property
     def kind(self) -> str:
         return S.stem(self.subject).removeprefix(f"{S.P}.evt.")
+
+
+@dataclass(frozen=True)
+class NumberedLetter:
+    """A dead letter and its number: its sequence in LW_DLQ, which ``Client.requeue`` takes."""
+
+    seq: int
+    letter: DeadLetter
+
+
+@dataclass(frozen=True)
+class Requeued:
+    """A letter handed back to its service; ``duplicate``: it had been handed back already within the
+    de-duplication window (``LW_DUPLICATE_WINDOW_S``), so the server kept the first one only."""
+
+    seq: int
+    service: str
+    subject: str
+    duplicate: bool
+
+
+class NoSuchLetter(LookupError):
+    """No dead letter has that number."""
+
+
+class NotRequeueable(ValueError):
+    """The letter cannot be handed back to its service; the message says why."""
 
 
 class Watch:
@@ -296,7 +328,10 @@ class Client:
         data = msg.data
         with contextlib.suppress(PayloadError):
             data = await self.bus.payloads.inflate(self.bus.nc, data, headers)
-        return Event(msg.subject, _json(data), headers.get(RUN_ID_HEADER, ""), headers)
+        seq = 0
+        with contextlib.suppress(Exception):  # a core NATS message (``watch``) has no stream sequence
+            seq = int(msg.metadata.sequence.stream)
+        return Event(msg.subject, _json(data), headers.get(RUN_ID_HEADER, ""), headers, seq)
 
     async def watch(self, run_id: str) -> Watch:
         """Live events of a run as they are published. Subscribed when this returns (the server has
@@ -309,7 +344,49 @@ class Client:
         return watch
 
     async def dead_letters(self) -> list[DeadLetter]:
-        return [DeadLetter.model_validate(e.payload) for e in await self.events(subjects=f"{S.DLQ_PREFIX}.>")]
+        return [n.letter for n in await self.letters()]
+
+    async def letters(self) -> list[NumberedLetter]:
+        """Every dead letter with its number, oldest first."""
+        events = await self.events(subjects=f"{S.DLQ_PREFIX}.>")
+        return [NumberedLetter(e.seq, DeadLetter.model_validate(e.payload)) for e in events]
+
+    async def letter(self, seq: int) -> DeadLetter:
+        """Dead letter number ``seq`` (``NoSuchLetter``; ``NotRequeueable`` if what is stored there is no letter)."""
+        js = self.bus.js
+        try:
+            raw = await self.bus.through_failover(
+                f"read letter {seq}", lambda: js.get_msg(S.STREAM_DLQ, seq), repeatable=True
+            )
+        except NotFoundError:
+            raise NoSuchLetter(f"no dead letter numbered {seq} in {S.STREAM_DLQ}") from None
+        try:
+            data = await self.bus.payloads.inflate(self.bus.nc, raw.data or b"", raw.headers)
+        except PayloadError as err:
+            raise NotRequeueable(f"letter {seq} travelled by reference and cannot be read: {err}") from None
+        try:
+            return DeadLetter.model_validate_json(data)
+        except ValidationError as err:
+            raise NotRequeueable(f"letter {seq} does not read as a DeadLetter: {describe(err)}") from None
+
+    async def requeue(self, seq: int) -> Requeued:
+        """Hand dead letter ``seq`` back to the service that gave up on it: that service runs it through
+        the consumer that takes its subject, as a redelivery (its handlers are idempotent), and nothing is
+        published on the message's own subject again (an event stays once in the runs' history). A second
+        requeue of the same letter within the de-duplication window is dropped by the server (``duplicate``).
+        ``NoSuchLetter``, or ``NotRequeueable`` naming why (a request/reply letter: its caller is gone)."""
+        letter = await self.letter(seq)
+        why = refusal(seq, letter)
+        if why is not None:
+            raise NotRequeueable(why)
+        ack = await self.bus.publish(
+            S.requeue(letter.service),
+            requeue_command(seq, letter),
+            msg_id=requeue_msg_id(seq),
+            run_id=letter.headers.get(RUN_ID_HEADER),
+            traceparent=letter.headers.get("traceparent"),
+        )
+        return Requeued(seq, letter.service, letter.subject, ack.duplicate)
 
     # --- escalations ------------------------------------------------------------------------------
     # Who claims, renews or resolves is the operator token of the subject (``...claim.<who>``, or

@@ -45,6 +45,7 @@ from shared.messages import (
     EscalationResolution,
     JudgeRequest,
     McpServerStatus,
+    Requeue,
     RunAdvance,
     RunEvent,
     RunSubmit,
@@ -135,6 +136,13 @@ PUBLISHES: dict[str, tuple[Publishes, ...]] = {
     ),
     "all": (
         Publishes(f"{S.DLQ_PREFIX}.{{service}}", DeadLetter, "a message that could not be handled, with the reason"),
+    ),
+    "operator": (
+        Publishes(
+            f"{S.REQUEUE_PREFIX}.{{service}}",
+            Requeue,
+            "a dead letter handed back to the service that gave up on it (loopwarden dlq requeue)",
+        ),
     ),
 }
 

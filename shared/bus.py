@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
 import functools
 import itertools
 import json
@@ -70,8 +71,9 @@ from opentelemetry.trace import SpanKind, Tracer
 from pydantic import BaseModel, ValidationError
 
 from shared import subjects as S
+from shared.dead_letters import letter_body, taker
 from shared.describe import describe
-from shared.messages import DeadLetter, ErrorReply
+from shared.messages import DeadLetter, ErrorReply, Requeue
 from shared.payloads import PayloadError, PayloadStore, ensure_store
 from shared.permissions import GRANTS
 from shared.scenario import Scenario
@@ -85,7 +87,6 @@ Handler = Callable[[M], Awaitable[None]]
 RUN_ID_HEADER = "Lw-Run-Id"
 MSG_ID_HEADER = "Nats-Msg-Id"
 LW_RUN_ID_ATTR = "loopwarden.run.id"
-DLQ_BODY_LIMIT = 256 * 1024  # bytes of a dead-lettered body kept in its letter
 SCENARIOS_KEPT = 256  # scripted runs whose scenario a process keeps in memory
 PULL_EXPIRES_S = 5.0  # a pull request's lifetime; a new one is sent as slots free up
 MIN_RETRY_S = 0.1  # the shortest wait before a handler that said "try later" is tried again in place
@@ -247,11 +248,11 @@ class _Pull:
                 await locks.acquire(run_id)
             try:
                 if self.bus._tracer is None:
-                    await self.bus._deliver(msg, self.model, self.handler)
+                    await self.deliver(msg)
                 else:
                     ctx = self.bus._extract(msg.headers)
                     with self.bus._span(f"{S.stem(msg.subject)} process", SpanKind.CONSUMER, ctx, msg.headers):
-                        await self.bus._deliver(msg, self.model, self.handler)
+                        await self.deliver(msg)
             finally:
                 if run_id:
                     locks.release(run_id)
@@ -264,6 +265,9 @@ class _Pull:
         finally:
             self.held.pop(id(msg), None)
             self.wake.set()
+
+    async def deliver(self, msg: Msg) -> None:
+        await self.bus._deliver(msg, self.model, self.handler)
 
     async def loop(self) -> None:
         nc = self.bus.nc
@@ -306,6 +310,17 @@ class _Pull:
         if self.sub is not None:
             with contextlib.suppress(Exception):
                 await self.sub.unsubscribe()
+
+
+class _Requeue(_Pull):
+    """The service's requeue durable (``requeue_<service>``): a dead letter handed back (``Requeue``) is
+    run by the service's consumer that takes its subject, as a redelivery of the message (``Bus._requeue``)."""
+
+    def __init__(self, bus: Bus, spec: ConsumerSpec) -> None:
+        super().__init__(bus, spec, Requeue, bus._requeue)
+
+    async def deliver(self, msg: Msg) -> None:
+        await self.bus._requeue(msg)
 
 
 class _Replies:
@@ -762,10 +777,19 @@ class Bus:
         self._consumers.append(spec)
 
         def register(handler: Handler[M]) -> Handler[M]:
-            pull = _Pull(self, spec, model, handler)
-            self._pulls.append(pull)
+            pulls = [_Pull(self, spec, model, handler)]
+            if not any(isinstance(p, _Requeue) for p in self._pulls):
+                # A service that consumes anything can be handed its dead letters back: its requeue
+                # durable is declared with its first consumer (bootstrap and the start-up checks see it).
+                requeue = ConsumerSpec(
+                    S.STREAM_CMD, S.requeue_durable(self.service), (S.requeue(self.service),), self.service
+                )
+                self._consumers.append(requeue)
+                pulls.append(_Requeue(self, requeue))
+            self._pulls += pulls
             if self._started:  # registered after start (e.g. tools mounted late): consume now
-                self._spawn(pull.start())
+                for pull in pulls:
+                    self._spawn(pull.start())
             return handler
 
         return register
@@ -836,25 +860,30 @@ class Bus:
             raise Undecodable(f"payload reference cannot be resolved: {err}") from None
         return decode(model, data)
 
-    async def _deliver(self, msg: Msg, model: type[M], handler: Handler[M]) -> None:
-        """Decode, run the handler, then ack; dead-letter what cannot be delivered, with its reason."""
+    async def _deliver(
+        self, msg: Msg, model: type[M], handler: Handler[M], *, earlier: int = 0, requeued_from: int | None = None
+    ) -> None:
+        """Decode, run the handler, then ack; dead-letter what cannot be delivered, with its reason.
+        A requeued letter (``requeued_from``) comes through here too: ``earlier`` deliveries happened
+        before it was dead-lettered, so its handler sees a redelivery, and the limits count this life's."""
         deliveries = num_delivered(msg.reply)
         limit = self.settings.max_deliver
+
+        async def give_up(reason: str) -> None:
+            await self.dead_letter(msg, reason, earlier + deliveries, requeued_from=requeued_from)
+            await msg.ack()
+
         if deliveries > limit:
             # It never completed: the handler crashed its process (or hung) on every delivery.
             # Dead-letter it *before* running the handler again.
-            await self.dead_letter(
-                msg, f"not completed after {deliveries - 1} deliveries (the handler crashed or hung)", deliveries
-            )
-            await msg.ack()
+            await give_up(f"not completed after {deliveries - 1} deliveries (the handler crashed or hung)")
             return
         try:
             payload = await self._decode(model, msg)
         except Undecodable as err:
-            await self.dead_letter(msg, str(err), deliveries)
-            await msg.ack()
+            await give_up(str(err))
             return
-        token = _DELIVERIES.set(deliveries)
+        token = _DELIVERIES.set(earlier + deliveries)
         waited: TryLater | None = None
         started = time.monotonic()
         try:
@@ -876,12 +905,11 @@ class Bus:
                     if self._stopping:
                         waited = later
                         break
-                    _DELIVERIES.set(deliveries + 1)  # taken again: a handler reuses what the last take stored
+                    _DELIVERIES.set(earlier + deliveries + 1)  # taken again: a handler reuses what the last take stored
         except Exception as err:
             if deliveries >= limit:
                 log.exception("%s: giving up on %s after %d deliveries", self.service, msg.subject, deliveries)
-                await self.dead_letter(msg, f"handler failed {deliveries} times: {err!r}", deliveries)
-                await msg.ack()
+                await give_up(f"handler failed {deliveries} times: {err!r}")
                 return
             log.warning("%s: handler failed on %s (delivery %d): %r", self.service, msg.subject, deliveries, err)
             await msg.nak(delay=self.settings.redeliver_delay_s * 2 ** (deliveries - 1))
@@ -893,12 +921,47 @@ class Bus:
         elif deliveries >= limit:  # not ready through every delivery: say so, not "crashed"
             log.error("%s: giving up on %s: %s", self.service, msg.subject, waited)
             held = time.monotonic() - started
-            reason = f"still not ready after {deliveries} deliveries ({held:.0f}s on the last): {waited}"
-            await self.dead_letter(msg, reason, deliveries)
-            await msg.ack()
+            await give_up(f"still not ready after {deliveries} deliveries ({held:.0f}s on the last): {waited}")
         else:
             log.info("%s: retry later, handed back (%s)", self.service, waited)
             await msg.nak(delay=waited.delay)
+
+    async def _requeue(self, msg: Msg) -> None:
+        """A dead letter handed back (``Requeue`` on ``requeue_<service>``): run it through this service's
+        consumer that takes its subject, as a redelivery, and ack or hand back ``msg`` as that consumer
+        would have. It fails as any delivery does: tried again in place while a dependency is not ready,
+        then dead-lettered again with its reason, naming the letter it was requeued from."""
+        deliveries = num_delivered(msg.reply)
+        try:
+            cmd = await self._decode(Requeue, msg)
+        except Undecodable as err:
+            await self.dead_letter(msg, str(err), deliveries)
+            await msg.ack()
+            return
+        # The message as it first arrived (subject, body, headers), acknowledged through the requeue's own
+        # ack subject: in-progress, ack, nak and the delivery count are this requeue's.
+        original = dataclasses.replace(msg, subject=cmd.subject, data=cmd.body.encode(), headers=cmd.headers)
+        takers = [p for p in self._pulls if type(p) is _Pull]  # not the requeue durable itself
+        durable = taker(((p.spec.durable, p.spec.filter_subjects) for p in takers), cmd.subject)
+        pull = next((p for p in takers if p.spec.durable == durable), None)
+        if pull is None:  # another replica may consume it (an executor hosting other tools)
+            reason = f"no consumer of {self.service} here takes {cmd.subject}"
+            if deliveries >= self.settings.max_deliver:
+                await self.dead_letter(original, reason, cmd.deliveries + deliveries, requeued_from=cmd.letter)
+                await msg.ack()
+            else:
+                log.warning("%s: letter %d handed back: %s", self.service, cmd.letter, reason)
+                await msg.nak(delay=self.settings.redeliver_delay_s)
+            return
+        log.info("%s: letter %d requeued on %s (%s)", self.service, cmd.letter, pull.spec.durable, cmd.subject)
+        deliver = self._deliver(original, pull.model, pull.handler, earlier=cmd.deliveries, requeued_from=cmd.letter)
+        if self._tracer is None or "traceparent" not in cmd.headers:
+            await deliver
+            return
+        # Processed in the trace the message belonged to (the run's), whoever requeued it and whether or
+        # not they traced: what the handler does now continues the run's trace.
+        with self._span(f"{S.stem(cmd.subject)} process", SpanKind.CONSUMER, self._extract(cmd.headers), cmd.headers):
+            await deliver
 
     async def _heartbeats(self) -> None:
         interval = max(0.2, self.settings.ack_wait_s / 3)
@@ -909,20 +972,23 @@ class Bus:
                 with contextlib.suppress(Exception):
                     await m.in_progress()
 
-    async def dead_letter(self, raw: Any, reason: str, deliveries: int) -> None:
-        body = raw.data.decode("utf-8", errors="replace")
-        if len(raw.data) > DLQ_BODY_LIMIT:  # the letter itself must fit under the server's payload limit
-            body = body[:DLQ_BODY_LIMIT] + f"... [{len(raw.data)} bytes, cut to {DLQ_BODY_LIMIT}]"
+    async def dead_letter(self, raw: Any, reason: str, deliveries: int, *, requeued_from: int | None = None) -> None:
         letter = DeadLetter(
             service=self.service,
             subject=raw.subject,
             reason=reason,
-            body=body,
+            body=letter_body(raw.data),
             headers={k: str(v) for k, v in (raw.headers or {}).items()},
             deliveries=deliveries,
+            requeued_from=requeued_from,
         )
         seq = _stream_seq(raw)  # a core NATS request has no JetStream metadata
-        msg_id = f"dlq-{self.service}-{raw.subject}-{seq}" if seq else f"dlq-{self.service}-{uuid.uuid4().hex}"
+        if requeued_from is not None:  # ``seq`` is the requeue command's (LW_CMD), not the message's own
+            msg_id = f"dlq-{self.service}-requeue-{requeued_from}-{seq}"
+        elif seq:
+            msg_id = f"dlq-{self.service}-{raw.subject}-{seq}"
+        else:
+            msg_id = f"dlq-{self.service}-{uuid.uuid4().hex}"
         await self.publish(S.dead_letter(self.service), letter, msg_id=msg_id)
         log.error("%s: dead-lettered %s: %s", self.service, raw.subject, reason)
 
@@ -953,10 +1019,10 @@ class Bus:
         msg_id: str | None = None,
         run_id: str | None = None,
         traceparent: str | None = None,
-    ) -> None:
-        """Publish to JetStream and await its PubAck; ``msg_id`` makes a re-publish after a crash a no-op.
-        An event that belongs to a run goes out with the run id as its last subject token
-        (``S.run_scoped``): ``subject`` is the stem."""
+    ) -> _PubAck:
+        """Publish to JetStream and await its PubAck (returned: ``duplicate`` says the server had the
+        message id already); ``msg_id`` makes a re-publish after a crash a no-op. An event that belongs
+        to a run goes out with the run id as its last subject token (``S.run_scoped``): ``subject`` is the stem."""
         stem, subject, body, headers = await self._outgoing(subject, payload, msg_id, run_id)
         if self._tracer is not None:
             token = None
@@ -972,6 +1038,7 @@ class Bus:
         else:
             ack = await self._js_publish(subject, body, headers, repeatable=msg_id is not None)
         self._count_failure(stem, ack)
+        return ack
 
     async def _outgoing(
         self, subject: str, payload: BaseModel | bytes, msg_id: str | None, run_id: str | None
@@ -1269,7 +1336,7 @@ class Unchanged(Generic[R]):
         self.result = result
 
 
-_STREAM_PREFIXES = tuple((stream, tuple(p[:-1] for p in patterns)) for stream, patterns in S.STREAM_SUBJECTS.items())
+stream_for = S.stream_for
 
 
 def expect_stream(subject: str, headers: dict[str, str]) -> None:
@@ -1277,14 +1344,6 @@ def expect_stream(subject: str, headers: dict[str, str]) -> None:
     stream = stream_for(subject)
     if stream is not None:
         headers[EXPECTED_STREAM_HEADER] = stream
-
-
-def stream_for(subject: str) -> str | None:
-    """The stream whose subjects hold ``subject`` (every stream's subjects are ``<prefix>.>``)."""
-    for stream, prefixes in _STREAM_PREFIXES:
-        if subject.startswith(prefixes):
-            return stream
-    return None
 
 
 def consumer_config(spec: ConsumerSpec, settings: Settings) -> ConsumerConfig:

@@ -885,13 +885,32 @@ class EscalationReply(Wire):
 
 
 class DeadLetter(Wire):
+    """A message a service gave up on (``lw.v1.dlq.<service>``), with the reason. Its number is its
+    sequence in LW_DLQ (``loopwarden dlq`` shows it; ``loopwarden dlq requeue N`` hands it back)."""
+
     service: str
     subject: str
     reason: str
     body: str
     headers: dict[str, str] = Field(default_factory=dict)
-    deliveries: int = 1
+    deliveries: int = Field(1, description="how often the message was delivered, its earlier requeues included")
     at: datetime = Field(default_factory=utcnow)
+    requeued_from: int | None = Field(
+        None, description="the number (LW_DLQ sequence) of the letter this message was requeued from"
+    )
+
+
+class Requeue(Wire):
+    """Command ``lw.v1.cmd.requeue.<service>``: a dead letter handed back to the service that gave up
+    on it. The service runs it through the consumer that takes ``subject``, as a redelivery."""
+
+    letter: int = Field(ge=1, description="the letter's number (its LW_DLQ sequence)")
+    subject: str = Field(description="the subject the message arrived on")
+    body: str = Field(description="the message's body as the letter kept it")
+    headers: dict[str, str] = Field(
+        default_factory=dict, description="the message's headers (run id, trace context, payload reference)"
+    )
+    deliveries: int = Field(1, ge=0, description="how often it was delivered before it was dead-lettered")
 
 
 class ErrorReply(Wire):
@@ -1006,6 +1025,7 @@ WIRE_MODELS: tuple[type[BaseModel], ...] = (
     EscalationReply,
     EscalationEvent,
     DeadLetter,
+    Requeue,
     ErrorReply,
     McpServerStatus,
     RunSnapshot,

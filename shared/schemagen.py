@@ -44,6 +44,7 @@ CATALOGUE: dict[str, str] = {
     f"{S.ESCALATION_EVENT_PREFIX}.<renewed|expired|refused|sla_applied>.<run>": "EscalationEvent",
     f"{S.ESCALATION_RESOLVED}.<run>": "EscalationResolution",
     f"{S.DLQ_PREFIX}.<service>": "DeadLetter",
+    f"{S.REQUEUE_PREFIX}.<service>": "Requeue",
     f"kv {S.KV_CONTRACTS}": "ToolContract",
     f"kv {S.KV_TOOL_CACHE}": "CachedToolResult",
     f"kv {S.KV_ESCALATIONS}": "Escalation",

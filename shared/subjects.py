@@ -21,6 +21,8 @@ TOOL_EXECUTE_PREFIX = f"{P}.cmd.tool.execute"
 RESULT_VALIDATE = f"{P}.cmd.result.validate"
 JUDGE_SCORE = f"{P}.cmd.judge.score"
 ESCALATION_RAISE = f"{P}.cmd.escalation.raise"
+# operator -> a service: a dead letter handed back (``requeue(service)``; ``loopwarden dlq requeue``)
+REQUEUE_PREFIX = f"{P}.cmd.requeue"
 
 # --- request/reply on core NATS (deliberately outside every stream: a stream capturing
 # a request subject would answer it with a PubAck instead of the service's reply) -------
@@ -71,6 +73,18 @@ DURABLE_GOVERNOR_RUN_FINISHED = "governor_run_finished"
 def executor_durable(tool: str) -> str:
     """One durable per hosted tool: the subject (and its permissions) is the tool's boundary."""
     return f"executor_{token(tool)}"
+
+
+def requeue(service: str) -> str:
+    """Where a dead letter of ``service`` is handed back to it (one subject per service)."""
+    return f"{REQUEUE_PREFIX}.{token(service)}"
+
+
+def requeue_durable(service: str) -> str:
+    """The durable every consuming service has for its requeued letters, shared by its replicas.
+    ``requeue_<service>``, not ``<service>_requeue``: ``executor_<tool>`` is the executor's per-tool
+    namespace, and a tool named ``requeue`` must not share a durable with the executor's letters."""
+    return f"requeue_{token(service)}"
 
 
 # --- key-value buckets -------------------------------------------------------------------------
@@ -150,6 +164,29 @@ def budget_event(level: str) -> str:
 
 def dead_letter(service: str) -> str:
     return f"{DLQ_PREFIX}.{token(service)}"
+
+
+_STREAM_PREFIXES = tuple((stream, tuple(p[:-1] for p in patterns)) for stream, patterns in STREAM_SUBJECTS.items())
+
+
+def stream_for(subject: str) -> str | None:
+    """The stream whose subjects hold ``subject`` (every stream's subjects are ``<prefix>.>``); None for
+    a subject no stream holds (request/reply)."""
+    for stream, prefixes in _STREAM_PREFIXES:
+        if subject.startswith(prefixes):
+            return stream
+    return None
+
+
+def matches(pattern: str, subject: str) -> bool:
+    """Whether ``subject`` matches the NATS subject ``pattern`` (``*`` one token, ``>`` the rest)."""
+    want, got = pattern.split("."), subject.split(".")
+    for i, part in enumerate(want):
+        if part == ">":
+            return len(got) > i
+        if i >= len(got) or (part != "*" and part != got[i]):
+            return False
+    return len(got) == len(want)
 
 
 # --- the human queue's identity-bearing subjects (appended with the console) -----------------

@@ -218,6 +218,7 @@ def test_unreachable_nats_fails_fast_naming_the_url(tmp_path) -> None:
         ("trace", "run-x"),
         ("metrics",),
         ("dlq",),
+        ("dlq", "requeue", "1"),
         ("escalations", "list"),
         ("escalations", "claim", "esc-x"),
         ("bootstrap",),
@@ -247,6 +248,7 @@ def test_unreachable_nats_fails_fast_naming_the_url(tmp_path) -> None:
         (("check-scenario", str(tmp_path / "missing.yaml")), "no such file"),
         (("replay", str(bad_json)), "not a run export: (message): Invalid JSON"),
         (("export", "run-x", "-o", str(tmp_path / "no" / "x.json")), "no such folder"),
+        (("dlq", "requeue", "3", "x"), "'x' is not a letter's number"),
     ]
     with ThreadPoolExecutor(4) as pool:
         local_results = list(pool.map(lambda case: _lw(*case[0], env=env, timeout=60), local_errors))

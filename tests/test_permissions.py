@@ -107,10 +107,31 @@ async def test_every_service_as_its_own_user_completes_a_run(locked_server: str,
         ("validator", "lw.v1.evt.escalation.resolved.run-x"),  # nor resolve a human's escalation
         ("executor", "$KV.lw_runs.some-run"),  # nor rewrite a run's state
         ("planner", "lw.v1.cmd.run.submit.x"),
+        ("client", "lw.v1.cmd.requeue.planner"),  # only operators (and the admin) hand dead letters back
+        ("console", "lw.v1.cmd.requeue.planner"),
+        ("planner", "lw.v1.cmd.requeue.executor"),
     ],
 )
 async def test_publishing_outside_a_grant_is_refused(locked_server: str, user: str, subject: str) -> None:
     assert await publish_refusals(locked_server, user, subject), (user, subject)
+
+
+async def test_an_operator_reads_the_dead_letters_and_hands_one_back_as_themselves(locked_server: str) -> None:
+    """`loopwarden dlq requeue` as an operator's own user: the letter is read from LW_DLQ and the requeue
+    published to its service's subject (a publish outside the grant would get no PubAck, only a timeout)."""
+    from loopwarden.client import Client as LoopwardenClient
+    from shared import subjects as S
+    from shared.messages import DeadLetter
+    from tests.support.locked import as_user
+
+    await bootstrap(as_user(locked_server, "admin"))
+    async with LoopwardenClient(as_user(locked_server, "planner", manage_streams=False), identity="planner") as planner:
+        letter = DeadLetter(service="planner", subject=S.RUN_ADVANCE, reason="test: given up", body="{}")
+        await planner.bus.publish(S.dead_letter("planner"), letter, msg_id="dlq-permissions-test")
+    async with LoopwardenClient(as_user(locked_server, "alice", manage_streams=False), identity="alice") as alice:
+        seq = next(n.seq for n in await alice.letters() if n.letter.reason == "test: given up")
+        requeued = await alice.requeue(seq)
+        assert (requeued.service, requeued.subject, requeued.duplicate) == ("planner", S.RUN_ADVANCE, False)
 
 
 async def test_reading_another_services_inbox_is_refused(locked_server: str) -> None:

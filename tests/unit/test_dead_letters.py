@@ -1,0 +1,110 @@
+"""Dead letters as data: which can be handed back, what travels with them, which consumer takes them."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared import subjects as S
+from shared.dead_letters import (
+    BODY_LIMIT,
+    carried_headers,
+    letter_body,
+    refusal,
+    requeue_command,
+    requeue_msg_id,
+    taker,
+)
+from shared.messages import DeadLetter
+
+
+def letter(subject: str, body: str = '{"run_id": "run-1"}', **extra: object) -> DeadLetter:
+    return DeadLetter(service="planner", subject=subject, reason="still not ready", body=body, **extra)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "subject",
+    [
+        S.RUN_ADVANCE,  # a command
+        S.tool_execute("search"),
+        f"{S.tool_succeeded('calculator')}.run-1",  # an event a service consumed
+        f"{S.FAILURE_PREFIX}.fatal.search.run-1",
+    ],
+)
+def test_commands_and_events_can_be_handed_back(subject: str) -> None:
+    assert refusal(7, letter(subject)) is None
+
+
+def test_a_request_reply_letter_cannot_be_handed_back_and_says_why() -> None:
+    why = refusal(3, letter(S.BUDGET_RESERVE))
+    assert why is not None and why.startswith("letter 3 is a request on lw.v1.rpc.budget.reserve")
+    assert "core NATS request/reply" in why and "caller" in why
+
+
+def test_an_unreadable_requeue_is_not_requeued_itself() -> None:
+    why = refusal(9, letter(S.requeue("planner"), body="{not json"))
+    assert why is not None and "requeue the letter it was made from" in why
+
+
+def test_a_letter_whose_body_was_cut_cannot_be_handed_back_whole() -> None:
+    data = b'{"x": "' + b"a" * (BODY_LIMIT + 10) + b'"}'
+    body = letter_body(data)
+    assert body.endswith(f"... [{len(data)} bytes, cut to {BODY_LIMIT}]")
+    why = refusal(5, letter(S.RUN_ADVANCE, body=body))
+    assert why is not None and f"first {BODY_LIMIT} of the message's {len(data)} bytes" in why
+    assert letter_body(b'{"small": 1}') == '{"small": 1}'
+
+
+def test_the_message_travels_back_with_its_own_headers_but_not_the_servers_controls() -> None:
+    headers = {
+        "Lw-Run-Id": "run-1",
+        "traceparent": "00-abc-def-01",
+        "Lw-Payload-Ref": "sha256:x",
+        "Nats-Msg-Id": "advance.run-1.1",
+        "Nats-Expected-Stream": "LW_EVT",
+    }
+    assert carried_headers(headers) == {
+        "Lw-Run-Id": "run-1",
+        "traceparent": "00-abc-def-01",
+        "Lw-Payload-Ref": "sha256:x",
+    }
+    cmd = requeue_command(12, letter(S.RUN_ADVANCE, headers=headers, deliveries=6))
+    assert (cmd.letter, cmd.subject, cmd.deliveries) == (12, S.RUN_ADVANCE, 6)
+    assert "Nats-Msg-Id" not in cmd.headers and cmd.headers["Lw-Run-Id"] == "run-1"
+    assert requeue_msg_id(12) == "requeue-12"
+
+
+def test_the_consumer_whose_filter_takes_the_subject_runs_it() -> None:
+    planner = [
+        (S.DURABLE_PLANNER_ADVANCE, (S.RUN_ADVANCE,)),
+        (S.DURABLE_PLANNER_OUTCOMES, (f"{S.TOOL_SUCCEEDED_PREFIX}.>", f"{S.FAILURE_PREFIX}.*.*.*")),
+    ]
+    assert taker(planner, S.RUN_ADVANCE) == S.DURABLE_PLANNER_ADVANCE
+    assert taker(planner, f"{S.tool_succeeded('calculator')}.run-1") == S.DURABLE_PLANNER_OUTCOMES
+    assert taker(planner, f"{S.FAILURE_PREFIX}.fatal.search.run-1") == S.DURABLE_PLANNER_OUTCOMES
+    assert taker(planner, S.JUDGE_SCORE) is None
+    executor = [(S.executor_durable("search"), (S.tool_execute("search"),))]
+    assert taker(executor, S.tool_execute("charge_card")) is None  # another replica may host it
+
+
+@pytest.mark.parametrize(
+    ("pattern", "subject", "matches"),
+    [
+        ("a.b", "a.b", True),
+        ("a.b", "a.b.c", False),
+        ("a.*", "a.b", True),
+        ("a.*", "a.b.c", False),
+        ("a.>", "a.b.c", True),
+        ("a.>", "a", False),
+        ("a.*.c", "a.x.c", True),
+        ("a.*.c", "a.x.d", False),
+        ("a.b.c", "a.b", False),
+    ],
+)
+def test_subject_patterns_match_as_nats_matches_them(pattern: str, subject: str, matches: bool) -> None:
+    assert S.matches(pattern, subject) is matches
+
+
+def test_the_requeue_durable_cannot_be_a_tools_durable() -> None:
+    assert S.requeue_durable("executor") != S.executor_durable("requeue")
+    assert S.requeue("executor") == "lw.v1.cmd.requeue.executor"
+    assert S.stream_for(S.requeue("executor")) == S.STREAM_CMD
