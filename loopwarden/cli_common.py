@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 OK = 0
 FAILED = 1  # the command ran and the answer is "no": a run ended without completing, a check failed,
 #             the server refused, nothing by that id
-USAGE = 2  # bad arguments, a bad local file or a bad setting (argparse exits 2 too); a letter `dlq requeue` can't take
+USAGE = 2  # bad arguments, a bad local file or a bad setting (argparse exits 2 too)
 UNREACHABLE = 3  # NATS is not reachable (or not ready) at the URL, or the local stack could not start
 TIMED_OUT = 4  # --wait/--timeout ran out while the run was still going
 AWAITING_HUMAN = 5  # the run waits for a person (`loopwarden escalations list`)
@@ -42,9 +42,9 @@ INTERRUPTED = 130  # Ctrl-C
 
 EXIT_CODES_HELP = """exit codes:
   0    done (a waited-for run completed, or ended as its scenario's `expect` says)
-  1    the answer is no: the run failed or was stopped, a check failed, the server refused, not found
-  2    usage: bad arguments, a missing or invalid local file (scenario, JSON, contract), a bad LW_* setting,
-       a dead letter number that names no letter or a letter that cannot be requeued
+  1    the answer is no: the run failed or was stopped, a check failed, the server refused, not found,
+       a dead letter that cannot be requeued
+  2    usage: bad arguments, a missing or invalid local file (scenario, JSON, contract), a bad LW_* setting
   3    NATS unreachable or not ready at the URL named (or the local stack could not start)
   4    timed out waiting for the run (it may still finish: `loopwarden status RUN`)
   5    the run is waiting for a human (`loopwarden escalations list`)

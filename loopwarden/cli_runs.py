@@ -306,7 +306,7 @@ async def cmd_requeue(args: argparse.Namespace) -> int:
                     raise NotRequeueable(why)
             done = [await client.requeue(seq) for seq in seqs]
         except (NoSuchLetter, NotRequeueable) as err:
-            raise UserError(f"{err}; nothing was requeued" if len(seqs) > 1 else str(err)) from None
+            raise UserError(f"{err}; nothing was requeued" if len(seqs) > 1 else str(err), FAILED) from None
     for r in done:
         if r.duplicate:
             say(

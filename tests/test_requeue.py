@@ -126,10 +126,10 @@ async def test_a_turn_dead_lettered_while_the_governor_was_gone_completes_once_i
                 await asyncio.sleep(0.25)
                 request = [n for n in await client.letters() if n.letter.subject == S.BUDGET_RESERVE]
             refused = await run_cli(url, tmp_path, "dlq", "requeue", str(request[0].seq))
-            assert refused.returncode == 2, refused.stdout + refused.stderr
+            assert refused.returncode == 1, refused.stdout + refused.stderr
             assert f"letter {request[0].seq} is a request on {S.BUDGET_RESERVE}" in refused.stderr
             unknown = await run_cli(url, tmp_path, "dlq", "requeue", str(numbered.seq), "999999")
-            assert unknown.returncode == 2, unknown.stdout + unknown.stderr
+            assert unknown.returncode == 1, unknown.stdout + unknown.stderr
             assert "no dead letter numbered 999999 in LW_DLQ; nothing was requeued" in unknown.stderr
             for done in (refused, unknown):
                 assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr, done.stderr
