@@ -293,8 +293,7 @@ def letter_number(value: str) -> int:
 
 
 async def cmd_requeue(args: argparse.Namespace) -> int:
-    from loopwarden.client import NoSuchLetter, NotRequeueable
-    from shared.dead_letters import refusal
+    from shared.dead_letters import NoSuchLetter, NotRequeueable, refusal
 
     seqs = list(dict.fromkeys(letter_number(v) for v in args.seqs))  # before connecting
     cfg = settings()

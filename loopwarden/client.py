@@ -14,16 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nats.js.api import ConsumerConfig, DeliverPolicy
-from nats.js.errors import NotFoundError
 from opentelemetry.trace import SpanKind
-from pydantic import ValidationError
 
 from shared import history as H
 from shared import subjects as S
 from shared.bus import RUN_ID_HEADER, Bus, stream_for
 from shared.canonical import digest_of
-from shared.dead_letters import refusal, requeue_command, requeue_msg_id
-from shared.describe import describe
+from shared.dead_letters import NotRequeueable, refusal, requeue_command, requeue_msg_id
 from shared.messages import (
     FINAL_STATUSES,
     PROGRESS_EVENTS,
@@ -86,14 +83,6 @@ class Requeued:
     service: str
     subject: str
     duplicate: bool
-
-
-class NoSuchLetter(LookupError):
-    """No dead letter has that number."""
-
-
-class NotRequeueable(ValueError):
-    """The letter cannot be handed back to its service; the message says why."""
 
 
 class Watch:
@@ -353,21 +342,7 @@ class Client:
 
     async def letter(self, seq: int) -> DeadLetter:
         """Dead letter number ``seq`` (``NoSuchLetter``; ``NotRequeueable`` if what is stored there is no letter)."""
-        js = self.bus.js
-        try:
-            raw = await self.bus.through_failover(
-                f"read letter {seq}", lambda: js.get_msg(S.STREAM_DLQ, seq), repeatable=True
-            )
-        except NotFoundError:
-            raise NoSuchLetter(f"no dead letter numbered {seq} in {S.STREAM_DLQ}") from None
-        try:
-            data = await self.bus.payloads.inflate(self.bus.nc, raw.data or b"", raw.headers)
-        except PayloadError as err:
-            raise NotRequeueable(f"letter {seq} travelled by reference and cannot be read: {err}") from None
-        try:
-            return DeadLetter.model_validate_json(data)
-        except ValidationError as err:
-            raise NotRequeueable(f"letter {seq} does not read as a DeadLetter: {describe(err)}") from None
+        return (await self.bus.read_letter(seq))[1]
 
     async def requeue(self, seq: int) -> Requeued:
         """Hand dead letter ``seq`` back to the service that gave up on it: that service runs it through
@@ -381,7 +356,7 @@ class Client:
             raise NotRequeueable(why)
         ack = await self.bus.publish(
             S.requeue(letter.service),
-            requeue_command(seq, letter),
+            requeue_command(seq),
             msg_id=requeue_msg_id(seq),
             run_id=letter.headers.get(RUN_ID_HEADER),
             traceparent=letter.headers.get("traceparent"),

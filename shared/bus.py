@@ -71,7 +71,7 @@ from opentelemetry.trace import SpanKind, Tracer
 from pydantic import BaseModel, ValidationError
 
 from shared import subjects as S
-from shared.dead_letters import letter_body, taker
+from shared.dead_letters import NoSuchLetter, NotRequeueable, carried_headers, letter_body, not_ours, taker
 from shared.describe import describe
 from shared.messages import DeadLetter, ErrorReply, Requeue
 from shared.payloads import PayloadError, PayloadStore, ensure_store
@@ -934,34 +934,61 @@ class Bus:
         deliveries = num_delivered(msg.reply)
         try:
             cmd = await self._decode(Requeue, msg)
-        except Undecodable as err:
-            await self.dead_letter(msg, str(err), deliveries)
+            # The letter as this service stored it, not anything the requester sent: a requeue hands back
+            # what this service gave up on and can make it run nothing else.
+            stored_on, letter = await self.read_letter(cmd.letter)
+            why = not_ours(cmd.letter, stored_on, letter, self.service)
+        except (Undecodable, NoSuchLetter, NotRequeueable) as err:
+            why = str(err)
+        if why is not None:
+            await self.dead_letter(msg, f"not requeued: {why}", deliveries)
             await msg.ack()
             return
+        headers = carried_headers(letter.headers)
         # The message as it first arrived (subject, body, headers), acknowledged through the requeue's own
         # ack subject: in-progress, ack, nak and the delivery count are this requeue's.
-        original = dataclasses.replace(msg, subject=cmd.subject, data=cmd.body.encode(), headers=cmd.headers)
+        original = dataclasses.replace(msg, subject=letter.subject, data=letter.body.encode(), headers=headers)
         takers = [p for p in self._pulls if type(p) is _Pull]  # not the requeue durable itself
-        durable = taker(((p.spec.durable, p.spec.filter_subjects) for p in takers), cmd.subject)
+        durable = taker(((p.spec.durable, p.spec.filter_subjects) for p in takers), letter.subject)
         pull = next((p for p in takers if p.spec.durable == durable), None)
         if pull is None:  # another replica may consume it (an executor hosting other tools)
-            reason = f"no consumer of {self.service} here takes {cmd.subject}"
+            reason = f"no consumer of {self.service} here takes {letter.subject}"
             if deliveries >= self.settings.max_deliver:
-                await self.dead_letter(original, reason, cmd.deliveries + deliveries, requeued_from=cmd.letter)
+                await self.dead_letter(original, reason, letter.deliveries + deliveries, requeued_from=cmd.letter)
                 await msg.ack()
             else:
                 log.warning("%s: letter %d handed back: %s", self.service, cmd.letter, reason)
                 await msg.nak(delay=self.settings.redeliver_delay_s)
             return
-        log.info("%s: letter %d requeued on %s (%s)", self.service, cmd.letter, pull.spec.durable, cmd.subject)
-        deliver = self._deliver(original, pull.model, pull.handler, earlier=cmd.deliveries, requeued_from=cmd.letter)
-        if self._tracer is None or "traceparent" not in cmd.headers:
+        log.info("%s: letter %d requeued on %s (%s)", self.service, cmd.letter, pull.spec.durable, letter.subject)
+        earlier = letter.deliveries
+        deliver = self._deliver(original, pull.model, pull.handler, earlier=earlier, requeued_from=cmd.letter)
+        if self._tracer is None or "traceparent" not in headers:
             await deliver
             return
         # Processed in the trace the message belonged to (the run's), whoever requeued it and whether or
         # not they traced: what the handler does now continues the run's trace.
-        with self._span(f"{S.stem(cmd.subject)} process", SpanKind.CONSUMER, self._extract(cmd.headers), cmd.headers):
+        with self._span(f"{S.stem(letter.subject)} process", SpanKind.CONSUMER, self._extract(headers), headers):
             await deliver
+
+    async def read_letter(self, seq: int) -> tuple[str, DeadLetter]:
+        """Dead letter number ``seq`` and the subject it is stored on (``NoSuchLetter``; ``NotRequeueable``
+        when what is stored there does not read as a letter)."""
+        js = self.js
+        try:
+            raw = await self.through_failover(
+                f"read letter {seq}", lambda: js.get_msg(S.STREAM_DLQ, seq), repeatable=True
+            )
+        except NotFoundError:
+            raise NoSuchLetter(f"no dead letter numbered {seq} in {S.STREAM_DLQ}") from None
+        try:
+            data = await self.payloads.inflate(self.nc, raw.data or b"", raw.headers)
+        except PayloadError as err:
+            raise NotRequeueable(f"letter {seq} travelled by reference and cannot be read: {err}") from None
+        try:
+            return raw.subject or "", DeadLetter.model_validate_json(data)
+        except ValidationError as err:
+            raise NotRequeueable(f"letter {seq} does not read as a DeadLetter: {describe(err)}") from None
 
     async def _heartbeats(self) -> None:
         interval = max(0.2, self.settings.ack_wait_s / 3)

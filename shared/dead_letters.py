@@ -1,7 +1,8 @@
 """Dead letters as data: what a letter keeps of a message, and whether and how it can be handed back.
 
-Pure rules, no bus: the bus writes letters with ``letter_body`` and runs a requeued one through the
-consumer ``taker`` names; the client asks ``refusal`` before it sends ``requeue_command``.
+Pure rules, no bus: the bus writes letters with ``letter_body``, and runs a requeued one (which it reads
+from LW_DLQ itself, ``not_ours``) through the consumer ``taker`` names; the client asks ``refusal`` before
+it sends the requeue.
 """
 
 from __future__ import annotations
@@ -15,6 +16,14 @@ from shared.messages import DeadLetter, Requeue
 BODY_LIMIT = 256 * 1024  # bytes of a dead-lettered body kept in its letter
 _CUT = re.compile(r"\.\.\. \[(\d+) bytes, cut to (\d+)\]\Z")
 REQUEUEABLE_STREAMS = (S.STREAM_CMD, S.STREAM_EVT)
+
+
+class NoSuchLetter(LookupError):
+    """No dead letter has that number."""
+
+
+class NotRequeueable(ValueError):
+    """The letter cannot be handed back to its service; the message says why."""
 
 
 def letter_body(data: bytes) -> str:
@@ -58,15 +67,19 @@ def refusal(seq: int, letter: DeadLetter) -> str | None:
     return None
 
 
-def requeue_command(seq: int, letter: DeadLetter) -> Requeue:
+def not_ours(seq: int, stored_on: str, letter: DeadLetter, service: str) -> str | None:
+    """Why ``service`` will not run letter ``seq`` (stored on subject ``stored_on``) when asked to, or None.
+    Only ``service`` may publish on its own dead-letter subject (the server's permissions), so a letter
+    stored there is one it gave up on itself; anything else could be a message someone wrote to make it
+    run, or another service's letter."""
+    if stored_on != S.dead_letter(service) or letter.service != service:
+        return f"letter {seq} was dead-lettered by {letter.service} (on {stored_on}), not by {service}"
+    return refusal(seq, letter)
+
+
+def requeue_command(seq: int) -> Requeue:
     """The command that hands letter ``seq`` back to its service (check ``refusal`` first)."""
-    return Requeue(
-        letter=seq,
-        subject=letter.subject,
-        body=letter.body,
-        headers=carried_headers(letter.headers),
-        deliveries=letter.deliveries,
-    )
+    return Requeue(letter=seq)
 
 
 def requeue_msg_id(seq: int) -> str:

@@ -902,15 +902,12 @@ class DeadLetter(Wire):
 
 class Requeue(Wire):
     """Command ``lw.v1.cmd.requeue.<service>``: a dead letter handed back to the service that gave up
-    on it. The service runs it through the consumer that takes ``subject``, as a redelivery."""
+    on it. The command names the letter only: the service reads it from LW_DLQ itself, where only it
+    can have written under its own dead-letter subject, and runs that message (subject, body, headers)
+    through the consumer that takes it, as a redelivery. Whoever may requeue can hand back what the
+    service gave up on, never make it run a message of their own."""
 
     letter: int = Field(ge=1, description="the letter's number (its LW_DLQ sequence)")
-    subject: str = Field(description="the subject the message arrived on")
-    body: str = Field(description="the message's body as the letter kept it")
-    headers: dict[str, str] = Field(
-        default_factory=dict, description="the message's headers (run id, trace context, payload reference)"
-    )
-    deliveries: int = Field(1, ge=0, description="how often it was delivered before it was dead-lettered")
 
 
 class ErrorReply(Wire):

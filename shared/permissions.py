@@ -184,6 +184,8 @@ def rights(service: str, grant: Grant) -> tuple[list[str], list[str]]:
             f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}",
             f"$JS.ACK.{stream}.{durable}.>",
         ]
+    if grant.consumers:  # a requeue names a letter: the service reads it from LW_DLQ by its number
+        pub.append(f"$JS.API.STREAM.MSG.GET.{S.STREAM_DLQ}")
     for bucket in (*grant.kv_write, *grant.kv_read):
         kv_stream = f"KV_{bucket}"
         pub += [

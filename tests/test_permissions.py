@@ -110,6 +110,7 @@ async def test_every_service_as_its_own_user_completes_a_run(locked_server: str,
         ("client", "lw.v1.cmd.requeue.planner"),  # only operators (and the admin) hand dead letters back
         ("console", "lw.v1.cmd.requeue.planner"),
         ("planner", "lw.v1.cmd.requeue.executor"),
+        ("alice", "lw.v1.dlq.planner"),  # an operator hands letters back, but cannot write one a service would run
     ],
 )
 async def test_publishing_outside_a_grant_is_refused(locked_server: str, user: str, subject: str) -> None:

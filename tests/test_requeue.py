@@ -20,6 +20,7 @@ from pathlib import Path
 from loopwarden.client import Client, Event, NumberedLetter
 from loopwarden.stack import LocalStack
 from shared import subjects as S
+from shared.messages import Requeue
 from shared.scenario import parse_scenario
 from shared.settings import Settings
 from shared.telemetry import Telemetry
@@ -67,7 +68,8 @@ async def test_a_turn_dead_lettered_while_the_governor_was_gone_completes_once_i
     reason. The governor starts; `loopwarden dlq` names the letter's number; `loopwarden dlq requeue N` hands it
     back; the run completes, with each event once, and the turn taken now is in the run's trace although the
     CLI traces nothing. Requeuing it again within the de-duplication window runs nothing more; a request/reply
-    letter and an unknown number are one-line refusals (exit 2)."""
+    letter and an unknown number are one-line refusals (exit 1); a requeue naming another service's letter, or
+    no letter, runs nothing."""
     env = {**GIVES_UP_FAST, "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.endpoint}
     stack = LocalStack(state_dir=tmp_path, env=env, services=("planner", "executor", "validator"))
     stack.start()
@@ -116,6 +118,24 @@ async def test_a_turn_dead_lettered_while_the_governor_was_gone_completes_once_i
             await asyncio.sleep(1.0)
             assert Counter(e.kind for e in await client.events(run_id)) == kinds
             assert [n for n in await letters_of(client, run_id, count=2, timeout=1)] == [numbered]  # not again
+
+            # a requeue names a letter; the service reads it itself and runs only its own: the planner's letter
+            # sent to the executor, and a number that is no letter, run nothing and are letters with the reason
+            await client.bus.publish(S.requeue("executor"), Requeue(letter=numbered.seq), msg_id="forged-1")
+            await client.bus.publish(S.requeue("planner"), Requeue(letter=999999), msg_id="forged-2")
+            refused_requeues: list[str] = []
+            for _ in range(80):
+                subjects = (S.requeue("executor"), S.requeue("planner"))
+                refused_requeues = [n.letter.reason for n in await client.letters() if n.letter.subject in subjects]
+                if len(refused_requeues) == 2:
+                    break
+                await asyncio.sleep(0.25)
+            assert sorted(refused_requeues) == [
+                f"not requeued: letter {numbered.seq} was dead-lettered by planner "
+                f"(on {S.dead_letter('planner')}), not by executor",
+                "not requeued: no dead letter numbered 999999 in LW_DLQ",
+            ], refused_requeues
+            assert Counter(e.kind for e in await client.events(run_id)) == kinds
 
             # a request the governor refused is a letter too, but its caller is gone: not requeued, said why
             await client.bus.nc.request(S.BUDGET_RESERVE, b"{not a budget request", timeout=5)

@@ -9,6 +9,7 @@ from shared.dead_letters import (
     BODY_LIMIT,
     carried_headers,
     letter_body,
+    not_ours,
     refusal,
     requeue_command,
     requeue_msg_id,
@@ -67,10 +68,22 @@ def test_the_message_travels_back_with_its_own_headers_but_not_the_servers_contr
         "traceparent": "00-abc-def-01",
         "Lw-Payload-Ref": "sha256:x",
     }
-    cmd = requeue_command(12, letter(S.RUN_ADVANCE, headers=headers, deliveries=6))
-    assert (cmd.letter, cmd.subject, cmd.deliveries) == (12, S.RUN_ADVANCE, 6)
-    assert "Nats-Msg-Id" not in cmd.headers and cmd.headers["Lw-Run-Id"] == "run-1"
+    assert requeue_command(12).model_dump() == {"letter": 12}  # the letter's number, nothing of the message
     assert requeue_msg_id(12) == "requeue-12"
+
+
+def test_a_service_runs_only_a_letter_it_stored_itself() -> None:
+    """The command names a letter; the service reads it from LW_DLQ and runs it only if it is stored on the
+    service's own dead-letter subject (which only that service may publish on) and names the service."""
+    own = letter(S.RUN_ADVANCE)
+    assert not_ours(7, S.dead_letter("planner"), own, "planner") is None
+    why = not_ours(7, S.dead_letter("planner"), own, "executor")
+    assert why == f"letter 7 was dead-lettered by planner (on {S.dead_letter('planner')}), not by executor"
+    # a letter claiming to be the executor's but stored on the planner's subject is not the executor's
+    assert not_ours(7, S.dead_letter("planner"), own.model_copy(update={"service": "executor"}), "executor")
+    # a letter of its own that cannot be handed back is still refused, with the same reason the CLI gives
+    request = letter(S.BUDGET_RESERVE)
+    assert not_ours(8, S.dead_letter("planner"), request, "planner") == refusal(8, request)
 
 
 def test_the_consumer_whose_filter_takes_the_subject_runs_it() -> None:
