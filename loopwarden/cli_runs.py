@@ -293,25 +293,32 @@ def letter_number(value: str) -> int:
 
 
 async def cmd_requeue(args: argparse.Namespace) -> int:
-    from shared.dead_letters import NoSuchLetter, NotRequeueable, refusal
+    from nats.errors import TimeoutError as NatsTimeoutError
+
+    from shared.dead_letters import NoSuchLetter, NotRequeueable
 
     seqs = list(dict.fromkeys(letter_number(v) for v in args.seqs))  # before connecting
     cfg = settings()
-    async with connected(cfg, identity=cfg.nats_user or "client") as client:
-        try:
-            for seq in seqs:  # every letter checked before any is handed back
-                why = refusal(seq, await client.letter(seq))
-                if why is not None:
-                    raise NotRequeueable(why)
-            done = [await client.requeue(seq) for seq in seqs]
+    user = cfg.nats_user or "client"
+    async with connected(cfg, identity=user) as client:
+        try:  # every letter checked before any is handed back
+            letters = [await client.requeueable(seq) for seq in seqs]
         except (NoSuchLetter, NotRequeueable) as err:
             raise UserError(f"{err}; nothing was requeued" if len(seqs) > 1 else str(err), FAILED) from None
-    for r in done:
-        if r.duplicate:
-            say(
-                f"letter {r.seq} was handed back to {r.service} already (within the de-duplication window): "
-                "not sent again; if it was dead-lettered again, requeue the newer letter"
-            )
-        else:
-            say(f"letter {r.seq} handed back to {r.service} ({r.subject})")
+        for seq, letter in zip(seqs, letters, strict=True):
+            try:
+                r = await client.requeue(seq, letter)
+            except (NatsTimeoutError, TimeoutError):  # a publish outside the user's grant gets no PubAck
+                raise UserError(
+                    f"letter {seq}: no answer to the requeue on {letter.requeue_to}; only operators and admin may "
+                    f"hand letters back (LW_NATS_USER is {user})",
+                    FAILED,
+                ) from None
+            if r.duplicate:
+                say(
+                    f"letter {r.seq} was handed back to {r.service} already (within the de-duplication window): "
+                    "not sent again; if it was dead-lettered again, requeue the newer letter"
+                )
+            else:
+                say(f"letter {r.seq} handed back to {r.service} ({r.subject})")
     return OK

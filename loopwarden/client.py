@@ -20,7 +20,7 @@ from shared import history as H
 from shared import subjects as S
 from shared.bus import RUN_ID_HEADER, Bus, stream_for
 from shared.canonical import digest_of
-from shared.dead_letters import NotRequeueable, refusal, requeue_command, requeue_msg_id
+from shared.dead_letters import NotRequeueable, not_ours, requeue_command, requeue_msg_id, superseded
 from shared.messages import (
     FINAL_STATUSES,
     PROGRESS_EVENTS,
@@ -344,18 +344,28 @@ class Client:
         """Dead letter number ``seq`` (``NoSuchLetter``; ``NotRequeueable`` if what is stored there is no letter)."""
         return (await self.bus.read_letter(seq))[1]
 
-    async def requeue(self, seq: int) -> Requeued:
+    async def requeueable(self, seq: int) -> DeadLetter:
+        """Dead letter ``seq`` if it can be handed back; else ``NoSuchLetter``, or ``NotRequeueable`` naming
+        why (a request/reply letter: its caller is gone; a letter that failed again as a later one)."""
+        stored_on, letter = await self.bus.read_letter(seq)
+        why = not_ours(seq, stored_on, letter, letter.service) or superseded(
+            seq, [(n.seq, n.letter) for n in await self.letters() if n.seq > seq]
+        )
+        if why is not None:
+            raise NotRequeueable(why)
+        return letter
+
+    async def requeue(self, seq: int, letter: DeadLetter | None = None) -> Requeued:
         """Hand dead letter ``seq`` back to the service that gave up on it: that service runs it through
         the consumer that takes its subject, as a redelivery (its handlers are idempotent), and nothing is
         published on the message's own subject again (an event stays once in the runs' history). A second
         requeue of the same letter within the de-duplication window is dropped by the server (``duplicate``).
-        ``NoSuchLetter``, or ``NotRequeueable`` naming why (a request/reply letter: its caller is gone)."""
-        letter = await self.letter(seq)
-        why = refusal(seq, letter)
-        if why is not None:
-            raise NotRequeueable(why)
+        ``letter``: what ``requeueable(seq)`` returned (else it is asked here)."""
+        if letter is None:
+            letter = await self.requeueable(seq)
+        assert letter.requeue_to is not None  # ``refusal`` refuses a letter without one
         ack = await self.bus.publish(
-            S.requeue(letter.service),
+            letter.requeue_to,
             requeue_command(seq),
             msg_id=requeue_msg_id(seq),
             run_id=letter.headers.get(RUN_ID_HEADER),

@@ -242,7 +242,7 @@ class _Pull:
 
     async def run(self, msg: Msg) -> None:
         try:
-            run_id = msg.headers.get(RUN_ID_HEADER) if msg.headers else None
+            run_id = self.run_of(msg)
             locks = self.bus._run_locks
             if run_id:
                 await locks.acquire(run_id)
@@ -265,6 +265,10 @@ class _Pull:
         finally:
             self.held.pop(id(msg), None)
             self.wake.set()
+
+    def run_of(self, msg: Msg) -> str | None:
+        """The run whose messages this one waits behind (one at a time per run in a replica)."""
+        return msg.headers.get(RUN_ID_HEADER) if msg.headers else None
 
     async def deliver(self, msg: Msg) -> None:
         await self.bus._deliver(msg, self.model, self.handler)
@@ -313,11 +317,14 @@ class _Pull:
 
 
 class _Requeue(_Pull):
-    """The service's requeue durable (``requeue_<service>``): a dead letter handed back (``Requeue``) is
-    run by the service's consumer that takes its subject, as a redelivery of the message (``Bus._requeue``)."""
+    """A requeue durable (``requeue_<service>[_<scope>]``): a dead letter handed back (``Requeue``) is run
+    by the service's consumer that takes its subject, as a redelivery of the message (``Bus._requeue``)."""
 
     def __init__(self, bus: Bus, spec: ConsumerSpec) -> None:
         super().__init__(bus, spec, Requeue, bus._requeue)
+
+    def run_of(self, msg: Msg) -> str | None:
+        return None  # the run is the stored letter's, not what the requester's headers say: locked in ``_requeue``
 
     async def deliver(self, msg: Msg) -> None:
         await self.bus._requeue(msg)
@@ -522,6 +529,15 @@ def num_delivered(reply: str | None) -> int:
     return 1
 
 
+def ack_consumer(reply: str | None) -> str | None:
+    """The durable consumer a JetStream message was delivered by, read from its ack subject (the same
+    two layouts ``num_delivered`` reads); None for anything else (a core NATS request)."""
+    tokens = reply.split(".") if reply else []
+    if len(tokens) < 9 or tokens[0] != "$JS" or tokens[1] != "ACK":
+        return None
+    return tokens[3] if len(tokens) == 9 else tokens[5] if len(tokens) >= 11 else None
+
+
 def _stream_seq(raw: Any) -> int:
     try:
         return int(raw.metadata.sequence.stream)
@@ -555,6 +571,7 @@ class Bus:
             self.tracer_provider.get_tracer("loopwarden.bus") if self.tracer_provider is not None else None
         )
         self._pulls: list[_Pull] = []
+        self._requeue_to: dict[str, str] = {}  # durable -> where its dead letters are handed back
         self._stopping = False  # set by ``stop``: a handler waiting for a dependency hands its message back
         self._responders: list[_Responder] = []
         self._subs: list[Subscription] = []
@@ -766,8 +783,11 @@ class Bus:
         filter_subjects: list[str],
         model: type[M],
         stream: str = S.STREAM_CMD,
+        requeue_scope: str | None = None,
     ) -> Callable[[Handler[M]], Handler[M]]:
         """Register ``handler(payload)`` on a durable JetStream pull consumer.
+        Its dead letters are handed back on ``S.requeue(service, requeue_scope)``: a scope for consumers
+        that not every replica of the service has (the executor's per hosted tool).
 
         The bus drives the pull subscription itself (no framework per message): up to
         ``LW_MAX_IN_FLIGHT`` messages of this replica run at once, messages of one run are
@@ -777,13 +797,16 @@ class Bus:
         self._consumers.append(spec)
 
         def register(handler: Handler[M]) -> Handler[M]:
-            pulls = [_Pull(self, spec, model, handler)]
-            if not any(isinstance(p, _Requeue) for p in self._pulls):
-                # A service that consumes anything can be handed its dead letters back: its requeue
-                # durable is declared with its first consumer (bootstrap and the start-up checks see it).
+            pulls: list[_Pull] = [_Pull(self, spec, model, handler)]
+            # A service that consumes anything can be handed its dead letters back: its requeue durable is
+            # declared with its first consumer of that scope (bootstrap and the start-up checks see it).
+            to = S.requeue(self.service, requeue_scope)
+            self._requeue_to[durable] = to
+            if not any(isinstance(p, _Requeue) and p.spec.filter_subjects == (to,) for p in self._pulls):
                 requeue = ConsumerSpec(
-                    S.STREAM_CMD, S.requeue_durable(self.service), (S.requeue(self.service),), self.service
+                    S.STREAM_CMD, S.requeue_durable(self.service, requeue_scope), (to,), self.service
                 )
+                self._requeue_to[requeue.durable] = to  # a requeue that fails again is handed back the same way
                 self._consumers.append(requeue)
                 pulls.append(_Requeue(self, requeue))
             self._pulls += pulls
@@ -932,6 +955,15 @@ class Bus:
         would have. It fails as any delivery does: tried again in place while a dependency is not ready,
         then dead-lettered again with its reason, naming the letter it was requeued from."""
         deliveries = num_delivered(msg.reply)
+        limit = self.settings.max_deliver
+
+        async def refuse(why: str) -> None:
+            await self.dead_letter(msg, f"not requeued: {why}", deliveries)
+            await msg.ack()
+
+        if deliveries > limit:  # it crashed this process (or hung) on every delivery
+            await refuse(f"not completed after {deliveries - 1} deliveries (the handler crashed or hung)")
+            return
         try:
             cmd = await self._decode(Requeue, msg)
             # The letter as this service stored it, not anything the requester sent: a requeue hands back
@@ -940,10 +972,33 @@ class Bus:
             why = not_ours(cmd.letter, stored_on, letter, self.service)
         except (Undecodable, NoSuchLetter, NotRequeueable) as err:
             why = str(err)
-        if why is not None:
-            await self.dead_letter(msg, f"not requeued: {why}", deliveries)
-            await msg.ack()
+        except (
+            NatsTimeoutError,
+            TimeoutError,
+            NoRespondersError,
+            NoStreamResponseError,
+            ServiceUnavailableError,
+        ) as err:
+            if deliveries >= limit:  # the letter could not be read through every delivery
+                await refuse(f"the letter could not be read after {deliveries} deliveries: {err!r}")
+            else:  # JetStream not answering (a leader election, a restart): the requeue waits, it is not lost
+                log.warning("%s: requeue handed back, the letter could not be read: %r", self.service, err)
+                await msg.nak(delay=self.settings.redeliver_delay_s * 2 ** (deliveries - 1))
             return
+        if why is not None:
+            await refuse(why)
+            return
+        run_id = letter.headers.get(RUN_ID_HEADER)
+        if run_id:  # behind the run's other messages in this replica, as its consumer would have it
+            await self._run_locks.acquire(run_id)
+        try:
+            await self._requeued(msg, cmd.letter, letter, deliveries)
+        finally:
+            if run_id:
+                self._run_locks.release(run_id)
+
+    async def _requeued(self, msg: Msg, seq: int, letter: DeadLetter, deliveries: int) -> None:
+        """Run letter ``seq`` (read and checked by ``_requeue``) through the consumer that takes it."""
         headers = carried_headers(letter.headers)
         # The message as it first arrived (subject, body, headers), acknowledged through the requeue's own
         # ack subject: in-progress, ack, nak and the delivery count are this requeue's.
@@ -954,15 +1009,15 @@ class Bus:
         if pull is None:  # another replica may consume it (an executor hosting other tools)
             reason = f"no consumer of {self.service} here takes {letter.subject}"
             if deliveries >= self.settings.max_deliver:
-                await self.dead_letter(original, reason, letter.deliveries + deliveries, requeued_from=cmd.letter)
+                await self.dead_letter(original, reason, letter.deliveries + deliveries, requeued_from=seq)
                 await msg.ack()
             else:
-                log.warning("%s: letter %d handed back: %s", self.service, cmd.letter, reason)
+                log.warning("%s: letter %d handed back: %s", self.service, seq, reason)
                 await msg.nak(delay=self.settings.redeliver_delay_s)
             return
-        log.info("%s: letter %d requeued on %s (%s)", self.service, cmd.letter, pull.spec.durable, letter.subject)
+        log.info("%s: letter %d requeued on %s (%s)", self.service, seq, pull.spec.durable, letter.subject)
         earlier = letter.deliveries
-        deliver = self._deliver(original, pull.model, pull.handler, earlier=earlier, requeued_from=cmd.letter)
+        deliver = self._deliver(original, pull.model, pull.handler, earlier=earlier, requeued_from=seq)
         if self._tracer is None or "traceparent" not in headers:
             await deliver
             return
@@ -1000,6 +1055,7 @@ class Bus:
                     await m.in_progress()
 
     async def dead_letter(self, raw: Any, reason: str, deliveries: int, *, requeued_from: int | None = None) -> None:
+        consumer = ack_consumer(getattr(raw, "reply", None))
         letter = DeadLetter(
             service=self.service,
             subject=raw.subject,
@@ -1008,6 +1064,7 @@ class Bus:
             headers={k: str(v) for k, v in (raw.headers or {}).items()},
             deliveries=deliveries,
             requeued_from=requeued_from,
+            requeue_to=self._requeue_to.get(consumer) if consumer else None,
         )
         seq = _stream_seq(raw)  # a core NATS request has no JetStream metadata
         if requeued_from is not None:  # ``seq`` is the requeue command's (LW_CMD), not the message's own

@@ -64,6 +64,20 @@ def refusal(seq: int, letter: DeadLetter) -> str | None:
             f"letter {seq} kept only the first {cut.group(2)} of the message's {cut.group(1)} bytes; "
             "it cannot be handed back whole"
         )
+    own = S.requeue(letter.service)
+    if letter.requeue_to is None or not (letter.requeue_to == own or letter.requeue_to.startswith(f"{own}.")):
+        return (
+            f"letter {seq} names no consumer of {letter.service} to hand it back to (requeue_to: {letter.requeue_to})"
+        )
+    return None
+
+
+def superseded(seq: int, later: Iterable[tuple[int, DeadLetter]]) -> str | None:
+    """Why letter ``seq`` is not the one to hand back: it was requeued and failed again as a later letter
+    (handing back both would run the message twice at once), or None."""
+    again = [n for n, letter in later if letter.requeued_from == seq]
+    if again:
+        return f"letter {seq} was handed back and failed again as letter {again[-1]}: requeue letter {again[-1]}"
     return None
 
 

@@ -898,14 +898,19 @@ class DeadLetter(Wire):
     requeued_from: int | None = Field(
         None, description="the number (LW_DLQ sequence) of the letter this message was requeued from"
     )
+    requeue_to: str | None = Field(
+        None,
+        description="where `loopwarden dlq requeue` hands it back (the requeue subject of the consumer that took "
+        "it); None: it was not taken from a durable consumer (a request) and cannot be handed back",
+    )
 
 
 class Requeue(Wire):
-    """Command ``lw.v1.cmd.requeue.<service>``: a dead letter handed back to the service that gave up
-    on it. The command names the letter only: the service reads it from LW_DLQ itself, where only it
-    can have written under its own dead-letter subject, and runs that message (subject, body, headers)
-    through the consumer that takes it, as a redelivery. Whoever may requeue can hand back what the
-    service gave up on, never make it run a message of their own."""
+    """Command on a letter's ``requeue_to`` (``lw.v1.cmd.requeue.<service>[.<scope>]``): a dead letter
+    handed back to the service that gave up on it. The command names the letter only: the service reads
+    it from LW_DLQ itself, where only it (or the admin) can have written under its own dead-letter subject,
+    and runs that message (subject, body, headers) through the consumer that takes it, as a redelivery.
+    Whoever may requeue can hand back what the service gave up on, never make it run a message of their own."""
 
     letter: int = Field(ge=1, description="the letter's number (its LW_DLQ sequence)")
 

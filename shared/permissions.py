@@ -142,7 +142,7 @@ def operator_grant(name: str) -> Grant:
     to their services (``loopwarden dlq``, ``loopwarden dlq requeue``)."""
     own = tuple(S.escalation_rpc(verb, name) for verb in S.ESCALATION_VERBS)
     return Grant(
-        publish=(S.ESCALATION_LIST, S.ESCALATION_SHOW, *own, f"{S.REQUEUE_PREFIX}.*"),
+        publish=(S.ESCALATION_LIST, S.ESCALATION_SHOW, *own, f"{S.REQUEUE_PREFIX}.>"),
         read_streams=(S.STREAM_DLQ,),
     )
 
@@ -158,9 +158,8 @@ def grants(tools: list[str]) -> dict[str, Grant]:
     """The grants, with the executor's per-tool durables for ``tools`` (NATS wildcards match whole
     tokens only). The tool list is the caller's: ``loopwarden.auth_conf`` reads the tool registry."""
     executor = GRANTS["executor"]
-    durables = (
-        *((S.STREAM_CMD, S.executor_durable(t)) for t in tools),
-        (S.STREAM_CMD, S.requeue_durable("executor")),
+    durables = tuple(
+        (S.STREAM_CMD, durable) for t in tools for durable in (S.executor_durable(t), S.requeue_durable("executor", t))
     )
     operators = {name: operator_grant(name) for name in OPERATORS}
     return {**GRANTS, "executor": Grant(**{**executor.__dict__, "consumers": durables}), **operators}
@@ -198,12 +197,13 @@ def rights(service: str, grant: Grant) -> tuple[list[str], list[str]]:
             f"$JS.API.CONSUMER.DELETE.{kv_stream}.>",
         ]
     pub += [f"$KV.{b}.>" for b in grant.kv_write]
+    if S.STREAM_DLQ in grant.read_streams:  # one letter by its number (``loopwarden dlq requeue N``)
+        pub.append(f"$JS.API.STREAM.MSG.GET.{S.STREAM_DLQ}")
     for stream in grant.read_streams:
         # Unnamed (ephemeral, ordered) consumers only: a named create or a delete on these
         # streams could rewrite or remove a service's durable (e.g. ``planner_outcomes``).
         pub += [
             f"$JS.API.STREAM.INFO.{stream}",
-            f"$JS.API.STREAM.MSG.GET.{stream}",  # one message by its number (a dead letter to requeue)
             f"$JS.API.CONSUMER.CREATE.{stream}",
             f"$JS.API.CONSUMER.INFO.{stream}.>",
             "$JS.FC.>",

@@ -75,16 +75,17 @@ def executor_durable(tool: str) -> str:
     return f"executor_{token(tool)}"
 
 
-def requeue(service: str) -> str:
-    """Where a dead letter of ``service`` is handed back to it (one subject per service)."""
-    return f"{REQUEUE_PREFIX}.{token(service)}"
+def requeue(service: str, scope: str | None = None) -> str:
+    """Where a dead letter of ``service`` is handed back to it: one subject per service, or per ``scope``
+    where its replicas differ in what they consume (the executor: per hosted tool)."""
+    return f"{REQUEUE_PREFIX}.{token(service)}" + (f".{token(scope)}" if scope else "")
 
 
-def requeue_durable(service: str) -> str:
-    """The durable every consuming service has for its requeued letters, shared by its replicas.
+def requeue_durable(service: str, scope: str | None = None) -> str:
+    """The durable that takes ``requeue(service, scope)``, shared by the replicas that consume that scope.
     ``requeue_<service>``, not ``<service>_requeue``: ``executor_<tool>`` is the executor's per-tool
     namespace, and a tool named ``requeue`` must not share a durable with the executor's letters."""
-    return f"requeue_{token(service)}"
+    return f"requeue_{token(service)}" + (f"_{token(scope)}" if scope else "")
 
 
 # --- key-value buckets -------------------------------------------------------------------------

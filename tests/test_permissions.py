@@ -127,12 +127,22 @@ async def test_an_operator_reads_the_dead_letters_and_hands_one_back_as_themselv
 
     await bootstrap(as_user(locked_server, "admin"))
     async with LoopwardenClient(as_user(locked_server, "planner", manage_streams=False), identity="planner") as planner:
-        letter = DeadLetter(service="planner", subject=S.RUN_ADVANCE, reason="test: given up", body="{}")
+        letter = DeadLetter(
+            service="planner",
+            subject=S.RUN_ADVANCE,
+            reason="test: given up",
+            body="{}",
+            requeue_to=S.requeue("planner"),
+        )
         await planner.bus.publish(S.dead_letter("planner"), letter, msg_id="dlq-permissions-test")
     async with LoopwardenClient(as_user(locked_server, "alice", manage_streams=False), identity="alice") as alice:
         seq = next(n.seq for n in await alice.letters() if n.letter.reason == "test: given up")
         requeued = await alice.requeue(seq)
         assert (requeued.service, requeued.subject, requeued.duplicate) == ("planner", S.RUN_ADVANCE, False)
+    # the planner, taking the requeue, reads the letter itself by its number (not what the requester sent)
+    async with LoopwardenClient(as_user(locked_server, "planner", manage_streams=False), identity="planner") as planner:
+        stored_on, read = await planner.bus.read_letter(seq)
+        assert (stored_on, read.reason) == (S.dead_letter("planner"), "test: given up")
 
 
 async def test_reading_another_services_inbox_is_refused(locked_server: str) -> None:

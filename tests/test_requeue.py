@@ -121,11 +121,13 @@ async def test_a_turn_dead_lettered_while_the_governor_was_gone_completes_once_i
 
             # a requeue names a letter; the service reads it itself and runs only its own: the planner's letter
             # sent to the executor, and a number that is no letter, run nothing and are letters with the reason
-            await client.bus.publish(S.requeue("executor"), Requeue(letter=numbered.seq), msg_id="forged-1")
+            await client.bus.publish(
+                S.requeue("executor", "calculator"), Requeue(letter=numbered.seq), msg_id="forged-1"
+            )
             await client.bus.publish(S.requeue("planner"), Requeue(letter=999999), msg_id="forged-2")
             refused_requeues: list[str] = []
             for _ in range(80):
-                subjects = (S.requeue("executor"), S.requeue("planner"))
+                subjects = (S.requeue("executor", "calculator"), S.requeue("planner"))
                 refused_requeues = [n.letter.reason for n in await client.letters() if n.letter.subject in subjects]
                 if len(refused_requeues) == 2:
                     break

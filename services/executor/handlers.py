@@ -87,9 +87,12 @@ class Executor:
             if name in self._consuming:
                 continue
             self._consuming.add(name)
-            self.bus.consumer(durable=S.executor_durable(name), filter_subjects=[S.tool_execute(name)], model=ToolCall)(
-                self.handler_for(name)
-            )
+            self.bus.consumer(
+                durable=S.executor_durable(name),
+                filter_subjects=[S.tool_execute(name)],
+                model=ToolCall,
+                requeue_scope=name,  # replicas may host different tools: a letter goes back to one hosting its tool
+            )(self.handler_for(name))
 
     def handler_for(self, tool: str) -> Any:
         """The handler of ``tool``'s subject: it runs that tool and no other (the subject is the boundary

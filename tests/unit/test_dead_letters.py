@@ -13,13 +13,15 @@ from shared.dead_letters import (
     refusal,
     requeue_command,
     requeue_msg_id,
+    superseded,
     taker,
 )
 from shared.messages import DeadLetter
 
 
 def letter(subject: str, body: str = '{"run_id": "run-1"}', **extra: object) -> DeadLetter:
-    return DeadLetter(service="planner", subject=subject, reason="still not ready", body=body, **extra)  # type: ignore[arg-type]
+    fields: dict[str, object] = {"requeue_to": S.requeue("planner"), **extra}
+    return DeadLetter(service="planner", subject=subject, reason="still not ready", body=body, **fields)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -121,3 +123,30 @@ def test_the_requeue_durable_cannot_be_a_tools_durable() -> None:
     assert S.requeue_durable("executor") != S.executor_durable("requeue")
     assert S.requeue("executor") == "lw.v1.cmd.requeue.executor"
     assert S.stream_for(S.requeue("executor")) == S.STREAM_CMD
+
+
+def test_a_letter_names_the_consumer_that_took_it_and_a_request_names_none() -> None:
+    from shared.bus import ack_consumer
+
+    assert ack_consumer("$JS.ACK.LW_CMD.executor_search.3.41.7.1700000000000000000.0") == "executor_search"
+    assert ack_consumer("$JS.ACK.hub.ACCHASH.LW_EVT.planner_outcomes.1.9.2.1700000000000000000.0.tok") == (
+        "planner_outcomes"
+    )
+    assert ack_consumer("_INBOX_client.abc") is None and ack_consumer(None) is None
+    # where that consumer's letters go back: the executor's per hosted tool, everyone else's per service
+    assert S.requeue("executor", "search") == "lw.v1.cmd.requeue.executor.search"
+    assert S.requeue_durable("executor", "search") == "requeue_executor_search"
+    assert S.requeue_durable("planner") == "requeue_planner"
+
+
+def test_a_letter_that_names_no_way_back_or_another_services_is_refused() -> None:
+    why = refusal(4, letter(S.RUN_ADVANCE, requeue_to=None))
+    assert why == "letter 4 names no consumer of planner to hand it back to (requeue_to: None)"
+    assert refusal(4, letter(S.RUN_ADVANCE, requeue_to=S.requeue("executor", "search"))) is not None
+    assert refusal(4, letter(S.RUN_ADVANCE, requeue_to=S.requeue("planner") + "x")) is not None
+
+
+def test_a_letter_that_failed_again_is_handed_back_as_its_newest_letter_only() -> None:
+    later = [(6, letter(S.RUN_ADVANCE)), (9, letter(S.RUN_ADVANCE, requeued_from=5))]
+    assert superseded(5, later) == "letter 5 was handed back and failed again as letter 9: requeue letter 9"
+    assert superseded(6, later) is None
