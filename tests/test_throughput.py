@@ -283,3 +283,44 @@ async def test_messages_of_one_run_are_handled_one_at_a_time_and_runs_overlap(st
     assert peak_run == 1, "two messages of one run were handled at once"
     assert peak_all >= runs - 1, f"runs did not overlap (at most {peak_all} at once)"
     assert wall < 0.6 * runs * per_run * hold, f"{wall:.1f}s: handled one after another"
+
+
+async def test_a_letter_handed_back_is_a_redelivery_to_the_handler_that_gave_up_on_it(
+    client: Client, stack: LocalStack
+) -> None:
+    """A handler that failed on every delivery is dead-lettered; once handed back (`Client.requeue`) the same
+    handler runs it again and sees the deliveries before it (`current_deliveries()` goes on counting), so a
+    handler that reuses what an earlier take stored (the planner's model answer, the executor's ledger claim)
+    does so after a requeue too; the letter names where it goes back."""
+    from shared.bus import Bus, current_deliveries
+    from shared.settings import Settings
+
+    marker = "requeue-" + os.urandom(4).hex()
+    subject = f"{S.P}.cmd.test.requeue.{marker}"
+    bus = Bus(Settings(nats_url=str(stack.nats_url), ack_wait_s=1, max_deliver=2), "requeuetest")
+    seen: list[int] = []
+    broken = [True]
+
+    @bus.consumer(durable=f"requeuetest_{marker}", filter_subjects=[subject], model=RunAdvance)
+    async def on_advance(ev: RunAdvance) -> None:
+        seen.append(current_deliveries())
+        if broken[0]:
+            raise RuntimeError("broken until fixed")
+
+    await bus.connect()
+    try:
+        await bus.publish(subject, RunAdvance(run_id=marker, iteration=0), msg_id=marker)
+        await bus.start()
+        (letter,) = await letters_where(client, marker, timeout=30)
+        assert letter.deliveries == 2 and letter.requeue_to == S.requeue("requeuetest"), letter
+        (seq,) = [n.seq for n in await client.letters() if n.letter == letter]
+        broken[0] = False  # the fault is fixed
+        await client.requeue(seq)
+        for _ in range(100):
+            if len(seen) == 3:
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        await bus.stop()
+    assert seen == [1, 2, 3], seen
+    assert await letters_where(client, marker, timeout=0.5) == [letter]  # it did not fail again
