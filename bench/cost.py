@@ -107,18 +107,20 @@ def budget_check_at(
     return warm, check
 
 
-def check_time(
-    state: RunState, step: int, contracts: dict[str, ToolContract], reps: int, stat: Any = statistics.median
-) -> float:
-    """Seconds of one budget check at ``step`` (``stat`` of ``reps``, the median by default)."""
-    warm, check = budget_check_at(state, step, contracts)
-    times = []
+def check_times(
+    state: RunState, steps: list[int], contracts: dict[str, ToolContract], reps: int, stat: Any = statistics.median
+) -> list[float]:
+    """Seconds of one budget check at each of ``steps`` (``stat`` of ``reps``, the median by default), the
+    steps' checks taken in turn, so a machine whose speed drifts during the measurement moves them alike."""
+    checks = [budget_check_at(state, step, contracts) for step in steps]
+    times: list[list[float]] = [[] for _ in steps]
     for _ in range(reps):
-        warm()
-        t0 = time.perf_counter()
-        check()
-        times.append(time.perf_counter() - t0)
-    return float(stat(times))
+        for (warm, check), out in zip(checks, times, strict=True):
+            warm()
+            t0 = time.perf_counter()
+            check()
+            out.append(time.perf_counter() - t0)
+    return [float(stat(t)) for t in times]
 
 
 def recount_time(state: RunState, step: int, reps: int, stat: Any = statistics.median) -> float:
@@ -203,6 +205,7 @@ def run(steps: int = 80, reps: int = 300) -> dict[str, Any]:
     whole: RunState = got["whole"]
     u = budgeted.usage
     early, late = max(2, steps // 8), steps
+    checks = check_times(whole, [early, late], got["contracts"], reps)
     return {
         "steps": steps,
         "budgeted_input": u.input_tokens,
@@ -216,8 +219,7 @@ def run(steps: int = 80, reps: int = 300) -> dict[str, Any]:
         "whole_cost_uncached": cost_usd(whole.model, whole.usage.input_tokens, whole.usage.output_tokens),
         "early": early,
         "late": late,
-        "check_early_s": check_time(whole, early, got["contracts"], reps),
-        "check_late_s": check_time(whole, late, got["contracts"], reps),
+        **dict(zip(("check_early_s", "check_late_s"), checks, strict=True)),
         "recount_early_s": recount_time(whole, early, reps),
         "recount_late_s": recount_time(whole, late, reps),
         "disclosure": disclosure(whole, got["contracts"]),
