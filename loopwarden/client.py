@@ -18,7 +18,7 @@ from opentelemetry.trace import SpanKind
 
 from shared import history as H
 from shared import subjects as S
-from shared.bus import RUN_ID_HEADER, Bus, stream_for
+from shared.bus import RUN_ID_HEADER, Bus
 from shared.canonical import digest_of
 from shared.dead_letters import NotRequeueable, not_ours, requeue_command, requeue_msg_id, superseded
 from shared.messages import (
@@ -280,7 +280,7 @@ class Client:
         stem pattern. One run's history is a server-side filter on the run's subject token
         (``S.run_filters``): the server delivers that run's events only, whatever else is stored."""
         js = self.bus.js
-        stream = stream_for(subjects.rstrip(">")) or S.STREAM_EVT
+        stream = S.stream_for(subjects.rstrip(">")) or S.STREAM_EVT
         config = ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
         if run_id is not None and stream == S.STREAM_EVT:
             config.filter_subjects = S.run_filters(run_id, subjects)
@@ -339,10 +339,6 @@ class Client:
         """Every dead letter with its number, oldest first."""
         events = await self.events(subjects=f"{S.DLQ_PREFIX}.>")
         return [NumberedLetter(e.seq, DeadLetter.model_validate(e.payload)) for e in events]
-
-    async def letter(self, seq: int) -> DeadLetter:
-        """Dead letter number ``seq`` (``NoSuchLetter``; ``NotRequeueable`` if what is stored there is no letter)."""
-        return (await self.bus.read_letter(seq))[1]
 
     async def requeueable(self, seq: int) -> DeadLetter:
         """Dead letter ``seq`` if it can be handed back; else ``NoSuchLetter``, or ``NotRequeueable`` naming

@@ -1420,12 +1420,9 @@ class Unchanged(Generic[R]):
         self.result = result
 
 
-stream_for = S.stream_for
-
-
 def expect_stream(subject: str, headers: dict[str, str]) -> None:
     """Name the stream a publish must land in (``Nats-Expected-Stream``), as ``js.publish(stream=)`` does."""
-    stream = stream_for(subject)
+    stream = S.stream_for(subject)
     if stream is not None:
         headers[EXPECTED_STREAM_HEADER] = stream
 
