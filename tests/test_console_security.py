@@ -144,7 +144,9 @@ def request(
 ) -> Answer:
     """One request, redirects not followed. A form carries the console's own Origin unless told otherwise."""
     parts = urlsplit(base)
-    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout, source_address=(source, 0))
+    conn = http.client.HTTPConnection(
+        parts.hostname or "127.0.0.1", parts.port, timeout=timeout, source_address=(source, 0)
+    )
     sent = dict(headers or {})
     body = None
     if form is not None:
@@ -177,9 +179,9 @@ def csrf_of(html: str) -> str:
     return found.group(1) if found else ""
 
 
-async def queued(admin: Client, kind: str = "fatal") -> str:
-    esc_id = f"esc-console-{kind}-{free_port()}"
-    raise_ = EscalationRaise(escalation_id=esc_id, run_id=f"run-{esc_id}", kind=kind, reason="needs a person")  # type: ignore[arg-type]
+async def queued(admin: Client) -> str:
+    esc_id = f"esc-console-{free_port()}"
+    raise_ = EscalationRaise(escalation_id=esc_id, run_id=f"run-{esc_id}", kind="fatal", reason="needs a person")
     await admin.bus.publish(S.ESCALATION_RAISE, raise_, msg_id=f"raise.{esc_id}")
     for _ in range(100):
         if (await admin.show(esc_id)).ok:
