@@ -263,6 +263,9 @@ async def test_a_page_on_another_port_of_the_host_cannot_resolve_as_the_logged_i
     await page.click("#claim")  # the console's own form, with its token: taken
     await expect(page.locator("#flash")).to_have_text("claim: done")
     await expect(page.locator("#item-status")).to_have_text("claimed")
+    assert isinstance(await page.evaluate("window.lwLoadedAt"), int)  # the nonce'd script ran
+    header = await page.evaluate("getComputedStyle(document.querySelector('header')).backgroundColor")
+    assert header == "rgb(29, 35, 48)"  # and the nonce'd style applies
 
     server = LocalHttpServer(attacker_page(consoles.a, esc_id)).start()  # same host, another port: same site
     try:

@@ -78,14 +78,19 @@ class Sessions:
     secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
     ttl_s: float = 3600.0
     revocations: Revocations = field(default_factory=MemoryRevocations)
-    _dummy: bytes = field(init=False, repr=False)
+    _dummy: bytes | None = field(default=None, init=False, repr=False)
     _checks: asyncio.Semaphore = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        costs = [c for c in (cost_of(h) for h in self.users.values()) if c is not None]
-        # an unknown name is checked against a hash of the same cost as the operators' (the highest)
-        self._dummy = bcrypt.hashpw(secrets.token_bytes(16), bcrypt.gensalt(max(costs, default=DEFAULT_COST)))
         self._checks = asyncio.Semaphore(CONCURRENT_CHECKS)
+
+    def dummy(self) -> bytes:
+        """A hash of the operators' own (highest) cost, made on first use (in the worker thread): an
+        unknown name is checked against it, so it costs what a known one does."""
+        if self._dummy is None:
+            costs = [c for c in (cost_of(h) for h in self.users.values()) if c is not None]
+            self._dummy = bcrypt.hashpw(secrets.token_bytes(16), bcrypt.gensalt(max(costs, default=DEFAULT_COST)))
+        return self._dummy
 
     @classmethod
     def from_settings(
@@ -106,7 +111,7 @@ class Sessions:
             raise PasswordTooLong()
         hashed = self.users.get(operator)
         if hashed is None:
-            bcrypt.checkpw(secret, self._dummy)  # the same work either way
+            bcrypt.checkpw(secret, self.dummy())  # the same work either way
             return False
         return bcrypt.checkpw(secret, hashed.encode())
 
