@@ -1570,6 +1570,11 @@ def kv_history(bucket: str) -> int:
     return KV_HISTORY.get(bucket, 1)
 
 
+# Buckets whose entries expire (seconds; the others keep theirs). A console revocation need outlive only the
+# longest session it revokes (``console_session_s`` is capped at this).
+KV_MAX_AGE_S: dict[str, float] = {S.KV_CONSOLE_SESSIONS: 24 * 3600.0}
+
+
 async def ensure_buckets(
     js: JetStreamContext, settings: Settings, buckets: list[str] | None = None, *, update: bool = False
 ) -> list[str]:
@@ -1587,6 +1592,7 @@ async def ensure_buckets(
                     KeyValueConfig(
                         bucket=bucket,
                         history=kv_history(bucket),
+                        ttl=KV_MAX_AGE_S.get(bucket),
                         storage=StorageType.FILE,
                         replicas=settings.kv_replicas,
                         direct=True,

@@ -126,6 +126,7 @@ GRANTS["console"] = Grant(
         *(f"{S.ESCALATION_RPC_PREFIX}.{verb}.console.*" for verb in S.ESCALATION_VERBS),
     ),
     kv_read=(S.KV_RUNS, S.KV_HISTORY),
+    kv_write=(S.KV_CONSOLE_SESSIONS,),  # a logout revokes the session on every replica
     read_streams=(S.STREAM_EVT,),
 )
 

@@ -189,7 +189,17 @@ class Settings(BaseSettings):
     console_secret: SecretStr | None = Field(
         None, description="signs console sessions; set the same value on every replica (default: random per process)"
     )
-    console_session_s: float = Field(12 * 3600.0, gt=0, description="how long a console login lasts")
+    console_session_s: float = Field(
+        3600.0, gt=0, le=24 * 3600.0, description="how long a console login lasts (at most a day: revocations expire)"
+    )
+    console_public_url: str | None = Field(
+        None,
+        description="the console's address as browsers see it (behind a proxy): a form posted from any other "
+        "origin is refused (default: the request's own scheme and Host)",
+    )
+    console_secure_cookie: bool = Field(
+        False, description="mark the session cookie Secure (automatic when served over TLS or X-Forwarded-Proto https)"
+    )
     console_passwords_file: str | None = Field(
         None, description="without LW_CONSOLE_USERS: write a fresh password per operator here (local stack)"
     )

@@ -103,6 +103,7 @@ KV_LESSONS = "lw_lessons"  # planner: failure reasons per task, for opt-in lesso
 KV_DEMO = "lw_demo"  # demo tools' side effects (payments ledger)
 KV_MCP_SERVERS = "lw_mcp_servers"  # executor: status per mounted MCP server (and executor)
 KV_HISTORY = "lw_history"  # planner: a run's conversation, one key per message (<run>.<seq>), written once
+KV_CONSOLE_SESSIONS = "lw_console_sessions"  # console: revoked sessions, shared by every replica
 ALL_BUCKETS = (
     KV_RUNS,
     KV_MODEL_CALLS,
@@ -118,6 +119,7 @@ ALL_BUCKETS = (
     KV_DEMO,
     KV_MCP_SERVERS,
     KV_HISTORY,
+    KV_CONSOLE_SESSIONS,
 )
 
 _TOKEN_OK = re.compile(r"[^A-Za-z0-9_-]")

@@ -5,6 +5,10 @@ item's detail with its context and one form per allowed action. Pages refresh th
 parts by polling small HTML fragments, so nothing reloads. Operators log in; every claim,
 renewal and resolution goes to the escalation service on ``...<verb>.console.<operator>``,
 a subject only the console's NATS user may publish to, and is recorded with both names.
+
+A form that changes something is taken only from the console's own pages with the session's token
+(``guard``); logins are throttled per address and per name (``throttle``) and checked off the event
+loop; a logout is revoked in ``lw_console_sessions``, which every replica reads.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import secrets
+import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,15 +25,22 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
+from nats.js.errors import KeyNotFoundError
 from starlette.applications import Starlette
+from starlette.datastructures import MutableHeaders
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from loopwarden.client import Client
 from services.console import board as B
-from services.console.auth import SESSION_COOKIE, Sessions
+from services.console import guard as G
+from services.console.auth import SESSION_COOKIE, PasswordTooLong, Session, Sessions
 from services.console.live import LiveView
+from services.console.throttle import LoginThrottle
+from shared import subjects as S
 from shared.messages import EscalationAction, EscalationReply
 from shared.settings import Settings
 
@@ -44,31 +57,98 @@ def _env() -> Environment:
     return env
 
 
+class SecurityHeaders:
+    """Every response says what the browser may run, frame and sniff (``guard.security_headers``); the
+    request's script nonce is in ``request.state.csp_nonce`` for the templates."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        nonce = secrets.token_urlsafe(16)
+        scope.setdefault("state", {})["csp_nonce"] = nonce
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                for name, value in G.security_headers(nonce).items():
+                    headers[name] = value
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+class BusRevocations:
+    """Logouts in ``lw_console_sessions``: every replica reads them, and they outlive a restart."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    async def revoke(self, sid: str, expires: int) -> None:
+        kv = await self.client.bus.kv(S.KV_CONSOLE_SESSIONS)
+        await kv.put(S.kv_key("revoked", sid), str(expires).encode())
+
+    async def revoked(self, sid: str) -> bool:
+        kv = await self.client.bus.kv(S.KV_CONSOLE_SESSIONS)
+        try:
+            await kv.get(S.kv_key("revoked", sid))
+        except KeyNotFoundError:
+            return False
+        return True
+
+
 class Console:
     def __init__(self, settings: Settings, client: Client, sessions: Sessions) -> None:
         self.settings = settings
         self.client = client
         self.sessions = sessions
+        self.throttle = LoginThrottle()
         self.live = LiveView(client)
         self.env = _env()
 
     # --- plumbing ---------------------------------------------------------------------------------
-    def render(self, name: str, status: int = 200, **context: Any) -> HTMLResponse:
-        html = self.env.get_template(name).render(jaeger_url=self.settings.jaeger_url, **context)
+    def render(self, request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
+        session: Session | None = getattr(request.state, "session", None)
+        html = self.env.get_template(name).render(
+            jaeger_url=self.settings.jaeger_url,
+            csp_nonce=getattr(request.state, "csp_nonce", ""),
+            csrf=self.sessions.csrf(session) if session else "",
+            **context,
+        )
         return HTMLResponse(html, status_code=status)
 
-    def operator(self, request: Request) -> str | None:
-        return self.sessions.operator(request.cookies.get(SESSION_COOKIE))
+    def refusal(self, request: Request) -> str | None:
+        """Why a state-changing request does not come from the console's own pages (None: it does)."""
+        own = G.own_origin(request.url.scheme, request.headers.get("host", ""), self.settings.console_public_url)
+        return G.origin_refusal(request.headers.get("origin"), request.headers.get("referer"), own)
 
-    def page(self, handler: Callable[[Request, str], Awaitable[Response]], fragment: bool = False) -> Page:
+    def page(
+        self, handler: Callable[[Request, str], Awaitable[Response]], fragment: bool = False, changes: bool = False
+    ) -> Page:
         async def guarded(request: Request) -> Response:
-            operator = self.operator(request)
-            if operator is None:
-                if fragment:
+            try:
+                session = await self.sessions.session(request.cookies.get(SESSION_COOKIE))
+            except Exception as err:  # the shared store is unreachable: nobody is let in meanwhile
+                log.warning("console: cannot check the session store: %s", err)
+                return PlainTextResponse("the console cannot check sessions right now", status_code=503)
+            if session is None:
+                if fragment or changes:
                     return PlainTextResponse("log in again", status_code=401)
                 target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
                 return RedirectResponse(f"/login?next={quote(target)}", status_code=303)
-            return await handler(request, operator)
+            if changes:
+                refused = self.refusal(request)
+                form = await request.form()
+                if refused is None and not self.sessions.csrf_ok(session, str(form.get("csrf", ""))):
+                    refused = "refused: the form is stale or not the console's own (reload the page)"
+                if refused is not None:
+                    log.warning("console: %s %s %s", session.operator, request.url.path, refused)
+                    return PlainTextResponse(refused, status_code=403)
+            request.state.session = session
+            return await handler(request, session.operator)
 
         return guarded
 
@@ -79,7 +159,7 @@ class Console:
             Route("/asyncapi.json", asyncapi_document),
             Route("/login", self.login_form, methods=["GET"]),
             Route("/login", self.login, methods=["POST"]),
-            Route("/logout", self.logout, methods=["POST"]),
+            Route("/logout", p(self.logout, changes=True), methods=["POST"]),
             Route("/", p(self.home)),
             Route("/runs", p(self.runs_page)),
             Route("/runs/rows", p(self.runs_rows, fragment=True)),
@@ -89,7 +169,7 @@ class Console:
             Route("/queue/rows", p(self.queue_rows, fragment=True)),
             Route("/escalations/{escalation_id}", p(self.item_page)),
             Route("/escalations/{escalation_id}/live", p(self.item_live, fragment=True)),
-            Route("/escalations/{escalation_id}/{verb}", p(self.act), methods=["POST"]),
+            Route("/escalations/{escalation_id}/{verb}", p(self.act, changes=True), methods=["POST"]),
         ]
 
     # --- login ------------------------------------------------------------------------------------
@@ -97,26 +177,54 @@ class Console:
         return PlainTextResponse("ok")
 
     async def login_form(self, request: Request) -> Response:
-        return self.render("login.html", next=request.query_params.get("next", "/queue"), error=None, operator=None)
+        nxt = request.query_params.get("next", "/queue")
+        return self.render(request, "login.html", next=nxt, error=None, operator=None)
 
     async def login(self, request: Request) -> Response:
         form = await request.form()
-        name, password = str(form.get("operator", "")), str(form.get("password", ""))
+        name, password = str(form.get("operator", ""))[:200], str(form.get("password", ""))
         target = str(form.get("next") or "/queue")
         if not target.startswith("/") or target.startswith("//"):
             target = "/queue"
-        token = self.sessions.login(name, password)
+
+        def refuse(status: int, error: str, headers: dict[str, str] | None = None) -> Response:
+            response = self.render(request, "login.html", status, next=target, error=error, operator=None)
+            response.headers.update(headers or {})
+            return response
+
+        refused = self.refusal(request)
+        if refused is not None:
+            return refuse(403, refused)
+        address = request.client.host if request.client else "?"
+        throttled = self.throttle.attempt(address, name, time.monotonic())
+        if throttled is not None:
+            who = self.sessions.who(name)
+            log.warning("console: login for %s from %s not tried: %s", who, address, throttled.message)
+            return refuse(429, throttled.message, {"Retry-After": str(max(1, round(throttled.wait_s)))})
+        try:
+            token = await self.sessions.login(name, password)
+        except PasswordTooLong as err:
+            return refuse(400, str(err))
         if token is None:
-            log.warning("console: failed login for %r", name)
-            error = "unknown operator or wrong password"
-            return self.render("login.html", 401, next=target, error=error, operator=None)
+            log.warning("console: failed login for %s from %s", self.sessions.who(name), address)
+            return refuse(401, "unknown operator or wrong password")
+        self.throttle.succeeded(address, name)
         log.info("console: %s logged in", name)
         response = RedirectResponse(target, status_code=303)
-        response.set_cookie(SESSION_COOKIE, token, httponly=True, samesite="strict")
+        secure = self.settings.console_secure_cookie or request.url.scheme == "https"
+        response.set_cookie(
+            SESSION_COOKIE,
+            token,
+            max_age=int(self.sessions.ttl_s),
+            httponly=True,
+            samesite="strict",
+            secure=secure,
+        )
         return response
 
-    async def logout(self, request: Request) -> Response:
-        self.sessions.logout(request.cookies.get(SESSION_COOKIE))
+    async def logout(self, request: Request, operator: str) -> Response:
+        await self.sessions.logout(request.cookies.get(SESSION_COOKIE))
+        log.info("console: %s logged out", operator)
         response = RedirectResponse("/login", status_code=303)
         response.delete_cookie(SESSION_COOKIE)
         return response
@@ -130,10 +238,10 @@ class Console:
         return B.jaeger_link(self.settings.jaeger_url, timeline.trace_id if timeline else None)
 
     async def runs_page(self, request: Request, operator: str) -> Response:
-        return self.render("runs.html", operator=operator, rows=self.live.rows(), trace=self._trace)
+        return self.render(request, "runs.html", operator=operator, rows=self.live.rows(), trace=self._trace)
 
     async def runs_rows(self, request: Request, operator: str) -> Response:
-        return self.render("runs_rows.html", rows=self.live.rows(), trace=self._trace)
+        return self.render(request, "runs_rows.html", rows=self.live.rows(), trace=self._trace)
 
     def _run_context(self, run_id: str) -> dict[str, Any]:
         return {
@@ -146,10 +254,10 @@ class Console:
     async def run_page(self, request: Request, operator: str) -> Response:
         run_id = request.path_params["run_id"]
         reply = await self.client.escalations("all", run_id)
-        return self.render("run.html", operator=operator, items=reply.escalations, **self._run_context(run_id))
+        return self.render(request, "run.html", operator=operator, items=reply.escalations, **self._run_context(run_id))
 
     async def run_live(self, request: Request, operator: str) -> Response:
-        return self.render("run_live.html", **self._run_context(request.path_params["run_id"]))
+        return self.render(request, "run_live.html", **self._run_context(request.path_params["run_id"]))
 
     # --- the queue --------------------------------------------------------------------------------
     async def _queue(self, request: Request) -> tuple[dict[str, str], EscalationReply]:
@@ -172,11 +280,11 @@ class Console:
     async def queue_page(self, request: Request, operator: str) -> Response:
         filters, reply = await self._queue(request)
         query = urlencode({k: v for k, v in filters.items() if v})
-        return self.render("queue.html", operator=operator, filters=filters, reply=reply, query=query)
+        return self.render(request, "queue.html", operator=operator, filters=filters, reply=reply, query=query)
 
     async def queue_rows(self, request: Request, operator: str) -> Response:
         _, reply = await self._queue(request)
-        return self.render("queue_rows.html", reply=reply)
+        return self.render(request, "queue_rows.html", reply=reply)
 
     # --- one item ---------------------------------------------------------------------------------
     async def item_page(self, request: Request, operator: str) -> Response:
@@ -184,6 +292,7 @@ class Console:
         reply = await self.client.show(escalation_id)
         status = 200 if reply.ok else 404
         return self.render(
+            request,
             "item.html",
             status,
             operator=operator,
@@ -196,7 +305,8 @@ class Console:
 
     async def item_live(self, request: Request, operator: str) -> Response:
         reply = await self.client.show(request.path_params["escalation_id"])
-        return self.render("item_live.html", item=reply.escalations[0] if reply.ok else None, operator=operator)
+        item = reply.escalations[0] if reply.ok else None
+        return self.render(request, "item_live.html", item=item, operator=operator)
 
     async def act(self, request: Request, operator: str) -> Response:
         escalation_id, verb = request.path_params["escalation_id"], request.path_params["verb"]
@@ -260,6 +370,7 @@ async def asyncapi_document(request: Request) -> Response:
 
 def create_app(settings: Settings, client: Client) -> tuple[Starlette, Console]:
     secret = settings.console_secret.get_secret_value() if settings.console_secret else None
-    sessions = Sessions.from_settings(settings.console_users, secret, settings.console_session_s)
+    revocations = BusRevocations(client)
+    sessions = Sessions.from_settings(settings.console_users, secret, settings.console_session_s, revocations)
     console = Console(settings, client, sessions)
-    return Starlette(routes=console.routes()), console
+    return Starlette(routes=console.routes(), middleware=[Middleware(SecurityHeaders)]), console
