@@ -205,6 +205,9 @@ async def probe(settings: Settings, timeout: float, origin: str = "") -> None:
     await nc.close()
 
 
+READY_TIMEOUT_S = 30.0  # JetStream answers within it, or it will not (the streams are created here)
+
+
 class Client:
     """A connection to a running Loopwarden stack: submit runs and wait for them, read and watch their
     events, work the escalation queue.
@@ -213,8 +216,9 @@ class Client:
     URL, else ``LW_NATS_URL``/``NATS_URL``, else the stack ``loopwarden up`` recorded, else the default) and
     connects within ``connect_timeout`` seconds (default ``LW_CLI_CONNECT_TIMEOUT_S``, 3) or raises
     :class:`Unreachable` naming the URL. ``ready_timeout`` bounds the wait for JetStream's streams once the
-    server answers (None: wait as the services do, e.g. for ``loopwarden bootstrap`` on a managed cluster).
-    Once connected, a lost server is reconnected to without limit."""
+    server answers; by default 30 s, and no limit on a managed cluster (``LW_MANAGE_STREAMS=false``), where
+    a client started before ``loopwarden bootstrap`` waits for it as the services do (logged, naming what is
+    missing). Once connected, a lost server is reconnected to without limit."""
 
     def __init__(
         self,
@@ -223,12 +227,14 @@ class Client:
         identity: str = "client",  # the NATS user this client is (an operator's name, "console", ...): its inbox
         *,
         connect_timeout: float | None = None,
-        ready_timeout: float | None = 30.0,
+        ready_timeout: float | None = None,
     ) -> None:
         self.settings, self._origin = resolve_settings(settings)
         self.identity = identity
         self.connect_timeout = connect_timeout if connect_timeout is not None else self.settings.cli_connect_timeout_s
-        self.ready_timeout = ready_timeout
+        self.ready_timeout = (
+            READY_TIMEOUT_S if ready_timeout is None and self.settings.manage_streams else ready_timeout
+        )
         self._waiters: dict[str, set[asyncio.Event]] = {}
         self._run_events: dict[str, list[Any]] = {}  # run id -> subscriptions to its run events
         self.telemetry: Telemetry | None = telemetry or setup_telemetry(self.identity, self.settings)
