@@ -1,0 +1,128 @@
+"""Loopwarden's public API: the one import path, the same in the repository and in the installed wheel.
+
+    from loopwarden import Client, load_scenario, tool, ToolFailure
+
+Everything a user needs to submit and wait for runs, read and watch their events, work the escalation
+queue and write a tool is here; the modules behind it (``shared``, ``services``, ``loopwarden.*``) are
+internal and may change. docs/embedding.md shows it in use.
+
+The names are loaded on first use (PEP 562), so ``import loopwarden`` and the ``loopwarden`` command stay
+quick; ``__all__`` lists them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from loopwarden.client import Client, Event, NumberedLetter, Requeued, Unreachable, Watch, new_run_id
+    from services.executor.registry import ToolContext, ToolFailure, tool
+    from shared.messages import (
+        FINAL_STATUSES,
+        ChatMessage,
+        Criterion,
+        Escalation,
+        EscalationAction,
+        EscalationReply,
+        FailureType,
+        RepairRule,
+        RetryPolicy,
+        Rubric,
+        RunLimits,
+        RunSnapshot,
+        RunStatus,
+        RunSubmit,
+        ToolContract,
+        Usage,
+    )
+    from shared.scenario import Scenario, ScenarioError, load_scenario, parse_scenario
+    from shared.settings import Settings
+
+__all__ = [  # noqa: RUF022 - grouped by what a user does, not sorted
+    # connecting, runs and their events
+    "Client",
+    "Settings",
+    "Unreachable",
+    "RunSubmit",
+    "RunLimits",
+    "RunSnapshot",
+    "RunStatus",
+    "FINAL_STATUSES",
+    "Usage",
+    "ChatMessage",
+    "Event",
+    "Watch",
+    "new_run_id",
+    # scenarios (scripted runs with their expectations) and rubrics
+    "Scenario",
+    "ScenarioError",
+    "load_scenario",
+    "parse_scenario",
+    "Rubric",
+    "Criterion",
+    # the human queue and dead letters
+    "Escalation",
+    "EscalationAction",
+    "EscalationReply",
+    "NumberedLetter",
+    "Requeued",
+    # writing a tool
+    "tool",
+    "ToolFailure",
+    "ToolContext",
+    "FailureType",
+    "RetryPolicy",
+    "RepairRule",
+    "ToolContract",
+]
+
+
+def _client() -> Any:
+    from loopwarden import client
+
+    return client
+
+
+def _registry() -> Any:
+    # ``services``/``shared`` imports are rewritten to ``loopwarden.services``/``loopwarden.shared`` in the wheel
+    from services.executor import registry
+
+    return registry
+
+
+def _messages() -> Any:
+    from shared import messages
+
+    return messages
+
+
+def _scenario() -> Any:
+    from shared import scenario
+
+    return scenario
+
+
+def _settings() -> Any:
+    from shared import settings
+
+    return settings
+
+
+_HOME = {
+    **dict.fromkeys(("Client", "Event", "NumberedLetter", "Requeued", "Unreachable", "Watch", "new_run_id"), _client),
+    **dict.fromkeys(("ToolContext", "ToolFailure", "tool"), _registry),
+    **dict.fromkeys(("Scenario", "ScenarioError", "load_scenario", "parse_scenario"), _scenario),
+    "Settings": _settings,
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in __all__:
+        raise AttributeError(f"module 'loopwarden' has no attribute {name!r}")
+    value = getattr(_HOME.get(name, _messages)(), name)
+    globals()[name] = value  # loaded once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -17,7 +17,6 @@ The conventions (one of each):
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import os
@@ -167,29 +166,25 @@ def base_settings() -> Settings:
 
 
 def state_dir() -> Path:
-    """Where ``up`` records the running stack and the demo keeps its logs: ``LW_STATE_DIR``, else a
-    per-user folder (``$XDG_STATE_HOME/loopwarden``, ``~/.local/state/loopwarden``), the same from
-    any working folder."""
-    configured = base_settings().state_dir
-    if configured:
-        return Path(configured).expanduser().resolve()
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base).expanduser().resolve() / "loopwarden"
+    """Where ``up`` records the running stack and the demo keeps its logs (``loopwarden.stack.state_dir``)."""
+    from loopwarden.stack import state_dir as configured_state_dir
+
+    return configured_state_dir(base_settings().state_dir)
 
 
 def stack_file() -> Path:
-    return state_dir() / "stack.json"
+    from loopwarden.stack import STACK_RECORD
+
+    return state_dir() / STACK_RECORD
 
 
 def recorded_stack() -> dict[str, Any] | None:
-    path = stack_file()
+    from loopwarden.stack import StackError, read_record
+
     try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as err:
-        raise UserError(f"{path}: unreadable stack record ({err}); remove it or run `loopwarden down`") from None
-    return data if isinstance(data, dict) else None
+        return read_record(stack_file())
+    except StackError as err:
+        raise UserError(str(err)) from None
 
 
 def env_nats_url() -> str | None:
@@ -212,40 +207,14 @@ def settings(nats_url: str | None = None) -> Settings:
 # --- the bus ------------------------------------------------------------------------------------
 async def probe(cfg: Settings) -> None:
     """One bounded connect (``LW_CLI_CONNECT_TIMEOUT_S``): the server answers at the URL, or a
-    :class:`UserError` naming it."""
-    import nats
-    from nats.errors import Error as NatsError
-
-    timeout = cfg.cli_connect_timeout_s
-    servers = [u.strip() for u in cfg.nats_url.split(",")]
-    password = cfg.nats_password.get_secret_value() if cfg.nats_password else None
-    seen: list[Exception] = []
-
-    async def remember(err: Exception) -> None:
-        seen.append(err)
+    :class:`UserError` naming it (the client's own probe: ``loopwarden.client.probe``)."""
+    from loopwarden.client import Unreachable
+    from loopwarden.client import probe as client_probe
 
     try:
-        async with asyncio.timeout(timeout + 1):
-            # nats-py drops a server from its pool only after max_reconnect_attempts (> 0) failures
-            nc = await nats.connect(
-                servers,
-                connect_timeout=timeout,
-                allow_reconnect=False,
-                max_reconnect_attempts=1,
-                reconnect_time_wait=0.1,
-                user=cfg.nats_user,
-                password=password,
-                error_cb=remember,
-            )
-    except (OSError, TimeoutError, NatsError) as err:
-        last = seen[-1] if seen else err
-        why = str(last) or type(last).__name__
-        raise UserError(
-            f"cannot reach NATS at {cfg.nats_url} ({why}); is the stack up? `loopwarden up` starts one, "
-            "LW_NATS_URL/NATS_URL picks another",
-            UNREACHABLE,
-        ) from None
-    await nc.close()
+        await client_probe(cfg, cfg.cli_connect_timeout_s)
+    except Unreachable as err:
+        raise UserError(str(err), UNREACHABLE) from None
 
 
 @contextlib.asynccontextmanager
@@ -254,24 +223,16 @@ async def connected(
 ) -> AsyncIterator[Client]:
     """A connected :class:`Client` whose connect is bounded: probed first, then ready (streams in
     place) within ``ready_timeout`` or a :class:`UserError` naming the URL."""
-    from loopwarden.client import Client
+    from loopwarden.client import Client, Unreachable
 
-    cfg = cfg or settings()
-    await probe(cfg)
-    client = Client(cfg, identity=identity)
     try:
-        async with asyncio.timeout(ready_timeout):
-            await client.__aenter__()
-    except TimeoutError:
-        with contextlib.suppress(Exception):
-            await client.bus.broker.stop()
-        raise UserError(
-            f"NATS at {cfg.nats_url} answered but JetStream was not ready in {ready_timeout:.0f}s", UNREACHABLE
-        ) from None
+        client = await Client(cfg or settings(), identity=identity, ready_timeout=ready_timeout).connect()
+    except Unreachable as err:
+        raise UserError(str(err), UNREACHABLE) from None
     try:
         yield client
     finally:
-        await client.__aexit__(None, None, None)
+        await client.close()
 
 
 def bus_failure(err: BaseException, url: str | None = None) -> UserError | None:

@@ -30,8 +30,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "submit",
         help="submit a run (a scenario file, or a task for the live provider)",
-        description="Submit a run and print its id. With --wait, wait for it and print how it ended; the exit "
-        "code says whether it completed (or, for a scenario with an `expect` block, ended as expected).",
+        description="Submit a run and print its id. With --wait, print its id, wait for it and print how it ended; "
+        "the exit code says whether it completed (or, for a scenario with an `expect` block, ended as expected), "
+        "or 5 as soon as it waits for a human, whatever `expect` says.",
     )
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--scenario", metavar="FILE", help="a scenario file: its task, replayed by the scripted provider")
@@ -125,36 +126,34 @@ async def cmd_submit(args: argparse.Namespace) -> int:
 
     scenario = load_scenario_file(args.scenario) if args.scenario else None  # before connecting
     async with connected() as client:
-        mismatches: list[str] = []
-        try:
-            if scenario is not None and args.wait and scenario.expect is not None:
-                state, mismatches = await client.run_and_check(scenario, timeout=args.timeout)
-                run_id = state.run_id
+        if scenario is not None:
+            run_id = await client.submit_scenario(scenario)
+        else:
+            run_id = await client.submit(RunSubmit(run_id=new_run_id(), task=args.task))
+        if not args.wait:
+            if args.json:
+                emit_json({"run_id": run_id})
             else:
-                if scenario is not None:
-                    run_id = await client.submit_scenario(scenario)
-                else:
-                    run_id = await client.submit(RunSubmit(run_id=new_run_id(), task=args.task))
-                if not args.wait:
-                    if args.json:
-                        emit_json({"run_id": run_id})
-                    else:
-                        say(run_id)
-                    return OK
-                state = await client.wait(run_id, timeout=args.timeout, until=(*ENDED, "awaiting_human"))
+                say(run_id)
+            return OK
+        if not args.json:
+            say(run_id)  # first: whatever happens while waiting, the run can be found
+        try:
+            # a run that waits for a person is as far as waiting goes, whatever `expect` says
+            state = await client.wait(run_id, timeout=args.timeout, until=(*ENDED, "awaiting_human"))
         except TimeoutError as err:
-            raise UserError(f"timed out: {err}; `loopwarden status RUN` shows where it is", TIMED_OUT) from None
+            raise UserError(f"timed out: {err}; `loopwarden status {run_id}` shows where it is", TIMED_OUT) from None
+        mismatches = await client.check(scenario, state) if scenario is not None else []
         if args.json:
             emit_json({**_summary(state), "expectations_not_met": mismatches})
         else:
-            say(run_id)
             say(plain(describe_end(state)))
             for line in mismatches:
                 say(f"EXPECTATION NOT MET: {line}", err=True)
-        if scenario is not None and scenario.expect is not None:
-            return FAILED if mismatches else OK
         if state.status == "awaiting_human":
             return AWAITING_HUMAN
+        if scenario is not None and scenario.expect is not None:
+            return FAILED if mismatches else OK
         return OK if state.status == "completed" else FAILED
 
 

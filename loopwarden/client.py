@@ -16,6 +16,7 @@ from typing import Any
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from opentelemetry.trace import SpanKind
 
+from loopwarden.stack import StackError, recorded_nats_url
 from shared import history as H
 from shared import subjects as S
 from shared.bus import RUN_ID_HEADER, Bus
@@ -125,27 +126,146 @@ class Watch:
         await self.close()
 
 
-@dataclass
-class Client:
-    settings: Settings
-    telemetry: Telemetry | None = None
-    identity: str = "client"  # the NATS user this client is (an operator's name, "console", ...): its inbox prefix
-    bus: Bus = field(init=False)
+class Unreachable(ConnectionError):
+    """The client could not connect: nothing answers at the URL, the server refused the credentials, or
+    JetStream was not ready in time. The message names the URL (never a password) and where it came from."""
 
-    def __post_init__(self) -> None:
+    def __init__(self, message: str, url: str) -> None:
+        super().__init__(message)
+        self.url = url  # as shown: without its password
+
+
+def shown_url(url: str) -> str:
+    """A server list as it may be shown: ``nats://user:***@host:4222`` (a token, the user part alone, is
+    hidden too)."""
+    shown = []
+    for one in url.split(","):
+        one = one.strip()
+        scheme, sep, rest = one.partition("://")
+        userinfo, at, host = rest.rpartition("@")
+        if sep and at:
+            user, colon, _ = userinfo.partition(":")
+            one = f"{scheme}://{user}:***@{host}" if colon else f"{scheme}://***@{host}"
+        shown.append(one)
+    return ",".join(shown)
+
+
+def resolve_settings(settings: Settings | None = None) -> tuple[Settings, str]:
+    """The settings pointed at a server the way the CLI finds one: the URL given (``Settings(nats_url=...)``,
+    ``LW_NATS_URL``/``NATS_URL``), else the stack ``loopwarden up`` recorded, else the default; and where
+    the URL came from (for errors)."""
+    settings = settings if settings is not None else Settings()
+    if "nats_url" in settings.model_fields_set:
+        return settings, ""
+    try:
+        recorded = recorded_nats_url(settings.state_dir)
+    except StackError as err:
+        raise Unreachable(str(err), shown_url(settings.nats_url)) from None
+    if recorded is None:
+        return settings, " (the default: LW_NATS_URL/NATS_URL is not set and `loopwarden up` recorded no stack)"
+    url, path = recorded
+    return settings.model_copy(update={"nats_url": url}), f" (the stack `loopwarden up` recorded in {path})"
+
+
+async def probe(settings: Settings, timeout: float, origin: str = "") -> None:
+    """One bounded connect: the server answers at ``settings.nats_url`` within ``timeout`` seconds, or
+    :class:`Unreachable` naming the URL (``origin``: where it came from)."""
+    import nats
+    from nats.errors import Error as NatsError
+
+    servers = [u.strip() for u in settings.nats_url.split(",")]
+    password = settings.nats_password.get_secret_value() if settings.nats_password else None
+    seen: list[Exception] = []
+
+    async def remember(err: Exception) -> None:
+        seen.append(err)
+
+    try:
+        async with asyncio.timeout(timeout + 1):
+            # nats-py drops a server from its pool only after max_reconnect_attempts (> 0) failures
+            nc = await nats.connect(
+                servers,
+                connect_timeout=timeout,
+                allow_reconnect=False,
+                max_reconnect_attempts=1,
+                reconnect_time_wait=0.1,
+                user=settings.nats_user,
+                password=password,
+                error_cb=remember,
+            )
+    except (OSError, TimeoutError, NatsError) as err:
+        last = seen[-1] if seen else err
+        why = (str(last) or type(last).__name__).replace(password or "\0", "***")
+        url = shown_url(settings.nats_url)
+        raise Unreachable(
+            f"cannot reach NATS at {url}{origin} ({why}); is the stack up? `loopwarden up` starts one, "
+            "LW_NATS_URL/NATS_URL picks another",
+            url,
+        ) from None
+    await nc.close()
+
+
+READY_TIMEOUT_S = 30.0  # JetStream answers within it, or it will not (the streams are created here)
+
+
+class Client:
+    """A connection to a running Loopwarden stack: submit runs and wait for them, read and watch their
+    events, work the escalation queue.
+
+    ``async with Client() as client: ...`` finds the server as the ``loopwarden`` CLI does (``settings``'
+    URL, else ``LW_NATS_URL``/``NATS_URL``, else the stack ``loopwarden up`` recorded, else the default) and
+    connects within ``connect_timeout`` seconds (default ``LW_CLI_CONNECT_TIMEOUT_S``, 3) or raises
+    :class:`Unreachable` naming the URL. ``ready_timeout`` bounds the wait for JetStream's streams once the
+    server answers; by default 30 s, and no limit on a managed cluster (``LW_MANAGE_STREAMS=false``), where
+    a client started before ``loopwarden bootstrap`` waits for it as the services do (logged, naming what is
+    missing). Once connected, a lost server is reconnected to without limit."""
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        telemetry: Telemetry | None = None,
+        identity: str = "client",  # the NATS user this client is (an operator's name, "console", ...): its inbox
+        *,
+        connect_timeout: float | None = None,
+        ready_timeout: float | None = None,
+    ) -> None:
+        self.settings, self._origin = resolve_settings(settings)
+        self.identity = identity
+        self.connect_timeout = connect_timeout if connect_timeout is not None else self.settings.cli_connect_timeout_s
+        self.ready_timeout = (
+            READY_TIMEOUT_S if ready_timeout is None and self.settings.manage_streams else ready_timeout
+        )
         self._waiters: dict[str, set[asyncio.Event]] = {}
         self._run_events: dict[str, list[Any]] = {}  # run id -> subscriptions to its run events
-        self.telemetry = self.telemetry or setup_telemetry(self.identity, self.settings)
+        self.telemetry: Telemetry | None = telemetry or setup_telemetry(self.identity, self.settings)
         self.bus = Bus(self.settings, self.identity, self.telemetry.bus_tracer_provider)
 
-    async def __aenter__(self) -> Client:
-        await self.bus.connect()
+    async def connect(self) -> Client:
+        """Connect (bounded, see the class) and make sure the streams this client reads exist."""
+        await probe(self.settings, self.connect_timeout, self._origin)
+        try:
+            async with asyncio.timeout(self.ready_timeout):
+                await self.bus.connect()
+        except TimeoutError:
+            with contextlib.suppress(Exception):
+                await self.bus.broker.stop()
+            url = shown_url(self.settings.nats_url)
+            raise Unreachable(
+                f"NATS at {url}{self._origin} answered but JetStream was not ready in {self.ready_timeout:.0f}s", url
+            ) from None
         return self
 
-    async def __aexit__(self, *exc: object) -> None:
+    async def close(self) -> None:
+        """Disconnect (and flush this client's spans)."""
         await self.bus.broker.stop()
         if self.telemetry is not None:
             self.telemetry.tracer_provider.force_flush()
+
+    async def __aenter__(self) -> Client:
+        return await self.connect()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
     # --- runs ------------------------------------------------------------------------------------
     async def submit_scenario(
@@ -383,6 +503,8 @@ class Client:
         older_than_s: float | None = None,
         newer_than_s: float | None = None,
     ) -> EscalationReply:
+        """The queue's items (``.escalations``, newest first): ``status`` open (default), claimed, resolved or
+        all; optionally of one run, of one ``kind`` (schema_cap, fatal, ...), for one ``tool``, or by age."""
         return await self.bus.request(
             S.ESCALATION_LIST,
             EscalationQuery(
@@ -397,14 +519,17 @@ class Client:
         )
 
     async def show(self, escalation_id: str) -> EscalationReply:
+        """One item (``.escalations[0]``) with its context: arguments, last turns, allowed actions."""
         return await self.bus.request(S.ESCALATION_SHOW, EscalationQuery(escalation_id=escalation_id), EscalationReply)
 
     async def claim(self, escalation_id: str, who: str, via: str | None = None) -> EscalationReply:
+        """Claim an item for ``who`` under a lease (``.ok`` false and ``.error`` say why not)."""
         return await self.bus.request(
             S.escalation_rpc("claim", who, via), EscalationClaim(escalation_id=escalation_id), EscalationReply
         )
 
     async def renew(self, escalation_id: str, who: str, via: str | None = None) -> EscalationReply:
+        """Extend ``who``'s lease on an item they claimed."""
         return await self.bus.request(
             S.escalation_rpc("renew", who, via), EscalationClaim(escalation_id=escalation_id), EscalationReply
         )
@@ -418,11 +543,29 @@ class Client:
         result: Any = None,
         via: str | None = None,
     ) -> EscalationReply:
+        """Resolve an item with one of the actions its kind allows (resume, abort, provide_result with
+        ``result`` checked against the tool's output contract, retry, final_answer, ...); the run goes on at once.
+        An unclaimed item is claimed for ``who`` first."""
         return await self.bus.request(
             S.escalation_rpc("resolve", who, via),
             EscalationResolve(escalation_id=escalation_id, action=action, note=note, result=result),
             EscalationReply,
         )
+
+    async def run_scenario(
+        self, scenario: Scenario, *, timeout: float = 120.0, limits: RunLimits | None = None
+    ) -> RunSnapshot:
+        """Submit ``scenario`` and wait until the run ends or waits for a human (``awaiting_human``: see
+        ``escalations``), at most ``timeout`` seconds (else ``TimeoutError`` naming the run). The snapshot
+        has its ``run_id``, ``status``, ``final_output``, ``final_reason``, ``usage`` and ``messages``; a run
+        waiting for a human has ``awaiting.escalation_id``, an item already in the queue (``show`` has it)."""
+        deadline = time.monotonic() + timeout
+        run_id = await self.submit_scenario(scenario, limits=limits)
+        state = await self.wait(run_id, timeout=timeout, until=(*FINAL_STATUSES, "awaiting_human"))
+        if state.awaiting is not None:  # the escalation service files the item a moment after the state says so
+            while not (await self.show(state.awaiting.escalation_id)).ok and time.monotonic() < deadline:  # noqa: ASYNC110 - asked, not signalled
+                await asyncio.sleep(0.05)
+        return state
 
     async def run_and_check(self, scenario: Scenario, timeout: float = 120.0) -> tuple[RunSnapshot, list[str]]:
         """Run a scenario to its end (or to a human, if that is what it expects) and compare with ``expect``."""
@@ -431,8 +574,15 @@ class Client:
         ended: tuple[str, ...] = FINAL_STATUSES
         until = (*ended, "awaiting_human") if expect is not None and expect.status == "awaiting_human" else ended
         state = await self.wait(run_id, timeout=timeout, until=until)
+        return state, await self.check(scenario, state)
+
+    async def check(self, scenario: Scenario, state: RunSnapshot) -> list[str]:
+        """How the run in ``state`` differs from what ``scenario.expect`` says, one line each (none: as expected,
+        or no ``expect``)."""
+        expect = scenario.expect
         if expect is None:
-            return state, []
+            return []
+        run_id = state.run_id
         escalations: list[Any] = []
         deadline = time.monotonic() + 10
         while True:  # queue items are created by the escalation service a moment after the state says so
@@ -440,7 +590,7 @@ class Client:
             if expect.escalations is None or len(escalations) >= expect.escalations or time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.05)
-        return state, expect.mismatches(
+        return expect.mismatches(
             Outcome(
                 status=state.status,
                 final_output=state.final_output,

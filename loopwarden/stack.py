@@ -244,6 +244,40 @@ class LocalStack:
         )
 
 
+# --- the recorded stack (where every command and the client find it) ------------------------------
+STACK_RECORD = "stack.json"
+
+
+def state_dir(configured: str | None = None) -> Path:
+    """Where ``up`` records the running stack and the demo keeps its logs: ``configured`` (``LW_STATE_DIR``),
+    else a per-user folder (``$XDG_STATE_HOME/loopwarden``, ``~/.local/state/loopwarden``), the same from
+    any working folder."""
+    if configured:
+        return Path(configured).expanduser().resolve()
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base).expanduser().resolve() / "loopwarden"
+
+
+def read_record(path: Path) -> dict[str, object] | None:
+    """The stack ``loopwarden up`` recorded in ``path`` (None: nothing recorded); a :class:`StackError`
+    naming the file when it cannot be read."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        raise StackError(f"{path}: unreadable stack record ({err}); remove it or run `loopwarden down`") from None
+    return data if isinstance(data, dict) else None
+
+
+def recorded_nats_url(configured_state_dir: str | None = None) -> tuple[str, Path] | None:
+    """The server of the stack ``loopwarden up`` recorded, and the record's path (None: no stack recorded)."""
+    path = state_dir(configured_state_dir) / STACK_RECORD
+    record = read_record(path)
+    url = record.get("nats_url") if record else None
+    return (url, path) if isinstance(url, str) and url else None
+
+
 def process_start(pid: int) -> str | None:
     """When a process started (field 22 of /proc/<pid>/stat), to tell it from a later one with its pid."""
     try:

@@ -317,7 +317,8 @@ def test_bench_runs_in_short_form() -> None:
 @pytest.mark.slow
 def test_the_wheel_installed_alone_runs_demo_lint_and_up(tmp_path) -> None:
     """Built from the sources and installed into a fresh venv (offline, no editable finder): one top-level
-    name (`loopwarden`), the shipped contracts and scenarios inside it, and `demo`, `lint`, `up` work from
+    name (`loopwarden`), the shipped contracts and scenarios inside it, the public API imported as in the
+    repository (`from loopwarden import Client, tool, ...`), and `demo`, `lint`, `up` work from
     an unrelated folder. The dependencies come from this venv's site-packages as a plain path entry (its
     .pth hooks, among them the editable install of this repository, are not run)."""
     import shutil
@@ -384,6 +385,24 @@ def test_the_wheel_installed_alone_runs_demo_lint_and_up(tmp_path) -> None:
         text=True,
     )
     assert claimed.stdout.strip() == "[]", claimed.stdout + claimed.stderr
+    # the public API, spelled as in the repository (issue 24): the wheel's own executor types, not copies
+    public = subprocess.run(
+        [
+            str(python),
+            "-c",
+            "import loopwarden; from loopwarden import *; from loopwarden import Client, tool, ToolFailure\n"
+            "from loopwarden.services.executor import registry\n"
+            "assert (tool, ToolFailure) == (registry.tool, registry.ToolFailure)\n"
+            "print([n for n in loopwarden.__all__ if getattr(loopwarden, n, None) is None], len(loopwarden.__all__))",
+        ],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    import loopwarden
+
+    assert public.stdout.split() == ["[]", str(len(loopwarden.__all__))], public.stdout + public.stderr
     lint, ours = run("lint"), _lw("lint", env=_clean_env())
     assert lint.returncode == 0, lint.stdout + lint.stderr
     assert lint.stdout.splitlines()[-1] == ours.stdout.splitlines()[-1]  # every shipped contract registers
