@@ -188,21 +188,25 @@ def test_a_wait_that_times_out_has_printed_the_run_id_first(stack: LocalStack, t
     assert run_id.startswith("run-") and f"`loopwarden status {run_id}`" in done.stderr, done.stderr
 
 
-# --- 4. the embedding page's code runs as written -------------------------------------------------
-BLOCKS = re.findall(r"^```python\n(.*?)^```", (ROOT / "docs" / "embedding.md").read_text(), re.M | re.S)
+# --- 4. the README's and the embedding page's code runs as written ---------------------------------
+def _python_blocks(page: str) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", (ROOT / page).read_text(), re.M | re.S)
+
+
+PAGES = ("README.md", "docs/embedding.md")
+BLOCKS = [(page, i, code) for page in PAGES for i, code in enumerate(_python_blocks(page))]
 
 
 def test_the_embedding_page_has_code() -> None:
-    assert len(BLOCKS) >= 4
+    assert len(_python_blocks("docs/embedding.md")) >= 4 and _python_blocks("README.md")
 
 
-@pytest.mark.parametrize("index", range(len(BLOCKS)))
-def test_the_embedding_page_runs_as_written(stack: LocalStack, tmp_path: Path, index: int) -> None:
+@pytest.mark.parametrize(("page", "index", "code"), BLOCKS, ids=[f"{p}-{i}" for p, i, _ in BLOCKS])
+def test_the_docs_python_runs_as_written(stack: LocalStack, tmp_path: Path, page: str, index: int, code: str) -> None:
     """Each block in its own interpreter, from the repository root, pointed at the stack as a user's shell
     would be (LW_NATS_URL); nothing it imports is internal."""
-    code = BLOCKS[index]
     assert not re.search(r"^\s*(from|import) (shared|services)\b", code, re.M), code
     env = _env(LW_NATS_URL=str(stack.nats_url), LW_STATE_DIR=str(tmp_path))
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, f"block {index}:\n{code}\n{done.stdout}{done.stderr}"
+    assert done.returncode == 0, f"{page} block {index}:\n{code}\n{done.stdout}{done.stderr}"
     print(done.stdout)
