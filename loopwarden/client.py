@@ -326,7 +326,8 @@ class Client:
         ``history`` is false). Reacts to the run's own events (a subscription to that run's subjects,
         shared by waits on it) instead of polling; the state is read again only when one of the
         run's events that can change its status arrives (not on a step's progress events, see
-        ``PROGRESS_EVENTS``), and once a second as a safety net."""
+        ``PROGRESS_EVENTS``), and once a second as a safety net. A run that waits for a human is
+        returned once its queue item is there (``show(state.awaiting.escalation_id)`` has it)."""
         deadline = time.monotonic() + timeout
         changed = await self._on_run_events(run_id)
         state = None
@@ -340,6 +341,8 @@ class Client:
                 if state is not None and state.status in until:
                     if state.done:
                         await self._settled(run_id, state.status, deadline, changed)
+                    elif state.awaiting is not None:
+                        await self._filed(state.awaiting.escalation_id, deadline)
                     if history:
                         state.messages = await H.messages(self.bus, state)
                     return state
@@ -381,6 +384,12 @@ class Client:
             for sub in self._run_events.pop(run_id, []):
                 with contextlib.suppress(Exception):
                     await sub.unsubscribe()
+
+    async def _filed(self, escalation_id: str, deadline: float) -> None:
+        """Wait until the queue has the item a waiting run names: the escalation service files it a moment
+        after the planner's state says the run waits, and whoever was told "waits for a human" looks it up next."""
+        while not (await self.show(escalation_id)).ok and time.monotonic() < deadline:  # noqa: ASYNC110 - asked, not signalled
+            await asyncio.sleep(0.05)
 
     async def _settled(self, run_id: str, status: str, deadline: float, changed: asyncio.Event) -> None:
         """Wait until the run's final event is in the stream. The planner saves the state, then
@@ -559,13 +568,8 @@ class Client:
         ``escalations``), at most ``timeout`` seconds (else ``TimeoutError`` naming the run). The snapshot
         has its ``run_id``, ``status``, ``final_output``, ``final_reason``, ``usage`` and ``messages``; a run
         waiting for a human has ``awaiting.escalation_id``, an item already in the queue (``show`` has it)."""
-        deadline = time.monotonic() + timeout
         run_id = await self.submit_scenario(scenario, limits=limits)
-        state = await self.wait(run_id, timeout=timeout, until=(*FINAL_STATUSES, "awaiting_human"))
-        if state.awaiting is not None:  # the escalation service files the item a moment after the state says so
-            while not (await self.show(state.awaiting.escalation_id)).ok and time.monotonic() < deadline:  # noqa: ASYNC110 - asked, not signalled
-                await asyncio.sleep(0.05)
-        return state
+        return await self.wait(run_id, timeout=timeout, until=(*FINAL_STATUSES, "awaiting_human"))
 
     async def run_and_check(self, scenario: Scenario, timeout: float = 120.0) -> tuple[RunSnapshot, list[str]]:
         """Run a scenario to its end (or to a human, if that is what it expects) and compare with ``expect``."""
