@@ -345,7 +345,8 @@ async def unless_refused(client: Client, subject: str, request: Awaitable[T]) ->
     nc._error_cb = on_error
     answer = asyncio.ensure_future(request)
     try:
-        await asyncio.wait({answer, refused}, return_when=asyncio.FIRST_COMPLETED)
+        either: set[asyncio.Future[Any]] = {answer, refused}
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
     finally:
         nc._error_cb = previous
     if answer.done():

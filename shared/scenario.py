@@ -235,7 +235,7 @@ class _NoAliasLoader(yaml.SafeLoader):
     """``yaml.safe_load`` without anchors and aliases: what a scenario says is what it holds."""
 
     def compose_node(self, parent: Any, index: Any) -> Any:
-        event = self.peek_event()
+        event = self.peek_event()  # type: ignore[no-untyped-call]
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
             mark = event.start_mark
             what = f"alias *{event.anchor}" if isinstance(event, yaml.AliasEvent) else f"anchor &{event.anchor}"
