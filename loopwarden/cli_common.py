@@ -11,23 +11,32 @@ The conventions (one of each):
   connect first, so an unreachable server is one line naming the URL, not a hang.
 - Reading commands take ``--json`` (one JSON document, or one per line for streams).
 - Output goes through :func:`say`: characters the terminal cannot encode are replaced, never
-  a ``UnicodeEncodeError``.
+  a ``UnicodeEncodeError``; control characters (escape sequences a run's text may carry) are
+  shown as ``\x1b``, never sent to the terminal (:func:`printable`). JSON goes through
+  :func:`json_text`, whose escapes keep it valid JSON.
+- A URL is printed through :func:`shared.urls.redact_url`: never the password it may carry.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import os
+import re
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
+
+from shared.urls import redact_url
 
 if TYPE_CHECKING:
     from loopwarden.client import Client
     from shared.settings import Settings
+
+T = TypeVar("T")
 
 # --- exit codes (documented in the README and in `loopwarden --help`) ----------------------------
 OK = 0
@@ -59,10 +68,35 @@ class UserError(Exception):
 
 
 # --- output -------------------------------------------------------------------------------------
+# C0 (but newline and tab), DEL and C1: ESC starts every escape sequence (OSC 52 writes the clipboard,
+# OSC 0 the window title, CSI 2J clears the screen), and C1's CSI/OSC do the same on some terminals.
+# A run's task, model text, tool outputs and reasons are written by whoever submitted the run.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_JSON_UNESCAPED = re.compile(r"[\x7f-\x9f]")  # json.dumps escapes C0 itself
+
+
+def printable(text: str) -> str:
+    """``text`` with every control character but newline and tab shown as its escape (``\\x1b``)."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def json_safe(text: str) -> str:
+    """JSON text whose DEL and C1 characters (left raw by ``json.dumps(ensure_ascii=False)`` and by
+    pydantic) are ``\\u00XX`` escapes: the same JSON, nothing a terminal acts on."""
+    return _JSON_UNESCAPED.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def json_text(value: Any, **dumps: Any) -> str:
+    """``json.dumps(value, **dumps)``, safe to print (:func:`json_safe`)."""
+    return json_safe(json.dumps(value, **dumps))
+
+
 def say(line: str | None = "", *, err: bool = False) -> None:
-    """Print one line; what the terminal's encoding cannot show is replaced (``?``), never an error."""
+    """Print one line; what the terminal's encoding cannot show is replaced (``?``), never an error,
+    and control characters are shown escaped, never acted on (:func:`printable`)."""
     if line is None:
         return
+    line = printable(line)
     stream: TextIO = sys.stderr if err else sys.stdout
     encoding = getattr(stream, "encoding", None) or "utf-8"
     try:
@@ -106,7 +140,7 @@ ASCII_SYMBOLS = {
 
 
 def emit_json(value: Any) -> None:
-    say(json.dumps(value, indent=2, ensure_ascii=not fancy(), default=str))
+    say(json_text(value, indent=2, ensure_ascii=not fancy(), default=str))
 
 
 def add_json_flag(parser: argparse.ArgumentParser) -> None:
@@ -242,7 +276,7 @@ def bus_failure(err: BaseException, url: str | None = None) -> UserError | None:
 
     from shared.bus import RequestRefused
 
-    where = f" at {url}" if url else ""
+    where = f" at {redact_url(url)}" if url else ""
     if isinstance(err, RequestRefused):
         return UserError(f"refused: {err}", FAILED)
     if isinstance(err, NoRespondersError):
@@ -252,3 +286,38 @@ def bus_failure(err: BaseException, url: str | None = None) -> UserError | None:
     if isinstance(err, NatsError):
         return UserError(f"NATS{where} failed: {type(err).__name__}: {err}", UNREACHABLE)
     return None
+
+
+async def unless_refused(client: Client, subject: str, request: Awaitable[T]) -> T:
+    """``request``'s answer, or at once a :class:`UserError` (exit 1) when the server refuses this user
+    publishing on ``subject``: a request outside the user's grant is dropped by the server, which tells
+    only the sender (an asynchronous ``-ERR``), so without this the command would wait for its timeout
+    and report NATS unreachable."""
+    nc = client.bus.nc
+    refused: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    previous = nc._error_cb
+
+    async def on_error(err: Exception) -> None:
+        said = str(err)
+        if "permissions violation" in said.lower() and f'"{subject.lower()}"' in said.lower() and not refused.done():
+            refused.set_result(said)
+        await previous(err)
+
+    nc._error_cb = on_error
+    answer = asyncio.ensure_future(request)
+    try:
+        either: set[asyncio.Future[Any]] = {answer, refused}
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        nc._error_cb = previous
+    if answer.done():
+        return answer.result()
+    answer.cancel()
+    with contextlib.suppress(BaseException):
+        await answer
+    user = client.settings.nats_user or "(none: LW_NATS_USER is not set)"
+    raise UserError(
+        f"refused by the server: NATS user {user} may not publish on {subject} (no such permission in its grant; "
+        "LW_NATS_USER and LW_NATS_PASSWORD say who you are)",
+        FAILED,
+    )

@@ -9,7 +9,20 @@ import argparse
 import os
 from typing import Any
 
-from loopwarden.cli_common import FAILED, OK, UserError, add_json_flag, connected, emit_json, json_arg, say, settings
+from loopwarden.cli_common import (
+    FAILED,
+    OK,
+    UserError,
+    add_json_flag,
+    connected,
+    emit_json,
+    json_arg,
+    json_safe,
+    say,
+    settings,
+    unless_refused,
+)
+from shared import subjects as S
 
 ACTIONS = ["resume", "abort", "provide_result", "accept", "approve", "reject", "final_answer", "retry"]
 
@@ -81,12 +94,16 @@ async def cmd_escalations(args: argparse.Namespace) -> int:
             )
         elif args.action == "show":
             reply = await client.show(args.id)
-        elif args.action == "claim":
-            reply = await client.claim(args.id, who)
-        elif args.action == "renew":
-            reply = await client.renew(args.id, who)
-        else:
-            reply = await client.resolve(args.id, who, args.decision, args.note, result)
+        else:  # a verb the server lets only `who`'s own user publish: refused at once if this user may not
+            subject = S.escalation_rpc(args.action, who)
+            if args.action == "claim":
+                reply = await unless_refused(client, subject, client.claim(args.id, who))
+            elif args.action == "renew":
+                reply = await unless_refused(client, subject, client.renew(args.id, who))
+            else:
+                reply = await unless_refused(
+                    client, subject, client.resolve(args.id, who, args.decision, args.note, result)
+                )
     if not reply.ok:
         if args.json:
             emit_json(reply.model_dump(mode="json"))
@@ -96,7 +113,7 @@ async def cmd_escalations(args: argparse.Namespace) -> int:
         emit_json(reply.model_dump(mode="json")["escalations"] if args.action != "show" else _one(reply))
         return OK
     if args.action == "show":
-        say(reply.escalations[0].model_dump_json(indent=2))
+        say(json_safe(reply.escalations[0].model_dump_json(indent=2)))
         return OK
     for item in reply.escalations:
         lease = f"  lease until {item.lease_expires_at:%H:%M:%S}" if item.lease_expires_at else ""

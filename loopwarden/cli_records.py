@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from loopwarden.cli_common import FAILED, OK, UserError, connected, say, settings
+from loopwarden.cli_common import FAILED, OK, TIMED_OUT, UserError, connected, json_safe, say, settings
 from shared.describe import describe
 
 
@@ -31,9 +31,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="replay an exported run and report where the current code diverges",
         description="Runs the recorded model turns and tool results through the current code (the scripted "
         "provider: no API key needed) and reports the first different Decide row, validation result or budget "
-        "action. Exit 1 when the replay diverges.",
+        "action. Exit 1 when the replay diverges. A dry run: a call the export holds no recorded output for "
+        "is refused (exit 1), and a tool asked for more than was recorded fails visibly instead of running, "
+        "unless --allow-live-tools.",
     )
     p.add_argument("file", metavar="FILE", help="a file written by `loopwarden export`")
+    p.add_argument(
+        "--allow-live-tools",
+        action="store_true",
+        help="run the real tool for calls the export has no recorded output for (side effects happen)",
+    )
     p.add_argument("--save", metavar="YAML", help="write the replay scenario here instead of running it")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the replayed run (default 120)")
     p.set_defaults(func=cmd_replay)
@@ -70,12 +77,12 @@ async def cmd_export(args: argparse.Namespace) -> int:
         await asyncio.to_thread(Path(args.output).write_text, body + "\n")
         say(f"wrote {args.output}: run {record.run_id} ({record.status}), {len(record.events)} events", err=True)
     else:
-        say(body)
+        say(json_safe(body))
     return OK
 
 
 def cmd_replay(args: argparse.Namespace) -> Any:
-    from loopwarden.replay import load_record, scenario_yaml
+    from loopwarden.replay import LiveToolsRefused, load_record, scenario_yaml, unrecorded_calls
 
     try:  # the local file first: a bad one never waits for a connection
         record = load_record(args.file)
@@ -84,17 +91,26 @@ def cmd_replay(args: argparse.Namespace) -> Any:
     except OSError as err:
         raise UserError(f"{args.file}: cannot read it: {err.strerror or err}") from None
     if args.save:
-        Path(args.save).write_text(scenario_yaml(record, Path(args.save).stem))
+        Path(args.save).write_text(scenario_yaml(record, Path(args.save).stem, args.allow_live_tools))
         say(f"wrote {args.save}")
         return OK
-    return _replay(record, args.timeout)
+    if not args.allow_live_tools and (calls := unrecorded_calls(record)):  # before connecting
+        raise UserError(str(LiveToolsRefused(calls)), FAILED)
+    return _replay(record, args.timeout, args.allow_live_tools)
 
 
-async def _replay(record: Any, timeout: float) -> int:
+async def _replay(record: Any, timeout: float, allow_live_tools: bool) -> int:
     from loopwarden.replay import replay
 
     async with connected(settings()) as client:
-        report = await replay(client, record, timeout=timeout)
+        try:
+            report = await replay(client, record, timeout=timeout, allow_live_tools=allow_live_tools)
+        except TimeoutError:
+            raise UserError(
+                f"the replayed run did not end within {timeout:.0f}s; it may wait for a person "
+                "(`loopwarden escalations list`: a tool asked for more than the export recorded is not run)",
+                TIMED_OUT,
+            ) from None
     say("\n".join(report.lines()))
     return OK if report.same else FAILED
 

@@ -5,7 +5,6 @@ connect (``cli_common.connected``); the reading ones take ``--json``."""
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from loopwarden.cli_common import (
@@ -17,6 +16,7 @@ from loopwarden.cli_common import (
     add_json_flag,
     connected,
     emit_json,
+    json_text,
     load_scenario_file,
     plain,
     say,
@@ -194,7 +194,7 @@ async def cmd_events(args: argparse.Namespace) -> int:
         raise UserError(f"no events for run {args.run_id}", FAILED)
     for event in events:
         if args.json:
-            say(json.dumps({"subject": event.subject, **event.payload}, ensure_ascii=False))
+            say(json_text({"subject": event.subject, **event.payload}, ensure_ascii=False))
         else:
             line = render(event)
             if line:

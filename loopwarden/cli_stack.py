@@ -30,6 +30,7 @@ from loopwarden.cli_common import (
     state_dir,
 )
 from loopwarden.stack import LocalStack, StackError, saved_alive, stop_saved
+from shared.urls import redact_url
 
 DEFAULT_PORT = 4222  # the README's: `up` starts nats-server here unless told otherwise
 
@@ -143,7 +144,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     say(f"starting {what} and the console ...")
     try:
         stack.start()
-        say(f"stack up on {stack.nats_url} (logs in {stack.state_dir / 'logs'})")
+        say(f"stack up on {redact_url(stack.nats_url or '')} (logs in {stack.state_dir / 'logs'})")
         say(_console_line(stack))
         return asyncio.run(_run_and_watch(stack.nats_url or "", scenario, scenario_path, args.task, args.timeout))
     except KeyboardInterrupt:
@@ -189,7 +190,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         say("\ninterrupted: stopped what had started", err=True)
         return INTERRUPTED
     stack.save(path)
-    say(f"up: {stack.nats_url}; logs in {stack.state_dir / 'logs'}; `loopwarden down` stops it")
+    say(f"up: {redact_url(stack.nats_url or '')}; logs in {stack.state_dir / 'logs'}; `loopwarden down` stops it")
     say(_console_line(stack))
     return OK
 

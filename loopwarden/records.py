@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -269,10 +270,17 @@ def _read_file(settings: Settings, run_id: str, *, probe: bool = False) -> bytes
 
 
 def _write_file(archive_dir: str, run_id: str, body: bytes) -> str:
+    """The record as ``<archive_dir>/<run>.json``, readable by its owner only (0600; a folder it creates is
+    0700): a record holds the task, tool arguments and outputs of someone's run."""
     folder = Path(archive_dir)
-    folder.mkdir(parents=True, exist_ok=True)
+    if not folder.is_dir():
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(folder, 0o700)  # whatever the umask
     tmp = folder / f".{run_id}.json.tmp"
-    tmp.write_bytes(body)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        os.fchmod(out.fileno(), 0o600)  # a leftover temp file keeps its mode through O_CREAT
+        out.write(body)
     tmp.replace(folder / f"{run_id}.json")
     return str(folder / f"{run_id}.json")
 

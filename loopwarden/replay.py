@@ -6,6 +6,12 @@ recorded tool attempts and raw outputs are scripted tool behaviour; the recorded
 judge's replies. The replay is an ordinary run on the stack; its Decide rows, validation results and
 budget actions are compared with the recorded ones, and its outcome with the recorded outcome.
 
+A replay is a dry run: no tool runs for real. An export is a file anyone may have written (a colleague's,
+a bug report's), so a call it holds no recorded output for is refused before anything is submitted
+(:func:`unrecorded_calls`), and every tool it names gets a last scripted behaviour that fails visibly
+instead of running (:data:`NOT_RUN`), should the replay ask a tool for more than was recorded.
+``--allow-live-tools`` lifts both.
+
 An incident becomes a test: ``loopwarden replay incident.json --save scenarios/incident-x.yaml``
 writes the scenario (with the recorded outcome as ``expect``), which the suite then runs like every
 file in ``scenarios/``.
@@ -23,6 +29,7 @@ import yaml
 
 from loopwarden.client import Client
 from loopwarden.records import run_events
+from shared.messages import RETRIED_FAILURES
 from shared.records import EventRecord, RunRecord, Step, divergences, scenario_from_record, trajectory
 from shared.scenario import parse_scenario
 
@@ -55,12 +62,73 @@ class ReplayReport:
         return out
 
 
+NOT_RUN = (
+    "replay: no recorded output for this attempt, so the real tool was not run "
+    "(`loopwarden replay --allow-live-tools` runs it)"
+)
+
+
+PLANNER_TOOLS = ("delegate",)  # answered by the planner itself (a sub-agent run): no tool runs
+
+
+class LiveToolsRefused(Exception):
+    """The export has calls without a recorded output: replaying it would run real tools."""
+
+    def __init__(self, calls: list[str]) -> None:
+        super().__init__(
+            f"replay is a dry run, but {len(calls)} call(s) in this export have no recorded output and would run "
+            f"the real tool: {'; '.join(calls[:5])}{' ...' if len(calls) > 5 else ''}; "
+            "`--allow-live-tools` runs them"
+        )
+        self.calls = calls
+
+
+def unrecorded_calls(record: RunRecord) -> list[str]:
+    """The calls a replay of ``record`` would hand to a real tool: one the model made with no recorded tool
+    call behind it, an attempt that succeeded with no recorded output, and a call whose last recorded
+    attempt failed in a way that is retried or falls back (the next attempt has nothing scripted)."""
+    found: list[str] = []
+    recorded: dict[str, int] = {}
+    for tc in record.tool_calls:
+        if ".fb." not in tc.attempt_id:
+            recorded[tc.tool] = recorded.get(tc.tool, 0) + 1
+        attempts = sorted(tc.attempts, key=lambda a: a.attempt)
+        if any(a.ok for a in attempts) and not tc.has_output:
+            found.append(f"{tc.tool} (call {tc.call_id}): succeeded, output not recorded")
+        elif attempts and not attempts[-1].ok and attempts[-1].failure_type in RETRIED_FAILURES:
+            found.append(f"{tc.tool} (call {tc.call_id}): last recorded attempt {attempts[-1].failure_type}")
+        elif not attempts:
+            found.append(f"{tc.tool} (call {tc.call_id}): no attempt recorded")
+    made: dict[str, int] = {}
+    for call in sorted(record.model_calls, key=lambda c: c.n):
+        if call.purpose != "plan":
+            continue
+        for tc in call.response.get("tool_calls") or []:
+            name = str(tc.get("name", "?"))
+            made[name] = made.get(name, 0) + 1
+            if made[name] > recorded.get(name, 0) and name not in PLANNER_TOOLS:
+                found.append(f"{name} (turn {call.n}, call {tc.get('id')}): no recorded tool call")
+    return found
+
+
+def dry_scenario(record: RunRecord, name: str | None = None) -> dict[str, Any]:
+    """The replay scenario with, for every tool the export names, a last behaviour that fails visibly
+    (:data:`NOT_RUN`) instead of running the tool: what the recording does not cover never runs."""
+    data: dict[str, Any] = scenario_from_record(record, name)
+    names = {tc.tool for tc in record.tool_calls}
+    for call in record.model_calls:
+        names.update(str(tc.get("name")) for tc in call.response.get("tool_calls") or [] if tc.get("name"))
+    for tool in sorted(names):
+        data["tools"].setdefault(tool, []).append({"fail": "fatal", "error": NOT_RUN, "times": "always"})
+    return data
+
+
 def load_record(path: str | Path) -> RunRecord:
     return RunRecord.model_validate_json(Path(path).read_bytes())
 
 
-def scenario_yaml(record: RunRecord, name: str | None = None) -> str:
-    data: dict[str, Any] = scenario_from_record(record, name)
+def scenario_yaml(record: RunRecord, name: str | None = None, allow_live_tools: bool = False) -> str:
+    data: dict[str, Any] = scenario_from_record(record, name) if allow_live_tools else dry_scenario(record, name)
     parse_scenario(data)  # what is written must load
     header = (
         "# yaml-language-server: $schema=../schemas/scenario.json\n"  # editors validate it (scenarios/ beside schemas/)
@@ -79,8 +147,14 @@ async def settled_events(client: Client, run_id: str, status: str, wait_s: float
         await asyncio.sleep(0.1)
 
 
-async def replay(client: Client, record: RunRecord, timeout: float = 120.0) -> ReplayReport:
-    scenario = parse_scenario(scenario_from_record(record), f"export of {record.run_id}")
+async def replay(
+    client: Client, record: RunRecord, timeout: float = 120.0, allow_live_tools: bool = False
+) -> ReplayReport:
+    """Replay ``record`` on the stack; a dry run unless ``allow_live_tools`` (:class:`LiveToolsRefused`)."""
+    if not allow_live_tools and (calls := unrecorded_calls(record)):
+        raise LiveToolsRefused(calls)
+    data = scenario_from_record(record) if allow_live_tools else dry_scenario(record)
+    scenario = parse_scenario(data, f"export of {record.run_id}")
     state, mismatches = await client.run_and_check(scenario, timeout=timeout)
     events = await settled_events(client, state.run_id, state.status)
     recorded, replayed = trajectory(record.events), trajectory(events)

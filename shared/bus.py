@@ -607,9 +607,11 @@ class Bus:
             log.warning("%s: disconnected from NATS; reconnecting", self.service)
 
     async def _on_reconnected(self) -> None:
+        from shared.urls import redact_url  # a password in LW_NATS_URL is never logged
+
         url = ""
         with contextlib.suppress(Exception):
-            url = str(getattr(self.broker.connection.connected_url, "netloc", ""))
+            url = redact_url(str(getattr(self.broker.connection.connected_url, "netloc", "")))
         log.warning("%s: reconnected to NATS %s", self.service, url)
 
     # --- lifecycle ---------------------------------------------------------------------------

@@ -224,16 +224,53 @@ def parse_scenario(data: Any, source: str = "<scenario>") -> Scenario:
         raise ScenarioError(f"{source}: invalid scenario:\n  " + "\n  ".join(lines)) from None
 
 
+# A scenario is written by hand or by ``replay --save``: a few KB. The bounds keep a hostile file from
+# costing more than reading it: YAML aliases (10^8 leaves in 1 KB) are refused outright, and the file
+# and the scenario it expands to are capped (an export of a long run is the largest honest input).
+MAX_SCENARIO_FILE_BYTES = 16_000_000
+MAX_SCENARIO_JSON_BYTES = 4_000_000
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """``yaml.safe_load`` without anchors and aliases: what a scenario says is what it holds."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()  # type: ignore[no-untyped-call]
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            mark = event.start_mark
+            what = f"alias *{event.anchor}" if isinstance(event, yaml.AliasEvent) else f"anchor &{event.anchor}"
+            raise ScenarioError(
+                f"line {mark.line + 1} column {mark.column + 1}: YAML anchors and aliases are not allowed in a "
+                f"scenario ({what}); write the value out"
+            )
+        return super().compose_node(parent, index)
+
+
+def load_yaml(text: str, source: str) -> Any:
+    """One YAML document, safe and alias-free (a :class:`ScenarioError` naming the line otherwise)."""
+    try:
+        return yaml.load(text, Loader=_NoAliasLoader)  # a SafeLoader without aliases
+    except ScenarioError as err:
+        raise ScenarioError(f"{source}: {err}") from None
+    except RecursionError:
+        raise ScenarioError(f"{source}: not valid YAML: nested too deeply") from None
+
+
 def load_scenario(path: str | Path) -> Scenario:
     p = Path(path)
     try:
+        size = p.stat().st_size
+        if size > MAX_SCENARIO_FILE_BYTES:
+            raise ScenarioError(f"{p}: {size} bytes; a scenario file may have at most {MAX_SCENARIO_FILE_BYTES}")
         text = p.read_text()
     except OSError as err:
         raise ScenarioError(f"{p}: cannot read scenario: {err.strerror}") from None
     try:
-        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+        data = json.loads(text) if p.suffix == ".json" else load_yaml(text, str(p))
     except (json.JSONDecodeError, yaml.YAMLError) as err:
         raise ScenarioError(f"{p}: not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {err}") from None
+    except RecursionError:
+        raise ScenarioError(f"{p}: not valid JSON: nested too deeply") from None
     from shared.records import RunRecord, is_record, scenario_from_record
 
     if is_record(data):  # a run exported by `loopwarden export`: replay its recorded turns and tool results
@@ -241,4 +278,7 @@ def load_scenario(path: str | Path) -> Scenario:
             data = scenario_from_record(RunRecord.model_validate(data))
         except ValidationError as err:
             raise ScenarioError(f"{p}: invalid run export: {err.errors()[0]['msg']}") from None
+    expanded = len(json.dumps(data, default=str))
+    if expanded > MAX_SCENARIO_JSON_BYTES:
+        raise ScenarioError(f"{p}: the scenario is {expanded} bytes as JSON; at most {MAX_SCENARIO_JSON_BYTES}")
     return parse_scenario(data, str(p))

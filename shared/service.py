@@ -21,6 +21,7 @@ from shared.bus import Bus
 from shared.health import HealthServer
 from shared.settings import Settings, load_settings
 from shared.telemetry import Telemetry, setup_telemetry
+from shared.urls import redact_url
 
 # A service keeps many runs' states, messages and memos alive: with the default thresholds the cyclic
 # GC walked them all over and over (measured in the planner on a loaded box: ~1.8 s in full collections
@@ -79,7 +80,7 @@ async def serve(service: str, build: Build, settings: Settings | None = None) ->
         if after_connect is not None:
             await after_connect()
         await bus.start()
-        logging.getLogger("loopwarden").info("%s ready on %s", service, settings.nats_url)
+        logging.getLogger("loopwarden").info("%s ready on %s", service, redact_url(settings.nats_url))
         started.set()
         print(f"loopwarden-{service} ready", flush=True)
 

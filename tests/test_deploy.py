@@ -86,6 +86,55 @@ def test_k8s_manifests_are_valid_kubernetes_objects() -> None:
         kubernetes_validate.validate(probe, K8S_VERSION, strict=True)
 
 
+# --- credentials and exposure (D22) ----------------------------------------------------------------------
+
+_VAR = re.compile(r"\$\{(\w+)(?::([-?])((?:[^{}]|\{[^{}]*\})*))?\}")
+
+
+def interpolate(value: Any, env: dict[str, str]) -> Any:
+    """Compose's ``${VAR}``, ``${VAR:-default}`` and ``${VAR:?error}`` over the parsed file; a missing
+    required variable raises, as ``docker compose`` refuses to start."""
+    if isinstance(value, dict):
+        return {k: interpolate(v, env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate(v, env) for v in value]
+    if not isinstance(value, str):
+        return value
+
+    def one(m: re.Match[str]) -> str:
+        name, op, arg = m.group(1), m.group(2), m.group(3)
+        if env.get(name):
+            return env[name]
+        if op == "?":
+            raise LookupError(f"required variable {name} is missing a value: {arg}")
+        return arg if op == "-" else ""
+
+    return _VAR.sub(one, value)
+
+
+def test_compose_refuses_to_start_without_every_nats_password_and_publishes_on_this_host_only() -> None:
+    text = COMPOSE.read_text()
+    assert not re.search(r"\$\{LW_NATS_[A-Z_]*PASSWORD[A-Z_]*:-", text), "a NATS password has a default"
+    assert "dev-" not in text
+    users = sorted({u.upper() for u in re.findall(r"LW_NATS_PASSWORD_([A-Z]+)", text)})
+    assert {"ADMIN", "CLIENT", "ALICE", "BOB", "PLANNER"} <= set(users)
+    full = {f"LW_NATS_PASSWORD_{u}": f"pw-{u.lower()}" for u in users}
+    full |= {"LW_NATS_ROUTE_PASSWORD": "pw-route", "LW_CONSOLE_SECRET": "s", "LW_CONSOLE_USERS": "{}"}
+    for missing in sorted(full):
+        with pytest.raises(LookupError, match=f"required variable {missing} is missing"):
+            interpolate(compose(), {k: v for k, v in full.items() if k != missing})
+    services = interpolate(compose(), full)["services"]
+    assert services["planner"]["environment"]["LW_NATS_PASSWORD"] == "pw-planner"
+    assert services["nats-1"]["environment"]["LW_NATS_ROUTE_2"] == "nats://route:pw-route@nats-2:6222"
+    # NATS (and Jaeger, whose UI has no login) on this host only, unless LW_PUBLISH_HOST says otherwise
+    published = {name: s.get("ports", []) for name, s in services.items()}
+    assert published["nats-1"] == ["127.0.0.1:4222:4222"]
+    assert all(p.startswith("127.0.0.1:") for p in published["jaeger"]), published["jaeger"]
+    anywhere = interpolate(compose(), {**full, "LW_PUBLISH_HOST": "0.0.0.0"})["services"]
+    assert anywhere["nats-1"]["ports"] == ["0.0.0.0:4222:4222"]
+    assert not any(ports for name, ports in published.items() if name not in ("nats-1", "jaeger", "console"))
+
+
 # --- what the schemas cannot say -----------------------------------------------------------------------
 
 
@@ -93,7 +142,8 @@ def test_compose_runs_jaeger_v2_and_every_service_exports_to_it() -> None:
     services = compose()["services"]
     jaeger = services["jaeger"]
     assert re.fullmatch(r"jaegertracing/jaeger:2\.\d+\.\d+", jaeger["image"]), jaeger["image"]
-    assert {"16686:16686", "4318:4318"} <= set(jaeger["ports"])  # the UI, OTLP/HTTP in
+    ports = {p.split(":", 1)[1] for p in interpolate(jaeger["ports"], {})}  # "<host>:<port>:<port>" (D22)
+    assert {"16686:16686", "4318:4318"} <= ports  # the UI, OTLP/HTTP in
     for name in (*SERVICES, "console"):
         assert services[name]["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://jaeger:4318"
         assert services[name]["depends_on"]["jaeger"] == {"condition": "service_started"}

@@ -331,9 +331,9 @@ class EscalationQueue:
                 return new, (new, extra)
 
             new, extra = await self.bus.update(S.KV_ESCALATIONS, escalation_id, Escalation, apply)
-        except Q.Refused as err:
+        except (Q.Refused, Q.Conflict) as err:  # both leave a trace: the item's trail, evt.escalation.refused
             await self._refuse(verb, escalation_id, actor, str(err))
-            return EscalationReply(ok=False, error=f"refused: {err}")
+            return EscalationReply(ok=False, error=f"refused: {err}" if isinstance(err, Q.Refused) else str(err))
         except Q.QueueError as err:
             return EscalationReply(ok=False, error=str(err))
         self.items[new.escalation_id] = new

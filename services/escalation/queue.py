@@ -41,6 +41,11 @@ class Refused(QueueError):
     """The operator may not do this (recorded as a ``refused`` event)."""
 
 
+class Conflict(QueueError):
+    """The queue's state says no: someone else holds the item, it is resolved already, or the caller's
+    lease lapsed. Recorded as a ``refused`` event too, so a late or conflicting act leaves a trace."""
+
+
 @dataclass(frozen=True)
 class Actor:
     """An identity the server enforced: the operator, and the service acting for them (if any)."""
@@ -170,9 +175,9 @@ def claim(
     actor = who if isinstance(who, Actor) else Actor(who)
     now = now or utcnow()
     if item.status == "resolved":
-        raise QueueError(f"{item.escalation_id} is already resolved")
+        raise Conflict(f"{item.escalation_id} is already resolved")
     if _lease_live(item, now) and item.claimed_by != actor.operator:
-        raise QueueError(f"{item.escalation_id} is claimed by {item.claimed_by}")
+        raise Conflict(f"{item.escalation_id} is claimed by {item.claimed_by}")
     expires = now + timedelta(seconds=lease_s) if lease_s else None
     event = _event(item, "claimed", actor, now, lease_expires_at=expires)
     return _with_trail(
@@ -188,11 +193,11 @@ def claim(
 def renew(item: Escalation, actor: Actor, *, now: datetime, lease_s: float) -> Escalation:
     """Extend the holder's lease; only the holder, only while the lease is live."""
     if item.status == "resolved":
-        raise QueueError(f"{item.escalation_id} is already resolved")
+        raise Conflict(f"{item.escalation_id} is already resolved")
     if item.status != "claimed" or item.claimed_by != actor.operator:
-        raise QueueError(f"{item.escalation_id} is not claimed by {actor.operator}; claim it first")
+        raise Conflict(f"{item.escalation_id} is not claimed by {actor.operator}; claim it first")
     if not _lease_live(item, now):
-        raise QueueError(f"{item.escalation_id}: the lease of {actor.operator} has expired; claim it again")
+        raise Conflict(f"{item.escalation_id}: the lease of {actor.operator} has expired; claim it again")
     expires = now + timedelta(seconds=lease_s)
     return _with_trail(item, _event(item, "renewed", actor, now, lease_expires_at=expires), lease_expires_at=expires)
 
@@ -227,9 +232,9 @@ def resolve(
     if not actor.operator:
         raise Refused("a resolution needs a verified operator")
     if item.status == "resolved":
-        raise QueueError(f"{item.escalation_id} is already resolved")
+        raise Conflict(f"{item.escalation_id} is already resolved")
     if _lease_live(item, now) and item.claimed_by != actor.operator:
-        raise QueueError(f"{item.escalation_id} is claimed by {item.claimed_by}; only they can resolve it")
+        raise Conflict(f"{item.escalation_id} is claimed by {item.claimed_by}; only they can resolve it")
     if req.action == "accept" and item.kind != "not_judged":
         raise QueueError(
             "'accept' applies to a candidate the judge could not score; "

@@ -105,6 +105,30 @@ def test_a_lapsed_lease_is_free_for_another_operator() -> None:
         Q.resolve(taken, resolve("abort"), Q.Actor("alice"), now=T0 + timedelta(seconds=32))
 
 
+def test_what_the_queue_state_refuses_is_a_conflict_recorded_like_a_refusal() -> None:
+    """Claimed by someone else, already resolved, lease lost: Conflict (the handler records it in the trail
+    and on evt.escalation.refused); a request that is malformed for the item's kind stays a plain QueueError."""
+    claimed = Q.claim(item("fatal"), Q.Actor("alice"), now=T0, lease_s=30)
+    conflicts = [
+        lambda: Q.claim(claimed, Q.Actor("bob"), now=T0, lease_s=30),
+        lambda: Q.resolve(claimed, resolve("abort"), Q.Actor("bob"), now=T0),
+        lambda: Q.renew(claimed, Q.Actor("bob"), now=T0, lease_s=30),
+        lambda: Q.renew(claimed, Q.Actor("alice"), now=T0 + timedelta(seconds=31), lease_s=30),
+    ]
+    done, _ = Q.resolve(claimed, resolve("abort"), Q.Actor("alice"), now=T0)
+    conflicts += [
+        lambda: Q.claim(done, Q.Actor("bob"), now=T0, lease_s=30),
+        lambda: Q.renew(done, Q.Actor("alice"), now=T0, lease_s=30),
+        lambda: Q.resolve(done, resolve("abort"), Q.Actor("alice"), now=T0),
+    ]
+    for attempt in conflicts:
+        with pytest.raises(Q.Conflict):
+            attempt()
+    with pytest.raises(Q.QueueError) as err:
+        Q.resolve(claimed, resolve("approve"), Q.Actor("alice"), now=T0)  # not an action for a fatal item
+    assert not isinstance(err.value, Q.Conflict | Q.Refused)
+
+
 def test_due_lists_lapsed_leases_and_passed_deadlines_only() -> None:
     live = Q.claim(item("fatal"), Q.Actor("a"), now=T0, lease_s=60)
     lapsed = Q.claim(item("loop"), Q.Actor("a"), now=T0, lease_s=5)
