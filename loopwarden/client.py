@@ -44,6 +44,7 @@ from shared.payloads import PayloadError
 from shared.scenario import Outcome, Scenario
 from shared.settings import Settings
 from shared.telemetry import LW_RUN_ID, Telemetry, setup_telemetry
+from shared.urls import redact_url
 
 PROGRESS_STEMS = frozenset(S.run_event(e.model_fields["kind"].default) for e in PROGRESS_EVENTS)
 
@@ -135,21 +136,6 @@ class Unreachable(ConnectionError):
         self.url = url  # as shown: without its password
 
 
-def shown_url(url: str) -> str:
-    """A server list as it may be shown: ``nats://user:***@host:4222`` (a token, the user part alone, is
-    hidden too)."""
-    shown = []
-    for one in url.split(","):
-        one = one.strip()
-        scheme, sep, rest = one.partition("://")
-        userinfo, at, host = rest.rpartition("@")
-        if sep and at:
-            user, colon, _ = userinfo.partition(":")
-            one = f"{scheme}://{user}:***@{host}" if colon else f"{scheme}://***@{host}"
-        shown.append(one)
-    return ",".join(shown)
-
-
 def resolve_settings(settings: Settings | None = None) -> tuple[Settings, str]:
     """The settings pointed at a server the way the CLI finds one: the URL given (``Settings(nats_url=...)``,
     ``LW_NATS_URL``/``NATS_URL``), else the stack ``loopwarden up`` recorded, else the default; and where
@@ -160,7 +146,7 @@ def resolve_settings(settings: Settings | None = None) -> tuple[Settings, str]:
     try:
         recorded = recorded_nats_url(settings.state_dir)
     except StackError as err:
-        raise Unreachable(str(err), shown_url(settings.nats_url)) from None
+        raise Unreachable(str(err), redact_url(settings.nats_url)) from None
     if recorded is None:
         return settings, " (the default: LW_NATS_URL/NATS_URL is not set and `loopwarden up` recorded no stack)"
     url, path = recorded
@@ -196,7 +182,7 @@ async def probe(settings: Settings, timeout: float, origin: str = "") -> None:
     except (OSError, TimeoutError, NatsError) as err:
         last = seen[-1] if seen else err
         why = (str(last) or type(last).__name__).replace(password or "\0", "***")
-        url = shown_url(settings.nats_url)
+        url = redact_url(settings.nats_url)
         raise Unreachable(
             f"cannot reach NATS at {url}{origin} ({why}); is the stack up? `loopwarden up` starts one, "
             "LW_NATS_URL/NATS_URL picks another",
@@ -249,7 +235,7 @@ class Client:
         except TimeoutError:
             with contextlib.suppress(Exception):
                 await self.bus.broker.stop()
-            url = shown_url(self.settings.nats_url)
+            url = redact_url(self.settings.nats_url)
             raise Unreachable(
                 f"NATS at {url}{self._origin} answered but JetStream was not ready in {self.ready_timeout:.0f}s", url
             ) from None

@@ -123,7 +123,7 @@ async def test_nothing_listening_is_one_error_naming_the_url_within_seconds_neve
 
     # explicit settings: the URL named, its password not
     said = await refused(Client(Settings(nats_url=f"nats://alice:s3cret-pw@{dead}")))
-    assert f"nats://alice:***@{dead}" in said and "s3cret" not in said, said
+    assert f"nats://{dead}" in said and "s3cret" not in said and "alice" not in said, said
     # the environment, with the password in its own setting
     monkeypatch.setenv("LW_NATS_URL", f"nats://{dead}")
     monkeypatch.setenv("LW_NATS_PASSWORD", "s3cret-pw")
