@@ -111,6 +111,19 @@ async def letter_for(admin: Client, run_id: str, timeout: float = 20.0) -> DeadL
     raise AssertionError(f"no dead letter for {run_id}")
 
 
+async def settled(admin: Client, run_id: str, timeout: float = 30.0) -> DeadLetter | RunSnapshot:
+    """What became of a submit: its dead letter (refused) or, if it was started, the run once it ended."""
+    for _ in range(int(timeout / 0.2)):
+        state = await admin.state(run_id)
+        if state is not None and state.done:
+            return state
+        letters = [d for d in await admin.dead_letters() if d.service == "planner" and run_id in d.body]
+        if letters:
+            return letters[0]
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"{run_id} was neither refused nor finished")
+
+
 async def still_serving(client: Client, timeout: float = 20.0) -> RunSnapshot:
     """A small run submitted now completes promptly: the planner is on the bus and not weighed down."""
     run_id = f"run-after-{key()}"
@@ -155,15 +168,17 @@ async def test_a_client_cannot_answer_another_runs_tool_call_as_its_child(
     }
     await acme.submit(scripted(forger, forged, parent_run_id=victim, parent_call_id="toolu_1", parent_iteration=1))
 
-    letter = await letter_for(admin, forger)
-    assert "only the planner starts a sub-agent run" in letter.reason, letter.reason
-    assert await acme.state(forger) is None  # refused: never started, so it never answers anyone
+    forgery = await settled(admin, forger)
     state = await client.wait(victim, timeout=60)
     assert state.status == "completed", state.final_reason
     [result] = [r for r in tool_results(state) if r.tool_use_id == "toolu_1"]
-    assert json.loads(result.content)["result"] == 42 and "FORGED" not in result.content
+    assert json.loads(result.content)["result"] == 42 and "FORGED" not in result.content, result.content
     assert "FORGED" not in json.dumps(state.model_dump(mode="json"))
-    assert state.usage.cost_usd < 0.1  # the forger's 2M scripted tokens ($6) never reached the victim
+    assert state.usage.cost_usd < 0.1, state.usage  # the forger's 2M scripted tokens ($6) never reached it
+    # refused, with the reason: never started, so it never answers anyone
+    assert isinstance(forgery, DeadLetter), forgery.status
+    assert "only the planner starts a sub-agent run" in forgery.reason, forgery.reason
+    assert await acme.state(forger) is None
 
 
 # --- D3: ids are bounded: an over-long parent id is refused, the planner stays on the bus ---------------
@@ -199,8 +214,15 @@ async def test_a_client_cannot_spend_another_tenants_day_nor_set_limits_past_the
     attack = scripted(spender, {"name": "spender", "task": "Spend.", "planner": [costly], "answer_mode": "text"})
     attack.tenant = "acme"
     await client.bus.publish(S.run_submit(S.DEFAULT_TENANT), attack, msg_id=f"submit.{spender}")
-    letter = await letter_for(admin, spender)
-    assert "tenant 'acme' is not the submitter's" in letter.reason, letter.reason
+    refused = await settled(admin, spender)
+    # acme's own run, submitted by acme's user without naming a tenant, is acme's and unaffected
+    honest = f"run-honest-{key()}"
+    await acme.submit(scripted(honest, says(honest, "acme's answer")))
+    state = await acme.wait(honest, timeout=30)
+    assert state.status == "completed" and state.final_output == "acme's answer", state.final_reason
+    assert await tenant_spent(admin, "acme") < CEILING
+    assert isinstance(refused, DeadLetter), refused.status
+    assert "tenant 'acme' is not the submitter's" in refused.reason, refused.reason
     assert await client.state(spender) is None
     # and acme's subject is acme's users' only
     refusals = await L.publish_refusals(locked[0], "client", S.run_submit("acme"), attack.model_dump_json().encode())
@@ -211,13 +233,6 @@ async def test_a_client_cannot_spend_another_tenants_day_nor_set_limits_past_the
     letter = await letter_for(admin, greedy)
     assert "limits.cost_ceiling_usd 1e+09 is over the cap 10000" in letter.reason, letter.reason
     assert await client.state(greedy) is None
-
-    # acme's own run, submitted by acme's user without naming a tenant, is acme's and unaffected
-    honest = f"run-honest-{key()}"
-    await acme.submit(scripted(honest, says(honest, "acme's answer")))
-    state = await acme.wait(honest, timeout=30)
-    assert state.status == "completed" and state.final_output == "acme's answer", state.final_reason
-    assert await tenant_spent(admin, "acme") < CEILING
 
 
 # --- D17: a run's task, its scenario and a body sent by reference are bounded ----------------------------
