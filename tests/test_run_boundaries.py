@@ -21,7 +21,8 @@ from loopwarden.stack import LocalStack, tail
 from services.governor.handlers import TenantDay, tenant_key, today
 from shared import subjects as S
 from shared.canonical import digest_of
-from shared.messages import DeadLetter, RunSnapshot, RunSubmit, ToolCall
+from shared.messages import DeadLetter, EscalationReply, RunSnapshot, RunSubmit, ToolCall
+from shared.permissions import operator_roster
 from shared.scenario import parse_scenario
 from shared.settings import Settings
 from tests.conftest import TEST_ENV
@@ -30,7 +31,7 @@ from tests.support.runs import tool_results
 
 CEILING = 1.0  # every tenant's day, the default tenant's included
 STACK_ENV = {**TEST_ENV, "LW_TENANT_DAILY_CEILING_USD": str(CEILING), "LW_TENANT_CEILINGS": "{}"}
-SERVICES = ("planner", "executor", "validator", "governor")
+SERVICES = ("planner", "executor", "validator", "governor", "escalation")
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +43,7 @@ def locked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Loca
             nats_url=url,
             env=STACK_ENV,
             services=SERVICES,
-            env_per_service={s: L.creds(s) for s in SERVICES},
+            env_per_service={s: {**L.creds(s), "LW_OPERATORS": operator_roster()} for s in SERVICES},
         )
         try:
             asyncio.run(L.bootstrap_as_admin(url))
@@ -194,6 +195,17 @@ async def test_an_over_long_parent_id_is_refused_and_the_planner_keeps_serving(c
     assert "does not match contract RunSubmit" in letter.reason and "parent_run_id" in letter.reason, letter.reason
     assert await client.state(run_id) is None
     await still_serving(client)
+
+
+async def test_an_over_long_escalation_id_is_refused_and_the_queue_keeps_answering(client: Client) -> None:
+    # R longid: one request from the client with a 5,000-character id (sent raw: the contract refuses to build it)
+    nc = client.bus.nc
+    raw = await nc.request(S.ESCALATION_SHOW, json.dumps({"escalation_id": "a" * 5000}).encode(), timeout=5)
+    reply = EscalationReply.model_validate_json(raw.data)
+    assert not reply.ok and "does not match contract EscalationQuery" in (reply.error or ""), reply.error
+    assert "escalation_id" in (reply.error or "")
+    for _ in range(3):  # still on the bus: later requests are answered
+        assert (await client.escalations()).ok
 
 
 # --- D7: the tenant is the one the server authenticated; limits are capped -----------------------------
