@@ -19,6 +19,7 @@ import pytest
 from loopwarden.client import Client
 from loopwarden.stack import LocalStack, tail
 from services.governor.handlers import TenantDay, tenant_key, today
+from services.planner.delegation import child_run_id
 from shared import subjects as S
 from shared.canonical import digest_of
 from shared.messages import DeadLetter, EscalationReply, RunSnapshot, RunSubmit, ToolCall
@@ -30,7 +31,12 @@ from tests.support import locked as L
 from tests.support.runs import tool_results
 
 CEILING = 1.0  # every tenant's day, the default tenant's included
-STACK_ENV = {**TEST_ENV, "LW_TENANT_DAILY_CEILING_USD": str(CEILING), "LW_TENANT_CEILINGS": "{}"}
+STACK_ENV = {
+    **TEST_ENV,
+    "LW_TENANT_DAILY_CEILING_USD": str(CEILING),
+    "LW_TENANT_CEILINGS": "{}",
+    "LW_PLANNER_PROVIDER": "scripted",  # no model here: a run without a scenario fails at once
+}
 SERVICES = ("planner", "executor", "validator", "governor", "escalation")
 
 
@@ -180,6 +186,27 @@ async def test_a_client_cannot_answer_another_runs_tool_call_as_its_child(
     assert isinstance(forgery, DeadLetter), forgery.status
     assert "only the planner starts a sub-agent run" in forgery.reason, forgery.reason
     assert await acme.state(forger) is None
+
+
+async def test_the_planner_still_starts_a_child_run_and_takes_its_answer(client: Client) -> None:
+    parent = f"run-parent-{key()}"
+    scenario = {
+        "name": "parent",
+        "task": "Delegate.",
+        "planner": [
+            {"tool_calls": [{"name": "delegate", "input": {"task": "A sub-task."}, "id": "toolu_d1"}]},
+            {"text": "done"},
+        ],
+        "answer_mode": "text",
+    }
+    await client.submit(scripted(parent, scenario, tools=["delegate"]))
+    state = await client.wait(parent, timeout=60)
+    assert state.status == "completed", state.final_reason
+    [result] = [r for r in tool_results(state) if r.tool_use_id == "toolu_d1"]
+    # the child (spawned on cmd.run.spawn, a live run with no model here) failed, and its answer reached the call
+    assert result.is_error and "The sub-agent" in result.content and "failed" in result.content, result.content
+    child = await client.state(child_run_id(parent, "toolu_d1"))
+    assert child is not None and child.status == "failed" and child.run_id in result.content
 
 
 # --- D3: ids are bounded: an over-long parent id is refused, the planner stays on the bus ---------------
