@@ -150,7 +150,8 @@ TENANT_CLIENTS: dict[str, str] = {
 def tenant_client_grant(tenant: str) -> Grant:
     """A client of ``tenant``: the ``client`` grant with its own tenant's submit subject."""
     base = GRANTS["client"]
-    return Grant(**{**base.__dict__, "publish": (S.run_submit(tenant), *base.publish[1:])})
+    others = tuple(p for p in base.publish if not p.startswith(S.RUN_SUBMIT_PREFIX))
+    return Grant(**{**base.__dict__, "publish": (S.run_submit(tenant), *others)})
 
 
 def operator_grant(name: str) -> Grant:

@@ -23,7 +23,7 @@ from services.planner.delegation import child_run_id
 from shared import subjects as S
 from shared.canonical import digest_of
 from shared.messages import DeadLetter, EscalationReply, RunSnapshot, RunSubmit, ToolCall
-from shared.permissions import operator_roster
+from shared.permissions import TENANT_CLIENTS, grants, operator_roster, rights
 from shared.scenario import parse_scenario
 from shared.settings import Settings
 from tests.conftest import TEST_ENV
@@ -369,3 +369,12 @@ async def test_without_scripted_runs_a_scenario_is_refused_and_no_tool_plays_one
     assert outcomes, tail(procs[1].log)
     assert outcomes[0]["success"] and outcomes[0]["data"]["result"] == 42, outcomes[0]
     assert "SCRIPTED TRAP" not in json.dumps(outcomes)
+
+
+def test_each_client_user_may_submit_for_its_own_tenant_only_and_only_the_planner_spawns() -> None:
+    granted = grants([])
+    for user, tenant in TENANT_CLIENTS.items():
+        submits = [p for p in rights(user, granted[user])[0] if p.startswith(S.RUN_SUBMIT_PREFIX) or p == S.RUN_SPAWN]
+        assert submits == [S.run_submit(tenant)], (user, submits)
+    spawners = [u for u, g in granted.items() if any(S.matches(p, S.RUN_SPAWN) for p in g.publish)]
+    assert spawners == ["planner"]
