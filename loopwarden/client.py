@@ -285,7 +285,9 @@ class Client:
         with tracer.start_as_current_span(
             f"run {submit.run_id}", kind=SpanKind.PRODUCER, attributes={LW_RUN_ID: submit.run_id}
         ):
-            await self.bus.publish(S.RUN_SUBMIT, submit, msg_id=f"submit.{submit.run_id}")
+            # on its tenant's subject: the server lets this client's user publish only its own tenant's
+            subject = S.run_submit(submit.tenant or self.bus.settings.tenant)
+            await self.bus.publish(subject, submit, msg_id=f"submit.{submit.run_id}")
         return submit.run_id
 
     async def state(self, run_id: str, history: bool = False) -> RunSnapshot | None:

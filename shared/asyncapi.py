@@ -77,6 +77,7 @@ PARAMETERS: dict[str, str] = {
     "event": "what happened to the queue item",
     "server": "the MCP server's name",
     "service": "the service that dead-lettered the message",
+    "tenant": "the tenant the run pays from: the submitting client user's own (the server allows no other)",
 }
 
 
@@ -93,8 +94,16 @@ def _run(stem: str) -> str:
 
 # What each service publishes (the consuming side is read from the handlers it registers).
 PUBLISHES: dict[str, tuple[Publishes, ...]] = {
-    "client": (Publishes(S.RUN_SUBMIT, RunSubmit, "a run to start (loopwarden submit, the console, the demo)"),),
+    "client": (
+        Publishes(
+            f"{S.RUN_SUBMIT_PREFIX}.{{tenant}}",
+            RunSubmit,
+            "a run to start (loopwarden submit, the demo), on the tenant's own subject: the server lets each "
+            "client user publish only its tenant's",
+        ),
+    ),
     "planner": (
+        Publishes(S.RUN_SPAWN, RunSubmit, "planner to planner: a sub-agent run (only the planner starts a child)"),
         Publishes(S.RUN_ADVANCE, RunAdvance, "planner to planner: take the run's next model turn"),
         Publishes(f"{S.TOOL_EXECUTE_PREFIX}.{{tool}}", ToolCall, "a tool call for the executor hosting it"),
         Publishes(S.JUDGE_SCORE, JudgeRequest, "a fresh candidate answer to score"),

@@ -74,7 +74,7 @@ from shared import subjects as S
 from shared.dead_letters import NoSuchLetter, NotRequeueable, carried_headers, letter_body, not_ours, taker
 from shared.describe import describe
 from shared.messages import DeadLetter, ErrorReply, Requeue
-from shared.payloads import PayloadError, PayloadStore, ensure_store
+from shared.payloads import PayloadError, PayloadStore, PayloadTooLarge, ensure_store
 from shared.permissions import GRANTS
 from shared.scenario import Scenario
 from shared.settings import Settings
@@ -100,6 +100,15 @@ _DELIVERIES: contextvars.ContextVar[int] = contextvars.ContextVar("lw_deliveries
 def current_deliveries() -> int:
     """How many times the message the running handler works on has been delivered (1 = first)."""
     return _DELIVERIES.get()
+
+
+_SUBJECT: contextvars.ContextVar[str] = contextvars.ContextVar("lw_subject", default="")
+
+
+def current_subject() -> str:
+    """The subject the message the running handler works on arrived on (an identity token the server's
+    permissions guarantee, e.g. the tenant of ``cmd.run.submit.<tenant>``)."""
+    return _SUBJECT.get()
 
 
 class TryLater(Exception):
@@ -880,7 +889,11 @@ class Bus:
         """The body as ``model``, fetched from the payload store first when it travelled by
         reference; ``Undecodable`` names why it cannot be had."""
         try:
-            data = await self.payloads.inflate(self.nc, msg.data, msg.headers)
+            data = await self.payloads.inflate(
+                self.nc, msg.data, msg.headers, max_bytes=self.settings.body_limit(model.__name__)
+            )
+        except PayloadTooLarge as err:  # refused before it is fetched: the service never holds it
+            raise Undecodable(f"does not match contract {model.__name__}: {err}") from None
         except PayloadError as err:
             raise Undecodable(f"payload reference cannot be resolved: {err}") from None
         return decode(model, data)
@@ -909,6 +922,7 @@ class Bus:
             await give_up(str(err))
             return
         token = _DELIVERIES.set(earlier + deliveries)
+        subject_token = _SUBJECT.set(msg.subject)
         waited: TryLater | None = None
         started = time.monotonic()
         try:
@@ -941,6 +955,7 @@ class Bus:
             return
         finally:
             _DELIVERIES.reset(token)
+            _SUBJECT.reset(subject_token)
         if waited is None:
             await msg.ack()
         elif deliveries >= limit:  # not ready through every delivery: say so, not "crashed"

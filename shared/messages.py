@@ -13,6 +13,19 @@ from typing import Annotated, Any, Literal, TypeGuard
 from pydantic import BaseModel, ConfigDict, Field, RootModel, field_validator, model_validator
 
 RUN_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+# Every id in every contract is bounded and patterned: an id may end up in a subject, a message id or a KV
+# key, and an over-long subject makes nats-server close the connection of whoever publishes it.
+NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"  # tool names, tenants, operators, services
+CALL_ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"  # a model's tool_use id, a candidate: never a subject token
+ESCALATION_ID_PATTERN = r"^[A-Za-z0-9_-]{1,256}$"  # derived from a run, an iteration and a call or candidate
+ATTEMPT_ID_PATTERN = r"^[A-Za-z0-9_=/.:-]{1,512}$"  # a KV key: <run>.i<n>.<call>[.fb.<tool>]..., or a child run
+DIGEST_PATTERN = r"^[0-9a-f]{64}$"
+TASK_MAX_CHARS = 100_000  # a run's task; a larger input travels as a tool's data, not as the prompt
+RunId = Annotated[str, Field(pattern=RUN_ID_PATTERN)]
+Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+CallId = Annotated[str, Field(pattern=CALL_ID_PATTERN)]
+EscalationId = Annotated[str, Field(pattern=ESCALATION_ID_PATTERN)]
+AttemptId = Annotated[str, Field(pattern=ATTEMPT_ID_PATTERN)]
 
 FailureType = Literal[
     "input_invalid",  # arguments broke the input schema: never executed
@@ -155,8 +168,8 @@ class RunLimits(Wire):
 
 
 class RunSubmit(Wire):
-    run_id: str = Field(pattern=RUN_ID_PATTERN)
-    task: str = Field(min_length=1)
+    run_id: RunId
+    task: str = Field(min_length=1, max_length=TASK_MAX_CHARS)
     rubric: Rubric | None = None
     limits: RunLimits = Field(default_factory=RunLimits)
     answer_mode: Literal["auto", "submit", "text"] = Field(
@@ -164,8 +177,10 @@ class RunSubmit(Wire):
         description="submit: only the terminal tool's payload is an answer; text: only a final text turn; "
         "auto: either (a text that merely describes a tool call is neither)",
     )
-    terminal_tools: list[str] = Field(default_factory=lambda: ["submit_result"])
-    tools: list[str] | None = Field(None, description="allowlist of tools; None offers every registered tool")
+    terminal_tools: list[Name] = Field(default_factory=lambda: ["submit_result"], max_length=64)
+    tools: list[Name] | None = Field(
+        None, max_length=1024, description="allowlist of tools; None offers every registered tool"
+    )
     lessons: bool = Field(False, description="start with the failure reasons of earlier runs of this task")
     submitted_at: datetime = Field(default_factory=utcnow)
     scenario: dict[str, Any] | None = Field(
@@ -173,14 +188,25 @@ class RunSubmit(Wire):
         description="a scenario bound to the run at submit (only the planner stores it): its turns replace the "
         "model's and its tool behaviour the tools'",
     )
-    scenario_digest: str | None = Field(None, description="sha256 of the scenario's canonical JSON")
-    tenant: str | None = Field(
-        None, pattern=r"^[A-Za-z0-9_-]{1,64}$", description="who pays: the governor keeps a daily ceiling per tenant"
+    scenario_digest: str | None = Field(
+        None, pattern=DIGEST_PATTERN, description="sha256 of the scenario's canonical JSON"
     )
-    parent_run_id: str | None = Field(None, description="a sub-agent run: the run that delegated to it")
-    parent_call_id: str | None = Field(None, description="the parent's delegate call this run answers")
-    parent_iteration: int = Field(0, ge=0, description="the parent's iteration that made the call")
-    depth: int = Field(0, ge=0, description="0 for a top-level run; a sub-agent is its parent's depth + 1")
+    tenant: Name | None = Field(
+        None,
+        description="who pays (the governor keeps a daily ceiling per tenant): the tenant of the submit subject "
+        "(``cmd.run.submit.<tenant>``, which the server lets only that tenant's users publish); a body naming "
+        "another is refused",
+    )
+    parent_run_id: RunId | None = Field(
+        None, description="a sub-agent run: the run that delegated to it (only on cmd.run.spawn, the planner's)"
+    )
+    parent_call_id: CallId | None = Field(
+        None, description="the parent's delegate call this run answers (only on cmd.run.spawn)"
+    )
+    parent_iteration: int = Field(0, ge=0, description="the parent's iteration that made the call (cmd.run.spawn)")
+    depth: int = Field(
+        0, ge=0, le=64, description="0 for a top-level run; a sub-agent is its parent's depth + 1 (cmd.run.spawn)"
+    )
 
 
 RunStatus = Literal["running", "awaiting_human", "completed", "stopped", "failed"]
@@ -192,7 +218,7 @@ FINAL_STATUSES: tuple[FinalStatus, ...] = ("completed", "stopped", "failed")
 class RunAdvance(Wire):
     """The command that asks the planner for the model turn of ``iteration``."""
 
-    run_id: str
+    run_id: RunId
     iteration: int
 
 
@@ -202,7 +228,7 @@ class RunAdvance(Wire):
 
 
 class RunEventHead(Wire):
-    run_id: str
+    run_id: RunId
     iteration: int = 0
     status: RunStatus = "running"
     summary: str = ""
@@ -226,8 +252,8 @@ class Started(RunEventHead):
 
 
 class CallDetail(Wire):
-    tool: str
-    call_id: str
+    tool: Name
+    call_id: CallId
 
 
 class RequestedCall(CallDetail):
@@ -271,9 +297,9 @@ class ModelStopped(RunEventHead):
 
 
 class DelegatedDetail(Wire):
-    tool: str = "delegate"
-    call_id: str
-    child_run_id: str
+    tool: Name = "delegate"
+    call_id: CallId
+    child_run_id: RunId
     estimated_cost_usd: float = 0.0
     cost_ceiling_usd: float | None = None
     depth: int = 1
@@ -343,7 +369,7 @@ class Corrected(RunEventHead):
 
 
 class CandidateDetail(Wire):
-    candidate_id: str
+    candidate_id: CallId
 
 
 class JudgeRequested(RunEventHead):
@@ -380,7 +406,7 @@ class Decided(RunEventHead):
 
 
 class EscalatedDetail(Wire):
-    escalation_id: str
+    escalation_id: EscalationId
     kind: EscalationKind
 
 
@@ -390,7 +416,7 @@ class Escalated(RunEventHead):
 
 
 class ResumedDetail(Wire):
-    escalation_id: str
+    escalation_id: EscalationId
     action: EscalationAction
 
 
@@ -419,7 +445,7 @@ class RunFinished(RunEventHead):
 
 class LoopDetail(Wire):
     pattern: Literal["identical", "alternating", "repeated_error"]
-    call_id: str | None = None
+    call_id: CallId | None = None
     reflections: int = 0
 
 
@@ -548,19 +574,19 @@ class ToolContract(Wire):
 class ToolCall(Wire):
     """Command: execute one tool call (``lw.v1.cmd.tool.execute.<tool>``)."""
 
-    run_id: str = Field(pattern=RUN_ID_PATTERN)
+    run_id: RunId
     iteration: int = Field(ge=1)
-    call_id: str = Field(min_length=1)
-    attempt_id: str = Field(min_length=1, description="unique per execution, incl. fallbacks")
-    tool: str
-    requested_tool: str
+    call_id: CallId
+    attempt_id: AttemptId = Field(description="unique per execution, incl. fallbacks")
+    tool: Name
+    requested_tool: Name
     arguments: dict[str, Any]
     fallback_from: FallbackNote | None = None
 
 
 class FallbackNote(Wire):
-    from_tool: str
-    to_tool: str
+    from_tool: Name
+    to_tool: Name
     reason: str
 
 
@@ -575,12 +601,12 @@ class SchemaError(Wire):
 class ToolResultRaw(Wire):
     """Command: check a tool's output against its contract (``lw.v1.cmd.result.validate``)."""
 
-    run_id: str
+    run_id: RunId
     iteration: int
-    call_id: str
-    attempt_id: str
-    tool: str
-    requested_tool: str
+    call_id: CallId
+    attempt_id: AttemptId
+    tool: Name
+    requested_tool: Name
     arguments: dict[str, Any]
     output: Any = None
     output_is_text: bool = Field(False, description="output is raw text that must parse as JSON")
@@ -593,12 +619,12 @@ class ToolResultRaw(Wire):
 class ToolOutcome(Wire):
     """Event: a tool call's final outcome, on ``tool.succeeded.<tool>`` or ``failure.<type>.<tool>``."""
 
-    run_id: str
+    run_id: RunId
     iteration: int
-    call_id: str
-    attempt_id: str
-    tool: str
-    requested_tool: str
+    call_id: CallId
+    attempt_id: AttemptId
+    tool: Name
+    requested_tool: Name
     arguments: dict[str, Any] = Field(default_factory=dict)
     success: bool
     error: str | None = Field(None, description="written for the model: what failed and what to do")
@@ -650,10 +676,10 @@ class ToolAttempt(Wire):
     its final outcome's ``attempts`` (``call_attempts``); an earlier executor published that attempt
     here too, with ``ok`` true."""
 
-    run_id: str
-    call_id: str
-    attempt_id: str
-    tool: str
+    run_id: RunId
+    call_id: CallId
+    attempt_id: AttemptId
+    tool: Name
     attempt: int
     ok: bool
     failure_type: FailureType | None = None
@@ -664,7 +690,7 @@ class ToolAttempt(Wire):
 class CachedToolResult(Wire):
     """The last good (validated) result per (tool, arguments), for the ``use_cached`` boundary."""
 
-    tool: str
+    tool: Name
     data: Any
     at: datetime = Field(default_factory=utcnow)
 
@@ -673,7 +699,7 @@ class CachedToolResult(Wire):
 
 
 class Candidate(Wire):
-    id: str
+    id: CallId
     iteration: int
     kind: Literal["text", "submission"]
     content: str
@@ -681,7 +707,7 @@ class Candidate(Wire):
 
 
 class JudgeRequest(Wire):
-    run_id: str
+    run_id: RunId
     candidate: Candidate
     task: str
     rubric: Rubric
@@ -699,8 +725,8 @@ class CriterionScore(Wire):
 
 
 class Verdict(Wire):
-    run_id: str
-    candidate_id: str
+    run_id: RunId
+    candidate_id: CallId
     iteration: int
     status: Literal["passed", "failed", "not_judged"]
     score: float | None = None
@@ -735,15 +761,15 @@ class SectionTokens(Wire):
 
 
 class BudgetRequest(Wire):
-    run_id: str
+    run_id: RunId
     turn: int
-    model: str
+    model: str = Field(max_length=128)
     sections: SectionTokens
     spent: Usage
     context_budget_tokens: int
     run_token_budget: int
     cost_ceiling_usd: float
-    tenant: str | None = None
+    tenant: Name | None = None
     wrap_up: bool = Field(False, description="this turn is already the run's tool-less wrap-up turn")
     delegated_usd: float = Field(
         0.0, ge=0, description="the part of spent.cost_usd its sub-agents spent (each accounts its own to the tenant)"
@@ -754,7 +780,7 @@ BudgetAction = Literal["allow", "warn", "compact", "block", "wrap_up"]
 
 
 class BudgetDecision(Wire):
-    run_id: str
+    run_id: RunId
     turn: int
     action: BudgetAction
     model: str
@@ -782,19 +808,19 @@ def escalation_id_for_call(run_id: str, iteration: int, call_id: str) -> str:
 
 
 class EscalationRaise(Wire):
-    escalation_id: str
-    run_id: str
+    escalation_id: EscalationId
+    run_id: RunId
     kind: EscalationKind
     reason: str
-    tool: str | None = None
-    call_id: str | None = None
+    tool: Name | None = None
+    call_id: CallId | None = None
     details: dict[str, Any] = Field(default_factory=dict)
 
 
 class Escalation(EscalationRaise):
     status: Literal["open", "claimed", "resolved"] = "open"
     created_at: datetime = Field(default_factory=utcnow)
-    claimed_by: str | None = None
+    claimed_by: Name | None = None
     resolution: EscalationResolution | None = None
     traceparent: str | None = None
     claimed_via: str | None = Field(None, description="the service that claimed on the operator's behalf (console)")
@@ -820,12 +846,12 @@ SlaAction = Literal["abort", "deny", "accept_if_judged", "fall_back"]
 
 
 class EscalationResolution(Wire):
-    escalation_id: str
-    run_id: str
+    escalation_id: EscalationId
+    run_id: RunId
     action: EscalationAction
     note: str = ""
     result: Any = None
-    resolved_by: str
+    resolved_by: Name
     resolved_at: datetime = Field(default_factory=utcnow)
     via: str | None = Field(None, description="the service that acted on resolved_by's behalf (console)")
     by_sla: bool = Field(False, description="taken by the SLA when its deadline passed, not by a person")
@@ -838,10 +864,10 @@ class EscalationEvent(Wire):
     """Something that happened to a queue item (``lw.v1.evt.escalation.<kind>``); identities are the
     ones the server enforced (taken from the request subject), never a payload field."""
 
-    escalation_id: str
-    run_id: str = ""
+    escalation_id: EscalationId
+    run_id: str = Field("", max_length=64)
     kind: EscalationEventKind
-    operator: str | None = None
+    operator: Name | None = None
     via: str | None = None
     action: str | None = None
     reason: str = ""
@@ -851,24 +877,28 @@ class EscalationEvent(Wire):
 
 class EscalationQuery(Wire):
     status: Literal["open", "claimed", "resolved", "all"] = "open"
-    run_id: str | None = None
-    kind: str | None = None
-    tool: str | None = None
+    run_id: RunId | None = None
+    kind: str | None = Field(None, max_length=64)
+    tool: Name | None = None
     older_than_s: float | None = Field(None, ge=0, description="only items raised at least this long ago")
     newer_than_s: float | None = Field(None, ge=0, description="only items raised at most this long ago")
-    escalation_id: str | None = Field(None, description="show one item (lw.v1.rpc.escalation.show)")
+    escalation_id: EscalationId | None = Field(None, description="show one item (lw.v1.rpc.escalation.show)")
 
 
 class EscalationClaim(Wire):
     """Claim (or renew) an item. Who claims is the operator token of the request subject."""
 
-    escalation_id: str
-    who: str | None = Field(None, description="ignored: identity comes from the subject the server allowed")
+    escalation_id: EscalationId
+    who: str | None = Field(
+        None, max_length=64, description="ignored: identity comes from the subject the server allowed"
+    )
 
 
 class EscalationResolve(Wire):
-    escalation_id: str
-    who: str | None = Field(None, description="ignored: identity comes from the subject the server allowed")
+    escalation_id: EscalationId
+    who: str | None = Field(
+        None, max_length=64, description="ignored: identity comes from the subject the server allowed"
+    )
     action: EscalationAction
     note: str = ""
     result: Any = None
@@ -947,9 +977,9 @@ class IterationView(Wire):
 
 
 class AwaitingView(Wire):
-    escalation_id: str
+    escalation_id: EscalationId
     kind: str
-    call_id: str | None = None
+    call_id: CallId | None = None
     reason: str = ""
 
 
@@ -963,7 +993,7 @@ class RunSnapshot(Wire):
     here). ``shared/history.py`` reads it; ``messages`` is filled by a reader that asked for the
     history and is never stored."""
 
-    run_id: str
+    run_id: RunId
     task: str
     status: RunStatus = "running"
     created_at: datetime = Field(default_factory=utcnow)

@@ -41,6 +41,10 @@ class PayloadError(Exception):
     """A referenced body cannot be had: missing (expired) object, or content that does not match."""
 
 
+class PayloadTooLarge(PayloadError):
+    """A referenced body over the reader's limit for its message type: refused before it is fetched."""
+
+
 class PayloadRef(BaseModel):
     """What travels instead of a large body."""
 
@@ -105,9 +109,15 @@ class PayloadStore:
         await store.put(ref.name, body)
         return ref
 
-    async def get(self, nc: NatsClient, ref: PayloadRef) -> bytes:
+    async def get(self, nc: NatsClient, ref: PayloadRef, max_bytes: int | None = None) -> bytes:
         store = await self.store(nc)
         try:
+            if max_bytes is not None:  # the stored size, not only the reference's word: checked before reading
+                stored = (await store.get_info(ref.name)).size or 0
+                if stored > max_bytes:
+                    raise PayloadTooLarge(
+                        f"the body is {stored} bytes, over the limit of {max_bytes} (LW_BODY_MAX_BYTES)"
+                    )
             result = await store.get(ref.name)  # checks the object's own digest while reading
         except ObjectNotFoundError as err:
             raise PayloadError(f"referenced body {ref.name} ({ref.size} bytes) is not in {BUCKET}") from err
@@ -125,8 +135,11 @@ class PayloadStore:
         headers[REF_HEADER] = ref.name
         return ref.model_dump_json().encode()
 
-    async def inflate(self, nc: NatsClient, data: bytes, headers: dict[str, str] | None) -> bytes:
-        """The body a message stands for (fetched when it is a reference)."""
+    async def inflate(
+        self, nc: NatsClient, data: bytes, headers: dict[str, str] | None, max_bytes: int | None = None
+    ) -> bytes:
+        """The body a message stands for (fetched when it is a reference); a reference to a body over
+        ``max_bytes`` is refused by its declared and its stored size, before the body is fetched."""
         if not headers or REF_HEADER not in headers:
             return data
         try:
@@ -135,7 +148,12 @@ class PayloadStore:
             raise PayloadError(f"the {REF_HEADER} header is set but the body is not a reference") from err
         if ref.name != headers[REF_HEADER]:
             raise PayloadError(f"the {REF_HEADER} header ({headers[REF_HEADER]}) does not name the body's reference")
-        return await self.get(nc, ref)
+        if max_bytes is not None and ref.size > max_bytes:
+            raise PayloadTooLarge(f"the body is {ref.size} bytes, over the limit of {max_bytes} (LW_BODY_MAX_BYTES)")
+        body = await self.get(nc, ref, max_bytes)
+        if len(body) != ref.size:
+            raise PayloadError(f"referenced body {ref.name} is {len(body)} bytes, not the {ref.size} it declared")
+        return body
 
     # --- KV values ------------------------------------------------------------------------------
     async def offload_value(self, nc: NatsClient, value: bytes) -> bytes:

@@ -43,7 +43,7 @@ GRANTS: dict[str, Grant] = {
             f"{F}.judge.>",
             S.BUDGET_RESERVE,
             S.dead_letter("planner"),
-            S.RUN_SUBMIT,  # a sub-agent run (delegate)
+            S.RUN_SPAWN,  # a sub-agent run (delegate): only the planner starts a child run
             f"{S.tool_succeeded('delegate')}.>",  # a sub-agent's answer to its parent
             f"{S.failure('tool_error', 'delegate')}.>",
         ),
@@ -52,6 +52,7 @@ GRANTS: dict[str, Grant] = {
         kv_read=(S.KV_CONTRACTS,),
         consumers=(
             (S.STREAM_CMD, S.DURABLE_PLANNER_SUBMIT),
+            (S.STREAM_CMD, S.DURABLE_PLANNER_SPAWN),
             (S.STREAM_CMD, S.DURABLE_PLANNER_ADVANCE),
             (S.STREAM_EVT, S.DURABLE_PLANNER_OUTCOMES),
             (S.STREAM_EVT, S.DURABLE_PLANNER_VERDICTS),
@@ -109,7 +110,7 @@ GRANTS: dict[str, Grant] = {
     ),
     # Submits runs and reads the queue; it cannot claim or resolve (operators have their own users).
     "client": Grant(
-        publish=(S.RUN_SUBMIT, S.ESCALATION_LIST, S.ESCALATION_SHOW),
+        publish=(S.run_submit(S.DEFAULT_TENANT), S.ESCALATION_LIST, S.ESCALATION_SHOW),
         subscribe=(f"{S.P}.evt.>",),
         kv_read=(S.KV_RUNS, S.KV_HISTORY),  # no scenario writes: the scenario travels in the submit
         read_streams=(S.STREAM_EVT, S.STREAM_DLQ),
@@ -138,6 +139,22 @@ OPERATORS: dict[str, tuple[str, ...]] = {
 }
 
 
+# Clients bound to a tenant: one NATS user each, allowed to submit only on its own tenant's subject
+# (``cmd.run.submit.<tenant>``), so the tenant a run pays from is the one the server authenticated.
+# ``client`` is the default tenant's (its grant above); the value is the tenant.
+TENANT_CLIENTS: dict[str, str] = {
+    "client": S.DEFAULT_TENANT,
+    "client_acme": "acme",
+}
+
+
+def tenant_client_grant(tenant: str) -> Grant:
+    """A client of ``tenant``: the ``client`` grant with its own tenant's submit subject."""
+    base = GRANTS["client"]
+    others = tuple(p for p in base.publish if not p.startswith(S.RUN_SUBMIT_PREFIX))
+    return Grant(**{**base.__dict__, "publish": (S.run_submit(tenant), *others)})
+
+
 def operator_grant(name: str) -> Grant:
     """An operator works the human queue as themselves, and reads the dead letters and hands them back
     to their services (``loopwarden dlq``, ``loopwarden dlq requeue``)."""
@@ -163,7 +180,8 @@ def grants(tools: list[str]) -> dict[str, Grant]:
         (S.STREAM_CMD, durable) for t in tools for durable in (S.executor_durable(t), S.requeue_durable("executor", t))
     )
     operators = {name: operator_grant(name) for name in OPERATORS}
-    return {**GRANTS, "executor": Grant(**{**executor.__dict__, "consumers": durables}), **operators}
+    clients = {user: tenant_client_grant(tenant) for user, tenant in TENANT_CLIENTS.items() if user not in GRANTS}
+    return {**GRANTS, "executor": Grant(**{**executor.__dict__, "consumers": durables}), **clients, **operators}
 
 
 def _quote(items: list[str]) -> str:

@@ -19,7 +19,8 @@ OUT = Path(__file__).resolve().parents[1] / "schemas" / "messages"
 # Which contract travels on which subject (the catalogue a new consumer reads first). ``<run>``:
 # every event of a run ends with the run id (``S.run_scoped``), so one run is a subject filter.
 CATALOGUE: dict[str, str] = {
-    S.RUN_SUBMIT: "RunSubmit",
+    f"{S.RUN_SUBMIT_PREFIX}.<tenant>": "RunSubmit",
+    S.RUN_SPAWN: "RunSubmit",
     S.RUN_ADVANCE: "RunAdvance",
     f"{S.TOOL_EXECUTE_PREFIX}.<tool>": "ToolCall",
     S.RESULT_VALIDATE: "ToolResultRaw",

@@ -38,6 +38,22 @@ FaultPoint = Literal[
 ]
 
 
+# The most a submit may set each per-run limit to (``LW_RUN_LIMIT_CAPS`` overrides): finite, so no client
+# buys a run without end; a deployment sets them to what its tenants pay for.
+RUN_LIMIT_CAPS: dict[str, float] = {
+    "max_iterations": 500,
+    "max_judge_retries": 20,
+    "max_schema_corrections": 20,
+    "cost_ceiling_usd": 10_000.0,
+    "run_token_budget": 100_000_000,
+    "context_budget_tokens": 10_000_000,
+    "loop_repeat_threshold": 1000,
+}
+# The largest body a service reads per message type (``LW_BODY_MAX_BYTES`` overrides): a submit is a task
+# (at most 100 KB) and a scenario; a tool's result may be as large as LW_TOOL_OUTPUT_MAX_BYTES allows.
+BODY_MAX_BYTES: dict[str, int] = {"RunSubmit": 5 * 1024 * 1024, "*": 64 * 1024 * 1024}
+
+
 class McpServerSpec(BaseModel):
     """One MCP server the executor mounts over stdio (an item of ``LW_MCP_SERVERS``)."""
 
@@ -302,6 +318,31 @@ class Settings(BaseSettings):
         20, ge=1, description="above this many offered tools the model sees one line per tool; None: always full"
     )
 
+    # --- what a run accepts (issue 23) --------------------------------------------------------------
+    allow_scripted: bool = Field(
+        True,
+        description="runs submitted with a scenario are replayed (the model's turns and the tools' behaviour "
+        "scripted): true for the local stack, tests and the demo; false in a deployment, where such a submit is "
+        "refused and no service applies a stored scenario",
+    )
+    tenant: str = Field(
+        "default",
+        pattern=r"^[A-Za-z0-9_-]{1,64}$",
+        description="the client: the tenant it submits runs for (its NATS user may submit only that tenant's)",
+    )
+    run_limit_caps: dict[str, float] = Field(
+        default_factory=lambda: dict(RUN_LIMIT_CAPS),
+        description="JSON: the most a submit may set each per-run limit to (RunSubmit.limits); over it, refused",
+    )
+    scenario_max_bytes: int = Field(
+        4 * 1024 * 1024, ge=1024, description="the largest scenario a submit may carry (its canonical JSON)"
+    )
+    body_max_bytes: dict[str, int] = Field(
+        default_factory=lambda: dict(BODY_MAX_BYTES),
+        description="JSON: message type -> the largest body of that type a service reads (a body sent by "
+        "reference over it is refused before it is fetched); '*' for every other type",
+    )
+
     @field_validator("nats_url")
     @classmethod
     def _nats_scheme(cls, v: str) -> str:
@@ -382,6 +423,22 @@ class Settings(BaseSettings):
                 raise ValueError(f"{tenant}: a daily ceiling must be above 0 (got {ceiling})")
         return v
 
+    @field_validator("run_limit_caps")
+    @classmethod
+    def _run_limit_caps(cls, v: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(v) - set(RUN_LIMIT_CAPS))
+        if unknown:
+            raise ValueError(f"not per-run limits: {', '.join(unknown)} (known: {', '.join(RUN_LIMIT_CAPS)})")
+        return {**RUN_LIMIT_CAPS, **v}
+
+    @field_validator("body_max_bytes")
+    @classmethod
+    def _body_max_bytes(cls, v: dict[str, int]) -> dict[str, int]:
+        for name, size in v.items():
+            if size < 1024:
+                raise ValueError(f"{name}: a body limit must be at least 1024 bytes (got {size})")
+        return {**BODY_MAX_BYTES, **v}
+
     @model_validator(mode="after")
     def _thresholds_ordered(self) -> Settings:
         if self.warn_at >= 1.0 or self.compact_at >= 1.0:
@@ -389,6 +446,10 @@ class Settings(BaseSettings):
         return self
 
     # --- derived ---------------------------------------------------------------------
+    def body_limit(self, message_type: str) -> int:
+        """The largest body of ``message_type`` a service reads (``LW_BODY_MAX_BYTES``)."""
+        return self.body_max_bytes.get(message_type, self.body_max_bytes["*"])
+
     @cached_property
     def hosted_tools(self) -> frozenset[str] | None:
         """Tools this executor hosts; ``None`` means every registered tool."""

@@ -15,7 +15,11 @@ VERSION = "v1"
 P = f"lw.{VERSION}"
 
 # --- commands (JetStream stream LW_CMD) ----------------------------------------------------
-RUN_SUBMIT = f"{P}.cmd.run.submit"
+# a run submitted by a client: ``<prefix>.<tenant>``; the server lets each client user publish only its own
+# tenant's subject, so the planner takes the tenant from the subject, never from the body
+RUN_SUBMIT_PREFIX = f"{P}.cmd.run.submit"
+DEFAULT_TENANT = "default"
+RUN_SPAWN = f"{P}.cmd.run.spawn"  # planner -> planner: a sub-agent run (only the planner may start a child)
 RUN_ADVANCE = f"{P}.cmd.run.advance"  # planner -> planner: take the next model turn
 TOOL_EXECUTE_PREFIX = f"{P}.cmd.tool.execute"
 RESULT_VALIDATE = f"{P}.cmd.result.validate"
@@ -59,6 +63,7 @@ STREAM_SUBJECTS: dict[str, list[str]] = {
 # --- durable consumers (a command's is shared by the replicas of its service; an event's is the
 # consuming service's own) -----------------------------------------------------------------------
 DURABLE_PLANNER_SUBMIT = "planner_submit"
+DURABLE_PLANNER_SPAWN = "planner_spawn"
 DURABLE_PLANNER_ADVANCE = "planner_advance"
 DURABLE_PLANNER_OUTCOMES = "planner_outcomes"
 DURABLE_PLANNER_VERDICTS = "planner_verdicts"
@@ -139,6 +144,11 @@ def inbox_prefix(service: str) -> str:
 def kv_key(*parts: str) -> str:
     """A KV key from parts; KV keys allow ``[-/_=.a-zA-Z0-9]``."""
     return ".".join(re.sub(r"[^-/_=a-zA-Z0-9]", "_", p) or "_" for p in parts)
+
+
+def run_submit(tenant: str | None = None) -> str:
+    """The subject a run of ``tenant`` (the default tenant when None) is submitted on."""
+    return f"{RUN_SUBMIT_PREFIX}.{token(tenant or DEFAULT_TENANT)}"
 
 
 def tool_execute(tool: str) -> str:

@@ -36,7 +36,8 @@ TEST_ENV = {
     "LW_MODEL_RETRY_MAX_S": "0.3",
     "LW_LOG_LEVEL": "INFO",
     "ANTHROPIC_API_KEY": "test-key-not-real",
-    "LW_TENANT_DAILY_CEILING_USD": "0.05",  # only runs submitted with a tenant have one (tests/test_cost.py)
+    "LW_TENANT_DAILY_CEILING_USD": "0.05",  # every tenant's (tests/test_cost.py) but the default one's:
+    "LW_TENANT_CEILINGS": '{"default": 1000}',  # runs submitted without a tenant are the default tenant's
 }
 REPLICAS = ("planner", "planner", "executor", "executor", "validator", "judge", "governor", "escalation")
 ONE_EACH = ("planner", "executor", "validator", "judge", "governor", "escalation")

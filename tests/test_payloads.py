@@ -161,10 +161,10 @@ async def test_a_bound_scenario_is_immutable_and_must_match_its_digest(client: C
 
     other = parse_scenario({**base, "planner": [submit("2")]}).model_dump(mode="json", by_alias=True)
     again = RunSubmit(run_id=run_id, task="Submit 1.", scenario=other, scenario_digest=digest_of(other))
-    await client.bus.publish(S.RUN_SUBMIT, again, msg_id=f"resubmit.{run_id}")
+    await client.bus.publish(S.run_submit(), again, msg_id=f"resubmit.{run_id}")
     fresh = "run-bad-digest-" + os.urandom(4).hex()
     forged = RunSubmit(run_id=fresh, task="Submit 1.", scenario=other, scenario_digest="0" * 64)
-    await client.bus.publish(S.RUN_SUBMIT, forged, msg_id=f"submit.{fresh}")
+    await client.bus.publish(S.run_submit(), forged, msg_id=f"submit.{fresh}")
 
     reasons: dict[str, str] = {}
     for _ in range(100):
@@ -225,7 +225,7 @@ async def test_a_live_run_never_applies_stored_scripted_tool_behaviour(client: C
     # and a scenario submitted for it afterwards is refused, never bound to the live run
     data = trap.model_dump(mode="json", by_alias=True)
     late = RunSubmit(run_id=run_id, task="x", scenario=data, scenario_digest=digest_of(data))
-    await client.bus.publish(S.RUN_SUBMIT, late, msg_id=f"late-scenario.{run_id}")
+    await client.bus.publish(S.run_submit(), late, msg_id=f"late-scenario.{run_id}")
     reason = ""
     for _ in range(100):
         reason = next(

@@ -83,7 +83,7 @@ async def test_a_message_with_fields_an_older_reader_does_not_know_is_processed(
     body["limits"]["max_parallel_tools"] = 4
     import json
 
-    await client.bus.publish(S.RUN_SUBMIT, json.dumps(body).encode(), msg_id=f"submit.{run_id}")
+    await client.bus.publish(S.run_submit(), json.dumps(body).encode(), msg_id=f"submit.{run_id}")
     state = await client.wait(run_id)
     assert state.status == "completed" and state.final_output == "7"
 

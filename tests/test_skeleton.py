@@ -83,11 +83,11 @@ async def test_parallel_tool_calls_are_all_recorded_across_planner_replicas(clie
 
 
 async def test_a_malformed_message_is_dead_lettered_and_does_not_block(client: Client) -> None:
-    await client.bus.publish(S.RUN_SUBMIT, b'{"run_id": "bad id with spaces", "task": 42}', msg_id="malformed-1")
+    await client.bus.publish(S.run_submit(), b'{"run_id": "bad id with spaces", "task": 42}', msg_id="malformed-1")
     ok = await run_scenario(client, demo())  # the consumer keeps going
     assert ok.status == "completed"
     for _ in range(50):
-        letters = [d for d in await client.dead_letters() if d.subject == S.RUN_SUBMIT]
+        letters = [d for d in await client.dead_letters() if d.subject == S.run_submit()]
         if letters:
             break
         await asyncio.sleep(0.1)

@@ -136,11 +136,11 @@ async def test_deeply_nested_json_is_dead_lettered_at_once(client: Client) -> No
     marker = "nested-" + os.urandom(4).hex()
     depth = 100_000
     body = b'{"run_id": "' + marker.encode() + b'", "task": ' + b"[" * depth + b"]" * depth + b"}"
-    await client.bus.publish(S.RUN_SUBMIT, body, msg_id=f"submit.{marker}")
+    await client.bus.publish(S.run_submit(), body, msg_id=f"submit.{marker}")
     letters = await letters_where(client, marker)
     assert len(letters) == 1, "a message nested too deeply must be dead-lettered, once"
     letter = letters[0]
-    assert letter.service == "planner" and letter.subject == S.RUN_SUBMIT
+    assert letter.service == "planner" and letter.subject == S.run_submit()
     assert "RunSubmit" in letter.reason and letter.deliveries == 1, letter.reason
 
 

@@ -116,7 +116,7 @@ async def test_run_spans_follow_the_genai_conventions(client: Client, otlp: Otlp
     assert agent.attributes["gen_ai.conversation.id"] == run_id
     assert agent.attributes["gen_ai.usage.input_tokens"] == state.usage.input_tokens > 0
     assert agent.attributes["loopwarden.run.status"] == "completed"
-    assert agent.parent_id in by_id and by_id[agent.parent_id].name.startswith(S.RUN_SUBMIT)
+    assert agent.parent_id in by_id and by_id[agent.parent_id].name.startswith(S.RUN_SUBMIT_PREFIX)
     chats = [s for s in spans if s.name.startswith("chat ")]
     tools = [s for s in spans if s.name.startswith("execute_tool ")]
     assert chats and tools

@@ -413,7 +413,7 @@ class Executor:
     async def scripted(self, call: ToolCall) -> ToolBehaviour | None:
         """Scripted tool behaviour: only for a run submitted with a scenario (the provider registry says which);
         a live run never consults one."""
-        scenario = await scripted_tools(self.bus, call.run_id)
+        scenario = await scripted_tools(self.bus, self.settings, call.run_id)
         if scenario is None or call.tool not in scenario.tools:
             return None
 

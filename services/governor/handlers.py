@@ -164,9 +164,8 @@ class Governor:
 
     # --- tenants -----------------------------------------------------------------------------------
     def tenant_ceiling(self, tenant: str | None) -> float | None:
-        if tenant is None:
-            return None
-        return self.settings.tenant_ceilings.get(tenant, self.settings.tenant_daily_ceiling_usd)
+        """A run without a tenant belongs to the default one, and meets its ceiling."""
+        return self.settings.tenant_ceilings.get(tenant or S.DEFAULT_TENANT, self.settings.tenant_daily_ceiling_usd)
 
     async def account(self, tenant: str, run_id: str, spent_usd: float) -> float:
         """Record the run's spend so far in its tenant's day; the tenant's total today."""
@@ -187,16 +186,19 @@ class Governor:
         if not isinstance(ev, RunFinished):
             return
         ledger, _ = await self.bus.kv_get(S.KV_BUDGETS, S.kv_key(ev.run_id), BudgetLedger)
-        if ledger is None or ledger.tenant is None:
+        if ledger is None:
             return
+        tenant = ledger.tenant or S.DEFAULT_TENANT  # a run without a tenant is the default tenant's
         cost = round(ev.detail.usage.cost_usd - ledger.delegated_usd, 8)  # sub-agents account their own
-        await self.account(ledger.tenant, ev.run_id, cost)
+        await self.account(tenant, ev.run_id, cost)
         if cost > ledger.tenant_accounted_usd:
-            self.tenant_spend.add(cost - ledger.tenant_accounted_usd, {"tenant": ledger.tenant})
+            self.tenant_spend.add(cost - ledger.tenant_accounted_usd, {"tenant": tenant})
 
     # --- the budget decision -----------------------------------------------------------------------
     async def on_reserve(self, req: BudgetRequest) -> BudgetDecision:
         s = self.settings
+        if req.tenant is None:  # a run without a tenant belongs to the default one: it does not escape its ceiling
+            req = req.model_copy(update={"tenant": S.DEFAULT_TENANT})
         ceiling = self.tenant_ceiling(req.tenant)
         own = round(req.spent.cost_usd - req.delegated_usd, 8)  # sub-agents account their own spend
         tenant_spent = await self.account(req.tenant, req.run_id, own) if req.tenant else None

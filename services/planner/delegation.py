@@ -1,6 +1,7 @@
 """Sub-agents: a run delegates part of its task to a child run through the ``delegate`` tool (pure).
 
-* The child is an ordinary run on the bus (``cmd.run.submit``) with its own task, tools and limits;
+* The child is an ordinary run on the bus (``cmd.run.spawn``: only the planner may publish it, so only
+  the planner names a run's parent) with its own task, tools and limits;
   its id is derived from the parent's and the call's, so a re-published spawn is the same run.
 * Limits: depth (``max_depth``: a run at that depth is not offered ``delegate``) and fan-out
   (``max_children`` per run); the child's cost ceiling is at most what the parent has left.
@@ -156,7 +157,7 @@ def spawn(out: Outbox, record: ToolCallRecord, submit: RunSubmit | None = None, 
         estimate = estimated_cost(s, submit)
     s.children[record.call_id] = submit.run_id
     record.status = "dispatched"
-    out.add(S.RUN_SUBMIT, submit, ids.child_submit(submit.run_id))
+    out.add(S.RUN_SPAWN, submit, ids.child_submit(submit.run_id))
     out.event(
         Delegated(
             **out.head(f"sub-agent {submit.run_id} started: {submit.task[:160]}"),

@@ -24,6 +24,7 @@ from pydantic import Field
 
 from services.planner import context as C
 from services.planner import ids
+from services.planner.admission import Refused, admit
 from services.planner.escalations import apply_resolution
 from services.planner.judging import apply_verdict
 from services.planner.outbox import Outbox
@@ -42,7 +43,7 @@ from services.planner.turns import (
 )
 from shared import subjects as S
 from shared.backoff import BackoffPolicy
-from shared.bus import Bus, CasConflict, RequestRefused, TryLater, Unchanged, current_deliveries
+from shared.bus import Bus, CasConflict, RequestRefused, TryLater, Unchanged, current_deliveries, current_subject
 from shared.canonical import digest_of
 from shared.messages import (
     TOOL_FAILURES,
@@ -155,7 +156,10 @@ class Planner:
 
     def register(self) -> None:
         b = self.bus
-        b.consumer(durable=S.DURABLE_PLANNER_SUBMIT, filter_subjects=[S.RUN_SUBMIT], model=RunSubmit)(self.on_submit)
+        b.consumer(durable=S.DURABLE_PLANNER_SUBMIT, filter_subjects=[f"{S.RUN_SUBMIT_PREFIX}.*"], model=RunSubmit)(
+            self.on_submit
+        )
+        b.consumer(durable=S.DURABLE_PLANNER_SPAWN, filter_subjects=[S.RUN_SPAWN], model=RunSubmit)(self.on_submit)
         b.consumer(durable=S.DURABLE_PLANNER_ADVANCE, filter_subjects=[S.RUN_ADVANCE], model=RunAdvance)(
             self.on_advance
         )
@@ -276,6 +280,14 @@ class Planner:
 
     # --- handlers -------------------------------------------------------------------------------
     async def on_submit(self, submit: RunSubmit) -> None:
+        """A client's submit (``cmd.run.submit.<tenant>``) or a sub-agent run the planner spawned
+        (``cmd.run.spawn``): admitted first (tenant, parent, limits, scenario), then started once."""
+        subject = current_subject()
+        try:
+            submit = admit(submit, subject, self.settings)
+        except Refused as err:
+            await self.refuse(submit, subject, str(err))
+            return
         existing = await self.load(submit.run_id, fresh=True)
         if submit.scenario is not None and not await self.bind_scenario(submit, started=existing is not None):
             return
@@ -506,12 +518,17 @@ class Planner:
                     problem = f"another scenario is already bound to run {submit.run_id}"
         if problem is None:
             return True
-        letter = DeadLetter(
-            service="planner", subject=S.RUN_SUBMIT, reason=problem, body=submit.model_dump_json(by_alias=True)
-        )
-        await self.bus.publish(S.dead_letter("planner"), letter, msg_id=ids.refused_scenario(submit.run_id))
-        log.error("planner: refused the submit of %s: %s", submit.run_id, problem)
+        await self.refuse(submit, current_subject(), problem, ids.refused_scenario(submit.run_id))
         return False
+
+    async def refuse(self, submit: RunSubmit, subject: str, reason: str, msg_id: str | None = None) -> None:
+        """A submit the planner does not start: dead-lettered with the reason, nothing stored or published."""
+        body = submit.model_dump_json(by_alias=True)
+        letter = DeadLetter(service="planner", subject=subject, reason=reason, body=body)
+        await self.bus.publish(
+            S.dead_letter("planner"), letter, msg_id=msg_id or ids.refused_submit(submit.run_id, digest_of(body))
+        )
+        log.error("planner: refused the submit of %s: %s", submit.run_id, reason)
 
     async def unbind_stray_scenario(self, run_id: str) -> None:
         """A run submitted without a scenario is live: a scenario stored under its id by anyone else (an

@@ -72,6 +72,11 @@ def refused_scenario(run_id: str) -> str:
     return f"dlq-planner-scenario-{run_id}"
 
 
+def refused_submit(run_id: str, body_digest: str) -> str:
+    """The dead letter of a submit refused at admission (one per distinct body: a redelivery is the same)."""
+    return f"dlq-planner-submit-{run_id}-{body_digest[:16]}"
+
+
 # --- applied keys: the message a transition answers ---------------------------------------------------
 
 SUBMIT = "submit"

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from services.planner import context as C
 from services.planner import ids, loops
+from services.planner.delegation import DELEGATE
 from services.planner.judging import finish_iteration
 from services.planner.outbox import Outbox, await_human, escalate
-from services.planner.state import RunState
+from services.planner.state import RunState, ToolCallRecord
 from shared.messages import (
     SCHEMA_FAILURES,
     Corrected,
@@ -24,12 +25,25 @@ from shared.messages import (
 )
 
 
+def answers(state: RunState, record: ToolCallRecord, outcome: ToolOutcome) -> bool:
+    """Whether ``outcome`` is the outcome of the call ``record``: the same tool (a fallback keeps the tool
+    the model asked for as ``requested_tool``) and, for ``delegate``, from the child run this run started
+    for that call (a sub-agent answers with its own run id as the attempt)."""
+    if outcome.requested_tool != record.tool:
+        return False
+    if record.tool == DELEGATE:
+        return outcome.attempt_id == state.children.get(record.call_id)
+    return True
+
+
 def apply_outcome(state: RunState, outcome: ToolOutcome) -> Outbox:
     out = Outbox(state)
     it = state.iteration
     record = next((c for c in it.tool_calls if c.call_id == outcome.call_id), None)
     if record is None or record.status != "dispatched" or state.done:
         return out  # stale or duplicate: nothing to do
+    if not answers(state, record, outcome):
+        return out  # not this call's outcome: another tool's, or a child this run never started
     cfg = state.config
     record.outcome = outcome
     if outcome.usage is not None:  # a sub-agent's cost counts against this run's ceiling

@@ -52,10 +52,14 @@ async def run_provider(bus: Bus, settings: Settings, which: Literal["planner", "
     """The provider serving ``run_id``: ``provider_for`` with the scenario bound to the run, if any.
     A storage error reading the binding is raised (the caller's message is redelivered)."""
     pinned = (settings.planner_provider if which == "planner" else settings.judge_provider) == "anthropic"
-    return provider_for(settings, which, None if pinned else await bus.scenario(run_id))
+    scripted = settings.allow_scripted and not pinned
+    return provider_for(settings, which, await bus.scenario(run_id) if scripted else None)
 
 
-async def scripted_tools(bus: Bus, run_id: str) -> Scenario | None:
+async def scripted_tools(bus: Bus, settings: Settings, run_id: str) -> Scenario | None:
     """The scenario whose tool behaviour applies to ``run_id``'s tool calls: only a run submitted with one
-    (a live run never consults a scenario: the planner removes one stored before a live run starts)."""
+    and replayed as scripted (a live run never consults a scenario: the planner removes one stored before a
+    live run starts), so none where scripted runs are not allowed or the planner is pinned to a live model."""
+    if not settings.allow_scripted or settings.planner_provider == "anthropic":
+        return None
     return await bus.scenario(run_id)
