@@ -116,7 +116,7 @@ def test_compose_refuses_to_start_without_every_nats_password_and_publishes_on_t
     text = COMPOSE.read_text()
     assert not re.search(r"\$\{LW_NATS_[A-Z_]*PASSWORD[A-Z_]*:-", text), "a NATS password has a default"
     assert "dev-" not in text
-    users = sorted({u.upper() for u in re.findall(r"LW_NATS_PASSWORD_([A-Z]+)", text)})
+    users = sorted({u.upper() for u in re.findall(r"LW_NATS_PASSWORD_([A-Z_]+)", text)})
     assert {"ADMIN", "CLIENT", "ALICE", "BOB", "PLANNER"} <= set(users)
     full = {f"LW_NATS_PASSWORD_{u}": f"pw-{u.lower()}" for u in users}
     full |= {"LW_NATS_ROUTE_PASSWORD": "pw-route", "LW_CONSOLE_SECRET": "s", "LW_CONSOLE_USERS": "{}"}
