@@ -148,6 +148,11 @@ class Settings(BaseSettings):
     planner_api_key: SecretStr | None = Field(None, description="the planner's provider key (over the provider's)")
     judge_base_url: str | None = Field(None, description="the judge's provider endpoint (over the provider's)")
     judge_api_key: SecretStr | None = Field(None, description="the judge's provider key (over the provider's)")
+    undeclared_fields: Literal["refuse", "strip", "open"] = Field(
+        "refuse",
+        description="a tool call's input fields its schema does not declare: refuse the call (the model is told), "
+        "strip them and run, or keep them (open); a tool's own x-loopwarden-undeclared wins",
+    )
     model_timeout_s: float = Field(120.0, gt=0)
     model_retry_attempts: int = Field(4, ge=1, description="attempts per model call on transient errors")
     model_retry_base_s: float = Field(0.5, ge=0)
