@@ -25,7 +25,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-ProviderName = Literal["auto", "scripted", "anthropic"]
+ProviderName = Literal["auto", "scripted", "anthropic", "openai"]
 NotJudgedPolicy = Literal["escalate", "retry", "accept", "fail"]
 LoopPolicy = Literal["stop", "escalate"]
 FaultPoint = Literal[
@@ -152,6 +152,22 @@ class Settings(BaseSettings):
     )
     anthropic_base_url: str | None = Field(
         None, validation_alias=AliasChoices("LW_ANTHROPIC_BASE_URL", "ANTHROPIC_BASE_URL")
+    )
+    # --- model providers per role (issue 27: shared/providers/select.py reads these) ----------
+    openai_api_key: SecretStr | None = Field(None, validation_alias=AliasChoices("LW_OPENAI_API_KEY", "OPENAI_API_KEY"))
+    openai_base_url: str | None = Field(
+        None,
+        validation_alias=AliasChoices("LW_OPENAI_BASE_URL", "OPENAI_BASE_URL"),
+        description="an OpenAI-compatible server, e.g. http://localhost:11434/v1 (Ollama) or :8000/v1 (vLLM)",
+    )
+    planner_base_url: str | None = Field(None, description="the planner's provider endpoint (over the provider's)")
+    planner_api_key: SecretStr | None = Field(None, description="the planner's provider key (over the provider's)")
+    judge_base_url: str | None = Field(None, description="the judge's provider endpoint (over the provider's)")
+    judge_api_key: SecretStr | None = Field(None, description="the judge's provider key (over the provider's)")
+    undeclared_fields: Literal["refuse", "strip", "open"] = Field(
+        "refuse",
+        description="a tool call's input fields its schema does not declare: refuse the call (the model is told), "
+        "strip them and run, or keep them (open); a tool's own x-loopwarden-undeclared wins",
     )
     model_timeout_s: float = Field(120.0, gt=0)
     model_retry_attempts: int = Field(4, ge=1, description="attempts per model call on transient errors")
@@ -472,12 +488,6 @@ class Settings(BaseSettings):
     def ack_pending_for(self, service: str) -> int:
         """A durable's ``max_ack_pending``: room for up to eight replicas each at full concurrency."""
         return self.max_ack_pending or 8 * self.in_flight_for(service)
-
-    def resolved_provider(self, which: Literal["planner", "judge"]) -> Literal["scripted", "anthropic"]:
-        chosen = self.planner_provider if which == "planner" else self.judge_provider
-        if chosen == "auto":
-            return "anthropic" if self.anthropic_api_key else "scripted"
-        return chosen
 
 
 def _json_object(v: str) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from shared import telemetry as T
 from shared.bus import Bus, CasConflict, TryLater, current_deliveries
 from shared.canonical import cache_key
 from shared.contracts.registration import validator_for
+from shared.contracts.undeclared import admit
 from shared.contracts.validation import format_for_model
 from shared.messages import (
     CachedToolResult,
@@ -75,6 +76,9 @@ class Executor:
         self.tracer = telemetry.tracer("loopwarden.executor")
         meter = telemetry.meter("loopwarden.executor")
         self.attempts = meter.create_counter("loopwarden.tool.attempts", description="tool attempts by result")
+        self.undeclared = meter.create_counter(
+            "loopwarden.tool.undeclared_fields", description="tool calls that carried undeclared input fields"
+        )
         self._consuming: set[str] = set()
         self.mounts: list[Any] = []
         self._hosting: set[asyncio.Task[None]] = set()  # tools of late MCP servers being hosted
@@ -167,8 +171,15 @@ class Executor:
                 T.LW_RUN_ID: call.run_id,
             },
         ) as span:
-            validator = validator_for(contract, "input")
-            errors = validator.errors(call.arguments)
+            admitted = admit(
+                validator_for(contract, "input"), contract.input_schema, call.arguments, self.settings.undeclared_fields
+            )
+            errors = admitted.errors
+            if admitted.undeclared:  # counted whatever the policy: how often the model invents fields, per tool
+                self.undeclared.add(1, {"tool": call.tool, "policy": admitted.policy, "outcome": admitted.outcome})
+                span.set_attribute(T.LW_UNDECLARED_FIELDS, admitted.undeclared)
+                span.set_attribute(T.LW_UNDECLARED_OUTCOME, admitted.outcome)
+                call = call.model_copy(update={"arguments": admitted.arguments})
             if errors:
                 span.set_attribute(T.LW_FAILURE_TYPE, "input_invalid")
                 span.set_attribute(T.ERROR_TYPE, "input_invalid")

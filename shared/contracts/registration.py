@@ -3,7 +3,9 @@
 ``register_contract`` is the gate every tool passes — Python-declared, JSON-file and MCP
 tools alike: the dialect is resolved, foreign and unknown keywords are refused with their
 path, the meta-schema is checked, objects are closed by default, both schemas compile,
-and repair rules must name registered repairs.
+and repair rules must name registered repairs. A JSON file may hold the tool in our shape,
+OpenAI's function format or Anthropic's tool format (``ecosystem.py``); an input schema's
+undeclared-field policy (``undeclared.py``) must be one we know.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from pydantic import ValidationError
 
 from shared.contracts.closing import close_schema
 from shared.contracts.dialect import ContractError, SchemaProblem, check_schema
+from shared.contracts.ecosystem import ToolFormatError, to_contract_fields
 from shared.contracts.repair import unknown_rules
+from shared.contracts.undeclared import POLICY_KEY, bad_policy
 from shared.contracts.validation import CompiledSchema, compiled, fingerprint
 from shared.describe import describe
 from shared.messages import ToolContract
@@ -30,6 +34,9 @@ def register_contract(contract: ToolContract, default_dialect: str = "2020-12") 
         dialect, problems = check_schema(schema, default_dialect)
         if problems:
             raise ContractError(contract.name, which, problems[0])
+        policy_problem = bad_policy(schema) if which == "inputSchema" else None
+        if policy_problem:
+            raise ContractError(contract.name, which, SchemaProblem(POLICY_KEY, f"#/{POLICY_KEY}", policy_problem))
         if which == "inputSchema" and schema.get("type") != "object":
             raise ContractError(
                 contract.name,
@@ -78,7 +85,8 @@ def validator_for(contract: ToolContract, which: Literal["input", "output"]) -> 
 
 
 def load_contract_file(path: Path) -> tuple[ToolContract, str | None, str | None]:
-    """A contract declared as JSON: the contract fields, an ``entrypoint`` and an optional ``postHook``."""
+    """A contract declared as JSON (our shape, OpenAI's function format or Anthropic's tool format):
+    the contract, an ``entrypoint`` and an optional ``postHook``."""
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as err:
@@ -88,7 +96,13 @@ def load_contract_file(path: Path) -> tuple[ToolContract, str | None, str | None
     entrypoint = data.pop("entrypoint", None)
     post_hook = data.pop("postHook", None)
     try:
-        contract = ToolContract.model_validate({**data, "source": "json"})
+        fmt, fields = to_contract_fields(data)
+    except ToolFormatError as err:
+        raise ValueError(f"{path}: {err}") from None
+    try:
+        contract = ToolContract.model_validate({**fields, "source": "json"})
     except ValidationError as err:
+        if fmt != "loopwarden":
+            raise ValueError(f"{path} ({fmt} tool format): {describe(err)}") from err
         raise ValueError(f"{path}: {describe(err)}") from err
     return contract, entrypoint, post_hook

@@ -155,7 +155,7 @@ def explain(err: JsError) -> list[SchemaError]:
         allowed = getattr(err, "allowed", None)
         if not isinstance(allowed, list):
             allowed = sorted((err.schema.get("properties") or {}).keys()) if isinstance(err.schema, dict) else []
-        extra = _extra_fields(err)
+        extra = extra_fields(err)
         msg = (
             f"{path} has unexpected field(s) {', '.join(repr(x) for x in extra) or '(unknown)'}; "
             f"allowed fields: {', '.join(allowed) or 'none'}"
@@ -193,7 +193,7 @@ def _got(value: Any) -> Any:
     return value if not isinstance(value, dict | list) else json_type(value)
 
 
-def _extra_fields(err: JsError) -> list[str]:
+def extra_fields(err: JsError) -> list[str]:
     extras = getattr(err, "extras", None)
     if isinstance(extras, list):  # named by the keyword itself (see explainer.py)
         return [str(e) for e in extras]

@@ -20,10 +20,20 @@ import anthropic
 
 from shared.messages import ChatMessage, TextBlock, ToolResultBlock, ToolUseBlock
 from shared.pricing import usage_for
-from shared.providers.base import ModelRequest, ModelResponse, ProviderError
+from shared.providers.base import ModelRequest, ModelResponse, ProviderError, StopReason, map_stop
 
 EPHEMERAL = {"type": "ephemeral"}
 TRANSIENT_STATUS = {408: "request_timeout", 409: "conflict"}
+# Every stop reason the Messages API documents, in our words (anything else maps to "unknown").
+STOP_MAP: dict[str, StopReason] = {
+    "end_turn": "answer",
+    "stop_sequence": "answer",
+    "tool_use": "tool_calls",
+    "max_tokens": "length",
+    "pause_turn": "paused",
+    "refusal": "refusal",
+    "model_context_window_exceeded": "context_full",
+}
 
 
 def _retry_after(err: anthropic.APIStatusError) -> float | None:
@@ -143,6 +153,7 @@ class AnthropicProvider:
             tool_calls=calls,
             usage=usage,
             model=message.model,
+            stop=map_stop(STOP_MAP, message.stop_reason),
             stop_reason=message.stop_reason or "",
             id=message.id or "",
         )

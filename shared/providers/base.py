@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, assert_never
 
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 from pydantic import BaseModel, Field
@@ -42,7 +42,8 @@ class ModelResponse(BaseModel):
     tool_calls: list[ToolUseBlock] = Field(default_factory=list)
     usage: Usage = Field(default_factory=Usage)
     model: str = ""
-    stop_reason: str = ""
+    stop: StopReason = Field("answer", description="why the model stopped, in our words")
+    stop_reason: str = Field("", description="the provider's own word for it, as it sent it (spans, events)")
     id: str = Field("", description="the provider's id for this response (gen_ai.response.id)")
 
 
@@ -70,13 +71,18 @@ class StopReasonError(ProviderError):
         self.text = text
 
 
-# Every stop reason the Messages API documents, and what happens on it (nothing is left to a default).
-STOP_ANSWER = ("end_turn", "tool_use", "stop_sequence")  # a normal turn
-STOP_MORE_ROOM = "max_tokens"  # one continuation with more room, then StopReasonError
-STOP_PAUSED = "pause_turn"  # the API paused a long turn: sent back to continue it
-STOP_REFUSAL = "refusal"  # StopReasonError(kind="refusal")
-STOP_CONTEXT = "model_context_window_exceeded"  # StopReasonError(kind="context_window_exceeded")
+# Our own stop vocabulary: each provider maps its API's words onto it (``stop_map`` in its module),
+# and ``complete_with_retry`` dispatches on it alone, so a new provider is a new map, not a new branch.
+StopReason = Literal["answer", "tool_calls", "length", "paused", "refusal", "context_full", "unknown"]
 MAX_PAUSE_CONTINUATIONS = 2
+
+
+def map_stop(stop_map: dict[str, StopReason], raw: str | None) -> StopReason:
+    """A provider's raw stop reason in our words: an empty one is a normal answer, one the map does not
+    know is ``unknown`` (a typed failure, never a silent default)."""
+    if not raw:
+        return "answer"
+    return stop_map.get(raw, "unknown")
 
 
 class ScriptExhausted(ProviderError):
@@ -101,71 +107,77 @@ async def complete_with_retry(
 ) -> ModelResponse:
     """One model turn: ``call_with_retry``, with every stop reason handled explicitly.
 
-    * ``end_turn``, ``tool_use``, ``stop_sequence``: the answer.
-    * ``max_tokens``: the reply was cut off (a truncated tool call cannot run): asked once more with
+    * ``answer``, ``tool_calls``: the answer.
+    * ``length``: the reply was cut off (a truncated tool call cannot run): asked once more with
       more room (``more_room_tokens``, default twice the budget); cut off again -> ``StopReasonError``.
-    * ``pause_turn``: the partial turn is sent back so the model continues it (at most twice).
-    * ``refusal``, ``model_context_window_exceeded`` and anything unknown: ``StopReasonError``.
+    * ``paused``: the partial turn is sent back so the model continues it (at most twice).
+    * ``refusal``, ``context_full`` and ``unknown``: ``StopReasonError``.
     The usage of every call made is summed into the result (or the error): each was billed.
     """
     response = await call_with_retry(provider, request, policy, tracer, metrics)
     spent = response.usage
     pauses = 0
     while True:
-        stop = response.stop_reason or "end_turn"
-        if stop in STOP_ANSWER:
-            return response.model_copy(update={"usage": spent})
-        if stop == STOP_MORE_ROOM:
-            room = max(more_room_tokens or 0, request.max_tokens * 2)
-            request = request.model_copy(update={"max_tokens": room})
-            response = await call_with_retry(provider, request, policy, tracer, metrics)
-            spent = spent + response.usage
-            if (response.stop_reason or "end_turn") == STOP_MORE_ROOM:
+        stop = response.stop
+        raw = response.stop_reason or stop
+        match stop:
+            case "answer" | "tool_calls":
+                return response.model_copy(update={"usage": spent})
+            case "length":
+                room = max(more_room_tokens or 0, request.max_tokens * 2)
+                request = request.model_copy(update={"max_tokens": room})
+                # the cut-off reply (maybe a truncated tool call) is dropped, never executed
+                response = await call_with_retry(provider, request, policy, tracer, metrics)
+                spent = spent + response.usage
+                if response.stop == "length":
+                    raise StopReasonError(
+                        f"the model's reply was cut off at max_tokens twice (last room {room} tokens)",
+                        kind="max_tokens",
+                        usage=spent,
+                        text=response.text,
+                    )
+                continue
+            case "paused" if pauses < MAX_PAUSE_CONTINUATIONS:
+                pauses += 1
+                partial: list[TextBlock | ToolUseBlock] = [TextBlock(text=response.text)] if response.text else []
+                partial += response.tool_calls
+                if partial:
+                    request = request.model_copy(
+                        update={"messages": [*request.messages, ChatMessage(role="assistant", content=partial)]}
+                    )
+                previous = response
+                response = await call_with_retry(provider, request, policy, tracer, metrics)
+                spent = spent + response.usage
+                response = response.model_copy(
+                    update={
+                        "text": previous.text + response.text,
+                        "tool_calls": [*previous.tool_calls, *response.tool_calls],
+                    }
+                )
+                continue
+            case "refusal":
                 raise StopReasonError(
-                    f"the model's reply was cut off at max_tokens twice (last room {room} tokens)",
-                    kind="max_tokens",
+                    f"the model refused to continue this task (stop_reason {raw})",
+                    kind="refusal",
                     usage=spent,
                     text=response.text,
                 )
-            continue
-        if stop == STOP_PAUSED and pauses < MAX_PAUSE_CONTINUATIONS:
-            pauses += 1
-            partial: list[TextBlock | ToolUseBlock] = [TextBlock(text=response.text)] if response.text else []
-            partial += response.tool_calls
-            if partial:
-                request = request.model_copy(
-                    update={"messages": [*request.messages, ChatMessage(role="assistant", content=partial)]}
+            case "context_full":
+                raise StopReasonError(
+                    f"the prompt filled the model's context window (stop_reason {raw})",
+                    kind="context_window_exceeded",
+                    usage=spent,
+                    text=response.text,
                 )
-            previous = response
-            response = await call_with_retry(provider, request, policy, tracer, metrics)
-            spent = spent + response.usage
-            response = response.model_copy(
-                update={
-                    "text": previous.text + response.text,
-                    "tool_calls": [*previous.tool_calls, *response.tool_calls],
-                }
-            )
-            continue
-        if stop == STOP_REFUSAL:
-            raise StopReasonError(
-                "the model refused to continue this task (stop_reason refusal)",
-                kind="refusal",
-                usage=spent,
-                text=response.text,
-            )
-        if stop == STOP_CONTEXT:
-            raise StopReasonError(
-                "the prompt filled the model's context window (stop_reason model_context_window_exceeded)",
-                kind="context_window_exceeded",
-                usage=spent,
-                text=response.text,
-            )
-        raise StopReasonError(
-            f"the model stopped for a reason loopwarden does not handle: {stop!r}",
-            kind="unknown_stop_reason",
-            usage=spent,
-            text=response.text,
-        )
+            case "paused" | "unknown":
+                raise StopReasonError(
+                    f"the model stopped for a reason loopwarden does not handle: {raw!r}",
+                    kind="unknown_stop_reason",
+                    usage=spent,
+                    text=response.text,
+                )
+            case _:
+                assert_never(stop)
 
 
 async def call_with_retry(
@@ -228,7 +240,7 @@ async def call_with_retry(
                 span.set_attribute(T.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, u.cache_read_input_tokens)
                 span.set_attribute(T.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS, u.cache_creation_input_tokens)
                 span.set_attribute(T.LW_COST_USD, u.cost_usd)
-                span.set_attribute(T.GEN_AI_RESPONSE_FINISH_REASONS, [response.stop_reason or "end_turn"])
+                span.set_attribute(T.GEN_AI_RESPONSE_FINISH_REASONS, [response.stop_reason or response.stop])
                 if response.id:
                     span.set_attribute(T.GEN_AI_RESPONSE_ID, response.id)
                 if metrics is not None:

@@ -218,6 +218,7 @@ class ScriptedProvider:
             tool_calls=calls,
             usage=usage,
             model=request.model,
+            stop="tool_calls" if calls else "answer",
             stop_reason="tool_use" if calls else "end_turn",
         )
 

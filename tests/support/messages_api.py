@@ -4,8 +4,9 @@ Tests register a script (a list of replies) under a key and put ``[script:<key>]
 task; each POST /v1/messages whose system prompt or messages mention that marker gets the
 next reply. A reply is either a message (``content`` blocks, ``stop_reason``) or an HTTP
 error (``status``, ``headers``, ``error``). Every request body is recorded for assertions.
-A message reply may carry ``input_scale``: the counted prompt tokens times that (a tokenizer
-that counts more than ours), for calibration tests.
+A reply may carry ``delay_s`` (answered that much later). A message reply may carry
+``input_scale``: the counted prompt tokens times that (a tokenizer that counts more than ours),
+for calibration tests.
 
 Usage, unless a reply scripts it, is counted from the request and answered by a prompt cache
 the way the real API bills it: ``cache_control`` breakpoints, a read of the longest prefix an
@@ -17,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 import uuid
 from collections import defaultdict
 from typing import Any
@@ -75,6 +77,8 @@ class MessagesApiServer(LocalHttpServer):
             reply = queue.pop(0) if queue else None
         if reply is None:
             return 500, {}, {"type": "error", "error": {"type": "api_error", "message": f"script {key} exhausted"}}
+        if reply.get("delay_s"):  # a slow reply, for client timeouts (the server is threaded)
+            time.sleep(float(reply["delay_s"]))
         if "status" in reply:
             err = reply.get("error", {"type": "rate_limit_error", "message": "slow down"})
             return int(reply["status"]), dict(reply.get("headers", {})), {"type": "error", "error": err}
