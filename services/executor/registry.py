@@ -37,18 +37,13 @@ SCHEMAS_DIR = Path(__file__).resolve().parents[2] / "schemas" / "tools"
 class ToolFailure(Exception):
     """Raised by a tool to report a typed failure with a message written for the model.
 
-    Three kinds cover what a tool author means (the constructors say it in words):
+    Three kinds cover what a tool author means (the constructors say it in words; docs/tools.md):
 
-    ========================  ===============  =============================================================
-    constructor               ``kind``         what happens
-    ========================  ===============  =============================================================
-    ``ToolFailure.retry``     ``transient``    retried by the executor with backoff (the tool's ``retry``
-                                               policy, ``after_s`` honoured), then its fallback, cached
-                                               result or boundary; the model hears it only if all fail
-    ``ToolFailure.fix_arguments``  ``tool_error``  not retried: the model reads the message and calls
-                                               again with corrected arguments (or gives up)
-    ``ToolFailure.ask_human`` ``fatal``        not retried: the run waits for a person (the human queue)
-    ========================  ===============  =============================================================
+    - ``ToolFailure.retry(msg, after_s)``, kind ``transient``: retried by the executor with backoff
+      (the tool's ``retry`` policy), then its fallback, cached result or boundary.
+    - ``ToolFailure.fix_arguments(msg)``, kind ``tool_error``: not retried; the model reads the
+      message and calls again with corrected arguments (or answers without).
+    - ``ToolFailure.ask_human(msg)``, kind ``fatal``: not retried; the run waits for a person.
 
     Any other exception a tool raises is a bug in it: ``fatal`` too, with the exception in the message.
     ``ToolFailure(kind, message)`` takes any ``FailureType`` (e.g. ``timeout``, ``unknown_outcome``).
@@ -78,7 +73,7 @@ class ToolFailure(Exception):
         return cls("fatal", message)
 
 
-class RunState:
+class ToolState:
     """Per-run state a tool keeps between calls: JSON values by key, for this run only.
 
     Kept in the executor's ``lw_demo`` bucket (keys ``state.<run>.<key>``), so a call that lands on
@@ -152,9 +147,9 @@ class ToolContext:
     demo_store: Any = None  # a KV bucket for demo side effects (payments)
 
     @property
-    def state(self) -> RunState:
+    def state(self) -> ToolState:
         """This run's state (``await ctx.state.get(key)``, ``set``, ``update``), kept across replicas."""
-        return RunState(self.demo_store, self.run_id)
+        return ToolState(self.demo_store, self.run_id)
 
 
 @dataclass
