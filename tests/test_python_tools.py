@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from loopwarden import Client, RunSnapshot
+from loopwarden import Client, Criterion, Rubric, RunSnapshot, RunSubmit, new_run_id
 from loopwarden.stack import LocalStack, Proc
 from shared import subjects as S
 from shared.scenario import parse_scenario
@@ -242,3 +242,20 @@ def test_the_docs_live_run_completes_against_the_fake_model_command(tools_stack:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "completed Done. Called: low_stock, reorder_line."
+
+
+async def test_a_live_run_with_a_rubric_is_judged_by_the_fake_model(client: Client) -> None:
+    rubric = Rubric(
+        criteria=[
+            Criterion(name="names the low items", hard=True, description="BOLT-M6 and WASHER-M6"),
+            Criterion(name="brief"),
+        ]
+    )
+    run = RunSubmit(
+        run_id=new_run_id(), task="What is low in the north?", tools=["low_stock", "submit_result"], rubric=rubric
+    )
+    await client.submit(run)
+    state = await client.wait(run.run_id, timeout=60, until=("completed", "stopped", "failed", "awaiting_human"))
+    assert state.status == "completed", state.error  # not judged would wait for a person
+    verdicts = payloads(await client.events(run.run_id), "judge.verdict")
+    assert [(v["status"], v["score"]) for v in verdicts] == [("passed", 1.0)]
