@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from loopwarden.client import Client, Event, NumberedLetter, Requeued, Unreachable, Watch, new_run_id
-    from services.executor.registry import ToolContext, ToolFailure, tool
+    from services.executor.registry import ToolContext, ToolFailure, ToolState, tool
     from shared.messages import (
         FINAL_STATUSES,
         ChatMessage,
@@ -70,6 +70,7 @@ __all__ = [  # noqa: RUF022 - grouped by what a user does, not sorted
     "tool",
     "ToolFailure",
     "ToolContext",
+    "ToolState",
     "FailureType",
     "RetryPolicy",
     "RepairRule",
@@ -110,7 +111,7 @@ def _settings() -> Any:
 
 _HOME = {
     **dict.fromkeys(("Client", "Event", "NumberedLetter", "Requeued", "Unreachable", "Watch", "new_run_id"), _client),
-    **dict.fromkeys(("ToolContext", "ToolFailure", "tool"), _registry),
+    **dict.fromkeys(("ToolState", "ToolContext", "ToolFailure", "tool"), _registry),
     **dict.fromkeys(("Scenario", "ScenarioError", "load_scenario", "parse_scenario"), _scenario),
     "Settings": _settings,
 }

@@ -20,10 +20,10 @@ import inspect
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
-from loopwarden import cli_offline, cli_queue, cli_records, cli_runs, cli_stack
+from loopwarden import cli_offline, cli_queue, cli_records, cli_runs, cli_stack, fake_model
 from loopwarden.cli_common import EXIT_CODES_HELP, INTERRUPTED, OK, UserError, bus_failure, env_nats_url, say
 
-AUDIENCES = (cli_stack, cli_runs, cli_queue, cli_records, cli_offline)
+AUDIENCES = (cli_stack, cli_runs, cli_queue, cli_records, cli_offline, fake_model)  # fake_model: live runs offline
 
 
 def package_version() -> str:

@@ -196,6 +196,9 @@ class Settings(BaseSettings):
     # --- executor --------------------------------------------------------------------
     executor_tools: str = Field("*", description="comma list of tools this executor hosts, '*' for all")
     tool_contract_dir: str | None = Field(None, description="extra directory of JSON tool contracts")
+    tool_modules: str | None = Field(
+        None, description="comma list of Python tool modules (@tool) to import: installed dotted names or .py paths"
+    )
     default_schema_dialect: Literal["draft-07", "2019-09", "2020-12"] = "2020-12"
     mcp_servers: str | None = Field(None, description="JSON list of MCP stdio servers to mount")
     boundaries: dict[str, Literal["skip_and_note", "use_cached", "ask_human"]] = Field(

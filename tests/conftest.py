@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 
 from loopwarden.client import Client
+from loopwarden.fake_model import FakeModel
 from loopwarden.stack import LocalStack, tail
 from shared.messages import Escalation, RunSnapshot
 from shared.scenario import parse_scenario
 from shared.settings import Settings
 from shared.telemetry import Telemetry, setup_telemetry
-from tests.support.messages_api import MessagesApiServer
 from tests.support.otlp_collector import OtlpCollector
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,15 +63,15 @@ def otlp() -> Iterator[OtlpCollector]:
 
 
 @pytest.fixture(scope="session")
-def messages_api() -> Iterator[MessagesApiServer]:
-    server = MessagesApiServer().start()
+def messages_api() -> Iterator[FakeModel]:
+    server = FakeModel().start()
     yield server
     server.stop()
 
 
 @pytest.fixture(scope="session")
 def stack(
-    tmp_path_factory: pytest.TempPathFactory, otlp: OtlpCollector, messages_api: MessagesApiServer
+    tmp_path_factory: pytest.TempPathFactory, otlp: OtlpCollector, messages_api: FakeModel
 ) -> Iterator[LocalStack]:
     env = {**TEST_ENV, "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.endpoint, "ANTHROPIC_BASE_URL": messages_api.base_url}
     yield from running(

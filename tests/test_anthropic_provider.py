@@ -6,8 +6,8 @@ import json
 import uuid
 
 from loopwarden.client import Client
+from loopwarden.fake_model import FakeModel
 from shared.messages import Rubric, RunSubmit
-from tests.support.messages_api import MessagesApiServer
 
 USAGE = {"input_tokens": 100, "output_tokens": 10}
 
@@ -16,7 +16,7 @@ def tool_use(name: str, args: dict, id_: str) -> dict:
     return {"type": "tool_use", "id": id_, "name": name, "input": args}
 
 
-async def test_tool_loop_through_the_sdk(client: Client, messages_api: MessagesApiServer) -> None:
+async def test_tool_loop_through_the_sdk(client: Client, messages_api: FakeModel) -> None:
     key = f"k{uuid.uuid4().hex[:8]}"
     messages_api.script(
         key,
@@ -73,7 +73,7 @@ async def test_tool_loop_through_the_sdk(client: Client, messages_api: MessagesA
     assert state.usage.input_tokens == 300 and state.usage.output_tokens == 30
 
 
-async def test_overloaded_then_fatal_provider_errors(client: Client, messages_api: MessagesApiServer) -> None:
+async def test_overloaded_then_fatal_provider_errors(client: Client, messages_api: FakeModel) -> None:
     key = f"k{uuid.uuid4().hex[:8]}"
     messages_api.script(
         key,

@@ -9,12 +9,12 @@ import uuid
 from typing import Any
 
 from loopwarden.client import Client
+from loopwarden.fake_model import FakeModel
 from services.governor.budget import BudgetLedger
 from services.governor.handlers import TenantDay, tenant_key, today
 from shared import subjects as S
 from shared.messages import RunLimits, RunSubmit
 from tests.conftest import run_scenario
-from tests.support.messages_api import MessagesApiServer
 
 SMALL = {"input_tokens": 100, "output_tokens": 10}
 
@@ -31,7 +31,7 @@ def say(text: str) -> dict[str, Any]:
 
 
 async def sdk_run(
-    client: Client, api: MessagesApiServer, replies: list[dict[str, Any]], **submit: Any
+    client: Client, api: FakeModel, replies: list[dict[str, Any]], **submit: Any
 ) -> tuple[Any, list[dict[str, Any]]]:
     key = f"w{uuid.uuid4().hex[:8]}"
     api.script(key, replies)
@@ -43,7 +43,7 @@ async def sdk_run(
 # --- graceful wrap-up -------------------------------------------------------------------------
 
 
-async def test_the_last_iteration_is_a_tool_less_wrap_up(client: Client, messages_api: MessagesApiServer) -> None:
+async def test_the_last_iteration_is_a_tool_less_wrap_up(client: Client, messages_api: FakeModel) -> None:
     state, reqs = await sdk_run(
         client,
         messages_api,
@@ -76,7 +76,7 @@ async def test_iteration_cap_with_a_scripted_model_that_has_no_wrap_up_reply(cli
     assert "the wrap-up turn failed" in (state.final_reason or "")
 
 
-async def test_near_the_cost_ceiling_one_wrap_up_turn_answers(client: Client, messages_api: MessagesApiServer) -> None:
+async def test_near_the_cost_ceiling_one_wrap_up_turn_answers(client: Client, messages_api: FakeModel) -> None:
     # turn 1 spends $0.111 of $0.12: a normal turn fits neither on sonnet (~$0.031) nor on haiku
     # (~$0.011 with room for 2048 output tokens), but a wrap-up (1024 tokens on haiku, ~$0.006) does
     state, reqs = await sdk_run(
@@ -115,7 +115,7 @@ async def tenant_spent(client: Client, tenant: str, at_least: float, timeout: fl
     return spent
 
 
-async def test_a_tenant_over_its_daily_ceiling_is_blocked(client: Client, messages_api: MessagesApiServer) -> None:
+async def test_a_tenant_over_its_daily_ceiling_is_blocked(client: Client, messages_api: FakeModel) -> None:
     capped = f"t{uuid.uuid4().hex[:8]}"  # every tenant's daily ceiling is $0.05 in the test stack
     # run A's last call costs $0.03: it is never asked about, so its tenant learns it from the run's end
     first, _ = await sdk_run(
@@ -144,9 +144,7 @@ async def test_a_tenant_over_its_daily_ceiling_is_blocked(client: Client, messag
 # --- calibration ---------------------------------------------------------------------------------
 
 
-async def test_the_governor_calibrates_its_estimate_to_reported_tokens(
-    client: Client, messages_api: MessagesApiServer
-) -> None:
+async def test_the_governor_calibrates_its_estimate_to_reported_tokens(client: Client, messages_api: FakeModel) -> None:
     # the provider reports 1.6x the tokens the planner estimates (its tokenizer is not ours)
     calls = [tool_use("calculator", {"expression": f"{i}*3"}) for i in range(4)]
     for reply in calls:

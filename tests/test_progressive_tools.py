@@ -14,11 +14,11 @@ import pytest
 
 from bench.cost import catalogue
 from loopwarden.client import Client
+from loopwarden.fake_model import FakeModel
 from services.planner import context as C
 from shared import subjects as S
 from shared import tokens
 from shared.messages import RunSubmit, ToolContract
-from tests.support.messages_api import MessagesApiServer
 
 USAGE = {"input_tokens": 100, "output_tokens": 10}
 USED = ("search", "calculator", "exchange_rate")
@@ -63,7 +63,7 @@ def one_lined(tool: dict[str, Any]) -> bool:
 
 
 async def test_a_run_using_3_of_30_tools_sees_one_line_for_the_rest(
-    client: Client, messages_api: MessagesApiServer, thirty_tools: dict[str, ToolContract]
+    client: Client, messages_api: FakeModel, thirty_tools: dict[str, ToolContract]
 ) -> None:
     assert len(thirty_tools) >= 30
     key = f"p{uuid.uuid4().hex[:8]}"

@@ -9,9 +9,9 @@ import itertools
 import uuid
 
 from loopwarden.client import Client
+from loopwarden.fake_model import FakeModel
 from shared.messages import RunSubmit
 from shared.pricing import cost_usd
-from tests.support.messages_api import MessagesApiServer
 from tests.support.otlp_collector import OtlpCollector
 from tests.test_tracing import spans_of_run
 
@@ -26,7 +26,7 @@ def tool_use(name: str, args: dict, id_: str) -> dict:
 
 
 async def test_turns_read_the_prefix_earlier_turns_cached(
-    client: Client, messages_api: MessagesApiServer, otlp: OtlpCollector
+    client: Client, messages_api: FakeModel, otlp: OtlpCollector
 ) -> None:
     key = f"c{uuid.uuid4().hex[:8]}"
     messages_api.script(

@@ -15,6 +15,7 @@ import jsonschema
 import yaml
 
 from loopwarden.client import Client
+from loopwarden.fake_model import FakeModel
 from loopwarden.records import export_run, prefixed_values, purge_handled_commands, run_events, sweep
 from loopwarden.replay import replay, scenario_yaml
 from loopwarden.stack import LocalStack
@@ -26,7 +27,6 @@ from shared.records import RunRecord, record_schema, trajectory
 from shared.scenario import load_scenario, parse_scenario
 from shared.settings import Settings
 from tests.conftest import escalations_of, run_scenario, settings_for
-from tests.support.messages_api import MessagesApiServer
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "schemas" / "records" / "RunRecord.json"
@@ -119,7 +119,7 @@ async def test_replay_reports_where_the_current_code_diverges(client: Client) ->
 
 
 async def test_a_run_recorded_with_the_anthropic_provider_replays_without_a_key(
-    client: Client, messages_api: MessagesApiServer, stack: LocalStack, tmp_path: Path
+    client: Client, messages_api: FakeModel, stack: LocalStack, tmp_path: Path
 ) -> None:
     key = f"k{uuid.uuid4().hex[:8]}"
     usage = {"input_tokens": 100, "output_tokens": 10}

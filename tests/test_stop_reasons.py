@@ -8,8 +8,8 @@ import uuid
 from typing import Any
 
 from loopwarden.client import Client
+from loopwarden.fake_model import FakeModel
 from shared.messages import RunSubmit
-from tests.support.messages_api import MessagesApiServer
 
 USAGE = {"input_tokens": 100, "output_tokens": 10}
 
@@ -32,7 +32,7 @@ def text(t: str, stop: str) -> dict[str, Any]:
     return {"content": [{"type": "text", "text": t}], "stop_reason": stop, "usage": USAGE}
 
 
-async def run(client: Client, api: MessagesApiServer, replies: list[dict[str, Any]]) -> tuple[Any, list[dict], str]:
+async def run(client: Client, api: FakeModel, replies: list[dict[str, Any]]) -> tuple[Any, list[dict], str]:
     key = f"s{uuid.uuid4().hex[:8]}"
     api.script(key, replies)
     run_id = f"run-stop-{key}"
@@ -40,7 +40,7 @@ async def run(client: Client, api: MessagesApiServer, replies: list[dict[str, An
     return await client.wait(run_id), api.requests[key], run_id
 
 
-async def test_max_tokens_gets_one_call_with_more_room(client: Client, messages_api: MessagesApiServer) -> None:
+async def test_max_tokens_gets_one_call_with_more_room(client: Client, messages_api: FakeModel) -> None:
     state, reqs, _ = await run(client, messages_api, [text("The answer is a very long", "max_tokens"), submit("42")])
     assert state.status == "completed", state.final_reason
     assert state.final_output == "42"
@@ -52,7 +52,7 @@ async def test_max_tokens_gets_one_call_with_more_room(client: Client, messages_
     assert state.usage.input_tokens == 200 and state.model_calls == 1  # both calls were billed to the run
 
 
-async def test_max_tokens_twice_is_a_typed_failure(client: Client, messages_api: MessagesApiServer) -> None:
+async def test_max_tokens_twice_is_a_typed_failure(client: Client, messages_api: FakeModel) -> None:
     state, reqs, run_id = await run(client, messages_api, [text("cut", "max_tokens"), text("cut again", "max_tokens")])
     assert len(reqs) == 2
     assert state.status == "failed"
@@ -62,7 +62,7 @@ async def test_max_tokens_twice_is_a_typed_failure(client: Client, messages_api:
     assert state.usage.input_tokens == 200  # billed though unusable
 
 
-async def test_a_refusal_stops_the_run_and_is_not_retried(client: Client, messages_api: MessagesApiServer) -> None:
+async def test_a_refusal_stops_the_run_and_is_not_retried(client: Client, messages_api: FakeModel) -> None:
     state, reqs, run_id = await run(client, messages_api, [text("I can't help with that.", "refusal")])
     assert len(reqs) == 1
     assert state.status == "stopped"
@@ -72,7 +72,7 @@ async def test_a_refusal_stops_the_run_and_is_not_retried(client: Client, messag
     assert not (await client.escalations(run_id=run_id)).escalations
 
 
-async def test_pause_turn_is_continued(client: Client, messages_api: MessagesApiServer) -> None:
+async def test_pause_turn_is_continued(client: Client, messages_api: FakeModel) -> None:
     state, reqs, _ = await run(client, messages_api, [text("Working on it...", "pause_turn"), submit("done")])
     assert state.status == "completed", state.final_reason
     assert len(reqs) == 2
@@ -81,13 +81,13 @@ async def test_pause_turn_is_continued(client: Client, messages_api: MessagesApi
     assert reqs[1]["messages"][-1]["content"][0]["text"] == "Working on it..."
 
 
-async def test_a_full_context_window_fails_typed(client: Client, messages_api: MessagesApiServer) -> None:
+async def test_a_full_context_window_fails_typed(client: Client, messages_api: FakeModel) -> None:
     state, _, _ = await run(client, messages_api, [text("", "model_context_window_exceeded")])
     assert state.status == "failed"
     assert "model turn unusable (context_window_exceeded)" in (state.final_reason or "")
 
 
-async def test_408_and_409_are_transient(client: Client, messages_api: MessagesApiServer) -> None:
+async def test_408_and_409_are_transient(client: Client, messages_api: FakeModel) -> None:
     state, reqs, _ = await run(
         client,
         messages_api,

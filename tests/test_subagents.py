@@ -10,12 +10,12 @@ import uuid
 from typing import Any
 
 from loopwarden.client import Client
+from loopwarden.fake_model import FakeModel
 from services.planner.delegation import child_run_id
 from services.planner.state import RunState
 from shared import subjects as S
 from shared.messages import RunSubmit
 from tests.conftest import escalations_of
-from tests.support.messages_api import MessagesApiServer
 from tests.support.otlp_collector import OtlpCollector
 from tests.test_cost import tenant_spent
 from tests.test_tracing import spans_of_run
@@ -62,7 +62,7 @@ async def child_state(client: Client, run_id: str) -> RunState:
 
 
 async def test_a_delegated_sub_task_returns_its_answer_and_its_cost(
-    client: Client, messages_api: MessagesApiServer, otlp: OtlpCollector
+    client: Client, messages_api: FakeModel, otlp: OtlpCollector
 ) -> None:
     pk, ck = key(), key()
     messages_api.script(
@@ -113,9 +113,7 @@ async def test_a_delegated_sub_task_returns_its_answer_and_its_cost(
     assert child_spans and {s.trace_id for s in child_spans} == {trace_id}
 
 
-async def test_the_spawn_gate_waits_for_a_human_then_starts_the_child(
-    client: Client, messages_api: MessagesApiServer
-) -> None:
+async def test_the_spawn_gate_waits_for_a_human_then_starts_the_child(client: Client, messages_api: FakeModel) -> None:
     pk, ck = key(), key()
     messages_api.script(
         pk,
@@ -142,7 +140,7 @@ async def test_the_spawn_gate_waits_for_a_human_then_starts_the_child(
     assert child.status == "completed" and child.config.cost_ceiling_usd == 0.3
 
 
-async def test_a_denied_spawn_is_the_calls_result(client: Client, messages_api: MessagesApiServer) -> None:
+async def test_a_denied_spawn_is_the_calls_result(client: Client, messages_api: FakeModel) -> None:
     pk = key()
     messages_api.script(
         pk,
@@ -164,7 +162,7 @@ async def test_a_denied_spawn_is_the_calls_result(client: Client, messages_api: 
     assert (await client.bus.kv_get("lw_runs", child_run_id(run_id, "toolu_no"), RunState))[0] is None
 
 
-async def test_fan_out_is_limited(client: Client, messages_api: MessagesApiServer) -> None:
+async def test_fan_out_is_limited(client: Client, messages_api: FakeModel) -> None:
     pk = key()
     kids = [key() for _ in range(5)]
     for i, k in enumerate(kids):

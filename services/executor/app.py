@@ -8,6 +8,7 @@ from pathlib import Path
 import services.executor.tools.demo  # noqa: F401  - registers the @tool-declared demo tools
 from services.executor.handlers import Executor
 from services.executor.registry import DECLARED, SCHEMAS_DIR, ToolRegistry
+from services.executor.tool_modules import import_tool_modules
 from shared.bus import Bus
 from shared.service import AfterConnect
 from shared.settings import Settings
@@ -17,7 +18,14 @@ log = logging.getLogger("loopwarden.executor")
 
 
 def load_registry(settings: Settings) -> ToolRegistry:
+    """Every tool this executor can host: the demo tools, the user's tool modules (``LW_TOOL_MODULES``,
+    ``loopwarden.tools`` entry points), JSON contract files. A module that cannot be imported is listed in
+    ``module_problems`` (and ``refused``), never skipped silently."""
     registry = ToolRegistry(default_dialect=settings.default_schema_dialect, boundaries=dict(settings.boundaries))
+    _, problems = import_tool_modules(settings.tool_modules)
+    for problem in problems:
+        registry.module_problems.append(str(problem))
+        registry.refused[f"module {problem.module}"] = str(problem)
     registry.load_declared(DECLARED)
     registry.load_json_dir(SCHEMAS_DIR)
     if settings.tool_contract_dir:
@@ -27,6 +35,8 @@ def load_registry(settings: Settings) -> ToolRegistry:
 
 def build(bus: Bus, settings: Settings, telemetry: Telemetry) -> AfterConnect:
     registry = load_registry(settings)
+    if registry.module_problems:  # the user's tools would be missing: stop now, in one line, not later in a run
+        raise SystemExit(f"loopwarden-executor: {registry.module_problems[0]}")
     executor = Executor(bus, settings, telemetry, registry)
     executor.register()
     log.info("hosting tools: %s", ", ".join(sorted(registry.hosted(settings.hosted_tools))))

@@ -419,7 +419,7 @@ class Executor:
                 output = hosted.post_hook(output)
             except Exception as err:
                 return Attempted(False, failure_type="fatal", error=f"the post-call hook failed: {err!r}")
-        return Attempted(True, output=output, output_is_text=isinstance(output, str))
+        return Attempted(True, output=output, output_is_text=isinstance(output, str) and not hosted.text_result)
 
     async def scripted(self, call: ToolCall) -> ToolBehaviour | None:
         """Scripted tool behaviour: only for a run submitted with a scenario (the provider registry says which);
