@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -234,6 +235,49 @@ async def test_a_run_waiting_for_a_human_is_resolved_from_the_page_and_turns_com
     assert await page.evaluate("window.lwRunUpdates") >= 1
     await shot(page, "run-resolved-live.png", tmp_path)
     await no_serious_violations(page)
+    await page.context.close()
+
+
+async def test_the_queue_item_offers_what_fits_its_state_and_confirms_an_abort(
+    stack: LocalStack, browser: Browser, client: Client, tmp_path: Path
+) -> None:
+    run_id = await client.submit_scenario(parse_scenario(scenario("correction-escalates")))
+    await client.wait(run_id, timeout=30, until=("awaiting_human",))
+    (item,) = await escalations_of(client, run_id)
+    page = await logged_in(browser, stack, f"/escalations/{item.escalation_id}")
+    await expect(page.locator("#controls-note")).to_contain_text("resolve it now (no claim needed)")
+    await expect(page.locator("#claim")).to_be_visible()
+    await expect(page.locator("#renew")).to_have_count(0)
+    await expect(page.locator("#sla-action")).to_have_text("abort")  # the SLA's default action, counting down
+    await expect(page.locator("#sla-countdown")).to_have_text(re.compile(r"^in \d+ m \d\d s$"))
+    # the provide-result box: the tool's output schema beside it, and an example of that shape in it
+    await expect(page.locator("#output-schema")).to_contain_text('"expression"')
+    example = json.loads(await page.locator("#form-provide_result textarea[name=result]").input_value())
+    assert set(example) >= {"status", "expression", "result"}, example
+    await no_serious_violations(page)
+
+    await page.click("#claim")
+    await expect(page.locator("#flash")).to_have_text("claim: done")
+    await expect(page.locator("#controls-note")).to_contain_text("you hold this item")
+    await expect(page.locator("#claim")).to_have_count(0)  # no Claim on an item one holds
+    await expect(page.locator("#renew")).to_be_visible()
+    await shot(page, "queue-item.png", tmp_path)
+
+    # an abort is confirmed: without the tick the browser does not send it, and the console refuses it
+    await page.click("#do-abort")
+    await expect(page.locator("#item-status")).to_have_text("claimed")
+    await page.evaluate("document.querySelector('#confirm-abort').removeAttribute('required')")
+    await page.click("#do-abort")
+    await expect(page.locator("#flash")).to_contain_text("abort: tick 'stop the run' to confirm")
+    await page.check("#confirm-abort")
+    await page.click("#do-abort")
+    await expect(page.locator("#flash")).to_have_text("resolve: done")
+    assert (await client.wait(run_id, timeout=30)).status == "stopped"
+    # resolved: read-only
+    await expect(page.locator("#controls-note")).to_have_text("resolved: this item is read-only")
+    await page.reload()
+    await expect(page.locator("form[id^=form-]")).to_have_count(0)
+    await expect(page.locator("#claim, #renew")).to_have_count(0)
     await page.context.close()
 
 

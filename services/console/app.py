@@ -43,7 +43,7 @@ from services.console.auth import SESSION_COOKIE, PasswordTooLong, Session, Sess
 from services.console.live import LiveView
 from services.console.throttle import LoginThrottle
 from shared import subjects as S
-from shared.messages import EscalationAction, EscalationReply
+from shared.messages import EscalationAction, EscalationReply, ToolContract, utcnow
 from shared.records import TERMINAL
 from shared.settings import Settings
 
@@ -379,17 +379,42 @@ class Console:
         return self.render(request, "queue_rows.html", reply=reply)
 
     # --- one item ---------------------------------------------------------------------------------
+    async def _output_schema(self, tool: str | None) -> tuple[Any, str | None]:
+        """The tool's output schema, for the provide-result box (None and why, when it cannot be read)."""
+        if not tool:
+            return None, "this item names no tool"
+        try:
+            contract, _ = await self.client.bus.kv_get(S.KV_CONTRACTS, S.kv_key(tool), ToolContract)
+        except Exception as err:  # a deployment where the console's user may not read contracts
+            return None, f"the output contract of '{tool}' is not readable here ({type(err).__name__})"
+        if contract is None:
+            return None, f"no output contract is registered for '{tool}'"
+        return contract.output_schema, None
+
+    def _controls(self, item: Any, operator: str) -> B.ItemControls | None:
+        if item is None:
+            return None
+        return B.item_controls(item.status, item.claimed_by, item.lease_expires_at, operator, utcnow())
+
     async def item_page(self, request: Request, operator: str) -> Response:
         escalation_id = request.path_params["escalation_id"]
         reply = await self.client.show(escalation_id)
         status = 200 if reply.ok else 404
+        item = reply.escalations[0] if reply.ok else None
+        schema, schema_note = (None, None)
+        if item is not None and "provide_result" in item.allowed_actions and item.status != "resolved":
+            schema, schema_note = await self._output_schema(item.tool)
         return self.render(
             request,
             "item.html",
             status,
             operator=operator,
             reply=reply,
-            item=reply.escalations[0] if reply.ok else None,
+            item=item,
+            controls=self._controls(item, operator),
+            output_schema=schema,
+            schema_note=schema_note,
+            example=B.example_of(schema) if schema is not None else None,
             escalation_id=escalation_id,
             message=request.query_params.get("message"),
             error=request.query_params.get("error"),
@@ -398,7 +423,8 @@ class Console:
     async def item_live(self, request: Request, operator: str) -> Response:
         reply = await self.client.show(request.path_params["escalation_id"])
         item = reply.escalations[0] if reply.ok else None
-        return self.render(request, "item_live.html", item=item, operator=operator)
+        controls = self._controls(item, operator)
+        return self.render(request, "item_live.html", item=item, operator=operator, controls=controls)
 
     async def act(self, request: Request, operator: str) -> Response:
         escalation_id, verb = request.path_params["escalation_id"], request.path_params["verb"]
@@ -411,6 +437,8 @@ class Console:
                 reply = await self.client.renew(escalation_id, operator, via=VIA)
             elif verb == "resolve":
                 action = str(form.get("action", ""))
+                if action == "abort" and form.get("confirm") != "yes":
+                    raise ValueError("abort: tick 'stop the run' to confirm (an aborted run cannot be resumed)")
                 reply = await self.client.resolve(
                     escalation_id, operator, _action(action), str(form.get("note", "")), _result(action, form), via=VIA
                 )

@@ -257,3 +257,63 @@ def parse_age(value: str | None) -> float | None:
     if seconds < 0:
         raise ValueError(f"age {value!r} is negative")
     return seconds
+
+
+# --- one queue item: the buttons that fit its state and the operator --------------------------------------
+
+
+@dataclass(frozen=True)
+class ItemControls:
+    claim: bool  # "Claim": the item is free (open, or its holder's lease lapsed)
+    renew: bool  # "Renew lease": the operator holds it
+    resolve: bool  # the resolution forms: resolved items are read-only, someone else's claim blocks them
+    note: str  # one line saying why, shown above the buttons
+
+
+def item_controls(
+    status: str, claimed_by: str | None, lease_expires_at: datetime | None, operator: str, now: datetime
+) -> ItemControls:
+    """Which actions the item page offers ``operator`` now (the escalation service still decides)."""
+    if status == "resolved":
+        return ItemControls(False, False, False, "resolved: this item is read-only")
+    held = status == "claimed" and claimed_by and (lease_expires_at is None or lease_expires_at > now)
+    if held and claimed_by == operator:
+        return ItemControls(False, True, True, "you hold this item: renew the lease while you work on it")
+    if held:
+        return ItemControls(False, False, False, f"held by {claimed_by}: only they can resolve it until the lease ends")
+    return ItemControls(
+        True, False, True, "open: claim it to keep others off while you work, or resolve it now (no claim needed)"
+    )
+
+
+def countdown(deadline: datetime | None, now: datetime) -> str:
+    """'in 4 m 05 s' until ``deadline``; 'due now' once it has passed; '' without one."""
+    if deadline is None:
+        return ""
+    left = (deadline - now).total_seconds()
+    return "due now" if left <= 0 else f"in {duration(left)}"
+
+
+def example_of(schema: Any, depth: int = 0) -> Any:
+    """A value that has the schema's shape (the first variant of a choice), to start a hand-made result from."""
+    if not isinstance(schema, dict) or depth > 8:
+        return None
+    if "examples" in schema and isinstance(schema["examples"], list) and schema["examples"]:
+        return schema["examples"][0]
+    for key in ("const", "default"):
+        if key in schema:
+            return schema[key]
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return schema["enum"][0]
+    for key in ("oneOf", "anyOf", "allOf"):
+        if isinstance(schema.get(key), list) and schema[key]:
+            return example_of(schema[key][0], depth + 1)
+    kind = schema.get("type")
+    kind = kind[0] if isinstance(kind, list) and kind else kind
+    if kind == "object" or "properties" in schema:
+        props = schema.get("properties") or {}
+        required = schema.get("required") or list(props)
+        return {name: example_of(props[name], depth + 1) for name in props if name in required}
+    if kind == "array":
+        return [example_of(schema.get("items"), depth + 1)]
+    return {"string": "", "integer": 0, "number": 0, "boolean": False, "null": None}.get(str(kind))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -73,3 +74,57 @@ def test_a_steps_bar_sits_on_the_runs_axis_and_an_instant_is_still_visible() -> 
 )
 def test_a_duration_reads_as_people_write_it(seconds: float | None, text: str) -> None:
     assert B.duration(seconds) == text
+
+
+# --- a queue item's buttons --------------------------------------------------------------------------------
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def test_an_open_item_offers_claim_and_resolve_and_says_a_resolution_needs_no_claim() -> None:
+    c = B.item_controls("open", None, None, "alice", T0)
+    assert (c.claim, c.renew, c.resolve) == (True, False, True)
+    assert "resolve it now (no claim needed)" in c.note
+
+
+def test_an_item_one_holds_offers_renew_not_claim() -> None:
+    c = B.item_controls("claimed", "alice", T0 + timedelta(seconds=30), "alice", T0)
+    assert (c.claim, c.renew, c.resolve) == (False, True, True)
+
+
+def test_an_item_someone_else_holds_offers_nothing_until_their_lease_ends() -> None:
+    c = B.item_controls("claimed", "bob", T0 + timedelta(seconds=30), "alice", T0)
+    assert (c.claim, c.renew, c.resolve) == (False, False, False) and c.note.startswith("held by bob")
+    lapsed = B.item_controls("claimed", "bob", T0 - timedelta(seconds=1), "alice", T0)
+    assert (lapsed.claim, lapsed.resolve) == (True, True)
+
+
+def test_a_resolved_item_is_read_only() -> None:
+    c = B.item_controls("resolved", "bob", None, "bob", T0)
+    assert (c.claim, c.renew, c.resolve) == (False, False, False) and "read-only" in c.note
+
+
+def test_the_sla_counts_down() -> None:
+    assert B.countdown(T0 + timedelta(seconds=245), T0) == "in 4 m 05 s"
+    assert B.countdown(T0 - timedelta(seconds=1), T0) == "due now"
+    assert B.countdown(None, T0) == ""
+
+
+def test_an_example_has_the_output_schemas_shape() -> None:
+    schema = {
+        "oneOf": [
+            {
+                "type": "object",
+                "properties": {
+                    "status": {"const": "ok"},
+                    "result": {"type": "number"},
+                    "expression": {"type": "string"},
+                    "note": {"type": "string"},
+                },
+                "required": ["status", "expression", "result"],
+            },
+            {"type": "object", "properties": {"status": {"const": "error"}}},
+        ]
+    }
+    assert B.example_of(schema) == {"status": "ok", "result": 0, "expression": ""}
+    assert B.example_of({"type": "array", "items": {"enum": ["a", "b"]}}) == ["a"]
