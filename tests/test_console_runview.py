@@ -14,6 +14,8 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
@@ -44,7 +46,8 @@ FAILED_EVERY = 7  # one stored run in seven failed
 
 
 def scenario(name: str) -> dict[str, Any]:
-    return yaml.safe_load((ROOT / "scenarios" / f"{name}.yaml").read_text())
+    data: dict[str, Any] = yaml.safe_load((ROOT / "scenarios" / f"{name}.yaml").read_text())
+    return data
 
 
 pytestmark = pytest.mark.skipif(
@@ -279,6 +282,53 @@ async def test_the_queue_item_offers_what_fits_its_state_and_confirms_an_abort(
     await expect(page.locator("form[id^=form-]")).to_have_count(0)
     await expect(page.locator("#claim, #renew")).to_have_count(0)
     await page.context.close()
+
+
+def lw(stack: LocalStack, *args: str) -> subprocess.CompletedProcess[str]:
+    """The real ``loopwarden`` CLI against the stack."""
+    drop = ("NATS_URL", "LW_NATS_URL", "LW_STATE_DIR", "PYTHONIOENCODING")
+    env = {**{k: v for k, v in os.environ.items() if k not in drop}, "LW_NATS_URL": str(stack.nats_url)}
+    return subprocess.run(
+        [sys.executable, "-m", "loopwarden.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+async def test_the_terminal_prints_the_same_steps_and_a_step_whole(stack: LocalStack, client: Client) -> None:
+    run_id = await finished(client, "malformed-output-corrected")
+    shown = await asyncio.to_thread(lw, stack, "show", run_id)
+    assert shown.returncode == 0, shown.stderr
+    assert "decide:   row 5: complete — terminal tool ran in this iteration" in shown.stdout
+    assert "failed:   i1.tool.toolu_001_01, i1.tool.toolu_001_01.validation" in shown.stdout
+    assert "2 output error(s) at $, $.results[0]  [i1.tool.toolu_001_01.validation]" in shown.stdout
+    one = await asyncio.to_thread(lw, stack, "show", run_id, "--step", "i1.tool.toolu_001_01")
+    assert one.returncode == 0, one.stderr
+    assert '"score": 0.7' in one.stdout and "── Validation errors ──" in one.stdout
+    assert '"path": "$.results[0]"' in one.stdout
+    whole = await asyncio.to_thread(lw, stack, "show", run_id, "--step", "1")  # an iteration: each of its steps
+    printed = re.findall(r"^step:     (\S+)", whole.stdout, re.M)
+    assert printed == [
+        "i1.model",
+        "i1.tool.toolu_001_01",
+        "i1.tool.toolu_001_01.a1",
+        "i1.tool.toolu_001_01.validation",
+        "i1.decide",
+    ], whole.stdout
+    full = await asyncio.to_thread(lw, stack, "events", run_id, "--full")
+    assert full.returncode == 0 and '"score": 0.7' in full.stdout and "step:     i3.decide" in full.stdout
+    missing = await asyncio.to_thread(lw, stack, "show", run_id, "--step", "9")
+    assert missing.returncode != 0 and "has no step '9' (iterations: i1, i2, i3, end)" in missing.stderr
+
+    waiting = await client.submit_scenario(parse_scenario(scenario("correction-escalates")))
+    await client.wait(waiting, timeout=30, until=("awaiting_human",))
+    (item,) = await escalations_of(client, waiting)
+    text = await asyncio.to_thread(lw, stack, "escalations", "show", item.escalation_id)
+    assert text.returncode == 0, text.stderr
+    assert f"escalation: {item.escalation_id}" in text.stdout and "kind:       schema_cap" in text.stdout
+    assert "── What went wrong ──" in text.stdout and "allowed:    provide_result" in text.stdout
+    assert not text.stdout.lstrip().startswith("{")  # text, as the console shows it; JSON only with --json
+    as_json = await asyncio.to_thread(lw, stack, "escalations", "show", item.escalation_id, "--json")
+    assert json.loads(as_json.stdout)["escalation_id"] == item.escalation_id
+    assert (await client.resolve(item.escalation_id, "alice", "abort")).ok
 
 
 async def store_runs(client: Client, count: int) -> list[str]:
