@@ -234,6 +234,7 @@ async def test_a_run_waiting_for_a_human_is_resolved_from_the_page_and_turns_com
     await expect(resolution).to_contain_text('"who": "alice"')
     await expect(resolution).to_contain_text('"provided": {')
     await expect(resolution).to_contain_text("worked it out by hand")
+    await expect(page.locator("#run-escalations")).to_contain_text("resolved (provide_result by alice)")
     assert await page.evaluate("window.lwLoadedAt") == loaded_at
     assert await page.evaluate("window.lwRunUpdates") >= 1
     await shot(page, "run-resolved-live.png", tmp_path)

@@ -287,6 +287,7 @@ class Console:
 
     async def _tree_context(self, run_id: str) -> dict[str, Any]:
         record, note = await self.live.record(run_id)
+        items = (await self.client.escalations("all", run_id)).escalations
         tree = T.build(record) if record is not None else None
         seen, updated = self.live.version(run_id)
         trace = tree.trace_id if tree and tree.trace_id else None
@@ -299,14 +300,13 @@ class Console:
             "trace_link": B.jaeger_link(self.settings.jaeger_url, trace) or self._trace(run_id),
             "stream": f"/runs/{quote(run_id)}/stream?{urlencode({'seen': seen, 'updated': updated})}",
             "timeline": self.live.timelines.get(run_id) or B.RunTimeline(),
+            "items": items,
         }
 
     async def run_page(self, request: Request, operator: str) -> Response:
-        run_id = request.path_params["run_id"]
-        reply = await self.client.escalations("all", run_id)
-        context = await self._tree_context(run_id)
+        context = await self._tree_context(request.path_params["run_id"])
         status = 200 if context["record"] is not None else 404
-        return self.render(request, "run.html", status, operator=operator, items=reply.escalations, **context)
+        return self.render(request, "run.html", status, operator=operator, **context)
 
     async def run_tree(self, request: Request, operator: str) -> Response:
         return self.render(request, "run_tree.html", **await self._tree_context(request.path_params["run_id"]))
