@@ -17,7 +17,7 @@ from loopwarden.cli_common import (
     connected,
     emit_json,
     json_arg,
-    json_safe,
+    plain,
     say,
     settings,
     unless_refused,
@@ -49,7 +49,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     q.add_argument("--newer-than", type=float, metavar="SECONDS", help="raised at most this long ago")
     add_json_flag(q)
     q = esc.add_parser(
-        "show", help="one item whole: context, arguments, allowed actions, trail", description="One item, as JSON."
+        "show",
+        help="one item whole: context, arguments, allowed actions, trail",
+        description="One item as the console shows it (--json: as JSON).",
     )
     q.add_argument("id", metavar="ID", help="the escalation id")
     add_json_flag(q)
@@ -112,8 +114,11 @@ async def cmd_escalations(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(reply.model_dump(mode="json")["escalations"] if args.action != "show" else _one(reply))
         return OK
-    if args.action == "show":
-        say(json_safe(reply.escalations[0].model_dump_json(indent=2)))
+    if args.action == "show":  # the console's item page as text (JSON with --json)
+        from loopwarden.runtext import escalation_lines
+
+        for line in escalation_lines(reply.escalations[0]):
+            say(plain(line))
         return OK
     for item in reply.escalations:
         lease = f"  lease until {item.lease_expires_at:%H:%M:%S}" if item.lease_expires_at else ""

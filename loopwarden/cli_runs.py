@@ -53,6 +53,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="A run's stored events, oldest first, one line each (--json: one JSON object per line).",
     )
     p.add_argument("run_id", metavar="RUN", help="the run id")
+    p.add_argument("--full", action="store_true", help="the run as a tree of steps, then every step whole")
     add_json_flag(p)
     p.set_defaults(func=cmd_events)
 
@@ -89,6 +90,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     q.add_argument("seqs", metavar="N", nargs="+", help="a letter's number (`loopwarden dlq` lists them)")
     q.set_defaults(func=cmd_requeue)
+
+    from loopwarden import cli_runview
+
+    cli_runview.register(sub)  # `show RUN [--step N]`: the console's run view as text
 
 
 # --- submit -------------------------------------------------------------------------------------
@@ -188,6 +193,10 @@ async def cmd_status(args: argparse.Namespace) -> int:
 async def cmd_events(args: argparse.Namespace) -> int:
     from loopwarden.progress import render
 
+    if getattr(args, "full", False) and not args.json:
+        from loopwarden.cli_runview import cmd_events_full
+
+        return await cmd_events_full(args)
     async with connected() as client:
         events = await client.events(args.run_id)
     if not events:

@@ -208,6 +208,7 @@ async def test_an_operator_without_the_right_is_refused(
     page = await logged_in(browser, human_stack, "bob", f"/escalations/{esc_id}")
     await page.click("#claim")
     await expect(page.locator("#flash")).to_contain_text("refused: bob may not act on schema_cap escalations")
+    await page.check("#confirm-abort")  # an abort is confirmed on the page
     await page.click("#do-abort")
     await expect(page.locator("#flash")).to_contain_text("refused: bob may not act on schema_cap")
     await expect(page.locator("#item-status")).to_have_text("open")

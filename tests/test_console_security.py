@@ -294,6 +294,7 @@ async def test_a_page_on_another_port_of_the_host_cannot_resolve_as_the_logged_i
     )
     assert forged.status == 403 and "refused" in forged.body, (forged.status, forged.body[:200])
     assert (await admin.show(esc_id)).escalations[0].resolution is None
+    await page.check("#confirm-abort")  # an abort is confirmed on the page (issue 26)
     await page.click("#do-abort")  # and the operator's own form still works
     await expect(page.locator("#flash")).to_have_text("resolve: done")
     assert not problems, problems  # nothing blocked by the Content-Security-Policy, no script errors

@@ -33,7 +33,12 @@ async def serve(settings: Settings) -> None:
         app, console = create_app(settings, client)
         await console.live.start()
         config = uvicorn.Config(
-            app, host=settings.console_host, port=settings.console_port, log_level="warning", lifespan="off"
+            app,
+            host=settings.console_host,
+            port=settings.console_port,
+            log_level="warning",
+            lifespan="off",
+            timeout_graceful_shutdown=2,  # a run page's open event stream does not hold the shutdown
         )
         server = uvicorn.Server(config)
         task = asyncio.create_task(server.serve())

@@ -13,12 +13,13 @@ loop; a logout is revoked in ``lw_console_sessions``, which every replica reads.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -30,10 +31,11 @@ from starlette.applications import Starlette
 from starlette.datastructures import MutableHeaders
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from loopwarden import runtree as T
 from loopwarden.client import Client
 from services.console import board as B
 from services.console import guard as G
@@ -41,19 +43,24 @@ from services.console.auth import SESSION_COOKIE, PasswordTooLong, Session, Sess
 from services.console.live import LiveView
 from services.console.throttle import LoginThrottle
 from shared import subjects as S
-from shared.messages import EscalationAction, EscalationReply
+from shared.messages import EscalationAction, EscalationReply, ToolContract, utcnow
+from shared.records import TERMINAL
 from shared.settings import Settings
 
 log = logging.getLogger("loopwarden.console")
 TEMPLATES = Path(__file__).parent / "templates"
 Page = Callable[[Request], Awaitable[Response]]
 VIA = "console"
+STREAM_S = 300.0  # an event stream is closed after this; the browser opens a new one
 
 
 def _env() -> Environment:
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html"]))
     env.filters["pretty"] = lambda v: json.dumps(v, indent=2, ensure_ascii=False, default=str)
     env.filters["hms"] = lambda v: v.astimezone(UTC).strftime("%H:%M:%S") if isinstance(v, datetime) else ""
+    env.filters["duration"] = B.duration
+    env.filters["clip"] = T.clip
+    env.globals["bar"] = B.bar
     return env
 
 
@@ -106,7 +113,7 @@ class Console:
         self.client = client
         self.sessions = sessions
         self.throttle = LoginThrottle()
-        self.live = LiveView(client)
+        self.live = LiveView(client, settings)
         self.env = _env()
 
     # --- plumbing ---------------------------------------------------------------------------------
@@ -164,7 +171,11 @@ class Console:
             Route("/runs", p(self.runs_page)),
             Route("/runs/rows", p(self.runs_rows, fragment=True)),
             Route("/runs/{run_id}", p(self.run_page)),
-            Route("/runs/{run_id}/live", p(self.run_live, fragment=True)),
+            Route("/runs/{run_id}/live", p(self.run_tree, fragment=True)),
+            Route("/runs/{run_id}/tree", p(self.run_tree, fragment=True)),
+            Route("/runs/{run_id}/stream", p(self.run_stream, fragment=True)),
+            Route("/runs/{run_id}/export", p(self.run_export, fragment=True)),
+            Route("/runs/{run_id}/steps/{step_id}", p(self.run_step, fragment=True)),
             Route("/queue", p(self.queue_page)),
             Route("/queue/rows", p(self.queue_rows, fragment=True)),
             Route("/escalations/{escalation_id}", p(self.item_page)),
@@ -237,27 +248,108 @@ class Console:
         timeline = self.live.timelines.get(run_id)
         return B.jaeger_link(self.settings.jaeger_url, timeline.trace_id if timeline else None)
 
+    def _runs(self, request: Request) -> dict[str, Any]:
+        q = request.query_params
+        filters = {
+            k: q.get(k, "")
+            for k in ("status", "tenant", "tool", "failure", "q", "newer_than", "older_than", "min_cost")
+        }
+        try:
+            flt, error = B.RunFilter.from_query(filters), None
+        except ValueError as err:
+            flt, error = B.RunFilter(), str(err)
+        try:
+            number = int(q.get("page", "1"))
+        except ValueError:
+            number = 1
+        started = time.perf_counter()
+        page = self.live.page(flt, number, time.time())
+        took_ms = (time.perf_counter() - started) * 1000
+        query = {k: v for k, v in filters.items() if v}
+        return {
+            "filters": filters,
+            "error": error,
+            "page": page,
+            "took_ms": took_ms,
+            "query": urlencode(query),
+            "prev_query": urlencode({**query, "page": page.page - 1}),
+            "next_query": urlencode({**query, "page": page.page + 1}),
+            "statuses": B.RUN_STATUSES,
+            "failure_types": sorted({t for types in self.live.failures.values() for t in types}),
+            "trace": self._trace,
+        }
+
     async def runs_page(self, request: Request, operator: str) -> Response:
-        return self.render(request, "runs.html", operator=operator, rows=self.live.rows(), trace=self._trace)
+        return self.render(request, "runs.html", operator=operator, **self._runs(request))
 
     async def runs_rows(self, request: Request, operator: str) -> Response:
-        return self.render(request, "runs_rows.html", rows=self.live.rows(), trace=self._trace)
+        return self.render(request, "runs_rows.html", **self._runs(request))
 
-    def _run_context(self, run_id: str) -> dict[str, Any]:
+    async def _tree_context(self, run_id: str) -> dict[str, Any]:
+        record, note = await self.live.record(run_id)
+        items = (await self.client.escalations("all", run_id)).escalations
+        tree = T.build(record) if record is not None else None
+        seen, updated = self.live.version(run_id)
+        trace = tree.trace_id if tree and tree.trace_id else None
         return {
             "run_id": run_id,
-            "row": self.live.runs.get(run_id),
+            "record": record,
+            "tree": tree,
+            "note": note if record is not None else None,
+            "error": note if record is None else None,
+            "trace_link": B.jaeger_link(self.settings.jaeger_url, trace) or self._trace(run_id),
+            "stream": f"/runs/{quote(run_id)}/stream?{urlencode({'seen': seen, 'updated': updated})}",
             "timeline": self.live.timelines.get(run_id) or B.RunTimeline(),
-            "trace_link": self._trace(run_id),
+            "items": items,
         }
 
     async def run_page(self, request: Request, operator: str) -> Response:
-        run_id = request.path_params["run_id"]
-        reply = await self.client.escalations("all", run_id)
-        return self.render(request, "run.html", operator=operator, items=reply.escalations, **self._run_context(run_id))
+        context = await self._tree_context(request.path_params["run_id"])
+        status = 200 if context["record"] is not None else 404
+        return self.render(request, "run.html", status, operator=operator, **context)
 
-    async def run_live(self, request: Request, operator: str) -> Response:
-        return self.render(request, "run_live.html", **self._run_context(request.path_params["run_id"]))
+    async def run_tree(self, request: Request, operator: str) -> Response:
+        return self.render(request, "run_tree.html", **await self._tree_context(request.path_params["run_id"]))
+
+    async def run_step(self, request: Request, operator: str) -> Response:
+        record, _ = await self.live.record(request.path_params["run_id"])
+        sections = T.step_detail(record, request.path_params["step_id"]) if record is not None else []
+        status = 200 if sections else 404
+        return self.render(request, "run_step.html", status, sections=sections)
+
+    async def run_export(self, request: Request, operator: str) -> Response:
+        run_id = request.path_params["run_id"]
+        record, note = await self.live.record(run_id)
+        if record is None:
+            return PlainTextResponse(note or "no such run", status_code=404)
+        headers = {"Content-Disposition": f'attachment; filename="{run_id}.json"'}
+        return Response(record.model_dump_json(indent=2, by_alias=True), media_type="application/json", headers=headers)
+
+    async def run_stream(self, request: Request, operator: str) -> Response:
+        """Server-sent events: ``changed`` whenever the run has a new event or record, ``end`` once it is
+        finished (the page then stops listening)."""
+        run_id = request.path_params["run_id"]
+        q = request.query_params
+        try:
+            last: tuple[int, str] = (int(q.get("seen", "0")), q.get("updated", ""))
+        except ValueError:
+            last = (0, "")
+
+        async def events() -> AsyncIterator[str]:
+            seen, quiet_since, started = last, time.monotonic(), time.monotonic()
+            yield "retry: 1000\n\n"
+            while time.monotonic() - started < STREAM_S:
+                now = self.live.version(run_id)
+                if now != seen:
+                    seen, quiet_since = now, time.monotonic()
+                    yield f"event: changed\ndata: {now[0]}\n\n"
+                row = self.live.runs.get(run_id)
+                if row is not None and row.status in TERMINAL and time.monotonic() - quiet_since > 1.0:
+                    yield "event: end\ndata: finished\n\n"  # finished, and nothing more came for a second
+                    return
+                await asyncio.sleep(0.25)
+
+        return StreamingResponse(events(), media_type="text/event-stream")
 
     # --- the queue --------------------------------------------------------------------------------
     async def _queue(self, request: Request) -> tuple[dict[str, str], EscalationReply]:
@@ -287,17 +379,42 @@ class Console:
         return self.render(request, "queue_rows.html", reply=reply)
 
     # --- one item ---------------------------------------------------------------------------------
+    async def _output_schema(self, tool: str | None) -> tuple[Any, str | None]:
+        """The tool's output schema, for the provide-result box (None and why, when it cannot be read)."""
+        if not tool:
+            return None, "this item names no tool"
+        try:
+            contract, _ = await self.client.bus.kv_get(S.KV_CONTRACTS, S.kv_key(tool), ToolContract)
+        except Exception as err:  # a deployment where the console's user may not read contracts
+            return None, f"the output contract of '{tool}' is not readable here ({type(err).__name__})"
+        if contract is None:
+            return None, f"no output contract is registered for '{tool}'"
+        return contract.output_schema, None
+
+    def _controls(self, item: Any, operator: str) -> B.ItemControls | None:
+        if item is None:
+            return None
+        return B.item_controls(item.status, item.claimed_by, item.lease_expires_at, operator, utcnow())
+
     async def item_page(self, request: Request, operator: str) -> Response:
         escalation_id = request.path_params["escalation_id"]
         reply = await self.client.show(escalation_id)
         status = 200 if reply.ok else 404
+        item = reply.escalations[0] if reply.ok else None
+        schema, schema_note = (None, None)
+        if item is not None and "provide_result" in item.allowed_actions and item.status != "resolved":
+            schema, schema_note = await self._output_schema(item.tool)
         return self.render(
             request,
             "item.html",
             status,
             operator=operator,
             reply=reply,
-            item=reply.escalations[0] if reply.ok else None,
+            item=item,
+            controls=self._controls(item, operator),
+            output_schema=schema,
+            schema_note=schema_note,
+            example=B.example_of(schema) if schema is not None else None,
             escalation_id=escalation_id,
             message=request.query_params.get("message"),
             error=request.query_params.get("error"),
@@ -306,7 +423,8 @@ class Console:
     async def item_live(self, request: Request, operator: str) -> Response:
         reply = await self.client.show(request.path_params["escalation_id"])
         item = reply.escalations[0] if reply.ok else None
-        return self.render(request, "item_live.html", item=item, operator=operator)
+        controls = self._controls(item, operator)
+        return self.render(request, "item_live.html", item=item, operator=operator, controls=controls)
 
     async def act(self, request: Request, operator: str) -> Response:
         escalation_id, verb = request.path_params["escalation_id"], request.path_params["verb"]
@@ -319,6 +437,8 @@ class Console:
                 reply = await self.client.renew(escalation_id, operator, via=VIA)
             elif verb == "resolve":
                 action = str(form.get("action", ""))
+                if action == "abort" and form.get("confirm") != "yes":
+                    raise ValueError("abort: tick 'stop the run' to confirm (an aborted run cannot be resumed)")
                 reply = await self.client.resolve(
                     escalation_id, operator, _action(action), str(form.get("note", "")), _result(action, form), via=VIA
                 )

@@ -8,6 +8,8 @@ events published for it; its trace id from the W3C ``traceparent`` its messages 
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -32,6 +34,9 @@ class RunRow:
     final_reason: str | None
     awaiting: dict[str, Any] | None
     readable: bool = True
+    tenant: str = ""
+    tools: tuple[str, ...] = ()
+    updated_ts: float = 0.0  # seconds since the epoch, for the age filters and the order
 
 
 def run_row(key: str, raw: bytes | None) -> RunRow:
@@ -45,6 +50,8 @@ def run_row(key: str, raw: bytes | None) -> RunRow:
         return RunRow(key, "unreadable", note, 0.0, 0, 0, 0, 0, "", None, None, None, readable=False)
     usage = data.get("usage") or {}
     iteration = data.get("iteration") or {}
+    config = data.get("config") or {}
+    tools = tuple(dict.fromkeys(str(t[0]) for t in data.get("tool_history") or [] if isinstance(t, list) and t))
     return RunRow(
         run_id=str(data.get("run_id") or key),
         status=str(data.get("status") or "?"),
@@ -58,7 +65,123 @@ def run_row(key: str, raw: bytes | None) -> RunRow:
         final_output=data.get("final_output"),
         final_reason=data.get("final_reason"),
         awaiting=data.get("awaiting"),
+        tenant=str(config.get("tenant") or "") if isinstance(config, dict) else "",
+        tools=tools,
+        updated_ts=_epoch(data.get("updated_at")),
     )
+
+
+def _epoch(value: Any) -> float:
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+
+
+# --- the runs list: filters and pages ------------------------------------------------------------------
+
+RUN_STATUSES = ("running", "awaiting_human", "completed", "stopped", "failed")
+PER_PAGE = 50
+
+
+@dataclass(frozen=True)
+class RunFilter:
+    """What the runs list is narrowed to; every field empty: every run."""
+
+    status: str = ""
+    tenant: str = ""
+    tool: str = ""
+    failure: str = ""  # a failure type one of the run's tool calls had (output_invalid, transient, ...)
+    q: str = ""  # in the run id or the task
+    newer_than_s: float | None = None
+    older_than_s: float | None = None
+    min_cost_usd: float | None = None
+
+    @classmethod
+    def from_query(cls, q: Mapping[str, str]) -> RunFilter:
+        """The filter of a query string; a value that does not parse is a ValueError naming it."""
+        cost = q.get("min_cost", "").strip().lstrip("$")
+        try:
+            min_cost = float(cost) if cost else None
+        except ValueError:
+            raise ValueError(f"cost {q.get('min_cost')!r}: a number of dollars, e.g. 0.01") from None
+        return cls(
+            status=q.get("status", "").strip(),
+            tenant=q.get("tenant", "").strip(),
+            tool=q.get("tool", "").strip(),
+            failure=q.get("failure", "").strip(),
+            q=q.get("q", "").strip(),
+            newer_than_s=parse_age(q.get("newer_than")),
+            older_than_s=parse_age(q.get("older_than")),
+            min_cost_usd=min_cost,
+        )
+
+    def matches(self, row: RunRow, failures: Mapping[str, set[str]], now: float) -> bool:
+        if self.status and row.status != self.status:
+            return False
+        if self.tenant and row.tenant != self.tenant:
+            return False
+        if self.tool and self.tool not in row.tools:
+            return False
+        if self.failure and self.failure not in failures.get(row.run_id, ()):
+            return False
+        if self.q and self.q.lower() not in row.run_id.lower() and self.q.lower() not in row.task.lower():
+            return False
+        if self.newer_than_s is not None and now - row.updated_ts > self.newer_than_s:
+            return False
+        if self.older_than_s is not None and now - row.updated_ts < self.older_than_s:
+            return False
+        return self.min_cost_usd is None or row.cost_usd >= self.min_cost_usd
+
+
+@dataclass
+class RunPage:
+    rows: list[RunRow]
+    total: int
+    page: int
+    pages: int
+
+
+def select_runs(
+    rows: Iterable[RunRow],
+    flt: RunFilter,
+    failures: Mapping[str, set[str]],
+    now: float,
+    page: int = 1,
+    per_page: int = PER_PAGE,
+) -> RunPage:
+    """One page of the runs that match, newest first, and how many matched."""
+    matched = [r for r in rows if flt.matches(r, failures, now)]
+    matched.sort(key=lambda r: r.updated_ts, reverse=True)
+    pages = max(1, math.ceil(len(matched) / per_page))
+    page = min(max(1, page), pages)
+    return RunPage(matched[(page - 1) * per_page : page * per_page], len(matched), page, pages)
+
+
+# --- the run page's waterfall ----------------------------------------------------------------------------
+
+BAR_UNITS = 1000  # the waterfall's width in SVG user units: x and width scale with the column
+
+
+def bar(start_s: float, end_s: float | None, span_s: float, now_s: float | None = None) -> tuple[int, int]:
+    """A step's bar on the run's time axis: (x, width) in ``BAR_UNITS``; a step still going reaches ``now_s``
+    (else the axis' end); an instant (a Decide row) is a thin mark."""
+    span = max(span_s, 1e-6)
+    end = end_s if end_s is not None else (now_s if now_s is not None else span)
+    x = round(min(max(start_s / span, 0.0), 1.0) * BAR_UNITS)
+    width = round(min(max((end - start_s) / span, 0.0), 1.0) * BAR_UNITS)
+    return min(x, BAR_UNITS - 4), max(4, min(width, BAR_UNITS - x))
+
+
+def duration(seconds: float | None) -> str:
+    """A step's duration as people read it: 850 ms, 2.4 s, 3 m 05 s; an unfinished step: ''."""
+    if seconds is None:
+        return ""
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    return f"{int(seconds // 60)} m {int(seconds % 60):02d} s"
 
 
 @dataclass
@@ -134,3 +257,63 @@ def parse_age(value: str | None) -> float | None:
     if seconds < 0:
         raise ValueError(f"age {value!r} is negative")
     return seconds
+
+
+# --- one queue item: the buttons that fit its state and the operator --------------------------------------
+
+
+@dataclass(frozen=True)
+class ItemControls:
+    claim: bool  # "Claim": the item is free (open, or its holder's lease lapsed)
+    renew: bool  # "Renew lease": the operator holds it
+    resolve: bool  # the resolution forms: resolved items are read-only, someone else's claim blocks them
+    note: str  # one line saying why, shown above the buttons
+
+
+def item_controls(
+    status: str, claimed_by: str | None, lease_expires_at: datetime | None, operator: str, now: datetime
+) -> ItemControls:
+    """Which actions the item page offers ``operator`` now (the escalation service still decides)."""
+    if status == "resolved":
+        return ItemControls(False, False, False, "resolved: this item is read-only")
+    held = status == "claimed" and claimed_by and (lease_expires_at is None or lease_expires_at > now)
+    if held and claimed_by == operator:
+        return ItemControls(False, True, True, "you hold this item: renew the lease while you work on it")
+    if held:
+        return ItemControls(False, False, False, f"held by {claimed_by}: only they can resolve it until the lease ends")
+    return ItemControls(
+        True, False, True, "open: claim it to keep others off while you work, or resolve it now (no claim needed)"
+    )
+
+
+def countdown(deadline: datetime | None, now: datetime) -> str:
+    """'in 4 m 05 s' until ``deadline``; 'due now' once it has passed; '' without one."""
+    if deadline is None:
+        return ""
+    left = (deadline - now).total_seconds()
+    return "due now" if left <= 0 else f"in {duration(left)}"
+
+
+def example_of(schema: Any, depth: int = 0) -> Any:
+    """A value that has the schema's shape (the first variant of a choice), to start a hand-made result from."""
+    if not isinstance(schema, dict) or depth > 8:
+        return None
+    if "examples" in schema and isinstance(schema["examples"], list) and schema["examples"]:
+        return schema["examples"][0]
+    for key in ("const", "default"):
+        if key in schema:
+            return schema[key]
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return schema["enum"][0]
+    for key in ("oneOf", "anyOf", "allOf"):
+        if isinstance(schema.get(key), list) and schema[key]:
+            return example_of(schema[key][0], depth + 1)
+    kind = schema.get("type")
+    kind = kind[0] if isinstance(kind, list) and kind else kind
+    if kind == "object" or "properties" in schema:
+        props = schema.get("properties") or {}
+        required = schema.get("required") or list(props)
+        return {name: example_of(props[name], depth + 1) for name in props if name in required}
+    if kind == "array":
+        return [example_of(schema.get("items"), depth + 1)]
+    return {"string": "", "integer": 0, "number": 0, "boolean": False, "null": None}.get(str(kind))
