@@ -24,14 +24,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from nats.js.api import ConsumerConfig, DeliverPolicy, ObjectStoreConfig, StorageType
+from nats.js.api import ObjectStoreConfig, StorageType
 from nats.js.client import JetStreamContext
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError, ObjectNotFoundError
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
 from shared import subjects as S
-from shared.bus import RUN_ID_HEADER, Bus, kv_keys
+from shared.bus import RUN_ID_HEADER, Bus, kv_keys, kv_scan, scan_all
 from shared.messages import call_attempts, utcnow
 from shared.records import (
     EventRecord,
@@ -67,45 +67,31 @@ class RecordNotFound(LookupError):
 
 
 async def run_events(bus: Bus, run_id: str) -> tuple[list[EventRecord], str | None]:
-    """The run's events, oldest first (a server-side filter on the run token), and its trace id."""
-    js = bus.js
-    config = ConsumerConfig(deliver_policy=DeliverPolicy.ALL, filter_subjects=S.run_filters(run_id))
-    sub = await js.subscribe(
-        f"{S.EVENT_PREFIX}.>", stream=S.STREAM_EVT, ordered_consumer=True, config=config, inactive_threshold=2.0
-    )
+    """The run's events, oldest first (a server-side filter on the run token, read by batched direct gets:
+    no consumer), and its trace id."""
     out: list[EventRecord] = []
     trace_id: str | None = None
-    try:
-        info = await sub.consumer_info()
-        # a push consumer may have delivered before we asked: pending or delivered means there is history
-        pending = (info.num_pending or 0) + (info.delivered.consumer_seq if info.delivered else 0)
-        while pending:
-            msg = await sub.next_msg(timeout=5.0)
-            headers = msg.headers or {}
-            if headers.get(RUN_ID_HEADER, run_id) != run_id:
-                continue
-            body = await bus.payloads.inflate(bus.nc, msg.data, headers)
-            try:
-                payload = json.loads(body)
-            except ValueError:
-                payload = {"raw": body.decode(errors="replace")}
-            meta = msg.metadata
-            out.append(
-                EventRecord(
-                    subject=msg.subject,
-                    kind=S.stem(msg.subject).removeprefix(f"{S.EVENT_PREFIX}."),
-                    seq=meta.sequence.stream if meta else len(out),
-                    time=meta.timestamp if meta else None,
-                    payload=payload if isinstance(payload, dict) else {"value": payload},
-                )
+    for m in await scan_all(bus.nc, S.STREAM_EVT, S.run_filters(run_id)):
+        headers = m.headers
+        if headers.get(RUN_ID_HEADER, run_id) != run_id:
+            continue
+        body = await bus.payloads.inflate(bus.nc, m.data, headers)
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            payload = {"raw": body.decode(errors="replace")}
+        out.append(
+            EventRecord(
+                subject=m.subject,
+                kind=S.stem(m.subject).removeprefix(f"{S.EVENT_PREFIX}."),
+                seq=m.seq,
+                time=m.time,
+                payload=payload if isinstance(payload, dict) else {"value": payload},
             )
-            tp = headers.get("traceparent")
-            if trace_id is None and tp and tp.count("-") >= 3:
-                trace_id = tp.split("-")[1]
-            pending = meta.num_pending if meta else 0
-    finally:
-        with contextlib.suppress(Exception):
-            await sub.unsubscribe()
+        )
+        tp = headers.get("traceparent")
+        if trace_id is None and tp and tp.count("-") >= 3:
+            trace_id = tp.split("-")[1]
     return out, trace_id
 
 
@@ -121,21 +107,14 @@ async def _value(bus: Bus, kv: KeyValue, key: str) -> dict[str, Any] | None:
 
 
 async def prefixed_values(bus: Bus, bucket: str, prefix: str) -> dict[str, dict[str, Any]]:
-    """Every current value under ``<prefix>.>`` (a server-side filter), by key."""
-    kv = await bus.kv(bucket)
-    watcher = await kv.watch(f"{prefix}.>", ignore_deletes=True, inactive_threshold=2.0)
+    """Every current value under ``<prefix>.>`` (a server-side filter, batched direct gets), by key."""
+    await bus.kv(bucket)  # created if missing (unmanaged), else it must exist
+    found, _ = await kv_scan(bus.nc, bucket, f"{prefix}.>")
     out: dict[str, dict[str, Any]] = {}
-    try:
-        while True:
-            entry = await watcher.updates(timeout=5.0)  # type: ignore[no-untyped-call]
-            if entry is None:
-                break
-            if entry.value:
-                data = json.loads(await bus.payloads.inflate_value(bus.nc, entry.value))
-                out[entry.key] = data if isinstance(data, dict) else {"value": data}
-    finally:
-        with contextlib.suppress(Exception):
-            await watcher.stop()  # type: ignore[no-untyped-call]
+    for key, m in found.items():
+        if m is not None and m.data:
+            data = json.loads(await bus.payloads.inflate_value(bus.nc, m.data))
+            out[key] = data if isinstance(data, dict) else {"value": data}
     return out
 
 
