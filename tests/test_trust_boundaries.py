@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import os
+import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from loopwarden.auth_conf import all_grants
 from loopwarden.client import Client, new_run_id
-from loopwarden.stack import SERVICES, LocalStack
+from loopwarden.stack import SERVICES, LocalStack, free_port, nats_server_binary, wait_for_port
 from services.planner import ids
 from shared import subjects as S
 from shared.bus import Bus, kv_keys, scan
@@ -409,3 +410,44 @@ async def test_a_stream_read_by_direct_get_pages_through_everything(admin: Clien
     """``scan`` reads past one batch (the history of a long run is more than one answer)."""
     found = await scan(admin.bus.nc, S.STREAM_EVT, f"{S.EVENT_PREFIX}.>", batch=7)
     assert found and [m.seq for m in found] == sorted({m.seq for m in found})
+
+
+# --- D3, the process half: a connection closed for good ends the service ----------------------------------
+
+
+@pytest.fixture
+def short_lines(tmp_path: Path) -> Iterator[str]:
+    """A plain nats-server whose ``max_control_line`` is 512 bytes."""
+    port = free_port()
+    conf = tmp_path / "server.conf"
+    conf.write_text(
+        f'listen: "127.0.0.1:{port}"\nmax_control_line: 512\njetstream {{ store_dir: "{tmp_path / "js"}" }}\n'
+    )
+    server = subprocess.Popen(
+        [nats_server_binary(), "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        wait_for_port(port)
+        yield f"nats://127.0.0.1:{port}"
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+async def test_a_service_whose_connection_is_closed_for_good_exits_non_zero(short_lines: str, tmp_path: Path) -> None:
+    """nats-server closes a connection over a protocol error (here: a control line past a small
+    ``max_control_line``, reached with a 1,000-character id - under the bus's own bound) and nats-py does not
+    reconnect. The service used to stay up and off the bus; it now exits non-zero so its supervisor starts it
+    again."""
+    stack = LocalStack(state_dir=tmp_path, nats_url=short_lines, env=TEST_ENV, services=("escalation",))
+    try:
+        await asyncio.to_thread(stack.start)
+        (escalation,) = stack.procs
+        async with Client(Settings(nats_url=short_lines, rpc_timeout_s=2)) as asker:
+            with contextlib.suppress(Exception):
+                await asker.show("a" * 1000)
+        code = await asyncio.to_thread(escalation.popen.wait, 30)
+        assert code != 0
+        assert "closed for good" in escalation.log.read_text(errors="replace")
+    finally:
+        await asyncio.to_thread(stack.stop)
