@@ -27,6 +27,7 @@ from typing import Any
 
 from nats.aio.client import Client as NatsClient
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import APIError
 from pydantic import BaseModel, Field
 
 from shared import subjects as S
@@ -40,8 +41,9 @@ _KV_REF_PREFIX = b'{"' + KV_REF_KEY.encode() + b'"'
 HEADER_ROOM = 16 * 1024  # headers (trace context, ids) travel beside the body within max_payload
 CHUNK_BYTES = 256 * 1024  # fixed, so a body is always cut the same way (a re-publish writes the same chunks)
 MAX_CONSUMERS = 8  # nothing consumes this stream (reads are direct gets): room for an admin's tools only
-# JetStream err_code of a publish refused because the subject already holds its one message
-SUBJECT_FULL = 10077
+# How JetStream refuses a publish on a subject that holds its one message already (its err_code, 10077, is
+# the one of every store refusal - "maximum bytes exceeded" too - so the description tells them apart)
+SUBJECT_FULL = "maximum messages per subject exceeded"
 
 
 class PayloadError(Exception):
@@ -127,9 +129,10 @@ class PayloadStore:
         error = ack.get("error") if isinstance(ack, dict) else None
         if error is None:
             return
-        if error.get("err_code") == SUBJECT_FULL:
+        if SUBJECT_FULL in str(error.get("description") or "").lower():
             return  # content-addressed and written once: the same chunk is stored already
-        raise PayloadError(f"{STREAM} refused {subject}: {error.get('description') or error}")
+        APIError.from_error(error)  # raises it as JetStream's error (e.g. "maximum bytes exceeded": the store is full)
+        raise PayloadError(f"{STREAM} refused {subject}: {error}")
 
     async def get(self, nc: NatsClient, ref: PayloadRef) -> bytes:
         if ref.name != f"sha256-{ref.sha256}":
