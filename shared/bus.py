@@ -1623,6 +1623,7 @@ def _stream_differs(actual: StreamConfig, wanted: StreamConfig) -> bool:
     return any(
         getattr(actual, f) != getattr(wanted, f)
         for f in ("subjects", "duplicate_window", "max_age", "num_replicas", "allow_direct", "max_bytes")
+        if getattr(wanted, f) is not None  # not declared: the server's default stands
     )
 
 

@@ -84,6 +84,7 @@ def stream_config(settings: Settings) -> StreamConfig:
         storage=StorageType.FILE,
         max_age=settings.stream_max_age_s,
         max_bytes=settings.payload_max_bytes,
+        duplicate_window=settings.duplicate_window_s,  # unused (no message ids): declared, so no drift
         max_msgs_per_subject=1,
         discard=DiscardPolicy.NEW,
         discard_new_per_subject=True,
