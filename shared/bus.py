@@ -454,6 +454,8 @@ _HEADER_KEYS_OK: set[str] = set()  # header names already checked against nats-p
 # not reconnect: a subject this long is refused here, before it reaches the wire (``S.token`` and
 # ``S.kv_key`` bound what they build; this catches whatever else a client managed to get into one).
 MAX_SUBJECT = 2048
+# Where answers go: a user's own inbox prefix (``_INBOX_<user>``, what the grants name) or nats-py's default
+INBOX_PREFIXES = ("_INBOX_", "_INBOX.")
 
 
 class SubjectTooLong(ValueError):
@@ -904,7 +906,7 @@ class Bus:
             return "delivered by a JetStream consumer, not sent by a requester"
         if not S.matches(r.subject, msg.subject):
             return f"arrived on {msg.subject[:200]}, not on {r.subject}"
-        if msg.reply and not msg.reply.startswith("_INBOX_"):
+        if msg.reply and not msg.reply.startswith(INBOX_PREFIXES):
             return f"its reply {msg.reply[:200]} is not an inbox"
         return None
 
