@@ -376,13 +376,18 @@ async def purge_run(bus: Bus, run_id: str, *, keep_escalation_events: bool) -> N
 
 
 async def purge_handled_commands(bus: Bus) -> int:
-    """Remove the commands every durable consumer has handled: nothing reads an acknowledged command
-    again (a redelivery is of an unacknowledged one; de-duplication ids outlive a purge). Returns the
-    stream sequence below which commands were purged (0: none)."""
-    js = bus.js
-    last = (await js.stream_info(S.STREAM_CMD)).state.last_seq  # read before the consumers: see below
+    """Remove the commands every durable consumer has handled, in LW_CMD and in LW_SUBMIT (submits and
+    requeues): nothing reads an acknowledged command again (a redelivery is of an unacknowledged one;
+    de-duplication ids outlive a purge). Returns LW_CMD's sequence below which commands were purged (0: none)."""
+    below = await _purge_handled(bus.js, S.STREAM_CMD)
+    await _purge_handled(bus.js, S.STREAM_SUBMIT)
+    return below
+
+
+async def _purge_handled(js: JetStreamContext, stream: str) -> int:
+    last = (await js.stream_info(stream)).state.last_seq  # read before the consumers: see below
     floors = []
-    for info in await js.consumers_info(S.STREAM_CMD):
+    for info in await js.consumers_info(stream):
         if not info.config.durable_name:
             continue  # an ordered reader holds nothing back
         if not info.num_pending and not info.num_ack_pending:
@@ -391,7 +396,7 @@ async def purge_handled_commands(bus: Bus) -> int:
             floors.append(info.ack_floor.stream_seq if info.ack_floor else 0)
     below = min(floors, default=0)
     if below > 0:
-        await js.purge_stream(S.STREAM_CMD, seq=below + 1)
+        await js.purge_stream(stream, seq=below + 1)
     return below
 
 
