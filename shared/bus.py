@@ -1654,6 +1654,7 @@ async def kv_keys(nc: NatsClient, bucket: str, timeout: float = 5.0) -> list[str
 
 # --- reading a stream without a consumer (batched direct gets) -----------------------------------------
 SCAN_BATCH = 256  # messages per batched direct get
+SCAN_MAX_BYTES = 8 * 1024 * 1024  # and at most this much per answer (the server stops the batch there)
 _DIRECT_HEADERS = (
     "Nats-Stream",
     "Nats-Subject",
@@ -1736,7 +1737,8 @@ async def scan(
     out: list[Stored] = []
     seq = start
     while True:
-        msgs, pending = await _direct_batch(nc, stream, {"seq": seq, "next_by_subj": subjects, "batch": batch}, timeout)
+        request = {"seq": seq, "next_by_subj": subjects, "batch": batch, "max_bytes": SCAN_MAX_BYTES}
+        msgs, pending = await _direct_batch(nc, stream, request, timeout)
         out += [_stored(m) for m in msgs]
         if not msgs or not pending:
             return out
