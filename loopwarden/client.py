@@ -13,13 +13,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from nats.js.api import ConsumerConfig, DeliverPolicy
 from opentelemetry.trace import SpanKind
 
 from loopwarden.stack import StackError, recorded_nats_url
 from shared import history as H
 from shared import subjects as S
-from shared.bus import RUN_ID_HEADER, Bus
+from shared.bus import RUN_ID_HEADER, Bus, Stored, scan_all
 from shared.canonical import digest_of
 from shared.dead_letters import NotRequeueable, not_ours, requeue_command, requeue_msg_id, superseded
 from shared.messages import (
@@ -395,48 +394,29 @@ class Client:
     ) -> list[Event]:
         """The stored event history (optionally of one run), oldest first. ``subjects`` is a stem or
         stem pattern. One run's history is a server-side filter on the run's subject token
-        (``S.run_filters``): the server delivers that run's events only, whatever else is stored."""
-        js = self.bus.js
-        stream = S.stream_for(subjects.rstrip(">")) or S.STREAM_EVT
-        config = ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
-        if run_id is not None and stream == S.STREAM_EVT:
-            config.filter_subjects = S.run_filters(run_id, subjects)
-        # An ephemeral reader: creating it again after a timeout is harmless, and a stream electing a
-        # new leader (a node died) answers nothing for a few seconds.
-        sub = await self.bus.through_failover(
-            f"read {subjects}",
-            lambda: js.subscribe(subjects, stream=stream, ordered_consumer=True, config=config),
-            repeatable=True,
+        (``S.run_filters``): the server sends that run's events only, whatever else is stored. Read by
+        batched direct gets (``shared.bus.scan``): a reader creates no consumer on the stream."""
+        stream = S.stream_for(subjects) or S.STREAM_EVT
+        filters = S.run_filters(run_id, subjects) if run_id is not None and stream == S.STREAM_EVT else [subjects]
+        nc = self.bus.nc
+        # a stream electing a new leader (a node died) answers nothing for a few seconds: read again
+        stored = await self.bus.through_failover(
+            f"read {subjects}", lambda: scan_all(nc, stream, filters, timeout=max(timeout, 1.0)), repeatable=True
         )
         out: list[Event] = []
-        try:
-            # nothing stored and nothing sent yet: no wait for a timeout
-            info = await self.bus.through_failover(f"read {subjects}", sub.consumer_info, repeatable=True)
-            if info.num_pending or (info.delivered and info.delivered.consumer_seq):
-                while True:
-                    try:
-                        msg = await sub.next_msg(timeout=timeout)
-                    except Exception:  # no more messages within the timeout
-                        break
-                    if run_id is None or (msg.headers or {}).get(RUN_ID_HEADER, "") == run_id:
-                        out.append(await self.event(msg))
-                    if msg.metadata and not msg.metadata.num_pending:
-                        break
-        finally:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+        for m in stored:
+            if run_id is None or m.headers.get(RUN_ID_HEADER, "") == run_id:
+                out.append(await self.event(m))
         return out
 
     async def event(self, msg: Any) -> Event:
-        """A received event message as an ``Event``, its body fetched when it travelled by reference
+        """A received or stored event message as an ``Event``, its body fetched when it travelled by reference
         (a large tool result: ``shared/payloads.py``); a reference that cannot be had stays as it is."""
         headers = dict(msg.headers or {})
         data = msg.data
         with contextlib.suppress(PayloadError):
             data = await self.bus.payloads.inflate(self.bus.nc, data, headers)
-        seq = 0
-        with contextlib.suppress(Exception):  # a core NATS message (``watch``) has no stream sequence
-            seq = int(msg.metadata.sequence.stream)
+        seq = getattr(msg, "seq", 0) if isinstance(msg, Stored) else 0  # a core NATS message (``watch``): none
         return Event(msg.subject, _json(data), headers.get(RUN_ID_HEADER, ""), headers, seq)
 
     async def watch(self, run_id: str) -> Watch:

@@ -25,14 +25,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from nats.js.api import ConsumerConfig, DeliverPolicy, ObjectStoreConfig, StorageType
+from nats.js.api import ObjectStoreConfig, StorageType
 from nats.js.client import JetStreamContext
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError, ObjectNotFoundError
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
 from shared import subjects as S
-from shared.bus import RUN_ID_HEADER, Bus, kv_keys
+from shared.bus import RUN_ID_HEADER, Bus, kv_keys, kv_scan, scan_all
 from shared.messages import call_attempts, utcnow
 from shared.records import (
     EventRecord,
@@ -68,45 +68,31 @@ class RecordNotFound(LookupError):
 
 
 async def run_events(bus: Bus, run_id: str) -> tuple[list[EventRecord], str | None]:
-    """The run's events, oldest first (a server-side filter on the run token), and its trace id."""
-    js = bus.js
-    config = ConsumerConfig(deliver_policy=DeliverPolicy.ALL, filter_subjects=S.run_filters(run_id))
-    sub = await js.subscribe(
-        f"{S.EVENT_PREFIX}.>", stream=S.STREAM_EVT, ordered_consumer=True, config=config, inactive_threshold=2.0
-    )
+    """The run's events, oldest first (a server-side filter on the run token, read by batched direct gets:
+    no consumer), and its trace id."""
     out: list[EventRecord] = []
     trace_id: str | None = None
-    try:
-        info = await sub.consumer_info()
-        # a push consumer may have delivered before we asked: pending or delivered means there is history
-        pending = (info.num_pending or 0) + (info.delivered.consumer_seq if info.delivered else 0)
-        while pending:
-            msg = await sub.next_msg(timeout=5.0)
-            headers = msg.headers or {}
-            if headers.get(RUN_ID_HEADER, run_id) != run_id:
-                continue
-            body = await bus.payloads.inflate(bus.nc, msg.data, headers)
-            try:
-                payload = json.loads(body)
-            except ValueError:
-                payload = {"raw": body.decode(errors="replace")}
-            meta = msg.metadata
-            out.append(
-                EventRecord(
-                    subject=msg.subject,
-                    kind=S.stem(msg.subject).removeprefix(f"{S.EVENT_PREFIX}."),
-                    seq=meta.sequence.stream if meta else len(out),
-                    time=meta.timestamp if meta else None,
-                    payload=payload if isinstance(payload, dict) else {"value": payload},
-                )
+    for m in await scan_all(bus.nc, S.STREAM_EVT, S.run_filters(run_id)):
+        headers = m.headers
+        if headers.get(RUN_ID_HEADER, run_id) != run_id:
+            continue
+        body = await bus.payloads.inflate(bus.nc, m.data, headers)
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            payload = {"raw": body.decode(errors="replace")}
+        out.append(
+            EventRecord(
+                subject=m.subject,
+                kind=S.stem(m.subject).removeprefix(f"{S.EVENT_PREFIX}."),
+                seq=m.seq,
+                time=m.time,
+                payload=payload if isinstance(payload, dict) else {"value": payload},
             )
-            tp = headers.get("traceparent")
-            if trace_id is None and tp and tp.count("-") >= 3:
-                trace_id = tp.split("-")[1]
-            pending = meta.num_pending if meta else 0
-    finally:
-        with contextlib.suppress(Exception):
-            await sub.unsubscribe()
+        )
+        tp = headers.get("traceparent")
+        if trace_id is None and tp and tp.count("-") >= 3:
+            trace_id = tp.split("-")[1]
     return out, trace_id
 
 
@@ -122,21 +108,14 @@ async def _value(bus: Bus, kv: KeyValue, key: str) -> dict[str, Any] | None:
 
 
 async def prefixed_values(bus: Bus, bucket: str, prefix: str) -> dict[str, dict[str, Any]]:
-    """Every current value under ``<prefix>.>`` (a server-side filter), by key."""
-    kv = await bus.kv(bucket)
-    watcher = await kv.watch(f"{prefix}.>", ignore_deletes=True, inactive_threshold=2.0)
+    """Every current value under ``<prefix>.>`` (a server-side filter, batched direct gets), by key."""
+    await bus.kv(bucket)  # created if missing (unmanaged), else it must exist
+    found, _ = await kv_scan(bus.nc, bucket, f"{prefix}.>")
     out: dict[str, dict[str, Any]] = {}
-    try:
-        while True:
-            entry = await watcher.updates(timeout=5.0)  # type: ignore[no-untyped-call]
-            if entry is None:
-                break
-            if entry.value:
-                data = json.loads(await bus.payloads.inflate_value(bus.nc, entry.value))
-                out[entry.key] = data if isinstance(data, dict) else {"value": data}
-    finally:
-        with contextlib.suppress(Exception):
-            await watcher.stop()  # type: ignore[no-untyped-call]
+    for key, m in found.items():
+        if m is not None and m.data:
+            data = json.loads(await bus.payloads.inflate_value(bus.nc, m.data))
+            out[key] = data if isinstance(data, dict) else {"value": data}
     return out
 
 
@@ -405,13 +384,18 @@ async def purge_run(bus: Bus, run_id: str, *, keep_escalation_events: bool) -> N
 
 
 async def purge_handled_commands(bus: Bus) -> int:
-    """Remove the commands every durable consumer has handled: nothing reads an acknowledged command
-    again (a redelivery is of an unacknowledged one; de-duplication ids outlive a purge). Returns the
-    stream sequence below which commands were purged (0: none)."""
-    js = bus.js
-    last = (await js.stream_info(S.STREAM_CMD)).state.last_seq  # read before the consumers: see below
+    """Remove the commands every durable consumer has handled, in LW_CMD and in LW_SUBMIT (submits and
+    requeues): nothing reads an acknowledged command again (a redelivery is of an unacknowledged one;
+    de-duplication ids outlive a purge). Returns LW_CMD's sequence below which commands were purged (0: none)."""
+    below = await _purge_handled(bus.js, S.STREAM_CMD)
+    await _purge_handled(bus.js, S.STREAM_SUBMIT)
+    return below
+
+
+async def _purge_handled(js: JetStreamContext, stream: str) -> int:
+    last = (await js.stream_info(stream)).state.last_seq  # read before the consumers: see below
     floors = []
-    for info in await js.consumers_info(S.STREAM_CMD):
+    for info in await js.consumers_info(stream):
         if not info.config.durable_name:
             continue  # an ordered reader holds nothing back
         if not info.num_pending and not info.num_ack_pending:
@@ -420,7 +404,7 @@ async def purge_handled_commands(bus: Bus) -> int:
             floors.append(info.ack_floor.stream_seq if info.ack_floor else 0)
     below = min(floors, default=0)
     if below > 0:
-        await js.purge_stream(S.STREAM_CMD, seq=below + 1)
+        await js.purge_stream(stream, seq=below + 1)
     return below
 
 

@@ -31,6 +31,7 @@ import uuid
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Generic, TypeVar
 
 from faststream.nats import NatsBroker, NatsUserPassword
@@ -54,6 +55,7 @@ from nats.js.api import (
 from nats.js.client import JetStreamContext
 from nats.js.errors import (
     APIError,
+    BadRequestError,
     BucketNotFoundError,
     InvalidKeyError,
     KeyNotFoundError,
@@ -74,7 +76,8 @@ from shared import subjects as S
 from shared.dead_letters import NoSuchLetter, NotRequeueable, carried_headers, letter_body, not_ours, taker
 from shared.describe import describe
 from shared.messages import DeadLetter, ErrorReply, Requeue
-from shared.payloads import PayloadError, PayloadStore, PayloadTooLarge, ensure_store
+from shared.payloads import PayloadError, PayloadStore, PayloadTooLarge
+from shared.payloads import stream_config as payload_stream_config
 from shared.permissions import GRANTS
 from shared.scenario import Scenario
 from shared.settings import Settings
@@ -150,6 +153,13 @@ def decode(model: type[M], data: bytes) -> M:
 
 class InfrastructureNotReady(RuntimeError):
     """A stream, bucket or consumer this process needs is still missing after ``LW_INFRA_WAIT_S``."""
+
+
+class RequeueClaim(BaseModel):
+    """``lw_requeues/<service>.<letter>``: the requeue command that took the letter back (once)."""
+
+    letter: int
+    requeue_seq: int
 
 
 @dataclass(frozen=True)
@@ -449,6 +459,21 @@ class _Replies:
 
 
 _HEADER_KEYS_OK: set[str] = set()  # header names already checked against nats-py's rule
+# nats-server closes a connection whose control line passes 4 KiB (``max_control_line``) and nats-py does
+# not reconnect: a subject this long is refused here, before it reaches the wire (``S.token`` and
+# ``S.kv_key`` bound what they build; this catches whatever else a client managed to get into one).
+MAX_SUBJECT = 2048
+# Where answers go: a user's own inbox prefix (``_INBOX_<user>``, what the grants name) or nats-py's default
+INBOX_PREFIXES = ("_INBOX_", "_INBOX.")
+
+
+class SubjectTooLong(ValueError):
+    """A subject (or KV key) longer than ``MAX_SUBJECT``: never sent."""
+
+
+def check_subject(subject: str, reply: str = "") -> None:
+    if len(subject) + len(reply) > MAX_SUBJECT:
+        raise SubjectTooLong(f"subject of {len(subject)} characters ({subject[:60]}...) is over {MAX_SUBJECT}")
 
 
 async def publish_raw(nc: NatsClient, subject: str, body: bytes, reply: str, headers: dict[str, str] | None) -> None:
@@ -458,6 +483,7 @@ async def publish_raw(nc: NatsClient, subject: str, body: bytes, reply: str, hea
     yet that fails nats-py's rule, a value with a line break, an empty subject or one with whitespace,
     a body over the server's limit, a connection not connected (reconnect buffering) - goes through
     ``nc.publish`` itself, which raises or rewrites as it always does."""
+    check_subject(subject, reply)
     if (
         not headers
         or nc._status != NatsClient.CONNECTED
@@ -568,7 +594,7 @@ class Bus:
     payloads: PayloadStore = field(init=False)  # claim check: large bodies by reference
 
     def __post_init__(self) -> None:
-        self.payloads = PayloadStore(self.settings)
+        self.payloads = PayloadStore(self.settings, self.service)  # bodies stored under this user's name
         self._failures = (
             self.meter_provider.get_meter("loopwarden.bus").create_counter(
                 "loopwarden.failures", description="failure events by type and tool (every service, one metric)"
@@ -583,6 +609,11 @@ class Bus:
         self._requeue_to: dict[str, str] = {}  # durable -> where its dead letters are handed back
         self._stopping = False  # set by ``stop``: a handler waiting for a dependency hands its message back
         self._responders: list[_Responder] = []
+        self.dropped_requests = 0  # requests not handled: not from a requester, or no inbox to answer
+        # Set when the connection is closed for good while this process did not ask for it (nats-server
+        # closes a connection for a protocol error, and nats-py does not reconnect then): ``serve`` exits
+        # non-zero so a supervisor restarts the service instead of leaving it up and off the bus.
+        self.closed_for_good = asyncio.Event()
         self._subs: list[Subscription] = []
         self._background: set[asyncio.Task[Any]] = set()
         self._run_locks = _RunLocks()
@@ -606,6 +637,7 @@ class Bus:
             graceful_timeout=max(10.0, s.ack_wait_s),
             disconnected_cb=self._on_disconnected,
             reconnected_cb=self._on_reconnected,
+            closed_cb=self._on_closed,
         )
 
     async def _on_disconnected(self) -> None:
@@ -614,6 +646,17 @@ class Bus:
             closed = self.broker.connection.is_closed  # our own close(), not a lost server
         if not closed:
             log.warning("%s: disconnected from NATS; reconnecting", self.service)
+
+    async def _on_closed(self) -> None:
+        err = None
+        with contextlib.suppress(Exception):
+            err = self.broker.connection.last_error
+        # Closed by us (``stop``, ``broker.stop``): no error. A permissions violation is an error nats-py
+        # remembers without closing, so it does not count either.
+        if self._stopping or err is None or "permissions violation" in str(err).lower():
+            return
+        log.error("%s: the NATS connection is closed for good (%r)", self.service, err)
+        self.closed_for_good.set()
 
     async def _on_reconnected(self) -> None:
         from shared.urls import redact_url  # a password in LW_NATS_URL is never logged
@@ -793,7 +836,7 @@ class Bus:
         durable: str,
         filter_subjects: list[str],
         model: type[M],
-        stream: str = S.STREAM_CMD,
+        stream: str | None = None,
         requeue_scope: str | None = None,
     ) -> Callable[[Handler[M]], Handler[M]]:
         """Register ``handler(payload)`` on a durable JetStream pull consumer.
@@ -803,7 +846,8 @@ class Bus:
         The bus drives the pull subscription itself (no framework per message): up to
         ``LW_MAX_IN_FLIGHT`` messages of this replica run at once, messages of one run are
         handled one after another (a lock per ``Lw-Run-Id``), every in-flight message is
-        heartbeaten."""
+        heartbeaten. ``stream``: the one whose subjects hold the filter (``S.stream_for``) unless named."""
+        stream = stream or S.stream_for(filter_subjects[0]) or S.STREAM_CMD
         spec = ConsumerSpec(stream, durable, tuple(filter_subjects), self.service)
         self._consumers.append(spec)
 
@@ -815,7 +859,10 @@ class Bus:
             self._requeue_to[durable] = to
             if not any(isinstance(p, _Requeue) and p.spec.filter_subjects == (to,) for p in self._pulls):
                 requeue = ConsumerSpec(
-                    S.STREAM_CMD, S.requeue_durable(self.service, requeue_scope), (to,), self.service
+                    S.stream_for(to) or S.STREAM_SUBMIT,
+                    S.requeue_durable(self.service, requeue_scope),
+                    (to,),
+                    self.service,
                 )
                 self._requeue_to[requeue.durable] = to  # a requeue that fails again is handed back the same way
                 self._consumers.append(requeue)
@@ -861,7 +908,26 @@ class Bus:
 
         return register
 
+    def _unanswerable(self, r: _Responder, msg: Msg) -> str | None:
+        """Why a request must not be handled at all (None: handle it). A responder takes only what a
+        requester published on its own subject: not a stream's push delivery (it keeps the subject it was
+        stored on, and its reply is an ack subject), and answers only to an inbox - a reply naming a KV key
+        or a command subject would make this service write there."""
+        if msg.reply and msg.reply.startswith("$JS.ACK."):
+            return "delivered by a JetStream consumer, not sent by a requester"
+        if not S.matches(r.subject, msg.subject):
+            return f"arrived on {msg.subject[:200]}, not on {r.subject}"
+        if msg.reply and not msg.reply.startswith(INBOX_PREFIXES):
+            return f"its reply {msg.reply[:200]} is not an inbox"
+        return None
+
     async def _answer(self, r: _Responder, msg: Msg) -> None:
+        why = self._unanswerable(r, msg)
+        if why is not None:  # dropped, not dead-lettered: a flood of these must not flood LW_DLQ too
+            self.dropped_requests += 1
+            if self.dropped_requests in (1, 10, 100) or self.dropped_requests % 1000 == 0:
+                log.warning("%s: request dropped (%d so far): %s", self.service, self.dropped_requests, why)
+            return
         async with self._rpc_slots:
             ctx = self._extract(msg.headers) if self._tracer is not None else None
             with self._span(f"{msg.subject} process", SpanKind.SERVER, ctx, msg.headers):
@@ -987,8 +1053,12 @@ class Bus:
             # what this service gave up on and can make it run nothing else.
             stored_on, letter = await self.read_letter(cmd.letter)
             why = not_ours(cmd.letter, stored_on, letter, self.service)
+            if why is None:  # once per letter, whatever message ids the requesters used
+                why = await self._take_back_once(cmd.letter, _stream_seq(msg))
         except (Undecodable, NoSuchLetter, NotRequeueable) as err:
             why = str(err)
+        except BadRequestError as err:  # e.g. a number JetStream cannot read (>= 2^64): no such letter
+            why = f"letter {str(cmd.letter)[:40]} cannot be read: {describe_nats_error(err)}"
         except (
             NatsTimeoutError,
             TimeoutError,
@@ -1013,6 +1083,16 @@ class Bus:
         finally:
             if run_id:
                 self._run_locks.release(run_id)
+
+    async def _take_back_once(self, letter: int, requeue_seq: int) -> str | None:
+        """Claim letter ``letter`` for the requeue command stored at ``requeue_seq`` (``lw_requeues``,
+        ``<service>.<letter>``, created with compare-and-swap): None if it is this command's (the first,
+        or this command delivered again), else why not - it was handed back already."""
+        claim = RequeueClaim(letter=letter, requeue_seq=requeue_seq)
+        stored, _, created = await self.create_or_get(S.KV_REQUEUES, S.kv_key(self.service, str(letter)), claim)
+        if created or stored.requeue_seq == requeue_seq:
+            return None
+        return f"letter {letter} was handed back already (requeue #{stored.requeue_seq}); a letter is requeued once"
 
     async def _requeued(self, msg: Msg, seq: int, letter: DeadLetter, deliveries: int) -> None:
         """Run letter ``seq`` (read and checked by ``_requeue``) through the consumer that takes it."""
@@ -1244,6 +1324,7 @@ class Bus:
     async def request(self, subject: str, payload: BaseModel, reply: type[M]) -> M:
         """Core-NATS request/reply (queue-grouped service), decoded into ``reply``; an
         ``ErrorReply`` from the service raises ``RequestRefused`` with its reason."""
+        check_subject(subject)
         headers = {"content-type": "application/json"}
         data = await self.payloads.offload(self.nc, payload.model_dump_json(by_alias=True).encode(), headers)
         if self._tracer is not None:
@@ -1299,6 +1380,8 @@ class Bus:
         if not _is_key_valid(key):
             raise InvalidKeyError(key)
         subject = pre + key
+        if len(subject) > MAX_SUBJECT:  # no writer makes a key this long (``kv_put``): it is not there
+            raise KeyNotFoundError
         msg = await self._replies.request(f"{self.js._prefix}.DIRECT.GET.{kv._stream}.{subject}", b"", None)
         headers = msg.headers or {}
         if not msg.data:
@@ -1363,8 +1446,8 @@ class Bus:
         kv = await self.kv(bucket)
         data = value.model_dump_json(by_alias=True).encode()
         data = await self.payloads.offload_value(self.broker.connection, data)
-        if not _is_key_valid(key):
-            raise InvalidKeyError(key)
+        if not _is_key_valid(key) or len(kv._pre) + len(key) > MAX_SUBJECT:
+            raise InvalidKeyError(key[:200])
         subject: str = kv._pre + key
         try:
             if revision is None:
@@ -1513,6 +1596,8 @@ def describe_nats_error(err: BaseException) -> str:
 
 
 def stream_config(name: str, settings: Settings) -> StreamConfig:
+    if name == S.STREAM_PAYLOADS:
+        return payload_stream_config(settings)
     return StreamConfig(
         name=name,
         subjects=S.STREAM_SUBJECTS[name],
@@ -1530,28 +1615,34 @@ async def ensure_streams(js: JetStreamContext, settings: Settings, *, update: bo
     admin) is an existing stream changed to the declared settings: a service or client that
     connects never rewrites what the operator set (replicas above all). Returns what changed."""
     changed = []
+    missing = []
+    # Existing streams first: a stream that gave up subjects (LW_CMD's submits and requeues, now LW_SUBMIT's)
+    # must have let go of them before the stream that takes them is created.
     for name in S.STREAM_SUBJECTS:
         cfg = stream_config(name, settings)
         try:
             info = await js.stream_info(name)
         except NotFoundError:
-            try:
-                await js.add_stream(cfg)
-                changed.append(f"created stream {name} (replicas {cfg.num_replicas})")
-            except APIError as err:  # another process created it in between
-                if "already in use" not in str(err):
-                    raise
+            missing.append(cfg)
             continue
         if update and _stream_differs(info.config, cfg):
             await js.update_stream(cfg)
             changed.append(f"updated stream {name} (replicas {info.config.num_replicas} -> {cfg.num_replicas})")
+    for cfg in missing:
+        try:
+            await js.add_stream(cfg)
+            changed.append(f"created stream {cfg.name} (replicas {cfg.num_replicas})")
+        except APIError as err:  # another process created it in between
+            if "already in use" not in str(err):
+                raise
     return changed
 
 
 def _stream_differs(actual: StreamConfig, wanted: StreamConfig) -> bool:
     return any(
         getattr(actual, f) != getattr(wanted, f)
-        for f in ("subjects", "duplicate_window", "max_age", "num_replicas", "allow_direct")
+        for f in ("subjects", "duplicate_window", "max_age", "num_replicas", "allow_direct", "max_bytes")
+        if getattr(wanted, f) is not None  # not declared: the server's default stands
     )
 
 
@@ -1578,6 +1669,118 @@ async def kv_keys(nc: NatsClient, bucket: str, timeout: float = 5.0) -> list[str
             return keys
 
 
+# --- reading a stream without a consumer (batched direct gets) -----------------------------------------
+SCAN_BATCH = 256  # messages per batched direct get
+SCAN_MAX_BYTES = 8 * 1024 * 1024  # and at most this much per answer (the server stops the batch there)
+_DIRECT_HEADERS = (
+    "Nats-Stream",
+    "Nats-Subject",
+    "Nats-Sequence",
+    "Nats-Time-Stamp",
+    "Nats-Num-Pending",
+    "Nats-Last-Sequence",
+)
+
+
+@dataclass(frozen=True)
+class Stored:
+    """A message as a stream stores it, read by direct get: its subject, sequence, time, headers as
+    published (the direct get's own ``Nats-*`` headers taken out) and body."""
+
+    subject: str
+    seq: int
+    time: datetime | None
+    headers: dict[str, str]
+    data: bytes
+
+
+def _stored(msg: Msg) -> Stored:
+    headers = dict(msg.headers or {})
+    subject = headers.get("Nats-Subject", "")
+    seq = int(headers.get("Nats-Sequence") or 0)
+    stamp = headers.get("Nats-Time-Stamp")
+    for name in _DIRECT_HEADERS:
+        headers.pop(name, None)
+    at = None
+    if stamp:
+        with contextlib.suppress(ValueError):  # RFC 3339 with nanoseconds: keep microseconds
+            head, _, frac = stamp.rstrip("Z").partition(".")
+            at = datetime.fromisoformat(f"{head}.{(frac + '000000')[:6]}+00:00" if frac else f"{head}+00:00")
+    return Stored(subject, seq, at, headers, bytes(msg.data or b""))
+
+
+async def _direct_batch(nc: NatsClient, stream: str, request: dict[str, Any], timeout: float) -> tuple[list[Msg], int]:
+    """One batched direct get (``$JS.API.DIRECT.GET.<stream>``, nats-server 2.11+): the messages, then the
+    ``204 EOB`` status that ends them and says how many more match (``Nats-Num-Pending``). No match: 404."""
+    inbox = nc.new_inbox()  # under this user's inbox prefix (permissions)
+    queue: asyncio.Queue[Msg] = asyncio.Queue()
+
+    async def on_msg(msg: Msg) -> None:
+        await queue.put(msg)
+
+    sub = await nc.subscribe(inbox, cb=on_msg)
+    got: list[Msg] = []
+    try:
+        await nc.publish(f"$JS.API.DIRECT.GET.{stream}", json.dumps(request).encode(), reply=inbox)
+        async with asyncio.timeout(timeout):
+            while True:
+                msg = await queue.get()
+                status = msg.headers.get("Status") if msg.headers else None
+                if not status:
+                    got.append(msg)
+                    continue
+                if status == "204":
+                    return got, int(msg.headers.get("Nats-Num-Pending") or 0)  # type: ignore[union-attr]
+                if status == "404":
+                    return got, 0
+                if status == "503":
+                    raise NoRespondersError
+                APIError.from_msg(msg)  # raises
+                raise APIError(description=f"direct get on {stream}: status {status}")
+    except TimeoutError:
+        raise NatsTimeoutError from None
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+
+
+async def scan(
+    nc: NatsClient, stream: str, subjects: str, start: int = 1, *, batch: int = SCAN_BATCH, timeout: float = 5.0
+) -> list[Stored]:
+    """The messages ``stream`` holds on ``subjects`` (one filter, wildcards allowed) from sequence ``start``
+    on, oldest first: batched direct gets, so a reader needs no consumer - and so no right to create one
+    on a stream that holds the services' durables (nats-server takes a create naming an existing durable
+    as an update of it). A stream that is missing raises ``NotFoundError``."""
+    out: list[Stored] = []
+    seq = start
+    while True:
+        request = {"seq": seq, "next_by_subj": subjects, "batch": batch, "max_bytes": SCAN_MAX_BYTES}
+        msgs, pending = await _direct_batch(nc, stream, request, timeout)
+        out += [_stored(m) for m in msgs]
+        if not msgs or not pending:
+            return out
+        seq = out[-1].seq + 1
+
+
+async def scan_all(nc: NatsClient, stream: str, filters: list[str], start: int = 1, **kw: Any) -> list[Stored]:
+    """``scan`` for several filters that never overlap (e.g. ``S.run_filters``), merged in stream order."""
+    found = [m for f in filters for m in await scan(nc, stream, f, start, **kw)]
+    return sorted(found, key=lambda m: m.seq)
+
+
+async def kv_scan(nc: NatsClient, bucket: str, keys: str = ">", start: int = 1) -> tuple[dict[str, Stored | None], int]:
+    """The values of a bucket's keys matching ``keys`` written from ``start`` on, by key (None: deleted or
+    purged since), and the last sequence read (0: none): a listing and a watch without a consumer."""
+    prefix = f"$KV.{bucket}."
+    found: dict[str, Stored | None] = {}
+    last = 0
+    for m in await scan(nc, f"KV_{bucket}", prefix + keys, start):
+        deleted = m.headers.get(KV_OP_HEADER) in ("DEL", "PURGE")
+        found[m.subject[len(prefix) :]] = None if deleted else m
+        last = m.seq
+    return found, last
+
+
 # Revisions kept per key. Nothing reads an older revision of a key (every write is a CAS on the current
 # one), so one is kept; the tool ledger keeps both of its two writes (created, final) for inspection.
 KV_HISTORY: dict[str, int] = {S.KV_TOOL_LEDGER: 2, S.KV_ESCALATIONS: 5}
@@ -1598,8 +1801,6 @@ async def ensure_buckets(
     """Create the buckets that are missing; with ``update`` (bootstrap) set existing ones to the
     declared replica count. Returns what changed."""
     changed = []
-    if buckets is None:
-        await ensure_store(js, settings, create=True)  # the claim-check object store beside the KV buckets
     for bucket in buckets or S.ALL_BUCKETS:
         try:
             await js.key_value(bucket)

@@ -15,7 +15,7 @@ from shared.messages import DeadLetter, Requeue
 
 BODY_LIMIT = 256 * 1024  # bytes of a dead-lettered body kept in its letter
 _CUT = re.compile(r"\.\.\. \[(\d+) bytes, cut to (\d+)\]\Z")
-REQUEUEABLE_STREAMS = (S.STREAM_CMD, S.STREAM_EVT)
+REQUEUEABLE_STREAMS = (S.STREAM_CMD, S.STREAM_SUBMIT, S.STREAM_EVT)  # LW_SUBMIT: submits (and requeues)
 
 
 class NoSuchLetter(LookupError):

@@ -1,40 +1,49 @@
-"""Claim check: a body too big for one NATS message travels by reference through the Object Store.
+"""Claim check: a body too big for one NATS message travels by reference through the stream LW_PAYLOADS.
 
 A message body (or a KV value) above ``LW_PAYLOAD_INLINE_LIMIT_BYTES`` — capped below the
-server's ``max_payload`` — is stored once in the JetStream Object Store bucket ``lw_payloads``
-under its SHA-256 (content-addressed: the same body is stored once, a redelivery re-publishes
-the same reference), and a small reference goes in its place:
+server's ``max_payload`` — is stored under its SHA-256 by the user that sends it, in chunks of
+``CHUNK_BYTES``: chunk ``n`` on ``lw.v1.payload.<user>.<sha256>.<n>`` (content-addressed: the same
+body is stored once, a redelivery re-publishes the same reference), and a small reference goes in
+its place:
 
 * on a message, the reference is the body and the ``Lw-Payload-Ref`` header names the object;
 * in a KV value (no headers there), the value is ``{"$lw_payload_ref": {...}}``.
 
-Readers inflate before they validate; the Object Store checks the digest while reading and so
-do we, against the name, so a reference can only ever yield the body it was made for. The
-objects expire with the streams (``LW_STREAM_MAX_AGE_S``). ``bounded`` keeps a bounded form of
-a large value where it must stay small (the planner's run state).
+Written once, never replaced: each user may publish under its own ``<user>`` token only (its grant),
+and the stream keeps one message per subject and refuses a second (``discard: new`` per subject), so
+no one can swap the body a stored reference points to; the stream is bounded (``LW_PAYLOAD_MAX_BYTES``)
+and the bodies expire with the streams (``LW_STREAM_MAX_AGE_S``). Readers fetch the chunks by direct
+get and check the digest against the reference: a reference yields only the body it was made for, and
+a missing or bad body is a ``PayloadError`` for that message alone (its handler dead-letters it with the
+reason). ``bounded`` keeps a bounded form of a large value where it must stay small (the run state).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from typing import Any
 
 from nats.aio.client import Client as NatsClient
-from nats.js.api import ObjectStoreConfig, StorageType
-from nats.js.client import JetStreamContext
-from nats.js.errors import BucketNotFoundError, ObjectNotFoundError
-from nats.js.object_store import ObjectStore
+from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import APIError
 from pydantic import BaseModel, Field
 
+from shared import subjects as S
 from shared.messages import ToolOutcome
 from shared.settings import Settings
 
-BUCKET = "lw_payloads"
+STREAM = S.STREAM_PAYLOADS
 REF_HEADER = "Lw-Payload-Ref"
 KV_REF_KEY = "$lw_payload_ref"
 _KV_REF_PREFIX = b'{"' + KV_REF_KEY.encode() + b'"'
 HEADER_ROOM = 16 * 1024  # headers (trace context, ids) travel beside the body within max_payload
+CHUNK_BYTES = 256 * 1024  # fixed, so a body is always cut the same way (a re-publish writes the same chunks)
+MAX_CONSUMERS = 8  # nothing consumes this stream (reads are direct gets): room for an admin's tools only
+# How JetStream refuses a publish on a subject that holds its one message already (its err_code, 10077, is
+# the one of every store refusal - "maximum bytes exceeded" too - so the description tells them apart)
+SUBJECT_FULL = "maximum messages per subject exceeded"
 
 
 class PayloadError(Exception):
@@ -49,13 +58,19 @@ class PayloadRef(BaseModel):
     """What travels instead of a large body."""
 
     name: str = Field(description="object name: sha256-<hex of the body>")
-    size: int
+    size: int = Field(ge=0)
     sha256: str
+    owner: str = Field("", description="the user that stored it: its chunks are under lw.v1.payload.<owner>")
 
 
-def ref_for(body: bytes) -> PayloadRef:
+def ref_for(body: bytes, owner: str = "") -> PayloadRef:
     digest = hashlib.sha256(body).hexdigest()
-    return PayloadRef(name=f"sha256-{digest}", size=len(body), sha256=digest)
+    return PayloadRef(name=f"sha256-{digest}", size=len(body), sha256=digest, owner=owner)
+
+
+def chunks(size: int) -> int:
+    """How many chunks a body of ``size`` bytes is stored in (an empty body: one, empty)."""
+    return max(1, -(-size // CHUNK_BYTES))
 
 
 def inline_limit(settings: Settings, max_payload: int) -> int:
@@ -63,68 +78,87 @@ def inline_limit(settings: Settings, max_payload: int) -> int:
     return max(1024, min(settings.payload_inline_limit_bytes, max_payload - HEADER_ROOM))
 
 
-async def ensure_store(js: JetStreamContext, settings: Settings, *, create: bool | None = None) -> ObjectStore:
-    """The payload bucket: created when missing if ``create`` (default: when this process manages
-    streams; ``loopwarden bootstrap`` always does), else it must exist."""
-    try:
-        return await js.object_store(BUCKET)
-    except BucketNotFoundError:
-        if not (settings.manage_streams if create is None else create):
-            raise
-    return await js.create_object_store(
-        BUCKET,
-        ObjectStoreConfig(
-            description="large message bodies and KV values, by reference (claim check)",
-            ttl=settings.stream_max_age_s,
-            storage=StorageType.FILE,
-            replicas=settings.kv_replicas,
-        ),
+def stream_config(settings: Settings) -> StreamConfig:
+    """LW_PAYLOADS: one message per subject, written once, bounded, read by direct get."""
+    return StreamConfig(
+        name=STREAM,
+        description="large message bodies and KV values, by reference (claim check), written once",
+        subjects=S.STREAM_SUBJECTS[STREAM],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        max_age=settings.stream_max_age_s,
+        max_bytes=settings.payload_max_bytes,
+        duplicate_window=settings.duplicate_window_s,  # unused (no message ids): declared, so no drift
+        max_msgs_per_subject=1,
+        discard=DiscardPolicy.NEW,
+        discard_new_per_subject=True,
+        max_consumers=MAX_CONSUMERS,
+        num_replicas=settings.kv_replicas,
+        allow_direct=True,
     )
 
 
 class PayloadStore:
-    """The claim-check operations of one process (the bus helper holds one)."""
+    """The claim-check operations of one process (the bus helper holds one), as NATS user ``owner``."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, owner: str = "") -> None:
         self.settings = settings
-        self._store: ObjectStore | None = None
-
-    async def store(self, nc: NatsClient) -> ObjectStore:
-        if self._store is None:
-            self._store = await ensure_store(nc.jetstream(), self.settings)
-        return self._store
+        self.owner = S.token(owner or settings.nats_user or "anonymous")
 
     def too_big(self, nc: NatsClient, size: int) -> bool:
         return size > inline_limit(self.settings, nc.max_payload)
 
     async def put(self, nc: NatsClient, body: bytes) -> PayloadRef:
-        ref = ref_for(body)
-        store = await self.store(nc)
-        try:
-            info = await store.get_info(ref.name)
-            if info.size == ref.size:
-                return ref  # content-addressed: already stored (e.g. a re-publish after a crash)
-        except ObjectNotFoundError:
-            pass
-        await store.put(ref.name, body)
+        ref = ref_for(body, self.owner)
+        n = chunks(len(body))
+        await asyncio.gather(
+            *(
+                self._put_chunk(
+                    nc, S.payload_subject(self.owner, ref.sha256, i), body[i * CHUNK_BYTES : (i + 1) * CHUNK_BYTES]
+                )
+                for i in range(n)
+            )
+        )
         return ref
 
-    async def get(self, nc: NatsClient, ref: PayloadRef, max_bytes: int | None = None) -> bytes:
-        store = await self.store(nc)
+    async def _put_chunk(self, nc: NatsClient, subject: str, data: bytes) -> None:
+        headers = {"Nats-Expected-Stream": STREAM}
+        reply = await nc.request(subject, data, timeout=self.settings.js_timeout_s, headers=headers)
+        status = reply.headers.get("Status") if reply.headers else None
+        if not reply.data and status == "503":
+            raise PayloadError(f"{STREAM} is not there (has `loopwarden bootstrap` run?)")
         try:
-            if max_bytes is not None:  # the stored size, not only the reference's word: checked before reading
-                stored = (await store.get_info(ref.name)).size or 0
-                if stored > max_bytes:
-                    raise PayloadTooLarge(
-                        f"the body is {stored} bytes, over the limit of {max_bytes} (LW_BODY_MAX_BYTES)"
-                    )
-            result = await store.get(ref.name)  # checks the object's own digest while reading
-        except ObjectNotFoundError as err:
-            raise PayloadError(f"referenced body {ref.name} ({ref.size} bytes) is not in {BUCKET}") from err
-        body = bytes(result.data or b"")
-        if hashlib.sha256(body).hexdigest() != ref.sha256 or ref.name != f"sha256-{ref.sha256}":
+            ack = json.loads(reply.data)
+        except ValueError as err:
+            raise PayloadError(f"unreadable answer storing {subject}: {reply.data[:200]!r}") from err
+        error = ack.get("error") if isinstance(ack, dict) else None
+        if error is None:
+            return
+        if SUBJECT_FULL in str(error.get("description") or "").lower():
+            return  # content-addressed and written once: the same chunk is stored already
+        APIError.from_error(error)  # raises it as JetStream's error (e.g. "maximum bytes exceeded": the store is full)
+        raise PayloadError(f"{STREAM} refused {subject}: {error}")
+
+    async def get(self, nc: NatsClient, ref: PayloadRef) -> bytes:
+        if ref.name != f"sha256-{ref.sha256}":
+            raise PayloadError(f"referenced body {ref.name} does not match its digest")
+        owner = S.token(ref.owner or self.owner)
+        parts = await asyncio.gather(
+            *(self._get_chunk(nc, S.payload_subject(owner, ref.sha256, i), ref) for i in range(chunks(ref.size)))
+        )
+        body = b"".join(parts)
+        if hashlib.sha256(body).hexdigest() != ref.sha256:
             raise PayloadError(f"referenced body {ref.name} does not match its digest")
         return body
+
+    async def _get_chunk(self, nc: NatsClient, subject: str, ref: PayloadRef) -> bytes:
+        reply = await nc.request(f"$JS.API.DIRECT.GET.{STREAM}.{subject}", b"", timeout=self.settings.js_timeout_s)
+        status = reply.headers.get("Status") if reply.headers else None
+        if status:
+            raise PayloadError(f"referenced body {ref.name} ({ref.size} bytes) is not in {STREAM} ({status})")
+        if len(reply.data or b"") > CHUNK_BYTES:
+            raise PayloadError(f"referenced body {ref.name} has a chunk over {CHUNK_BYTES} bytes")
+        return bytes(reply.data or b"")
 
     # --- messages ------------------------------------------------------------------------------
     async def offload(self, nc: NatsClient, body: bytes, headers: dict[str, str]) -> bytes:
@@ -139,7 +173,8 @@ class PayloadStore:
         self, nc: NatsClient, data: bytes, headers: dict[str, str] | None, max_bytes: int | None = None
     ) -> bytes:
         """The body a message stands for (fetched when it is a reference); a reference to a body over
-        ``max_bytes`` is refused by its declared and its stored size, before the body is fetched."""
+        ``max_bytes`` is refused by its declared size before anything is fetched (the chunks read follow from
+        that size, and each is at most ``CHUNK_BYTES``: what is read is bounded by it)."""
         if not headers or REF_HEADER not in headers:
             return data
         try:
@@ -150,7 +185,7 @@ class PayloadStore:
             raise PayloadError(f"the {REF_HEADER} header ({headers[REF_HEADER]}) does not name the body's reference")
         if max_bytes is not None and ref.size > max_bytes:
             raise PayloadTooLarge(f"the body is {ref.size} bytes, over the limit of {max_bytes} (LW_BODY_MAX_BYTES)")
-        body = await self.get(nc, ref, max_bytes)
+        body = await self.get(nc, ref)
         if len(body) != ref.size:
             raise PayloadError(f"referenced body {ref.name} is {len(body)} bytes, not the {ref.size} it declared")
         return body

@@ -7,6 +7,13 @@ durable consumers; replies go to a private inbox prefix. The ``admin`` user boot
 streams, buckets and durable consumers (``loopwarden bootstrap``) so services need no
 stream- or consumer-management rights. Every consuming service also takes its dead letters back
 through its own requeue durable (``requeue_<service>``); operators (and the admin) hand them back.
+
+No user but the admin may create, update or delete a consumer on any stream (nats-server takes a
+create with ``name`` as an update of an existing durable): services read through the durables the
+admin made, everyone reads history and values by direct get (``$JS.API.DIRECT.GET``), and live
+events by core subscription. No user has ``allow_responses``: a responder's grant names the inbox
+prefixes of the users that may ask it. The rules are walked against every generated grant in
+``tests/test_trust_boundaries.py``.
 """
 
 from __future__ import annotations
@@ -15,7 +22,6 @@ from dataclasses import dataclass
 
 from shared import subjects as S
 from shared.messages import TOOL_FAILURES
-from shared.payloads import BUCKET as PAYLOAD_BUCKET
 
 
 @dataclass(frozen=True)
@@ -25,8 +31,8 @@ class Grant:
     kv_write: tuple[str, ...] = ()
     kv_read: tuple[str, ...] = ()
     consumers: tuple[tuple[str, str], ...] = ()  # (stream, durable name or prefix*)
-    read_streams: tuple[str, ...] = ()  # ephemeral ordered consumers (history, watch)
-    responds: bool = False
+    read_streams: tuple[str, ...] = ()  # history by direct get (batched: ``Bus.scan``), no consumer
+    answers: tuple[str, ...] = ()  # the users whose requests this one answers (publish on their inboxes)
 
 
 F = S.FAILURE_PREFIX
@@ -51,13 +57,13 @@ GRANTS: dict[str, Grant] = {
         kv_write=(S.KV_RUNS, S.KV_MODEL_CALLS, S.KV_LESSONS, S.KV_SCENARIOS, S.KV_HISTORY),
         kv_read=(S.KV_CONTRACTS,),
         consumers=(
-            (S.STREAM_CMD, S.DURABLE_PLANNER_SUBMIT),
+            (S.STREAM_SUBMIT, S.DURABLE_PLANNER_SUBMIT),
             (S.STREAM_CMD, S.DURABLE_PLANNER_SPAWN),
             (S.STREAM_CMD, S.DURABLE_PLANNER_ADVANCE),
             (S.STREAM_EVT, S.DURABLE_PLANNER_OUTCOMES),
             (S.STREAM_EVT, S.DURABLE_PLANNER_VERDICTS),
             (S.STREAM_EVT, S.DURABLE_PLANNER_RESOLUTIONS),
-            (S.STREAM_CMD, S.requeue_durable("planner")),
+            (S.STREAM_SUBMIT, S.requeue_durable("planner")),
         ),
     ),
     "executor": Grant(
@@ -77,22 +83,22 @@ GRANTS: dict[str, Grant] = {
         publish=(f"{S.TOOL_SUCCEEDED_PREFIX}.>", f"{F}.output_invalid.>", S.dead_letter("validator")),
         kv_write=(S.KV_TOOL_CACHE,),
         kv_read=(S.KV_CONTRACTS,),
-        consumers=((S.STREAM_CMD, S.DURABLE_VALIDATOR), (S.STREAM_CMD, S.requeue_durable("validator"))),
+        consumers=((S.STREAM_CMD, S.DURABLE_VALIDATOR), (S.STREAM_SUBMIT, S.requeue_durable("validator"))),
     ),
     "judge": Grant(
         publish=(S.any_run(S.JUDGE_VERDICT), S.dead_letter("judge")),
         kv_write=(S.KV_VERDICTS,),
         kv_read=(S.KV_SCENARIOS,),
-        consumers=((S.STREAM_CMD, S.DURABLE_JUDGE), (S.STREAM_CMD, S.requeue_durable("judge"))),
+        consumers=((S.STREAM_CMD, S.DURABLE_JUDGE), (S.STREAM_SUBMIT, S.requeue_durable("judge"))),
     ),
     "governor": Grant(
         publish=(f"{S.BUDGET_EVENT_PREFIX}.>", S.dead_letter("governor")),
         subscribe=(S.BUDGET_RESERVE,),
         kv_write=(S.KV_BUDGETS,),
-        responds=True,
+        answers=("planner", "admin"),
         consumers=(
             (S.STREAM_EVT, S.DURABLE_GOVERNOR_RUN_FINISHED),  # a run's final usage reaches its tenant's day
-            (S.STREAM_CMD, S.requeue_durable("governor")),
+            (S.STREAM_SUBMIT, S.requeue_durable("governor")),
         ),
     ),
     "escalation": Grant(
@@ -104,16 +110,16 @@ GRANTS: dict[str, Grant] = {
         consumers=(
             (S.STREAM_CMD, S.DURABLE_ESCALATION_RAISE),
             (S.STREAM_EVT, S.DURABLE_ESCALATION_FAILURES),
-            (S.STREAM_CMD, S.requeue_durable("escalation")),
+            (S.STREAM_SUBMIT, S.requeue_durable("escalation")),
         ),
-        responds=True,
+        answers=("client", "console", "admin"),  # and every operator: ``grants()``
     ),
     # Submits runs and reads the queue; it cannot claim or resolve (operators have their own users).
     "client": Grant(
         publish=(S.run_submit(S.DEFAULT_TENANT), S.ESCALATION_LIST, S.ESCALATION_SHOW),
         subscribe=(f"{S.P}.evt.>",),
         kv_read=(S.KV_RUNS, S.KV_HISTORY),  # no scenario writes: the scenario travels in the submit
-        read_streams=(S.STREAM_EVT, S.STREAM_DLQ),
+        read_streams=(S.STREAM_EVT,),  # not LW_DLQ: other tenants' arguments and results (operators read it)
     ),
 }
 
@@ -126,7 +132,10 @@ GRANTS["console"] = Grant(
         S.ESCALATION_SHOW,
         *(f"{S.ESCALATION_RPC_PREFIX}.{verb}.console.*" for verb in S.ESCALATION_VERBS),
     ),
-    kv_read=(S.KV_RUNS, S.KV_HISTORY),
+    subscribe=(f"{S.P}.evt.>",),  # the live view: events as they are published, history by direct get
+    # the run view opens every step: model turns, tool attempts and raw outputs, verdicts, the tools' contracts
+    # (read only, by direct get; operators see the same in the queue)
+    kv_read=(S.KV_RUNS, S.KV_HISTORY, S.KV_MODEL_CALLS, S.KV_TOOL_LEDGER, S.KV_VERDICTS, S.KV_CONTRACTS),
     kv_write=(S.KV_CONSOLE_SESSIONS,),  # a logout revokes the session on every replica
     read_streams=(S.STREAM_EVT,),
 )
@@ -177,11 +186,20 @@ def grants(tools: list[str]) -> dict[str, Grant]:
     tokens only). The tool list is the caller's: ``loopwarden.auth_conf`` reads the tool registry."""
     executor = GRANTS["executor"]
     durables = tuple(
-        (S.STREAM_CMD, durable) for t in tools for durable in (S.executor_durable(t), S.requeue_durable("executor", t))
+        pair
+        for t in tools
+        for pair in ((S.STREAM_CMD, S.executor_durable(t)), (S.STREAM_SUBMIT, S.requeue_durable("executor", t)))
     )
     operators = {name: operator_grant(name) for name in OPERATORS}
     clients = {user: tenant_client_grant(tenant) for user, tenant in TENANT_CLIENTS.items() if user not in GRANTS}
-    return {**GRANTS, "executor": Grant(**{**executor.__dict__, "consumers": durables}), **clients, **operators}
+    escalation = GRANTS["escalation"]
+    return {
+        **GRANTS,
+        "executor": Grant(**{**executor.__dict__, "consumers": durables}),
+        "escalation": Grant(**{**escalation.__dict__, "answers": (*escalation.answers, *clients, *OPERATORS)}),
+        **clients,
+        **operators,
+    }
 
 
 def _quote(items: list[str]) -> str:
@@ -192,7 +210,10 @@ def rights(service: str, grant: Grant) -> tuple[list[str], list[str]]:
     """The (publish, subscribe) allow lists a service's user gets."""
     pub = list(grant.publish)
     sub = [f"{S.inbox_prefix(service)}.>", *grant.subscribe]
-    # Read and ack through its own durables only: no CONSUMER.CREATE / DURABLE.CREATE, so a
+    # Answers go to the inboxes of the users it serves, and nowhere else (no ``allow_responses``: with it
+    # a requester names any subject as its reply - a KV key, a command - and the responder writes there).
+    pub += [f"{S.inbox_prefix(user)}.>" for user in grant.answers]
+    # Read and ack through its own durables only: no CONSUMER.CREATE / DURABLE.CREATE on a stream, so a
     # service can neither change its consumer's filter (and read every command) nor its limits;
     # `loopwarden bootstrap` (admin) creates them. Stream INFO lets it wait for bootstrap.
     pub += [f"$JS.API.STREAM.INFO.{stream}" for stream in S.STREAM_SUBJECTS]
@@ -202,53 +223,51 @@ def rights(service: str, grant: Grant) -> tuple[list[str], list[str]]:
             f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}",
             f"$JS.ACK.{stream}.{durable}.>",
         ]
-    if grant.consumers:  # a requeue names a letter: the service reads it from LW_DLQ by its number
+    if grant.consumers:
+        # A requeue names a letter: the service reads it from LW_DLQ by its number, and takes it back once
+        # (``<service>.<letter>`` in ``lw_requeues``, created with compare-and-swap: its own keys only).
         pub.append(f"$JS.API.STREAM.MSG.GET.{S.STREAM_DLQ}")
+        pub += [*_kv_read_rights(S.KV_REQUEUES), f"$KV.{S.KV_REQUEUES}.{S.token(service)}.>"]
     for bucket in (*grant.kv_write, *grant.kv_read):
+        pub += _kv_read_rights(bucket)
+    for bucket in grant.kv_write:
+        # A bucket's writer may watch it (the escalation service keeps its queue's index so): consumers on
+        # its own bucket's stream only, which holds no one else's durable.
         kv_stream = f"KV_{bucket}"
         pub += [
-            f"$JS.API.STREAM.INFO.{kv_stream}",
-            f"$JS.API.DIRECT.GET.{kv_stream}.>",
-            f"$JS.API.STREAM.MSG.GET.{kv_stream}",
             f"$JS.API.CONSUMER.CREATE.{kv_stream}",
             f"$JS.API.CONSUMER.INFO.{kv_stream}.>",
             f"$JS.API.CONSUMER.CREATE.{kv_stream}.>",
             f"$JS.API.CONSUMER.DELETE.{kv_stream}.>",
-        ]
-    pub += [f"$KV.{b}.>" for b in grant.kv_write]
-    if S.STREAM_DLQ in grant.read_streams:  # one letter by its number (``loopwarden dlq requeue N``)
-        pub.append(f"$JS.API.STREAM.MSG.GET.{S.STREAM_DLQ}")
-    for stream in grant.read_streams:
-        # Unnamed (ephemeral, ordered) consumers only: a named create or a delete on these
-        # streams could rewrite or remove a service's durable (e.g. ``planner_outcomes``).
-        pub += [
-            f"$JS.API.STREAM.INFO.{stream}",
-            f"$JS.API.CONSUMER.CREATE.{stream}",
-            f"$JS.API.CONSUMER.INFO.{stream}.>",
             "$JS.FC.>",
         ]
-    if grant.kv_write or grant.kv_read or grant.read_streams:
-        pub.append("$JS.FC.>")
-    pub += payload_rights()
+    pub += [f"$KV.{b}.>" for b in grant.kv_write]
+    for stream in grant.read_streams:
+        # History by (batched) direct get: a read, never a consumer. ``MSG.GET`` reads one message by its
+        # number (``loopwarden dlq requeue N``).
+        pub += [f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.DIRECT.GET.{stream}", f"$JS.API.STREAM.MSG.GET.{stream}"]
+    pub += payload_rights(service)
     return list(dict.fromkeys(pub)), list(dict.fromkeys(sub))
 
 
-def payload_rights() -> list[str]:
-    """Everyone may store and read large bodies by reference (claim check, ``shared/payloads.py``): objects
-    are content-addressed and checked against their digest when read, so writing one forges nothing."""
-    stream = f"OBJ_{PAYLOAD_BUCKET}"
+def _kv_read_rights(bucket: str) -> list[str]:
+    """Reading a bucket: its values by direct get (one key, or a batch), its key index (``STREAM.INFO``)."""
+    kv_stream = f"KV_{bucket}"
     return [
-        f"$O.{PAYLOAD_BUCKET}.C.>",
-        f"$O.{PAYLOAD_BUCKET}.M.>",
-        f"$JS.API.STREAM.INFO.{stream}",
-        f"$JS.API.STREAM.MSG.GET.{stream}",
-        f"$JS.API.DIRECT.GET.{stream}.>",
-        "$JS.API.STREAM.NAMES",
-        f"$JS.API.CONSUMER.CREATE.{stream}",
-        f"$JS.API.CONSUMER.CREATE.{stream}.>",
-        f"$JS.API.CONSUMER.INFO.{stream}.>",
-        f"$JS.API.CONSUMER.DELETE.{stream}.>",
-        "$JS.FC.>",
+        f"$JS.API.STREAM.INFO.{kv_stream}",
+        f"$JS.API.DIRECT.GET.{kv_stream}",
+        f"$JS.API.DIRECT.GET.{kv_stream}.>",
+        f"$JS.API.STREAM.MSG.GET.{kv_stream}",
+    ]
+
+
+def payload_rights(user: str) -> list[str]:
+    """Everyone stores large bodies by reference (claim check, ``shared/payloads.py``) under its own name
+    only, each subject once (the stream refuses a second write), and reads anyone's by direct get."""
+    return [
+        f"{S.PAYLOAD_PREFIX}.{S.token(user)}.>",
+        f"$JS.API.STREAM.INFO.{S.STREAM_PAYLOADS}",
+        f"$JS.API.DIRECT.GET.{S.STREAM_PAYLOADS}.>",
     ]
 
 
@@ -264,12 +283,11 @@ def render(tools: list[str]) -> str:
     ]
     for service, grant in grants(tools).items():
         pub, sub = rights(service, grant)
-        responses = "\n          allow_responses: true" if grant.responds else ""
         lines += [
             f'      {{ user: "{service}", password: $LW_NATS_PASSWORD_{service.upper()}',
             "        permissions: {",
             f"          publish: {{ allow: {_quote(pub)} }}",
-            f"          subscribe: {{ allow: {_quote(sub)} }}{responses}",
+            f"          subscribe: {{ allow: {_quote(sub)} }}",
             "        }",
             "      }",
         ]

@@ -88,17 +88,22 @@ async def serve(service: str, build: Build, settings: Settings | None = None) ->
     # that died with the same Ctrl-C).
     starting = asyncio.create_task(startup())
     stopping = asyncio.create_task(stop.wait())
+    lost = asyncio.create_task(bus.closed_for_good.wait())  # NATS closed the connection: nats-py won't reconnect
     try:
-        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        if starting.done():
+        await asyncio.wait({starting, stopping, lost}, return_when=asyncio.FIRST_COMPLETED)
+        if starting.done() and not lost.done():
             starting.result()  # start-up errors surface here
-            await stopping
-        else:
+            await asyncio.wait({stopping, lost}, return_when=asyncio.FIRST_COMPLETED)
+        if lost.done():  # exit non-zero, so a supervisor starts it again (``ready`` says not ready meanwhile)
+            starting.cancel()
+            raise SystemExit(f"{service}: the NATS connection was closed for good; exiting to be restarted")
+        if not starting.done():
             starting.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await starting
     finally:
         stopping.cancel()
+        lost.cancel()
         try:
             async with asyncio.timeout(settings.ack_wait_s + 5):
                 await bus.stop()  # drains in-flight handlers; unacked messages go to a peer

@@ -257,6 +257,12 @@ class Settings(BaseSettings):
         description="a message body or KV value larger than this travels by reference (JetStream Object Store); "
         "capped below the server's max_payload",
     )
+    payload_max_bytes: int = Field(
+        8 * 1024**3,
+        ge=1024 * 1024,
+        description="the claim-check stream LW_PAYLOADS holds at most this many bytes (a new body is refused "
+        "when it is full)",
+    )
     tool_output_max_bytes: int = Field(
         16 * 1024 * 1024, ge=1024, description="a tool output above this is a failure the model sees, never retried"
     )

@@ -9,6 +9,7 @@ A breaking contract change gets ``lw.v2`` beside ``lw.v1``; additive fields do n
 
 from __future__ import annotations
 
+import functools
 import re
 
 VERSION = "v1"
@@ -51,14 +52,35 @@ MCP_SERVER_EVENT_PREFIX = f"{P}.evt.mcp.server"  # executor: an MCP server start
 # --- dead letters (JetStream stream LW_DLQ) --------------------------------------------------
 DLQ_PREFIX = f"{P}.dlq"
 
+# --- claim-check bodies (JetStream stream LW_PAYLOADS, ``shared/payloads.py``) ------------------
+# ``lw.v1.payload.<user>.<sha256>.<chunk>``: each user writes under its own token only (its grant), and
+# every subject holds one message, written once (the stream refuses a second: ``discard_new_per_subject``).
+PAYLOAD_PREFIX = f"{P}.payload"
+
 STREAM_CMD = "LW_CMD"
+STREAM_SUBMIT = "LW_SUBMIT"
 STREAM_EVT = "LW_EVT"
 STREAM_DLQ = "LW_DLQ"
+STREAM_PAYLOADS = "LW_PAYLOADS"
+# The subjects an untrusted user (a client, an operator) may publish live in a stream of their own:
+# JetStream de-duplicates by ``Nats-Msg-Id`` per stream, so a client's message id can never pre-claim
+# a service's (predictable) id on LW_CMD. LW_CMD lists the services' commands one by one.
 STREAM_SUBJECTS: dict[str, list[str]] = {
-    STREAM_CMD: [f"{P}.cmd.>"],
+    STREAM_CMD: [
+        RUN_ADVANCE,
+        RUN_SPAWN,  # a sub-agent run the planner starts (planner only)
+        f"{TOOL_EXECUTE_PREFIX}.>",
+        RESULT_VALIDATE,
+        JUDGE_SCORE,
+        ESCALATION_RAISE,
+    ],
+    # the per-tenant submit subjects (``<submit>.<tenant>``) and the operators' requeues
+    STREAM_SUBMIT: [f"{RUN_SUBMIT_PREFIX}.>", f"{REQUEUE_PREFIX}.>"],
     STREAM_EVT: [f"{P}.evt.>"],
     STREAM_DLQ: [f"{P}.dlq.>"],
+    STREAM_PAYLOADS: [f"{PAYLOAD_PREFIX}.>"],
 }
+STREAMS_WITH_DURABLES = (STREAM_CMD, STREAM_SUBMIT, STREAM_EVT)  # where the services' durable consumers live
 
 # --- durable consumers (a command's is shared by the replicas of its service; an event's is the
 # consuming service's own) -----------------------------------------------------------------------
@@ -109,6 +131,7 @@ KV_DEMO = "lw_demo"  # demo tools' side effects (payments ledger)
 KV_MCP_SERVERS = "lw_mcp_servers"  # executor: status per mounted MCP server (and executor)
 KV_HISTORY = "lw_history"  # planner: a run's conversation, one key per message (<run>.<seq>), written once
 KV_CONSOLE_SESSIONS = "lw_console_sessions"  # console: revoked sessions, shared by every replica
+KV_REQUEUES = "lw_requeues"  # every consuming service: <service>.<letter> once it took that letter back
 ALL_BUCKETS = (
     KV_RUNS,
     KV_MODEL_CALLS,
@@ -125,15 +148,29 @@ ALL_BUCKETS = (
     KV_MCP_SERVERS,
     KV_HISTORY,
     KV_CONSOLE_SESSIONS,
+    KV_REQUEUES,
 )
 
 _TOKEN_OK = re.compile(r"[^A-Za-z0-9_-]")
+# nats-server closes a connection whose control line (``PUB <subject> <reply> <sizes>``) passes 4 KiB,
+# and nats-py does not reconnect after that: no subject may come near it, whatever id a client sent.
+# A token or key longer than this keeps its head and gets a digest of the whole in place of its tail.
+MAX_TOKEN = 128
+MAX_KEY = 512
+
+
+def _bounded(value: str, limit: int) -> str:
+    if len(value) <= limit:
+        return value
+    import hashlib
+
+    return value[: limit - 17] + "_" + hashlib.sha256(value.encode()).hexdigest()[:16]
 
 
 def token(value: str) -> str:
-    """Make ``value`` safe as one subject token (no dots, spaces or wildcards)."""
+    """Make ``value`` safe as one subject token (no dots, spaces or wildcards; at most ``MAX_TOKEN``)."""
     cleaned = _TOKEN_OK.sub("_", value)
-    return cleaned or "_"
+    return _bounded(cleaned, MAX_TOKEN) or "_"
 
 
 def inbox_prefix(service: str) -> str:
@@ -142,8 +179,8 @@ def inbox_prefix(service: str) -> str:
 
 
 def kv_key(*parts: str) -> str:
-    """A KV key from parts; KV keys allow ``[-/_=.a-zA-Z0-9]``."""
-    return ".".join(re.sub(r"[^-/_=a-zA-Z0-9]", "_", p) or "_" for p in parts)
+    """A KV key from parts; KV keys allow ``[-/_=.a-zA-Z0-9]``; each part at most ``MAX_KEY`` characters."""
+    return ".".join(_bounded(re.sub(r"[^-/_=a-zA-Z0-9]", "_", p), MAX_KEY) or "_" for p in parts)
 
 
 def run_submit(tenant: str | None = None) -> str:
@@ -179,14 +216,21 @@ def dead_letter(service: str) -> str:
     return f"{DLQ_PREFIX}.{token(service)}"
 
 
-_STREAM_PREFIXES = tuple((stream, tuple(p[:-1] for p in patterns)) for stream, patterns in STREAM_SUBJECTS.items())
+def payload_subject(user: str, digest: str, chunk: int) -> str:
+    """Where chunk ``chunk`` of a body stored by ``user`` lives (``shared/payloads.py``)."""
+    return f"{PAYLOAD_PREFIX}.{token(user)}.{token(digest)}.{chunk}"
 
 
 def stream_for(subject: str) -> str | None:
-    """The stream whose subjects hold ``subject`` (every stream's subjects are ``<prefix>.>``); None for
-    a subject no stream holds (request/reply)."""
-    for stream, prefixes in _STREAM_PREFIXES:
-        if subject.startswith(prefixes):
+    """The stream whose subjects hold ``subject`` (a subject, or a pattern one stream's subjects cover);
+    None for a subject no stream holds (request/reply)."""
+    return _stream_for(subject)
+
+
+@functools.lru_cache(maxsize=4096)
+def _stream_for(subject: str) -> str | None:
+    for stream, patterns in STREAM_SUBJECTS.items():
+        if any(p == subject or matches(p, subject) for p in patterns):
             return stream
     return None
 

@@ -219,3 +219,26 @@ async def test_headers_written_in_one_go_arrive_as_nats_py_writes_them(bus: Bus,
         "Lw-Run-Id": "run-x",
         "X-Pad": "a b",
     }  # newline -> space
+
+
+async def test_a_responder_answers_inboxes_only(server: LocalStack, raw: NatsClient, bus: Bus) -> None:
+    """A reply subject is where the responder writes: one naming a stream subject (or a KV key) would make
+    it write there with its own rights (issue 23, D2). It answers ``_INBOX_…`` replies and drops the rest
+    (counted, not dead-lettered), as it drops what reaches it on another subject (a push delivery)."""
+    responder = Bus(Settings(nats_url=server.nats_url, js_timeout_s=JS_TIMEOUT_S), "bustest_rpc")
+
+    @responder.responder(subject="bustest.rpc.echo", model=Item, reply=lambda reason: Item(n=-1, text=reason))
+    async def echo(item: Item) -> Item:
+        return Item(n=item.n + 1)
+
+    await responder.start()
+    await responder.nc.flush()  # subscribed on the server before we ask
+    try:
+        await raw.publish("bustest.rpc.echo", b'{"n": 1}', reply="bustest.store.reflected")
+        answer = await raw.request("bustest.rpc.echo", b'{"n": 2}', timeout=2)  # nats-py's inbox: _INBOX.…
+        assert Item.model_validate_json(answer.data) == Item(n=3)
+        await raw.flush()
+        assert await stored(raw, "bustest.store.reflected") == []
+        assert responder.dropped_requests >= 1
+    finally:
+        await responder.stop()

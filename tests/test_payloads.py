@@ -16,7 +16,6 @@ from pathlib import Path
 
 import nats
 import pytest
-from nats.js.api import ObjectStoreConfig
 
 from loopwarden.client import Client
 from loopwarden.progress import render
@@ -25,7 +24,8 @@ from shared import subjects as S
 from shared.bus import Bus
 from shared.canonical import digest_of
 from shared.messages import RunSubmit
-from shared.payloads import BUCKET, KV_REF_KEY, PayloadError, PayloadRef, bounded
+from shared.payloads import KV_REF_KEY, PayloadError, PayloadRef, bounded
+from shared.payloads import stream_config as payload_stream
 from shared.scenario import Scenario, parse_scenario
 from shared.settings import Settings
 from tests.conftest import ROOT, TEST_ENV, escalations_of, settings_for
@@ -280,12 +280,12 @@ def test_settings_refuse_a_bad_fault_point() -> None:
 async def test_a_result_the_server_refuses_for_good_ends_as_a_failure_event_not_a_running_run(
     tmp_path: Path,
 ) -> None:
-    """The operator capped the payload bucket at 2 MB; a 3 MB result can be stored nowhere. The call
+    """The operator capped the payload stream at 2 MB; a 3 MB result can be stored nowhere. The call
     ends as a fatal failure event that says so (the tool ran once), and the run waits for a human."""
     stack = LocalStack(state_dir=tmp_path, env=TEST_ENV, services=()).start()  # the server only
     try:
         nc = await nats.connect(stack.nats_url)
-        await nc.jetstream().create_object_store(BUCKET, ObjectStoreConfig(max_bytes=2_000_000))
+        await nc.jetstream().add_stream(payload_stream(Settings(payload_max_bytes=2_000_000)))
         await nc.close()
         env = {
             "LW_TOOL_CONTRACT_DIR": str(TOOLS_DIR),

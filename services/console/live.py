@@ -1,6 +1,11 @@
-"""The console's view of the bus, kept current without reading every key per request: a KV
-watcher over ``lw_runs`` and an ordered consumer over the event stream, both indexed in memory.
-The queue itself is asked of the escalation service, which keeps its own watched index.
+"""The console's view of the bus, kept current without reading every key per request: the runs'
+records (``lw_runs``) and the event stream, both indexed in memory.
+
+Read by batched direct gets from the last sequence seen (``shared.bus.scan``): the console's user may
+create no consumer on any stream (a consumer create can rewrite a service's durable). A core NATS
+subscription to the events wakes the reader as soon as something is published; it also looks every
+``POLL_S`` seconds, for record changes that publish no event. The queue itself is asked of the
+escalation service, which keeps its own watched index.
 
 A run's page reads the run's whole record (``loopwarden.records``) once per change of the run: the
 record is kept while no new event of the run has arrived. Where the console's user may not read every
@@ -15,13 +20,11 @@ import logging
 from collections import OrderedDict
 from typing import Any
 
-from nats.js.api import ConsumerConfig, DeliverPolicy
-
 from loopwarden import records as R
 from loopwarden.client import Client
 from services.console import board as B
 from shared import subjects as S
-from shared.bus import RUN_ID_HEADER
+from shared.bus import RUN_ID_HEADER, Stored, kv_scan, scan
 from shared.messages import utcnow
 from shared.records import RunRecord
 from shared.settings import Settings
@@ -30,6 +33,7 @@ log = logging.getLogger("loopwarden.console")
 MAX_RUNS = 100_000  # run rows held in memory (a row is small); the runs list filters and pages them
 MAX_TIMELINES = 2000
 MAX_RECORDS = 32
+POLL_S = 0.5
 
 
 class LiveView:
@@ -42,24 +46,20 @@ class LiveView:
         self.failures: dict[str, set[str]] = {}  # run id -> the failure types its tool calls met
         self._tasks: list[asyncio.Task[None]] = []
         self._subs: list[Any] = []
+        self._runs_seq = 0  # the last lw_runs sequence read
+        self._events_seq = 0  # the last LW_EVT sequence read
+        self._wake = asyncio.Event()
 
     async def start(self) -> None:
-        kv = await self.client.bus.kv(S.KV_RUNS)
-        watcher = await kv.watchall()
-        while True:  # the current runs are in before the first page is served
-            entry = await watcher.updates(timeout=30)  # type: ignore[no-untyped-call]
-            if entry is None:
-                break
-            self._apply_run(entry)
-        self._tasks.append(asyncio.create_task(self._watch_runs(watcher)))
-        sub = await self.client.bus.js.subscribe(
-            f"{S.P}.evt.>",
-            stream=S.STREAM_EVT,
-            cb=self._on_event,
-            ordered_consumer=True,
-            config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
-        )
-        self._subs.append(sub)
+        nc = self.client.bus.nc
+
+        async def wake(_msg: Any) -> None:
+            self._wake.set()
+
+        self._subs.append(await nc.subscribe(f"{S.EVENT_PREFIX}.>", cb=wake))  # before reading: nothing missed
+        await self.client.bus.kv(S.KV_RUNS)
+        await self.refresh()  # the current runs are in before the first page is served
+        self._tasks.append(asyncio.create_task(self._follow()))
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -68,34 +68,50 @@ class LiveView:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
 
-    async def _watch_runs(self, watcher: Any) -> None:
-        async for entry in watcher:
-            if entry is not None:
-                self._apply_run(entry)
+    async def refresh(self) -> None:
+        """Read what was stored since the last read: records, then events."""
+        nc = self.client.bus.nc
+        found, last = await kv_scan(nc, S.KV_RUNS, ">", self._runs_seq + 1)
+        for key, m in found.items():
+            self._apply_run(key, m)
+        self._runs_seq = max(self._runs_seq, last)
+        for m in await scan(nc, S.STREAM_EVT, f"{S.EVENT_PREFIX}.>", self._events_seq + 1):
+            self._on_event(m)
+            self._events_seq = m.seq
 
-    def _apply_run(self, entry: Any) -> None:
-        if entry.operation in ("DEL", "PURGE") or entry.value is None:
-            self.runs.pop(entry.key, None)
-            self.failures.pop(entry.key, None)
+    async def _follow(self) -> None:
+        while True:
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(POLL_S):
+                    await self._wake.wait()
+            try:
+                await self.refresh()
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # NATS away for a moment: read again on the next turn
+                log.warning("console: live view not refreshed: %r", err)
+                await asyncio.sleep(POLL_S)
+
+    def _apply_run(self, key: str, m: Stored | None) -> None:
+        if m is None or not m.data:
+            self.runs.pop(key, None)
+            self.failures.pop(key, None)
             return
-        self.runs[entry.key] = B.run_row(entry.key, entry.value)
+        self.runs[key] = B.run_row(key, m.data)
         while len(self.runs) > MAX_RUNS:
             self.runs.pop(next(iter(self.runs)))
 
-    async def _on_event(self, msg: Any) -> None:
-        headers = msg.headers or {}
-        run_id = headers.get(RUN_ID_HEADER)
+    def _on_event(self, m: Stored) -> None:
+        run_id = m.headers.get(RUN_ID_HEADER)
         if not run_id:
             return
-        meta = msg.metadata
-        entry = B.timeline_entry(
-            meta.sequence.stream if meta else 0, msg.subject, msg.data, meta.timestamp if meta else None
-        )
+        entry = B.timeline_entry(m.seq, m.subject, m.data, m.time)
         if entry.kind.startswith("failure."):
             self.failures.setdefault(run_id, set()).add(entry.kind.split(".")[1])
         timeline = self.timelines.setdefault(run_id, B.RunTimeline())
         self.timelines.move_to_end(run_id)
-        B.add_event(timeline, entry, headers.get("traceparent"))
+        B.add_event(timeline, entry, m.headers.get("traceparent"))
         while len(self.timelines) > MAX_TIMELINES:
             self.timelines.popitem(last=False)
 

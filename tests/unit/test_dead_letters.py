@@ -122,7 +122,7 @@ def test_subject_patterns_match_as_nats_matches_them(pattern: str, subject: str,
 def test_the_requeue_durable_cannot_be_a_tools_durable() -> None:
     assert S.requeue_durable("executor") != S.executor_durable("requeue")
     assert S.requeue("executor") == "lw.v1.cmd.requeue.executor"
-    assert S.stream_for(S.requeue("executor")) == S.STREAM_CMD
+    assert S.stream_for(S.requeue("executor")) == S.STREAM_SUBMIT
 
 
 def test_a_letter_names_the_consumer_that_took_it_and_a_request_names_none() -> None:

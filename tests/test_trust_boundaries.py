@@ -1,0 +1,474 @@
+"""Nobody crosses a boundary (issue 23, the NATS half): each attack of the security review, made end to end
+by the least-privileged user able to make it, against a private nats-server running the generated
+``deploy/nats/auth.conf`` with every service as its own user - and judged by effect: the durable, the
+record, the body and the run are what they would have been without the attack.
+
+One locked stack per module (bootstrap as admin, the six services as themselves); each test uses its own
+run ids. The static rules behind the fixes are walked over every generated grant at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+import yaml
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from loopwarden.auth_conf import all_grants
+from loopwarden.client import Client, new_run_id
+from loopwarden.stack import SERVICES, LocalStack, free_port, nats_server_binary, wait_for_port
+from services.planner import ids
+from shared import subjects as S
+from shared.bus import Bus, kv_keys, scan
+from shared.dead_letters import requeue_command
+from shared.messages import DeadLetter, EscalationQuery, RunSnapshot
+from shared.payloads import PayloadError
+from shared.permissions import OPERATORS, rights
+from shared.scenario import parse_scenario
+from shared.settings import Settings
+from tests.conftest import ROOT, TEST_ENV
+from tests.support import locked as L
+
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+
+UNTRUSTED = ("client", "console", *OPERATORS)  # users a person holds: none is a service
+DEMO = parse_scenario(yaml.safe_load((ROOT / "scenarios" / "demo.yaml").read_text()))  # judged: it has a rubric
+
+
+@pytest.fixture(scope="module")
+def locked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, LocalStack]]:
+    tmp = tmp_path_factory.mktemp("boundaries")
+    with L.locked_server(tmp, "boundaries") as url:
+        stack = LocalStack(state_dir=tmp, nats_url=url, env=TEST_ENV, env_per_service={s: L.creds(s) for s in SERVICES})
+        try:
+            asyncio.run(L.bootstrap_as_admin(url))
+            stack.start()
+            yield url, stack
+        finally:
+            stack.stop()
+
+
+@pytest.fixture
+def url(locked: tuple[str, LocalStack]) -> str:
+    return locked[0]
+
+
+def as_user(url: str, user: str) -> Settings:
+    return L.as_user(url, user, manage_streams=False, rpc_timeout_s=3)
+
+
+@pytest.fixture
+async def client(url: str) -> AsyncIterator[Client]:
+    async with Client(as_user(url, "client")) as c:
+        yield c
+
+
+@pytest.fixture
+async def admin(url: str) -> AsyncIterator[Client]:
+    async with Client(as_user(url, "admin"), identity="admin") as c:
+        yield c
+
+
+@contextlib.asynccontextmanager
+async def raw(url: str, user: str) -> AsyncIterator[nats.NATS]:
+    """A bare nats-py connection as ``user`` (what an attacker holding that password has)."""
+    nc = await nats.connect(url, user=user, password=L.PASSWORDS[user], inbox_prefix=f"_INBOX_{user}")
+    try:
+        yield nc
+    finally:
+        await nc.close()
+
+
+async def api(nc: nats.NATS, subject: str, body: dict[str, Any] | bytes) -> dict[str, Any] | None:
+    """A JetStream API request; None when no answer came (the server refused the publish)."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    try:
+        reply = await nc.request(subject, data, timeout=0.5)  # an allowed API request answers in ms
+    except Exception:
+        return None
+    try:
+        return json.loads(reply.data) if reply.data else {"status": (reply.headers or {}).get("Status")}
+    except ValueError:
+        return {"raw": reply.data[:200].decode(errors="replace")}
+
+
+async def completes(client: Client, run_id: str | None = None, timeout: float = 90) -> RunSnapshot:
+    run_id = await client.submit_scenario(DEMO, run_id=run_id)
+    state = await client.wait(run_id, timeout=timeout)
+    assert state.status == "completed", state.final_reason
+    return state
+
+
+# --- D1, D9: no one but the admin creates, updates or deletes a consumer ------------------------------
+
+
+async def test_a_client_cannot_rewrite_a_services_durable(url: str, admin: Client, client: Client) -> None:
+    """nats-server takes a create that *names* an existing durable as an update of it (``name``, or
+    ``action: update``): the client's grant has no consumer create at all, so every form is refused, the
+    durable keeps its config, and runs still complete."""
+    js = admin.bus.js
+    before = (await js.consumer_info(S.STREAM_EVT, S.DURABLE_PLANNER_OUTCOMES)).config
+    rewrites = [
+        {"durable_name": S.DURABLE_PLANNER_OUTCOMES, "filter_subject": "lw.v1.evt.nothing", "ack_policy": "explicit"},
+        {"name": S.DURABLE_PLANNER_OUTCOMES, "filter_subject": "lw.v1.evt.nothing", "ack_policy": "explicit"},
+        {"name": S.DURABLE_ESCALATION_FAILURES, "max_deliver": 1, "ack_wait": 1_000_000, "ack_policy": "explicit"},
+        {"name": S.DURABLE_PLANNER_VERDICTS, "inactive_threshold": 2_000_000_000, "ack_policy": "explicit"},
+    ]
+    async with raw(url, "client") as nc:
+        for config in rewrites:
+            name = config.get("name") or config.get("durable_name")
+            for action in (None, "update"):
+                body = {"stream_name": S.STREAM_EVT, "config": config} | ({"action": action} if action else {})
+                for subject in (
+                    f"$JS.API.CONSUMER.CREATE.{S.STREAM_EVT}",
+                    f"$JS.API.CONSUMER.CREATE.{S.STREAM_EVT}.{name}",
+                    f"$JS.API.CONSUMER.DURABLE.CREATE.{S.STREAM_EVT}.{name}",
+                ):
+                    answer = await api(nc, subject, body)
+                    assert answer is None or "error" in answer, (subject, body, answer)
+        assert await api(nc, f"$JS.API.CONSUMER.DELETE.{S.STREAM_EVT}.{S.DURABLE_PLANNER_VERDICTS}", b"") is None
+    after = (await js.consumer_info(S.STREAM_EVT, S.DURABLE_PLANNER_OUTCOMES)).config
+    assert (after.durable_name, after.filter_subjects, after.filter_subject) == (
+        before.durable_name,
+        before.filter_subjects,
+        before.filter_subject,
+    )
+    failures = (await js.consumer_info(S.STREAM_EVT, S.DURABLE_ESCALATION_FAILURES)).config
+    assert failures.max_deliver != 1 and failures.ack_wait != 0.001
+    verdicts = (await js.consumer_info(S.STREAM_EVT, S.DURABLE_PLANNER_VERDICTS)).config
+    assert verdicts.durable_name == S.DURABLE_PLANNER_VERDICTS and not verdicts.inactive_threshold
+    await completes(client)
+
+
+@pytest.mark.parametrize("user", UNTRUSTED)
+async def test_no_person_creates_a_consumer_on_any_stream(url: str, admin: Client, user: str) -> None:
+    """An ephemeral reader is a consumer too: 1,000 of them fill a stream's cap (D9). History is read by
+    direct get instead, so no person may create one anywhere, and the count of consumers is unchanged."""
+    streams = [*S.STREAM_SUBJECTS, *(f"KV_{b}" for b in (S.KV_RUNS, S.KV_HISTORY, S.KV_ESCALATIONS))]
+    js = admin.bus.js
+    before = {s: (await js.stream_info(s)).state.consumer_count for s in streams}
+    async with raw(url, user) as nc:
+        for stream in streams:
+            config = {"deliver_policy": "all", "ack_policy": "none", "inactive_threshold": 3_600_000_000_000}
+            answer = await api(nc, f"$JS.API.CONSUMER.CREATE.{stream}", {"stream_name": stream, "config": config})
+            assert answer is None or "error" in answer, (user, stream, answer)
+    assert {s: (await js.stream_info(s)).state.consumer_count for s in streams} == before
+
+
+async def test_a_client_reads_history_and_values_without_a_consumer(client: Client) -> None:
+    state = await completes(client)
+    events = await client.events(state.run_id)
+    assert [e.kind for e in events][-1] == "run.completed" and all(e.seq > 0 for e in events)
+    assert state.messages, "the conversation is read by direct gets"
+
+
+# --- D2: a reply subject is not a place to write ------------------------------------------------------
+
+
+async def test_a_reply_subject_cannot_make_a_responder_write_elsewhere(url: str, client: Client) -> None:
+    """``rpc.escalation.show`` with reply ``$KV.lw_runs.<victim>``: with ``allow_responses`` the escalation
+    service wrote its answer over the victim's record (the run never ended). Now the service answers only
+    inboxes, and its grant allows no other reply subject: the record is untouched, the run completes."""
+    victim = new_run_id()
+    planted = f"run-reflect-{os.getpid()}"
+    async with raw(url, "client") as nc:
+        body = EscalationQuery(escalation_id="x").model_dump_json().encode()
+        for reply in (f"$KV.{S.KV_RUNS}.{victim}", f"$KV.{S.KV_RUNS}.{planted}", f"$KV.{S.KV_CONTRACTS}.search"):
+            await nc.publish(S.ESCALATION_SHOW, body, reply=reply)
+        await nc.flush()
+        run_id = await client.submit_scenario(DEMO, run_id=victim)
+        for _ in range(3):  # and again while the run is going
+            await asyncio.sleep(0.3)
+            await nc.publish(S.ESCALATION_SHOW, body, reply=f"$KV.{S.KV_RUNS}.{victim}")
+        await nc.flush()
+    state = await client.wait(run_id, timeout=90)
+    assert state.status == "completed", state.final_reason
+    await asyncio.sleep(0.5)
+    assert await client.bus.kv_get(S.KV_RUNS, planted, RunSnapshot) == (None, 0)
+    assert (await client.state(victim)) is not None  # still a RunSnapshot
+    await completes(client)  # the contracts still read: new runs are taken
+
+
+# --- D5: a client's message id cannot pre-claim a service's ----------------------------------------------
+
+
+async def test_a_client_cannot_pre_claim_the_planners_next_message_id(url: str, client: Client) -> None:
+    """The planner's ids are predictable (``<run>.judge.<candidate>``). A client publishing junk with that id
+    on the submit subject made the real judge request a duplicate on LW_CMD: the judged run waited forever.
+    Submits now live in LW_SUBMIT, whose de-duplication window is its own."""
+    victim = new_run_id()
+    async with Client(as_user(url, "client")) as attacker:
+        for n in range(1, 6):
+            for msg_id in (ids.judge_request(victim, ids.candidate(victim, n)), f"{victim}.adv.{n}"):
+                await attacker.bus.publish(S.run_submit(), b"{}", msg_id=msg_id)
+    state = await completes(client, victim)
+    assert any(e.kind == "judge.verdict" for e in await client.events(victim))
+    assert state.status == "completed"
+
+
+# --- D6: a stored message pushed at a responder is not a request ------------------------------------------
+
+
+async def test_a_responder_ignores_a_push_delivery_of_a_stored_request(url: str, admin: Client) -> None:
+    """A push consumer delivering stored bytes to ``rpc.budget.reserve`` (group ``governor``) used to be
+    processed as a real budget request (a run's turn blocked, a tenant's day spent). No person may create
+    such a consumer any more; even the admin's is ignored by the governor (not its subject, an ack reply)."""
+    victim, tenant = new_run_id(), f"acme{os.getpid()}"
+    request = {
+        "run_id": victim,
+        "turn": 1,
+        "model": "claude-sonnet-4-5",
+        "sections": {},
+        "spent": {"input_tokens": 1, "output_tokens": 1, "cost_usd": 999.0},
+        "context_budget_tokens": 1000,
+        "run_token_budget": 1000,
+        "cost_ceiling_usd": 1.0,
+        "tenant": tenant,
+    }
+    subject = S.payload_subject("admin", "f" * 64, os.getpid())
+    js = admin.bus.js
+    await js.publish(subject, json.dumps(request).encode(), stream=S.STREAM_PAYLOADS)
+    push = ConsumerConfig(
+        deliver_policy=DeliverPolicy.ALL,
+        filter_subject=subject,
+        deliver_subject=S.BUDGET_RESERVE,
+        deliver_group="governor",
+    )
+    async with raw(url, "client") as nc:  # the attacker of the review may not create it
+        body = {"stream_name": S.STREAM_PAYLOADS, "config": {**push.as_dict(), "ack_policy": "none"}}
+        answer = await api(nc, f"$JS.API.CONSUMER.CREATE.{S.STREAM_PAYLOADS}", body)
+        assert answer is None or "error" in answer, answer
+    info = await js.add_consumer(S.STREAM_PAYLOADS, push)
+    try:
+        await asyncio.sleep(2.0)
+    finally:
+        await js.delete_consumer(S.STREAM_PAYLOADS, info.name)
+    keys = await kv_keys(admin.bus.nc, S.KV_BUDGETS)
+    assert not [k for k in keys if victim in k or tenant in k], keys
+
+
+# --- D8: a stored body is written once -------------------------------------------------------------------
+
+
+async def test_no_one_replaces_a_stored_body(url: str) -> None:
+    """The review's ``R objects``: the client replaced the meta of the planner's stored body and every message
+    referring to it failed its digest check. Bodies are now written once, each user under its own name: the
+    client cannot write there, a second write of the same subject is refused even for its owner, and the
+    planner still reads its body; the store is bounded."""
+    body = os.urandom(400_000)
+    planner = Bus(as_user(url, "planner"), "planner")
+    await planner.connect()
+    try:
+        headers: dict[str, str] = {}
+        ref = await planner.payloads.offload(planner.nc, body, headers)
+        async with raw(url, "client") as nc:
+            with contextlib.suppress(Exception):  # the old attack: the object store's meta, replaced
+                await nc.jetstream().object_store("lw_payloads")
+                await (await nc.jetstream().object_store("lw_payloads")).put(headers["Lw-Payload-Ref"], b"tampered")
+            for chunk in range(2):  # the planner's own chunks: not the client's to write
+                errors = await L.publish_refusals(url, "client", S.payload_subject("planner", body_digest(ref), chunk))
+                assert errors
+        with pytest.raises(Exception, match="maximum messages per subject"):  # not even its owner rewrites it
+            await planner.js.publish(S.payload_subject("planner", body_digest(ref), 0), b"tampered")
+        assert await planner.payloads.inflate(planner.nc, ref, headers) == body
+        async with Client(as_user(url, "client")) as client:
+            assert await client.bus.payloads.inflate(client.bus.nc, ref, headers) == body
+            forged = json.loads(ref) | {"owner": "client"}
+            with pytest.raises(PayloadError):  # a reference to a body no one stored is that message's failure
+                await client.bus.payloads.inflate(client.bus.nc, json.dumps(forged).encode(), headers)
+        info = await planner.js.stream_info(S.STREAM_PAYLOADS)
+        assert info.config.max_bytes == planner.settings.payload_max_bytes and info.config.discard_new_per_subject
+    finally:
+        await planner.broker.stop()
+
+
+def body_digest(ref: bytes) -> str:
+    return str(json.loads(ref)["sha256"])
+
+
+# --- D20: dead letters are the operators' -----------------------------------------------------------------
+
+
+async def test_the_client_cannot_read_dead_letters(url: str) -> None:
+    for subject in (f"$JS.API.DIRECT.GET.{S.STREAM_DLQ}", f"$JS.API.STREAM.MSG.GET.{S.STREAM_DLQ}"):
+        assert await L.publish_refusals(url, "client", subject, b'{"seq": 1}'), subject
+    async with raw(url, "alice") as nc:  # an operator reads them (none yet, or some: an answer either way)
+        assert await api(nc, f"$JS.API.DIRECT.GET.{S.STREAM_DLQ}", {"seq": 1, "next_by_subj": "lw.v1.dlq.>"})
+
+
+# --- D3: an over-long id takes no service off the bus -----------------------------------------------------
+
+
+async def test_an_over_long_id_leaves_the_escalation_service_answering(client: Client) -> None:
+    """``rpc.escalation.show`` with a 5,000-character id put a subject past the server's control line: the
+    server closed the service's connection and nats-py never reconnected. Keys and tokens are bounded now."""
+    reply = await client.show("a" * 5000)
+    assert not reply.ok
+    for _ in range(3):
+        assert (await client.escalations()) is not None  # NoRespondersError when the service is off the bus
+        await asyncio.sleep(0.3)
+    # nor can a client's own connection be made to send such a subject
+    assert len(S.token("a" * 5000)) <= S.MAX_TOKEN and len(S.kv_key("a" * 5000)) <= S.MAX_KEY
+    assert await client.bus.kv_get(S.KV_RUNS, "r" * 5000, RunSnapshot) == (None, 0)
+    assert client.bus.nc.is_connected
+
+
+# --- D19: a letter is handed back once --------------------------------------------------------------------
+
+
+async def test_a_letter_is_requeued_once_whatever_the_message_ids(url: str, admin: Client) -> None:
+    """``loopwarden dlq requeue`` de-duplicated by message id only: an operator publishing the same ``Requeue``
+    with other ids ran it once per copy. The service now takes a letter back once (``lw_requeues``), refuses
+    the rest with a letter saying so; and a letter number JetStream cannot read is a refusal, not a crash."""
+    marker = f"test: given up {os.getpid()}"
+    async with Client(as_user(url, "planner"), identity="planner") as planner:
+        letter = DeadLetter(
+            service="planner", subject=S.RUN_ADVANCE, reason=marker, body="{}", requeue_to=S.requeue("planner")
+        )
+        await planner.bus.publish(S.dead_letter("planner"), letter, msg_id=f"dlq-boundaries-{os.getpid()}")
+    async with Client(as_user(url, "alice"), identity="alice") as alice:
+        seq = next(n.seq for n in await alice.letters() if n.letter.reason == marker)
+        for copy in range(3):
+            await alice.bus.publish(S.requeue("planner"), requeue_command(seq), msg_id=f"requeue-{seq}-copy-{copy}")
+        await alice.bus.publish(S.requeue("planner"), requeue_command(2**64 + 5), msg_id=f"requeue-huge-{seq}")
+
+        def ours(letters: list[Any]) -> tuple[list[Any], list[Any], list[Any]]:
+            again = [n for n in letters if n.letter.requeued_from == seq]
+            refused = [
+                n for n in letters if "handed back already" in n.letter.reason and f"letter {seq} " in n.letter.reason
+            ]
+            huge = [
+                n for n in letters if "cannot be read" in n.letter.reason and str(2**64 + 5)[:20] in n.letter.reason
+            ]
+            return again, refused, huge
+
+        for _ in range(100):
+            again, refused, huge = ours(await alice.letters())
+            if len(again) + len(refused) >= 3 and huge:
+                break
+            await asyncio.sleep(0.1)
+        again, refused, huge = ours(await alice.letters())
+        assert len(again) == 1, [n.letter.reason for n in again]  # ran once: its body failed again, once
+        assert len(refused) == 2, [n.letter.reason for n in refused]
+        assert len(huge) == 1 and huge[0].letter.deliveries == 1, [n.letter for n in huge]
+
+
+# --- the rules, walked over every generated grant ---------------------------------------------------------
+
+
+def test_every_generated_grant_keeps_the_rules() -> None:
+    grants = all_grants()
+    durable_streams = {stream for g in grants.values() for stream, _ in g.consumers}
+    assert durable_streams <= set(S.STREAMS_WITH_DURABLES)
+    for user, grant in grants.items():
+        pub, sub = rights(user, grant)
+        # no one but the admin creates, updates or deletes a consumer on a stream that holds a service durable,
+        # nor on the dead letters or the claim-check store
+        for stream in (*S.STREAM_SUBJECTS, *(f"KV_{b}" for b in grant.kv_read)):
+            for verb in ("CONSUMER.CREATE", "DURABLE.CREATE", "CONSUMER.DELETE"):
+                assert not any(p.startswith(f"$JS.API.{verb}.{stream}") for p in pub), (user, verb, stream)
+        assert not any(p.startswith(("$JS.API.CONSUMER.CREATE.>", "$JS.API.>", "$JS.>")) for p in pub), user
+        # consumers on a KV stream only for the bucket's own writer
+        for p in pub:
+            if p.startswith("$JS.API.CONSUMER.CREATE.KV_"):
+                assert p.split(".")[4].removeprefix("KV_") in grant.kv_write, (user, p)
+        # replies only to named inboxes: no allow_responses; the governor answers the planner only
+        assert all(
+            not p.startswith("_INBOX_") or p.split(".")[0] in {S.inbox_prefix(u) for u in grant.answers} for p in pub
+        )
+        # only the planner starts a sub-agent run
+        if user != "planner":
+            assert not any(S.matches(p, f"{S.P}.cmd.run.spawn") for p in pub), user
+        # claim-check bodies: only under one's own name; dead letters: operators (and admin) only
+        assert [p for p in pub if p.startswith(S.PAYLOAD_PREFIX)] == [f"{S.PAYLOAD_PREFIX}.{S.token(user)}.>"], user
+        if user in ("client", "console"):
+            reads = ("DIRECT.GET", "MSG.GET", "CONSUMER.")  # its stream info (counts) is no letter
+            assert not any(S.STREAM_DLQ in p and any(r in p for r in reads) for p in pub), user
+        # a person's user publishes on no stream that holds a service's message ids (LW_CMD)
+        if user in UNTRUSTED:
+            assert not [p for p in pub if S.stream_for(p) == S.STREAM_CMD], user
+        assert f"{S.inbox_prefix(user)}.>" in sub
+    assert {p for p in rights("governor", grants["governor"])[0] if p.startswith("_INBOX_")} == {
+        f"{S.inbox_prefix(u)}.>" for u in ("planner", "admin")
+    }
+    escalation = set(rights("escalation", grants["escalation"])[0])
+    assert {f"{S.inbox_prefix(u)}.>" for u in ("client", "console", *OPERATORS)} <= escalation
+    assert "allow_responses" not in (Path(__file__).parents[1] / "deploy" / "nats" / "auth.conf").read_text()
+
+
+async def test_a_stream_read_by_direct_get_pages_through_everything(admin: Client) -> None:
+    """``scan`` reads past one batch (the history of a long run is more than one answer)."""
+    found = await scan(admin.bus.nc, S.STREAM_EVT, f"{S.EVENT_PREFIX}.>", batch=7)
+    assert found and [m.seq for m in found] == sorted({m.seq for m in found})
+
+
+# --- D3, the process half: a connection closed for good ends the service ----------------------------------
+
+
+@pytest.fixture
+def short_lines(tmp_path: Path) -> Iterator[str]:
+    """A plain nats-server whose ``max_control_line`` is 512 bytes."""
+    port = free_port()
+    conf = tmp_path / "server.conf"
+    conf.write_text(
+        f'listen: "127.0.0.1:{port}"\nmax_control_line: 512\njetstream {{ store_dir: "{tmp_path / "js"}" }}\n'
+    )
+    server = subprocess.Popen(
+        [nats_server_binary(), "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        wait_for_port(port)
+        yield f"nats://127.0.0.1:{port}"
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+async def test_a_service_whose_connection_is_closed_for_good_exits_non_zero(short_lines: str, tmp_path: Path) -> None:
+    """nats-server closes a connection over a protocol error (here: a control line past a small
+    ``max_control_line``, reached with a 1,000-character id - under the bus's own bound) and nats-py does not
+    reconnect. The service used to stay up and off the bus; it now exits non-zero so its supervisor starts it
+    again."""
+    stack = LocalStack(state_dir=tmp_path, nats_url=short_lines, env=TEST_ENV, services=("escalation",))
+    try:
+        await asyncio.to_thread(stack.start)
+        (escalation,) = stack.procs
+        async with Client(Settings(nats_url=short_lines, rpc_timeout_s=2)) as asker:
+            with contextlib.suppress(Exception):
+                await asker.show("a" * 1000)
+        code = await asyncio.to_thread(escalation.popen.wait, 30)
+        assert code != 0
+        assert "closed for good" in escalation.log.read_text(errors="replace")
+    finally:
+        await asyncio.to_thread(stack.stop)
+
+
+async def test_the_console_user_keeps_its_live_view_without_a_consumer(url: str, client: Client) -> None:
+    """The console's runs and timelines come from direct gets and a core subscription (its grant has no
+    consumer create): a run completed before it started and one completed after are both in its view."""
+    from services.console.live import LiveView
+
+    before = await completes(client)
+    async with Client(as_user(url, "console"), identity="console") as console:
+        live = LiveView(console)
+        await live.start()
+        try:
+            assert before.run_id in live.runs and before.run_id in live.timelines
+            after = await completes(client)
+            for _ in range(50):
+                if after.run_id in live.runs and live.runs[after.run_id].status == "completed":
+                    break
+                await asyncio.sleep(0.1)
+            assert live.runs[after.run_id].status == "completed"
+            assert after.run_id in live.timelines
+        finally:
+            await live.stop()
