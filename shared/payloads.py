@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from typing import Any
 
 from nats.aio.client import Client as NatsClient
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
@@ -31,7 +30,6 @@ from nats.js.errors import APIError
 from pydantic import BaseModel, Field
 
 from shared import subjects as S
-from shared.messages import ToolOutcome
 from shared.settings import Settings
 
 STREAM = S.STREAM_PAYLOADS
@@ -205,24 +203,3 @@ class PayloadStore:
         except (ValueError, KeyError, TypeError) as err:
             raise PayloadError("a KV value looks like a payload reference but is not one") from err
         return await self.get(nc, ref)
-
-
-# --- bounded forms (pure) ---------------------------------------------------------------------------
-
-
-def bounded(value: Any, max_bytes: int) -> tuple[Any, int | None]:
-    """``value`` if its JSON fits in ``max_bytes``; else its JSON cut to that size as text, with a note,
-    and the full size. For state that must stay small whatever a tool returned."""
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
-    size = len(text.encode())
-    if size <= max_bytes:
-        return value, None
-    head = text.encode()[:max_bytes].decode("utf-8", errors="ignore")
-    note = f"\n[truncated: the full result is {size} bytes; the first {len(head.encode())} are kept here]"
-    return head + note, size
-
-
-def bounded_outcome(outcome: ToolOutcome, max_bytes: int) -> ToolOutcome:
-    """The outcome with its ``data`` in bounded form (what the planner keeps in its KV-stored run state)."""
-    data, size = bounded(outcome.data, max_bytes)
-    return outcome if size is None else outcome.model_copy(update={"data": data})

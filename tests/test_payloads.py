@@ -21,10 +21,11 @@ from loopwarden.client import Client
 from loopwarden.progress import render
 from loopwarden.stack import LocalStack, Proc
 from shared import subjects as S
+from shared.bounded import bounded
 from shared.bus import Bus
 from shared.canonical import digest_of
 from shared.messages import RunSubmit
-from shared.payloads import KV_REF_KEY, PayloadError, PayloadRef, bounded
+from shared.payloads import KV_REF_KEY, PayloadError, PayloadRef
 from shared.payloads import stream_config as payload_stream
 from shared.scenario import Scenario, parse_scenario
 from shared.settings import Settings

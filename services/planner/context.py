@@ -15,6 +15,7 @@ from typing import Any
 from services.planner import delegation
 from services.planner.state import RunState, ToolCallRecord
 from shared import tokens
+from shared.bounded import split_bounded
 from shared.contracts.validation import format_for_model
 from shared.messages import (
     SCHEMA_FAILURES,
@@ -233,11 +234,23 @@ def opening_message(task: str, lessons: list[str]) -> str:
 
 
 def render_data(data: Any, max_tokens: int) -> str:
+    """A tool result as the model reads it, cut to ``max_tokens``; the note says how much of the whole result
+    the model does not see, counting a cut made earlier (the planner keeps a bounded copy in its run state)."""
     text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, indent=None, default=str)
+    text, full_bytes = split_bounded(text)
     cut, dropped = tokens.truncate(text, max_tokens)
-    if dropped:
-        cut += f"\n[result truncated: {dropped} more tokens were cut to protect the context budget]"
-    return cut
+    if full_bytes is None:
+        if dropped:
+            cut += f"\n[result truncated: {dropped} more tokens were cut to protect the context budget]"
+        return cut
+    shown, kept = len(cut.encode()), len(text.encode())
+    # the part cut before this render is estimated at this text's own bytes per token
+    text_tokens = max_tokens + dropped if dropped else tokens.count(text)
+    unseen = dropped + round((full_bytes - kept) * text_tokens / max(kept, 1))
+    return cut + (
+        f"\n[result truncated: you see the first {shown} of its {full_bytes} bytes; about {unseen} more tokens "
+        "were cut to protect the context budget]"
+    )
 
 
 def render_outcome(outcome: ToolOutcome, max_tokens: int) -> tuple[str, bool]:

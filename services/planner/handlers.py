@@ -43,6 +43,7 @@ from services.planner.turns import (
 )
 from shared import subjects as S
 from shared.backoff import BackoffPolicy
+from shared.bounded import bounded_outcome
 from shared.bus import Bus, CasConflict, RequestRefused, TryLater, Unchanged, current_deliveries, current_subject
 from shared.canonical import digest_of
 from shared.messages import (
@@ -63,7 +64,6 @@ from shared.messages import (
     Verdict,
     Wire,
 )
-from shared.payloads import bounded_outcome
 from shared.providers.base import ModelRequest, ModelResponse, ProviderError, StopReasonError, complete_with_retry
 from shared.providers.select import run_provider
 from shared.scenario import Scenario, ScenarioError, parse_scenario
