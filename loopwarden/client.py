@@ -375,7 +375,14 @@ class Client:
     async def _filed(self, escalation_id: str, deadline: float) -> None:
         """Wait until the queue has the item a waiting run names: the escalation service files it a moment
         after the planner's state says the run waits, and whoever was told "waits for a human" looks it up next."""
-        while not (await self.show(escalation_id)).ok and time.monotonic() < deadline:  # noqa: ASYNC110 - asked, not signalled
+        from nats.errors import NoRespondersError
+
+        while time.monotonic() < deadline:
+            try:
+                if (await self.show(escalation_id)).ok:
+                    return
+            except NoRespondersError:
+                return  # no queue to ask (a stack run without the escalation service): nothing to wait for
             await asyncio.sleep(0.05)
 
     async def _settled(self, run_id: str, status: str, deadline: float, changed: asyncio.Event) -> None:

@@ -203,7 +203,9 @@ async def test_the_cli_lists_shows_claims_renews_and_resolves(client: Client, st
     assert code == 0 and item.escalation_id in out and "schema_cap" in out
     code, out, _ = await cli(url, "list", "--run", run_id, "--older-than", "3600")
     assert code == 0 and item.escalation_id not in out
-    code, out, _ = await cli(url, "show", item.escalation_id)
+    code, out, _ = await cli(url, "show", item.escalation_id)  # the console's text view
+    assert code == 0 and item.escalation_id in out and "final_answer" in out and "1+1" in out, out
+    code, out, _ = await cli(url, "show", item.escalation_id, "--json")
     shown = json.loads(out)
     assert code == 0 and shown["details"]["arguments"] == {"expr": "1+1"} and "final_answer" in shown["allowed_actions"]
     code, out, _ = await cli(url, "claim", item.escalation_id, "--as", "oncall")

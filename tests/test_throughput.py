@@ -165,7 +165,7 @@ async def test_a_handler_that_kills_its_process_on_every_delivery_is_dead_letter
     client: Client, stack: LocalStack, tmp_path: Path
 ) -> None:
     marker = "crash-" + os.urandom(4).hex()
-    subject = f"{S.P}.cmd.test.crash.{marker}"
+    subject = S.tool_execute(f"test_crash_{marker}")  # any LW_CMD subject no service consumes
     log = tmp_path / "deliveries.log"
     env = {
         **os.environ,
@@ -212,7 +212,7 @@ async def test_a_handler_waiting_for_a_dependency_is_held_for_the_ack_wait_then_
     from shared.settings import Settings
 
     marker = "later-" + os.urandom(4).hex()
-    subject = f"{S.P}.cmd.test.later.{marker}"
+    subject = S.tool_execute(f"test_later_{marker}")
     bus = Bus(Settings(nats_url=str(stack.nats_url), ack_wait_s=1, max_deliver=2), "latertest")
     tries: list[int] = []
 
@@ -251,7 +251,7 @@ async def test_messages_of_one_run_are_handled_one_at_a_time_and_runs_overlap(st
     from shared.settings import Settings
 
     tag = os.urandom(4).hex()
-    subject = f"{S.P}.cmd.test.serial.{tag}"
+    subject = S.tool_execute(f"test_serial_{tag}")
     bus = Bus(Settings(nats_url=str(stack.nats_url), ack_wait_s=3), "serialtest")
     active: dict[str, int] = {}
     peak_run, peak_all, done = 0, 0, 0
@@ -296,7 +296,7 @@ async def test_a_letter_handed_back_is_a_redelivery_to_the_handler_that_gave_up_
     from shared.settings import Settings
 
     marker = "requeue-" + os.urandom(4).hex()
-    subject = f"{S.P}.cmd.test.requeue.{marker}"
+    subject = S.tool_execute(f"test_requeue_{marker}")
     bus = Bus(Settings(nats_url=str(stack.nats_url), ack_wait_s=1, max_deliver=2), "requeuetest")
     seen: list[int] = []
     broken = [True]

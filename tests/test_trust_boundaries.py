@@ -311,8 +311,10 @@ async def test_the_client_cannot_read_dead_letters(url: str) -> None:
 async def test_an_over_long_id_leaves_the_escalation_service_answering(client: Client) -> None:
     """``rpc.escalation.show`` with a 5,000-character id put a subject past the server's control line: the
     server closed the service's connection and nats-py never reconnected. Keys and tokens are bounded now."""
-    reply = await client.show("a" * 5000)
-    assert not reply.ok
+    # sent raw, as an attacker would: the contract refuses the id now (``EscalationQuery`` is bounded), and the
+    # service answers the refusal instead of putting the id in a subject
+    raw = await client.bus.nc.request(S.ESCALATION_SHOW, json.dumps({"escalation_id": "a" * 5000}).encode(), timeout=10)
+    assert b"escalation_id" in raw.data and b'"ok":true' not in raw.data.replace(b" ", b""), raw.data[:300]
     for _ in range(3):
         assert (await client.escalations()) is not None  # NoRespondersError when the service is off the bus
         await asyncio.sleep(0.3)
@@ -416,11 +418,11 @@ async def test_a_stream_read_by_direct_get_pages_through_everything(admin: Clien
 
 @pytest.fixture
 def short_lines(tmp_path: Path) -> Iterator[str]:
-    """A plain nats-server whose ``max_control_line`` is 512 bytes."""
+    """A plain nats-server whose ``max_control_line`` is 320 bytes."""
     port = free_port()
     conf = tmp_path / "server.conf"
     conf.write_text(
-        f'listen: "127.0.0.1:{port}"\nmax_control_line: 512\njetstream {{ store_dir: "{tmp_path / "js"}" }}\n'
+        f'listen: "127.0.0.1:{port}"\nmax_control_line: 320\njetstream {{ store_dir: "{tmp_path / "js"}" }}\n'
     )
     server = subprocess.Popen(
         [nats_server_binary(), "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -435,7 +437,7 @@ def short_lines(tmp_path: Path) -> Iterator[str]:
 
 async def test_a_service_whose_connection_is_closed_for_good_exits_non_zero(short_lines: str, tmp_path: Path) -> None:
     """nats-server closes a connection over a protocol error (here: a control line past a small
-    ``max_control_line``, reached with a 1,000-character id - under the bus's own bound) and nats-py does not
+    ``max_control_line``, reached by the key lookup of a 250-character id - within the contract) and nats-py does not
     reconnect. The service used to stay up and off the bus; it now exits non-zero so its supervisor starts it
     again."""
     stack = LocalStack(state_dir=tmp_path, nats_url=short_lines, env=TEST_ENV, services=("escalation",))
@@ -443,8 +445,9 @@ async def test_a_service_whose_connection_is_closed_for_good_exits_non_zero(shor
         await asyncio.to_thread(stack.start)
         (escalation,) = stack.procs
         async with Client(Settings(nats_url=short_lines, rpc_timeout_s=2)) as asker:
+            # a valid id (the contracts bound it to 256 characters) whose key lookup passes a 320-byte line
             with contextlib.suppress(Exception):
-                await asker.show("a" * 1000)
+                await asker.show("a" * 250)
         code = await asyncio.to_thread(escalation.popen.wait, 30)
         assert code != 0
         assert "closed for good" in escalation.log.read_text(errors="replace")
