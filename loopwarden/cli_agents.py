@@ -180,9 +180,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
         if not args.json:
             say(run_id)  # first: whatever happens while waiting, the run can be found
         try:
-            state = await client.wait(
-                run_id, timeout=args.timeout, until=("completed", "stopped", "failed", "awaiting_human")
-            )
+            state = await client.wait(run_id, timeout=args.timeout, until=(*ENDED, "awaiting_human"))
         except TimeoutError as err:
             raise UserError(f"timed out: {err}; `loopwarden status {run_id}` shows where it is", TIMED_OUT) from None
     if args.json:
