@@ -24,7 +24,7 @@ from pydantic import Field
 
 from services.planner import context as C
 from services.planner import ids
-from services.planner.admission import Refused, admit, resolve_agent, with_agent
+from services.planner.admission import Refused, admit, check_limits, resolve_agent, with_agent
 from services.planner.escalations import apply_resolution
 from services.planner.judging import apply_verdict
 from services.planner.outbox import Outbox
@@ -290,6 +290,7 @@ class Planner:
             if submit.agent is not None:  # a registered agent's run: its definition as of now
                 record, _ = await self.bus.kv_get(S.KV_AGENTS, submit.agent, AgentRecord)
                 submit = resolve_agent(submit, record, provider_name(self.settings, "planner"))
+                check_limits(submit, self.settings)  # the agent's limits are capped like a submit's
         except Refused as err:
             await self.refuse(submit, subject, str(err))
             return
