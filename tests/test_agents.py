@@ -197,3 +197,27 @@ async def test_runs_lists_by_agent_status_and_age_newest_first(client: Client, s
     assert _lw(stack, "runs", "--since", "soon").returncode == 2
     runs = await client.runs(agent=name, status="completed")
     assert [r.run_id for r in runs] == [second.run_id, first.run_id]
+
+
+def _readme_commands() -> list[list[str]]:
+    """The `loopwarden` lines of README.md's ```sh blocks (comments dropped), as argument lists."""
+    import re
+    import shlex
+
+    blocks = re.findall(r"^```sh\n(.*?)^```", (ROOT / "README.md").read_text(), re.M | re.S)
+    lines = [line.split("  #")[0].strip() for block in blocks for line in block.splitlines()]
+    return [shlex.split(line)[1:] for line in lines if line.startswith(".venv/bin/loopwarden ")]
+
+
+def test_the_readme_first_agent_commands_run_as_written(stack: LocalStack) -> None:
+    commands = _readme_commands()
+    assert [c[0] for c in commands] == ["lint", "check-contract", "agents", "run", "runs"], commands
+    outputs = []
+    for args in commands:
+        done = _lw(stack, *args)
+        assert done.returncode == 0, f"loopwarden {' '.join(args)}:\n{done.stdout}{done.stderr}"
+        outputs.append(done.stdout)
+    assert outputs[2].startswith(("registered agent calc version", "agent calc unchanged"))
+    run_id = outputs[3].splitlines()[0]
+    assert "completed: 17 * 23 = 391" in outputs[3]
+    assert outputs[4].splitlines()[0].startswith(run_id) and "calc v" in outputs[4]
