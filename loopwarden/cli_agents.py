@@ -59,7 +59,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_json_flag(q)
     q.set_defaults(func=cmd_list)
     q = actions.add_parser("show", help="one agent's definition", description="An agent's definition and version.")
-    q.add_argument("name", metavar="NAME")
+    q.add_argument("name", metavar="NAME", help="the agent's name")
     add_json_flag(q)
     q.set_defaults(func=cmd_show)
 
