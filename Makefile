@@ -56,6 +56,7 @@ schemas: $(STAMP)
 	$(PY) -m shared.schemagen
 	$(PY) -m shared.asyncapi
 	$(PY) -m loopwarden.scenario_schema
+	$(PY) -m loopwarden.agent_schema
 	$(PY) -m shared.records
 
 up: $(STAMP)

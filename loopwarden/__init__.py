@@ -15,10 +15,24 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from loopwarden.client import Client, Event, NumberedLetter, Requeued, Unreachable, Watch, new_run_id
+    from loopwarden.client import (
+        Client,
+        Event,
+        NotAllowed,
+        NumberedLetter,
+        Requeued,
+        RunResult,
+        UnknownAgent,
+        Unreachable,
+        Watch,
+        new_run_id,
+    )
     from services.executor.registry import ToolContext, ToolFailure, ToolState, tool
+    from shared.agents import AgentError, load_agent
     from shared.messages import (
         FINAL_STATUSES,
+        Agent,
+        AgentRecord,
         ChatMessage,
         Criterion,
         Escalation,
@@ -53,6 +67,14 @@ __all__ = [  # noqa: RUF022 - grouped by what a user does, not sorted
     "Event",
     "Watch",
     "new_run_id",
+    # agents: defined in Python or a file, registered, run by name
+    "Agent",
+    "AgentRecord",
+    "AgentError",
+    "load_agent",
+    "RunResult",
+    "UnknownAgent",
+    "NotAllowed",
     # scenarios (scripted runs with their expectations) and rubrics
     "Scenario",
     "ScenarioError",
@@ -97,6 +119,12 @@ def _messages() -> Any:
     return messages
 
 
+def _agents() -> Any:
+    from shared import agents
+
+    return agents
+
+
 def _scenario() -> Any:
     from shared import scenario
 
@@ -110,7 +138,22 @@ def _settings() -> Any:
 
 
 _HOME = {
-    **dict.fromkeys(("Client", "Event", "NumberedLetter", "Requeued", "Unreachable", "Watch", "new_run_id"), _client),
+    **dict.fromkeys(
+        (
+            "Client",
+            "Event",
+            "NotAllowed",
+            "NumberedLetter",
+            "Requeued",
+            "RunResult",
+            "UnknownAgent",
+            "Unreachable",
+            "Watch",
+            "new_run_id",
+        ),
+        _client,
+    ),
+    **dict.fromkeys(("AgentError", "load_agent"), _agents),
     **dict.fromkeys(("ToolState", "ToolContext", "ToolFailure", "tool"), _registry),
     **dict.fromkeys(("Scenario", "ScenarioError", "load_scenario", "parse_scenario"), _scenario),
     "Settings": _settings,

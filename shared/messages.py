@@ -207,6 +207,55 @@ class RunSubmit(Wire):
     depth: int = Field(
         0, ge=0, le=64, description="0 for a top-level run; a sub-agent is its parent's depth + 1 (cmd.run.spawn)"
     )
+    agent: Name | None = Field(
+        None,
+        description="run a registered agent (``lw_agents``): the planner resolves its definition at submit; the "
+        "submit's task (and scenario) stand, everything else is the agent's",
+    )
+
+
+AGENT_INSTRUCTIONS_MAX_CHARS = 20_000
+
+
+class Agent(Wire):
+    """An agent a user names and runs (``loopwarden agents register FILE``, ``client.register(agent)``):
+    what every run of it gets. A run by name (``RunSubmit.agent``) brings its task (and a scenario, for a
+    scripted run); the rest is the definition's, resolved by the planner at submit."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    name: Name
+    description: str = Field("", max_length=2000)
+    instructions: str = Field(
+        "", max_length=AGENT_INSTRUCTIONS_MAX_CHARS, description="the agent's system prompt, ahead of the loop's rules"
+    )
+    provider: Literal["anthropic", "openai", "scripted"] | None = Field(
+        None,
+        description="the planner provider its live runs need: a planner configured otherwise refuses them "
+        "(None: whatever the stack runs). A scripted run (with a scenario) is replayed either way",
+    )
+    model: str | None = Field(None, max_length=128, description="its runs' planner model")
+    tools: list[Name] | None = Field(
+        None, max_length=1024, description="tool allowlist (the terminal tools are offered too); None: every tool"
+    )
+    terminal_tools: list[Name] = Field(default_factory=lambda: ["submit_result"], max_length=64)
+    answer_mode: Literal["auto", "submit", "text"] = "auto"
+    rubric: Rubric | None = None
+    limits: RunLimits = Field(default_factory=RunLimits)
+    lessons: bool = False
+    tenants: list[Name] | None = Field(
+        None, max_length=1024, description="the tenants that may run it (None: every tenant)"
+    )
+
+
+class AgentRecord(Wire):
+    """An agent as stored in ``lw_agents`` (key: its name): the definition, its version (1, 2, ... one
+    more at each registration that changes it) and the digest of its canonical JSON."""
+
+    agent: Agent
+    version: int = Field(ge=1)
+    digest: str = Field(pattern=DIGEST_PATTERN)
+    registered_at: datetime = Field(default_factory=utcnow)
 
 
 RunStatus = Literal["running", "awaiting_human", "completed", "stopped", "failed"]
@@ -1012,6 +1061,9 @@ class RunSnapshot(Wire):
     submitted: bool = Field(False, description="a terminal tool executed successfully (tool-call history)")
     final_output: str | None = None
     final_reason: str | None = None
+    agent: str | None = Field(None, description="the registered agent the run is of")
+    agent_version: int | None = Field(None, description="the version of its definition the run used")
+    tenant: str | None = Field(None, description="who pays: the tenant the run was submitted for")
     passed: bool | None = None
     first_draft_passed: bool | None = None
     awaiting: AwaitingView | None = None
@@ -1061,4 +1113,6 @@ WIRE_MODELS: tuple[type[BaseModel], ...] = (
     ErrorReply,
     McpServerStatus,
     RunSnapshot,
+    Agent,
+    AgentRecord,
 )

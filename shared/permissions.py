@@ -55,7 +55,7 @@ GRANTS: dict[str, Grant] = {
         ),
         # scenarios: bound at submit; history: the runs' conversations
         kv_write=(S.KV_RUNS, S.KV_MODEL_CALLS, S.KV_LESSONS, S.KV_SCENARIOS, S.KV_HISTORY),
-        kv_read=(S.KV_CONTRACTS,),
+        kv_read=(S.KV_CONTRACTS, S.KV_AGENTS),  # agents: resolved at submit (``RunSubmit.agent``)
         consumers=(
             (S.STREAM_SUBMIT, S.DURABLE_PLANNER_SUBMIT),
             (S.STREAM_CMD, S.DURABLE_PLANNER_SPAWN),
@@ -118,7 +118,9 @@ GRANTS: dict[str, Grant] = {
     "client": Grant(
         publish=(S.run_submit(S.DEFAULT_TENANT), S.ESCALATION_LIST, S.ESCALATION_SHOW),
         subscribe=(f"{S.P}.evt.>",),
-        kv_read=(S.KV_RUNS, S.KV_HISTORY),  # no scenario writes: the scenario travels in the submit
+        # no scenario writes: the scenario travels in the submit. Agents: read (list, show, run by name), never
+        # written: a client changing an agent would change what every other tenant's runs of it do
+        kv_read=(S.KV_RUNS, S.KV_HISTORY, S.KV_AGENTS),
         read_streams=(S.STREAM_EVT,),  # not LW_DLQ: other tenants' arguments and results (operators read it)
     ),
 }
@@ -165,12 +167,14 @@ def tenant_client_grant(tenant: str) -> Grant:
 
 
 def operator_grant(name: str) -> Grant:
-    """An operator works the human queue as themselves, and reads the dead letters and hands them back
-    to their services (``loopwarden dlq``, ``loopwarden dlq requeue``)."""
+    """An operator works the human queue as themselves, reads the dead letters and hands them back
+    to their services (``loopwarden dlq``, ``loopwarden dlq requeue``), and registers the agents every
+    tenant runs (``loopwarden agents register``: ``lw_agents``, which clients only read)."""
     own = tuple(S.escalation_rpc(verb, name) for verb in S.ESCALATION_VERBS)
     return Grant(
         publish=(S.ESCALATION_LIST, S.ESCALATION_SHOW, *own, f"{S.REQUEUE_PREFIX}.>"),
         read_streams=(S.STREAM_DLQ,),
+        kv_write=(S.KV_AGENTS,),
     )
 
 

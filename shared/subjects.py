@@ -132,6 +132,7 @@ KV_MCP_SERVERS = "lw_mcp_servers"  # executor: status per mounted MCP server (an
 KV_HISTORY = "lw_history"  # planner: a run's conversation, one key per message (<run>.<seq>), written once
 KV_CONSOLE_SESSIONS = "lw_console_sessions"  # console: revoked sessions, shared by every replica
 KV_REQUEUES = "lw_requeues"  # every consuming service: <service>.<letter> once it took that letter back
+KV_AGENTS = "lw_agents"  # operators (and the admin): registered agent definitions, one key per agent name
 ALL_BUCKETS = (
     KV_RUNS,
     KV_MODEL_CALLS,
@@ -149,6 +150,7 @@ ALL_BUCKETS = (
     KV_HISTORY,
     KV_CONSOLE_SESSIONS,
     KV_REQUEUES,
+    KV_AGENTS,
 )
 
 _TOKEN_OK = re.compile(r"[^A-Za-z0-9_-]")

@@ -8,16 +8,25 @@ accepted only where scripted runs are allowed, and only up to its size limit.
 
 ``admit`` returns the submit as the run will be started (its tenant filled in), or why it is refused:
 one line naming the field and what it broke, for the dead letter.
+
+A submit naming a registered agent (``RunSubmit.agent``) is resolved by ``resolve_agent``: the submit's
+task and scenario stand, and everything else a run is configured by is the definition's (instructions,
+model, tools, rubric, limits, answer mode); ``with_agent`` puts its instructions, model, name and version
+into the run's config. Both are pure: the handler reads the definition from ``lw_agents``.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from typing import TYPE_CHECKING
 
 from shared import subjects as S
-from shared.messages import NAME_PATTERN, RunSubmit
+from shared.messages import NAME_PATTERN, AgentRecord, RunSubmit
 from shared.settings import Settings
+
+if TYPE_CHECKING:
+    from services.planner.state import RunConfig
 
 _TENANT = re.compile(NAME_PATTERN)
 
@@ -74,3 +83,49 @@ def check_scenario(submit: RunSubmit, settings: Settings) -> None:
     size = len(json.dumps(submit.scenario, separators=(",", ":"), ensure_ascii=False).encode())
     if size > settings.scenario_max_bytes:
         raise Refused(f"scenario: {size} bytes is over the limit {settings.scenario_max_bytes} (LW_SCENARIO_MAX_BYTES)")
+
+
+def resolve_agent(submit: RunSubmit, record: AgentRecord | None, planner_provider: str) -> RunSubmit:
+    """The submit of a run of ``submit.agent`` as its definition ``record`` makes it, or ``Refused``: no
+    such agent, a tenant the agent is not for, or a live run on a planner whose provider
+    (``planner_provider``) is not the one the agent needs. A scripted run (with a scenario) is replayed by
+    the scripted provider whatever the agent names. The definition's limits are capped like a submit's."""
+    name = submit.agent
+    if name is None:
+        return submit
+    if record is None:
+        raise Refused(f"agent {name!r} is not registered (`loopwarden agents list` shows those that are)")
+    agent = record.agent
+    if agent.tenants is not None and submit.tenant not in agent.tenants:
+        raise Refused(f"agent {name!r} is not for tenant {submit.tenant!r} (it is for {', '.join(agent.tenants)})")
+    if submit.scenario is None and agent.provider is not None and agent.provider != planner_provider:
+        raise Refused(
+            f"agent {name!r} needs the {agent.provider} provider; this planner's is {planner_provider} "
+            "(LW_PLANNER_PROVIDER)"
+        )
+    return submit.model_copy(
+        update={
+            "rubric": agent.rubric,
+            "limits": agent.limits,
+            "answer_mode": agent.answer_mode,
+            "terminal_tools": list(agent.terminal_tools),
+            "tools": None if agent.tools is None else list(agent.tools),
+            "lessons": agent.lessons,
+        }
+    )
+
+
+def with_agent(config: RunConfig, record: AgentRecord | None) -> RunConfig:
+    """The run's config with what only the agent sets: its instructions, its model, and which agent and
+    version the run is of."""
+    if record is None:
+        return config
+    agent = record.agent
+    return config.model_copy(
+        update={
+            "instructions": agent.instructions,
+            "model": agent.model or config.model,
+            "agent": agent.name,
+            "agent_version": record.version,
+        }
+    )

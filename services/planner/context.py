@@ -45,7 +45,8 @@ def system_prompt(state: RunState) -> str:
         finish = FINISH_SUBMIT.format(tool=cfg.terminal_tools[0])
     else:
         finish = FINISH_TEXT
-    return SYSTEM_PROMPT.format(finish=finish)
+    rules = SYSTEM_PROMPT.format(finish=finish)
+    return f"{cfg.instructions.strip()}\n\n{rules}" if cfg.instructions.strip() else rules
 
 
 # --- the tool catalogue: whole, or one line per tool above a size (progressive disclosure) ------

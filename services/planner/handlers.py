@@ -24,7 +24,7 @@ from pydantic import Field
 
 from services.planner import context as C
 from services.planner import ids
-from services.planner.admission import Refused, admit
+from services.planner.admission import Refused, admit, check_limits, resolve_agent, with_agent
 from services.planner.escalations import apply_resolution
 from services.planner.judging import apply_verdict
 from services.planner.outbox import Outbox
@@ -48,6 +48,7 @@ from shared.bus import Bus, CasConflict, RequestRefused, TryLater, Unchanged, cu
 from shared.canonical import digest_of
 from shared.messages import (
     TOOL_FAILURES,
+    AgentRecord,
     BudgetDecision,
     BudgetRequest,
     ChatMessage,
@@ -65,7 +66,7 @@ from shared.messages import (
     Wire,
 )
 from shared.providers.base import ModelRequest, ModelResponse, ProviderError, StopReasonError, complete_with_retry
-from shared.providers.select import run_provider
+from shared.providers.select import provider_name, run_provider
 from shared.scenario import Scenario, ScenarioError, parse_scenario
 from shared.settings import Settings
 from shared.telemetry import LW_ITERATION, LW_RUN_ID, Telemetry, current_traceparent, record_invoke_agent
@@ -283,8 +284,13 @@ class Planner:
         """A client's submit (``cmd.run.submit.<tenant>``) or a sub-agent run the planner spawned
         (``cmd.run.spawn``): admitted first (tenant, parent, limits, scenario), then started once."""
         subject = current_subject()
+        record: AgentRecord | None = None
         try:
             submit = admit(submit, subject, self.settings)
+            if submit.agent is not None:  # a registered agent's run: its definition as of now
+                record, _ = await self.bus.kv_get(S.KV_AGENTS, submit.agent, AgentRecord)
+                submit = resolve_agent(submit, record, provider_name(self.settings, "planner"))
+                check_limits(submit, self.settings)  # the agent's limits are capped like a submit's
         except Refused as err:
             await self.refuse(submit, subject, str(err))
             return
@@ -301,8 +307,9 @@ class Planner:
         if submit.lessons:
             stored, _ = await self.bus.kv_get(S.KV_LESSONS, lessons_key(submit.task), Lessons)
             lessons = stored.reasons if stored else []
-        config = resolve_config(submit, self.settings, contracts)
+        config = with_agent(resolve_config(submit, self.settings, contracts), record)
         out = start_run(submit, config, lessons)
+        out.state.agent, out.state.agent_version, out.state.tenant = config.agent, config.agent_version, submit.tenant
         out.state.remember(ids.SUBMIT, out.items)
         out.state.trace_parent = current_traceparent() if self.tracing else ""
         try:

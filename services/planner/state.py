@@ -67,6 +67,9 @@ class RunConfig(_State):
     child_ceiling_usd: float = 0.10
     child_max_iterations: int = 6
     spawn_gate_usd: float = 0.10
+    agent: str | None = None  # a run of a registered agent (services/planner/admission.with_agent)
+    agent_version: int | None = None
+    instructions: str = ""  # the agent's system prompt, ahead of the loop's rules
 
 
 CallStatus = Literal["dispatched", "succeeded", "failed", "skipped", "blocked", "awaiting_human", "resolved_by_human"]
