@@ -1762,6 +1762,23 @@ async def scan(
         seq = out[-1].seq + 1
 
 
+async def scan_page(
+    nc: NatsClient,
+    stream: str,
+    subjects: str,
+    start: int = 1,
+    *,
+    batch: int = SCAN_BATCH,
+    max_bytes: int = SCAN_MAX_BYTES,
+    timeout: float = 5.0,
+) -> tuple[list[Stored], int]:
+    """One batch of ``scan``: the messages on ``subjects`` from ``start`` (at most ``batch``, and the server
+    stops at ``max_bytes``), and how many more match after them."""
+    request = {"seq": start, "next_by_subj": subjects, "batch": batch, "max_bytes": max_bytes}
+    msgs, pending = await _direct_batch(nc, stream, request, timeout)
+    return [_stored(m) for m in msgs], pending
+
+
 async def scan_all(nc: NatsClient, stream: str, filters: list[str], start: int = 1, **kw: Any) -> list[Stored]:
     """``scan`` for several filters that never overlap (e.g. ``S.run_filters``), merged in stream order."""
     found = [m for f in filters for m in await scan(nc, stream, f, start, **kw)]

@@ -53,9 +53,13 @@ GRANTS: dict[str, Grant] = {
             f"{S.tool_succeeded('delegate')}.>",  # a sub-agent's answer to its parent
             f"{S.failure('tool_error', 'delegate')}.>",
         ),
+        # a tenant-bound client's reads of its own runs (``services/planner/reads.py``): it answers them
+        # (``answers``: the tenant clients, filled in by ``grants()``) from the runs' records and events
+        subscribe=(f"{S.RUN_READ_PREFIX}.>",),
         # scenarios: bound at submit; history: the runs' conversations
         kv_write=(S.KV_RUNS, S.KV_MODEL_CALLS, S.KV_LESSONS, S.KV_SCENARIOS, S.KV_HISTORY),
         kv_read=(S.KV_CONTRACTS,),
+        read_streams=(S.STREAM_EVT,),
         consumers=(
             (S.STREAM_SUBMIT, S.DURABLE_PLANNER_SUBMIT),
             (S.STREAM_CMD, S.DURABLE_PLANNER_SPAWN),
@@ -114,7 +118,9 @@ GRANTS: dict[str, Grant] = {
         ),
         answers=("client", "console", "admin"),  # and every operator: ``grants()``
     ),
-    # Submits runs and reads the queue; it cannot claim or resolve (operators have their own users).
+    # The single-tenant deployment's client (the default tenant's): submits runs and reads every run and the
+    # queue; it cannot claim or resolve (operators have their own users). A deployment with several tenants
+    # gives each a tenant-bound client (``TENANT_CLIENTS``), which reads its own runs only.
     "client": Grant(
         publish=(S.run_submit(S.DEFAULT_TENANT), S.ESCALATION_LIST, S.ESCALATION_SHOW),
         subscribe=(f"{S.P}.evt.>",),
@@ -149,8 +155,10 @@ OPERATORS: dict[str, tuple[str, ...]] = {
 
 
 # Clients bound to a tenant: one NATS user each, allowed to submit only on its own tenant's subject
-# (``cmd.run.submit.<tenant>``), so the tenant a run pays from is the one the server authenticated.
-# ``client`` is the default tenant's (its grant above); the value is the tenant.
+# (``cmd.run.submit.<tenant>``), so the tenant a run pays from is the one the server authenticated, and to
+# read only its own tenant's runs, through the planner (``rpc.runs.<verb>.<tenant>``).
+# ``client`` is the default tenant's, the single-tenant deployment's client that reads everything (its grant
+# above); the value is the tenant.
 TENANT_CLIENTS: dict[str, str] = {
     "client": S.DEFAULT_TENANT,
     "client_acme": "acme",
@@ -158,10 +166,11 @@ TENANT_CLIENTS: dict[str, str] = {
 
 
 def tenant_client_grant(tenant: str) -> Grant:
-    """A client of ``tenant``: the ``client`` grant with its own tenant's submit subject."""
-    base = GRANTS["client"]
-    others = tuple(p for p in base.publish if not p.startswith(S.RUN_SUBMIT_PREFIX))
-    return Grant(**{**base.__dict__, "publish": (S.run_submit(tenant), *others)})
+    """A client bound to ``tenant``: submits on its own tenant's subject and reads its own runs through the
+    planner (``rpc.runs.<verb>.<tenant>``, answered for that tenant's runs only). No read right on the
+    buckets, stream or live events of runs, nor on the human queue: they hold every tenant's runs (and
+    arguments), and no grant can filter a direct get or a bucket by tenant."""
+    return Grant(publish=(S.run_submit(tenant), *(S.run_read(verb, tenant) for verb in S.RUN_READ_VERBS)))
 
 
 def operator_grant(name: str) -> Grant:
@@ -192,11 +201,12 @@ def grants(tools: list[str]) -> dict[str, Grant]:
     )
     operators = {name: operator_grant(name) for name in OPERATORS}
     clients = {user: tenant_client_grant(tenant) for user, tenant in TENANT_CLIENTS.items() if user not in GRANTS}
-    escalation = GRANTS["escalation"]
+    escalation, planner = GRANTS["escalation"], GRANTS["planner"]
     return {
         **GRANTS,
+        "planner": Grant(**{**planner.__dict__, "answers": (*planner.answers, *clients)}),
         "executor": Grant(**{**executor.__dict__, "consumers": durables}),
-        "escalation": Grant(**{**escalation.__dict__, "answers": (*escalation.answers, *clients, *OPERATORS)}),
+        "escalation": Grant(**{**escalation.__dict__, "answers": (*escalation.answers, *OPERATORS)}),
         **clients,
         **operators,
     }
