@@ -33,6 +33,8 @@ class Grant:
     consumers: tuple[tuple[str, str], ...] = ()  # (stream, durable name or prefix*)
     read_streams: tuple[str, ...] = ()  # history by direct get (batched: ``Bus.scan``), no consumer
     answers: tuple[str, ...] = ()  # the users whose requests this one answers (publish on their inboxes)
+    bodies_of: tuple[str, ...] | None = None  # whose claim-check bodies it reads (None: anyone's)
+    bodies_for: tuple[str, ...] = ()  # other owners it stores bodies as (the planner: each tenant's reads)
 
 
 F = S.FAILURE_PREFIX
@@ -170,7 +172,17 @@ def tenant_client_grant(tenant: str) -> Grant:
     planner (``rpc.runs.<verb>.<tenant>``, answered for that tenant's runs only). No read right on the
     buckets, stream or live events of runs, nor on the human queue: they hold every tenant's runs (and
     arguments), and no grant can filter a direct get or a bucket by tenant."""
-    return Grant(publish=(S.run_submit(tenant), *(S.run_read(verb, tenant) for verb in S.RUN_READ_VERBS)))
+    return Grant(
+        publish=(S.run_submit(tenant), *(S.run_read(verb, tenant) for verb in S.RUN_READ_VERBS)),
+        # the bodies of its own submits, and those the planner stores for its tenant's reads: not anyone's
+        # (every user may list LW_PAYLOADS' subjects, and other tenants' answers and tool results are there)
+        bodies_of=(S.token(user_of(tenant)), S.tenant_bodies(tenant)),
+    )
+
+
+def user_of(tenant: str) -> str:
+    """The tenant-bound client user of ``tenant``."""
+    return next(user for user, t in TENANT_CLIENTS.items() if t == tenant)
 
 
 def operator_grant(name: str) -> Grant:
@@ -204,7 +216,13 @@ def grants(tools: list[str]) -> dict[str, Grant]:
     escalation, planner = GRANTS["escalation"], GRANTS["planner"]
     return {
         **GRANTS,
-        "planner": Grant(**{**planner.__dict__, "answers": (*planner.answers, *clients)}),
+        "planner": Grant(
+            **{
+                **planner.__dict__,
+                "answers": (*planner.answers, *clients),
+                "bodies_for": tuple(S.tenant_bodies(TENANT_CLIENTS[user]) for user in clients),
+            }
+        ),
         "executor": Grant(**{**executor.__dict__, "consumers": durables}),
         "escalation": Grant(**{**escalation.__dict__, "answers": (*escalation.answers, *OPERATORS)}),
         **clients,
@@ -256,7 +274,8 @@ def rights(service: str, grant: Grant) -> tuple[list[str], list[str]]:
         # History by (batched) direct get: a read, never a consumer. ``MSG.GET`` reads one message by its
         # number (``loopwarden dlq requeue N``).
         pub += [f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.DIRECT.GET.{stream}", f"$JS.API.STREAM.MSG.GET.{stream}"]
-    pub += payload_rights(service)
+    pub += payload_rights(service, grant.bodies_of)
+    pub += [f"{S.PAYLOAD_PREFIX}.{owner}.>" for owner in grant.bodies_for]
     return list(dict.fromkeys(pub)), list(dict.fromkeys(sub))
 
 
@@ -271,14 +290,16 @@ def _kv_read_rights(bucket: str) -> list[str]:
     ]
 
 
-def payload_rights(user: str) -> list[str]:
+def payload_rights(user: str, bodies_of: tuple[str, ...] | None = None) -> list[str]:
     """Everyone stores large bodies by reference (claim check, ``shared/payloads.py``) under its own name
-    only, each subject once (the stream refuses a second write), and reads anyone's by direct get."""
-    return [
-        f"{S.PAYLOAD_PREFIX}.{S.token(user)}.>",
-        f"$JS.API.STREAM.INFO.{S.STREAM_PAYLOADS}",
-        f"$JS.API.DIRECT.GET.{S.STREAM_PAYLOADS}.>",
-    ]
+    only, each subject once (the stream refuses a second write), and reads anyone's by direct get - but a
+    tenant-bound client, which reads only the owners ``bodies_of`` names."""
+    reads = (
+        [f"$JS.API.DIRECT.GET.{S.STREAM_PAYLOADS}.>"]
+        if bodies_of is None
+        else [f"$JS.API.DIRECT.GET.{S.STREAM_PAYLOADS}.{S.PAYLOAD_PREFIX}.{owner}.>" for owner in bodies_of]
+    )
+    return [f"{S.PAYLOAD_PREFIX}.{S.token(user)}.>", f"$JS.API.STREAM.INFO.{S.STREAM_PAYLOADS}", *reads]
 
 
 def render(tools: list[str]) -> str:

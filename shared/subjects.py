@@ -197,6 +197,12 @@ def run_read(verb: str, tenant: str) -> str:
     return f"{RUN_READ_PREFIX}.{token(verb)}.{token(tenant)}"
 
 
+def tenant_bodies(tenant: str) -> str:
+    """The claim-check owner (``lw.v1.payload.<it>.>``) of the large bodies the planner hands a tenant-bound
+    client in its reads (``run_read``): that tenant's client may read these and its own, no one else's."""
+    return f"tenant_{token(tenant)}"
+
+
 def tool_execute(tool: str) -> str:
     return f"{TOOL_EXECUTE_PREFIX}.{token(tool)}"
 

@@ -10,6 +10,7 @@ other run exactly as a missing one. Each attack is made as ``client_acme`` and j
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -17,6 +18,7 @@ from typing import Any
 
 import nats
 import pytest
+from nats.aio.client import Client as NatsClient
 
 from loopwarden.client import Client
 from loopwarden.stack import LocalStack
@@ -86,7 +88,7 @@ def run_id(who: str) -> str:
     return f"run-{who}-{uuid.uuid4().hex[:10]}"
 
 
-CALC = [
+CALC: list[dict[str, Any]] = [
     {"tool_calls": [{"name": "calculator", "input": {"expression": "6*7"}, "id": "toolu_1"}]},
     {"text": "forty-two"},
 ]
@@ -164,7 +166,7 @@ async def test_another_tenants_run_is_answered_exactly_as_a_missing_one(
 # --- no direct read of the runs, the events or the queue; no other tenant's read subject ---------------------------
 
 
-async def acme_connection(url: str, errors: list[str]) -> nats.NATS:
+async def acme_connection(url: str, errors: list[str]) -> NatsClient:
     async def on_error(err: Exception) -> None:
         errors.append(str(err))
 
@@ -234,6 +236,36 @@ async def test_a_tenant_client_gets_nothing_from_the_runs_buckets_event_stream_l
         await nc.close()
     assert any("permissions violation for subscription" in e.lower() for e in errors), errors
     assert got == [], got[:5]
+
+
+async def test_a_tenant_client_reads_no_other_tenants_large_body_from_the_claim_check_store(
+    locked: tuple[str, LocalStack], client: Client
+) -> None:
+    """Large bodies (a long answer, a big tool result) are stored by reference in LW_PAYLOADS; every user may
+    list its subjects (stream info), so each body must be readable only by those its run belongs to."""
+    url, secret = locked[0], f"SECRET-{uuid.uuid4().hex}-"
+    theirs = run_id("default")
+    await client.submit(scripted(theirs, [{"text": secret * (300_000 // len(secret))}]))
+    assert (await client.wait(theirs, timeout=60)).status == "completed"
+    errors: list[str] = []
+    nc = await acme_connection(url, errors)
+    leaked: list[str] = []
+    try:
+        info = await nc.request(
+            f"$JS.API.STREAM.INFO.{S.STREAM_PAYLOADS}",
+            json.dumps({"subjects_filter": f"{S.PAYLOAD_PREFIX}.>"}).encode(),
+            timeout=3,
+        )
+        subjects = list((json.loads(info.data).get("state") or {}).get("subjects") or {})
+        asks = [*subjects, f"{S.PAYLOAD_PREFIX}.>", f"{S.PAYLOAD_PREFIX}.planner.>"]  # each, and the last of any
+        for subject in asks:
+            with contextlib.suppress(nats.errors.TimeoutError):
+                got = await nc.request(f"$JS.API.DIRECT.GET.{S.STREAM_PAYLOADS}.{subject}", b"", timeout=0.5)
+                if secret.encode() in (got.data or b""):
+                    leaked.append(subject)
+    finally:
+        await nc.close()
+    assert leaked == [], leaked[:3]
 
 
 def test_only_the_default_tenants_client_reads_runs_directly() -> None:

@@ -390,7 +390,9 @@ def test_every_generated_grant_keeps_the_rules() -> None:
         if user != "planner":
             assert not any(S.matches(p, f"{S.P}.cmd.run.spawn") for p in pub), user
         # claim-check bodies: only under one's own name; dead letters: operators (and admin) only
-        assert [p for p in pub if p.startswith(S.PAYLOAD_PREFIX)] == [f"{S.PAYLOAD_PREFIX}.{S.token(user)}.>"], user
+        # (and the planner under each tenant's, for that tenant's reads: ``S.tenant_bodies``)
+        own_bodies = [S.token(user), *(S.tenant_bodies(t) for t in TENANT_BOUND.values() if user == "planner")]
+        assert [p for p in pub if p.startswith(S.PAYLOAD_PREFIX)] == [f"{S.PAYLOAD_PREFIX}.{o}.>" for o in own_bodies]
         if user in ("client", "console"):
             reads = ("DIRECT.GET", "MSG.GET", "CONSUMER.")  # its stream info (counts) is no letter
             assert not any(S.STREAM_DLQ in p and any(r in p for r in reads) for p in pub), user
@@ -402,7 +404,8 @@ def test_every_generated_grant_keeps_the_rules() -> None:
         # (the default tenant's ``client`` is the single-tenant deployment's: it reads every run)
         if user in TENANT_BOUND:
             reads = [p for p in pub if ".GET." in p or p.endswith(".GET") or p.startswith("$KV.")]
-            assert all(S.STREAM_PAYLOADS in p for p in reads), (user, reads)
+            bodies = (user, S.tenant_bodies(TENANT_BOUND[user]))  # its own, and its tenant's reads'
+            assert reads == [f"$JS.API.DIRECT.GET.{S.STREAM_PAYLOADS}.{S.PAYLOAD_PREFIX}.{o}.>" for o in bodies], reads
             assert sub == [f"{S.inbox_prefix(user)}.>"], (user, sub)
             assert not any(p.startswith(S.ESCALATION_RPC_PREFIX) for p in pub), user
             own = [S.run_read(verb, TENANT_BOUND[user]) for verb in S.RUN_READ_VERBS]

@@ -6,8 +6,9 @@ token). So a client bound to a tenant gets no read right on them at all, and ask
 the runs' records: the server lets each such client publish only its own tenant's subjects, and the planner
 answers only for runs whose stored tenant is the subject's (``readable``). Any other run is answered exactly
 as a missing one, so no tenant learns whether another's run exists. Every answer fits in one NATS message:
-a long history or event list comes in pages (``fit``, ``merge_pages``), a large value as the claim-check
-reference it is stored as (the client fetches the body from ``LW_PAYLOADS``, as for any message).
+a long history or event list comes in pages (``fit``, ``merge_pages``), a large value by claim-check
+reference - stored again under the tenant's own owner (``S.tenant_bodies``), since a tenant-bound client may
+read no one else's bodies (whoever stored them first: the executor a tool result, the client a submit).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from shared import history
 from shared import subjects as S
 from shared.bus import RUN_ID_HEADER, Bus, Stored, scan_page
 from shared.messages import ErrorReply, RunRead, RunReadReply, RunSnapshot, StoredItem
-from shared.payloads import HEADER_ROOM
+from shared.payloads import HEADER_ROOM, REF_HEADER, PayloadError, PayloadStore
 
 NOT_FOUND = RunReadReply(found=False)  # a missing run and another tenant's: the same answer
 ENVELOPE = 1024  # the reply's own fields around its items
@@ -86,21 +87,36 @@ class RunReads:
     def budget(self) -> int:
         return self.bus.nc.max_payload - HEADER_ROOM - ENVELOPE
 
+    def _store(self, subject: str) -> PayloadStore:
+        """Where the large bodies of this read go: under the asking tenant's own owner."""
+        return PayloadStore(self.bus.settings, S.tenant_bodies(tenant_of(subject)))
+
     async def _run(self, read: RunRead, subject: str) -> RunState | None:
         state, _ = await self.bus.kv_get(S.KV_RUNS, read.run_id, RunState)
         return state if state is not None and readable(state.config.tenant, tenant_of(subject)) else None
 
-    async def _value(self, model: Any) -> Any:
+    async def _value(self, model: Any, subject: str) -> Any:
         """A value as the answer carries it: itself, or a reference to it when it is too large for one message."""
-        data = await self.bus.payloads.offload_value(self.bus.nc, model.model_dump_json(by_alias=True).encode())
-        return json.loads(data)
+        data = model.model_dump_json(by_alias=True).encode()
+        return json.loads(await self._store(subject).offload_value(self.bus.nc, data))
+
+    async def _event(self, m: Stored, subject: str) -> StoredItem:
+        """A stored event as the answer carries it: a body stored by reference is fetched, and referred to again
+        under the tenant's owner when it is too large for one message."""
+        try:
+            data = await self.bus.payloads.inflate(self.bus.nc, m.data, m.headers)
+        except PayloadError:  # gone (expired) or bad: handed on as it is stored, the reader says it cannot be had
+            return StoredItem(subject=m.subject, seq=m.seq, headers=m.headers, body=_body(m.data))
+        headers = {k: v for k, v in m.headers.items() if k != REF_HEADER}
+        data = await self._store(subject).offload(self.bus.nc, data, headers)
+        return StoredItem(subject=m.subject, seq=m.seq, headers=headers, body=_body(data))
 
     async def on_state(self, read: RunRead, subject: str) -> RunReadReply:
         state = await self._run(read, subject)
         if state is None:
             return NOT_FOUND
         snapshot = RunSnapshot.model_validate(state.model_dump(include=set(RunSnapshot.model_fields)))
-        return RunReadReply(found=True, record=await self._value(snapshot))
+        return RunReadReply(found=True, record=await self._value(snapshot, subject))
 
     async def on_history(self, read: RunRead, subject: str) -> RunReadReply:
         state = await self._run(read, subject)
@@ -125,7 +141,7 @@ class RunReads:
                     self.bus, state.run_id, seq, min(end, state.tail_from, seq + history.READ_BATCH)
                 )
             for message in batch:
-                item = StoredItem(seq=seq, body=await self._value(message))
+                item = StoredItem(seq=seq, body=await self._value(message, subject))
                 items.append(item)
                 sizes.append(len(item.model_dump_json()))
                 seq += 1
@@ -142,7 +158,7 @@ class RunReads:
         pages = [await scan_page(nc, S.STREAM_EVT, f, start, max_bytes=self.budget) for f in filters]
         stored, after = merge_pages(pages)
         items = [
-            StoredItem(subject=m.subject, seq=m.seq, headers=m.headers, body=_body(m.data))
+            await self._event(m, subject)
             for m in stored
             if m.headers.get(RUN_ID_HEADER, "") == read.run_id  # a run token is a bounded id: the header is the id
         ]
