@@ -78,7 +78,7 @@ from shared.describe import describe
 from shared.messages import DeadLetter, ErrorReply, Requeue
 from shared.payloads import PayloadError, PayloadStore, PayloadTooLarge
 from shared.payloads import stream_config as payload_stream_config
-from shared.permissions import GRANTS
+from shared.permissions import GRANTS, streams_seen
 from shared.scenario import Scenario
 from shared.settings import Settings
 
@@ -693,7 +693,7 @@ class Bus:
         if self.settings.manage_streams:
             await self.until_ready("streams", lambda: ensure_streams(self.js, self.settings))
         else:
-            for stream in S.STREAM_SUBJECTS:
+            for stream in streams_seen(self.service):  # a tenant-bound client: the one it submits to
                 await self.until_ready(f"stream {stream}", functools.partial(self.js.stream_info, stream))
             for bucket in needed_buckets(self.service):
                 self._kv[bucket] = await self.until_ready(

@@ -35,6 +35,7 @@ class Grant:
     answers: tuple[str, ...] = ()  # the users whose requests this one answers (publish on their inboxes)
     bodies_of: tuple[str, ...] | None = None  # whose claim-check bodies it reads (None: anyone's)
     bodies_for: tuple[str, ...] = ()  # other owners it stores bodies as (the planner: each tenant's reads)
+    sees: tuple[str, ...] | None = None  # the streams whose info (and subject index) it may read (None: every one)
 
 
 F = S.FAILURE_PREFIX
@@ -175,14 +176,22 @@ def tenant_client_grant(tenant: str) -> Grant:
     return Grant(
         publish=(S.run_submit(tenant), *(S.run_read(verb, tenant) for verb in S.RUN_READ_VERBS)),
         # the bodies of its own submits, and those the planner stores for its tenant's reads: not anyone's
-        # (every user may list LW_PAYLOADS' subjects, and other tenants' answers and tool results are there)
+        # (other tenants' answers and tool results are there)
         bodies_of=(S.token(user_of(tenant)), S.tenant_bodies(tenant)),
+        # the stream it submits to: not the subject index of the others (LW_EVT's names every run and what it did)
+        sees=(S.STREAM_SUBMIT,),
     )
 
 
 def user_of(tenant: str) -> str:
     """The tenant-bound client user of ``tenant``."""
     return next(user for user, t in TENANT_CLIENTS.items() if t == tenant)
+
+
+def streams_seen(user: str) -> tuple[str, ...]:
+    """The streams ``user`` may read the info of (and so waits for at start, ``Bus.connect``)."""
+    grant = GRANTS.get(user) or (tenant_client_grant(TENANT_CLIENTS[user]) if user in TENANT_CLIENTS else None)
+    return tuple(S.STREAM_SUBJECTS) if grant is None or grant.sees is None else grant.sees
 
 
 def operator_grant(name: str) -> Grant:
@@ -244,7 +253,7 @@ def rights(service: str, grant: Grant) -> tuple[list[str], list[str]]:
     # Read and ack through its own durables only: no CONSUMER.CREATE / DURABLE.CREATE on a stream, so a
     # service can neither change its consumer's filter (and read every command) nor its limits;
     # `loopwarden bootstrap` (admin) creates them. Stream INFO lets it wait for bootstrap.
-    pub += [f"$JS.API.STREAM.INFO.{stream}" for stream in S.STREAM_SUBJECTS]
+    pub += [f"$JS.API.STREAM.INFO.{stream}" for stream in (S.STREAM_SUBJECTS if grant.sees is None else grant.sees)]
     for stream, durable in grant.consumers:
         pub += [
             f"$JS.API.CONSUMER.INFO.{stream}.{durable}",
@@ -294,12 +303,15 @@ def payload_rights(user: str, bodies_of: tuple[str, ...] | None = None) -> list[
     """Everyone stores large bodies by reference (claim check, ``shared/payloads.py``) under its own name
     only, each subject once (the stream refuses a second write), and reads anyone's by direct get - but a
     tenant-bound client, which reads only the owners ``bodies_of`` names."""
-    reads = (
-        [f"$JS.API.DIRECT.GET.{S.STREAM_PAYLOADS}.>"]
-        if bodies_of is None
-        else [f"$JS.API.DIRECT.GET.{S.STREAM_PAYLOADS}.{S.PAYLOAD_PREFIX}.{owner}.>" for owner in bodies_of]
-    )
-    return [f"{S.PAYLOAD_PREFIX}.{S.token(user)}.>", f"$JS.API.STREAM.INFO.{S.STREAM_PAYLOADS}", *reads]
+    if bodies_of is None:
+        return [
+            f"{S.PAYLOAD_PREFIX}.{S.token(user)}.>",
+            f"$JS.API.STREAM.INFO.{S.STREAM_PAYLOADS}",
+            f"$JS.API.DIRECT.GET.{S.STREAM_PAYLOADS}.>",
+        ]
+    # not the stream's subject index either: it names every body's owner and digest
+    reads = [f"$JS.API.DIRECT.GET.{S.STREAM_PAYLOADS}.{S.PAYLOAD_PREFIX}.{owner}.>" for owner in bodies_of]
+    return [f"{S.PAYLOAD_PREFIX}.{S.token(user)}.>", *reads]
 
 
 def render(tools: list[str]) -> str:

@@ -27,6 +27,7 @@ from shared import subjects as S
 from shared.bus import Stored
 from shared.canonical import digest_of
 from shared.messages import RunRead, RunSubmit
+from shared.payloads import ref_for
 from shared.scenario import parse_scenario
 from shared.settings import Settings
 from tests.conftest import TEST_ENV
@@ -193,6 +194,9 @@ async def test_a_tenant_client_gets_nothing_from_the_runs_buckets_event_stream_l
             {"seq": 1, "next_by_subj": f"{S.P}.evt.>", "batch": 10}
         ).encode(),
         f"$JS.API.STREAM.MSG.GET.{S.STREAM_EVT}": json.dumps({"seq": 1}).encode(),
+        # the subject indexes: every run id, and what each did
+        f"$JS.API.STREAM.INFO.{S.STREAM_EVT}": json.dumps({"subjects_filter": f"{S.P}.evt.>"}).encode(),
+        f"$JS.API.STREAM.INFO.KV_{S.KV_RUNS}": json.dumps({"subjects_filter": ">"}).encode(),
         S.ESCALATION_LIST: b"{}",
         S.ESCALATION_SHOW: b"{}",
         S.run_read("state", "globex"): RunRead(run_id=theirs).model_dump_json().encode(),
@@ -245,19 +249,28 @@ async def test_a_tenant_client_reads_no_other_tenants_large_body_from_the_claim_
     list its subjects (stream info), so each body must be readable only by those its run belongs to."""
     url, secret = locked[0], f"SECRET-{uuid.uuid4().hex}-"
     theirs = run_id("default")
-    await client.submit(scripted(theirs, [{"text": secret * (300_000 // len(secret))}]))
+    submit = scripted(theirs, [{"text": secret * (300_000 // len(secret))}])
+    await client.submit(submit)
     assert (await client.wait(theirs, timeout=60)).status == "completed"
+    known = ref_for(submit.model_dump_json(by_alias=True).encode())  # the submit's body: its name can be had
     errors: list[str] = []
     nc = await acme_connection(url, errors)
     leaked: list[str] = []
     try:
-        info = await nc.request(
-            f"$JS.API.STREAM.INFO.{S.STREAM_PAYLOADS}",
-            json.dumps({"subjects_filter": f"{S.PAYLOAD_PREFIX}.>"}).encode(),
-            timeout=3,
-        )
-        subjects = list((json.loads(info.data).get("state") or {}).get("subjects") or {})
-        asks = [*subjects, f"{S.PAYLOAD_PREFIX}.>", f"{S.PAYLOAD_PREFIX}.planner.>"]  # each, and the last of any
+        subjects: list[str] = []
+        with contextlib.suppress(nats.errors.TimeoutError):  # the subject index names every body
+            info = await nc.request(
+                f"$JS.API.STREAM.INFO.{S.STREAM_PAYLOADS}",
+                json.dumps({"subjects_filter": f"{S.PAYLOAD_PREFIX}.>"}).encode(),
+                timeout=1,
+            )
+            subjects = list((json.loads(info.data).get("state") or {}).get("subjects") or {})
+        asks = [
+            *subjects,
+            S.payload_subject("client", known.sha256, 0),
+            f"{S.PAYLOAD_PREFIX}.>",  # the last body stored by anyone
+            f"{S.PAYLOAD_PREFIX}.planner.>",
+        ]
         for subject in asks:
             with contextlib.suppress(nats.errors.TimeoutError):
                 got = await nc.request(f"$JS.API.DIRECT.GET.{S.STREAM_PAYLOADS}.{subject}", b"", timeout=0.5)
