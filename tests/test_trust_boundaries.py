@@ -407,6 +407,10 @@ def test_every_generated_grant_keeps_the_rules() -> None:
             bodies = (user, S.tenant_bodies(TENANT_BOUND[user]))  # its own, and its tenant's reads'
             assert reads == [f"$JS.API.DIRECT.GET.{S.STREAM_PAYLOADS}.{S.PAYLOAD_PREFIX}.{o}.>" for o in bodies], reads
             assert sub == [f"{S.inbox_prefix(user)}.>"], (user, sub)
+            # no subject index but its submit stream's (LW_EVT's names every run, LW_PAYLOADS' every body)
+            assert [p for p in pub if p.startswith("$JS.API.STREAM.INFO.")] == [
+                f"$JS.API.STREAM.INFO.{S.STREAM_SUBMIT}"
+            ]
             assert not any(p.startswith(S.ESCALATION_RPC_PREFIX) for p in pub), user
             own = [S.run_read(verb, TENANT_BOUND[user]) for verb in S.RUN_READ_VERBS]
             assert [p for p in pub if p.startswith(S.RUN_READ_PREFIX)] == own, user
