@@ -34,14 +34,23 @@ from tests.conftest import TEST_ENV
 from tests.support import locked as L
 
 # acme's day must outlast a 300 KB answer (the test default is $0.05 for every tenant but the default one)
-STACK_ENV = {**TEST_ENV, "LW_PLANNER_PROVIDER": "scripted", "LW_TENANT_CEILINGS": '{"default": 1000, "acme": 1000}'}
+# and a run's limits a long history (a few 80 KB turns, more than one answer of a 300 KB max_payload holds)
+STACK_ENV = {
+    **TEST_ENV,
+    "LW_PLANNER_PROVIDER": "scripted",
+    "LW_TENANT_CEILINGS": '{"default": 1000, "acme": 1000}',
+    "LW_RUN_TOKEN_BUDGET": "5000000",
+    "LW_CONTEXT_BUDGET_TOKENS": "1000000",
+    "LW_COST_CEILING_USD": "100",
+}
+MAX_PAYLOAD = 300 * 1024  # the smallest that holds a claim-check chunk (256 KiB): pages come soon
 SERVICES = ("planner", "executor", "validator", "governor")
 
 
 @pytest.fixture(scope="module")
 def locked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, LocalStack]]:
     tmp = tmp_path_factory.mktemp("tenant-reads")
-    with L.locked_server(tmp, "tenant-reads") as url:
+    with L.locked_server(tmp, "tenant-reads", f"max_payload: {MAX_PAYLOAD}") as url:
         stack = LocalStack(
             state_dir=tmp,
             nats_url=url,
@@ -126,6 +135,28 @@ async def test_a_tenant_client_waits_for_its_own_run_and_reads_its_state_history
     assert all(e.run_id == mine for e in events) and [e.seq for e in events] == sorted(e.seq for e in events)
     [done] = await acme.events(mine, subjects=S.run_event("completed"))
     assert done.payload.get("final_output", big) == big
+
+
+async def test_a_long_history_comes_in_pages_that_each_fit_in_one_message(
+    locked: tuple[str, LocalStack], client: Client, acme: Client
+) -> None:
+    mine = run_id("acme")
+    turns = [
+        {
+            "text": f"part {i} " + "y" * 80_000,
+            "tool_calls": [{"name": "calculator", "input": {"expression": f"{i}+1"}, "id": f"toolu_{i}"}],
+        }
+        for i in range(4)
+    ]
+    await acme.submit(scripted(mine, [*turns, {"text": "done"}]))
+    state = await acme.wait(mine, timeout=90)
+    assert state.status == "completed", state.final_reason
+    assert sum(len(m.model_dump_json()) for m in state.messages) > MAX_PAYLOAD
+    assert state.messages == await client.history(mine)  # what the default tenant's client reads directly
+    first = await raw_read(locked[0], "history", RunRead(run_id=mine))
+    page = json.loads(first)
+    assert len(first) <= MAX_PAYLOAD and page["next"] is not None and 0 < len(page["items"]) < len(state.messages)
+    assert await acme.events(mine) == await client.events(mine)
 
 
 async def test_a_tenant_clients_watch_sees_its_runs_events_as_they_come(acme: Client) -> None:
