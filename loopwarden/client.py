@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -38,6 +39,8 @@ from shared.messages import (
     EscalationReply,
     EscalationResolve,
     RunLimits,
+    RunRead,
+    RunReadReply,
     RunSnapshot,
     RunSubmit,
     ToolAttempt,
@@ -51,6 +54,7 @@ from shared.settings import Settings
 from shared.telemetry import LW_RUN_ID, Telemetry, setup_telemetry
 from shared.urls import redact_url
 
+TENANT_POLL_S = 0.2  # how often a tenant-bound client asks again (it reads no live event)
 PROGRESS_STEMS = frozenset(S.run_event(e.model_fields["kind"].default) for e in PROGRESS_EVENTS)
 
 
@@ -466,18 +470,51 @@ class Client:
             await self.bus.publish(subject, submit, msg_id=f"submit.{submit.run_id}")
         return submit.run_id
 
+    @property
+    def tenant_bound(self) -> bool:
+        """A client of a tenant other than the default reads its runs through the planner (``rpc.runs``,
+        its own tenant's runs only): its user may read no bucket or stream of runs, which hold every
+        tenant's. The default tenant's ``client`` (a single-tenant deployment's) reads them directly."""
+        return self.settings.tenant != S.DEFAULT_TENANT
+
+    async def _read(self, verb: str, read: RunRead) -> RunReadReply:
+        return await self.bus.request(S.run_read(verb, self.settings.tenant), read, RunReadReply)
+
+    async def _value(self, value: Any) -> bytes:
+        """A value a ``RunReadReply`` carries, its body fetched when it travelled by reference."""
+        return await self.bus.payloads.inflate_value(self.bus.nc, json.dumps(value).encode())
+
     async def state(self, run_id: str, history: bool = False) -> RunSnapshot | None:
         """The run as the planner publishes it (``RunSnapshot``); with ``history``, its
         ``messages`` are read too (from ``lw_history`` and the record's tail)."""
-        snap, _ = await self.bus.kv_get(S.KV_RUNS, run_id, RunSnapshot)
+        if self.tenant_bound:
+            reply = await self._read("state", RunRead(run_id=run_id))
+            snap = RunSnapshot.model_validate_json(await self._value(reply.record)) if reply.found else None
+        else:
+            snap, _ = await self.bus.kv_get(S.KV_RUNS, run_id, RunSnapshot)
         if snap is not None and history:
-            snap.messages = await H.messages(self.bus, snap)
+            snap.messages = await self.history(snap)
         return snap
 
     async def history(self, run: str | RunSnapshot, last: int | None = None) -> list[ChatMessage]:
         """The run's live conversation (or its ``last`` messages), oldest first."""
-        snap = run if isinstance(run, RunSnapshot) else await self.state(run)
-        return [] if snap is None else await H.messages(self.bus, snap, last)
+        if not self.tenant_bound:
+            snap = run if isinstance(run, RunSnapshot) else await self.state(run)
+            return [] if snap is None else await H.messages(self.bus, snap, last)
+        if isinstance(run, RunSnapshot):  # the messages that snapshot names
+            start = run.history_start if last is None else max(run.history_start, run.history_len - last)
+            read = RunRead(run_id=run.run_id, start=start, end=run.history_len)
+        else:
+            read = RunRead(run_id=run, last=last)
+        out: list[ChatMessage] = []
+        while True:  # in pages that each fit in one message
+            reply = await self._read("history", read)
+            if not reply.found:
+                return out
+            out += [ChatMessage.model_validate_json(await self._value(i.body)) for i in reply.items]
+            if reply.next is None:
+                return out
+            read = RunRead(run_id=read.run_id, start=reply.next, end=reply.end)
 
     async def wait(
         self,
@@ -494,6 +531,7 @@ class Client:
         returned once its queue item is there (``show(state.awaiting.escalation_id)`` has it)."""
         deadline = time.monotonic() + timeout
         changed = await self._on_run_events(run_id)
+        poll = TENANT_POLL_S if self.tenant_bound else 1.0  # a tenant-bound client has no live events: it asks
         state = None
         try:
             while time.monotonic() < deadline:
@@ -505,13 +543,13 @@ class Client:
                 if state is not None and state.status in until:
                     if state.done:
                         await self._settled(run_id, state.status, deadline, changed)
-                    elif state.awaiting is not None:
+                    elif state.awaiting is not None and not self.tenant_bound:  # its user does not read the queue
                         await self._filed(state.awaiting.escalation_id, deadline)
                     if history:
-                        state.messages = await H.messages(self.bus, state)
+                        state.messages = await self.history(state)
                     return state
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(max(0.01, min(1.0, deadline - time.monotonic()))):
+                    async with asyncio.timeout(max(0.01, min(poll, deadline - time.monotonic()))):
                         await changed.wait()
         finally:
             await self._stop_waiting(run_id, changed)
@@ -525,7 +563,7 @@ class Client:
         client that run's ``evt.run.*`` events only (``S.run_filters``), not every run's."""
         changed = asyncio.Event()
         self._waiters.setdefault(run_id, set()).add(changed)
-        if run_id not in self._run_events:
+        if run_id not in self._run_events and not self.tenant_bound:  # its user reads no live event
             subs = self._run_events[run_id] = []
 
             async def dispatch(msg: Any) -> None:
@@ -579,7 +617,10 @@ class Client:
         """The stored event history (optionally of one run), oldest first. ``subjects`` is a stem or
         stem pattern. One run's history is a server-side filter on the run's subject token
         (``S.run_filters``): the server sends that run's events only, whatever else is stored. Read by
-        batched direct gets (``shared.bus.scan``): a reader creates no consumer on the stream."""
+        batched direct gets (``shared.bus.scan``): a reader creates no consumer on the stream. A tenant-bound
+        client reads one run's events at a time, through the planner (``rpc.runs.events``), in pages."""
+        if self.tenant_bound:
+            return await self._run_events_read(run_id, subjects)
         stream = S.stream_for(subjects) or S.STREAM_EVT
         filters = S.run_filters(run_id, subjects) if run_id is not None and stream == S.STREAM_EVT else [subjects]
         nc = self.bus.nc
@@ -591,6 +632,20 @@ class Client:
         for m in stored:
             if run_id is None or m.headers.get(RUN_ID_HEADER, "") == run_id:
                 out.append(await self.event(m))
+        return out
+
+    async def _run_events_read(self, run_id: str | None, subjects: str, start: int = 1) -> list[Event]:
+        if run_id is None:
+            raise ValueError("a client bound to a tenant reads one run's events at a time (name the run)")
+        out: list[Event] = []
+        read: int | None = start
+        while read is not None:
+            reply = await self._read("events", RunRead(run_id=run_id, start=read, subjects=subjects))
+            if not reply.found:
+                break
+            for i in reply.items:
+                out.append(await self.event(Stored(i.subject, i.seq, None, i.headers, json.dumps(i.body).encode())))
+            read = reply.next
         return out
 
     async def event(self, msg: Any) -> Event:
@@ -608,10 +663,23 @@ class Client:
         the subscription: flushed), so a run submitted after it misses nothing:
         ``async with await client.watch(run_id) as events: ... async for e in events``."""
         watch = Watch(run_id, self.event)
+        if self.tenant_bound:  # its user reads no live event: the run's stored events, asked for as they come
+            watch.subs = [_Polled(asyncio.create_task(self._poll_events(watch)))]
+            return watch
         nc = self.bus.broker.connection
         watch.subs = [await nc.subscribe(subject, cb=watch.on_msg) for subject in S.run_filters(run_id)]
         await nc.flush()
         return watch
+
+    async def _poll_events(self, watch: Watch) -> None:
+        after = (await self._run_events_read(watch.run_id, f"{S.P}.evt.>"))[-1:]  # from now on, as a watch does
+        start = after[0].seq + 1 if after else 1
+        while True:
+            await asyncio.sleep(TENANT_POLL_S)
+            with contextlib.suppress(TimeoutError):
+                for event in await self._run_events_read(watch.run_id, f"{S.P}.evt.>", start):
+                    await watch._queue.put(event)
+                    start = event.seq + 1
 
     async def dead_letters(self) -> list[DeadLetter]:
         return [n.letter for n in await self.letters()]
@@ -765,6 +833,18 @@ class Client:
     # --- tool metrics (derived from the event history) -------------------------------------------
     async def tool_metrics(self) -> dict[str, dict[str, float]]:
         return tool_metrics(await self.events())
+
+
+@dataclass(frozen=True)
+class _Polled:
+    """A tenant-bound client's watch: the task that asks for the run's new events (``close`` ends it)."""
+
+    task: asyncio.Task[None]
+
+    async def unsubscribe(self) -> None:
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self.task
 
 
 def _json(data: bytes) -> dict[str, Any]:

@@ -78,7 +78,7 @@ from shared.describe import describe
 from shared.messages import DeadLetter, ErrorReply, Requeue
 from shared.payloads import PayloadError, PayloadStore, PayloadTooLarge
 from shared.payloads import stream_config as payload_stream_config
-from shared.permissions import GRANTS
+from shared.permissions import GRANTS, streams_seen
 from shared.scenario import Scenario
 from shared.settings import Settings
 
@@ -693,7 +693,7 @@ class Bus:
         if self.settings.manage_streams:
             await self.until_ready("streams", lambda: ensure_streams(self.js, self.settings))
         else:
-            for stream in S.STREAM_SUBJECTS:
+            for stream in streams_seen(self.service):  # a tenant-bound client: the one it submits to
                 await self.until_ready(f"stream {stream}", functools.partial(self.js.stream_info, stream))
             for bucket in needed_buckets(self.service):
                 self._kv[bucket] = await self.until_ready(
@@ -1760,6 +1760,23 @@ async def scan(
         if not msgs or not pending:
             return out
         seq = out[-1].seq + 1
+
+
+async def scan_page(
+    nc: NatsClient,
+    stream: str,
+    subjects: str,
+    start: int = 1,
+    *,
+    batch: int = SCAN_BATCH,
+    max_bytes: int = SCAN_MAX_BYTES,
+    timeout: float = 5.0,
+) -> tuple[list[Stored], int]:
+    """One batch of ``scan``: the messages on ``subjects`` from ``start`` (at most ``batch``, and the server
+    stops at ``max_bytes``), and how many more match after them."""
+    request = {"seq": start, "next_by_subj": subjects, "batch": batch, "max_bytes": max_bytes}
+    msgs, pending = await _direct_batch(nc, stream, request, timeout)
+    return [_stored(m) for m in msgs], pending
 
 
 async def scan_all(nc: NatsClient, stream: str, filters: list[str], start: int = 1, **kw: Any) -> list[Stored]:

@@ -1080,6 +1080,54 @@ class RunSnapshot(Wire):
         return self.status in FINAL_STATUSES
 
 
+# --- a tenant-bound client's reads of its own runs (``lw.v1.rpc.runs.<verb>.<tenant>``) ------------------------
+EVENT_FILTER_PATTERN = r"^lw\.v1\.evt(\.([A-Za-z0-9_-]{1,128}|\*))*(\.>)?$"  # a stem or stem pattern of events
+
+
+class RunRead(Wire):
+    """A client bound to a tenant asks the planner for one of its runs (``services/planner/reads.py``):
+    ``state`` (the ``RunSnapshot``), ``history`` (its messages) or ``events`` (its stored events). The
+    planner answers only for runs of the subject's tenant, and any other run exactly as a missing one.
+    A long read comes in pages that each fit in one NATS message: ask again with ``start`` = ``next``."""
+
+    run_id: RunId
+    start: int | None = Field(
+        None,
+        ge=0,
+        description="history: the first message's seq (default: the live history's first); "
+        "events: the first stream sequence to read from",
+    )
+    end: int | None = Field(
+        None, ge=0, description="history: the seq to stop before (default: the record's history_len)"
+    )
+    last: int | None = Field(None, ge=1, description="history, without start: only the last N messages")
+    subjects: str = Field(
+        "lw.v1.evt.>", max_length=256, pattern=EVENT_FILTER_PATTERN, description="events: a stem or stem pattern"
+    )
+
+
+class StoredItem(Wire):
+    """A stored message or value as it is stored: a large one stays a claim-check reference (with the
+    ``Lw-Payload-Ref`` header on an event; ``{"$lw_payload_ref": ...}`` as a value), which the reader fetches."""
+
+    subject: str = ""
+    seq: int = 0
+    headers: dict[str, str] = Field(default_factory=dict)
+    body: Any = None
+
+
+class RunReadReply(Wire):
+    """The planner's answer to a ``RunRead``: ``found`` false for a run that is not stored or not the asking
+    tenant's (the same answer, so no tenant learns whether another's run exists)."""
+
+    found: bool
+    record: Any = Field(None, description="state: the RunSnapshot (a value-style reference when large)")
+    items: list[StoredItem] = Field(default_factory=list, description="history: messages start..; events: events")
+    start: int = Field(0, description="history: the seq of items[0]")
+    end: int = Field(0, description="history: the seq this read stops before (pass it on with next)")
+    next: int | None = Field(None, description="the rest: ask again with start = next; none: that was all")
+
+
 Escalation.model_rebuild()
 ToolCall.model_rebuild()
 for _event in (Escalated, Resumed, BudgetThreshold, RunEvent):
@@ -1115,4 +1163,6 @@ WIRE_MODELS: tuple[type[BaseModel], ...] = (
     RunSnapshot,
     Agent,
     AgentRecord,
+    RunRead,
+    RunReadReply,
 )

@@ -33,6 +33,9 @@ class Grant:
     consumers: tuple[tuple[str, str], ...] = ()  # (stream, durable name or prefix*)
     read_streams: tuple[str, ...] = ()  # history by direct get (batched: ``Bus.scan``), no consumer
     answers: tuple[str, ...] = ()  # the users whose requests this one answers (publish on their inboxes)
+    bodies_of: tuple[str, ...] | None = None  # whose claim-check bodies it reads (None: anyone's)
+    bodies_for: tuple[str, ...] = ()  # other owners it stores bodies as (the planner: each tenant's reads)
+    sees: tuple[str, ...] | None = None  # the streams whose info (and subject index) it may read (None: every one)
 
 
 F = S.FAILURE_PREFIX
@@ -53,9 +56,13 @@ GRANTS: dict[str, Grant] = {
             f"{S.tool_succeeded('delegate')}.>",  # a sub-agent's answer to its parent
             f"{S.failure('tool_error', 'delegate')}.>",
         ),
+        # a tenant-bound client's reads of its own runs (``services/planner/reads.py``): it answers them
+        # (``answers``: the tenant clients, filled in by ``grants()``) from the runs' records and events
+        subscribe=(f"{S.RUN_READ_PREFIX}.>",),
         # scenarios: bound at submit; history: the runs' conversations
         kv_write=(S.KV_RUNS, S.KV_MODEL_CALLS, S.KV_LESSONS, S.KV_SCENARIOS, S.KV_HISTORY),
         kv_read=(S.KV_CONTRACTS, S.KV_AGENTS),  # agents: resolved at submit (``RunSubmit.agent``)
+        read_streams=(S.STREAM_EVT,),
         consumers=(
             (S.STREAM_SUBMIT, S.DURABLE_PLANNER_SUBMIT),
             (S.STREAM_CMD, S.DURABLE_PLANNER_SPAWN),
@@ -114,7 +121,9 @@ GRANTS: dict[str, Grant] = {
         ),
         answers=("client", "console", "admin"),  # and every operator: ``grants()``
     ),
-    # Submits runs and reads the queue; it cannot claim or resolve (operators have their own users).
+    # The single-tenant deployment's client (the default tenant's): submits runs and reads every run and the
+    # queue; it cannot claim or resolve (operators have their own users). A deployment with several tenants
+    # gives each a tenant-bound client (``TENANT_CLIENTS``), which reads its own runs only.
     "client": Grant(
         publish=(S.run_submit(S.DEFAULT_TENANT), S.ESCALATION_LIST, S.ESCALATION_SHOW),
         subscribe=(f"{S.P}.evt.>",),
@@ -151,8 +160,10 @@ OPERATORS: dict[str, tuple[str, ...]] = {
 
 
 # Clients bound to a tenant: one NATS user each, allowed to submit only on its own tenant's subject
-# (``cmd.run.submit.<tenant>``), so the tenant a run pays from is the one the server authenticated.
-# ``client`` is the default tenant's (its grant above); the value is the tenant.
+# (``cmd.run.submit.<tenant>``), so the tenant a run pays from is the one the server authenticated, and to
+# read only its own tenant's runs, through the planner (``rpc.runs.<verb>.<tenant>``).
+# ``client`` is the default tenant's, the single-tenant deployment's client that reads everything (its grant
+# above); the value is the tenant.
 TENANT_CLIENTS: dict[str, str] = {
     "client": S.DEFAULT_TENANT,
     "client_acme": "acme",
@@ -160,10 +171,29 @@ TENANT_CLIENTS: dict[str, str] = {
 
 
 def tenant_client_grant(tenant: str) -> Grant:
-    """A client of ``tenant``: the ``client`` grant with its own tenant's submit subject."""
-    base = GRANTS["client"]
-    others = tuple(p for p in base.publish if not p.startswith(S.RUN_SUBMIT_PREFIX))
-    return Grant(**{**base.__dict__, "publish": (S.run_submit(tenant), *others)})
+    """A client bound to ``tenant``: submits on its own tenant's subject and reads its own runs through the
+    planner (``rpc.runs.<verb>.<tenant>``, answered for that tenant's runs only). No read right on the
+    buckets, stream or live events of runs, nor on the human queue: they hold every tenant's runs (and
+    arguments), and no grant can filter a direct get or a bucket by tenant."""
+    return Grant(
+        publish=(S.run_submit(tenant), *(S.run_read(verb, tenant) for verb in S.RUN_READ_VERBS)),
+        # the bodies of its own submits, and those the planner stores for its tenant's reads: not anyone's
+        # (other tenants' answers and tool results are there)
+        bodies_of=(S.token(user_of(tenant)), S.tenant_bodies(tenant)),
+        # the stream it submits to: not the subject index of the others (LW_EVT's names every run and what it did)
+        sees=(S.STREAM_SUBMIT,),
+    )
+
+
+def user_of(tenant: str) -> str:
+    """The tenant-bound client user of ``tenant``."""
+    return next(user for user, t in TENANT_CLIENTS.items() if t == tenant)
+
+
+def streams_seen(user: str) -> tuple[str, ...]:
+    """The streams ``user`` may read the info of (and so waits for at start, ``Bus.connect``)."""
+    grant = GRANTS.get(user) or (tenant_client_grant(TENANT_CLIENTS[user]) if user in TENANT_CLIENTS else None)
+    return tuple(S.STREAM_SUBJECTS) if grant is None or grant.sees is None else grant.sees
 
 
 def operator_grant(name: str) -> Grant:
@@ -196,11 +226,18 @@ def grants(tools: list[str]) -> dict[str, Grant]:
     )
     operators = {name: operator_grant(name) for name in OPERATORS}
     clients = {user: tenant_client_grant(tenant) for user, tenant in TENANT_CLIENTS.items() if user not in GRANTS}
-    escalation = GRANTS["escalation"]
+    escalation, planner = GRANTS["escalation"], GRANTS["planner"]
     return {
         **GRANTS,
+        "planner": Grant(
+            **{
+                **planner.__dict__,
+                "answers": (*planner.answers, *clients),
+                "bodies_for": tuple(S.tenant_bodies(TENANT_CLIENTS[user]) for user in clients),
+            }
+        ),
         "executor": Grant(**{**executor.__dict__, "consumers": durables}),
-        "escalation": Grant(**{**escalation.__dict__, "answers": (*escalation.answers, *clients, *OPERATORS)}),
+        "escalation": Grant(**{**escalation.__dict__, "answers": (*escalation.answers, *OPERATORS)}),
         **clients,
         **operators,
     }
@@ -220,7 +257,7 @@ def rights(service: str, grant: Grant) -> tuple[list[str], list[str]]:
     # Read and ack through its own durables only: no CONSUMER.CREATE / DURABLE.CREATE on a stream, so a
     # service can neither change its consumer's filter (and read every command) nor its limits;
     # `loopwarden bootstrap` (admin) creates them. Stream INFO lets it wait for bootstrap.
-    pub += [f"$JS.API.STREAM.INFO.{stream}" for stream in S.STREAM_SUBJECTS]
+    pub += [f"$JS.API.STREAM.INFO.{stream}" for stream in (S.STREAM_SUBJECTS if grant.sees is None else grant.sees)]
     for stream, durable in grant.consumers:
         pub += [
             f"$JS.API.CONSUMER.INFO.{stream}.{durable}",
@@ -250,7 +287,8 @@ def rights(service: str, grant: Grant) -> tuple[list[str], list[str]]:
         # History by (batched) direct get: a read, never a consumer. ``MSG.GET`` reads one message by its
         # number (``loopwarden dlq requeue N``).
         pub += [f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.DIRECT.GET.{stream}", f"$JS.API.STREAM.MSG.GET.{stream}"]
-    pub += payload_rights(service)
+    pub += payload_rights(service, grant.bodies_of)
+    pub += [f"{S.PAYLOAD_PREFIX}.{owner}.>" for owner in grant.bodies_for]
     return list(dict.fromkeys(pub)), list(dict.fromkeys(sub))
 
 
@@ -265,14 +303,19 @@ def _kv_read_rights(bucket: str) -> list[str]:
     ]
 
 
-def payload_rights(user: str) -> list[str]:
+def payload_rights(user: str, bodies_of: tuple[str, ...] | None = None) -> list[str]:
     """Everyone stores large bodies by reference (claim check, ``shared/payloads.py``) under its own name
-    only, each subject once (the stream refuses a second write), and reads anyone's by direct get."""
-    return [
-        f"{S.PAYLOAD_PREFIX}.{S.token(user)}.>",
-        f"$JS.API.STREAM.INFO.{S.STREAM_PAYLOADS}",
-        f"$JS.API.DIRECT.GET.{S.STREAM_PAYLOADS}.>",
-    ]
+    only, each subject once (the stream refuses a second write), and reads anyone's by direct get - but a
+    tenant-bound client, which reads only the owners ``bodies_of`` names."""
+    if bodies_of is None:
+        return [
+            f"{S.PAYLOAD_PREFIX}.{S.token(user)}.>",
+            f"$JS.API.STREAM.INFO.{S.STREAM_PAYLOADS}",
+            f"$JS.API.DIRECT.GET.{S.STREAM_PAYLOADS}.>",
+        ]
+    # not the stream's subject index either: it names every body's owner and digest
+    reads = [f"$JS.API.DIRECT.GET.{S.STREAM_PAYLOADS}.{S.PAYLOAD_PREFIX}.{owner}.>" for owner in bodies_of]
+    return [f"{S.PAYLOAD_PREFIX}.{S.token(user)}.>", *reads]
 
 
 def render(tools: list[str]) -> str:

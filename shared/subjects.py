@@ -35,6 +35,10 @@ BUDGET_RESERVE = f"{P}.rpc.budget.reserve"
 ESCALATION_LIST = f"{P}.rpc.escalation.list"
 ESCALATION_CLAIM = f"{P}.rpc.escalation.claim"
 ESCALATION_RESOLVE = f"{P}.rpc.escalation.resolve"
+# a tenant-bound client reads its runs through the planner (``services/planner/reads.py``):
+# ``<prefix>.<verb>.<tenant>``, and the server lets each such client publish only its own tenant's
+RUN_READ_PREFIX = f"{P}.rpc.runs"
+RUN_READ_VERBS = ("state", "history", "events")
 
 # --- events (JetStream stream LW_EVT) ------------------------------------------------------
 RUN_EVENT_PREFIX = f"{P}.evt.run"
@@ -188,6 +192,17 @@ def kv_key(*parts: str) -> str:
 def run_submit(tenant: str | None = None) -> str:
     """The subject a run of ``tenant`` (the default tenant when None) is submitted on."""
     return f"{RUN_SUBMIT_PREFIX}.{token(tenant or DEFAULT_TENANT)}"
+
+
+def run_read(verb: str, tenant: str) -> str:
+    """The subject a client of ``tenant`` asks the planner for one of its runs (``verb``: ``RUN_READ_VERBS``)."""
+    return f"{RUN_READ_PREFIX}.{token(verb)}.{token(tenant)}"
+
+
+def tenant_bodies(tenant: str) -> str:
+    """The claim-check owner (``lw.v1.payload.<it>.>``) of the large bodies the planner hands a tenant-bound
+    client in its reads (``run_read``): that tenant's client may read these and its own, no one else's."""
+    return f"tenant_{token(tenant)}"
 
 
 def tool_execute(tool: str) -> str:

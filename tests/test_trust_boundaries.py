@@ -32,7 +32,7 @@ from shared.bus import Bus, kv_keys, scan
 from shared.dead_letters import requeue_command
 from shared.messages import DeadLetter, EscalationQuery, RunSnapshot
 from shared.payloads import PayloadError
-from shared.permissions import OPERATORS, rights
+from shared.permissions import OPERATORS, TENANT_CLIENTS, rights
 from shared.scenario import parse_scenario
 from shared.settings import Settings
 from tests.conftest import ROOT, TEST_ENV
@@ -40,7 +40,8 @@ from tests.support import locked as L
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
-UNTRUSTED = ("client", "console", *OPERATORS)  # users a person holds: none is a service
+UNTRUSTED = ("client", "console", *OPERATORS, *TENANT_CLIENTS)  # users a person holds: none is a service
+TENANT_BOUND = {user: tenant for user, tenant in TENANT_CLIENTS.items() if user != "client"}
 DEMO = parse_scenario(yaml.safe_load((ROOT / "scenarios" / "demo.yaml").read_text()))  # judged: it has a rubric
 
 
@@ -391,14 +392,37 @@ def test_every_generated_grant_keeps_the_rules() -> None:
         if user != "planner":
             assert not any(S.matches(p, f"{S.P}.cmd.run.spawn") for p in pub), user
         # claim-check bodies: only under one's own name; dead letters: operators (and admin) only
-        assert [p for p in pub if p.startswith(S.PAYLOAD_PREFIX)] == [f"{S.PAYLOAD_PREFIX}.{S.token(user)}.>"], user
+        # (and the planner under each tenant's, for that tenant's reads: ``S.tenant_bodies``)
+        own_bodies = [S.token(user), *(S.tenant_bodies(t) for t in TENANT_BOUND.values() if user == "planner")]
+        assert [p for p in pub if p.startswith(S.PAYLOAD_PREFIX)] == [f"{S.PAYLOAD_PREFIX}.{o}.>" for o in own_bodies]
         if user in ("client", "console"):
             reads = ("DIRECT.GET", "MSG.GET", "CONSUMER.")  # its stream info (counts) is no letter
             assert not any(S.STREAM_DLQ in p and any(r in p for r in reads) for p in pub), user
         # a person's user publishes on no stream that holds a service's message ids (LW_CMD)
         if user in UNTRUSTED:
             assert not [p for p in pub if S.stream_for(p) == S.STREAM_CMD], user
+        # a client bound to a tenant reads that tenant's runs only, through the planner: nothing by direct get
+        # but claim-check bodies, no live event, not the queue, and the read subjects of its own tenant only
+        # (the default tenant's ``client`` is the single-tenant deployment's: it reads every run)
+        if user in TENANT_BOUND:
+            reads = [p for p in pub if ".GET." in p or p.endswith(".GET") or p.startswith("$KV.")]
+            bodies = (user, S.tenant_bodies(TENANT_BOUND[user]))  # its own, and its tenant's reads'
+            assert reads == [f"$JS.API.DIRECT.GET.{S.STREAM_PAYLOADS}.{S.PAYLOAD_PREFIX}.{o}.>" for o in bodies], reads
+            assert sub == [f"{S.inbox_prefix(user)}.>"], (user, sub)
+            # no subject index but its submit stream's (LW_EVT's names every run, LW_PAYLOADS' every body)
+            assert [p for p in pub if p.startswith("$JS.API.STREAM.INFO.")] == [
+                f"$JS.API.STREAM.INFO.{S.STREAM_SUBMIT}"
+            ]
+            assert not any(p.startswith(S.ESCALATION_RPC_PREFIX) for p in pub), user
+            own = [S.run_read(verb, TENANT_BOUND[user]) for verb in S.RUN_READ_VERBS]
+            assert [p for p in pub if p.startswith(S.RUN_READ_PREFIX)] == own, user
+        elif user != "planner":
+            assert not any(S.RUN_READ_PREFIX in p for p in (*pub, *sub)), user  # the planner alone answers them
         assert f"{S.inbox_prefix(user)}.>" in sub
+    planner = rights("planner", grants["planner"])
+    assert {p for p in planner[0] if p.startswith("_INBOX_")} == {f"{S.inbox_prefix(u)}.>" for u in TENANT_BOUND}
+    assert f"{S.RUN_READ_PREFIX}.>" in planner[1]
+    assert not {f"{S.inbox_prefix(u)}.>" for u in TENANT_BOUND} & set(rights("escalation", grants["escalation"])[0])
     assert {p for p in rights("governor", grants["governor"])[0] if p.startswith("_INBOX_")} == {
         f"{S.inbox_prefix(u)}.>" for u in ("planner", "admin")
     }

@@ -29,6 +29,7 @@ from services.planner.escalations import apply_resolution
 from services.planner.judging import apply_verdict
 from services.planner.outbox import Outbox
 from services.planner.outcomes import apply_outcome
+from services.planner.reads import RunReads
 from services.planner.state import PublishRecord, RunState, is_own_advance
 from services.planner.store import RunStore
 from services.planner.turns import (
@@ -182,6 +183,7 @@ class Planner:
             filter_subjects=[S.any_run(S.ESCALATION_RESOLVED)],
             model=EscalationResolution,
         )(self.on_resolution)
+        RunReads(b).register()  # a tenant-bound client's reads of its own runs (``rpc.runs.<verb>.<tenant>``)
 
     # --- the transaction -----------------------------------------------------------------------
     async def transact(

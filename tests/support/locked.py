@@ -27,12 +27,13 @@ def password_env() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def locked_server(tmp: Path, name: str = "locked") -> Iterator[str]:
-    """Start the server (its config checked with ``nats-server -t`` first); yields its URL."""
+def locked_server(tmp: Path, name: str = "locked", extra: str = "") -> Iterator[str]:
+    """Start the server (its config checked with ``nats-server -t`` first); yields its URL. ``extra``: more
+    server settings (e.g. ``max_payload: 524288``)."""
     port = free_port()
     conf = tmp / "server.conf"
     conf.write_text(
-        f'listen: "127.0.0.1:{port}"\nserver_name: {name}\n'
+        f'listen: "127.0.0.1:{port}"\nserver_name: {name}\n{extra}\n'
         f'jetstream {{ store_dir: "{tmp / "js"}" }}\n' + OUT.read_text()
     )
     env = password_env()
