@@ -406,8 +406,9 @@ class Client:
         run_id: str | None = None,
     ) -> str:
         """Start a run of the registered ``agent`` on ``task`` (live), or scripted by ``scenario`` (its task
-        unless ``task`` is given): the run id. ``UnknownAgent`` when no agent has that name."""
-        if await self.agent(agent) is None:
+        unless ``task`` is given): the run id. ``UnknownAgent`` when no agent has that name (a tenant's client,
+        which may not read the agents, learns it from the planner's dead letter instead: the run never starts)."""
+        if not self.tenant_bound and await self.agent(agent) is None:
             raise UnknownAgent(f"agent {agent!r} is not registered (`loopwarden agents list` shows those that are)")
         if task is None and scenario is None:
             raise ValueError("a run needs a task (or a scenario, whose task it takes)")
