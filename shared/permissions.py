@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shared import subjects as S
-from shared.messages import TOOL_FAILURES
+from shared.messages import PLANNER_FAILURES, TOOL_FAILURES
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,7 @@ GRANTS: dict[str, Grant] = {
             f"{F}.loop.>",
             f"{F}.budget.>",
             f"{F}.judge.>",
+            *(f"{F}.{t}.>" for t in PLANNER_FAILURES),  # decided before dispatch (a tool no replica hosts)
             S.BUDGET_RESERVE,
             S.dead_letter("planner"),
             S.RUN_SPAWN,  # a sub-agent run (delegate): only the planner starts a child run
