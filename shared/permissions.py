@@ -119,7 +119,8 @@ GRANTS: dict[str, Grant] = {
     "client": Grant(
         publish=(S.run_submit(S.DEFAULT_TENANT), S.ESCALATION_LIST, S.ESCALATION_SHOW),
         subscribe=(f"{S.P}.evt.>",),
-        kv_read=(S.KV_RUNS, S.KV_HISTORY),  # no scenario writes: the scenario travels in the submit
+        # no scenario writes: the scenario travels in the submit; the contracts say which tools the stack hosts
+        kv_read=(S.KV_RUNS, S.KV_HISTORY, S.KV_CONTRACTS),
         read_streams=(S.STREAM_EVT,),  # not LW_DLQ: other tenants' arguments and results (operators read it)
     ),
 }

@@ -265,6 +265,12 @@ class Scenario(_Strict):
         names = list(dict.fromkeys(name for turn in self.judge for name in (turn.scores or {})))
         return Rubric.model_validate({"threshold": 0.8, "criteria": [{"name": n} for n in names or ["overall"]]})
 
+    def called_tools(self) -> list[str]:
+        """The tools this scenario's model calls or scripts behaviour for (which the stack must host), sorted;
+        ``delegate`` is the planner's own, never a hosted tool."""
+        named = {call.name for turn in self.planner for call in turn.tool_calls} | set(self.tools)
+        return sorted(named - {"delegate"})
+
     def tool_behaviour(self, tool: str, attempt_index: int) -> ToolBehaviour | None:
         """The behaviour for the n-th execution attempt of ``tool`` in a run (0-based)."""
         seen = 0
