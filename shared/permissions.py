@@ -48,6 +48,7 @@ GRANTS: dict[str, Grant] = {
             f"{F}.budget.>",
             f"{F}.judge.>",
             *(f"{F}.{t}.>" for t in PLANNER_FAILURES),  # decided before dispatch (a tool no replica hosts)
+            f"$JS.API.CONSUMER.INFO.{S.STREAM_CMD}.*",  # read only: does a running executor pull a tool's calls
             S.BUDGET_RESERVE,
             S.dead_letter("planner"),
             S.RUN_SPAWN,  # a sub-agent run (delegate): only the planner starts a child run

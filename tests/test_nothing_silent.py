@@ -23,8 +23,9 @@ import yaml
 
 from loopwarden.client import Client, tool_outcomes
 from loopwarden.stack import LocalStack
+from services.planner.hosting import HOSTED_TTL_S
 from shared import subjects as S
-from shared.messages import ToolOutcome
+from shared.messages import ToolContract, ToolOutcome
 from shared.permissions import operator_roster
 from shared.scenario import Scenario, load_scenario, parse_scenario
 from shared.settings import Settings
@@ -34,27 +35,30 @@ from tests.support.runs import submit, tool_results
 
 STACK_ENV = {**TEST_ENV, "LW_PLANNER_PROVIDER": "scripted"}
 SERVICES = ("planner", "executor", "validator", "governor", "escalation")
+# exchange_rate is hosted only by an executor a test starts and stops (so its contract outlives its replica)
+MAIN_EXECUTOR_TOOLS = "calculator,charge_card,enrich_company,readonly_cache,search,sql_query,submit_result"
 
 
 @pytest.fixture(scope="module")
-def locked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def silent_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, LocalStack]]:
     tmp = tmp_path_factory.mktemp("silent")
     with L.locked_server(tmp, "silent") as url:
-        stack = LocalStack(
-            state_dir=tmp,
-            nats_url=url,
-            env=STACK_ENV,
-            services=SERVICES,
-            env_per_service={s: {**L.creds(s), "LW_OPERATORS": operator_roster()} for s in SERVICES},
-        )
+        env = {s: {**L.creds(s), "LW_OPERATORS": operator_roster()} for s in SERVICES}
+        env["executor"]["LW_EXECUTOR_TOOLS"] = MAIN_EXECUTOR_TOOLS
+        stack = LocalStack(state_dir=tmp, nats_url=url, env=STACK_ENV, services=SERVICES, env_per_service=env)
         try:
             asyncio.run(L.bootstrap_as_admin(url))
             stack.start()
-            yield url
+            yield url, stack
             logs = "".join(p.log.read_text(errors="replace") for p in stack.procs)
             assert "permissions violation" not in logs.lower(), logs[-3000:]
         finally:
             stack.stop()
+
+
+@pytest.fixture(scope="module")
+def locked(silent_stack: tuple[str, LocalStack]) -> str:
+    return silent_stack[0]
 
 
 def as_user(url: str, user: str) -> Settings:
@@ -117,6 +121,38 @@ async def test_a_run_that_called_a_missing_tool_does_not_meet_an_expect_that_is_
     data["expect"]["tools"] = {"low_stock": {"unknown_tool": 1}}  # said: then it is what the scenario tests
     stated = parse_scenario(data)
     assert await client.check(stated, state) == []
+
+
+async def test_a_registered_tool_whose_replicas_are_gone_is_a_typed_failure_too(
+    silent_stack: tuple[str, LocalStack], client: Client
+) -> None:
+    url, services = silent_stack
+    rate = {"tool_calls": [{"name": "exchange_rate", "input": {"base": "usd", "quote": "eur"}}]}
+    only = services.start_service(
+        "executor", label="executor-rates", extra_env={**L.creds("executor"), "LW_EXECUTOR_TOOLS": "exchange_rate"}
+    )
+    try:
+        await asyncio.to_thread(services.wait_ready, [only])
+        hosted = await client.run_scenario(scenario([rate, submit("0.92")]), timeout=60)
+        assert hosted.status == "completed", hosted.final_reason
+        assert '"rate"' in tool_results(hosted)[0].content  # hosted: it ran
+    finally:
+        only.popen.terminate()
+        await asyncio.to_thread(only.popen.wait, 15)
+    async with Client(as_user(url, "admin"), identity="admin") as admin:
+        assert "exchange_rate" in {c.name for c in (await admin.bus.kv_values(S.KV_CONTRACTS, ToolContract)).values()}
+        for _ in range(100):  # the replica's last pull request expires (5 s)
+            info = await admin.bus.js.consumer_info(S.STREAM_CMD, S.executor_durable("exchange_rate"))
+            if not info.num_waiting and not info.num_ack_pending:
+                break
+            await asyncio.sleep(0.1)
+    await asyncio.sleep(HOSTED_TTL_S + 0.2)  # the planner asks again (it saw the tool hosted a moment ago)
+    state = await client.run_scenario(scenario([rate, submit("0.92")]), timeout=30)
+    # never a run waiting for ever on a command nobody takes: the call failed, typed, and the model saw it
+    assert state.status == "completed", state.final_reason
+    result = tool_results(state)[0]
+    assert result.is_error and "There is no tool named 'exchange_rate'" in result.content
+    assert tool_outcomes(await client.events(state.run_id))["exchange_rate"] == {"unknown_tool": 1}
 
 
 # --- expect: tool outcomes and escalation actions ---------------------------------------------------------
