@@ -216,21 +216,36 @@ def cmd_check_scenario(args: argparse.Namespace) -> int:
 async def _missing_per_file(checked: list[tuple[str, Any]]) -> list[tuple[str, list[str]]]:
     from loopwarden.cli_common import connected
 
+    found = []
     async with connected() as client:
-        hosted = await hosted_tools(client)
-    return [
-        (path, tools)
-        for path, scenario in checked
-        if (tools := [t for t in scenario.called_tools() if t not in hosted])
-    ]
+        for path, scenario in checked:
+            if missing := await missing_tools(client, scenario.called_tools()):
+                found.append((path, missing))
+    return found
 
 
-async def hosted_tools(client: Any) -> set[str]:
-    """The tools the running stack hosts: the contracts its executors registered (``lw_contracts``)."""
+async def missing_tools(client: Any, tools: list[str]) -> list[str]:
+    """Those of ``tools`` the running stack does not host: no executor registered their contract
+    (``lw_contracts``), or no running replica takes their calls, as the planner decides it
+    (``services/planner/hosting.py``)."""
+    from nats.js.errors import NotFoundError
+
+    from services.planner.hosting import Hosting
     from shared import subjects as S
     from shared.messages import ToolContract
 
-    return {c.name for c in (await client.bus.kv_values(S.KV_CONTRACTS, ToolContract)).values()}
+    async def probe(tool: str) -> bool | None:
+        try:
+            info = await client.bus.js.consumer_info(S.STREAM_CMD, S.executor_durable(tool), timeout=2)
+        except NotFoundError:
+            return False
+        except Exception:  # the server cannot say now: as the planner, count it hosted
+            return None
+        return bool(info.num_waiting or info.num_ack_pending)
+
+    registered = {c.name for c in (await client.bus.kv_values(S.KV_CONTRACTS, ToolContract)).values()}
+    gone = await Hosting(probe).unhosted(t for t in tools if t in registered)
+    return [t for t in tools if t not in registered or t in gone]
 
 
 def missing_lines(path: str, tools: list[str]) -> list[str]:

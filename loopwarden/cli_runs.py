@@ -137,10 +137,9 @@ async def cmd_submit(args: argparse.Namespace) -> int:
     scenario = load_scenario_file(args.scenario) if args.scenario else None  # before connecting
     async with connected() as client:
         if scenario is not None and not args.allow_missing_tools:  # refused before anything is published
-            from loopwarden.cli_offline import hosted_tools
+            from loopwarden.cli_offline import missing_tools
 
-            hosted = await hosted_tools(client)
-            if missing := [t for t in scenario.called_tools() if t not in hosted]:
+            if missing := await missing_tools(client, scenario.called_tools()):
                 raise UserError(
                     f"refused: {args.scenario} calls {', '.join(missing)}, which no executor of the running stack "
                     "hosts (`loopwarden check-scenario --against-stack` names them; --allow-missing-tools submits "

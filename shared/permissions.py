@@ -118,7 +118,13 @@ GRANTS: dict[str, Grant] = {
     ),
     # Submits runs and reads the queue; it cannot claim or resolve (operators have their own users).
     "client": Grant(
-        publish=(S.run_submit(S.DEFAULT_TENANT), S.ESCALATION_LIST, S.ESCALATION_SHOW),
+        # read only: whether a running executor pulls a tool's calls (`submit`, `check-scenario --against-stack`)
+        publish=(
+            S.run_submit(S.DEFAULT_TENANT),
+            S.ESCALATION_LIST,
+            S.ESCALATION_SHOW,
+            f"$JS.API.CONSUMER.INFO.{S.STREAM_CMD}.*",
+        ),
         subscribe=(f"{S.P}.evt.>",),
         # no scenario writes: the scenario travels in the submit; the contracts say which tools the stack hosts
         kv_read=(S.KV_RUNS, S.KV_HISTORY, S.KV_CONTRACTS),

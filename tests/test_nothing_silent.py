@@ -124,10 +124,12 @@ async def test_a_run_that_called_a_missing_tool_does_not_meet_an_expect_that_is_
 
 
 async def test_a_registered_tool_whose_replicas_are_gone_is_a_typed_failure_too(
-    silent_stack: tuple[str, LocalStack], client: Client
+    silent_stack: tuple[str, LocalStack], client: Client, tmp_path: Path
 ) -> None:
     url, services = silent_stack
     rate = {"tool_calls": [{"name": "exchange_rate", "input": {"base": "usd", "quote": "eur"}}]}
+    rates_file = tmp_path / "rates.yaml"
+    rates_file.write_text(yaml.safe_dump({"name": "rates", "task": "USD in EUR?", "planner": [rate, submit("x")]}))
     only = services.start_service(
         "executor", label="executor-rates", extra_env={**L.creds("executor"), "LW_EXECUTOR_TOOLS": "exchange_rate"}
     )
@@ -136,6 +138,8 @@ async def test_a_registered_tool_whose_replicas_are_gone_is_a_typed_failure_too(
         hosted = await client.run_scenario(scenario([rate, submit("0.92")]), timeout=60)
         assert hosted.status == "completed", hosted.final_reason
         assert '"rate"' in tool_results(hosted)[0].content  # hosted: it ran
+        checked = await asyncio.to_thread(lw, url, "check-scenario", "--against-stack", str(rates_file))
+        assert checked.returncode == 0 and not checked.stderr, checked.stdout + checked.stderr
     finally:
         only.popen.terminate()
         await asyncio.to_thread(only.popen.wait, 15)
@@ -147,6 +151,10 @@ async def test_a_registered_tool_whose_replicas_are_gone_is_a_typed_failure_too(
                 break
             await asyncio.sleep(0.1)
     await asyncio.sleep(HOSTED_TTL_S + 0.2)  # the planner asks again (it saw the tool hosted a moment ago)
+    checked = await asyncio.to_thread(lw, url, "check-scenario", "--against-stack", str(rates_file))
+    assert checked.returncode == 1 and checked.stderr.startswith(f"{rates_file}: calls exchange_rate, which no "), (
+        checked.stdout + checked.stderr
+    )
     state = await client.run_scenario(scenario([rate, submit("0.92")]), timeout=30)
     # never a run waiting for ever on a command nobody takes: the call failed, typed, and the model saw it
     assert state.status == "completed", state.final_reason
