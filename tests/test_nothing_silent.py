@@ -22,10 +22,11 @@ import pytest
 import yaml
 
 from loopwarden.client import Client, tool_outcomes
+from loopwarden.fake_model import FakeModel
 from loopwarden.stack import LocalStack
 from services.planner.hosting import HOSTED_TTL_S
 from shared import subjects as S
-from shared.messages import ToolContract, ToolOutcome
+from shared.messages import RunSubmit, ToolContract, ToolOutcome
 from shared.permissions import operator_roster
 from shared.scenario import Scenario, load_scenario, parse_scenario
 from shared.settings import Settings
@@ -33,19 +34,28 @@ from tests.conftest import ROOT, TEST_ENV
 from tests.support import locked as L
 from tests.support.runs import submit, tool_results
 
-STACK_ENV = {**TEST_ENV, "LW_PLANNER_PROVIDER": "scripted"}
 SERVICES = ("planner", "executor", "validator", "governor", "escalation")
 # exchange_rate is hosted only by an executor a test starts and stops (so its contract outlives its replica)
 MAIN_EXECUTOR_TOOLS = "calculator,charge_card,enrich_company,readonly_cache,search,sql_query,submit_result"
 
 
 @pytest.fixture(scope="module")
-def silent_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, LocalStack]]:
+def fake_model() -> Iterator[FakeModel]:
+    server = FakeModel().start()  # the live runs' model: the Messages-API stand-in
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def silent_stack(tmp_path_factory: pytest.TempPathFactory, fake_model: FakeModel) -> Iterator[tuple[str, LocalStack]]:
     tmp = tmp_path_factory.mktemp("silent")
     with L.locked_server(tmp, "silent") as url:
         env = {s: {**L.creds(s), "LW_OPERATORS": operator_roster()} for s in SERVICES}
         env["executor"]["LW_EXECUTOR_TOOLS"] = MAIN_EXECUTOR_TOOLS
-        stack = LocalStack(state_dir=tmp, nats_url=url, env=STACK_ENV, services=SERVICES, env_per_service=env)
+        live = {**TEST_ENV, "ANTHROPIC_BASE_URL": fake_model.base_url}
+        stack = LocalStack(state_dir=tmp, nats_url=url, env=live, services=SERVICES, env_per_service=env)
         try:
             asyncio.run(L.bootstrap_as_admin(url))
             stack.start()
@@ -107,6 +117,24 @@ async def test_a_tool_no_replica_hosts_is_a_typed_failure_and_past_the_cap_a_hum
     assert state.corrections["low_stock"] == {"failures": 3, "recovered": 0, "escalated": 1}
     mismatches = await client.check(run, state)
     assert "status: expected completed, got awaiting_human" in mismatches
+
+
+async def test_a_live_run_calling_a_tool_no_replica_hosts_gets_the_same_typed_failure(
+    client: Client, fake_model: FakeModel
+) -> None:
+    key = f"k{uuid.uuid4().hex[:8]}"
+    call = {"type": "tool_use", "id": "toolu_low", "name": "low_stock", "input": {"below": 5}}
+    fake_model.script(key, [{"content": [{**call, "id": f"toolu_low{n}"}]} for n in range(3)])
+    run_id = f"run-live-{key}"
+    await client.submit(RunSubmit(run_id=run_id, task=f"Which products are low on stock? [script:{key}]"))
+    state = await client.wait(run_id, timeout=60, until=("completed", "stopped", "failed", "awaiting_human"))
+    assert state.status == "awaiting_human" and state.awaiting is not None, state.final_reason
+    assert state.awaiting.kind == "schema_cap"
+    # what the model was sent back: an error result naming the tools it may call
+    sent = fake_model.requests[key][1]["messages"][-1]["content"][0]
+    assert sent["type"] == "tool_result" and sent["is_error"] is True
+    assert sent["content"].startswith("There is no tool named 'low_stock'. Available tools: calculator, ")
+    assert tool_outcomes(await client.events(run_id)) == {"low_stock": {"unknown_tool": 3}}
 
 
 async def test_a_run_that_called_a_missing_tool_does_not_meet_an_expect_that_is_silent_about_it(client: Client) -> None:
