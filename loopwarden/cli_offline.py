@@ -1,6 +1,7 @@
 """Commands that need no running stack: ``lint``, ``check-contract``, ``check-scenario``.
 
-They read local files only (and start mounted MCP servers where asked), so they work offline."""
+They read local files only (and start mounted MCP servers where asked), so they work offline; only
+``check-scenario --against-stack`` connects, to compare the scenario's tools with what the stack hosts."""
 
 from __future__ import annotations
 
@@ -36,9 +37,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "check-scenario",
         help="validate scenario files",
-        description="Validate scenario files (each error names its field) and lint their rubrics. Exit 2 on errors.",
+        description="Validate scenario files (each error names its field) and lint their rubrics. Exit 2 on errors. "
+        "With --against-stack, also name each tool a scenario calls that the running stack does not host "
+        "(one line per tool; exit 1).",
     )
     p.add_argument("paths", nargs="+", metavar="FILE", help="scenario files (YAML)")
+    p.add_argument(
+        "--against-stack",
+        action="store_true",
+        help="connect to the stack (LW_NATS_URL, else the one `loopwarden up` recorded) and check its tools",
+    )
     p.set_defaults(func=cmd_check_scenario)
 
 
@@ -179,6 +187,7 @@ def cmd_check_scenario(args: argparse.Namespace) -> int:
     from shared.rubric import lint_rubric
 
     status = OK
+    checked: list[tuple[str, Any]] = []
     for path in args.paths:
         try:
             scenario = load_scenario_file(path)
@@ -193,4 +202,56 @@ def cmd_check_scenario(args: argparse.Namespace) -> int:
         for msg in found.flags if found else []:
             say(f"{path}: rubric flag: {msg}")
         say(f"{path}: ok ({len(scenario.planner)} planner turn(s), {len(scenario.judge)} judge repl(ies))")
+        checked.append((path, scenario))
+    if args.against_stack and checked:
+        missing = asyncio.run(_missing_per_file(checked))
+        for path, tools in missing:
+            for line in missing_lines(path, tools):
+                say(line, err=True)
+        if missing and status == OK:
+            status = FAILED
     return status
+
+
+async def _missing_per_file(checked: list[tuple[str, Any]]) -> list[tuple[str, list[str]]]:
+    from loopwarden.cli_common import connected
+
+    found = []
+    async with connected() as client:
+        for path, scenario in checked:
+            if missing := await missing_tools(client, scenario.called_tools()):
+                found.append((path, missing))
+    return found
+
+
+async def missing_tools(client: Any, tools: list[str]) -> list[str]:
+    """Those of ``tools`` the running stack does not host: no executor registered their contract
+    (``lw_contracts``), or no running replica takes their calls, as the planner decides it
+    (``services/planner/hosting.py``)."""
+    from nats.js.errors import NotFoundError
+
+    from services.planner.hosting import Hosting
+    from shared import subjects as S
+    from shared.messages import ToolContract
+
+    async def probe(tool: str) -> bool | None:
+        try:
+            info = await client.bus.js.consumer_info(S.STREAM_CMD, S.executor_durable(tool), timeout=2)
+        except NotFoundError:
+            return False
+        except Exception:  # the server cannot say now: as the planner, count it hosted
+            return None
+        return bool(info.num_waiting or info.num_ack_pending)
+
+    registered = {c.name for c in (await client.bus.kv_values(S.KV_CONTRACTS, ToolContract)).values()}
+    gone = await Hosting(probe).unhosted(t for t in tools if t in registered)
+    return [t for t in tools if t not in registered or t in gone]
+
+
+def missing_lines(path: str, tools: list[str]) -> list[str]:
+    """One line per tool a scenario calls that the stack does not host."""
+    return [
+        f"{path}: calls {tool}, which no executor of the running stack hosts (start the stack with its "
+        "contract, module or MCP server: LW_TOOL_CONTRACT_DIR, LW_TOOL_MODULES, LW_MCP_SERVERS)"
+        for tool in tools
+    ]

@@ -39,6 +39,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     g.add_argument("--task", metavar="TEXT", help="a task for the live provider (needs ANTHROPIC_API_KEY)")
     p.add_argument("--wait", action="store_true", help="wait until the run ends or waits for a human")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds --wait waits (default: 120)")
+    p.add_argument(
+        "--allow-missing-tools",
+        action="store_true",
+        help="submit a scenario even if it calls tools the stack does not host (each such call fails: unknown_tool)",
+    )
     add_json_flag(p)
     p.set_defaults(func=cmd_submit)
 
@@ -131,6 +136,16 @@ async def cmd_submit(args: argparse.Namespace) -> int:
 
     scenario = load_scenario_file(args.scenario) if args.scenario else None  # before connecting
     async with connected() as client:
+        if scenario is not None and not args.allow_missing_tools:  # refused before anything is published
+            from loopwarden.cli_offline import missing_tools
+
+            if missing := await missing_tools(client, scenario.called_tools()):
+                raise UserError(
+                    f"refused: {args.scenario} calls {', '.join(missing)}, which no executor of the running stack "
+                    "hosts (`loopwarden check-scenario --against-stack` names them; --allow-missing-tools submits "
+                    "anyway)",
+                    FAILED,
+                )
         if scenario is not None:
             run_id = await client.submit_scenario(scenario)
         else:

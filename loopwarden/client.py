@@ -815,6 +815,13 @@ class Client:
             if expect.escalations is None or len(escalations) >= expect.escalations or time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.05)
+        # every call's final outcome, from the run's events (read again for up to 2 s while a stated count
+        # differs: the planner publishes a call's last events with the state that ends the run)
+        outcomes = tool_outcomes(await self.events(run_id))
+        late = time.monotonic() + 2
+        while expect.tool_mismatches(outcomes) and time.monotonic() < late:
+            await asyncio.sleep(0.1)
+            outcomes = tool_outcomes(await self.events(run_id))
         return expect.mismatches(
             Outcome(
                 status=state.status,
@@ -828,6 +835,8 @@ class Client:
                 judge_calls=state.judge_seq,
                 retries=state.retry_count,
                 continues=state.continue_count,
+                tool_outcomes=outcomes,
+                escalation_actions=[e.resolution.action for e in escalations if e.resolution is not None],
             )
         )
 
@@ -856,6 +865,26 @@ def _json(data: bytes) -> dict[str, Any]:
     except ValueError:
         return {"raw": data.decode(errors="replace")}
     return value if isinstance(value, dict) else {"value": value}
+
+
+def tool_outcomes(events: list[Event]) -> dict[str, dict[str, int]]:
+    """Per tool the model called: how many calls ended each way (``succeeded`` or a failure type), from
+    the final outcomes in a run's events (an attempt the executor retried is not an outcome)."""
+    out: dict[str, dict[str, int]] = {}
+    for e in events:
+        succeeded = e.subject.startswith(S.TOOL_SUCCEEDED_PREFIX)
+        if not (succeeded or e.subject.startswith(S.FAILURE_PREFIX)) or "attempt_id" not in e.payload:
+            continue  # not a tool call's outcome (a loop, budget or judge failure)
+        try:
+            o = ToolOutcome.model_validate(e.payload)
+        except ValueError:
+            continue
+        if o.will_retry:
+            continue
+        kind = "succeeded" if o.success else str(o.failure_type)
+        row = out.setdefault(o.requested_tool, {})
+        row[kind] = row.get(kind, 0) + 1
+    return out
 
 
 def tool_metrics(events: list[Event]) -> dict[str, dict[str, float]]:

@@ -114,6 +114,11 @@ PUBLISHES: dict[str, tuple[Publishes, ...]] = {
             RunEvent,
             "a run-level failure (type loop, budget or judge; tool `_` when none)",
         ),
+        Publishes(
+            _run(f"{S.FAILURE_PREFIX}.unknown_tool.{{tool}}"),
+            ToolOutcome,
+            "a call to a tool no replica hosts (or the run does not offer): never dispatched, the model corrects",
+        ),
     ),
     "executor": (
         Publishes(S.RESULT_VALIDATE, ToolResultRaw, "a tool's raw result, to check against its output contract"),

@@ -38,6 +38,7 @@ FailureType = Literal[
     "budget",  # tokens or cost exhausted
     "judge",  # the judge could not score a candidate
     "tool_error",  # the tool ran and reported an error the model can act on (an MCP isError result)
+    "unknown_tool",  # the model called a tool no replica hosts (or not offered to the run): never executed
 ]
 # The failure groupings, stated once (ARCHITECTURE's failure table). Tuples, not sets: their
 # order is the order of subject filters and grants, which must not change between runs.
@@ -50,6 +51,11 @@ HUMAN_FAILURES: tuple[HumanFailure, ...] = ("fatal", "unknown_outcome")
 """Escalated at once: the escalation service raises them from its failure subscription."""
 TOOL_FAILURES: tuple[FailureType, ...] = (*SCHEMA_FAILURES, *RETRIED_FAILURES, *HUMAN_FAILURES, "tool_error")
 """Every way a tool call can fail; the planner hears each one as the call's outcome."""
+PLANNER_FAILURES: tuple[FailureType, ...] = ("unknown_tool",)
+"""Decided by the planner before any dispatch (published on ``failure.<type>.<tool>`` for the record,
+never consumed back): the model gets the tools it may call and corrects, a human past the correction cap."""
+CALL_FAILURES: tuple[FailureType, ...] = (*TOOL_FAILURES, *PLANNER_FAILURES)
+"""Every failure a run's tool call can end with (``expect.tools`` counts them by these names)."""
 Boundary = Literal["skip_and_note", "use_cached", "ask_human"]
 
 

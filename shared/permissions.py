@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shared import subjects as S
-from shared.messages import TOOL_FAILURES
+from shared.messages import PLANNER_FAILURES, TOOL_FAILURES
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,8 @@ GRANTS: dict[str, Grant] = {
             f"{F}.loop.>",
             f"{F}.budget.>",
             f"{F}.judge.>",
+            *(f"{F}.{t}.>" for t in PLANNER_FAILURES),  # decided before dispatch (a tool no replica hosts)
+            f"$JS.API.CONSUMER.INFO.{S.STREAM_CMD}.*",  # read only: does a running executor pull a tool's calls
             S.BUDGET_RESERVE,
             S.dead_letter("planner"),
             S.RUN_SPAWN,  # a sub-agent run (delegate): only the planner starts a child run
@@ -125,11 +127,18 @@ GRANTS: dict[str, Grant] = {
     # queue; it cannot claim or resolve (operators have their own users). A deployment with several tenants
     # gives each a tenant-bound client (``TENANT_CLIENTS``), which reads its own runs only.
     "client": Grant(
-        publish=(S.run_submit(S.DEFAULT_TENANT), S.ESCALATION_LIST, S.ESCALATION_SHOW),
+        # read only: whether a running executor pulls a tool's calls (`submit`, `check-scenario --against-stack`)
+        publish=(
+            S.run_submit(S.DEFAULT_TENANT),
+            S.ESCALATION_LIST,
+            S.ESCALATION_SHOW,
+            f"$JS.API.CONSUMER.INFO.{S.STREAM_CMD}.*",
+        ),
         subscribe=(f"{S.P}.evt.>",),
         # no scenario writes: the scenario travels in the submit. Agents: read (list, show, run by name), never
-        # written: a client changing an agent would change what every other tenant's runs of it do
-        kv_read=(S.KV_RUNS, S.KV_HISTORY, S.KV_AGENTS),
+        # written: a client changing an agent would change what every other tenant's runs of it do. The
+        # contracts say which tools the stack hosts (`submit`, `check-scenario --against-stack`)
+        kv_read=(S.KV_RUNS, S.KV_HISTORY, S.KV_AGENTS, S.KV_CONTRACTS),
         read_streams=(S.STREAM_EVT,),  # not LW_DLQ: other tenants' arguments and results (operators read it)
     ),
 }

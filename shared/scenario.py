@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from shared.describe import problems
-from shared.messages import Rubric, RunLimits
+from shared.messages import CALL_FAILURES, EscalationAction, Rubric, RunLimits
 
 
 class _Strict(BaseModel):
@@ -110,6 +110,30 @@ class ToolBehaviour(_Strict):
         return not self.has_output and self.output_text is None and self.fail is None
 
 
+class ToolOutcomes(_Strict):
+    """How many of a tool's calls ended each way (final outcomes; a retried attempt is not one).
+
+    ``{succeeded: 1, output_invalid: 1}`` reads "succeeded once after one output_invalid". A count
+    not stated is not checked; ``0`` states that it never happened."""
+
+    succeeded: int | None = Field(None, ge=0, description="calls whose result passed the tool's output contract")
+    input_invalid: int | None = Field(None, ge=0)
+    output_invalid: int | None = Field(None, ge=0)
+    transient: int | None = Field(None, ge=0, description="still failing after the executor's retries")
+    timeout: int | None = Field(None, ge=0)
+    fatal: int | None = Field(None, ge=0)
+    unknown_outcome: int | None = Field(None, ge=0)
+    tool_error: int | None = Field(None, ge=0)
+    unknown_tool: int | None = Field(None, ge=0, description="calls of a tool no replica of the stack hosts")
+
+    def stated(self) -> dict[str, int]:
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
+TOOL_OUTCOMES: tuple[str, ...] = ("succeeded", *CALL_FAILURES)
+"""The keys of ``expect.tools.<tool>``: one per way a call can end (``ToolOutcomes``' fields)."""
+
+
 class Outcome(BaseModel):
     """How a run ended, as an expectation sees it."""
 
@@ -124,6 +148,10 @@ class Outcome(BaseModel):
     judge_calls: int
     retries: int
     continues: int
+    tool_outcomes: dict[str, dict[str, int]] = Field(
+        default_factory=dict, description="per tool the model called: final outcomes by kind (TOOL_OUTCOMES)"
+    )
+    escalation_actions: list[str] = Field(default_factory=list, description="how each resolved escalation was")
 
 
 class Expectation(_Strict):
@@ -141,6 +169,15 @@ class Expectation(_Strict):
     judge_calls: int | None = Field(None, ge=0)
     retries: int | None = Field(None, ge=0)
     continues: int | None = Field(None, ge=0)
+    tools: dict[str, ToolOutcomes] | None = Field(
+        None,
+        description="per tool, how many of its calls ended each way, e.g. {low_stock: {succeeded: 1, "
+        "output_invalid: 1}}. A run that called a tool no replica hosts (unknown_tool) meets its expect "
+        "only when this says so for that tool.",
+    )
+    escalation_actions: list[EscalationAction] | None = Field(
+        None, description="the actions the run's escalations were resolved with (in any order), e.g. [provide_result]"
+    )
 
     def mismatches(self, got: Outcome) -> list[str]:
         """What differs between this expectation and how the run ended (empty when it matches)."""
@@ -173,7 +210,35 @@ class Expectation(_Strict):
             )
         if self.max_model_calls is not None and got.model_calls > self.max_model_calls:
             out.append(f"model calls: expected at most {self.max_model_calls}, got {got.model_calls}")
+        if self.escalation_actions is not None and sorted(got.escalation_actions) != sorted(self.escalation_actions):
+            out.append(
+                f"escalation actions: expected {sorted(self.escalation_actions)}, got {sorted(got.escalation_actions)}"
+            )
+        out.extend(self.tool_mismatches(got.tool_outcomes))
         return out
+
+    def tool_mismatches(self, got: dict[str, dict[str, int]]) -> list[str]:
+        """Stated tool outcomes that differ, and any tool no replica hosted that ``tools`` does not state
+        (nothing silent: a scenario whose tools are missing never passes by accident)."""
+        out = []
+        stated = self.tools or {}
+        for tool, wanted in sorted(stated.items()):
+            counts = got.get(tool, {})
+            for kind, n in wanted.stated().items():
+                if counts.get(kind, 0) != n:
+                    out.append(f"tool {tool}: expected {kind} {n}, got {counts.get(kind, 0)} ({_counts(counts)})")
+        for tool, counts in sorted(got.items()):
+            n = counts.get("unknown_tool", 0)
+            if n and stated.get(tool, ToolOutcomes()).unknown_tool is None:
+                out.append(
+                    f"tool {tool}: called {n} time(s) but no replica of the stack hosts it (unknown_tool); "
+                    f"start the stack with it, or state tools: {{{tool}: {{unknown_tool: {n}}}}} in expect"
+                )
+        return out
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "never called"
 
 
 class Scenario(_Strict):
@@ -199,6 +264,12 @@ class Scenario(_Strict):
             return self.rubric
         names = list(dict.fromkeys(name for turn in self.judge for name in (turn.scores or {})))
         return Rubric.model_validate({"threshold": 0.8, "criteria": [{"name": n} for n in names or ["overall"]]})
+
+    def called_tools(self) -> list[str]:
+        """The tools this scenario's model calls or scripts behaviour for (which the stack must host), sorted;
+        ``delegate`` is the planner's own, never a hosted tool."""
+        named = {call.name for turn in self.planner for call in turn.tool_calls} | set(self.tools)
+        return sorted(named - {"delegate"})
 
     def tool_behaviour(self, tool: str, attempt_index: int) -> ToolBehaviour | None:
         """The behaviour for the n-th execution attempt of ``tool`` in a run (0-based)."""

@@ -27,6 +27,8 @@ RESULTS = {"calculator": {"status": "ok", "expression": "1+1", "result": 2}}
 ACTIONS = {
     "correction-escalates": ["provide_result", "retry", "resume", "final_answer", "abort"],
     "judge-unparseable": ["approve", "accept", "reject", "final_answer", "abort"],
+    # no provide_result: a tool no replica hosts has no output contract to check a result against
+    "missing-tool-escalates": ["retry", "resume", "final_answer", "abort"],
 }
 
 

@@ -19,13 +19,14 @@ from dataclasses import dataclass
 
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
-from nats.js.errors import KeyNotFoundError
+from nats.js.errors import KeyNotFoundError, NotFoundError
 from pydantic import Field
 
 from services.planner import context as C
 from services.planner import ids
 from services.planner.admission import Refused, admit, check_limits, resolve_agent, with_agent
 from services.planner.escalations import apply_resolution
+from services.planner.hosting import Hosting
 from services.planner.judging import apply_verdict
 from services.planner.outbox import Outbox
 from services.planner.outcomes import apply_outcome
@@ -140,6 +141,7 @@ class Planner:
         )
         self._contracts: tuple[float, dict[str, ToolContract]] = (0.0, {})
         self._contracts_fetch: asyncio.Task[dict[str, ToolContract]] | None = None  # one listing at a time
+        self.hosting = Hosting(self.hosted)  # a called tool no running executor replica hosts: unknown_tool
         # Runs: the record and its history, and what this replica last stored or read of each
         # (a transaction tries its CAS on that without reading first; a conflict re-reads).
         self.store = RunStore(bus)
@@ -417,6 +419,8 @@ class Planner:
             return
         if any(call.name not in contracts for call in response.tool_calls):
             contracts = await self.contracts(refresh=True)  # a tool may have registered a moment ago
+        if unhosted := await self.hosting.unhosted(c.name for c in response.tool_calls if c.name in contracts):
+            contracts = {n: c for n, c in contracts.items() if n not in unhosted}  # registered, but no replica runs
         self.count_tokens(response.usage)
 
         def apply(s: RunState) -> Outbox | None:
@@ -496,6 +500,17 @@ class Planner:
         if refresh and self._contracts[0] < started:  # the shared listing began before this caller asked
             return await self.contracts(refresh=True)
         return found
+
+    async def hosted(self, tool: str) -> bool | None:
+        """Whether a running executor replica takes ``tool``'s calls (its durable has a waiting pull request
+        or a message in hand); None when the server cannot say now."""
+        try:
+            info = await self.bus.js.consumer_info(S.STREAM_CMD, S.executor_durable(tool), timeout=2)
+        except NotFoundError:
+            return False
+        except Exception:  # a timeout, a leader election: dispatch as before
+            return None
+        return bool(info.num_waiting or info.num_ack_pending)
 
     async def _list_contracts(self) -> dict[str, ToolContract]:
         listed_at = time.monotonic()

@@ -32,6 +32,11 @@ def tool_call(run_id: str, iteration: int, call_id: str) -> str:
     return f"{run_id}.call.{iteration}.{call_id}"
 
 
+def unknown_tool(run_id: str, iteration: int, call_id: str) -> str:
+    """The ``unknown_tool`` failure of a call the planner never dispatched."""
+    return f"{run_id}.unknown.{iteration}.{call_id}"
+
+
 def guard(run_id: str, iteration: int) -> str:
     """The budget guard tripped before the iteration's model call."""
     return f"{run_id}.guard.{iteration}"

@@ -8,13 +8,17 @@ cap), a fatal or unknown outcome waits for a human, ``skip_and_note`` goes on wi
 
 from __future__ import annotations
 
+import re
+
 from services.planner import context as C
 from services.planner import ids, loops
 from services.planner.delegation import DELEGATE
 from services.planner.judging import finish_iteration
 from services.planner.outbox import Outbox, await_human, escalate
 from services.planner.state import RunState, ToolCallRecord
+from shared import subjects as S
 from shared.messages import (
+    NAME_PATTERN,
     SCHEMA_FAILURES,
     Corrected,
     CorrectedDetail,
@@ -128,3 +132,55 @@ def apply_outcome(state: RunState, outcome: ToolOutcome) -> Outbox:
     if not it.pending and state.awaiting is None:
         finish_iteration(out)
     return out
+
+
+def unknown_tool(out: Outbox, record: ToolCallRecord, available: list[str]) -> None:
+    """A call to a tool no replica hosts (or the run does not offer): never dispatched. The model gets
+    the ``unknown_tool`` failure with the tools it may call, the failure is published and counted like a
+    contract failure (``failure.unknown_tool.<tool>``, the tool's correction streak), and past the
+    correction cap the run escalates (``schema_cap`` with ``failure_type: unknown_tool``)."""
+    state, it, cfg = out.state, out.state.iteration, out.state.config
+    tool = record.tool
+    error = C.unknown_tool(tool, available)
+    record.status, record.result_text, record.is_error = "failed", error, True
+    # a made-up name may be no valid tool name (a subject token): the wire carries it made safe
+    label = tool if re.fullmatch(NAME_PATTERN, tool) else (re.sub(r"[^A-Za-z0-9_-]", "_", tool)[:64] or "_")
+    out.event(
+        ToolFailed(
+            **out.head(f"{tool} failed (unknown_tool): no replica hosts it; the model may call {len(available)}"),
+            detail=ToolFailedDetail(tool=label, call_id=record.call_id, failure_type="unknown_tool", error=error),
+        )
+    )
+    out.add(
+        S.failure("unknown_tool", label),
+        ToolOutcome(
+            run_id=state.run_id,
+            iteration=it.n,
+            call_id=record.call_id,
+            attempt_id=ids.attempt(state.run_id, it.n, record.call_id),
+            tool=label,
+            requested_tool=label,
+            arguments=record.arguments,
+            success=False,
+            error=error,
+            failure_type="unknown_tool",
+            attempts=0,
+        ),
+        ids.unknown_tool(state.run_id, it.n, record.call_id),
+    )
+    stats = state.corrections.setdefault(tool, {"failures": 0, "recovered": 0, "escalated": 0})
+    stats["failures"] += 1
+    state.schema_streak[tool] = state.schema_streak.get(tool, 0) + 1
+    if state.schema_streak[tool] > cfg.max_schema_corrections:
+        stats["escalated"] += 1
+        escalate(
+            out,
+            ids.schema_cap_escalation(state.run_id, it.n, record.call_id),
+            "schema_cap",
+            f"'{tool}' was called {state.schema_streak[tool]} times in a row and no replica hosts it "
+            f"(cap {cfg.max_schema_corrections}): {error}",
+            label,
+            record.call_id,
+            failure_type="unknown_tool",
+        )
+        record.status = "awaiting_human"

@@ -14,10 +14,10 @@ from services.planner import context as C
 from services.planner import delegation, ids, loops
 from services.planner.judging import decide_next, finish_iteration
 from services.planner.outbox import Outbox, advance, finish
+from services.planner.outcomes import unknown_tool
 from services.planner.state import Iteration, RunConfig, RunState, ToolCallRecord
 from shared import subjects as S
 from shared.messages import (
-    CallDetail,
     Candidate,
     ChatMessage,
     GuardTripped,
@@ -32,7 +32,6 @@ from shared.messages import (
     Started,
     StartedDetail,
     TextBlock,
-    ToolBlocked,
     ToolCall,
     ToolContract,
     ToolUseBlock,
@@ -291,12 +290,13 @@ def _dispatch(out: Outbox, call: ToolUseBlock, contracts: dict[str, ToolContract
     contract = contracts.get(call.name)
     offered = cfg.allowed_tools is None or call.name in cfg.allowed_tools or call.name in cfg.terminal_tools
     if contract is None or not offered:
-        available = sorted(n for n in contracts if cfg.allowed_tools is None or n in cfg.allowed_tools)
-        _block(record, C.unknown_tool(call.name, available))
-        out.event(
-            ToolBlocked(**out.head(f"unknown tool {call.name}"), detail=CallDetail(tool=call.name, call_id=call.id))
+        # No replica hosts it (or the run does not offer it): a typed failure the model sees with the
+        # tools it may call, counted, and a human past the correction cap; never a silent skip.
+        available = sorted(
+            n for n in contracts if cfg.allowed_tools is None or n in cfg.allowed_tools or n in cfg.terminal_tools
         )
         s.tool_history.append((call.name, sig))
+        unknown_tool(out, record, available)
         return
     # A tool in a schema-failure streak is on the correction path, which has its own cap and
     # ends with a human: repeating an invalid call is a failed correction, not a loop.

@@ -1,0 +1,45 @@
+"""Which called tools a running executor replica hosts, asked before a turn's calls are dispatched.
+
+A tool is in the contract catalogue (``lw_contracts``) once an executor registered it, and the
+catalogue outlives that executor (a stack restarted without the tool's settings keeps it). What
+says a replica is there now is its durable (``executor_<tool>``): a live executor always has a pull
+request waiting on it, or holds a message it is running. A durable with neither, twice a moment
+apart, or no durable at all, is a tool nobody hosts: its call is an ``unknown_tool`` failure
+(``outcomes.unknown_tool``) instead of a command that would wait in the stream for ever. When the
+server cannot say (a timeout, a leader election), the tool counts as hosted: the call is dispatched
+as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterable
+
+HOSTED_TTL_S = 1.0  # a tool seen hosted is not asked again this long (one lookup per tool per second at most)
+
+Probe = Callable[[str], Awaitable[bool | None]]
+"""True: a replica pulls or holds its calls; False: nobody does (or no durable); None: cannot tell."""
+
+
+class Hosting:
+    def __init__(self, probe: Probe, ttl_s: float = HOSTED_TTL_S, recheck_s: float = 0.3) -> None:
+        self.probe, self.ttl_s, self.recheck_s = probe, ttl_s, recheck_s
+        self._hosted_until: dict[str, float] = {}  # per tool: when to ask again
+
+    async def unhosted(self, tools: Iterable[str]) -> set[str]:
+        """The tools among ``tools`` that no running replica hosts."""
+        missing: set[str] = set()
+        for tool in sorted(set(tools)):
+            if self._hosted_until.get(tool, 0.0) > time.monotonic():
+                continue
+            hosted = await self.probe(tool)
+            if hosted is False:  # between two pull requests of a live replica: ask once more
+                await asyncio.sleep(self.recheck_s)
+                hosted = await self.probe(tool)
+            if hosted is False:
+                missing.add(tool)
+                self._hosted_until.pop(tool, None)
+            else:
+                self._hosted_until[tool] = time.monotonic() + self.ttl_s
+        return missing

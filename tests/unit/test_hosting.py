@@ -1,0 +1,32 @@
+"""Which called tools a running replica hosts (services/planner/hosting.py), with the lookup scripted."""
+
+from __future__ import annotations
+
+from services.planner.hosting import Hosting
+
+
+def scripted(answers: dict[str, list[bool | None]]) -> tuple[Hosting, list[str]]:
+    asked: list[str] = []
+
+    async def probe(tool: str) -> bool | None:
+        asked.append(tool)
+        return answers[tool].pop(0)
+
+    return Hosting(probe, recheck_s=0), asked
+
+
+async def test_a_tool_nobody_pulls_twice_in_a_row_is_unhosted() -> None:
+    hosting, _ = scripted({"gone": [False, False], "back": [False, True], "busy": [True]})
+    assert await hosting.unhosted(["gone", "back", "busy"]) == {"gone"}
+
+
+async def test_when_the_server_cannot_say_the_tool_counts_as_hosted() -> None:
+    hosting, _ = scripted({"t": [None]})
+    assert await hosting.unhosted(["t"]) == set()
+
+
+async def test_a_tool_seen_hosted_is_not_asked_again_at_once_and_an_unhosted_one_always_is() -> None:
+    hosting, asked = scripted({"up": [True], "gone": [False, False, False, False]})
+    await hosting.unhosted(["up", "gone"])
+    await hosting.unhosted(["up", "gone", "up"])
+    assert asked == ["gone", "gone", "up", "gone", "gone"]
