@@ -339,6 +339,12 @@ class Settings(BaseSettings):
     spawn_gate_usd: float = Field(
         0.10, ge=0, description="a sub-agent whose estimated cost is above this waits for a human's approval"
     )
+    tool_host_grace_s: float = Field(
+        15.0,
+        ge=0,
+        description="a called tool no running executor pulls is asked about again this long before the call is an "
+        "unknown_tool failure (a replica restarting is back within it and its calls wait in the stream)",
+    )
     progressive_tools_above: int | None = Field(
         20, ge=1, description="above this many offered tools the model sees one line per tool; None: always full"
     )

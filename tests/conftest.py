@@ -30,6 +30,7 @@ from tests.support.otlp_collector import OtlpCollector
 ROOT = Path(__file__).resolve().parents[1]
 TEST_ENV = {
     "LW_ACK_WAIT_S": "3",
+    "LW_TOOL_HOST_GRACE_S": "2",  # a tool no replica pulls fails after 2 s here (15 s by default)
     "LW_MAX_DELIVER": "5",
     "LW_REDELIVER_DELAY_S": "0.2",
     "LW_MODEL_RETRY_BASE_S": "0.05",

@@ -141,7 +141,8 @@ class Planner:
         )
         self._contracts: tuple[float, dict[str, ToolContract]] = (0.0, {})
         self._contracts_fetch: asyncio.Task[dict[str, ToolContract]] | None = None  # one listing at a time
-        self.hosting = Hosting(self.hosted)  # a called tool no running executor replica hosts: unknown_tool
+        # a called tool no running executor replica hosts (through the grace): unknown_tool
+        self.hosting = Hosting(self.hosted, grace_s=self.settings.tool_host_grace_s)
         # Runs: the record and its history, and what this replica last stored or read of each
         # (a transaction tries its CAS on that without reading first; a conflict re-reads).
         self.store = RunStore(bus)

@@ -3,8 +3,9 @@
 A tool is in the contract catalogue (``lw_contracts``) once an executor registered it, and the
 catalogue outlives that executor (a stack restarted without the tool's settings keeps it). What
 says a replica is there now is its durable (``executor_<tool>``): a live executor always has a pull
-request waiting on it, or holds a message it is running. A durable with neither, twice a moment
-apart, or no durable at all, is a tool nobody hosts: its call is an ``unknown_tool`` failure
+request waiting on it, or holds a message it is running. A durable with neither through
+``LW_TOOL_HOST_GRACE_S`` (asked again every moment; a restarting replica is back within it), or no
+durable at all, is a tool nobody hosts: its call is an ``unknown_tool`` failure
 (``outcomes.unknown_tool``) instead of a command that would wait in the stream for ever. When the
 server cannot say (a timeout, a leader election), the tool counts as hosted: the call is dispatched
 as before.
@@ -23,8 +24,11 @@ Probe = Callable[[str], Awaitable[bool | None]]
 
 
 class Hosting:
-    def __init__(self, probe: Probe, ttl_s: float = HOSTED_TTL_S, recheck_s: float = 0.3) -> None:
-        self.probe, self.ttl_s, self.recheck_s = probe, ttl_s, recheck_s
+    def __init__(self, probe: Probe, ttl_s: float = HOSTED_TTL_S, recheck_s: float = 0.3, grace_s: float = 0.0) -> None:
+        """``grace_s``: how long a tool nobody pulls is asked again before it counts as unhosted (at least
+        once more, ``recheck_s`` later): a replica restarting (a crash, a rolling upgrade) is back within it, and
+        its calls wait in the stream as they always did; only a tool still unhosted after it is a failure."""
+        self.probe, self.ttl_s, self.recheck_s, self.grace_s = probe, ttl_s, recheck_s, grace_s
         self._hosted_until: dict[str, float] = {}  # per tool: when to ask again
 
     async def unhosted(self, tools: Iterable[str]) -> set[str]:
@@ -34,9 +38,13 @@ class Hosting:
             if self._hosted_until.get(tool, 0.0) > time.monotonic():
                 continue
             hosted = await self.probe(tool)
-            if hosted is False:  # between two pull requests of a live replica: ask once more
+            give_up = time.monotonic() + self.grace_s
+            asked_again = False
+            while hosted is False and (not asked_again or time.monotonic() < give_up):
+                # between two pull requests of a live replica, or a replica restarting: ask again
                 await asyncio.sleep(self.recheck_s)
                 hosted = await self.probe(tool)
+                asked_again = True
             if hosted is False:
                 missing.add(tool)
                 self._hosted_until.pop(tool, None)
