@@ -669,6 +669,11 @@ class ToolResultRaw(Wire):
     duration_ms: float = 0.0
     cached: bool = False
     fallback_from: FallbackNote | None = None
+    stripped: list[str] = Field(
+        default_factory=list,
+        description="JSON pointers of the undeclared input fields removed before the call ran (policy strip); "
+        "`arguments` is what remains",
+    )
 
 
 class ToolOutcome(Wire):
@@ -690,7 +695,13 @@ class ToolOutcome(Wire):
     schema_: dict[str, Any] | None = Field(None, alias="schema")
     parsed: bool = True
     repaired: bool = False
-    repairs: list[str] = Field(default_factory=list)
+    repairs: list[str] = Field(
+        default_factory=list, description="what was repaired: the stripped input fields first, then the output's"
+    )
+    stripped: list[str] = Field(
+        default_factory=list,
+        description="JSON pointers of the undeclared input fields removed before the call ran (policy strip)",
+    )
     attempts: int = 1
     cached: bool = False
     fallback_from: FallbackNote | None = None

@@ -175,6 +175,7 @@ class Executor:
                 validator_for(contract, "input"), contract.input_schema, call.arguments, self.settings.undeclared_fields
             )
             errors = admitted.errors
+            stripped = admitted.undeclared if admitted.outcome == "stripped" else []  # said in the outcome
             if admitted.undeclared:  # counted whatever the policy: how often the model invents fields, per tool
                 self.undeclared.add(1, {"tool": call.tool, "policy": admitted.policy, "outcome": admitted.outcome})
                 span.set_attribute(T.LW_UNDECLARED_FIELDS, admitted.undeclared)
@@ -210,7 +211,7 @@ class Executor:
                         return
                     entry, revision = claimed
             self.fault("after_start_recorded")
-            await self.run_attempts(call, hosted, entry, revision)
+            await self.run_attempts(call, hosted, entry, revision, stripped)
             self.fault("after_final_published")
 
     async def reclaim(self, call: ToolCall, idempotent: bool, span: Span) -> tuple[LedgerEntry, int] | None:
@@ -262,7 +263,10 @@ class Executor:
         )
         log.error("executor: dead-lettered %s: %s", subject, reason)
 
-    async def run_attempts(self, call: ToolCall, hosted: HostedTool, entry: LedgerEntry, revision: int) -> None:
+    async def run_attempts(
+        self, call: ToolCall, hosted: HostedTool, entry: LedgerEntry, revision: int, stripped: list[str]
+    ) -> None:
+        """Run the call (``stripped``: the undeclared input fields removed before it, for its result to say)."""
         contract = hosted.contract
         started = time.monotonic()
         n = 0
@@ -303,6 +307,7 @@ class Executor:
                     n,
                     output_is_text=result.output_is_text,
                     duration_ms=round((time.monotonic() - started) * 1000, 2),
+                    stripped=stripped,
                 )
                 await self.finish_result(call, hosted, entry, revision, raw)
                 return
@@ -310,7 +315,7 @@ class Executor:
                 break
             await self.interim_failure(call, entry, result, n)
             await asyncio.sleep(delay)
-        await self.after_retries(call, hosted, entry, revision, result, n)
+        await self.after_retries(call, hosted, entry, revision, result, n, stripped)
 
     async def interim_failure(self, call: ToolCall, entry: LedgerEntry, result: Attempted, n: int) -> None:
         """A transient failure the executor goes on from (retry, fallback, cached result): published like
@@ -329,7 +334,14 @@ class Executor:
         )
 
     async def after_retries(
-        self, call: ToolCall, hosted: HostedTool, entry: LedgerEntry, revision: int, result: Attempted, attempts: int
+        self,
+        call: ToolCall,
+        hosted: HostedTool,
+        entry: LedgerEntry,
+        revision: int,
+        result: Attempted,
+        attempts: int,
+        stripped: list[str],
     ) -> None:
         """Carry out what the recovery policy chose for a call whose last attempt failed."""
         step = recovery_after(hosted.contract, call, result, attempts)
@@ -346,7 +358,7 @@ class Executor:
                 )
                 if cached is not None:
                     await self.interim_failure(call, entry, result, attempts)
-                    raw = raw_result(call, cached.data, attempts, cached=True)
+                    raw = raw_result(call, cached.data, attempts, cached=True, stripped=stripped)
                     await self.finish_result(call, hosted, entry, revision, raw)
                     return
             case Fail():

@@ -36,6 +36,13 @@ def _leaf_errors(errors: list[JsError]) -> list[JsError]:
     return out
 
 
+def stripped_repairs(stripped: list[str]) -> dict[str, Any]:
+    """The outcome's account of the undeclared input fields the executor removed (policy ``strip``): a repair
+    of the call, listed ahead of any repair of its output."""
+    notes = [f"undeclared input field {pointer} stripped" for pointer in stripped]
+    return {"stripped": stripped, "repaired": bool(stripped), "repairs": notes}
+
+
 def check_output(contract: ToolContract, raw: ToolResultRaw) -> Checked:
     base: dict[str, Any] = {
         "run_id": raw.run_id,
@@ -49,6 +56,7 @@ def check_output(contract: ToolContract, raw: ToolResultRaw) -> Checked:
         "cached": raw.cached,
         "fallback_from": raw.fallback_from,
         "terminal": contract.terminal,
+        **stripped_repairs(raw.stripped),
     }
     output = raw.output
     if raw.output_is_text:
@@ -67,7 +75,7 @@ def check_output(contract: ToolContract, raw: ToolResultRaw) -> Checked:
         if done and validator.is_valid(repaired):
             return Checked(
                 ToolOutcome.model_validate(
-                    {**base, "success": True, "data": repaired, "repaired": True, "repairs": done}
+                    {**base, "success": True, "data": repaired, "repaired": True, "repairs": base["repairs"] + done}
                 ),
                 "repaired",
             )
@@ -81,6 +89,7 @@ def _invalid(
         {
             **base,
             "success": False,
+            "repaired": False,  # a stripped input is still said (``stripped``, ``repairs``); the call failed
             "failure_type": "output_invalid",
             "recoverable": True,
             "parsed": parsed,
