@@ -51,7 +51,9 @@ def render(e: Event) -> str | None:
             o = ToolOutcome.model_validate(p)
         except ValidationError:  # e.g. a large result whose body could not be fetched: the subject says enough
             return f"       ✓ {tool} validated"
-        extra = " (output repaired)" if o.repaired else ""
+        output_repaired = len(o.repairs) > len(o.stripped) or (o.repaired and not o.stripped)
+        extra = " (output repaired)" if output_repaired else ""
+        extra += f" (undeclared input stripped: {', '.join(o.stripped)})" if o.stripped else ""
         extra += " (from cache)" if o.cached else ""
         extra += f" (fallback: {o.fallback_from.to_tool})" if o.fallback_from else ""
         return f"{iteration_tag(o.iteration)} ✓ {o.tool} validated{extra}"

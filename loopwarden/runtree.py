@@ -332,19 +332,26 @@ def _finish_tool(step: Step, p: dict[str, Any], at: float) -> None:
     if made > len(step.children):  # the attempt that returned output has no event of its own
         start = step.children[-1].end_s or step.start_s if step.children else step.start_s
         step.children.append(Step(f"{step.id}.a{made}", "attempt", f"attempt {made}", "ok", start, at))
-    if errors or failure in ("output_invalid", "input_invalid") or p.get("repaired"):
+    stripped = [str(f) for f in p.get("stripped") or []]
+    if stripped:  # undeclared input fields removed before the call ran (policy strip): a repair of its input
+        summary = "stripped undeclared field(s) " + ", ".join(stripped)
+        step.children.append(Step(f"{step.id}.input", "validation", "input validation", "repaired", at, at, summary))
+    repairs = (p.get("repairs") or [])[len(stripped) :]  # the output's (the stripped fields come first)
+    output_repaired = bool(repairs) or (bool(p.get("repaired")) and not stripped)
+    if errors or failure in ("output_invalid", "input_invalid") or output_repaired:
         what = "input" if failure == "input_invalid" else "output"
         if errors:
             paths = ", ".join(sorted({str(e.get("path")) for e in errors if isinstance(e, dict)}))
             summary = f"{len(errors)} {what} error(s) at {paths}"
         else:
             summary = f"{what} invalid" if failure else ""
-        if p.get("repaired"):
-            summary = (summary + " · " if summary else "") + "repaired: " + ", ".join(p.get("repairs") or [])
-        status: StepStatus = "failed" if not ok else ("repaired" if p.get("repaired") else "ok")
+        if output_repaired:
+            summary = (summary + " · " if summary else "") + "repaired: " + ", ".join(repairs)
+        status: StepStatus = "failed" if not ok else ("repaired" if output_repaired else "ok")
         step.children.append(Step(f"{step.id}.validation", "validation", f"{what} validation", status, at, at, summary))
     if ok:
-        how = [w for w, on in (("repaired", p.get("repaired")), ("from cache", p.get("cached"))) if on]
+        how = [w for w, on in (("repaired", output_repaired), ("from cache", p.get("cached"))) if on]
+        how += [f"stripped {', '.join(stripped)}"] if stripped else []
         step.status = "repaired" if p.get("repaired") else "ok"
         step.summary = "ok" + (f" ({', '.join(how)})" if how else "") + f" · {made} attempt(s)"
         if p.get("fallback_from"):
