@@ -18,6 +18,9 @@ from typing import Any
 import pytest
 
 from loopwarden.client import Client
+from loopwarden.progress import render
+from loopwarden.records import export_run
+from loopwarden.runtree import build, step_detail
 from loopwarden.stack import LocalStack
 from shared.messages import Rubric, RunSnapshot, RunSubmit
 from tests.conftest import ONE_EACH, ROOT, TEST_ENV, running, settings_for
@@ -202,13 +205,35 @@ async def test_refuse_tells_the_model_and_never_runs_the_call(client: Client, ch
     assert json.loads(second["content"])["received"] == {"flight": "LW1"}  # only the corrected call ran
 
 
-async def test_strip_removes_the_fields_and_runs_the_call(client: Client, chat_api: ChatCompletionsServer) -> None:
+async def test_strip_removes_the_fields_and_runs_the_call(
+    mixed: LocalStack, client: Client, chat_api: ChatCompletionsServer
+) -> None:
     state, key = await run(
         client, chat_api, [call("book_strip", INVENTED), call("submit_result", {"answer": "booked"})]
     )
     assert state.status == "completed", state.final_reason
     (result,) = tool_messages(chat_api, key)
     assert json.loads(result["content"])["received"] == {"flight": "LW1"}
+    # the repair is visible in the run: its event (as `loopwarden events` prints it), the record, the tree
+    (succeeded,) = [e for e in await client.events(state.run_id) if e.kind == "tool.succeeded.book_strip"]
+    assert succeeded.payload["stripped"] == ["/meal", "/seat"]
+    assert succeeded.payload["repaired"] is True and succeeded.payload["arguments"] == {"flight": "LW1"}
+    assert succeeded.payload["repairs"] == [
+        "undeclared input field /meal stripped",
+        "undeclared input field /seat stripped",
+    ]
+    line = render(succeeded) or ""
+    assert "undeclared input stripped: /meal, /seat" in line and "output repaired" not in line
+    record = await export_run(client.bus, settings_for(mixed), state.run_id)
+    (booked,) = [t for t in record.tool_calls if t.tool == "book_strip"]
+    assert booked.arguments == {"flight": "LW1"} and (booked.outcome or {}).get("stripped") == ["/meal", "/seat"]
+    (step,) = [s for _, s in build(record).walk() if s.kind == "tool" and s.title == "book_strip"]
+    assert step.status == "repaired" and "stripped /meal, /seat" in step.summary
+    assert [(c.title, c.status, c.summary) for c in step.children if c.kind == "validation"] == [
+        ("input validation", "repaired", "stripped undeclared field(s) /meal, /seat")
+    ]
+    opened = {sec.key: sec.text for sec in step_detail(record, step.id)}
+    assert "undeclared input field /seat stripped" in opened["repairs"]
 
 
 async def test_open_honours_the_schema_as_written(client: Client, chat_api: ChatCompletionsServer) -> None:
