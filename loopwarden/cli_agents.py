@@ -6,13 +6,11 @@ from __future__ import annotations
 import argparse
 import re
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loopwarden.cli_common import (
-    AWAITING_HUMAN,
     FAILED,
     OK,
-    TIMED_OUT,
     USAGE,
     UserError,
     add_json_flag,
@@ -23,6 +21,9 @@ from loopwarden.cli_common import (
     say,
     settings,
 )
+
+if TYPE_CHECKING:
+    from shared.messages import RunSnapshot
 
 STATUSES = ("running", "awaiting_human", "completed", "stopped", "failed")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
@@ -67,13 +68,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "run",
         help="run a registered agent on a task (live) or a scenario (scripted)",
         description="Start a run of the agent and print its id. With --wait, wait until it ends or waits for a "
-        "human and print how it ended (exit 0 completed, 1 failed or stopped, 5 waiting for a human).",
+        "human and print how it ended (exit 0 completed or, with a scenario's expect, ended as expected; 1 failed, "
+        "stopped or not as expected; 5 waiting for a human). A scenario calling tools the stack does not host is "
+        "refused first.",
     )
     p.add_argument("agent", metavar="AGENT", help="the agent's name (`loopwarden agents list`)")
     p.add_argument("--task", metavar="TEXT", help="the task (a live run, by the planner's provider)")
     p.add_argument("--scenario", metavar="FILE", help="a scenario: the run is scripted by it (its task, unless --task)")
     p.add_argument("--wait", action="store_true", help="wait until the run ends or waits for a human")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds --wait waits (default: 120)")
+    p.add_argument(
+        "--allow-missing-tools",
+        action="store_true",
+        help="submit a scenario calling tools the running stack does not host (each call: an unknown_tool failure)",
+    )
     add_json_flag(p)
     p.set_defaults(func=cmd_run)
 
@@ -163,34 +171,24 @@ async def cmd_show(args: argparse.Namespace) -> int:
 
 
 async def cmd_run(args: argparse.Namespace) -> int:
-    from loopwarden.cli_runs import ENDED, _summary, describe_end
+    """As ``submit`` (the missing-tools refusal, ``expect``, the exit codes), for a registered agent."""
+    from loopwarden.cli_runs import refuse_missing_tools, report_run
     from loopwarden.client import UnknownAgent
 
     if args.task is None and args.scenario is None:
         raise UserError("run: give --task TEXT (a live run) or --scenario FILE (a scripted run)")
     scenario = load_scenario_file(args.scenario) if args.scenario else None  # before connecting
     async with connected() as client:
+        await refuse_missing_tools(client, scenario, args)
         try:
             run_id = await client.submit_agent(args.agent, args.task, scenario=scenario)
         except UnknownAgent as err:
             raise UserError(str(err), FAILED) from None
-        if not args.wait:
-            emit_json({"run_id": run_id}) if args.json else say(run_id)
-            return OK
-        if not args.json:
-            say(run_id)  # first: whatever happens while waiting, the run can be found
-        try:
-            state = await client.wait(run_id, timeout=args.timeout, until=(*ENDED, "awaiting_human"))
-        except TimeoutError as err:
-            raise UserError(f"timed out: {err}; `loopwarden status {run_id}` shows where it is", TIMED_OUT) from None
-    if args.json:
-        emit_json({**_summary(state), "agent": state.agent, "agent_version": state.agent_version})
-    else:
-        say(plain(describe_end(state)))
-        say(f"cost ${state.usage.cost_usd:.4f} · agent {state.agent} v{state.agent_version}")
-    if state.status == "awaiting_human":
-        return AWAITING_HUMAN
-    return OK if state.status == "completed" else FAILED
+        return await report_run(client, run_id, scenario, args, _cost_and_agent)
+
+
+def _cost_and_agent(state: RunSnapshot) -> str:
+    return f"cost ${state.usage.cost_usd:.4f} · agent {state.agent} v{state.agent_version}"
 
 
 async def cmd_runs(args: argparse.Namespace) -> int:

@@ -5,7 +5,8 @@ connect (``cli_common.connected``); the reading ones take ``--json``."""
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from loopwarden.cli_common import (
     AWAITING_HUMAN,
@@ -22,6 +23,11 @@ from loopwarden.cli_common import (
     say,
     settings,
 )
+
+if TYPE_CHECKING:
+    from loopwarden.client import Client
+    from shared.messages import RunSnapshot
+    from shared.scenario import Scenario
 
 ENDED = ("completed", "stopped", "failed")
 
@@ -136,45 +142,66 @@ async def cmd_submit(args: argparse.Namespace) -> int:
 
     scenario = load_scenario_file(args.scenario) if args.scenario else None  # before connecting
     async with connected() as client:
-        if scenario is not None and not args.allow_missing_tools:  # refused before anything is published
-            from loopwarden.cli_offline import missing_tools
-
-            if missing := await missing_tools(client, scenario.called_tools()):
-                raise UserError(
-                    f"refused: {args.scenario} calls {', '.join(missing)}, which no executor of the running stack "
-                    "hosts (`loopwarden check-scenario --against-stack` names them; --allow-missing-tools submits "
-                    "anyway)",
-                    FAILED,
-                )
+        await refuse_missing_tools(client, scenario, args)
         if scenario is not None:
             run_id = await client.submit_scenario(scenario)
         else:
             run_id = await client.submit(RunSubmit(run_id=new_run_id(), task=args.task))
-        if not args.wait:
-            if args.json:
-                emit_json({"run_id": run_id})
-            else:
-                say(run_id)
-            return OK
-        if not args.json:
-            say(run_id)  # first: whatever happens while waiting, the run can be found
-        try:
-            # a run that waits for a person is as far as waiting goes, whatever `expect` says
-            state = await client.wait(run_id, timeout=args.timeout, until=(*ENDED, "awaiting_human"))
-        except TimeoutError as err:
-            raise UserError(f"timed out: {err}; `loopwarden status {run_id}` shows where it is", TIMED_OUT) from None
-        mismatches = await client.check(scenario, state) if scenario is not None else []
+        return await report_run(client, run_id, scenario, args)
+
+
+async def refuse_missing_tools(client: Client, scenario: Scenario | None, args: argparse.Namespace) -> None:
+    """A scenario calling tools no executor of the running stack hosts is refused before anything is published
+    (``--allow-missing-tools`` submits it anyway: each such call is then an ``unknown_tool`` failure)."""
+    if scenario is None or args.allow_missing_tools:
+        return
+    from loopwarden.cli_offline import missing_tools
+
+    if missing := await missing_tools(client, scenario.called_tools()):
+        raise UserError(
+            f"refused: {args.scenario} calls {', '.join(missing)}, which no executor of the running stack "
+            "hosts (`loopwarden check-scenario --against-stack` names them; --allow-missing-tools submits "
+            "anyway)",
+            FAILED,
+        )
+
+
+async def report_run(
+    client: Client,
+    run_id: str,
+    scenario: Scenario | None,
+    args: argparse.Namespace,
+    extra: Callable[[RunSnapshot], str] | None = None,
+) -> int:
+    """What ``submit`` and ``run`` print and exit with: the run id; with ``--wait``, how the run ended (at once
+    when it waits for a human, whatever ``expect`` says) and where it differs from the scenario's ``expect``."""
+    if not args.wait:
         if args.json:
-            emit_json({**_summary(state), "expectations_not_met": mismatches})
+            emit_json({"run_id": run_id})
         else:
-            say(plain(describe_end(state)))
-            for line in mismatches:
-                say(f"EXPECTATION NOT MET: {line}", err=True)
-        if state.status == "awaiting_human":
-            return AWAITING_HUMAN
-        if scenario is not None and scenario.expect is not None:
-            return FAILED if mismatches else OK
-        return OK if state.status == "completed" else FAILED
+            say(run_id)
+        return OK
+    if not args.json:
+        say(run_id)  # first: whatever happens while waiting, the run can be found
+    try:
+        # a run that waits for a person is as far as waiting goes, whatever `expect` says
+        state = await client.wait(run_id, timeout=args.timeout, until=(*ENDED, "awaiting_human"))
+    except TimeoutError as err:
+        raise UserError(f"timed out: {err}; `loopwarden status {run_id}` shows where it is", TIMED_OUT) from None
+    mismatches = await client.check(scenario, state) if scenario is not None else []
+    if args.json:
+        emit_json({**_summary(state), "agent": state.agent, "expectations_not_met": mismatches})
+    else:
+        say(plain(describe_end(state)))
+        if extra is not None:
+            say(extra(state))
+        for line in mismatches:
+            say(f"EXPECTATION NOT MET: {line}", err=True)
+    if state.status == "awaiting_human":
+        return AWAITING_HUMAN
+    if scenario is not None and scenario.expect is not None:
+        return FAILED if mismatches else OK
+    return OK if state.status == "completed" else FAILED
 
 
 # --- reading ------------------------------------------------------------------------------------

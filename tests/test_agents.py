@@ -221,3 +221,26 @@ def test_the_readme_first_agent_commands_run_as_written(stack: LocalStack) -> No
     run_id = outputs[3].splitlines()[0]
     assert "completed: 17 * 23 = 391" in outputs[3]
     assert outputs[4].splitlines()[0].startswith(run_id) and "calc v" in outputs[4]
+
+
+async def test_run_refuses_missing_tools_and_checks_expect_as_submit_does(
+    client: Client, stack: LocalStack, tmp_path: Path
+) -> None:
+    """A newcomer's `loopwarden run AGENT --scenario FILE --wait` on a stack without the scenario's tools completed
+    and exited 0: `run` had neither `submit`'s refusal of tools the stack does not host nor its `expect` check."""
+    name = _name("silent")
+    await client.register(Agent(name=name, instructions="Count.", answer_mode="submit"))
+    missing = _scenario("6*7 = 42", {"correct": 1.0})
+    missing["planner"][0]["tool_calls"][0]["name"] = "low_stock_nowhere"  # type: ignore[index]
+    path = tmp_path / "missing.json"
+    path.write_text(json.dumps(missing))
+    done = _lw(stack, "run", name, "--scenario", str(path), "--wait", "--timeout", "60")
+    assert done.returncode == 1 and done.stdout == "", done.stdout + done.stderr
+    assert "low_stock_nowhere" in done.stderr and "no executor of the running stack hosts" in done.stderr
+    unmet = _scenario("6*7 = 42", {"correct": 1.0})
+    unmet["expect"] = {"status": "completed", "tools": {"calculator": {"succeeded": 2}}}
+    path.write_text(json.dumps(unmet))
+    done = _lw(stack, "run", name, "--scenario", str(path), "--wait", "--timeout", "60")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout.splitlines()[0].startswith("run-")  # the run id first
+    assert "EXPECTATION NOT MET: tool calculator" in done.stderr, done.stderr
