@@ -49,7 +49,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "scenario (or a live task) showing each step; print the outcome; stop everything (also on Ctrl-C).",
     )
     p.add_argument("--scenario", help="scripted scenario to replay (default: the shipped demo.yaml)")
-    p.add_argument("--live", action="store_true", help="no scenario: use the anthropic provider (needs a key)")
+    p.add_argument(
+        "--live",
+        action="store_true",
+        help="no scenario: the live provider (LW_PLANNER_PROVIDER: anthropic or openai, with its key and base URL)",
+    )
     p.add_argument(
         "--task",
         default="Explain JetStream message de-duplication in two sentences.",
