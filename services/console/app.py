@@ -252,7 +252,7 @@ class Console:
         q = request.query_params
         filters = {
             k: q.get(k, "")
-            for k in ("status", "tenant", "tool", "failure", "q", "newer_than", "older_than", "min_cost")
+            for k in ("status", "agent", "tenant", "tool", "failure", "q", "newer_than", "older_than", "min_cost")
         }
         try:
             flt, error = B.RunFilter.from_query(filters), None

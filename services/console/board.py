@@ -36,7 +36,8 @@ class RunRow:
     readable: bool = True
     tenant: str = ""
     tools: tuple[str, ...] = ()
-    updated_ts: float = 0.0  # seconds since the epoch, for the age filters and the order
+    updated_ts: float = 0.0
+    agent: str = ""  # seconds since the epoch, for the age filters and the order
 
 
 def run_row(key: str, raw: bytes | None) -> RunRow:
@@ -65,9 +66,10 @@ def run_row(key: str, raw: bytes | None) -> RunRow:
         final_output=data.get("final_output"),
         final_reason=data.get("final_reason"),
         awaiting=data.get("awaiting"),
-        tenant=str(config.get("tenant") or "") if isinstance(config, dict) else "",
+        tenant=str(data.get("tenant") or (config.get("tenant") if isinstance(config, dict) else None) or ""),
         tools=tools,
         updated_ts=_epoch(data.get("updated_at")),
+        agent=str(data.get("agent") or ""),
     )
 
 
@@ -89,6 +91,7 @@ class RunFilter:
     """What the runs list is narrowed to; every field empty: every run."""
 
     status: str = ""
+    agent: str = ""
     tenant: str = ""
     tool: str = ""
     failure: str = ""  # a failure type one of the run's tool calls had (output_invalid, transient, ...)
@@ -107,6 +110,7 @@ class RunFilter:
             raise ValueError(f"cost {q.get('min_cost')!r}: a number of dollars, e.g. 0.01") from None
         return cls(
             status=q.get("status", "").strip(),
+            agent=q.get("agent", "").strip(),
             tenant=q.get("tenant", "").strip(),
             tool=q.get("tool", "").strip(),
             failure=q.get("failure", "").strip(),
@@ -118,6 +122,8 @@ class RunFilter:
 
     def matches(self, row: RunRow, failures: Mapping[str, set[str]], now: float) -> bool:
         if self.status and row.status != self.status:
+            return False
+        if self.agent and row.agent != self.agent:
             return False
         if self.tenant and row.tenant != self.tenant:
             return False

@@ -19,6 +19,7 @@ def row(i: int, status: str = "completed", **extra: object) -> B.RunRow:
         "usage": {"cost_usd": i / 1000},
         "config": {"tenant": extra.get("tenant", "acme")},
         "tool_history": [[t, "x"] for t in extra.get("tools", ["search"])],  # type: ignore[attr-defined]
+        "agent": extra.get("agent"),
     }
     return B.run_row(f"run-{i}", json.dumps(record).encode())
 
@@ -35,8 +36,13 @@ def test_a_filter_of_a_query_reads_every_field_and_names_a_bad_value() -> None:
         B.RunFilter.from_query({"older_than": "soon"})
 
 
-def test_runs_are_filtered_by_status_tenant_tool_failure_text_age_and_cost() -> None:
-    rows = [row(1), row(2, "failed", tenant="zeta"), row(3, "failed", tools=["calculator"]), row(40, "failed")]
+def test_runs_are_filtered_by_status_agent_tenant_tool_failure_text_age_and_cost() -> None:
+    rows = [
+        row(1, agent="restock"),
+        row(2, "failed", tenant="zeta"),
+        row(3, "failed", tools=["calculator"]),
+        row(40, "failed", agent="restock"),
+    ]
     failures = {"run-2": {"output_invalid"}}
 
     def ids(**q: str) -> list[str]:
@@ -45,6 +51,8 @@ def test_runs_are_filtered_by_status_tenant_tool_failure_text_age_and_cost() -> 
     assert ids() == ["run-40", "run-3", "run-2", "run-1"]  # newest first
     assert ids(status="failed") == ["run-40", "run-3", "run-2"]
     assert ids(tenant="zeta") == ["run-2"]
+    assert ids(agent="restock") == ["run-40", "run-1"]
+    assert ids(agent="restock", status="failed") == ["run-40"]
     assert ids(tool="calculator") == ["run-3"]
     assert ids(failure="output_invalid") == ["run-2"]
     assert ids(q="NUMBER 4") == ["run-40"]
