@@ -55,8 +55,7 @@ lint: $(STAMP)
 schemas: $(STAMP)
 	$(PY) -m shared.schemagen
 	$(PY) -m shared.asyncapi
-	$(PY) -m loopwarden.scenario_schema
-	$(PY) -m loopwarden.agent_schema
+	$(PY) -m loopwarden.file_schemas
 	$(PY) -m shared.records
 
 up: $(STAMP)

@@ -16,7 +16,6 @@ from collections.abc import Iterator
 import pytest
 
 from loopwarden import Agent, Client, NotAllowed, parse_scenario
-from loopwarden.stack import LocalStack
 from shared import subjects as S
 from tests.conftest import ROOT, TEST_ENV
 from tests.support import locked as L
@@ -31,22 +30,8 @@ SCENARIO = {
 @pytest.fixture(scope="module")
 def locked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tmp = tmp_path_factory.mktemp("agents-locked")
-    with L.locked_server(tmp, "agents") as url:
-        stack = LocalStack(
-            state_dir=tmp,
-            nats_url=url,
-            env=TEST_ENV,
-            services=("planner",),
-            env_per_service={"planner": L.creds("planner")},
-        )
-        try:
-            asyncio.run(L.bootstrap_as_admin(url))
-            stack.start()
-            yield url
-            logs = "".join(p.log.read_text(errors="replace") for p in stack.procs)
-            assert "permissions violation" not in logs.lower(), logs[-3000:]
-        finally:
-            stack.stop()
+    with L.locked_stack(tmp, "agents", ("planner",), TEST_ENV) as (url, _):
+        yield url
 
 
 def _as(url: str, user: str) -> Client:

@@ -427,10 +427,12 @@ def test_the_scenario_schema_is_generated_from_the_model_and_names_the_shipped_s
     import jsonschema
     import yaml
 
-    from loopwarden.scenario_schema import render
+    from loopwarden.file_schemas import render
 
     committed = (ROOT / "schemas" / "scenario.json").read_text()
-    assert committed == render(), "schemas/scenario.json drifted from shared/scenario.py; run `make schemas`"
+    assert committed == render("scenario.json"), (
+        "schemas/scenario.json drifted from shared/scenario.py; run `make schemas`"
+    )
     validator = jsonschema.Draft202012Validator(json.loads(committed))
     shipped = sorted((ROOT / "scenarios").glob("*.yaml"))
     assert shipped

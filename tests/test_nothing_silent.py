@@ -51,19 +51,11 @@ def fake_model() -> Iterator[FakeModel]:
 @pytest.fixture(scope="module")
 def silent_stack(tmp_path_factory: pytest.TempPathFactory, fake_model: FakeModel) -> Iterator[tuple[str, LocalStack]]:
     tmp = tmp_path_factory.mktemp("silent")
-    with L.locked_server(tmp, "silent") as url:
-        env = {s: {**L.creds(s), "LW_OPERATORS": operator_roster()} for s in SERVICES}
-        env["executor"]["LW_EXECUTOR_TOOLS"] = MAIN_EXECUTOR_TOOLS
-        live = {**TEST_ENV, "ANTHROPIC_BASE_URL": fake_model.base_url}
-        stack = LocalStack(state_dir=tmp, nats_url=url, env=live, services=SERVICES, env_per_service=env)
-        try:
-            asyncio.run(L.bootstrap_as_admin(url))
-            stack.start()
-            yield url, stack
-            logs = "".join(p.log.read_text(errors="replace") for p in stack.procs)
-            assert "permissions violation" not in logs.lower(), logs[-3000:]
-        finally:
-            stack.stop()
+    env = {s: {"LW_OPERATORS": operator_roster()} for s in SERVICES}
+    env["executor"]["LW_EXECUTOR_TOOLS"] = MAIN_EXECUTOR_TOOLS
+    live = {**TEST_ENV, "ANTHROPIC_BASE_URL": fake_model.base_url}
+    with L.locked_stack(tmp, "silent", SERVICES, live, env) as locked:
+        yield locked
 
 
 @pytest.fixture(scope="module")

@@ -43,22 +43,9 @@ SERVICES = ("planner", "executor", "validator", "governor", "escalation")
 @pytest.fixture(scope="module")
 def locked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, LocalStack]]:
     tmp = tmp_path_factory.mktemp("boundaries")
-    with L.locked_server(tmp, "boundaries") as url:
-        stack = LocalStack(
-            state_dir=tmp,
-            nats_url=url,
-            env=STACK_ENV,
-            services=SERVICES,
-            env_per_service={s: {**L.creds(s), "LW_OPERATORS": operator_roster()} for s in SERVICES},
-        )
-        try:
-            asyncio.run(L.bootstrap_as_admin(url))
-            stack.start()
-            yield url, stack
-            logs = "".join(p.log.read_text(errors="replace") for p in stack.procs)
-            assert "permissions violation" not in logs.lower(), logs[-3000:]
-        finally:
-            stack.stop()
+    operators = {"LW_OPERATORS": operator_roster()}
+    with L.locked_stack(tmp, "boundaries", SERVICES, STACK_ENV, dict.fromkeys(SERVICES, operators)) as locked:
+        yield locked
 
 
 def as_user(url: str, user: str, **overrides: Any) -> Settings:

@@ -50,22 +50,8 @@ SERVICES = ("planner", "executor", "validator", "governor")
 @pytest.fixture(scope="module")
 def locked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, LocalStack]]:
     tmp = tmp_path_factory.mktemp("tenant-reads")
-    with L.locked_server(tmp, "tenant-reads", f"max_payload: {MAX_PAYLOAD}") as url:
-        stack = LocalStack(
-            state_dir=tmp,
-            nats_url=url,
-            env=STACK_ENV,
-            services=SERVICES,
-            env_per_service={s: L.creds(s) for s in SERVICES},
-        )
-        try:
-            asyncio.run(L.bootstrap_as_admin(url))
-            stack.start()
-            yield url, stack
-            logs = "".join(p.log.read_text(errors="replace") for p in stack.procs)
-            assert "permissions violation" not in logs.lower(), logs[-3000:]
-        finally:
-            stack.stop()
+    with L.locked_stack(tmp, "tenant-reads", SERVICES, STACK_ENV, extra=f"max_payload: {MAX_PAYLOAD}") as locked:
+        yield locked
 
 
 def as_user(url: str, user: str, **overrides: Any) -> Settings:

@@ -48,14 +48,8 @@ DEMO = parse_scenario(yaml.safe_load((ROOT / "scenarios" / "demo.yaml").read_tex
 @pytest.fixture(scope="module")
 def locked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, LocalStack]]:
     tmp = tmp_path_factory.mktemp("boundaries")
-    with L.locked_server(tmp, "boundaries") as url:
-        stack = LocalStack(state_dir=tmp, nats_url=url, env=TEST_ENV, env_per_service={s: L.creds(s) for s in SERVICES})
-        try:
-            asyncio.run(L.bootstrap_as_admin(url))
-            stack.start()
-            yield url, stack
-        finally:
-            stack.stop()
+    with L.locked_stack(tmp, "boundaries", SERVICES, TEST_ENV, no_violations=False) as locked:
+        yield locked
 
 
 @pytest.fixture

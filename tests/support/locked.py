@@ -14,7 +14,7 @@ import nats
 
 from loopwarden.auth_conf import OUT
 from loopwarden.infra import bootstrap
-from loopwarden.stack import free_port, nats_server_binary, wait_for_port
+from loopwarden.stack import LocalStack, free_port, nats_server_binary, wait_for_port
 from shared.permissions import grants
 from shared.settings import Settings
 
@@ -48,6 +48,34 @@ def locked_server(tmp: Path, name: str = "locked", extra: str = "") -> Iterator[
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+@contextlib.contextmanager
+def locked_stack(
+    tmp: Path,
+    name: str,
+    services: tuple[str, ...],
+    env: dict[str, str],
+    env_per_service: dict[str, dict[str, str]] | None = None,
+    extra: str = "",
+    *,
+    no_violations: bool = True,
+) -> Iterator[tuple[str, LocalStack]]:
+    """A locked server (``extra``: more server settings), bootstrapped as admin, running ``services`` each as
+    its own NATS user with managed infrastructure (``env_per_service`` adds to a service's environment); yields
+    the URL and the stack. With ``no_violations``, no service may have logged a permissions violation."""
+    with locked_server(tmp, name, extra) as url:
+        per_service = {s: {**creds(s), **(env_per_service or {}).get(s, {})} for s in services}
+        stack = LocalStack(state_dir=tmp, nats_url=url, env=env, services=services, env_per_service=per_service)
+        try:
+            asyncio.run(bootstrap_as_admin(url))
+            stack.start()
+            yield url, stack
+            if no_violations:
+                logs = "".join(p.log.read_text(errors="replace") for p in stack.procs)
+                assert "permissions violation" not in logs.lower(), logs[-3000:]
+        finally:
+            stack.stop()
 
 
 def as_user(url: str, user: str, **overrides: object) -> Settings:

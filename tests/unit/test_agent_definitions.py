@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from loopwarden.agent_schema import render
 from loopwarden.cli_agents import duration
 from loopwarden.client import select_runs
+from loopwarden.file_schemas import render
 from services.planner.admission import Refused, resolve_agent, with_agent
 from services.planner.turns import resolve_config
 from shared.agents import AgentError, load_agent, next_record, parse_agent
@@ -116,7 +116,7 @@ def test_an_agent_file_is_read_and_a_bad_one_named_by_field(tmp_path: Path) -> N
 
 
 def test_the_agent_schema_is_generated_from_the_model() -> None:
-    assert (ROOT / "schemas" / "agent.json").read_text() == render(), "run `make schemas`"
+    assert (ROOT / "schemas" / "agent.json").read_text() == render("agent.json"), "run `make schemas`"
 
 
 def _snap(

@@ -1,0 +1,54 @@
+"""Generate the JSON Schemas of the files a user writes, from their models: ``schemas/scenario.json``
+(``Scenario``) and ``schemas/agent.json`` (``Agent``).
+
+Editors that speak yaml-language-server validate a file against its schema (the shipped scenarios name
+it on their first line: ``# yaml-language-server: $schema=../schemas/scenario.json``; ``.vscode/
+settings.json`` maps ``scenarios/*.yaml`` to it; an agent file may name ``../schemas/agent.json``).
+``make schemas`` writes them; a test fails when a model and its file disagree. What a schema cannot say
+(a turn needs text, tool calls or an error; ids unique in a turn) is still checked by ``loopwarden
+check-scenario`` and ``loopwarden agents register``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from loopwarden.data import schemas_dir
+
+TITLES = {"scenario.json": "Loopwarden scenario", "agent.json": "Loopwarden agent"}
+
+
+def _model(name: str) -> Any:
+    if name == "scenario.json":
+        from shared.scenario import Scenario
+
+        return Scenario
+    from shared.messages import Agent
+
+    return Agent
+
+
+def render(name: str) -> str:
+    """The schema file ``name`` (``scenario.json`` or ``agent.json``) as ``make schemas`` writes it."""
+    schema: dict[str, Any] = _model(name).model_json_schema(by_alias=True, mode="validation")
+    schema = {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": f"https://loopwarden.dev/schemas/{name}",
+        "title": TITLES[name],
+        **{k: v for k, v in schema.items() if k != "title"},
+    }
+    return json.dumps(schema, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def main() -> int:
+    for name in TITLES:
+        path = schemas_dir() / name
+        path.write_text(render(name))
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
