@@ -26,6 +26,7 @@ import functools
 import itertools
 import json
 import logging
+import random
 import time
 import uuid
 from collections import OrderedDict, deque
@@ -1411,13 +1412,16 @@ class Bus:
     ) -> R:
         """Read-modify-write under compare-and-swap: ``change`` gets the current value (None if
         absent) and returns the new value with a result, or ``Unchanged(result)``. A conflict
-        (another writer got there first) re-reads and calls ``change`` again.
+        (another writer got there first) re-reads and calls ``change`` again, after a jittered backoff
+        from the second conflict on.
 
         ``known`` is a (value, revision) the caller already holds (e.g. what it wrote last): it is
         tried first without reading; ``change`` may mutate it. ``saved(value, revision)`` is told
         what is stored once the update is done, so the caller can keep it for next time."""
         current: M | None
-        for _ in range(attempts):
+        for attempt in range(attempts):
+            if attempt > 1:  # writers racing for one key (a tenant's day): back off, jittered, so one wins
+                await asyncio.sleep(random.uniform(0, min(0.01 * 2**attempt, 0.5)))
             guessed = known is not None
             if known is not None:
                 current, revision = known

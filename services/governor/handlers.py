@@ -189,6 +189,8 @@ class Governor:
         if ledger is None:
             return
         tenant = ledger.tenant or S.DEFAULT_TENANT  # a run without a tenant is the default tenant's
+        if self.tenant_ceiling(tenant) is None:
+            return  # no ceiling reads this tenant's day (see ``on_reserve``)
         cost = round(ev.detail.usage.cost_usd - ledger.delegated_usd, 8)  # sub-agents account their own
         await self.account(tenant, ev.run_id, cost)
         if cost > ledger.tenant_accounted_usd:
@@ -201,7 +203,10 @@ class Governor:
             req = req.model_copy(update={"tenant": S.DEFAULT_TENANT})
         ceiling = self.tenant_ceiling(req.tenant)
         own = round(req.spent.cost_usd - req.delegated_usd, 8)  # sub-agents account their own spend
-        tenant_spent = await self.account(req.tenant, req.run_id, own) if req.tenant else None
+        # a tenant's day is one key every run of the tenant updates: kept only where a ceiling reads it
+        tenant_spent = (
+            await self.account(req.tenant or S.DEFAULT_TENANT, req.run_id, own) if ceiling is not None else None
+        )
         key = S.kv_key(req.run_id)
         known = self._ledgers.pop(key, None)
         await self.ratio(req.model)  # loads the shared ratios once
@@ -216,7 +221,7 @@ class Governor:
             if sample is not None:
                 samples.append(sample)
             calibration = self.learned(req.model, samples)
-            ledger.tenant_accounted_usd = own if req.tenant else 0.0
+            ledger.tenant_accounted_usd = own if ceiling is not None else 0.0
             ledger.delegated_usd = req.delegated_usd
             decision = evaluate(
                 req,
