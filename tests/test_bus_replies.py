@@ -10,6 +10,7 @@ holds): it records every attempt, drops the first attempt of each message, and f
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
@@ -17,6 +18,7 @@ import nats
 import pytest
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
+from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import DiscardPolicy, StreamConfig
 from nats.js.errors import APIError
@@ -221,6 +223,19 @@ async def test_headers_written_in_one_go_arrive_as_nats_py_writes_them(bus: Bus,
     }  # newline -> space
 
 
+async def _asked_until_answered(nc: NatsClient, subject: str, body: bytes, within: float = 30.0) -> Msg:
+    """The answer to a request, asked again while no responder is there yet (a loaded machine: the responder's
+    subscription reached the server's interest graph late), for at most ``within`` seconds."""
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        try:
+            return await nc.request(subject, body, timeout=5)
+        except NoRespondersError:
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError(f"no responder on {subject} within {within:.0f}s") from None
+            await asyncio.sleep(0.1)
+
+
 async def test_a_responder_answers_inboxes_only(server: LocalStack, raw: NatsClient, bus: Bus) -> None:
     """A reply subject is where the responder writes: one naming a stream subject (or a KV key) would make
     it write there with its own rights (issue 23, D2). It answers ``_INBOX_…`` replies and drops the rest
@@ -235,7 +250,7 @@ async def test_a_responder_answers_inboxes_only(server: LocalStack, raw: NatsCli
     await responder.nc.flush()  # subscribed on the server before we ask
     try:
         await raw.publish("bustest.rpc.echo", b'{"n": 1}', reply="bustest.store.reflected")
-        answer = await raw.request("bustest.rpc.echo", b'{"n": 2}', timeout=2)  # nats-py's inbox: _INBOX.…
+        answer = await _asked_until_answered(raw, "bustest.rpc.echo", b'{"n": 2}')  # nats-py's inbox: _INBOX.…
         assert Item.model_validate_json(answer.data) == Item(n=3)
         await raw.flush()
         assert await stored(raw, "bustest.store.reflected") == []
