@@ -4,7 +4,11 @@
   the planner names a run's parent) with its own task, tools and limits;
   its id is derived from the parent's and the call's, so a re-published spawn is the same run.
 * Limits: depth (``max_depth``: a run at that depth is not offered ``delegate``) and fan-out
-  (``max_children`` per run); the child's cost ceiling is at most what the parent has left.
+  (``max_children`` per run); the child's cost ceiling is at most what the parent has left
+  (``room_for_child``): its ceiling less what it spent and less the ceilings granted to its children
+  still running (``RunState.granted``), so sub-agents started in one turn cannot together overspend
+  it. A child's grant is released when its answer arrives, and the parent's spend then holds what
+  the child really spent: what it did not spend is the parent's again.
 * The spawn gate: the child's estimated cost (its iteration cap times the parent's average cost per
   model call, at most its ceiling) above ``spawn_gate_usd`` raises an escalation of kind ``spawn``;
   the parent waits, and starts the child only if a human approves.
@@ -19,6 +23,7 @@ A run offers ``delegate`` when its tool allowlist names it (delegation is opt-in
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from typing import Any
 
 from services.planner import ids
@@ -82,8 +87,14 @@ def child_submit(state: RunState, record: ToolCallRecord) -> RunSubmit | str:
     for terminal in cfg.terminal_tools:
         if terminal not in tools:
             tools.append(terminal)
-    left = round(cfg.cost_ceiling_usd - state.usage.cost_usd, 8)
+    left = room_for_child(cfg.cost_ceiling_usd, state.usage.cost_usd, state.granted.values())
     if left <= 0:
+        if state.granted:
+            return (
+                f"No budget is left for another sub-agent now: the {len(state.granted)} sub-agent(s) still running "
+                f"hold the rest of this run's cost ceiling (${cfg.cost_ceiling_usd:.4f}). What they do not spend is "
+                "available again once they answer."
+            )
         return "No budget is left for a sub-agent: this run's cost ceiling is reached."
     ceiling = min(_number(args.get("cost_ceiling_usd")) or cfg.child_ceiling_usd, cfg.child_ceiling_usd * 10, left)
     iterations = min(int(_number(args.get("max_iterations")) or cfg.child_max_iterations), cfg.max_iterations)
@@ -98,6 +109,17 @@ def child_submit(state: RunState, record: ToolCallRecord) -> RunSubmit | str:
         parent_iteration=record.iteration,
         depth=cfg.depth + 1,
     )
+
+
+def room_for_child(ceiling_usd: float, spent_usd: float, granted_usd: Iterable[float]) -> float:
+    """What a new sub-agent may be granted: the run's ceiling less what the run spent (its finished
+    children's spend included) and less the ceilings already granted to its children still running."""
+    return round(ceiling_usd - spent_usd - sum(granted_usd), 8)
+
+
+def release(state: RunState, call_id: str) -> None:
+    """The child of ``call_id`` answered: its grant is released (its real spend is in the run's usage now)."""
+    state.granted.pop(call_id, None)
 
 
 def _number(value: Any) -> float | None:
@@ -156,6 +178,7 @@ def spawn(out: Outbox, record: ToolCallRecord, submit: RunSubmit | None = None, 
         submit = made
         estimate = estimated_cost(s, submit)
     s.children[record.call_id] = submit.run_id
+    s.granted[record.call_id] = submit.limits.cost_ceiling_usd or 0.0
     record.status = "dispatched"
     out.add(S.RUN_SPAWN, submit, ids.child_submit(submit.run_id))
     out.event(

@@ -12,7 +12,7 @@ import re
 
 from services.planner import context as C
 from services.planner import ids, loops
-from services.planner.delegation import DELEGATE
+from services.planner.delegation import DELEGATE, release
 from services.planner.judging import finish_iteration
 from services.planner.outbox import Outbox, await_human, escalate
 from services.planner.state import RunState, ToolCallRecord
@@ -50,6 +50,8 @@ def apply_outcome(state: RunState, outcome: ToolOutcome) -> Outbox:
         return out  # not this call's outcome: another tool's, or a child this run never started
     cfg = state.config
     record.outcome = outcome
+    if record.tool == DELEGATE:
+        release(state, record.call_id)  # its real spend replaces its grant in what a new sub-agent may have
     if outcome.usage is not None:  # a sub-agent's cost counts against this run's ceiling
         state.usage = state.usage + outcome.usage
         state.delegated_usage = state.delegated_usage + outcome.usage

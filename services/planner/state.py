@@ -155,6 +155,9 @@ class RunState(RunSnapshot):
     first_draft_judged: bool = Field(False, description="the judge answered on the first draft (maybe: not judged)")
     events_published: int = Field(0, description="run events this run has published: the sequence in their ids")
     children: dict[str, str] = Field(default_factory=dict, description="delegate call id -> sub-agent run id")
+    granted: dict[str, float] = Field(
+        default_factory=dict, description="delegate call id -> the cost ceiling of a sub-agent still running"
+    )
     delegated_usage: Usage = Field(default_factory=Usage, description="the part of usage its sub-agents spent")
     applied: list[str] = Field(default_factory=list)
     outbox: dict[str, list[PublishRecord]] = Field(default_factory=dict)
