@@ -59,7 +59,7 @@ async def thirty_tools(client: Client) -> AsyncIterator[dict[str, ToolContract]]
 
 
 def one_lined(tool: dict[str, Any]) -> bool:
-    return tool["description"].startswith(C.ONE_LINE_MARK) and tool["input_schema"] == {"type": "object"}
+    return tool["input_schema"] == C.ONE_LINE_SCHEMA
 
 
 async def test_a_run_using_3_of_30_tools_sees_one_line_for_the_rest(

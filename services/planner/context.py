@@ -50,13 +50,22 @@ def system_prompt(state: RunState) -> str:
 
 
 # --- the tool catalogue: whole, or one line per tool above a size (progressive disclosure) ------
+#
+# A summarized tool is as short as a valid tool entry gets (the providers need a name and an object
+# schema): its name, the first sentence of its description and an open object schema. No per-entry
+# marker: one line of the system prompt says, once, what an open schema means, so the section
+# costs ~28 tokens per summarized tool with 3-4 sentence descriptions, and stays under a quarter of
+# the whole catalogue after a few tools were called and are shown whole (issue 28).
 
 ONE_LINE_SCHEMA: dict[str, Any] = {"type": "object"}
 PROGRESSIVE_NOTE = (
-    "- Tools marked [schema on first use] show only a one-line summary. Call one when you need it: its full "
-    "input schema is shown from then on, and a call the schema refuses is not executed but returned with the schema."
+    '- Tools whose input_schema is {"type":"object"} are summarized: calling one shows its full schema from then '
+    "on (a refused call is returned with it, not run)."
 )
-ONE_LINE_MARK = "[schema on first use] "
+
+
+class ToolSummary(ToolSpec):
+    """A tool offered as a summary (progressive disclosure): the wire form is a plain ``ToolSpec``."""
 
 
 def one_line(description: str, limit: int = 90) -> str:
@@ -96,7 +105,7 @@ def spec_of(c: ToolContract, whole: bool) -> ToolSpec:
     hit = _SPECS.get(id(c))
     if hit is None or hit[0]() is not c:
         full = ToolSpec(name=c.name, description=c.description, input_schema=c.input_schema)
-        short = ToolSpec(name=c.name, description=ONE_LINE_MARK + one_line(c.description), input_schema=ONE_LINE_SCHEMA)
+        short = ToolSummary(name=c.name, description=one_line(c.description), input_schema=ONE_LINE_SCHEMA)
         if len(_SPECS) >= 4096:  # ids of dead objects may be reused: the identity check above guards that
             _SPECS.clear()
         hit = _SPECS[id(c)] = (weakref.ref(c), full, short)
@@ -348,7 +357,7 @@ def model_request(
         return wrap_up_request(state, model, max_tokens)
     specs = tool_specs(state, contracts, progressive_above)
     system = system_prompt(state)
-    if any(s.description.startswith(ONE_LINE_MARK) for s in specs):
+    if any(isinstance(s, ToolSummary) for s in specs):
         system = f"{system}\n{PROGRESSIVE_NOTE}"
     return ModelRequest(
         purpose="plan",
