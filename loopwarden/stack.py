@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+from shared.settings import sync_interval
+
 SERVICES = ("planner", "executor", "validator", "judge", "governor", "escalation", "console")
 
 
@@ -98,6 +100,7 @@ class LocalStack:
             raise StackError(f"port {port} is in use (another nats-server?); pick another port or point NATS_URL at it")
         store = self.state_dir / "jetstream"
         store.mkdir(parents=True, exist_ok=True)
+        config = self.nats_config()
         log = self.state_dir / "logs" / "nats-server.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         stdout = open_log(log)
@@ -113,6 +116,7 @@ class LocalStack:
                 str(store),
                 "--server_name",
                 f"lw-local-{port}",
+                *config,
             ],
             stdout=stdout,
             stderr=subprocess.STDOUT,
@@ -123,6 +127,20 @@ class LocalStack:
         wait_for_port(port)
         self.nats_url = f"nats://127.0.0.1:{port}"
         return self.nats_url
+
+    def nats_config(self) -> list[str]:
+        """The config file with what only a config sets: JetStream's fsync (``LW_NATS_SYNC_INTERVAL``, from the
+        stack's env or this process's; docs/operations.md, Durability), or no file and the server's defaults."""
+        value = {**os.environ, **self.env}.get("LW_NATS_SYNC_INTERVAL", "").strip()
+        if not value:
+            return []
+        try:
+            sync = sync_interval(value)
+        except ValueError as err:
+            raise StackError(f"LW_NATS_SYNC_INTERVAL: {err}") from None
+        conf = self.state_dir / "nats.conf"
+        conf.write_text(f'jetstream {{ sync_interval: "{sync}" }}\n')
+        return ["-c", str(conf)]
 
     # --- services -----------------------------------------------------------------------------
     def service_env(self, extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -86,11 +86,35 @@ class McpServerSpec(BaseModel):
     max_result_chars: int = Field(100_000, ge=100, description="a longer text result is cut (with a note)")
 
 
+_DURATION = re.compile(r"^(\d+)(ms|s|m|h)$")
+_DURATION_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+
+
+def sync_interval(value: str) -> str:
+    """``LW_NATS_SYNC_INTERVAL`` as nats-server's ``sync_interval`` reads it: ``always``, or a duration in
+    seconds or milliseconds (in a nats config a bare ``2m`` is the number 2,000,000, not two minutes)."""
+    text = value.strip().lower()
+    if text == "always":
+        return text
+    match = _DURATION.match(text)
+    if match is None or int(match.group(1)) == 0:
+        raise ValueError(f"{value!r} is neither 'always' nor a duration such as 500ms, 1s, 2m or 1h")
+    seconds = int(match.group(1)) * _DURATION_S[match.group(2)]
+    return f"{match.group(1)}ms" if match.group(2) == "ms" else f"{int(seconds)}s"
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LW_", extra="ignore", frozen=True)
 
     # --- bus -------------------------------------------------------------------------
     nats_url: str = Field("nats://127.0.0.1:4222", validation_alias=AliasChoices("LW_NATS_URL", "NATS_URL"))
+    nats_sync_interval: str | None = Field(
+        None,
+        description="JetStream's fsync, written into the nats-server config loopwarden starts or ships: 'always' "
+        "(every write is on disk before its ack: survives a power loss) or a duration such as 1s or 2m (acked "
+        "writes since the last sync survive a process crash, not a power loss); unset: the server's 2 minutes "
+        "(docs/operations.md, Durability)",
+    )
     nats_user: str | None = None
     nats_password: SecretStr | None = None
     ack_wait_s: float = Field(
@@ -437,6 +461,11 @@ class Settings(BaseSettings):
                 if not isinstance(value, list | str):
                     raise ValueError(f"{name}: expected a list of kinds or a bcrypt hash")
         return v
+
+    @field_validator("nats_sync_interval")
+    @classmethod
+    def _sync_interval(cls, v: str | None) -> str | None:
+        return None if v is None else sync_interval(v)
 
     @field_validator("executor_tools")
     @classmethod

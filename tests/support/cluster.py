@@ -95,7 +95,7 @@ class Cluster:
         return ",".join(n.url for n in self.nodes)
 
     def env(self) -> dict[str, str]:
-        env = {**os.environ, "LW_NATS_ROUTE_PASSWORD": self.route_password}
+        env = {"LW_NATS_SYNC_INTERVAL": "120s", **os.environ, "LW_NATS_ROUTE_PASSWORD": self.route_password}
         env |= {f"LW_NATS_PASSWORD_{u.upper()}": pw for u, pw in self.passwords.items()}
         for i, node in enumerate(self.nodes, start=1):
             env[f"LW_NATS_ROUTE_{i}"] = f"nats://route:{self.route_password}@127.0.0.1:{node.cluster_port}"
