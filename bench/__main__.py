@@ -12,7 +12,9 @@ from bench import chaos, e2e, throughput, validation
 def main() -> int:
     parser = argparse.ArgumentParser(prog="bench")
     parser.add_argument("--quick", action="store_true", help="short measurements (used by the test suite)")
-    parser.add_argument("--only", choices=["validation", "e2e", "throughput", "chaos", "mcp", "storage", "cost"])
+    parser.add_argument(
+        "--only", choices=["validation", "e2e", "throughput", "durability", "chaos", "mcp", "storage", "cost"]
+    )
     args = parser.parse_args()
     if args.only in (None, "validation"):
         print("\n".join(validation.report(validation.run(seconds=0.3 if args.quick else 2.0))), flush=True)
@@ -26,6 +28,10 @@ def main() -> int:
         print("\n".join(mcp.report(client, loop)), flush=True)
     if args.only in (None, "throughput"):
         print("\n".join(throughput.report(throughput.run(quick=args.quick))), flush=True)
+    if args.only in (None, "durability"):  # a step with JetStream's fsync on every write vs the default (issue 28)
+        from bench import durability
+
+        print("\n".join(durability.report(durability.run(quick=args.quick))), flush=True)
     if args.only in (None, "storage"):  # bytes per run, retention, soak (issue 15)
         from bench import storage
 
