@@ -19,9 +19,10 @@ from nats.js.errors import (
     KeyNotFoundError,
     KeyWrongLastSequenceError,
 )
-from nats.js.kv import KeyValue, _is_key_valid
+from nats.js.kv import KeyValue
 from pydantic import BaseModel
 
+from shared.bus import natsx
 from shared.bus.errors import CasConflict
 from shared.bus.infra import ensure_buckets
 from shared.bus.publishing import Publishing
@@ -68,16 +69,17 @@ class Buckets(Publishing):
     async def _kv_read(self, kv: KeyValue, key: str) -> tuple[bytes | None, int]:
         """(value, revision) of ``key`` as ``KeyValue.get`` reads it - a deleted or purged key is
         ``KeyNotFoundError`` - by a direct get answered through the bus's reply collector."""
-        pre: str = kv._pre
-        if not kv._direct:  # a bucket made without direct gets: nats-py's stream API request
+        pre = natsx.kv_subject_prefix(kv)
+        if not natsx.kv_direct(kv):  # a bucket made without direct gets: nats-py's stream API request
             entry = await kv.get(key)
             return entry.value, entry.revision or 0
-        if not _is_key_valid(key):
+        if not natsx.key_valid(key):
             raise InvalidKeyError(key)
         subject = pre + key
         if len(subject) > MAX_SUBJECT:  # no writer makes a key this long (``kv_put``): it is not there
             raise KeyNotFoundError
-        msg = await self._replies.request(f"{self.js._prefix}.DIRECT.GET.{kv._stream}.{subject}", b"", None)
+        direct_get = f"{natsx.api_prefix(self.js)}.DIRECT.GET.{natsx.kv_stream(kv)}.{subject}"
+        msg = await self._replies.request(direct_get, b"", None)
         headers = msg.headers or {}
         if not msg.data:
             status = headers.get("Status")
@@ -144,9 +146,10 @@ class Buckets(Publishing):
         kv = await self.kv(bucket)
         data = value.model_dump_json(by_alias=True).encode()
         data = await self.payloads.offload_value(self.broker.connection, data)
-        if not _is_key_valid(key) or len(kv._pre) + len(key) > MAX_SUBJECT:
+        pre = natsx.kv_subject_prefix(kv)
+        if not natsx.key_valid(key) or len(pre) + len(key) > MAX_SUBJECT:
             raise InvalidKeyError(key[:200])
-        subject: str = kv._pre + key
+        subject = pre + key
         try:
             if revision is None:
                 ack = await self.through_failover(

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from typing import Any, TypeVar
 
-from nats.aio.client import _HEADER_KEY_RE, _SUBJECT_INVALID_RE
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js.errors import (
@@ -17,6 +16,7 @@ from nats.js.errors import (
 from pydantic import BaseModel, ValidationError
 
 from shared import subjects as S
+from shared.bus import natsx
 from shared.bus.errors import SubjectTooLong, Undecodable
 from shared.describe import describe
 
@@ -68,16 +68,16 @@ async def publish_raw(nc: NatsClient, subject: str, body: bytes, reply: str, hea
     check_subject(subject, reply)
     if (
         not headers
-        or nc._status != NatsClient.CONNECTED
+        or not natsx.is_connected(nc)
         or not subject
-        or len(body) > nc._max_payload
-        or _SUBJECT_INVALID_RE.search(subject) is not None
+        or len(body) > natsx.max_payload(nc)
+        or natsx.subject_invalid(subject)
     ):
         await nc.publish(subject, body, reply=reply, headers=headers)
         return
     for key in headers:
         if key not in _HEADER_KEYS_OK:
-            if not _HEADER_KEY_RE.fullmatch(key):
+            if not natsx.header_name_ok(key):
                 await nc.publish(subject, body, reply=reply, headers=headers)
                 return
             _HEADER_KEYS_OK.add(key)
@@ -89,9 +89,8 @@ async def publish_raw(nc: NatsClient, subject: str, body: bytes, reply: str, hea
     total = len(hdr) + len(body)
     nc.stats["out_msgs"] += 1
     nc.stats["out_bytes"] += len(body)
-    await nc._send_command(b"".join((f"HPUB {subject} {reply} {len(hdr)} {total}\r\n".encode(), hdr, body, b"\r\n")))
-    if nc._flush_queue is not None and nc._flush_queue.empty():
-        await nc._flush_pending()
+    control = f"HPUB {subject} {reply} {len(hdr)} {total}\r\n".encode()
+    await natsx.send_command(nc, b"".join((control, hdr, body, b"\r\n")))
 
 
 class _PubAck:
