@@ -20,7 +20,7 @@ The parts, one concept each (laid out as ``temporalio/converter`` is, re-exporte
 
 from __future__ import annotations
 
-from shared.bus.connection import SCENARIOS_KEPT, Bus
+from shared.bus.connection import Bus
 from shared.bus.consuming import MIN_RETRY_S, current_deliveries, current_subject
 from shared.bus.errors import (
     CasConflict,
@@ -83,7 +83,6 @@ __all__ = [
     "RUN_ID_HEADER",
     "SCAN_BATCH",
     "SCAN_MAX_BYTES",
-    "SCENARIOS_KEPT",
     "WRONG_LAST_SEQUENCE",
     "Bus",
     "CasConflict",

@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,7 +34,6 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Tracer
 
-from shared import subjects as S
 from shared.bus.infra import ConsumerSpec, ensure_streams, needed_buckets
 from shared.bus.pulls import _Pull, _RunLocks
 from shared.bus.replies import _Replies
@@ -43,15 +41,12 @@ from shared.bus.requests import Requests, _Responder
 from shared.bus.requeue import Requeueing
 from shared.payloads import PayloadStore
 from shared.permissions import streams_seen
-from shared.scenario import Scenario
 from shared.settings import Settings
 
 log = logging.getLogger("loopwarden.bus")
 
-SCENARIOS_KEPT = 256  # scripted runs whose scenario a process keeps in memory
 
-
-@dataclass
+@dataclass(eq=False)  # one bus is one connection: compared (and hashed) by identity
 class Bus(Requeueing, Requests):
     settings: Settings
     service: str
@@ -88,7 +83,6 @@ class Bus(Requeueing, Requests):
         self._subs: list[Subscription] = []
         self._background: set[asyncio.Task[Any]] = set()
         self._run_locks = _RunLocks()
-        self._scenarios: OrderedDict[str, Scenario | None] = OrderedDict()
         self._started = False
         self._js: JetStreamContext | None = None
         self._rpc_slots = asyncio.Semaphore(self.settings.in_flight_for(self.service))
@@ -206,13 +200,3 @@ class Bus(Requeueing, Requests):
                 with contextlib.suppress(Exception):
                     async with asyncio.timeout(5):
                         await hook()
-
-    async def scenario(self, run_id: str) -> Scenario | None:
-        """The scenario bound to the run, or None for a run submitted without one. The planner binds it at
-        submit, before the run starts, and nothing changes it afterwards: cached per run, either way."""
-        if run_id not in self._scenarios:
-            scenario, _ = await self.kv_get(S.KV_SCENARIOS, run_id, Scenario)
-            self._scenarios[run_id] = scenario
-            while len(self._scenarios) > SCENARIOS_KEPT:
-                self._scenarios.popitem(last=False)
-        return self._scenarios[run_id]
