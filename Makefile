@@ -13,7 +13,7 @@ help:
 	@echo "make test-unit  the pure-function tests only (no nats-server, no services): seconds"
 	@echo "make bench   validation and end-to-end benchmarks, printed as ratios to a baseline"
 	@echo "make lint    ruff + mypy + tool-contract lint"
-	@echo "make schemas regenerate schemas/messages and schemas/asyncapi.json from the wire models and handlers"
+	@echo "make schemas regenerate schemas/messages, schemas/asyncapi.json and deploy/nats/auth.conf from the wire models, channel table and handlers"
 
 $(STAMP): pyproject.toml requirements.lock
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -55,6 +55,7 @@ lint: $(STAMP)
 schemas: $(STAMP)
 	$(PY) -m shared.schemagen
 	$(PY) -m shared.asyncapi
+	$(PY) -m loopwarden.auth_conf
 	$(PY) -m loopwarden.file_schemas
 	$(PY) -m shared.records
 

@@ -1,5 +1,6 @@
-"""Generate ``deploy/nats/auth.conf`` from the grants in ``shared/permissions.py`` and the tools
-the executor hosts (``python -m loopwarden.auth_conf``; drift-tested)."""
+"""Generate ``deploy/nats/auth.conf`` from the grants in ``shared/permissions.py`` (their publish rights
+from the channel table, ``shared/channels.py``) and the tools the executor hosts (``make schemas``, or
+``python -m loopwarden.auth_conf``; drift-tested)."""
 
 from __future__ import annotations
 

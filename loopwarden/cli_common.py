@@ -293,9 +293,11 @@ async def unless_refused(client: Client, subject: str, request: Awaitable[T]) ->
     publishing on ``subject``: a request outside the user's grant is dropped by the server, which tells
     only the sender (an asynchronous ``-ERR``), so without this the command would wait for its timeout
     and report NATS unreachable."""
+    from shared.bus import natsx
+
     nc = client.bus.nc
     refused: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-    previous = nc._error_cb
+    previous = natsx.error_callback(nc)
 
     async def on_error(err: Exception) -> None:
         said = str(err)
@@ -303,13 +305,13 @@ async def unless_refused(client: Client, subject: str, request: Awaitable[T]) ->
             refused.set_result(said)
         await previous(err)
 
-    nc._error_cb = on_error
+    natsx.set_error_callback(nc, on_error)
     answer = asyncio.ensure_future(request)
     try:
         either: set[asyncio.Future[Any]] = {answer, refused}
         await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        nc._error_cb = previous
+        natsx.set_error_callback(nc, previous)
     if answer.done():
         return answer.result()
     answer.cancel()

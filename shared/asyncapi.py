@@ -7,9 +7,10 @@ and every consumer and responder that registration declared becomes a FastStream
 a specification-only ``NatsBroker`` - the same subjects, durable, stream and queue group, and a
 handler typed with the contract the bus decodes the message into (the reply contract as its
 return type). What each service publishes is declared as a FastStream publisher with its
-contract. Nothing here runs or connects; the document is what ``faststream``'s
-``AsyncAPI(...).to_specification()`` makes of these declarations, plus channel parameters for
-the ``{token}`` parts of an address and an ``x-reply`` naming a request's reply contract.
+contract, read from the channel table (``shared/channels.py``). Nothing here runs or connects;
+the document is what ``faststream``'s ``AsyncAPI(...).to_specification()`` makes of these
+declarations, plus channel parameters for the ``{token}`` parts of an address and an ``x-reply``
+naming a request's reply contract.
 
 ``tests/test_asyncapi.py`` fails when the file and the code disagree, and checks that every
 subject of ``schemas/messages/catalogue.json`` is a channel with that contract.
@@ -37,24 +38,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 from shared import subjects as S
 from shared.bus import Bus
-from shared.messages import (
-    DeadLetter,
-    Escalation,
-    EscalationEvent,
-    EscalationRaise,
-    EscalationResolution,
-    JudgeRequest,
-    McpServerStatus,
-    Requeue,
-    RunAdvance,
-    RunEvent,
-    RunSubmit,
-    ToolAttempt,
-    ToolCall,
-    ToolOutcome,
-    ToolResultRaw,
-    Verdict,
-)
+from shared.channels import documented
 from shared.settings import Settings
 from shared.telemetry import setup_telemetry
 
@@ -88,77 +72,16 @@ class Publishes:
     description: str
 
 
-def _run(stem: str) -> str:
-    return f"{stem}.{{run}}"
+def _published() -> dict[str, tuple[Publishes, ...]]:
+    """What each publisher puts on JetStream, from the channel table (``shared/channels.py``)."""
+    out: dict[str, tuple[Publishes, ...]] = {}
+    for who, rows in documented().items():
+        out[who] = tuple(Publishes(c.subject, c.model, c.summary) for c in rows if c.model is not None)
+    return out
 
 
 # What each service publishes (the consuming side is read from the handlers it registers).
-PUBLISHES: dict[str, tuple[Publishes, ...]] = {
-    "client": (
-        Publishes(
-            f"{S.RUN_SUBMIT_PREFIX}.{{tenant}}",
-            RunSubmit,
-            "a run to start (loopwarden submit, the demo), on the tenant's own subject: the server lets each "
-            "client user publish only its tenant's",
-        ),
-    ),
-    "planner": (
-        Publishes(S.RUN_SPAWN, RunSubmit, "planner to planner: a sub-agent run (only the planner starts a child)"),
-        Publishes(S.RUN_ADVANCE, RunAdvance, "planner to planner: take the run's next model turn"),
-        Publishes(f"{S.TOOL_EXECUTE_PREFIX}.{{tool}}", ToolCall, "a tool call for the executor hosting it"),
-        Publishes(S.JUDGE_SCORE, JudgeRequest, "a fresh candidate answer to score"),
-        Publishes(S.ESCALATION_RAISE, EscalationRaise, "a decision a human must take"),
-        Publishes(_run(f"{S.RUN_EVENT_PREFIX}.{{kind}}"), RunEvent, "the run's progress, one event per step"),
-        Publishes(
-            _run(f"{S.FAILURE_PREFIX}.{{type}}.{{tool}}"),
-            RunEvent,
-            "a run-level failure (type loop, budget or judge; tool `_` when none)",
-        ),
-        Publishes(
-            _run(f"{S.FAILURE_PREFIX}.unknown_tool.{{tool}}"),
-            ToolOutcome,
-            "a call to a tool no replica hosts (or the run does not offer): never dispatched, the model corrects",
-        ),
-    ),
-    "executor": (
-        Publishes(S.RESULT_VALIDATE, ToolResultRaw, "a tool's raw result, to check against its output contract"),
-        Publishes(_run(f"{S.TOOL_ATTEMPT_PREFIX}.{{tool}}"), ToolAttempt, "one attempt of a tool call"),
-        Publishes(
-            _run(f"{S.FAILURE_PREFIX}.{{type}}.{{tool}}"),
-            ToolOutcome,
-            "a tool call failed (input_invalid, transient, timeout, fatal, unknown_outcome, tool_error)",
-        ),
-        Publishes(f"{S.MCP_SERVER_EVENT_PREFIX}.{{server}}", McpServerStatus, "an MCP server's status changed"),
-    ),
-    "validator": (
-        Publishes(_run(f"{S.TOOL_SUCCEEDED_PREFIX}.{{tool}}"), ToolOutcome, "a validated (maybe repaired) result"),
-        Publishes(
-            _run(f"{S.FAILURE_PREFIX}.output_invalid.{{tool}}"), ToolOutcome, "a result that breaks its contract"
-        ),
-    ),
-    "judge": (Publishes(_run(S.JUDGE_VERDICT), Verdict, "the verdict on a candidate answer"),),
-    "governor": (Publishes(_run(f"{S.BUDGET_EVENT_PREFIX}.{{level}}"), RunEvent, "a budget threshold was crossed"),),
-    "escalation": (
-        Publishes(_run(S.ESCALATION_RAISED), Escalation, "a new item in the human queue"),
-        Publishes(_run(S.ESCALATION_CLAIMED), EscalationEvent, "an operator claimed an item"),
-        Publishes(
-            _run(f"{S.ESCALATION_EVENT_PREFIX}.{{event}}"),
-            EscalationEvent,
-            "renewed, expired, refused or sla_applied",
-        ),
-        Publishes(_run(S.ESCALATION_RESOLVED), EscalationResolution, "an item was resolved; the run resumes"),
-    ),
-    "all": (
-        Publishes(f"{S.DLQ_PREFIX}.{{service}}", DeadLetter, "a message that could not be handled, with the reason"),
-    ),
-    "operator": (
-        Publishes(
-            f"{S.REQUEUE_PREFIX}.{{service}}",
-            Requeue,
-            "a dead letter handed back to the service that gave up on it (loopwarden dlq requeue)",
-        ),
-    ),
-}
+PUBLISHES: dict[str, tuple[Publishes, ...]] = _published()
 
 
 @dataclass(frozen=True)

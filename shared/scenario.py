@@ -9,14 +9,19 @@ names the file and the field (``planner[2].tool_calls[0].name: Field required``)
 from __future__ import annotations
 
 import json
+import weakref
+from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from shared.describe import problems
 from shared.messages import CALL_FAILURES, EscalationAction, Rubric, RunLimits
+
+if TYPE_CHECKING:
+    from shared.bus import Bus
 
 
 class _Strict(BaseModel):
@@ -353,3 +358,23 @@ def load_scenario(path: str | Path) -> Scenario:
     if expanded > MAX_SCENARIO_JSON_BYTES:
         raise ScenarioError(f"{p}: the scenario is {expanded} bytes as JSON; at most {MAX_SCENARIO_JSON_BYTES}")
     return parse_scenario(data, str(p))
+
+
+# --- the scenario bound to a run (read back by the services that replay it) ----------------------------
+SCENARIOS_KEPT = 256  # scripted runs whose scenario a process keeps in memory
+_BOUND: weakref.WeakKeyDictionary[Bus, OrderedDict[str, Scenario | None]] = weakref.WeakKeyDictionary()
+
+
+async def bound_scenario(bus: Bus, run_id: str) -> Scenario | None:
+    """The scenario bound to the run (``lw_scenarios``), or None for a run submitted without one. The planner
+    binds it at submit, before the run starts, and nothing changes it afterwards: cached per run and per
+    bus connection, either way."""
+    from shared.subjects import KV_SCENARIOS
+
+    kept = _BOUND.setdefault(bus, OrderedDict())
+    if run_id not in kept:
+        scenario, _ = await bus.kv_get(KV_SCENARIOS, run_id, Scenario)
+        kept[run_id] = scenario
+        while len(kept) > SCENARIOS_KEPT:
+            kept.popitem(last=False)
+    return kept[run_id]

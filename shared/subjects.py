@@ -5,6 +5,9 @@ replica (a shared durable consumer), events fan out (one durable per consuming s
 and a failure's *type* and *tool* are subject tokens so that routing a failure is a
 subscription, e.g. ``lw.v1.evt.failure.transient.search`` or ``lw.v1.evt.failure.fatal.>``.
 A breaking contract change gets ``lw.v2`` beside ``lw.v1``; additive fields do not.
+
+These are the names; what travels on each subject, who publishes and who consumes it is the channel
+table (``shared/channels.py``).
 """
 
 from __future__ import annotations

@@ -382,7 +382,7 @@ class Executor:
         under its timeout."""
         contract = hosted.contract
         behaviour = await self.scripted(call)
-        ctx = ToolContext(run_id=call.run_id, call_id=call.call_id, attempt=n, demo_store=await self.bus.kv(S.KV_DEMO))
+        ctx = ToolContext(run_id=call.run_id, call_id=call.call_id, attempt=n, buckets=self.bus.kv)
         real_tool_started = False
         try:
             async with asyncio.timeout(contract.timeout_s):

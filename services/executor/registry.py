@@ -25,12 +25,14 @@ from shared.contracts.dialect import ContractError
 from shared.contracts.registration import load_contract_file, register_contract
 from shared.describe import describe
 from shared.messages import FailureType, RepairRule, RetryPolicy, ToolContract
-from shared.subjects import kv_key
+from shared.subjects import KV_DEMO, kv_key
 
 log = logging.getLogger("loopwarden.executor")
 
 ToolFn = Callable[[dict[str, Any], "ToolContext"], Awaitable[Any]]
 PostHook = Callable[[Any], Any]
+BucketOpener = Callable[[str], Awaitable[Any]]  # a KV bucket by name (``Bus.kv``)
+STATE_BUCKET = KV_DEMO  # where tools' run state is kept
 SCHEMAS_DIR = Path(__file__).resolve().parents[2] / "schemas" / "tools"
 
 
@@ -77,61 +79,67 @@ class ToolState:
     """Per-run state a tool keeps between calls: JSON values by key, for this run only.
 
     Kept in the executor's ``lw_demo`` bucket (keys ``state.<run>.<key>``), so a call that lands on
-    another executor replica reads what the previous call wrote. Without a bucket (a tool called
-    directly, in a unit test) it is a dictionary in this process.
+    another executor replica reads what the previous call wrote; the bucket is opened when a tool first
+    reads or writes its state, not for every call. Without a bucket opener (a tool called directly, in a
+    unit test) it is a dictionary in this process.
     """
 
     _LOCAL: dict[str, bytes] = {}  # noqa: RUF012 - the in-process stand-in, shared on purpose
 
-    def __init__(self, kv: Any, run_id: str) -> None:
-        self._kv, self._run_id = kv, run_id
+    def __init__(self, buckets: BucketOpener | None, run_id: str) -> None:
+        self._buckets, self._run_id = buckets, run_id
+
+    async def _store(self) -> Any:
+        return None if self._buckets is None else await self._buckets(STATE_BUCKET)
 
     def _key(self, key: str) -> str:
         return kv_key("state", self._run_id, key)
 
     async def get(self, key: str, default: Any = None) -> Any:
         """The value stored under ``key`` in this run, or ``default``."""
-        raw = await self._read(key)
+        raw = await self._read(await self._store(), key)
         return default if raw is None else json.loads(raw[0])
 
     async def set(self, key: str, value: Any) -> None:
         """Store ``value`` (anything JSON can hold) under ``key`` for this run."""
         data = json.dumps(value).encode()
-        if self._kv is None:
+        kv = await self._store()
+        if kv is None:
             self._LOCAL[self._key(key)] = data
         else:
-            await self._kv.put(self._key(key), data)
+            await kv.put(self._key(key), data)
 
     async def update(self, key: str, change: Callable[[Any], Any], default: Any = None) -> Any:
         """Apply ``change`` to the value (``default`` when unset) and store the result, atomically: a
         concurrent writer makes it read and apply again. Returns the stored value."""
         from nats.js.errors import KeyWrongLastSequenceError
 
+        kv = await self._store()
         for _ in range(50):
-            raw = await self._read(key)
+            raw = await self._read(kv, key)
             value = change(default if raw is None else json.loads(raw[0]))
             data = json.dumps(value).encode()
-            if self._kv is None:
+            if kv is None:
                 self._LOCAL[self._key(key)] = data
                 return value
             try:
                 if raw is None:
-                    await self._kv.create(self._key(key), data)
+                    await kv.create(self._key(key), data)
                 else:
-                    await self._kv.update(self._key(key), data, last=raw[1])
+                    await kv.update(self._key(key), data, last=raw[1])
                 return value
             except KeyWrongLastSequenceError:
                 continue
         raise ToolFailure.retry(f"run state '{key}' kept changing under this call")
 
-    async def _read(self, key: str) -> tuple[bytes, int] | None:
-        if self._kv is None:
+    async def _read(self, kv: Any, key: str) -> tuple[bytes, int] | None:
+        if kv is None:
             local = self._LOCAL.get(self._key(key))
             return None if local is None else (local, 0)
         from nats.js.errors import KeyNotFoundError
 
         try:
-            entry = await self._kv.get(self._key(key))
+            entry = await kv.get(self._key(key))
         except KeyNotFoundError:
             return None
         return (entry.value, entry.revision) if entry.value else None
@@ -139,17 +147,22 @@ class ToolState:
 
 @dataclass
 class ToolContext:
-    """What a tool gets besides its arguments: which run and call this is, and the run's state."""
+    """What a tool gets besides its arguments: which run and call this is, the run's state, and the buckets
+    a tool may open by name (the demo tools' side-effect ledger): nothing is opened for a tool that asks for none."""
 
     run_id: str
     call_id: str
     attempt: int  # 1 on the first try, then 2, 3 ... when the executor retries
-    demo_store: Any = None  # a KV bucket for demo side effects (payments)
+    buckets: BucketOpener | None = None  # the executor's bucket opener; None when a tool is called directly
+
+    async def bucket(self, name: str) -> Any:
+        """The KV bucket ``name`` (created if missing), or None when the tool runs outside the executor."""
+        return None if self.buckets is None else await self.buckets(name)
 
     @property
     def state(self) -> ToolState:
         """This run's state (``await ctx.state.get(key)``, ``set``, ``update``), kept across replicas."""
-        return ToolState(self.demo_store, self.run_id)
+        return ToolState(self.buckets, self.run_id)
 
 
 @dataclass

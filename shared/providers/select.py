@@ -22,7 +22,7 @@ from shared.providers.anthropic import AnthropicProvider
 from shared.providers.base import ModelProvider, ProviderError
 from shared.providers.openai import OpenAIProvider
 from shared.providers.scripted import ScriptedProvider
-from shared.scenario import Scenario
+from shared.scenario import Scenario, bound_scenario
 from shared.settings import Settings
 
 if TYPE_CHECKING:
@@ -141,7 +141,7 @@ async def run_provider(bus: Bus, settings: Settings, which: Role, run_id: str) -
     """The provider serving ``run_id``: ``provider_for`` with the scenario bound to the run, if any.
     A storage error reading the binding is raised (the caller's message is redelivered)."""
     scripted = settings.allow_scripted and not pinned_live(settings, which)
-    return provider_for(settings, which, await bus.scenario(run_id) if scripted else None)
+    return provider_for(settings, which, await bound_scenario(bus, run_id) if scripted else None)
 
 
 async def scripted_tools(bus: Bus, settings: Settings, run_id: str) -> Scenario | None:
@@ -150,4 +150,4 @@ async def scripted_tools(bus: Bus, settings: Settings, run_id: str) -> Scenario 
     live run starts), so none where scripted runs are not allowed or the planner is pinned to a live model."""
     if not settings.allow_scripted or pinned_live(settings, "planner"):
         return None
-    return await bus.scenario(run_id)
+    return await bound_scenario(bus, run_id)

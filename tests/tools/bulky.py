@@ -8,13 +8,13 @@ import uuid
 from typing import Any
 
 from services.executor.registry import ToolContext
+from shared.subjects import KV_DEMO
 
 
 async def _count(ctx: ToolContext, kind: str) -> None:
-    if ctx.demo_store is not None:
-        await ctx.demo_store.put(
-            f"{kind}.{ctx.run_id}.{uuid.uuid4().hex[:12]}", json.dumps({"call": ctx.call_id}).encode()
-        )
+    counts = await ctx.bucket(KV_DEMO)
+    if counts is not None:
+        await counts.put(f"{kind}.{ctx.run_id}.{uuid.uuid4().hex[:12]}", json.dumps({"call": ctx.call_id}).encode())
 
 
 async def bulk_report(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:

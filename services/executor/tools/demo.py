@@ -20,6 +20,7 @@ from typing import Any
 
 from services.executor.registry import ToolContext, ToolFailure, tool
 from shared.messages import RetryPolicy
+from shared.subjects import KV_DEMO
 
 DATA = Path(__file__).resolve().parent
 
@@ -217,10 +218,9 @@ async def calculator(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
 )
 async def charge_card(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     charge_id = f"ch_{uuid.uuid4().hex[:16]}"
-    if ctx.demo_store is not None:  # the side effect the idempotency ledger protects
-        await ctx.demo_store.put(
-            f"charge.{ctx.run_id}.{charge_id}", json.dumps({"call_id": ctx.call_id, **args}).encode()
-        )
+    ledger = await ctx.bucket(KV_DEMO)  # the side effect the idempotency ledger protects
+    if ledger is not None:
+        await ledger.put(f"charge.{ctx.run_id}.{charge_id}", json.dumps({"call_id": ctx.call_id, **args}).encode())
     return {"status": "charged", "charge_id": charge_id, "amount_cents": args["amount_cents"]}
 
 

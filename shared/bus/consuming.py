@@ -1,0 +1,196 @@
+"""Consuming: registering a handler on a durable, delivering a message into it (try-later in
+place, nak with backoff, dead letter after ``max_deliver``), heartbeats, consumer reconciliation."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import logging
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from nats.aio.msg import Msg
+from pydantic import BaseModel
+
+from shared import subjects as S
+from shared.bus.errors import TryLater, Undecodable
+from shared.bus.infra import ConsumerSpec, consumer_config, consumer_drift
+from shared.bus.letters import Letters
+from shared.bus.pulls import Handler, _Pull, _Requeue
+from shared.bus.wire import num_delivered
+
+log = logging.getLogger("loopwarden.bus")
+M = TypeVar("M", bound=BaseModel)
+
+MIN_RETRY_S = 0.1  # the shortest wait before a handler that said "try later" is tried again in place
+_DELIVERIES: contextvars.ContextVar[int] = contextvars.ContextVar("lw_deliveries", default=1)
+
+
+def current_deliveries() -> int:
+    """How many times the message the running handler works on has been delivered (1 = first)."""
+    return _DELIVERIES.get()
+
+
+_SUBJECT: contextvars.ContextVar[str] = contextvars.ContextVar("lw_subject", default="")
+
+
+def current_subject() -> str:
+    """The subject the message the running handler works on arrived on (an identity token the server's
+    permissions guarantee, e.g. the tenant of ``cmd.run.submit.<tenant>``)."""
+    return _SUBJECT.get()
+
+
+class Consuming(Letters):
+    @property
+    def consumer_specs(self) -> list[ConsumerSpec]:
+        """The durable consumers this process declared (what bootstrap creates for it)."""
+        return list(self._consumers)
+
+    async def reconcile_consumers(self) -> None:
+        for spec in self._consumers:
+            await self._reconcile_consumer(spec)
+
+    async def _reconcile_consumer(self, spec: ConsumerSpec) -> None:
+        if not self.settings.manage_streams:
+            # Managed: bootstrap created it (the service's user may not change it); wait for it.
+            info = await self.until_ready(
+                f"consumer {spec.stream}/{spec.durable}", lambda: self.js.consumer_info(spec.stream, spec.durable)
+            )
+            drift = consumer_drift(info.config, consumer_config(spec, self.settings))
+            if drift:
+                log.warning(
+                    "%s: consumer %s differs from this service's settings (%s); run `loopwarden bootstrap`",
+                    self.service,
+                    spec.durable,
+                    drift,
+                )
+            return
+        # JetStream's create request without an action is create-or-update, so a changed
+        # ack_wait / max_deliver in settings takes effect.
+        cfg = consumer_config(spec, self.settings)
+        await self.until_ready(f"consumer {spec.stream}/{spec.durable}", lambda: self.js.add_consumer(spec.stream, cfg))
+
+    # --- consuming ---------------------------------------------------------------------------
+    def consumer(
+        self,
+        *,
+        durable: str,
+        filter_subjects: list[str],
+        model: type[M],
+        stream: str | None = None,
+        requeue_scope: str | None = None,
+    ) -> Callable[[Handler[M]], Handler[M]]:
+        """Register ``handler(payload)`` on a durable JetStream pull consumer.
+        Its dead letters are handed back on ``S.requeue(service, requeue_scope)``: a scope for consumers
+        that not every replica of the service has (the executor's per hosted tool).
+
+        The bus drives the pull subscription itself (no framework per message): up to
+        ``LW_MAX_IN_FLIGHT`` messages of this replica run at once, messages of one run are
+        handled one after another (a lock per ``Lw-Run-Id``), every in-flight message is
+        heartbeaten. ``stream``: the one whose subjects hold the filter (``S.stream_for``) unless named."""
+        stream = stream or S.stream_for(filter_subjects[0]) or S.STREAM_CMD
+        spec = ConsumerSpec(stream, durable, tuple(filter_subjects), self.service)
+        self._consumers.append(spec)
+
+        def register(handler: Handler[M]) -> Handler[M]:
+            pulls: list[_Pull] = [_Pull(self, spec, model, handler)]
+            # A service that consumes anything can be handed its dead letters back: its requeue durable is
+            # declared with its first consumer of that scope (bootstrap and the start-up checks see it).
+            to = S.requeue(self.service, requeue_scope)
+            self._requeue_to[durable] = to
+            if not any(isinstance(p, _Requeue) and p.spec.filter_subjects == (to,) for p in self._pulls):
+                requeue = ConsumerSpec(
+                    S.stream_for(to) or S.STREAM_SUBMIT,
+                    S.requeue_durable(self.service, requeue_scope),
+                    (to,),
+                    self.service,
+                )
+                self._requeue_to[requeue.durable] = to  # a requeue that fails again is handed back the same way
+                self._consumers.append(requeue)
+                pulls.append(_Requeue(self, requeue))
+            self._pulls += pulls
+            if self._started:  # registered after start (e.g. tools mounted late): consume now
+                for pull in pulls:
+                    self._spawn(pull.start())
+            return handler
+
+        return register
+
+    async def _deliver(
+        self, msg: Msg, model: type[M], handler: Handler[M], *, earlier: int = 0, requeued_from: int | None = None
+    ) -> None:
+        """Decode, run the handler, then ack; dead-letter what cannot be delivered, with its reason.
+        A requeued letter (``requeued_from``) comes through here too: ``earlier`` deliveries happened
+        before it was dead-lettered, so its handler sees a redelivery, and the limits count this life's."""
+        deliveries = num_delivered(msg.reply)
+        limit = self.settings.max_deliver
+
+        async def give_up(reason: str) -> None:
+            await self.dead_letter(msg, reason, earlier + deliveries, requeued_from=requeued_from)
+            await msg.ack()
+
+        if deliveries > limit:
+            # It never completed: the handler crashed its process (or hung) on every delivery.
+            # Dead-letter it *before* running the handler again.
+            await give_up(f"not completed after {deliveries - 1} deliveries (the handler crashed or hung)")
+            return
+        try:
+            payload = await self._decode(model, msg)
+        except Undecodable as err:
+            await give_up(str(err))
+            return
+        token = _DELIVERIES.set(earlier + deliveries)
+        subject_token = _SUBJECT.set(msg.subject)
+        waited: TryLater | None = None
+        started = time.monotonic()
+        try:
+            # A dependency that is not ready (``TryLater``: the governor restarting) is retried here, the
+            # message held under its heartbeat, for up to the ack wait counted from this delivery, so an
+            # outage spends no delivery (deliveries count crashes: ``max_deliver`` of them dead-letter the
+            # message); past that, or when the service stops, the message is handed back for later.
+            while True:
+                try:
+                    await handler(payload)
+                    break
+                except TryLater as later:
+                    held = time.monotonic() - started
+                    if not later.in_place or self._stopping or held + later.delay > self.settings.ack_wait_s:
+                        waited = later
+                        break
+                    log.info("%s: retry later (%s)", self.service, later)
+                    await asyncio.sleep(max(later.delay, MIN_RETRY_S))
+                    if self._stopping:
+                        waited = later
+                        break
+                    _DELIVERIES.set(earlier + deliveries + 1)  # taken again: a handler reuses what the last take stored
+        except Exception as err:
+            if deliveries >= limit:
+                log.exception("%s: giving up on %s after %d deliveries", self.service, msg.subject, deliveries)
+                await give_up(f"handler failed {deliveries} times: {err!r}")
+                return
+            log.warning("%s: handler failed on %s (delivery %d): %r", self.service, msg.subject, deliveries, err)
+            await msg.nak(delay=self.settings.redeliver_delay_s * 2 ** (deliveries - 1))
+            return
+        finally:
+            _DELIVERIES.reset(token)
+            _SUBJECT.reset(subject_token)
+        if waited is None:
+            await msg.ack()
+        elif deliveries >= limit:  # not ready through every delivery: say so, not "crashed"
+            log.error("%s: giving up on %s: %s", self.service, msg.subject, waited)
+            held = time.monotonic() - started
+            await give_up(f"still not ready after {deliveries} deliveries ({held:.0f}s on the last): {waited}")
+        else:
+            log.info("%s: retry later, handed back (%s)", self.service, waited)
+            await msg.nak(delay=waited.delay)
+
+    async def _heartbeats(self) -> None:
+        interval = max(0.2, self.settings.ack_wait_s / 3)
+        while True:
+            await asyncio.sleep(interval)
+            held = [m for pull in self._pulls for m in pull.held.values()]
+            for m in held:
+                with contextlib.suppress(Exception):
+                    await m.in_progress()

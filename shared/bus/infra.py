@@ -1,0 +1,232 @@
+"""Infrastructure: the declared streams, buckets and consumers, creating what is missing (or, for
+``loopwarden bootstrap``, updating what drifted), and waiting until what a process needs exists."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.api import AckPolicy as JsAckPolicy
+from nats.js.api import (
+    ConsumerConfig,
+    DeliverPolicy,
+    KeyValueConfig,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.client import JetStreamContext
+from nats.js.errors import (
+    APIError,
+    BucketNotFoundError,
+    NoStreamResponseError,
+    NotFoundError,
+)
+
+from shared import subjects as S
+from shared.bus.errors import InfrastructureNotReady, describe_nats_error
+from shared.payloads import stream_config as payload_stream_config
+from shared.permissions import GRANTS
+from shared.settings import Settings
+
+log = logging.getLogger("loopwarden.bus")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class ConsumerSpec:
+    stream: str
+    durable: str
+    filter_subjects: tuple[str, ...]
+    service: str = ""  # whose durable: its max_ack_pending follows that service's concurrency
+
+
+def consumer_config(spec: ConsumerSpec, settings: Settings) -> ConsumerConfig:
+    """The one consumer config: what ``loopwarden bootstrap`` creates and a service expects."""
+    return ConsumerConfig(
+        durable_name=spec.durable,
+        ack_policy=JsAckPolicy.EXPLICIT,
+        deliver_policy=DeliverPolicy.ALL,
+        ack_wait=settings.ack_wait_s,
+        max_deliver=settings.max_deliver + 2,  # we dead-letter at max_deliver ourselves
+        filter_subjects=list(spec.filter_subjects),
+        max_ack_pending=settings.ack_pending_for(spec.service),
+    )
+
+
+def consumer_drift(actual: ConsumerConfig, wanted: ConsumerConfig) -> str:
+    """What differs between a consumer's stored config and the declared one ('' if nothing)."""
+    diffs = []
+    actual_filters = sorted(actual.filter_subjects or ([actual.filter_subject] if actual.filter_subject else []))
+    if actual_filters != sorted(wanted.filter_subjects or []):
+        diffs.append(f"filter {actual_filters} != {sorted(wanted.filter_subjects or [])}")
+    for name in ("ack_wait", "max_deliver", "max_ack_pending"):
+        got, want = getattr(actual, name), getattr(wanted, name)
+        if got is not None and want is not None and abs(float(got) - float(want)) > 1e-6:
+            diffs.append(f"{name} {got} != {want}")
+    return "; ".join(diffs)
+
+
+def needed_buckets(service: str) -> tuple[str, ...]:
+    """The buckets a service's grant lets it use (waited for at start when managed)."""
+    grant = GRANTS.get(service)
+    return (*grant.kv_write, *grant.kv_read) if grant else ()
+
+
+def _not_ready(err: BaseException) -> bool:
+    """JetStream is not there yet (no meta leader, stream/consumer/bucket missing), not a bad request."""
+    if isinstance(err, NotFoundError | NoRespondersError | NoStreamResponseError | NatsTimeoutError | TimeoutError):
+        return True
+    return isinstance(err, APIError) and (err.code or 0) >= 500
+
+
+async def until_ready(service: str, what: str, attempt: Callable[[], Awaitable[R]], give_up_after: float = 0) -> R:
+    """Call ``attempt`` until it succeeds while the failure means "not ready yet"."""
+    started = last_log = time.monotonic()
+    delay = 0.1
+    while True:
+        try:
+            return await attempt()
+        except Exception as err:
+            if not _not_ready(err):
+                raise
+            waited = time.monotonic() - started
+            if give_up_after and waited >= give_up_after:
+                raise InfrastructureNotReady(
+                    f"{service}: {what} not ready after {waited:.0f}s (LW_INFRA_WAIT_S; "
+                    f"has `loopwarden bootstrap` run?): {describe_nats_error(err)}"
+                ) from err
+            if time.monotonic() - last_log >= 5.0 or waited == 0:
+                log.warning("%s: waiting for %s (%s)", service, what, describe_nats_error(err))
+                last_log = time.monotonic()
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 2.0)
+
+
+def stream_config(name: str, settings: Settings) -> StreamConfig:
+    if name == S.STREAM_PAYLOADS:
+        return payload_stream_config(settings)
+    return StreamConfig(
+        name=name,
+        subjects=S.STREAM_SUBJECTS[name],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        duplicate_window=settings.duplicate_window_s,
+        max_age=settings.evt_max_age_s if name == S.STREAM_EVT else settings.stream_max_age_s,
+        num_replicas=settings.stream_replicas,
+        allow_direct=True,
+    )
+
+
+async def ensure_streams(js: JetStreamContext, settings: Settings, *, update: bool = False) -> list[str]:
+    """Create the streams that are missing. Only with ``update`` (``loopwarden bootstrap``, as
+    admin) is an existing stream changed to the declared settings: a service or client that
+    connects never rewrites what the operator set (replicas above all). Returns what changed."""
+    changed = []
+    missing = []
+    # Existing streams first: a stream that gave up subjects (LW_CMD's submits and requeues, now LW_SUBMIT's)
+    # must have let go of them before the stream that takes them is created.
+    for name in S.STREAM_SUBJECTS:
+        cfg = stream_config(name, settings)
+        try:
+            info = await js.stream_info(name)
+        except NotFoundError:
+            missing.append(cfg)
+            continue
+        if update and _stream_differs(info.config, cfg):
+            await js.update_stream(cfg)
+            changed.append(f"updated stream {name} (replicas {info.config.num_replicas} -> {cfg.num_replicas})")
+    for cfg in missing:
+        try:
+            await js.add_stream(cfg)
+            changed.append(f"created stream {cfg.name} (replicas {cfg.num_replicas})")
+        except APIError as err:  # another process created it in between
+            if "already in use" not in str(err):
+                raise
+    return changed
+
+
+def _stream_differs(actual: StreamConfig, wanted: StreamConfig) -> bool:
+    return any(
+        getattr(actual, f) != getattr(wanted, f)
+        for f in ("subjects", "duplicate_window", "max_age", "num_replicas", "allow_direct", "max_bytes")
+        if getattr(wanted, f) is not None  # not declared: the server's default stands
+    )
+
+
+# Revisions kept per key. Nothing reads an older revision of a key (every write is a CAS on the current
+# one), so one is kept; the tool ledger keeps both of its two writes (created, final) for inspection.
+KV_HISTORY: dict[str, int] = {S.KV_TOOL_LEDGER: 2, S.KV_ESCALATIONS: 5}
+
+
+def kv_history(bucket: str) -> int:
+    return KV_HISTORY.get(bucket, 1)
+
+
+# Buckets whose entries expire (seconds; the others keep theirs). A console revocation need outlive only the
+# longest session it revokes (``console_session_s`` is capped at this).
+KV_MAX_AGE_S: dict[str, float] = {S.KV_CONSOLE_SESSIONS: 24 * 3600.0}
+
+
+async def ensure_buckets(
+    js: JetStreamContext, settings: Settings, buckets: list[str] | None = None, *, update: bool = False
+) -> list[str]:
+    """Create the buckets that are missing; with ``update`` (bootstrap) set existing ones to the
+    declared replica count. Returns what changed."""
+    changed = []
+    for bucket in buckets or S.ALL_BUCKETS:
+        try:
+            await js.key_value(bucket)
+        except BucketNotFoundError:
+            try:
+                await js.create_key_value(
+                    KeyValueConfig(
+                        bucket=bucket,
+                        history=kv_history(bucket),
+                        ttl=KV_MAX_AGE_S.get(bucket),
+                        storage=StorageType.FILE,
+                        replicas=settings.kv_replicas,
+                        direct=True,
+                    )
+                )
+                changed.append(f"created bucket {bucket} (replicas {settings.kv_replicas})")
+            except APIError as err:  # another process created it in between
+                if "already in use" not in str(err):
+                    raise
+            continue
+        if update:
+            info = await js.stream_info(f"KV_{bucket}")
+            if info.config.num_replicas != settings.kv_replicas:
+                before = info.config.num_replicas
+                await js.update_stream(info.config.evolve(num_replicas=settings.kv_replicas))
+                changed.append(f"updated bucket {bucket} (replicas {before} -> {settings.kv_replicas})")
+            if info.config.max_msgs_per_subject != kv_history(bucket):
+                before = info.config.max_msgs_per_subject
+                info = await js.stream_info(f"KV_{bucket}")
+                await js.update_stream(info.config.evolve(max_msgs_per_subject=kv_history(bucket)))
+                changed.append(f"updated bucket {bucket} (history {before} -> {kv_history(bucket)})")
+    return changed
+
+
+async def ensure_consumers(js: JetStreamContext, settings: Settings, specs: list[ConsumerSpec]) -> list[str]:
+    """Create or update each declared durable consumer (bootstrap). Returns what changed."""
+    changed = []
+    for spec in specs:
+        wanted = consumer_config(spec, settings)
+        try:
+            info = await js.consumer_info(spec.stream, spec.durable)
+        except NotFoundError:
+            await js.add_consumer(spec.stream, wanted)
+            changed.append(f"created consumer {spec.stream}/{spec.durable}")
+            continue
+        drift = consumer_drift(info.config, wanted)
+        if drift:
+            await js.add_consumer(spec.stream, wanted)
+            changed.append(f"updated consumer {spec.stream}/{spec.durable} ({drift})")
+    return changed

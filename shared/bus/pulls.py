@@ -1,0 +1,202 @@
+"""Driving a durable pull consumer on nats-py: pull requests sized to the free slots, each
+message its own task, one lock per run id; and the requeue durable's variant."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from opentelemetry.trace import SpanKind
+from pydantic import BaseModel
+
+from shared import subjects as S
+from shared.bus.infra import ConsumerSpec
+from shared.bus.wire import RUN_ID_HEADER
+from shared.messages import Requeue
+
+if TYPE_CHECKING:
+    from shared.bus.core import BusBase
+
+log = logging.getLogger("loopwarden.bus")
+M = TypeVar("M", bound=BaseModel)
+
+Handler = Callable[[M], Awaitable[None]]
+PULL_EXPIRES_S = 5.0  # a pull request's lifetime; a new one is sent as slots free up
+
+
+class _RunLocks:
+    """One lock per run id, dropped when nobody holds or waits for it."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    async def acquire(self, key: str) -> None:
+        """Take the run's lock (``release`` it after); ``hold`` without a context manager per message."""
+        lock, users = self._locks.get(key, (None, 0))
+        if lock is None:
+            lock = asyncio.Lock()
+        self._locks[key] = (lock, users + 1)
+        try:
+            await lock.acquire()
+        except BaseException:  # cancelled while waiting
+            self._drop(key)
+            raise
+
+    def release(self, key: str) -> None:
+        self._locks[key][0].release()
+        self._drop(key)
+
+    def _drop(self, key: str) -> None:
+        lock, users = self._locks[key]
+        if users <= 1:
+            del self._locks[key]
+        else:
+            self._locks[key] = (lock, users - 1)
+
+
+class _Pull:
+    """One durable pull consumer driven directly on nats-py: pull requests ask for as many
+    messages as there are free slots; each delivered message runs as its own task."""
+
+    def __init__(self, bus: BusBase, spec: ConsumerSpec, model: type[Any], handler: Handler[Any]) -> None:
+        self.bus, self.spec, self.model, self.handler = bus, spec, model, handler
+        self.limit = bus.settings.in_flight_for(bus.service)
+        self.held: dict[int, Msg] = {}  # id(msg) -> msg (nats-py messages are not hashable)
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.pending = 0  # messages asked for and not yet delivered
+        self.requests: deque[float] = deque()  # expiry time of each live pull request
+        self.wake = asyncio.Event()
+        self.stopping = False
+        self.sub: Subscription | None = None
+        self.loop_task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        nc = self.bus.nc
+        self.inbox = nc.new_inbox()  # under this service's inbox prefix (permissions)
+        self.next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{self.spec.stream}.{self.spec.durable}"
+        self.sub = await nc.subscribe(self.inbox, cb=self.on_msg)
+        self.loop_task = asyncio.create_task(self.loop(), name=f"pull {self.spec.durable}")
+
+    async def on_msg(self, msg: Msg) -> None:
+        try:
+            await self._on_msg(msg)
+        except Exception:  # nats-py would swallow it silently
+            log.exception("%s: could not take a message on %s", self.bus.service, self.spec.durable)
+
+    async def _on_msg(self, msg: Msg) -> None:
+        status = msg.headers.get("Status") if msg.headers else None
+        if status:
+            if status == "100":  # idle heartbeat
+                return
+            left = msg.headers.get("Nats-Pending-Messages") if msg.headers else None
+            self.pending = max(0, self.pending - int(left)) if left and left.isdigit() else 0
+            if self.requests:
+                self.requests.popleft()
+            self.wake.set()
+            return
+        self.pending = max(0, self.pending - 1)
+        if self.stopping:  # shutting down: hand it back at once
+            with contextlib.suppress(Exception):
+                await msg.nak()
+            return
+        self.held[id(msg)] = msg
+        task = asyncio.create_task(self.run(msg))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def run(self, msg: Msg) -> None:
+        try:
+            run_id = self.run_of(msg)
+            locks = self.bus._run_locks
+            if run_id:
+                await locks.acquire(run_id)
+            try:
+                if self.bus._tracer is None:
+                    await self.deliver(msg)
+                else:
+                    ctx = self.bus._extract(msg.headers)
+                    with self.bus._span(f"{S.stem(msg.subject)} process", SpanKind.CONSUMER, ctx, msg.headers):
+                        await self.deliver(msg)
+            finally:
+                if run_id:
+                    locks.release(run_id)
+        except asyncio.CancelledError:  # shutdown ran out of time: hand the message back
+            with contextlib.suppress(Exception):
+                await msg.nak()
+            raise
+        except Exception:
+            log.exception("%s: delivering %s failed; it will be redelivered", self.bus.service, msg.subject)
+        finally:
+            self.held.pop(id(msg), None)
+            self.wake.set()
+
+    def run_of(self, msg: Msg) -> str | None:
+        """The run whose messages this one waits behind (one at a time per run in a replica)."""
+        return msg.headers.get(RUN_ID_HEADER) if msg.headers else None
+
+    async def deliver(self, msg: Msg) -> None:
+        await self.bus._deliver(msg, self.model, self.handler)
+
+    async def loop(self) -> None:
+        nc = self.bus.nc
+        while not self.stopping:
+            now = time.monotonic()
+            while self.requests and self.requests[0] < now - 0.5:  # expired without a status reaching us
+                self.requests.popleft()
+            if not self.requests:
+                self.pending = 0
+            free = self.limit - len(self.held) - self.pending
+            if free > 0 and (self.pending == 0 or free >= max(1, self.limit // 4)):
+                req = {"batch": free, "expires": int(PULL_EXPIRES_S * 1e9)}
+                try:
+                    await nc.publish(self.next_subject, json.dumps(req).encode(), reply=self.inbox)
+                    self.pending += free
+                    self.requests.append(now + PULL_EXPIRES_S)
+                except Exception as err:  # disconnected: try again shortly
+                    log.warning("%s: pull request for %s failed: %r", self.bus.service, self.spec.durable, err)
+                    await asyncio.sleep(0.5)
+                    continue
+            self.wake.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(PULL_EXPIRES_S / 2):
+                    await self.wake.wait()
+
+    async def stop(self, grace: float) -> None:
+        """Stop asking for messages, let in-flight ones finish within ``grace``, hand back the rest."""
+        self.stopping = True
+        self.wake.set()
+        if self.loop_task is not None:
+            self.loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.loop_task
+        if self.tasks:
+            _, late = await asyncio.wait(set(self.tasks), timeout=grace)
+            for task in late:
+                task.cancel()
+            if late:
+                await asyncio.wait(late, timeout=2)
+        if self.sub is not None:
+            with contextlib.suppress(Exception):
+                await self.sub.unsubscribe()
+
+
+class _Requeue(_Pull):
+    """A requeue durable (``requeue_<service>[_<scope>]``): a dead letter handed back (``Requeue``) is run
+    by the service's consumer that takes its subject, as a redelivery of the message (``Bus._requeue``)."""
+
+    def __init__(self, bus: BusBase, spec: ConsumerSpec) -> None:
+        super().__init__(bus, spec, Requeue, bus._requeue)
+
+    def run_of(self, msg: Msg) -> str | None:
+        return None  # the run is the stored letter's, not what the requester's headers say: locked in ``_requeue``
+
+    async def deliver(self, msg: Msg) -> None:
+        await self.bus._requeue(msg)

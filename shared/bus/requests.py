@@ -1,0 +1,133 @@
+"""Core NATS requests and answers: queue-grouped responders that answer only to an inbox, and
+``request`` with its ``ErrorReply`` refusal."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from nats.aio.msg import Msg
+from opentelemetry import propagate
+from opentelemetry.trace import SpanKind
+from pydantic import BaseModel, ValidationError
+
+from shared import subjects as S
+from shared.bus.errors import RequestRefused, Undecodable
+from shared.bus.letters import Letters
+from shared.bus.wire import INBOX_PREFIXES, check_subject
+from shared.messages import ErrorReply
+
+log = logging.getLogger("loopwarden.bus")
+M = TypeVar("M", bound=BaseModel)
+
+
+@dataclass
+class _Responder:
+    subject: str
+    model: type[Any]
+    handler: Callable[..., Awaitable[BaseModel]]
+    reply: Callable[[str], BaseModel]
+    with_subject: bool = False  # the handler also gets the subject the request arrived on
+
+
+class Requests(Letters):
+    def responder(
+        self,
+        *,
+        subject: str,
+        model: type[M],
+        reply: Callable[[str], BaseModel],
+    ) -> Callable[[Callable[[M], Awaitable[BaseModel]]], Callable[[M], Awaitable[BaseModel]]]:
+        """Register a queue-grouped request/reply handler. Every request gets an answer: a
+        malformed one (or one whose handler fails) is dead-lettered with its reason and answered
+        with ``reply(reason)`` instead of hanging the caller."""
+
+        def register(handler: Callable[[M], Awaitable[BaseModel]]) -> Callable[[M], Awaitable[BaseModel]]:
+            self._responders.append(_Responder(subject, model, handler, reply))
+            return handler
+
+        return register
+
+    def subject_responder(
+        self,
+        *,
+        subject: str,
+        model: type[M],
+        reply: Callable[[str], BaseModel],
+    ) -> Callable[[Callable[[M, str], Awaitable[BaseModel]]], Callable[[M, str], Awaitable[BaseModel]]]:
+        """``responder`` for handlers that need the subject the request arrived on (e.g. an identity
+        token the server's permissions guarantee); ``subject`` may be a wildcard."""
+
+        def register(handler: Callable[[M, str], Awaitable[BaseModel]]) -> Callable[[M, str], Awaitable[BaseModel]]:
+            self._responders.append(_Responder(subject, model, handler, reply, with_subject=True))
+            return handler
+
+        return register
+
+    def _unanswerable(self, r: _Responder, msg: Msg) -> str | None:
+        """Why a request must not be handled at all (None: handle it). A responder takes only what a
+        requester published on its own subject: not a stream's push delivery (it keeps the subject it was
+        stored on, and its reply is an ack subject), and answers only to an inbox - a reply naming a KV key
+        or a command subject would make this service write there."""
+        if msg.reply and msg.reply.startswith("$JS.ACK."):
+            return "delivered by a JetStream consumer, not sent by a requester"
+        if not S.matches(r.subject, msg.subject):
+            return f"arrived on {msg.subject[:200]}, not on {r.subject}"
+        if msg.reply and not msg.reply.startswith(INBOX_PREFIXES):
+            return f"its reply {msg.reply[:200]} is not an inbox"
+        return None
+
+    async def _answer(self, r: _Responder, msg: Msg) -> None:
+        why = self._unanswerable(r, msg)
+        if why is not None:  # dropped, not dead-lettered: a flood of these must not flood LW_DLQ too
+            self.dropped_requests += 1
+            if self.dropped_requests in (1, 10, 100) or self.dropped_requests % 1000 == 0:
+                log.warning("%s: request dropped (%d so far): %s", self.service, self.dropped_requests, why)
+            return
+        async with self._rpc_slots:
+            ctx = self._extract(msg.headers) if self._tracer is not None else None
+            with self._span(f"{msg.subject} process", SpanKind.SERVER, ctx, msg.headers):
+                try:
+                    payload = await self._decode(r.model, msg)
+                except Undecodable as err:
+                    reason = str(err)
+                    out: BaseModel = r.reply(reason)
+                    with contextlib.suppress(Exception):
+                        await self.dead_letter(msg, reason, 1)
+                else:
+                    try:
+                        out = await (r.handler(payload, msg.subject) if r.with_subject else r.handler(payload))
+                    except Exception as err:
+                        log.exception("%s: request on %s failed", self.service, msg.subject)
+                        reason = f"handler failed: {err!r}"
+                        out = r.reply(reason)
+                        with contextlib.suppress(Exception):
+                            await self.dead_letter(msg, reason, 1)
+                if msg.reply:
+                    with contextlib.suppress(Exception):
+                        await self.nc.publish(msg.reply, out.model_dump_json(by_alias=True).encode())
+
+    async def request(self, subject: str, payload: BaseModel, reply: type[M]) -> M:
+        """Core-NATS request/reply (queue-grouped service), decoded into ``reply``; an
+        ``ErrorReply`` from the service raises ``RequestRefused`` with its reason."""
+        check_subject(subject)
+        headers = {"content-type": "application/json"}
+        data = await self.payloads.offload(self.nc, payload.model_dump_json(by_alias=True).encode(), headers)
+        if self._tracer is not None:
+            with self._span(f"{subject} publish", SpanKind.CLIENT, None, headers):
+                propagate.inject(headers)
+                resp = await self.nc.request(subject, data, timeout=self.settings.rpc_timeout_s, headers=headers)
+        else:
+            resp = await self.nc.request(subject, data, timeout=self.settings.rpc_timeout_s, headers=headers)
+        body = await self.payloads.inflate(self.nc, resp.data, resp.headers)
+        try:
+            return reply.model_validate_json(body)
+        except ValidationError:
+            try:
+                refused = ErrorReply.model_validate_json(body)
+            except ValidationError:
+                raise
+            raise RequestRefused(refused.error) from None

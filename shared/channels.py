@@ -1,0 +1,401 @@
+"""The channel table: every subject a message travels on, once - its contract, who may publish it, who
+consumes or answers it, and what it is. The rest is derived from it:
+
+- the publish side of every user's grant (``shared/permissions.py`` -> ``deploy/nats/auth.conf``),
+- the publishers of the AsyncAPI document (``shared/asyncapi.py`` -> ``schemas/asyncapi.json``; the
+  consuming side there is read from the handlers each service registers),
+- the stream a channel lives in (``S.stream_for``, from ``S.STREAM_SUBJECTS``).
+
+Subject *names* stay in ``shared/subjects.py`` (the builders every service calls). A new channel is one
+row here plus ``make schemas`` (docs/contributing.md, "Adding a channel").
+
+An address writes a token that varies as ``{param}``; an event of a run gets the run id as one more token
+(``{run}``, added here as the bus adds it). In a grant, a parameter becomes what its publisher may put
+there: its own name where the server pins it (``pinned``), the listed ``values``, else any token - the
+first such makes the rest of the subject free (``>``, or ``*`` per ``free``); a run token alone is ``*``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel
+
+from shared import subjects as S
+from shared.messages import (
+    PLANNER_FAILURES,
+    TOOL_FAILURES,
+    BudgetRequest,
+    DeadLetter,
+    Escalation,
+    EscalationClaim,
+    EscalationEvent,
+    EscalationQuery,
+    EscalationRaise,
+    EscalationResolution,
+    EscalationResolve,
+    JudgeRequest,
+    McpServerStatus,
+    Requeue,
+    RunAdvance,
+    RunEvent,
+    RunRead,
+    RunSubmit,
+    ToolAttempt,
+    ToolCall,
+    ToolOutcome,
+    ToolResultRaw,
+    Verdict,
+)
+
+Kind = Literal["command", "event", "request", "dead_letter", "api"]
+# Publisher groups: ``tenant_client`` is every tenant-bound client user, ``operator`` every operator, ``all``
+# every service; any other name is one user (``client``: the default tenant's client, which reads every run).
+SERVICES = ("planner", "executor", "validator", "judge", "governor", "escalation")
+GROUPS = ("tenant_client", "operator", "all")
+
+
+@dataclass(frozen=True)
+class Channel:
+    address: str  # the subject, ``{param}`` for each token that varies (a run's event: without ``{run}``)
+    model: type[BaseModel] | None  # the contract; None for a JetStream API subject
+    publishers: tuple[str, ...]  # users or groups (``GROUPS``) allowed to publish it
+    subscribers: tuple[str, ...]  # the services that consume or answer it (their handlers declare how)
+    kind: Kind
+    description: str  # ``{param}`` in it is replaced by the param's values, comma-separated
+    values: dict[str, tuple[str, ...]] = field(default_factory=dict)  # what a publisher may put in a param
+    pinned: tuple[str, ...] = ()  # params the server pins to the publisher's own name (or tenant)
+    free: Literal[">", "*"] = ">"  # what the first free param of a grant becomes
+
+    @property
+    def subject(self) -> str:
+        """The address as published: a param with one allowed value written out, and the run token of a
+        run's event added."""
+        address = re.sub(
+            r"\{(\w+)\}", lambda m: v[0] if len(v := self.values.get(m[1], ())) == 1 else m[0], self.address
+        )
+        stem = address.split(".{", 1)[0]
+        return f"{address}.{{run}}" if S.is_run_scoped(stem) else address
+
+    @property
+    def stream(self) -> str | None:
+        """The stream that holds it (None: core NATS request/reply, or a JetStream API subject)."""
+        return None if self.kind == "api" else S.stream_for(re.sub(r"\{\w+\}", "x", self.subject))
+
+    @property
+    def summary(self) -> str:
+        return re.sub(r"\{(\w+)\}", lambda m: ", ".join(self.values.get(m[1], (m[0],))), self.description)
+
+    def grant(self, pins: dict[str, str]) -> list[str]:
+        """The publish patterns of a user whose pinned params are ``pins`` (e.g. ``{"service": "planner"}``)."""
+        patterns = [""]
+        tokens = self.subject.split(".")
+        for i, part in enumerate(tokens):
+            param = part[1:-1] if part.startswith("{") and part.endswith("}") else None
+            if param is None:
+                patterns = [f"{p}.{part}" for p in patterns]
+            elif param in self.pinned:
+                patterns = [f"{p}.{S.token(pins[param])}" for p in patterns]
+            elif param in self.values:
+                patterns = [f"{p}.{v}" for p in patterns for v in self.values[param]]
+            else:
+                last_is_run = param == "run" and i == len(tokens) - 1
+                wildcard = "*" if last_is_run else self.free
+                patterns = [f"{p}.{wildcard}" for p in patterns]
+                if wildcard == ">":
+                    break
+        return [p[1:] for p in patterns]
+
+
+F = S.FAILURE_PREFIX
+ESC = S.ESCALATION_EVENT_PREFIX
+CHANNELS: tuple[Channel, ...] = (
+    # --- commands: one durable per consuming service shares the work between its replicas ----------------
+    Channel(
+        f"{S.RUN_SUBMIT_PREFIX}.{{tenant}}",
+        RunSubmit,
+        ("client", "tenant_client"),
+        ("planner",),
+        "command",
+        "a run to start (loopwarden submit, the demo), on the tenant's own subject: the server lets each "
+        "client user publish only its tenant's",
+        pinned=("tenant",),
+    ),
+    Channel(
+        S.RUN_SPAWN,
+        RunSubmit,
+        ("planner",),
+        ("planner",),
+        "command",
+        "planner to planner: a sub-agent run (only the planner starts a child)",
+    ),
+    Channel(
+        S.RUN_ADVANCE,
+        RunAdvance,
+        ("planner",),
+        ("planner",),
+        "command",
+        "planner to planner: take the run's next model turn",
+    ),
+    Channel(
+        f"{S.TOOL_EXECUTE_PREFIX}.{{tool}}",
+        ToolCall,
+        ("planner", "executor"),
+        ("executor",),
+        "command",
+        "a tool call for the executor hosting it (the executor's own: a fallback tool's call)",
+    ),
+    Channel(
+        S.RESULT_VALIDATE,
+        ToolResultRaw,
+        ("executor",),
+        ("validator",),
+        "command",
+        "a tool's raw result, to check against its output contract",
+    ),
+    Channel(S.JUDGE_SCORE, JudgeRequest, ("planner",), ("judge",), "command", "a fresh candidate answer to score"),
+    Channel(
+        S.ESCALATION_RAISE, EscalationRaise, ("planner",), ("escalation",), "command", "a decision a human must take"
+    ),
+    Channel(
+        f"{S.REQUEUE_PREFIX}.{{service}}",
+        Requeue,
+        ("operator",),
+        tuple(s for s in SERVICES if s != "executor"),
+        "command",
+        "a dead letter handed back to the service that gave up on it (loopwarden dlq requeue)",
+    ),
+    Channel(
+        f"{S.REQUEUE_PREFIX}.executor.{{tool}}",
+        Requeue,
+        ("operator",),
+        ("executor",),
+        "command",
+        "a dead letter handed back to the executor replicas hosting its tool (loopwarden dlq requeue)",
+    ),
+    # --- requests on core NATS (a queue group per answering service) ------------------------------------
+    Channel(
+        f"{S.RUN_READ_PREFIX}.{{verb}}.{{tenant}}",
+        RunRead,
+        ("tenant_client",),
+        ("planner",),
+        "request",
+        "a tenant-bound client reads one of its own runs ({verb})",
+        values={"verb": S.RUN_READ_VERBS},
+        pinned=("tenant",),
+    ),
+    Channel(
+        S.BUDGET_RESERVE,
+        BudgetRequest,
+        ("planner",),
+        ("governor",),
+        "request",
+        "reserve a model call's budget before it is made",
+    ),
+    Channel(
+        S.ESCALATION_LIST,
+        EscalationQuery,
+        ("client", "console", "operator"),
+        ("escalation",),
+        "request",
+        "list the human queue",
+    ),
+    Channel(
+        S.ESCALATION_SHOW,
+        EscalationQuery,
+        ("client", "console", "operator"),
+        ("escalation",),
+        "request",
+        "one item of the human queue",
+    ),
+    Channel(
+        f"{S.ESCALATION_RPC_PREFIX}.{{verb}}.console.{{operator}}",
+        EscalationClaim,
+        ("console",),
+        ("escalation",),
+        "request",
+        "the console acts ({verb}) for the operator logged in to it",
+        values={"verb": ("claim", "renew")},
+        free="*",
+    ),
+    Channel(
+        f"{S.ESCALATION_RPC_PREFIX}.{{verb}}.console.{{operator}}",
+        EscalationResolve,
+        ("console",),
+        ("escalation",),
+        "request",
+        "the console acts ({verb}) for the operator logged in to it",
+        values={"verb": ("resolve",)},
+        free="*",
+    ),
+    Channel(
+        f"{S.ESCALATION_RPC_PREFIX}.{{verb}}.{{operator}}",
+        EscalationClaim,
+        ("operator",),
+        ("escalation",),
+        "request",
+        "an operator acts ({verb}) on the human queue as themselves",
+        values={"verb": ("claim", "renew")},
+        pinned=("operator",),
+    ),
+    Channel(
+        f"{S.ESCALATION_RPC_PREFIX}.{{verb}}.{{operator}}",
+        EscalationResolve,
+        ("operator",),
+        ("escalation",),
+        "request",
+        "an operator acts ({verb}) on the human queue as themselves",
+        values={"verb": ("resolve",)},
+        pinned=("operator",),
+    ),
+    # --- JetStream API reads that are part of the topology ----------------------------------------------
+    Channel(
+        f"$JS.API.CONSUMER.INFO.{S.STREAM_CMD}.{{durable}}",
+        None,
+        ("planner", "client"),
+        (),
+        "api",
+        "read only: whether a running executor pulls a tool's calls",
+        free="*",
+    ),
+    # --- events: every consuming service has its own durable -------------------------------------------
+    Channel(
+        f"{S.RUN_EVENT_PREFIX}.{{kind}}",
+        RunEvent,
+        ("planner",),
+        ("governor",),
+        "event",
+        "the run's progress, one event per step",
+    ),
+    Channel(
+        f"{F}.{{type}}.{{tool}}",
+        RunEvent,
+        ("planner",),
+        (),
+        "event",
+        "a run-level failure (type loop, budget or judge; tool `_` when none)",
+        values={"type": ("loop", "budget", "judge")},
+    ),
+    Channel(
+        f"{F}.{{type}}.{{tool}}",
+        ToolOutcome,
+        ("planner",),
+        (),
+        "event",
+        "a call to a tool no replica hosts (or the run does not offer): never dispatched, the model corrects",
+        values={"type": PLANNER_FAILURES},  # decided before dispatch
+    ),
+    Channel(
+        f"{S.TOOL_SUCCEEDED_PREFIX}.delegate",
+        ToolOutcome,
+        ("planner",),
+        ("planner",),
+        "event",
+        "a sub-agent's answer to its parent run (the delegate tool's result)",
+    ),
+    Channel(
+        f"{F}.tool_error.delegate",
+        ToolOutcome,
+        ("planner",),
+        ("planner",),
+        "event",
+        "a sub-agent that did not answer, as its parent's delegate call failing",
+    ),
+    Channel(f"{S.TOOL_ATTEMPT_PREFIX}.{{tool}}", ToolAttempt, ("executor",), (), "event", "one attempt of a tool call"),
+    Channel(
+        f"{F}.{{type}}.{{tool}}",
+        ToolOutcome,
+        ("executor",),
+        ("planner", "escalation"),
+        "event",
+        "a tool call failed ({type})",
+        values={"type": tuple(t for t in TOOL_FAILURES if t != "output_invalid")},  # output_invalid: the validator's
+    ),
+    Channel(
+        f"{S.MCP_SERVER_EVENT_PREFIX}.{{server}}",
+        McpServerStatus,
+        ("executor",),
+        (),
+        "event",
+        "an MCP server's status changed",
+    ),
+    Channel(
+        f"{S.TOOL_SUCCEEDED_PREFIX}.{{tool}}",
+        ToolOutcome,
+        ("validator",),
+        ("planner",),
+        "event",
+        "a validated (maybe repaired) result",
+    ),
+    Channel(
+        f"{F}.output_invalid.{{tool}}",
+        ToolOutcome,
+        ("validator",),
+        ("planner",),
+        "event",
+        "a result that breaks its contract",
+    ),
+    Channel(S.JUDGE_VERDICT, Verdict, ("judge",), ("planner",), "event", "the verdict on a candidate answer"),
+    Channel(
+        f"{S.BUDGET_EVENT_PREFIX}.{{level}}", RunEvent, ("governor",), (), "event", "a budget threshold was crossed"
+    ),
+    Channel(S.ESCALATION_RAISED, Escalation, ("escalation",), (), "event", "a new item in the human queue"),
+    Channel(S.ESCALATION_CLAIMED, EscalationEvent, ("escalation",), (), "event", "an operator claimed an item"),
+    Channel(
+        f"{ESC}.{{event}}", EscalationEvent, ("escalation",), (), "event", "renewed, expired, refused or sla_applied"
+    ),
+    Channel(
+        S.ESCALATION_RESOLVED,
+        EscalationResolution,
+        ("escalation",),
+        ("planner",),
+        "event",
+        "an item was resolved; the run resumes",
+    ),
+    # --- dead letters ------------------------------------------------------------------------------------
+    Channel(
+        f"{S.DLQ_PREFIX}.{{service}}",
+        DeadLetter,
+        ("all",),
+        (),
+        "dead_letter",
+        "a message that could not be handled, with the reason",
+        pinned=("service",),
+    ),
+)
+
+
+def publish_patterns(user: str, groups: tuple[str, ...], pins: dict[str, str]) -> tuple[str, ...]:
+    """Every publish pattern ``user`` gets from the table, in table order: the rows it (or one of its
+    ``groups``) publishes, with its pinned params (``pins``). A pattern another one of its patterns
+    already covers is left out."""
+    who = {user, *groups}
+    found: list[str] = []
+    for channel in CHANNELS:
+        if who & set(channel.publishers):
+            found += channel.grant(pins)
+    unique = list(dict.fromkeys(found))
+    return tuple(p for p in unique if not any(q != p and covers(q, p) for q in unique))
+
+
+def covers(pattern: str, other: str) -> bool:
+    """Whether every subject ``other`` matches also matches ``pattern`` (both NATS patterns)."""
+    want, got = pattern.split("."), other.split(".")
+    for i, part in enumerate(want):
+        if part == ">":
+            return len(got) > i
+        if i >= len(got) or got[i] == ">" or (part != "*" and part != got[i]) or (part == "*" and got[i] == ">"):
+            return False
+    return len(got) == len(want)
+
+
+def documented() -> dict[str, tuple[Channel, ...]]:
+    """What each publisher (user or group) publishes on JetStream, for the AsyncAPI document."""
+    out: dict[str, list[Channel]] = {}
+    for channel in CHANNELS:
+        if channel.kind in ("command", "event", "dead_letter"):
+            for who in channel.publishers:
+                out.setdefault(who, []).append(channel)
+    return {who: tuple(rows) for who, rows in out.items()}
