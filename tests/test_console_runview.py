@@ -62,7 +62,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory, otlp: OtlpCollector) -> Iter
         **TEST_ENV,
         "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.endpoint,
         "LW_OPERATORS": json.dumps({"alice": ["*"]}),
-        "LW_CONSOLE_USERS": json.dumps({"alice": hash_password(PASSWORD, rounds=4)}),
+        # carol may log in to the console but is on no operators' roster: she may not start a replay
+        "LW_CONSOLE_USERS": json.dumps(
+            {"alice": hash_password(PASSWORD, rounds=4), "carol": hash_password(PASSWORD, rounds=4)}
+        ),
         "LW_CONSOLE_PORT": "0",
         "LW_JAEGER_URL": JAEGER,
     }
@@ -89,15 +92,15 @@ async def client(stack: LocalStack) -> AsyncIterator[Client]:
         yield c
 
 
-async def logged_in(browser: Browser, stack: LocalStack, path: str) -> Page:
+async def logged_in(browser: Browser, stack: LocalStack, path: str, operator: str = "alice") -> Page:
     context = await browser.new_context(viewport={"width": 1280, "height": 900})  # a second tab shares the login
     page = await context.new_page()
     page.set_default_timeout(15_000)
     await page.goto(f"{stack.console_url}{path}")
-    await page.fill("input[name=operator]", "alice")
+    await page.fill("input[name=operator]", operator)
     await page.fill("input[name=password]", PASSWORD)
     await page.click("button[type=submit]")
-    await expect(page.locator("#operator")).to_have_text("alice")
+    await expect(page.locator("#operator")).to_have_text(operator)
     return page
 
 
@@ -238,6 +241,33 @@ async def test_a_run_waiting_for_a_human_is_resolved_from_the_page_and_turns_com
     assert await page.evaluate("window.lwLoadedAt") == loaded_at
     assert await page.evaluate("window.lwRunUpdates") >= 1
     await shot(page, "run-resolved-live.png", tmp_path)
+    await no_serious_violations(page)
+    await page.context.close()
+
+
+async def test_a_model_turn_shows_the_system_prompt_tools_and_cache_it_was_sent(
+    stack: LocalStack, browser: Browser, client: Client
+) -> None:
+    run_id = await finished(client, "demo")
+    turns = [e for e in await client.events(run_id) if e.kind == "run.model_called"]
+    assert len(turns) == 3
+    details = [t.payload["detail"] for t in turns]
+    # stored once per run: the first turn carries the text, every turn names it by hash
+    assert details[0]["system"].startswith("You are an agent that completes the user's task")
+    assert [d["system"] for d in details[1:]] == [None, None]
+    assert len({d["system_sha256"] for d in details}) == 1
+    page = await logged_in(browser, stack, f"/runs/{run_id}")
+    assert "You are an agent that completes" not in await page.content()  # fetched when the step is opened
+    await open_step(page, "i3")
+    turn = await open_step(page, "i3.model")  # a later turn: the text found by its hash
+    await expect(turn.locator("[data-section='system']")).to_contain_text(
+        "You are an agent that completes the user's task with the tools provided."
+    )
+    sent = turn.locator("[data-section='sent']")
+    await expect(sent).to_contain_text('"tools offered": [')
+    await expect(sent).to_contain_text('"search"')
+    await expect(sent).to_contain_text("read (cached) tokens")
+    await expect(turn.locator("[data-section='conversation']")).to_contain_text("Conversation carried")
     await no_serious_violations(page)
     await page.context.close()
 
