@@ -31,7 +31,7 @@ from loopwarden.client import Client
 from loopwarden.records import run_events
 from shared.messages import RETRIED_FAILURES
 from shared.records import EventRecord, RunRecord, Step, divergences, scenario_from_record, trajectory
-from shared.scenario import parse_scenario
+from shared.scenario import Scenario, parse_scenario
 
 
 @dataclass
@@ -147,24 +147,37 @@ async def settled_events(client: Client, run_id: str, status: str, wait_s: float
         await asyncio.sleep(0.1)
 
 
-async def replay(
-    client: Client, record: RunRecord, timeout: float = 120.0, allow_live_tools: bool = False
-) -> ReplayReport:
-    """Replay ``record`` on the stack; a dry run unless ``allow_live_tools`` (:class:`LiveToolsRefused`)."""
+def replay_scenario(record: RunRecord, allow_live_tools: bool = False) -> Scenario:
+    """The scenario a replay of ``record`` runs: a dry run unless ``allow_live_tools`` (:class:`LiveToolsRefused`
+    when the export holds calls with no recorded output). The same for the CLI and the console's Replay button."""
     if not allow_live_tools and (calls := unrecorded_calls(record)):
         raise LiveToolsRefused(calls)
     data = scenario_from_record(record) if allow_live_tools else dry_scenario(record)
-    scenario = parse_scenario(data, f"export of {record.run_id}")
-    state, mismatches = await client.run_and_check(scenario, timeout=timeout)
-    events = await settled_events(client, state.run_id, state.status)
+    return parse_scenario(data, f"export of {record.run_id}")
+
+
+def compare(
+    record: RunRecord, replay_run: str, status: str, events: list[EventRecord], mismatches: list[str]
+) -> ReplayReport:
+    """The replay's decisions and outcome against the recorded run's."""
     recorded, replayed = trajectory(record.events), trajectory(events)
     return ReplayReport(
         recorded_run=record.run_id,
-        replay_run=state.run_id,
-        status=state.status,
+        replay_run=replay_run,
+        status=status,
         recorded_status=record.status,
         recorded=recorded,
         replayed=replayed,
         divergences=divergences(recorded, replayed),
         mismatches=mismatches,
     )
+
+
+async def replay(
+    client: Client, record: RunRecord, timeout: float = 120.0, allow_live_tools: bool = False
+) -> ReplayReport:
+    """Replay ``record`` on the stack; a dry run unless ``allow_live_tools`` (:class:`LiveToolsRefused`)."""
+    scenario = replay_scenario(record, allow_live_tools)
+    state, mismatches = await client.run_and_check(scenario, timeout=timeout)
+    events = await settled_events(client, state.run_id, state.status)
+    return compare(record, state.run_id, state.status, events, mismatches)

@@ -148,6 +148,7 @@ GRANTS: dict[str, Grant] = {
 # escalation service records both identities, each one something the server enforced.
 GRANTS["console"] = Grant(
     publish=(
+        S.run_submit(S.DEFAULT_TENANT),  # a replay from the run page (a dry run of the recorded turns)
         S.ESCALATION_LIST,
         S.ESCALATION_SHOW,
         *(f"{S.ESCALATION_RPC_PREFIX}.{verb}.console.*" for verb in S.ESCALATION_VERBS),

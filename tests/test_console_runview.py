@@ -272,6 +272,78 @@ async def test_a_model_turn_shows_the_system_prompt_tools_and_cache_it_was_sent(
     await page.context.close()
 
 
+async def test_a_completed_run_is_replayed_from_its_page_and_matches_call_for_call(
+    stack: LocalStack, browser: Browser, client: Client, tmp_path: Path
+) -> None:
+    run_id = await finished(client, "malformed-output-corrected")
+    page = await logged_in(browser, stack, f"/runs/{run_id}")
+    await expect(page.locator("#export-link")).to_have_attribute("href", f"/runs/{run_id}/export")
+    await expect(page.locator("#replay-live-tools")).not_to_be_checked()  # a dry run unless chosen
+    await page.click("#replay-button")
+    await expect(page.locator("#replay-verdict")).to_contain_text("Matched", timeout=60_000)
+    replay_id = await page.locator("#replay-run").inner_text()
+    assert replay_id != run_id
+    await expect(page.locator("#replay-status")).to_contain_text("completed (recorded: completed)")
+    rows = page.locator("#replay-compare tbody tr")
+    assert await rows.count() >= 3
+    await expect(page.locator("#replay-compare tbody tr[data-same='no']")).to_have_count(0)
+    await expect(rows.first).to_contain_text("validation")
+    assert (await client.state(replay_id)).status == "completed"  # type: ignore[union-attr]
+    await shot(page, "run-replayed.png", tmp_path)
+    await no_serious_violations(page)
+    await page.click("#replay-run")
+    await expect(page.locator("h1")).to_have_text(f"Run {replay_id}")
+    await expect(page.locator("#run-status")).to_have_text("completed")
+
+    # the form is the console's own: a post without the session's token is refused, and starts nothing
+    answer = await page.request.post(
+        f"{stack.console_url}/runs/{run_id}/replay",
+        form={"csrf": "stale"},
+        headers={"Origin": stack.console_url},
+        max_redirects=0,
+    )
+    assert answer.status == 403 and "stale" in await answer.text()
+    await page.context.close()
+
+
+async def test_a_replay_that_would_run_real_tools_or_by_someone_off_the_roster_is_refused(
+    stack: LocalStack, browser: Browser, client: Client
+) -> None:
+    run_id = await finished(client, "malformed-output-corrected")
+    carol = await logged_in(browser, stack, f"/runs/{run_id}", operator="carol")
+    await carol.click("#replay-button")
+    await expect(carol.locator("#replay-error")).to_contain_text("carol is not on the operators' roster")
+    await expect(carol.locator("#replay")).to_have_count(0)
+    await carol.context.close()
+
+    # a call whose output is no longer recorded would run the real tool: refused unless ticked
+    ledger = await client.bus.kv(S.KV_TOOL_LEDGER)
+    keys = [k for k in await ledger.keys() if k.startswith(f"{run_id}.")]
+    assert keys
+    for key in keys:
+        await ledger.delete(key)
+    before = set(await run_ids(client))
+    page = await logged_in(browser, stack, f"/runs/{run_id}")
+    await page.click("#replay-button")
+    error = page.locator("#replay-error")
+    await expect(error).to_contain_text(
+        re.compile(r"a replay is a dry run, but \d+ call\(s\) of this run have no recorded output")
+    )
+    await expect(error).to_contain_text("search (call toolu_001_01): succeeded, output not recorded")
+    await expect(error).to_contain_text("tick 'run the real tools'")
+    assert set(await run_ids(client)) == before  # nothing was submitted
+    await no_serious_violations(page)
+    await page.context.close()
+
+
+async def run_ids(client: Client) -> list[str]:
+    kv = await client.bus.kv(S.KV_RUNS)
+    try:
+        return list(await kv.keys())
+    except Exception:  # no keys yet
+        return []
+
+
 async def test_the_queue_item_offers_what_fits_its_state_and_confirms_an_abort(
     stack: LocalStack, browser: Browser, client: Client, tmp_path: Path
 ) -> None:
