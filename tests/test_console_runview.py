@@ -246,7 +246,7 @@ async def test_a_run_waiting_for_a_human_is_resolved_from_the_page_and_turns_com
 
 
 async def test_a_model_turn_shows_the_system_prompt_tools_and_cache_it_was_sent(
-    stack: LocalStack, browser: Browser, client: Client
+    stack: LocalStack, browser: Browser, client: Client, tmp_path: Path
 ) -> None:
     run_id = await finished(client, "demo")
     turns = [e for e in await client.events(run_id) if e.kind == "run.model_called"]
@@ -268,6 +268,7 @@ async def test_a_model_turn_shows_the_system_prompt_tools_and_cache_it_was_sent(
     await expect(sent).to_contain_text('"search"')
     await expect(sent).to_contain_text("read (cached) tokens")
     await expect(turn.locator("[data-section='conversation']")).to_contain_text("Conversation carried")
+    await shot(page, "run-model-turn.png", tmp_path)
     await no_serious_violations(page)
     await page.context.close()
 
@@ -303,6 +304,23 @@ async def test_a_completed_run_is_replayed_from_its_page_and_matches_call_for_ca
         max_redirects=0,
     )
     assert answer.status == 403 and "stale" in await answer.text()
+    await page.context.close()
+
+
+async def test_a_replay_of_a_run_a_person_resolved_stops_where_the_person_was_and_says_so(
+    stack: LocalStack, browser: Browser, client: Client
+) -> None:
+    run_id = await client.submit_scenario(parse_scenario(scenario("correction-escalates")))
+    await client.wait(run_id, timeout=30, until=("awaiting_human",))
+    (item,) = await escalations_of(client, run_id)
+    result = {"status": "ok", "expression": "1+1", "result": 2}
+    assert (await client.resolve(item.escalation_id, "alice", "provide_result", "by hand", result)).ok
+    assert (await client.wait(run_id, timeout=30)).status == "completed"
+    page = await logged_in(browser, stack, f"/runs/{run_id}")
+    await page.click("#replay-button")
+    await expect(page.locator("#replay-human")).to_contain_text("The replay waits for a person", timeout=60_000)
+    await expect(page.locator("#replay-status")).to_contain_text("awaiting_human (recorded: completed)")
+    await expect(page.locator("#replay-verdict")).to_contain_text("Diverges")
     await page.context.close()
 
 

@@ -388,7 +388,11 @@ class Console:
             return PlainTextResponse(note or f"run {run_id}: not found", status_code=404)
         state = await self.client.state(replay_id)
         events = (await R.run_events(self.client.bus, replay_id))[0] if state is not None else []
-        ended = state is not None and state.status in TERMINAL and any(e.kind == f"run.{state.status}" for e in events)
+        # a replay stops where the recording had a person (the person's answer is not played back): compared there
+        ended = state is not None and (
+            state.status == "awaiting_human"
+            or (state.status in TERMINAL and any(e.kind == f"run.{state.status}" for e in events))
+        )
         report = None
         if ended and state is not None:
             expect = parse_scenario(scenario_from_record(record), f"export of {run_id}")
