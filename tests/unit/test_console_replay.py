@@ -8,11 +8,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from loopwarden import runtree as T
+from loopwarden.replay import unrecorded_calls
 from services.console import board as B
 from services.planner import turns
 from services.planner.state import Iteration, RunState
 from shared.messages import ChatMessage, RunSubmit
-from shared.records import EventRecord, RunRecord
+from shared.records import EventRecord, RunRecord, ToolCallExport
 from shared.settings import Settings
 
 ROSTER = {"alice": ["*"], "bob": ["not_judged", "approval"]}
@@ -96,3 +97,13 @@ def test_a_turn_whose_prompt_text_is_not_stored_says_so_and_an_older_turn_says_i
     old = sent_of(record([{}]), "i1.model")
     assert old["sent"].body["system"].startswith("not recorded")
     assert old["sent"].body["tools offered"] == "every registered tool"
+
+
+def test_a_call_refused_before_any_tool_ran_is_no_unrecorded_output_but_a_call_with_no_attempt_is() -> None:
+    rec = record([])
+    refused = {"attempt_id": "run-u1.i1.c1", "iteration": 1, "call_id": "c1", "tool": "calculator"}
+    rec.tool_calls = [
+        ToolCallExport(**refused, outcome={"failure_type": "input_invalid"}),
+        ToolCallExport(**{**refused, "attempt_id": "run-u1.i2.c2", "call_id": "c2"}, outcome=None),
+    ]
+    assert unrecorded_calls(rec) == ["calculator (call c2): no attempt recorded"]
