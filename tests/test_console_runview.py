@@ -300,7 +300,7 @@ async def test_a_completed_run_is_replayed_from_its_page_and_matches_call_for_ca
     answer = await page.request.post(
         f"{stack.console_url}/runs/{run_id}/replay",
         form={"csrf": "stale"},
-        headers={"Origin": stack.console_url},
+        headers={"Origin": str(stack.console_url)},
         max_redirects=0,
     )
     assert answer.status == 403 and "stale" in await answer.text()
