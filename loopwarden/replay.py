@@ -30,8 +30,8 @@ import yaml
 from loopwarden.client import Client
 from loopwarden.records import run_events
 from shared.messages import RETRIED_FAILURES
-from shared.records import EventRecord, RunRecord, Step, divergences, scenario_from_record, trajectory
-from shared.scenario import parse_scenario
+from shared.records import TERMINAL, EventRecord, RunRecord, Step, divergences, scenario_from_record, trajectory
+from shared.scenario import Scenario, parse_scenario
 
 
 @dataclass
@@ -69,6 +69,7 @@ NOT_RUN = (
 
 
 PLANNER_TOOLS = ("delegate",)  # answered by the planner itself (a sub-agent run): no tool runs
+NEVER_RAN = ("input_invalid", "unknown_tool")  # refused before any tool ran: there is no output to record
 
 
 class LiveToolsRefused(Exception):
@@ -97,7 +98,7 @@ def unrecorded_calls(record: RunRecord) -> list[str]:
             found.append(f"{tc.tool} (call {tc.call_id}): succeeded, output not recorded")
         elif attempts and not attempts[-1].ok and attempts[-1].failure_type in RETRIED_FAILURES:
             found.append(f"{tc.tool} (call {tc.call_id}): last recorded attempt {attempts[-1].failure_type}")
-        elif not attempts:
+        elif not attempts and (tc.outcome or {}).get("failure_type") not in NEVER_RAN:
             found.append(f"{tc.tool} (call {tc.call_id}): no attempt recorded")
     made: dict[str, int] = {}
     for call in sorted(record.model_calls, key=lambda c: c.n):
@@ -142,29 +143,46 @@ async def settled_events(client: Client, run_id: str, status: str, wait_s: float
     deadline = time.monotonic() + wait_s
     while True:
         events, _ = await run_events(client.bus, run_id)
-        if any(e.kind == f"run.{status}" for e in events) or time.monotonic() > deadline:
+        kind = "run.escalated" if status == "awaiting_human" else f"run.{status}"
+        if any(e.kind == kind for e in events) or time.monotonic() > deadline:
             return events
         await asyncio.sleep(0.1)
 
 
-async def replay(
-    client: Client, record: RunRecord, timeout: float = 120.0, allow_live_tools: bool = False
-) -> ReplayReport:
-    """Replay ``record`` on the stack; a dry run unless ``allow_live_tools`` (:class:`LiveToolsRefused`)."""
+def replay_scenario(record: RunRecord, allow_live_tools: bool = False) -> Scenario:
+    """The scenario a replay of ``record`` runs: a dry run unless ``allow_live_tools`` (:class:`LiveToolsRefused`
+    when the export holds calls with no recorded output). The same for the CLI and the console's Replay button."""
     if not allow_live_tools and (calls := unrecorded_calls(record)):
         raise LiveToolsRefused(calls)
     data = scenario_from_record(record) if allow_live_tools else dry_scenario(record)
-    scenario = parse_scenario(data, f"export of {record.run_id}")
-    state, mismatches = await client.run_and_check(scenario, timeout=timeout)
-    events = await settled_events(client, state.run_id, state.status)
+    return parse_scenario(data, f"export of {record.run_id}")
+
+
+def compare(
+    record: RunRecord, replay_run: str, status: str, events: list[EventRecord], mismatches: list[str]
+) -> ReplayReport:
+    """The replay's decisions and outcome against the recorded run's."""
     recorded, replayed = trajectory(record.events), trajectory(events)
     return ReplayReport(
         recorded_run=record.run_id,
-        replay_run=state.run_id,
-        status=state.status,
+        replay_run=replay_run,
+        status=status,
         recorded_status=record.status,
         recorded=recorded,
         replayed=replayed,
         divergences=divergences(recorded, replayed),
         mismatches=mismatches,
     )
+
+
+async def replay(
+    client: Client, record: RunRecord, timeout: float = 120.0, allow_live_tools: bool = False
+) -> ReplayReport:
+    """Replay ``record`` on the stack; a dry run unless ``allow_live_tools`` (:class:`LiveToolsRefused`)."""
+    scenario = replay_scenario(record, allow_live_tools)
+    run_id = await client.submit_scenario(scenario)
+    # a person's answer is not played back: a replay of a run a person resolved stops where the person was
+    state = await client.wait(run_id, timeout=timeout, until=(*TERMINAL, "awaiting_human"))
+    mismatches = await client.check(scenario, state)
+    events = await settled_events(client, state.run_id, state.status)
+    return compare(record, state.run_id, state.status, events, mismatches)

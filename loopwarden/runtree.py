@@ -393,14 +393,25 @@ def _model_sections(record: RunRecord, n: int) -> list[Section]:
     d = _detail(turn) if turn else {}
     call = next((c for c in record.model_calls if c.purpose == "plan" and c.n == n), None)
     config = record.config or {}
+    sha = str(d.get("system_sha256") or "")
+    system = system_prompt(record, sha) if sha else None
+    if system is not None:
+        said = f"sha256 {sha[:12]}…, {len(system)} characters (below)"
+    elif sha:
+        said = f"sha256 {sha[:12]}…: its text is on the run's first model turn, which is not stored here"
+    else:
+        said = "not recorded (a run from before model turns recorded their system prompt)"
+    offered = d.get("tools_offered")
+    if offered is None:  # an older turn: what the run allowed
+        offered = config.get("allowed_tools") or "every registered tool"
     out.append(
         Section(
             "sent",
             "Sent",
             {
                 "model": d.get("model") or config.get("model"),
-                "system": "the planner's system prompt for this task (not stored with the run)",
-                "tools offered": config.get("allowed_tools") or "every registered tool",
+                "system": said,
+                "tools offered": offered,
                 "max output tokens": config.get("max_output_tokens"),
                 "cache": {
                     "read (cached) tokens": d.get("cache_read_input_tokens", 0),
@@ -410,6 +421,8 @@ def _model_sections(record: RunRecord, n: int) -> list[Section]:
             },
         )
     )
+    if system is not None:
+        out.append(Section("system", "System prompt", system, as_json=False))
     if call is not None and call.request_messages is not None and record.messages:
         out.append(
             Section(
@@ -439,6 +452,16 @@ def _model_sections(record: RunRecord, n: int) -> list[Section]:
     elif d:
         out.append(Section("response", "Came back (from the event; the response record was not readable)", d))
     return out
+
+
+def system_prompt(record: RunRecord, sha256: str) -> str | None:
+    """The text of the system prompt a model turn names by hash: carried once, by the run's first turn that
+    sent it (None when no stored event of the run carries it)."""
+    for e in record.events:
+        d = _detail(e)
+        if e.kind == "run.model_called" and d.get("system_sha256") == sha256 and isinstance(d.get("system"), str):
+            return str(d["system"])
+    return None
 
 
 def _tool_sections(record: RunRecord, step_id: str) -> list[Section]:

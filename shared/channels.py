@@ -116,11 +116,11 @@ CHANNELS: tuple[Channel, ...] = (
     Channel(
         f"{S.RUN_SUBMIT_PREFIX}.{{tenant}}",
         RunSubmit,
-        ("client", "tenant_client"),
+        ("client", "tenant_client", "console"),
         ("planner",),
         "command",
-        "a run to start (loopwarden submit, the demo), on the tenant's own subject: the server lets each "
-        "client user publish only its tenant's",
+        "a run to start (loopwarden submit, the demo, a replay from the console's run page), on the tenant's "
+        "own subject: the server lets each client user publish only its tenant's",
         pinned=("tenant",),
     ),
     Channel(

@@ -325,6 +325,13 @@ class ModelCalledDetail(Wire):
     cache_read_input_tokens: int = Field(0, description="part of input_tokens read from the prompt cache")
     cache_creation_input_tokens: int = Field(0, description="part of input_tokens written to the prompt cache")
     wrap_up: bool = Field(False, description="the run's last, tool-less turn")
+    system_sha256: str | None = Field(
+        None, description="sha256 of the system prompt the turn was sent (its text: `system` on the run's first turn)"
+    )
+    system: str | None = Field(
+        None, description="the system prompt's text, on the run's first model turn only: later turns name its hash"
+    )
+    tools_offered: list[str] | None = Field(None, description="the names of the tools the turn offered the model")
     calls: list[RequestedCall] = Field(
         default_factory=list,
         description="the tool calls the model made: each is dispatched to its tool (no event of its own), "

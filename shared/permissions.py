@@ -68,6 +68,8 @@ def published(user: str) -> tuple[str, ...]:
         return publish_patterns(user, groups, {"tenant": TENANT_CLIENTS[user]})
     if user in SERVICES:
         return publish_patterns(user, ("all",), {"service": user})
+    if user == "console":  # a replay from the run page is submitted on the default tenant's subject
+        return publish_patterns(user, (), {"tenant": S.DEFAULT_TENANT})
     return publish_patterns(user, (), {})
 
 

@@ -62,7 +62,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory, otlp: OtlpCollector) -> Iter
         **TEST_ENV,
         "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.endpoint,
         "LW_OPERATORS": json.dumps({"alice": ["*"]}),
-        "LW_CONSOLE_USERS": json.dumps({"alice": hash_password(PASSWORD, rounds=4)}),
+        # carol may log in to the console but is on no operators' roster: she may not start a replay
+        "LW_CONSOLE_USERS": json.dumps(
+            {"alice": hash_password(PASSWORD, rounds=4), "carol": hash_password(PASSWORD, rounds=4)}
+        ),
         "LW_CONSOLE_PORT": "0",
         "LW_JAEGER_URL": JAEGER,
     }
@@ -89,15 +92,15 @@ async def client(stack: LocalStack) -> AsyncIterator[Client]:
         yield c
 
 
-async def logged_in(browser: Browser, stack: LocalStack, path: str) -> Page:
+async def logged_in(browser: Browser, stack: LocalStack, path: str, operator: str = "alice") -> Page:
     context = await browser.new_context(viewport={"width": 1280, "height": 900})  # a second tab shares the login
     page = await context.new_page()
     page.set_default_timeout(15_000)
     await page.goto(f"{stack.console_url}{path}")
-    await page.fill("input[name=operator]", "alice")
+    await page.fill("input[name=operator]", operator)
     await page.fill("input[name=password]", PASSWORD)
     await page.click("button[type=submit]")
-    await expect(page.locator("#operator")).to_have_text("alice")
+    await expect(page.locator("#operator")).to_have_text(operator)
     return page
 
 
@@ -240,6 +243,123 @@ async def test_a_run_waiting_for_a_human_is_resolved_from_the_page_and_turns_com
     await shot(page, "run-resolved-live.png", tmp_path)
     await no_serious_violations(page)
     await page.context.close()
+
+
+async def test_a_model_turn_shows_the_system_prompt_tools_and_cache_it_was_sent(
+    stack: LocalStack, browser: Browser, client: Client, tmp_path: Path
+) -> None:
+    run_id = await finished(client, "demo")
+    turns = [e for e in await client.events(run_id) if e.kind == "run.model_called"]
+    assert len(turns) == 3
+    details = [t.payload["detail"] for t in turns]
+    # stored once per run: the first turn carries the text, every turn names it by hash
+    assert details[0]["system"].startswith("You are an agent that completes the user's task")
+    assert [d["system"] for d in details[1:]] == [None, None]
+    assert len({d["system_sha256"] for d in details}) == 1
+    page = await logged_in(browser, stack, f"/runs/{run_id}")
+    assert "You are an agent that completes" not in await page.content()  # fetched when the step is opened
+    await open_step(page, "i3")
+    turn = await open_step(page, "i3.model")  # a later turn: the text found by its hash
+    await expect(turn.locator("[data-section='system']")).to_contain_text(
+        "You are an agent that completes the user's task with the tools provided."
+    )
+    sent = turn.locator("[data-section='sent']")
+    await expect(sent).to_contain_text('"tools offered": [')
+    await expect(sent).to_contain_text('"search"')
+    await expect(sent).to_contain_text("read (cached) tokens")
+    await expect(turn.locator("[data-section='conversation']")).to_contain_text("Conversation carried")
+    await shot(page, "run-model-turn.png", tmp_path)
+    await no_serious_violations(page)
+    await page.context.close()
+
+
+async def test_a_completed_run_is_replayed_from_its_page_and_matches_call_for_call(
+    stack: LocalStack, browser: Browser, client: Client, tmp_path: Path
+) -> None:
+    run_id = await finished(client, "malformed-output-corrected")
+    page = await logged_in(browser, stack, f"/runs/{run_id}")
+    await expect(page.locator("#export-link")).to_have_attribute("href", f"/runs/{run_id}/export")
+    await expect(page.locator("#replay-live-tools")).not_to_be_checked()  # a dry run unless chosen
+    await page.click("#replay-button")
+    await expect(page.locator("#replay-verdict")).to_contain_text("Matched", timeout=60_000)
+    replay_id = await page.locator("#replay-run").inner_text()
+    assert replay_id != run_id
+    await expect(page.locator("#replay-status")).to_contain_text("completed (recorded: completed)")
+    rows = page.locator("#replay-compare tbody tr")
+    assert await rows.count() >= 3
+    await expect(page.locator("#replay-compare tbody tr[data-same='no']")).to_have_count(0)
+    await expect(rows.first).to_contain_text("validation")
+    assert (await client.state(replay_id)).status == "completed"  # type: ignore[union-attr]
+    await shot(page, "run-replayed.png", tmp_path)
+    await no_serious_violations(page)
+    await page.click("#replay-run")
+    await expect(page.locator("h1")).to_have_text(f"Run {replay_id}")
+    await expect(page.locator("#run-status")).to_have_text("completed")
+
+    # the form is the console's own: a post without the session's token is refused, and starts nothing
+    answer = await page.request.post(
+        f"{stack.console_url}/runs/{run_id}/replay",
+        form={"csrf": "stale"},
+        headers={"Origin": str(stack.console_url)},
+        max_redirects=0,
+    )
+    assert answer.status == 403 and "stale" in await answer.text()
+    await page.context.close()
+
+
+async def test_a_replay_of_a_run_a_person_resolved_stops_where_the_person_was_and_says_so(
+    stack: LocalStack, browser: Browser, client: Client
+) -> None:
+    run_id = await client.submit_scenario(parse_scenario(scenario("correction-escalates")))
+    await client.wait(run_id, timeout=30, until=("awaiting_human",))
+    (item,) = await escalations_of(client, run_id)
+    result = {"status": "ok", "expression": "1+1", "result": 2}
+    assert (await client.resolve(item.escalation_id, "alice", "provide_result", "by hand", result)).ok
+    assert (await client.wait(run_id, timeout=30)).status == "completed"
+    page = await logged_in(browser, stack, f"/runs/{run_id}")
+    await page.click("#replay-button")
+    await expect(page.locator("#replay-human")).to_contain_text("The replay waits for a person", timeout=60_000)
+    await expect(page.locator("#replay-status")).to_contain_text("awaiting_human (recorded: completed)")
+    await expect(page.locator("#replay-verdict")).to_contain_text("Diverges")
+    await page.context.close()
+
+
+async def test_a_replay_that_would_run_real_tools_or_by_someone_off_the_roster_is_refused(
+    stack: LocalStack, browser: Browser, client: Client
+) -> None:
+    run_id = await finished(client, "malformed-output-corrected")
+    carol = await logged_in(browser, stack, f"/runs/{run_id}", operator="carol")
+    await carol.click("#replay-button")
+    await expect(carol.locator("#replay-error")).to_contain_text("carol is not on the operators' roster")
+    await expect(carol.locator("#replay")).to_have_count(0)
+    await carol.context.close()
+
+    # a call whose output is no longer recorded would run the real tool: refused unless ticked
+    ledger = await client.bus.kv(S.KV_TOOL_LEDGER)
+    keys = [k for k in await ledger.keys() if k.startswith(f"{run_id}.")]
+    assert keys
+    for key in keys:
+        await ledger.delete(key)
+    before = set(await run_ids(client))
+    page = await logged_in(browser, stack, f"/runs/{run_id}")
+    await page.click("#replay-button")
+    error = page.locator("#replay-error")
+    await expect(error).to_contain_text(
+        re.compile(r"a replay is a dry run, but \d+ call\(s\) of this run have no recorded output")
+    )
+    await expect(error).to_contain_text("search (call toolu_001_01): succeeded, output not recorded")
+    await expect(error).to_contain_text("tick 'run the real tools'")
+    assert set(await run_ids(client)) == before  # nothing was submitted
+    await no_serious_violations(page)
+    await page.context.close()
+
+
+async def run_ids(client: Client) -> list[str]:
+    kv = await client.bus.kv(S.KV_RUNS)
+    try:
+        return list(await kv.keys())
+    except Exception:  # no keys yet
+        return []
 
 
 async def test_the_queue_item_offers_what_fits_its_state_and_confirms_an_abort(

@@ -35,6 +35,8 @@ from starlette.responses import HTMLResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from loopwarden import records as R
+from loopwarden import replay as RP
 from loopwarden import runtree as T
 from loopwarden.client import Client
 from services.console import board as B
@@ -44,7 +46,8 @@ from services.console.live import LiveView
 from services.console.throttle import LoginThrottle
 from shared import subjects as S
 from shared.messages import EscalationAction, EscalationReply, ToolContract, utcnow
-from shared.records import TERMINAL
+from shared.records import TERMINAL, scenario_from_record
+from shared.scenario import ScenarioError, parse_scenario
 from shared.settings import Settings
 
 log = logging.getLogger("loopwarden.console")
@@ -115,6 +118,7 @@ class Console:
         self.throttle = LoginThrottle()
         self.live = LiveView(client, settings)
         self.env = _env()
+        self.roster: dict[str, list[str]] | None = json.loads(settings.operators) if settings.operators else None
 
     # --- plumbing ---------------------------------------------------------------------------------
     def render(self, request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
@@ -176,6 +180,8 @@ class Console:
             Route("/runs/{run_id}/stream", p(self.run_stream, fragment=True)),
             Route("/runs/{run_id}/export", p(self.run_export, fragment=True)),
             Route("/runs/{run_id}/steps/{step_id}", p(self.run_step, fragment=True)),
+            Route("/runs/{run_id}/replay", p(self.replay_run, changes=True), methods=["POST"]),
+            Route("/runs/{run_id}/replays/{replay_id}", p(self.replay_result, fragment=True)),
             Route("/queue", p(self.queue_page)),
             Route("/queue/rows", p(self.queue_rows, fragment=True)),
             Route("/escalations/{escalation_id}", p(self.item_page)),
@@ -306,7 +312,17 @@ class Console:
     async def run_page(self, request: Request, operator: str) -> Response:
         context = await self._tree_context(request.path_params["run_id"])
         status = 200 if context["record"] is not None else 404
-        return self.render(request, "run.html", status, operator=operator, **context)
+        q = request.query_params
+        return self.render(
+            request,
+            "run.html",
+            status,
+            operator=operator,
+            replay=q.get("replay") or None,
+            replay_live=q.get("live") == "1",
+            replay_error=q.get("replay_error") or None,
+            **context,
+        )
 
     async def run_tree(self, request: Request, operator: str) -> Response:
         return self.render(request, "run_tree.html", **await self._tree_context(request.path_params["run_id"]))
@@ -324,6 +340,71 @@ class Console:
             return PlainTextResponse(note or "no such run", status_code=404)
         headers = {"Content-Disposition": f'attachment; filename="{run_id}.json"'}
         return Response(record.model_dump_json(indent=2, by_alias=True), media_type="application/json", headers=headers)
+
+    # --- replay -----------------------------------------------------------------------------------
+    async def replay_run(self, request: Request, operator: str) -> Response:
+        """Replay the run's recorded model turns (and tool outputs, judge replies) through the current code,
+        as ``loopwarden replay`` does: a dry run unless the form ticks ``live_tools``. The page then follows
+        the replay and shows its call-for-call comparison."""
+        run_id = request.path_params["run_id"]
+        live_tools = (await request.form()).get("live_tools") == "yes"
+        back = f"/runs/{quote(run_id)}"
+
+        def refused(reason: str) -> Response:
+            log.warning("console: %s replay %s refused: %s", operator, run_id, reason)
+            return RedirectResponse(f"{back}?{urlencode({'replay_error': reason})}", status_code=303)
+
+        if (why := B.replay_refusal(operator, self.roster, live_tools)) is not None:
+            return refused(why)
+        try:  # read whole and fresh: what is replayed is every recorded turn and output, as the export has them
+            record = await R.export_run(self.client.bus, self.settings, run_id)
+        except R.RecordNotFound as err:
+            return refused(f"replay: {err}")
+        except Exception as err:  # a bucket the console's user may not read
+            unreadable = type(err).__name__
+            return refused(f"replay: the run's model turns and tool outputs are not readable here ({unreadable})")
+        if record.status not in TERMINAL:
+            return refused(f"replay: the run is still {record.status}; a run is replayed once it has ended")
+        try:
+            scenario = RP.replay_scenario(record, allow_live_tools=live_tools)
+        except RP.LiveToolsRefused as err:
+            calls = "; ".join(err.calls[:5]) + (" ..." if len(err.calls) > 5 else "")
+            return refused(
+                f"replay refused: a replay is a dry run, but {len(err.calls)} call(s) of this run have no recorded "
+                f"output and would run the real tool ({calls}); tick 'run the real tools' to replay it anyway"
+            )
+        except ScenarioError as err:
+            return refused(f"replay: the run does not make a replayable scenario: {err}")
+        replay_id = await self.client.submit_scenario(scenario)
+        log.info("console: %s replays %s as %s%s", operator, run_id, replay_id, " (live tools)" if live_tools else "")
+        query = {"replay": replay_id, **({"live": "1"} if live_tools else {})}
+        return RedirectResponse(f"{back}?{urlencode(query)}#replay", status_code=303)
+
+    async def replay_result(self, request: Request, operator: str) -> Response:
+        """Where a replay is: running, or ended and compared with the recorded run (``data-done``)."""
+        run_id, replay_id = request.path_params["run_id"], request.path_params["replay_id"]
+        record, note = await self.live.record(run_id)
+        if record is None:
+            return PlainTextResponse(note or f"run {run_id}: not found", status_code=404)
+        state = await self.client.state(replay_id)
+        events = (await R.run_events(self.client.bus, replay_id))[0] if state is not None else []
+        # a replay stops where the recording had a person (the person's answer is not played back): compared there
+        ended = state is not None and (
+            state.status == "awaiting_human"
+            or (state.status in TERMINAL and any(e.kind == f"run.{state.status}" for e in events))
+        )
+        report = None
+        if ended and state is not None:
+            expect = parse_scenario(scenario_from_record(record), f"export of {run_id}")
+            report = RP.compare(record, replay_id, state.status, events, await self.client.check(expect, state))
+        return self.render(
+            request,
+            "replay_result.html",
+            run_id=run_id,
+            replay_id=replay_id,
+            replay_status=state.status if state is not None else "submitted",
+            report=report,
+        )
 
     async def run_stream(self, request: Request, operator: str) -> Response:
         """Server-sent events: ``changed`` whenever the run has a new event or record, ``end`` once it is

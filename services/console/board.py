@@ -323,3 +323,20 @@ def example_of(schema: Any, depth: int = 0) -> Any:
     if kind == "array":
         return [example_of(schema.get("items"), depth + 1)]
     return {"string": "", "integer": 0, "number": 0, "boolean": False, "null": None}.get(str(kind))
+
+
+# --- replaying a run from its page -------------------------------------------------------------------------
+
+
+def replay_refusal(operator: str, roster: Mapping[str, list[str]] | None, live_tools: bool) -> str | None:
+    """Why ``operator`` may not replay a run from the console (None: they may). A replay starts a run, so it
+    takes an operator on the roster (``LW_OPERATORS``; no roster: every operator, as the queue has it); one
+    that runs real tools for the calls the recording does not cover takes an operator of every kind ('*')."""
+    if roster is None:
+        return None
+    kinds = roster.get(operator)
+    if kinds is None:
+        return f"replay: {operator} is not on the operators' roster (LW_OPERATORS), and a replay starts a run"
+    if live_tools and "*" not in kinds:
+        return f"replay: running real tools takes an operator of every kind ('*'); {operator} has {', '.join(kinds)}"
+    return None

@@ -6,6 +6,7 @@ A model turn that ends with no call pending ends the iteration (``judging.finish
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from typing import Any
@@ -140,6 +141,7 @@ def apply_wrap_up(state: RunState, response: ModelResponse, reason: str) -> Outb
     out = Outbox(state)
     it = state.iteration
     it.wrap_up = reason
+    request = sent(state, [])
     state.model_calls += 1
     state.usage = state.usage + response.usage
     text = (response.text or "").strip()
@@ -157,6 +159,7 @@ def apply_wrap_up(state: RunState, response: ModelResponse, reason: str) -> Outb
                 cache_read_input_tokens=response.usage.cache_read_input_tokens,
                 cache_creation_input_tokens=response.usage.cache_creation_input_tokens,
                 wrap_up=True,
+                **request,
             ),
         )
     )
@@ -194,10 +197,23 @@ def apply_model_stop(state: RunState, kind: str, reason: str, usage: Usage) -> O
     return out
 
 
+def sent(state: RunState, tools: list[str]) -> dict[str, Any]:
+    """What a model turn records of its request (before the turn is counted): the system prompt by hash, its
+    text on the run's first turn only (it is the same every turn: the run's configuration makes it), and the
+    tools offered. The conversation it carried is the run's history, stored apart."""
+    system = C.system_prompt(state)
+    return {
+        "system_sha256": hashlib.sha256(system.encode()).hexdigest(),
+        "system": system if state.model_calls == 0 else None,
+        "tools_offered": tools,
+    }
+
+
 def apply_model_response(state: RunState, response: ModelResponse, contracts: dict[str, ToolContract]) -> Outbox:
     out = Outbox(state)
     it = state.iteration
     cfg = state.config
+    request = sent(state, [spec.name for spec in C.tool_specs(state, contracts)])
     state.model_calls += 1
     state.usage = state.usage + response.usage
     text = response.text or ""
@@ -221,6 +237,7 @@ def apply_model_response(state: RunState, response: ModelResponse, contracts: di
                 chars=len(text),
                 cache_read_input_tokens=response.usage.cache_read_input_tokens,
                 cache_creation_input_tokens=response.usage.cache_creation_input_tokens,
+                **request,
                 calls=[
                     RequestedCall(
                         tool=call.name, call_id=call.id, arguments=json.dumps(call.input, ensure_ascii=False)[:160]
