@@ -26,6 +26,7 @@ from shared.failures import TOOL_FAILURES as TOOL_FAILURES
 from shared.failures import FailureType as FailureType
 from shared.failures import HumanFailure as HumanFailure
 from shared.failures import needs_human as needs_human
+from shared.providers import ProviderName
 
 RUN_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 # Every id in every contract is bounded and patterned: an id may end up in a subject, a message id or a KV
@@ -217,7 +218,7 @@ class Agent(Wire):
     instructions: str = Field(
         "", max_length=AGENT_INSTRUCTIONS_MAX_CHARS, description="the agent's system prompt, ahead of the loop's rules"
     )
-    provider: Literal["anthropic", "openai", "scripted"] | None = Field(
+    provider: ProviderName | None = Field(
         None,
         description="the planner provider its live runs need: a planner configured otherwise refuses them "
         "(None: whatever the stack runs). A scripted run (with a scenario) is replayed either way",
