@@ -95,8 +95,8 @@ def test_the_allowed_actions_per_kind_are_the_ones_the_surfaces_show() -> None:
 
 def test_an_unknown_action_is_refused_by_name_with_the_known_ones() -> None:
     assert parse_action("retry") == "retry"
-    with pytest.raises(ValueError, match=r"unknown action 'skip': use one of resume, abort, provide_result"):
-        parse_action("skip")
+    with pytest.raises(ValueError, match=r"unknown action 'postpone': use one of resume, abort, provide_result"):
+        parse_action("postpone")
 
 
 def test_what_an_action_must_carry_comes_from_its_row() -> None:
