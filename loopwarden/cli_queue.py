@@ -23,8 +23,18 @@ from loopwarden.cli_common import (
     unless_refused,
 )
 from shared import subjects as S
+from shared.escalation_actions import ACTIONS, KINDS
 
-ACTIONS = ["resume", "abort", "provide_result", "accept", "approve", "reject", "final_answer", "retry"]
+_NEEDS_FLAG = {"json": "--result", "text": "--answer", "note": "--note"}
+
+
+def _action_help() -> str:
+    """The decision, each action with what it must carry (the queue's action table)."""
+    parts = [
+        f"{name} ({spec.meaning}{'; needs ' + _NEEDS_FLAG[spec.needs] if spec.needs != 'nothing' else ''})"
+        for name, spec in ACTIONS.items()
+    ]
+    return "the decision: " + "; ".join(parts)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -42,7 +52,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         choices=["open", "claimed", "resolved", "all"],
         help="which items (default: open)",
     )
-    q.add_argument("--kind", help="only this kind (schema_cap, fatal, unknown_outcome, ...)")
+    q.add_argument("--kind", help=f"only this kind ({', '.join(KINDS)})")
     q.add_argument("--tool", help="only items about this tool")
     q.add_argument("--run", metavar="RUN", help="only this run's items")
     q.add_argument("--older-than", type=float, metavar="SECONDS", help="raised at least this long ago")
@@ -68,7 +78,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     q.add_argument("id", metavar="ID", help="the escalation id")
     q.add_argument("--as", "--who", dest="who", help=who_help)
-    q.add_argument("--action", dest="decision", required=True, choices=ACTIONS, help="the decision")
+    q.add_argument("--action", dest="decision", required=True, choices=list(ACTIONS), help=_action_help())
     q.add_argument("--note", default="", help="the reason; for retry, the instruction for the model")
     q.add_argument("--result", metavar="JSON", help="JSON (or @file.json) used as the tool's result (provide_result)")
     q.add_argument("--answer", metavar="TEXT", help="the final answer's text (final_answer)")
@@ -80,7 +90,7 @@ async def cmd_escalations(args: argparse.Namespace) -> int:
     result: Any = None
     if args.action == "resolve":  # local input first: a bad --result never reaches the server
         result = json_arg(args.result, "--result") if args.result else None
-        if args.decision == "final_answer" and args.answer is not None:
+        if ACTIONS[args.decision].needs == "text" and args.answer is not None:
             result = args.answer
     cfg = settings()
     who = getattr(args, "who", None) or cfg.nats_user or os.environ.get("USER", "operator")

@@ -9,6 +9,7 @@ which is where terminal escapes are made harmless.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -82,7 +83,7 @@ def _hms(at: datetime | None) -> str:
 def escalation_lines(item: Escalation, now: datetime | None = None) -> list[str]:
     """A queue item as the console's item page shows it."""
     now = now or datetime.now(UTC)
-    details: dict[str, Any] = item.details or {}
+    details: Mapping[str, Any] = item.details
     state: str = item.status
     if item.status == "claimed":
         via = f" via {item.claimed_via}" if item.claimed_via else ""

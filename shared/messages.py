@@ -8,9 +8,25 @@ JSON Schemas generated from these models live in ``schemas/messages/`` (drift-te
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal, TypeGuard
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel, field_validator, model_validator
+from typing_extensions import TypedDict
+
+# The failure table's and the queue table's words, re-exported (``X as X``): callers import them from here.
+from shared.escalation_actions import EscalationAction as EscalationAction
+from shared.escalation_actions import EscalationKind as EscalationKind
+from shared.escalation_actions import SlaAction as SlaAction
+from shared.failures import CALL_FAILURES as CALL_FAILURES
+from shared.failures import HUMAN_FAILURES as HUMAN_FAILURES
+from shared.failures import PLANNER_FAILURES as PLANNER_FAILURES
+from shared.failures import RETRIED_FAILURES as RETRIED_FAILURES
+from shared.failures import SCHEMA_FAILURES as SCHEMA_FAILURES
+from shared.failures import TOOL_FAILURES as TOOL_FAILURES
+from shared.failures import FailureType as FailureType
+from shared.failures import HumanFailure as HumanFailure
+from shared.failures import needs_human as needs_human
+from shared.providers import ProviderName
 
 RUN_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 # Every id in every contract is bounded and patterned: an id may end up in a subject, a message id or a KV
@@ -27,40 +43,7 @@ CallId = Annotated[str, Field(pattern=CALL_ID_PATTERN)]
 EscalationId = Annotated[str, Field(pattern=ESCALATION_ID_PATTERN)]
 AttemptId = Annotated[str, Field(pattern=ATTEMPT_ID_PATTERN)]
 
-FailureType = Literal[
-    "input_invalid",  # arguments broke the input schema: never executed
-    "output_invalid",  # the tool's output broke its output schema
-    "transient",  # timeout-like or overload: retried with backoff by the executor
-    "timeout",  # the tool exceeded its time limit
-    "fatal",  # non-recoverable: escalates at once
-    "unknown_outcome",  # a non-idempotent call may or may not have happened
-    "loop",  # the model repeats itself
-    "budget",  # tokens or cost exhausted
-    "judge",  # the judge could not score a candidate
-    "tool_error",  # the tool ran and reported an error the model can act on (an MCP isError result)
-    "unknown_tool",  # the model called a tool no replica hosts (or not offered to the run): never executed
-]
-# The failure groupings, stated once (ARCHITECTURE's failure table). Tuples, not sets: their
-# order is the order of subject filters and grants, which must not change between runs.
-SCHEMA_FAILURES: tuple[FailureType, ...] = ("input_invalid", "output_invalid")
-"""A contract broke: the model gets the errors and the schema and corrects (a human past the cap)."""
-RETRIED_FAILURES: tuple[FailureType, ...] = ("transient", "timeout")
-"""Retried with backoff by the executor (then fallback, cache or boundary)."""
-HumanFailure = Literal["fatal", "unknown_outcome"]
-HUMAN_FAILURES: tuple[HumanFailure, ...] = ("fatal", "unknown_outcome")
-"""Escalated at once: the escalation service raises them from its failure subscription."""
-TOOL_FAILURES: tuple[FailureType, ...] = (*SCHEMA_FAILURES, *RETRIED_FAILURES, *HUMAN_FAILURES, "tool_error")
-"""Every way a tool call can fail; the planner hears each one as the call's outcome."""
-PLANNER_FAILURES: tuple[FailureType, ...] = ("unknown_tool",)
-"""Decided by the planner before any dispatch (published on ``failure.<type>.<tool>`` for the record,
-never consumed back): the model gets the tools it may call and corrects, a human past the correction cap."""
-CALL_FAILURES: tuple[FailureType, ...] = (*TOOL_FAILURES, *PLANNER_FAILURES)
-"""Every failure a run's tool call can end with (``expect.tools`` counts them by these names)."""
 Boundary = Literal["skip_and_note", "use_cached", "ask_human"]
-
-
-def needs_human(failure: FailureType) -> TypeGuard[HumanFailure]:
-    return failure in HUMAN_FAILURES
 
 
 def utcnow() -> datetime:
@@ -235,7 +218,7 @@ class Agent(Wire):
     instructions: str = Field(
         "", max_length=AGENT_INSTRUCTIONS_MAX_CHARS, description="the agent's system prompt, ahead of the loop's rules"
     )
-    provider: Literal["anthropic", "openai", "scripted"] | None = Field(
+    provider: ProviderName | None = Field(
         None,
         description="the planner provider its live runs need: a planner configured otherwise refuses them "
         "(None: whatever the stack runs). A scripted run (with a scenario) is replayed either way",
@@ -868,16 +851,29 @@ class BudgetDecision(Wire):
 
 # --- escalation -------------------------------------------------------------------------------
 
-EscalationKind = Literal[
-    "fatal", "unknown_outcome", "schema_cap", "ask_human", "not_judged", "loop", "approval", "spawn"
-]  # "spawn": the sub-agent spawn gate (no producer yet; the queue, SLAs and surfaces already handle it)
-
 
 def escalation_id_for_call(run_id: str, iteration: int, call_id: str) -> str:
     """The planner and the escalation service both derive a tool failure's escalation id from it
     (scoped to the iteration: a scripted model may reuse a call id in a later turn)."""
     raw = f"esc-{run_id}-i{iteration}-{call_id}"
     return "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in raw)
+
+
+class EscalationDetails(TypedDict, total=False):
+    """What the raiser knows that a person needs to act; each key is set only when it applies."""
+
+    arguments: Any  # a call's arguments (tool escalations)
+    error: str | None  # the error the model read for the call
+    failure_type: FailureType | None  # which failure (a schema_cap: which contract broke)
+    attempts: int  # how often the executor tried
+    candidate: str  # not_judged: the candidate answer (its first 2,000 characters)
+    score: float  # not_judged: the judge's score, when it gave one
+    threshold: float  # not_judged: the passing score
+    child_run_id: str  # spawn: the sub-agent's run
+    estimated_cost_usd: float
+    cost_ceiling_usd: float | None
+    max_iterations: int | None
+    tools: list[str] | None
 
 
 class EscalationRaise(Wire):
@@ -887,7 +883,7 @@ class EscalationRaise(Wire):
     reason: str
     tool: Name | None = None
     call_id: CallId | None = None
-    details: dict[str, Any] = Field(default_factory=dict)
+    details: EscalationDetails = Field(default_factory=lambda: EscalationDetails())
 
 
 class Escalation(EscalationRaise):
@@ -903,19 +899,6 @@ class Escalation(EscalationRaise):
     allowed_actions: list[EscalationAction] = Field(default_factory=list)
     context: list[ChatMessage] = Field(default_factory=list, description="the run's last turns when it was raised")
     trail: list[EscalationEvent] = Field(default_factory=list, description="claims, renewals, expiries, refusals")
-
-
-EscalationAction = Literal[
-    "resume",  # continue with the note as the human's word on the failure
-    "abort",  # end the run (stopped)
-    "provide_result",  # the tool's result by hand, validated against its output contract
-    "accept",  # not_judged: the candidate passes (same as approve)
-    "approve",  # not_judged / approval / spawn: yes
-    "reject",  # not_judged: revise with the note; approval / spawn: no
-    "final_answer",  # end the run completed with this answer (``result`` is the text)
-    "retry",  # the model tries again with the note as its instruction
-]
-SlaAction = Literal["abort", "deny", "accept_if_judged", "fall_back"]
 
 
 class EscalationResolution(Wire):

@@ -25,6 +25,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from shared.failures import SCRIPTED_FAILURES
+
 FORMAT = "loopwarden.run-record"
 TERMINAL = ("completed", "stopped", "failed")
 
@@ -156,7 +158,7 @@ def scenario_from_record(record: RunRecord, name: str | None = None) -> dict[str
         for a in sorted(tc.attempts, key=lambda a: a.attempt):
             entry: dict[str, Any]
             if not a.ok:
-                kind = a.failure_type if a.failure_type in ("transient", "timeout", "fatal") else "fatal"
+                kind = a.failure_type if a.failure_type in SCRIPTED_FAILURES else "fatal"
                 entry = {"fail": kind, "error": a.error or f"recorded {kind} failure"}
             elif tc.has_output and tc.output_is_text and isinstance(tc.raw_output, str):
                 entry = {"output_text": tc.raw_output}

@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from shared.describe import problems
-from shared.messages import CALL_FAILURES, EscalationAction, Rubric, RunLimits
+from shared.failures import CALL_FAILURES, ScriptedFailure
+from shared.messages import EscalationAction, Rubric, RunLimits
 
 if TYPE_CHECKING:
     from shared.bus import Bus
@@ -84,7 +85,7 @@ class JudgeTurn(_Strict):
 class ToolBehaviour(_Strict):
     output: Any = None
     output_text: str | None = Field(None, description="raw text output; must parse as JSON to pass")
-    fail: Literal["transient", "timeout", "fatal"] | None = None
+    fail: ScriptedFailure | None = None  # the failure table's scriptable rows (shared/failures.py)
     error: str | None = None
     retry_after_s: float | None = Field(None, ge=0)
     latency_s: float = Field(0.0, ge=0, description="wait this long (after the real tool ran, if it runs)")
@@ -115,21 +116,11 @@ class ToolBehaviour(_Strict):
         return not self.has_output and self.output_text is None and self.fail is None
 
 
-class ToolOutcomes(_Strict):
+class _Counts(_Strict):
     """How many of a tool's calls ended each way (final outcomes; a retried attempt is not one).
 
     ``{succeeded: 1, output_invalid: 1}`` reads "succeeded once after one output_invalid". A count
     not stated is not checked; ``0`` states that it never happened."""
-
-    succeeded: int | None = Field(None, ge=0, description="calls whose result passed the tool's output contract")
-    input_invalid: int | None = Field(None, ge=0)
-    output_invalid: int | None = Field(None, ge=0)
-    transient: int | None = Field(None, ge=0, description="still failing after the executor's retries")
-    timeout: int | None = Field(None, ge=0)
-    fatal: int | None = Field(None, ge=0)
-    unknown_outcome: int | None = Field(None, ge=0)
-    tool_error: int | None = Field(None, ge=0)
-    unknown_tool: int | None = Field(None, ge=0, description="calls of a tool no replica of the stack hosts")
 
     def stated(self) -> dict[str, int]:
         return {k: v for k, v in self.model_dump().items() if v is not None}
@@ -137,6 +128,23 @@ class ToolOutcomes(_Strict):
 
 TOOL_OUTCOMES: tuple[str, ...] = ("succeeded", *CALL_FAILURES)
 """The keys of ``expect.tools.<tool>``: one per way a call can end (``ToolOutcomes``' fields)."""
+_COUNTED = {
+    "succeeded": "calls whose result passed the tool's output contract",
+    "transient": "still failing after the executor's retries",
+    "unknown_tool": "calls of a tool no replica of the stack hosts",
+}
+if TYPE_CHECKING:
+
+    class ToolOutcomes(_Counts):
+        def __init__(self, **counts: int | None) -> None: ...
+
+else:  # a count per way a call can end: one field per row of the failure table that a call can end with
+    ToolOutcomes = create_model(
+        "ToolOutcomes",
+        __base__=_Counts,
+        __doc__=_Counts.__doc__,
+        **{k: (int | None, Field(None, ge=0, description=_COUNTED.get(k))) for k in TOOL_OUTCOMES},
+    )
 
 
 class Outcome(BaseModel):
@@ -234,7 +242,7 @@ class Expectation(_Strict):
                     out.append(f"tool {tool}: expected {kind} {n}, got {counts.get(kind, 0)} ({_counts(counts)})")
         for tool, counts in sorted(got.items()):
             n = counts.get("unknown_tool", 0)
-            if n and stated.get(tool, ToolOutcomes()).unknown_tool is None:
+            if n and "unknown_tool" not in stated.get(tool, ToolOutcomes()).stated():
                 out.append(
                     f"tool {tool}: called {n} time(s) but no replica of the stack hosts it (unknown_tool); "
                     f"start the stack with it, or state tools: {{{tool}: {{unknown_tool: {n}}}}} in expect"

@@ -25,7 +25,9 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-ProviderName = Literal["auto", "scripted", "anthropic", "openai"]
+from shared.providers import ProviderName as Provider
+
+ProviderName = Literal["auto"] | Provider  # auto: the first live provider whose key is set, else scripted
 NotJudgedPolicy = Literal["escalate", "retry", "accept", "fail"]
 LoopPolicy = Literal["stop", "escalate"]
 FaultPoint = Literal[

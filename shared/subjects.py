@@ -14,6 +14,10 @@ from __future__ import annotations
 
 import functools
 import re
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from shared.failures import FailureType
 
 VERSION = "v1"
 P = f"lw.{VERSION}"
@@ -224,7 +228,7 @@ def tool_attempt(tool: str) -> str:
     return f"{TOOL_ATTEMPT_PREFIX}.{token(tool)}"
 
 
-def failure(failure_type: str, tool: str | None) -> str:
+def failure(failure_type: FailureType, tool: str | None) -> str:
     return f"{FAILURE_PREFIX}.{token(failure_type)}.{token(tool or '_')}"
 
 

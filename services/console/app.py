@@ -45,6 +45,7 @@ from services.console.auth import SESSION_COOKIE, PasswordTooLong, Session, Sess
 from services.console.live import LiveView
 from services.console.throttle import LoginThrottle
 from shared import subjects as S
+from shared.escalation_actions import ACTIONS, parse_action
 from shared.messages import EscalationAction, EscalationReply, ToolContract, utcnow
 from shared.records import TERMINAL, scenario_from_record
 from shared.scenario import ScenarioError, parse_scenario
@@ -534,22 +535,20 @@ class Console:
 
 
 def _action(value: str) -> EscalationAction:
-    allowed = ("resume", "abort", "provide_result", "accept", "approve", "reject", "final_answer", "retry")
-    if value not in allowed:
-        raise ValueError(f"unknown action {value!r}")
-    return value  # type: ignore[return-value]
+    return parse_action(value)  # the queue's action table (shared/escalation_actions.py)
 
 
 def _result(action: str, form: Any) -> Any:
-    if action == "provide_result":
+    needs = ACTIONS[_action(action)].needs
+    if needs == "json":
         text = str(form.get("result", "")).strip()
         if not text:
-            raise ValueError("provide_result needs the tool's result as JSON")
+            raise ValueError(f"{action} needs the tool's result as JSON")
         try:
             return json.loads(text)
         except json.JSONDecodeError as err:
             raise ValueError(f"the result is not JSON: {err.msg} at line {err.lineno} column {err.colno}") from None
-    if action == "final_answer":
+    if needs == "text":
         return str(form.get("answer", ""))
     return None
 

@@ -34,12 +34,13 @@ from shared import telemetry as T
 from shared.bus import Bus, CasConflict, Unchanged
 from shared.contracts.registration import validator_for
 from shared.describe import describe
+from shared.failures import HUMAN_FAILURES, human_kind
 from shared.history import HistoryMissing
 from shared.messages import (
-    HUMAN_FAILURES,
     ChatMessage,
     Escalation,
     EscalationClaim,
+    EscalationDetails,
     EscalationEvent,
     EscalationQuery,
     EscalationRaise,
@@ -52,6 +53,7 @@ from shared.messages import (
     escalation_id_for_call,
     utcnow,
 )
+from shared.payloads import PayloadError
 from shared.settings import Settings
 
 log = logging.getLogger("loopwarden.escalation")
@@ -120,7 +122,7 @@ class EscalationQueue:
             entry = await watcher.updates(timeout=30)  # type: ignore[no-untyped-call]
             if entry is None:  # the initial values are in
                 break
-            self._apply_entry(entry)
+            await self._apply_entry(entry)
         self._tasks.append(asyncio.create_task(self._watch(watcher)))
         self._tasks.append(asyncio.create_task(self._sweep()))
 
@@ -135,24 +137,25 @@ class EscalationQueue:
         try:
             async for entry in watcher:
                 if entry is not None:
-                    self._apply_entry(entry)
+                    await self._apply_entry(entry)
         finally:
             with contextlib.suppress(Exception):
                 await watcher.stop()
 
-    def _apply_entry(self, entry: Any) -> None:
+    async def _apply_entry(self, entry: Any) -> None:
         key = entry.key
         if entry.operation in ("DEL", "PURGE") or entry.value is None:
             self.items.pop(key, None)
             self.unreadable.pop(key, None)
             return
-        try:
-            self.items[key] = Escalation.model_validate_json(entry.value)
+        try:  # a large item is stored by reference (claim-check): follow it, as Bus.kv_get does
+            value = await self.bus.payloads.inflate_value(self.bus.broker.connection, entry.value)
+            self.items[key] = Escalation.model_validate_json(value)
             self.unreadable.pop(key, None)
-        except ValidationError as err:
+        except (ValidationError, PayloadError) as err:
             self.items.pop(key, None)
-            self.unreadable[key] = describe(err)
-            log.error("lw_escalations/%s does not parse (skipped, the rest are listed): %s", key, describe(err))
+            self.unreadable[key] = describe(err) if isinstance(err, ValidationError) else str(err)
+            log.error("lw_escalations/%s does not parse (skipped, the rest are listed): %s", key, self.unreadable[key])
 
     async def _sweep(self) -> None:
         while True:
@@ -199,16 +202,16 @@ class EscalationQueue:
             EscalationRaise(
                 escalation_id=escalation_id_for_call(outcome.run_id, outcome.iteration, outcome.call_id),
                 run_id=outcome.run_id,
-                kind=outcome.failure_type if outcome.failure_type in HUMAN_FAILURES else "fatal",
+                kind=human_kind(outcome.failure_type),
                 reason=outcome.error or "tool failure",
                 tool=outcome.tool,
                 call_id=outcome.call_id,
-                details={
-                    "arguments": outcome.arguments,
-                    "attempts": outcome.attempts,
-                    "error": outcome.error,
-                    "failure_type": outcome.failure_type,
-                },
+                details=EscalationDetails(
+                    arguments=outcome.arguments,
+                    attempts=outcome.attempts,
+                    error=outcome.error,
+                    failure_type=outcome.failure_type,
+                ),
             )
         )
 
@@ -227,30 +230,21 @@ class EscalationQueue:
         await self.bus.publish(S.ESCALATION_RAISED, item, msg_id=f"raised.{req.escalation_id}")
 
     async def _with_context(self, req: EscalationRaise) -> tuple[EscalationRaise, list[ChatMessage]]:
-        """The run's last turns, and the call's arguments and model-readable error when the raise lacks them."""
-        kv = await self.bus.kv(S.KV_RUNS)
-        try:
-            entry = await kv.get(req.run_id)
-            run = json.loads(entry.value or b"{}")
-            snap = RunSnapshot.model_validate(run)
-        except Exception:  # no state yet, or unreadable: the item is still worth raising
-            return req, []
+        """The run's last turns (what a call's escalation says about the call, its arguments and error, the
+        raiser put in its typed details: the planner's record is read only as the published ``RunSnapshot``)."""
         turns = self.settings.escalation_context_turns
-        context: list[ChatMessage] = []
-        if turns:  # the last turns only: from the record's tail and, before it, lw_history
-            with contextlib.suppress(HistoryMissing, ValidationError):
-                context = await history.messages(self.bus, snap, last=turns)
-        details = dict(req.details)
-        calls = (run.get("iteration") or {}).get("tool_calls") or []
-        call = next((c for c in calls if isinstance(c, dict) and c.get("call_id") == req.call_id), None)
-        if call is not None:
-            details.setdefault("arguments", call.get("arguments"))
-            if call.get("result_text"):
-                details.setdefault("error", call.get("result_text"))
-            outcome = call.get("outcome") or {}
-            if outcome.get("failure_type"):
-                details.setdefault("failure_type", outcome["failure_type"])
-        return req.model_copy(update={"details": details}), context
+        if not turns:
+            return req, []
+        try:
+            snap, _ = await self.bus.kv_get(S.KV_RUNS, req.run_id, RunSnapshot)
+        except (ValidationError, PayloadError) as err:  # unreadable: the item is still worth raising
+            log.warning("escalation %s: no context, the run's record is unreadable: %s", req.escalation_id, err)
+            return req, []
+        if snap is None:  # no record yet
+            return req, []
+        with contextlib.suppress(HistoryMissing, ValidationError):
+            return req, await history.messages(self.bus, snap, last=turns)
+        return req, []
 
     # --- reading -------------------------------------------------------------------------------------
     async def on_list(self, query: EscalationQuery) -> EscalationReply:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, assert_never
 
+from shared.escalation_actions import ACTIONS, KINDS, SlaRule, allowed_actions, missing
 from shared.messages import (
     ChatMessage,
     Escalation,
@@ -27,9 +28,9 @@ from shared.messages import (
     utcnow,
 )
 
+__all__ = ["SlaRule", "allowed_actions"]  # the table's, re-exported where the service's rules are read
+
 CONSOLE = "console"
-TOOL_KINDS: tuple[EscalationKind, ...] = ("fatal", "unknown_outcome", "schema_cap", "ask_human")
-GATE_KINDS: tuple[EscalationKind, ...] = ("approval", "spawn")
 MAX_TRAIL = 50
 
 
@@ -56,25 +57,6 @@ class Actor:
     @property
     def label(self) -> str:
         return f"{self.operator} (via {self.via})" if self.via else self.operator
-
-
-@dataclass(frozen=True)
-class SlaRule:
-    after_s: float
-    action: SlaAction
-
-
-def allowed_actions(kind: EscalationKind) -> list[EscalationAction]:
-    """What a person may do with an item of this kind (the console shows exactly these)."""
-    if kind in TOOL_KINDS:
-        return ["provide_result", "retry", "resume", "final_answer", "abort"]
-    if kind == "not_judged":
-        return ["approve", "accept", "reject", "final_answer", "abort"]
-    if kind == "loop":
-        return ["retry", "resume", "final_answer", "abort"]
-    if kind in GATE_KINDS:
-        return ["approve", "reject", "abort"]
-    raise AssertionError(f"unknown kind {kind}")  # pragma: no cover - closed by EscalationKind
 
 
 # --- identity -------------------------------------------------------------------------------------
@@ -235,20 +217,14 @@ def resolve(
         raise Conflict(f"{item.escalation_id} is already resolved")
     if _lease_live(item, now) and item.claimed_by != actor.operator:
         raise Conflict(f"{item.escalation_id} is claimed by {item.claimed_by}; only they can resolve it")
-    if req.action == "accept" and item.kind != "not_judged":
-        raise QueueError(
-            "'accept' applies to a candidate the judge could not score; "
-            f"for {item.kind} use one of {', '.join(allowed_actions(item.kind))}"
-        )
     allowed = allowed_actions(item.kind)
     if req.action not in allowed:
-        raise QueueError(f"'{req.action}' does not apply to a {item.kind} escalation; use one of {', '.join(allowed)}")
-    if req.action == "provide_result" and req.result is None:
-        raise QueueError("provide_result needs the tool's result")
-    if req.action == "final_answer" and not (isinstance(req.result, str) and req.result.strip()):
-        raise QueueError("final_answer needs the answer as text")
-    if req.action == "retry" and not req.note.strip():
-        raise QueueError("retry needs an instruction for the model (the note)")
+        only = ACTIONS[req.action].only
+        why = only or f"'{req.action}' does not apply to a {item.kind} escalation"
+        raise QueueError(f"{why}; {'for ' + item.kind + ' ' if only else ''}use one of {', '.join(allowed)}")
+    lacking = missing(req.action, req.note, req.result)
+    if lacking:
+        raise QueueError(lacking)
     if result_errors:
         raise QueueError(f"the result breaks the output contract of '{item.tool}': " + "; ".join(result_errors))
     resolution = EscalationResolution(
@@ -278,17 +254,7 @@ def _resolved(item: Escalation, resolution: EscalationResolution, event: Escalat
 # --- SLAs -----------------------------------------------------------------------------------------
 
 SLA_OPERATOR = "sla"
-HOUR = 3600.0
-DEFAULT_SLAS: dict[EscalationKind, SlaRule] = {
-    "fatal": SlaRule(HOUR, "abort"),
-    "unknown_outcome": SlaRule(HOUR, "abort"),
-    "schema_cap": SlaRule(HOUR, "abort"),
-    "ask_human": SlaRule(HOUR, "fall_back"),
-    "not_judged": SlaRule(HOUR, "accept_if_judged"),
-    "loop": SlaRule(HOUR, "abort"),
-    "approval": SlaRule(HOUR, "deny"),
-    "spawn": SlaRule(HOUR, "deny"),
-}
+DEFAULT_SLAS: dict[EscalationKind, SlaRule] = {kind: spec.sla for kind, spec in KINDS.items()}
 
 
 def sla_rules(overrides: dict[str, dict[str, Any]] | None) -> dict[EscalationKind, SlaRule]:

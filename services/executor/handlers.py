@@ -31,6 +31,7 @@ from shared.canonical import cache_key
 from shared.contracts.registration import validator_for
 from shared.contracts.undeclared import admit
 from shared.contracts.validation import format_for_model
+from shared.failures import FailureType
 from shared.messages import (
     CachedToolResult,
     DeadLetter,
@@ -542,7 +543,7 @@ class Executor:
         call: ToolCall,
         entry: LedgerEntry,
         revision: int,
-        ftype: str,
+        ftype: FailureType,
         detail: str,
         *,
         recoverable: bool = False,
@@ -562,14 +563,14 @@ class Executor:
         await self.finish(call, entry, revision, S.failure(ftype, call.tool), outcome, f"{call.attempt_id}.outcome")
 
     async def fail(
-        self, call: ToolCall, ftype: str, error: str, *, recoverable: bool, attempts: int, **extra: Any
+        self, call: ToolCall, ftype: FailureType, error: str, *, recoverable: bool, attempts: int, **extra: Any
     ) -> None:
         outcome = self.outcome(call, ftype, error, recoverable=recoverable, attempts=attempts, **extra)
         await self.bus.publish(S.failure(ftype, call.tool), outcome, msg_id=f"{call.attempt_id}.outcome")
 
     @staticmethod
     def outcome(
-        call: ToolCall, ftype: str, error: str, *, recoverable: bool, attempts: int, **extra: Any
+        call: ToolCall, ftype: FailureType, error: str, *, recoverable: bool, attempts: int, **extra: Any
     ) -> ToolOutcome:
         return ToolOutcome.model_validate(
             {

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.backoff import BackoffPolicy, next_delay
-from shared.messages import RETRIED_FAILURES, Boundary, FailureType, FallbackNote, ToolCall, ToolContract
+from shared.failures import FAILURES, FailureType, tells
+from shared.messages import Boundary, FallbackNote, ToolCall, ToolContract
 
 MAX_FALLBACK_DEPTH = 3
 
@@ -68,7 +69,7 @@ def retry_delay(
     contract: ToolContract, result: Attempted, attempt: int, elapsed_s: float, rng: random.Random | None = None
 ) -> float | None:
     """Seconds to wait before attempt ``attempt + 1``, or None: no more attempts."""
-    if result.ok or result.failure_type not in RETRIED_FAILURES:
+    if result.ok or result.failure_type is None or not FAILURES[result.failure_type].retried:
         return None
     if result.effect_unknown and not contract.idempotent:
         return None  # a non-idempotent tool cut off mid-call may have done its work: never run it again
@@ -82,10 +83,10 @@ def after_retries(contract: ToolContract, call: ToolCall, result: Attempted, att
         return Fail("unknown_outcome", f"it was cut off ({result.error or ftype}) and may have done its work")
     # A fallback or a cached result stands in only for a tool that could not be reached; a
     # tool_error (MCP isError) is the tool's own answer: the model reads it and can correct it.
-    recoverable = ftype in RETRIED_FAILURES
+    rule = FAILURES[ftype]
     fallback = contract.fallback
     if (
-        recoverable
+        rule.stands_in
         and fallback
         and call.attempt_id.count(".fb.") < MAX_FALLBACK_DEPTH
         and f".fb.{fallback}" not in call.attempt_id
@@ -99,33 +100,15 @@ def after_retries(contract: ToolContract, call: ToolCall, result: Attempted, att
     fail = Fail(
         ftype,
         result.error or ftype,
-        recoverable=recoverable or ftype == "tool_error",
-        boundary=None if ftype == "tool_error" else contract.boundary,
+        recoverable=rule.recoverable,
+        boundary=contract.boundary if rule.boundary else None,
         effect=result.effect,
     )
-    if recoverable and contract.boundary == "use_cached":
+    if rule.stands_in and contract.boundary == "use_cached":
         return UseCached(otherwise=fail)
     return fail
 
 
-def model_error(tool: str, failure_type: str, detail: str, attempts: int) -> str:
-    """Failures written for the model: what happened and what it can do next."""
-    tried = f" after {attempts} attempt(s)" if attempts > 1 else ""
-    if failure_type == "transient":
-        return (
-            f"'{tool}' is temporarily unavailable ({detail}){tried}. Try again later, use another tool, "
-            "or continue without this information."
-        )
-    if failure_type == "timeout":
-        return (
-            f"'{tool}' did not respond in time ({detail}){tried}. It may be overloaded; try a narrower request, "
-            "another tool, or continue without it."
-        )
-    if failure_type == "tool_error":  # the tool's own message for the model (services/executor/mcp_tools.py)
-        return detail
-    if failure_type == "unknown_outcome":
-        return (
-            f"'{tool}' may or may not have completed: the process running it stopped before recording the "
-            "result, and it is not safe to repeat. A human is checking; do not call it again for this request."
-        )
-    return f"'{tool}' failed and cannot be retried: {detail}. A human has been notified."
+def model_error(tool: str, failure_type: FailureType, detail: str, attempts: int) -> str:
+    """Failures written for the model: what happened and what it can do next (the failure table's words)."""
+    return tells(tool, failure_type, detail, attempts)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel
+from typing_extensions import Unpack
 
 from services.planner import ids
 from services.planner.state import Awaiting, PublishRecord, RunState
@@ -23,6 +24,7 @@ from shared.messages import (
     Candidate,
     Escalated,
     EscalatedDetail,
+    EscalationDetails,
     EscalationKind,
     EscalationRaise,
     FinalStatus,
@@ -177,10 +179,18 @@ def escalate(
     reason: str,
     tool: str | None,
     call_id: str | None,
-    **details: Any,
+    **details: Unpack[EscalationDetails],
 ) -> None:
-    """Raise an escalation and wait for its resolution."""
+    """Raise an escalation and wait for its resolution. An escalation about a call carries what a person
+    needs to act on it (its arguments, the error the model read, the failure) unless the caller said."""
     s = out.state
+    call = next((c for c in s.iteration.tool_calls if c.call_id == call_id), None) if call_id else None
+    if call is not None:
+        details.setdefault("arguments", call.arguments)
+        if call.result_text:
+            details.setdefault("error", call.result_text)
+        if call.outcome is not None and call.outcome.failure_type:
+            details.setdefault("failure_type", call.outcome.failure_type)
     out.add(
         S.ESCALATION_RAISE,
         EscalationRaise(

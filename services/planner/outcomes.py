@@ -17,15 +17,14 @@ from services.planner.judging import finish_iteration
 from services.planner.outbox import Outbox, await_human, escalate
 from services.planner.state import RunState, ToolCallRecord
 from shared import subjects as S
+from shared.failures import FAILURES
 from shared.messages import (
     NAME_PATTERN,
-    SCHEMA_FAILURES,
     Corrected,
     CorrectedDetail,
     ToolFailed,
     ToolFailedDetail,
     ToolOutcome,
-    needs_human,
 )
 
 
@@ -86,7 +85,8 @@ def apply_outcome(state: RunState, outcome: ToolOutcome) -> Outbox:
             )
         )
         state.error_history.append(loops.error_key(tool, outcome.error or ftype))
-        if ftype in SCHEMA_FAILURES:
+        rule = FAILURES[ftype]
+        if rule.corrects:
             stats["failures"] += 1
             state.schema_streak[tool] = state.schema_streak.get(tool, 0) + 1
             if state.schema_streak[tool] > cfg.max_schema_corrections:
@@ -102,21 +102,21 @@ def apply_outcome(state: RunState, outcome: ToolOutcome) -> Outbox:
                     failure_type=ftype,  # which contract broke (input or output), not only that a cap was reached
                 )
                 record.status = "awaiting_human"
-        elif needs_human(ftype):
+        elif rule.human is not None:
             # The escalation service raises these itself from its failure subscription.
             record.status = "awaiting_human"
             await_human(
                 out,
                 ids.call_escalation(state.run_id, it.n, record.call_id),
-                ftype,
+                rule.human,
                 outcome.error or ftype,
                 record.call_id,
             )
-        elif outcome.boundary == "skip_and_note":
+        elif rule.boundary and outcome.boundary == "skip_and_note":
             record.status = "skipped"
             record.is_error = False
             record.result_text = C.skipped_result(tool, outcome.error)
-        elif outcome.boundary == "ask_human":
+        elif rule.boundary and outcome.boundary == "ask_human":
             record.status = "awaiting_human"
             escalate(
                 out,

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, get_args
 
 from pydantic import SecretStr
 
+from shared.providers import ProviderName
 from shared.providers.anthropic import AnthropicProvider
 from shared.providers.base import ModelProvider, ProviderError
 from shared.providers.openai import OpenAIProvider
@@ -58,7 +59,7 @@ def _openai(settings: Settings, at: Endpoint) -> ModelProvider:
     return OpenAIProvider(at.api_key, at.base_url, settings.model_timeout_s)
 
 
-PROVIDERS: dict[str, ProviderEntry] = {
+PROVIDERS: dict[ProviderName, ProviderEntry] = {
     "scripted": ProviderEntry(
         live=False, key_env="", key=lambda s: None, base_url=lambda s: None, build=None, needs_key=False
     ),
@@ -78,15 +79,18 @@ PROVIDERS: dict[str, ProviderEntry] = {
         needs_key=False,
     ),
 }
-AUTO_ORDER = ("anthropic", "openai")  # "auto": the first live provider with a key, else scripted
+if set(PROVIDERS) != set(get_args(ProviderName)):
+    raise RuntimeError("shared/providers/select.py: every ProviderName needs its row in PROVIDERS")
+AUTO_ORDER = tuple(name for name, entry in PROVIDERS.items() if entry.live)
+"""``auto``: the first live provider (in the registry's order) whose key is set, else scripted."""
 
 
-def configured(settings: Settings, which: Role) -> str:
+def configured(settings: Settings, which: Role) -> ProviderName | Literal["auto"]:
     """The role's provider setting as written (``auto`` included)."""
     return settings.planner_provider if which == "planner" else settings.judge_provider
 
 
-def provider_name(settings: Settings, which: Role) -> str:
+def provider_name(settings: Settings, which: Role) -> ProviderName:
     """The role's provider: as set, or for ``auto`` the first live provider whose key is set."""
     chosen = configured(settings, which)
     if chosen != "auto":
@@ -100,7 +104,7 @@ def pinned_live(settings: Settings, which: Role) -> bool:
     return chosen != "auto" and PROVIDERS[chosen].live
 
 
-def endpoint(settings: Settings, which: Role, name: str) -> Endpoint:
+def endpoint(settings: Settings, which: Role, name: ProviderName) -> Endpoint:
     entry = PROVIDERS[name]
     role_key = settings.planner_api_key if which == "planner" else settings.judge_api_key
     role_url = settings.planner_base_url if which == "planner" else settings.judge_base_url
