@@ -82,6 +82,7 @@ from shared.payloads import stream_config as payload_stream_config
 from shared.permissions import GRANTS, streams_seen
 from shared.scenario import Scenario
 from shared.settings import Settings
+from shared.version import version_headers
 
 log = logging.getLogger("loopwarden.bus")
 M = TypeVar("M", bound=BaseModel)
@@ -1227,7 +1228,7 @@ class Bus:
     ) -> tuple[str, str, bytes, dict[str, str]]:
         """(stem, subject, body, headers) of a message to publish: the run-scoped subject, the body
         (by reference when large), the message id and run id headers."""
-        headers = {"content-type": "application/json"}
+        headers = {"content-type": "application/json", **version_headers(self.service)}
         if msg_id:
             headers[MSG_ID_HEADER] = msg_id
         run_id = run_id or getattr(payload, "run_id", None)
