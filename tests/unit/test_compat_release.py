@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tomllib
 from pathlib import Path
 
 from shared.compat import RELEASES, SCHEMAS, Contracts, breaking, compare, releases, report
@@ -56,6 +57,13 @@ def test_the_check_refuses_a_deliberately_breaking_change_naming_the_contract_th
         "serve lw.v<n+1> beside it for a release first",
     ], message
     assert message.startswith(f"5 contract change(s) the release {release} services cannot handle:")
+
+
+def test_every_release_in_releases_toml_has_its_contracts_and_every_snapshot_is_a_release() -> None:
+    listed = tomllib.loads((RELEASES.parents[1] / "releases.toml").read_text())["release"]
+    assert [r["version"] for r in listed] == releases(), "releases.toml and schemas/releases disagree"
+    assert all(len(r["commit"]) == 40 for r in listed), listed
+    assert package_version() not in releases() or package_version() == releases()[-1]
 
 
 # --- the version a process announces ----------------------------------------------------------------------------
