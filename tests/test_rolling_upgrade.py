@@ -339,7 +339,7 @@ async def span_versions(collector: OtlpCollector, want: set[str], within: float 
 
 def check(figures: Figures, fleet: Fleet, seen: Counter[tuple[str, str]], spans: dict[str, set[str]]) -> None:
     summary = figures.report()
-    print(summary)
+    print("\n" + summary)
     print(f"  message headers (service, version): {dict(sorted(seen.items()))}")
     print(f"  span versions: { {s: sorted(v) for s, v in spans.items()} }")
     assert figures.replacements == len(SERVICES) * (1 if "rounds" not in figures.direction else 2), summary
