@@ -261,6 +261,7 @@ async def roll(
             await ask_escalations(client)  # the escalation replica answers (a span of its version)
             await fleet.replace(service, version, burst_then_count)
             figures.replacements += 1
+        await fleet.settled()  # the replaced escalation replica gone: only the new one can answer now
         await ask_escalations(client)
     finally:
         stop.set()
