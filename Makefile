@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-unit bench lint typecheck schemas install browser up down clean help
+.PHONY: run test test-unit bench lint typecheck schemas release-snapshot install browser up down clean help
 
 help:
 	@echo "make run     start NATS + the six services, run the demo agent, stop everything"
@@ -14,6 +14,7 @@ help:
 	@echo "make bench   validation and end-to-end benchmarks, printed as ratios to a baseline"
 	@echo "make lint    ruff + mypy + tool-contract lint"
 	@echo "make schemas regenerate schemas/messages, schemas/asyncapi.json and deploy/nats/auth.conf from the wire models, channel table and handlers"
+	@echo "make release-snapshot  store the contracts as pyproject's release's (schemas/releases/<version>); docs/upgrades.md"
 
 $(STAMP): pyproject.toml requirements.lock
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -58,6 +59,10 @@ schemas: $(STAMP)
 	$(PY) -m loopwarden.auth_conf
 	$(PY) -m loopwarden.file_schemas
 	$(PY) -m shared.records
+
+# A release's contracts, kept for the compatibility check (tests/unit/test_compat_release.py, docs/upgrades.md).
+release-snapshot: $(STAMP)
+	$(PY) -m shared.compat snapshot
 
 up: $(STAMP)
 	$(VENV)/bin/loopwarden up

@@ -6,9 +6,10 @@ With ``LW_HEALTH_PORT`` set, every ``python -m services.<name>`` serves (before 
 * ``GET /readyz`` - 200 once it is connected to NATS and consuming, 503 before and while the
   connection is lost (the body says why);
 
-both with a small JSON body. Kubernetes probes call them with ``httpGet``; the compose health
-checks (the image has no curl) run ``python -m shared.health [--live] [--port N] [--url URL]``,
-which exits 0 when the endpoint answers 200 and 1 otherwise, printing the answer.
+both with a small JSON body naming the service and its release (``version``). Kubernetes probes
+call them with ``httpGet``; the compose health checks (the image has no curl) run
+``python -m shared.health [--live] [--port N] [--url URL]``, which exits 0 when the endpoint
+answers 200 and 1 otherwise, printing the answer.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+
+from shared.version import package_version
 
 log = logging.getLogger("loopwarden.health")
 Readiness = Callable[[], tuple[bool, str]]
@@ -55,13 +58,14 @@ class HealthServer:
 
     def answer(self, path: str) -> tuple[int, dict[str, object]]:
         if path == "/livez":
-            return 200, {"service": self.service, "live": True}
+            return 200, {"service": self.service, "version": package_version(), "live": True}
         if path == "/readyz":
             try:
                 ok, detail = self.ready()
             except Exception as err:  # a readiness check must answer, not crash the endpoint
                 ok, detail = False, f"readiness check failed: {err!r}"
-            return (200 if ok else 503), {"service": self.service, "ready": ok, "detail": detail}
+            body = {"service": self.service, "version": package_version(), "ready": ok, "detail": detail}
+            return (200 if ok else 503), body
         return 404, {"error": f"no such endpoint {path}; try /livez or /readyz"}
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

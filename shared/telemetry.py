@@ -15,7 +15,6 @@ import logging
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
-from importlib import metadata
 
 from opentelemetry import metrics as otel_metrics
 from opentelemetry import propagate
@@ -31,6 +30,7 @@ from opentelemetry.semconv._incubating.metrics.gen_ai_metrics import (
 from opentelemetry.trace import NoOpTracer, SpanKind, Status, StatusCode, Tracer
 
 from shared.settings import Settings
+from shared.version import package_version
 
 # GenAI semantic conventions (gen_ai.*)
 GEN_AI_OPERATION_NAME = "gen_ai.operation.name"
@@ -162,13 +162,6 @@ def record_invoke_agent(
     span.end()
 
 
-def _version() -> str:
-    try:
-        return metadata.version("loopwarden")
-    except metadata.PackageNotFoundError:  # pragma: no cover - run from a bare checkout
-        return "0+unknown"
-
-
 def service_resource(service: str) -> Resource:
     """Our defaults, then the standard resource detectors (``OTEL_RESOURCE_ATTRIBUTES``,
     ``OTEL_SERVICE_NAME``, ``OTEL_EXPERIMENTAL_RESOURCE_DETECTORS``) over them: what an operator
@@ -176,7 +169,7 @@ def service_resource(service: str) -> Resource:
     defaults = {
         "service.name": f"loopwarden-{service}",
         "service.namespace": "loopwarden",
-        "service.version": _version(),
+        "service.version": package_version(),
         "service.instance.id": str(uuid.uuid4()),
     }
     return Resource.create(defaults).merge(OTELResourceDetector().detect())

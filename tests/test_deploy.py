@@ -28,6 +28,7 @@ import yaml
 
 from loopwarden.stack import free_port, nats_server_binary, wait_for_port
 from shared.health import check
+from shared.version import package_version
 from tests.conftest import ROOT
 
 SERVICES = ("planner", "executor", "validator", "judge", "governor", "escalation")
@@ -269,6 +270,7 @@ def test_a_service_is_live_at_once_ready_once_consuming_and_not_ready_without_na
         ok, said = check(f"{base}/readyz")
         assert not ok and json.loads(said) == {
             "service": "governor",
+            "version": package_version(),
             "ready": False,
             "detail": "starting: connecting to NATS and creating consumers",
         }

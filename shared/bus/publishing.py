@@ -22,6 +22,7 @@ from shared import subjects as S
 from shared.bus.core import BusBase
 from shared.bus.errors import describe_nats_error
 from shared.bus.wire import MSG_ID_HEADER, RUN_ID_HEADER, _PubAck, expect_stream, pub_ack
+from shared.version import version_headers
 
 log = logging.getLogger("loopwarden.bus")
 
@@ -60,8 +61,8 @@ class Publishing(BusBase):
         self, subject: str, payload: BaseModel | bytes, msg_id: str | None, run_id: str | None
     ) -> tuple[str, str, bytes, dict[str, str]]:
         """(stem, subject, body, headers) of a message to publish: the run-scoped subject, the body
-        (by reference when large), the message id and run id headers."""
-        headers = {"content-type": "application/json"}
+        (by reference when large), the message id and run id headers, and who sent it (service, version)."""
+        headers = {"content-type": "application/json", **version_headers(self.service)}
         if msg_id:
             headers[MSG_ID_HEADER] = msg_id
         run_id = run_id or getattr(payload, "run_id", None)
