@@ -115,19 +115,17 @@ async def client(stack: LocalStack, client_telemetry: Telemetry) -> AsyncIterato
 async def run_scenario(
     client: Client,
     scenario: dict[str, Any],
-    timeout: float = 30.0,
+    timeout: float = bound(30),
     until: tuple[str, ...] = ("completed", "stopped", "failed"),
 ) -> RunSnapshot:
-    """Submit the scenario and wait for its run to reach ``until``; ``timeout`` is an idle-machine figure
-    (scaled by LW_TEST_TIME_SCALE)."""
     run_id = await client.submit_scenario(parse_scenario(scenario))
-    return await client.wait(run_id, timeout=bound(timeout), until=until)
+    return await client.wait(run_id, timeout=timeout, until=until)
 
 
-async def escalations_of(client: Client, run_id: str, count: int = 1, timeout: float = 10.0) -> list[Escalation]:
+async def escalations_of(client: Client, run_id: str, count: int = 1, timeout: float = bound(10)) -> list[Escalation]:
     """The run's open escalations, once ``count`` exist: the queue item is created by the escalation
     service from its own message, a moment after the run's state says it is waiting. Fewer after
-    ``timeout`` (scaled): the ones there are, for the caller's assertion to show."""
+    ``timeout``: the ones there are, for the caller's assertion to show."""
     items: list[Escalation] = []
 
     async def enough() -> bool:
@@ -136,7 +134,7 @@ async def escalations_of(client: Client, run_id: str, count: int = 1, timeout: f
         return len(items) >= count
 
     with contextlib.suppress(AssertionError):
-        await eventually(enough, what=f"{count} escalation(s) of {run_id}", within=bound(timeout))
+        await eventually(enough, what=f"{count} escalation(s) of {run_id}", within=timeout)
     return items
 
 

@@ -16,6 +16,7 @@ from shared.settings import Settings
 from shared.telemetry import setup_telemetry
 from tests.conftest import escalations_of
 from tests.support.otlp_collector import OtlpCollector
+from tests.support.timing import bound
 from tests.support.tracing import spans_of_run
 
 SERVICES = {f"loopwarden-{s}" for s in ("planner", "executor", "validator", "judge", "governor", "escalation")}
@@ -155,7 +156,7 @@ async def test_replicas_have_distinct_instance_ids(client: Client, otlp: OtlpCol
         # several runs at once: the shared durable consumers hand their messages to both replicas
         ids = await asyncio.gather(*(client.submit_scenario(parse_scenario(GENAI_SCENARIO)) for _ in range(6)))
         await asyncio.gather(*(client.wait(i) for i in ids))
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(bound(1.0))
     for service in ("loopwarden-planner", "loopwarden-executor"):
         found = instances(service)
         assert len(found) >= 2, (service, found)
