@@ -51,13 +51,22 @@ def descendants() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True) if alive(p.pid)}
 
 
-def test_a_process_left_running_by_a_test_fails_the_run_and_is_killed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [["-p", "no:xdist"], ["-n", "2"]], ids=["one-process", "xdist-workers"])
+def test_a_process_left_running_by_a_test_fails_the_run_and_is_killed(tmp_path: Path, workers: list[str]) -> None:
     (tmp_path / "test_leaky.py").write_text(LEAKY_MODULE)
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     pids_file, log = tmp_path / "pids", tmp_path / "inner.log"
     with log.open("w") as output:  # a file, not a pipe: a leaked process would hold a pipe open
         inner = subprocess.run(
-            [*PYTEST, "-c", str(tmp_path / "pytest.ini"), "--rootdir", str(tmp_path), str(tmp_path / "test_leaky.py")],
+            [
+                *PYTEST,
+                *workers,
+                "-c",
+                str(tmp_path / "pytest.ini"),
+                "--rootdir",
+                str(tmp_path),
+                str(tmp_path / "test_leaky.py"),
+            ],
             cwd=ROOT,
             env={**os.environ, "LEAK_PIDS": str(pids_file)},
             stdout=output,
@@ -69,7 +78,7 @@ def test_a_process_left_running_by_a_test_fails_the_run_and_is_killed(tmp_path: 
     for pid in leaked:  # this test must not leak them either
         psutil.Process(pid).kill()
     out = log.read_text()
-    assert "1 passed" in out, out
+    assert "1 passed" in out, out  # the test passed; the run fails
     assert inner.returncode == pytest.ExitCode.TESTS_FAILED, out
     assert not leaked, f"still running after the inner run: {leaked}\n{out}"
     assert "processes that outlived their tests" in out, out
