@@ -57,7 +57,7 @@ async def eventually(predicate: Callable[[], T | Awaitable[T]], *, what: str, wi
         if inspect.isawaitable(value):
             value = await value
         if value:
-            return value  # type: ignore[return-value]
+            return value
         if time.monotonic() >= deadline:
             raise expired(what, within, value)
         await asyncio.sleep(every)
