@@ -479,7 +479,7 @@ async def test_trace_prints_the_runs_timeline_and_the_trace_id_the_collector_has
     shown = json.loads(out)
     client.telemetry.tracer_provider.force_flush()
     roots: list = []
-    for _ in range(100):
+    for _ in range(int(bound(100))):
         roots = [s for s in otlp.spans if s.name == f"run {run_id}"]
         if roots:
             break

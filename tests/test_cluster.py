@@ -206,7 +206,7 @@ async def test_a_node_without_the_route_credentials_cannot_join(
     rogue = await asyncio.create_subprocess_exec(nats_server_binary(), "-c", str(conf), stdout=stdout, stderr=stdout)
     stdout.close()
     try:
-        for _ in range(100):
+        for _ in range(int(bound(100))):
             if b"Authorization Violation" in log.read_bytes():
                 break
             await asyncio.sleep(0.05)
@@ -222,7 +222,7 @@ async def test_a_node_without_the_route_credentials_cannot_join(
             for _ in range(5):
                 await sender.publish(f"{S.P}.evt.probe", b"account traffic")
             await sender.flush()
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(bound(0.5))
             assert delivered.pending_msgs == 5  # the real cluster routes it
             assert leaked.pending_msgs == 0  # the rogue never sees it
         finally:
@@ -320,7 +320,7 @@ async def move_leader_off(cluster: Cluster, stream: str, node: str) -> None:
     nc = await nats.connect(cluster.url.split(","), user="admin", password=cluster.passwords["admin"])
     try:
         js = nc.jetstream()
-        for _ in range(50):
+        for _ in range(int(bound(50))):
             info = (await js.stream_info(stream)).cluster
             if info is not None and info.leader not in (None, node):
                 return

@@ -77,7 +77,7 @@ async def queued(admin: Client, kind: str) -> str:
     esc_id = f"esc-id-{kind}-{free_port()}"
     raise_ = EscalationRaise(escalation_id=esc_id, run_id=f"run-{esc_id}", kind=kind, reason="needs a person")  # type: ignore[arg-type]
     await admin.bus.publish(S.ESCALATION_RAISE, raise_, msg_id=f"raise.{esc_id}")
-    for _ in range(100):
+    for _ in range(int(bound(100))):
         if (await admin.show(esc_id)).ok:
             return esc_id
         await asyncio.sleep(0.05)
@@ -162,7 +162,7 @@ async def test_a_queue_refusal_is_recorded_and_published_like_an_identity_refusa
         assert not reply.ok and "already resolved" in (reply.error or ""), reply.error
 
         assert (await alice.claim(lapsed, "alice")).ok
-        for _ in range(100):  # the lease lapses and the sweeper hands the item back
+        for _ in range(int(bound(100))):  # the lease lapses and the sweeper hands the item back
             if (await admin.show(lapsed)).escalations[0].status == "open":
                 break
             await asyncio.sleep(0.1)

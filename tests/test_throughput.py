@@ -72,7 +72,7 @@ async def test_sigkill_of_an_executor_holding_many_calls_loses_nothing(one_each:
             *(client.submit_scenario(parse_scenario(slow_run(100 + i, 0.0, 8.0, 0.0))) for i in range(k))
         )
         held = 0
-        for _ in range(600):  # until the executor holds every run's call at once
+        for _ in range(int(bound(600))):  # until the executor holds every run's call at once
             info = await client.bus.js.consumer_info(S.STREAM_CMD, "executor_calculator")
             held = info.num_ack_pending or 0
             if held >= k:
@@ -102,7 +102,7 @@ async def test_a_stopped_executor_hands_back_the_calls_it_could_not_finish(one_e
             *(client.submit_scenario(parse_scenario(slow_run(200 + i, 0.0, 8.0, 0.0))) for i in range(k))
         )
         held = 0
-        for _ in range(600):
+        for _ in range(int(bound(600))):
             held = (await client.bus.js.consumer_info(S.STREAM_CMD, "executor_calculator")).num_ack_pending or 0
             if held >= k:
                 break
@@ -319,7 +319,7 @@ async def test_a_letter_handed_back_is_a_redelivery_to_the_handler_that_gave_up_
         (seq,) = [n.seq for n in await client.letters() if n.letter == letter]
         broken[0] = False  # the fault is fixed
         await client.requeue(seq)
-        for _ in range(100):
+        for _ in range(int(bound(100))):
             if len(seen) == 3:
                 break
             await asyncio.sleep(0.1)
