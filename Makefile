@@ -5,11 +5,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-unit bench lint typecheck schemas release-snapshot install browser up down clean help
+.PHONY: run test test-loaded test-unit bench lint typecheck schemas release-snapshot install browser up down clean help
 
 help:
 	@echo "make run     start NATS + the six services, run the demo agent, stop everything"
 	@echo "make test    install, start a private nats-server, run the test suite"
+	@echo "make test-loaded  make test while 2 x cores CPU burners run; counts processes before and after"
 	@echo "make test-unit  the pure-function tests only (no nats-server, no services): seconds"
 	@echo "make bench   validation and end-to-end benchmarks, printed as ratios to a baseline"
 	@echo "make lint    ruff + mypy + tool-contract lint"
@@ -37,8 +38,20 @@ browser:
 run: $(STAMP)
 	$(VENV)/bin/loopwarden demo $(ARGS)
 
+# Test modules run in LW_TEST_WORKERS parallel workers (default: the number of cores; 1: no workers), each
+# module whole in one worker (--dist loadfile), so a module's stack is started once. Every bound a test
+# waits on is multiplied by LW_TEST_TIME_SCALE (default 1): raise it on a machine that is busy.
+LW_TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 1)
+PYTEST_WORKERS = $(if $(filter 0 1,$(LW_TEST_WORKERS)),-p no:xdist,-n $(LW_TEST_WORKERS) --dist loadfile)
+
 test: $(STAMP) browser
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest -q $(PYTEST_WORKERS) $(ARGS)
+
+# The same while 2 x cores CPU burners (stress-ng, else busy Python loops) load the machine, at a time
+# scale of 3 unless LW_TEST_TIME_SCALE says otherwise; prints the processes of this checkout before and
+# after and fails if any was left running. ARGS narrows it, e.g. ARGS=tests/test_cli.py.
+test-loaded: $(STAMP) browser
+	LW_TEST_TIME_SCALE=$${LW_TEST_TIME_SCALE:-3} $(PY) -m tests.support.loaded -- $(PY) -m pytest -q $(PYTEST_WORKERS) $(ARGS)
 
 # The fast inner loop: domain rules as plain functions, no server and no processes.
 test-unit: $(STAMP)

@@ -60,13 +60,25 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
     return False
 
 
-def wait_for_port(port: int, timeout: float = 15.0) -> None:
+READY_SETTING = "LW_STACK_READY_TIMEOUT_S"
+
+
+def wait_for_port(port: int, timeout: float = 15.0, proc: subprocess.Popen[bytes] | None = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
             return
+        if proc is not None and proc.poll() is not None:
+            raise StackError(f"the process that was to listen on 127.0.0.1:{port} exited with code {proc.returncode}")
         time.sleep(0.05)
-    raise StackError(f"nothing listens on 127.0.0.1:{port} after {timeout:.0f}s")
+    raise StackError(f"nothing listens on 127.0.0.1:{port} after {timeout:g}s ({READY_SETTING})")
+
+
+def ready_timeout_setting() -> float:
+    """``LW_STACK_READY_TIMEOUT_S`` (60 s by default) from the settings."""
+    from shared.settings import load_settings
+
+    return load_settings("loopwarden").stack_ready_timeout_s
 
 
 @dataclass
@@ -92,6 +104,7 @@ class LocalStack:
     procs: list[Proc] = field(default_factory=list)
     console_url: str | None = None
     console_passwords: str | None = None  # file with generated operator passwords (when none were configured)
+    ready_timeout_s: float | None = None  # how long start() waits for readiness (default: LW_STACK_READY_TIMEOUT_S)
 
     # --- nats ---------------------------------------------------------------------------------
     def start_nats(self) -> str:
@@ -124,7 +137,10 @@ class LocalStack:
         )
         stdout.close()
         self.procs.append(Proc("nats-server", popen, log))
-        wait_for_port(port)
+        try:
+            wait_for_port(port, self.ready_timeout(), popen)
+        except StackError as err:
+            raise StackError(f"nats-server: {err}\n{tail(log)}") from None
         self.nats_url = f"nats://127.0.0.1:{port}"
         return self.nats_url
 
@@ -193,7 +209,13 @@ class LocalStack:
         self.procs.append(proc)
         return proc
 
-    def wait_ready(self, procs: list[Proc], timeout: float = 60.0) -> None:
+    def ready_timeout(self) -> float:
+        if self.ready_timeout_s is None:
+            self.ready_timeout_s = ready_timeout_setting()
+        return self.ready_timeout_s
+
+    def wait_ready(self, procs: list[Proc], timeout: float | None = None) -> None:
+        timeout = self.ready_timeout() if timeout is None else timeout
         deadline = time.monotonic() + timeout
         waiting = list(procs)
         while waiting and time.monotonic() < deadline:
@@ -205,16 +227,28 @@ class LocalStack:
             time.sleep(0.1)
         if waiting:
             names = ", ".join(p.name for p in waiting)
-            raise StackError(f"not ready after {timeout:.0f}s: {names}\n" + "\n".join(tail(p.log) for p in waiting))
+            raise StackError(
+                f"not ready after {timeout:g}s ({READY_SETTING}): {names}\n" + "\n".join(tail(p.log) for p in waiting)
+            )
 
     def start(self) -> LocalStack:
-        if self.nats_url is None:
-            self.start_nats()
-        started = []
-        for i, name in enumerate(self.services):
-            replica = self.services[:i].count(name) + 1
-            started.append(self.start_service(name, label=name if replica == 1 else f"{name}#{replica}"))
-        self.wait_ready(started)
+        """Start nats-server (unless ``nats_url`` names one) and the services, and wait until each is ready.
+        When that fails (a process exits, readiness does not come within the ready timeout, Ctrl-C), what
+        this call started is stopped before the error goes on: a failed start leaves no process behind."""
+        before, own_nats = len(self.procs), self.nats_url is None
+        try:
+            if self.nats_url is None:
+                self.start_nats()
+            started = []
+            for i, name in enumerate(self.services):
+                replica = self.services[:i].count(name) + 1
+                started.append(self.start_service(name, label=name if replica == 1 else f"{name}#{replica}"))
+            self.wait_ready(started)
+        except BaseException:
+            self.stop_procs(self.procs[before:])
+            if own_nats:
+                self.nats_url = None
+            raise
         for proc in started:
             if proc.service == "console":  # the address it really listens on
                 from services.console.local import url_from_log
@@ -224,8 +258,12 @@ class LocalStack:
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop services first (they drain), then the server."""
-        services = [p for p in self.procs if p.name != "nats-server"]
-        for group in (services, [p for p in self.procs if p.name == "nats-server"]):
+        self.stop_procs(list(self.procs), timeout)
+
+    def stop_procs(self, procs: list[Proc], timeout: float = 10.0) -> None:
+        """Stop these processes (services first, then the server) and forget them."""
+        services = [p for p in procs if p.name != "nats-server"]
+        for group in (services, [p for p in procs if p.name == "nats-server"]):
             for proc in group:
                 if proc.popen.poll() is None:
                     proc.popen.send_signal(signal.SIGTERM)
@@ -236,7 +274,7 @@ class LocalStack:
                 except subprocess.TimeoutExpired:
                     proc.popen.kill()
                     proc.popen.wait()
-        self.procs.clear()
+        self.procs[:] = [p for p in self.procs if p not in procs]
 
     def __enter__(self) -> LocalStack:
         return self.start()

@@ -162,6 +162,12 @@ class Settings(BaseSettings):
     infra_wait_s: float = Field(
         0, ge=0, description="with LW_MANAGE_STREAMS=false: give up waiting for bootstrap after this long (0: never)"
     )
+    stack_ready_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="how long a local stack (`loopwarden up`, `demo`, the test suite) waits for nats-server and "
+        "every service to be ready before it stops what it started and fails",
+    )
 
     # --- models ----------------------------------------------------------------------
     planner_provider: ProviderName = "auto"

@@ -8,7 +8,7 @@ scripted provider, runs submitted without one go through the real Anthropic SDK.
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -25,7 +25,10 @@ from shared.messages import Escalation, RunSnapshot
 from shared.scenario import parse_scenario
 from shared.settings import Settings
 from shared.telemetry import Telemetry, setup_telemetry
+from tests.support import stragglers
 from tests.support.otlp_collector import OtlpCollector
+from tests.support.stragglers import pytest_sessionfinish, pytest_terminal_summary  # noqa: F401 (hooks)
+from tests.support.timing import bound, eventually, scale_test_timeout
 
 ROOT = Path(__file__).resolve().parents[1]
 TEST_ENV = {
@@ -54,6 +57,14 @@ MCP_ORDERS = {
     },
     "repairs": {"inventory_report": [{"path": "/count", "rule": "numeric_string_to_integer"}]},
 }
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    stragglers.pytest_configure(config)  # a run id every process the run starts inherits
+    scale_test_timeout(config)
+    # every stack the run starts, in this process or a CLI's, waits for readiness on the same scale
+    os.environ.setdefault("LW_STACK_READY_TIMEOUT_S", f"{bound(60):g}")
 
 
 @pytest.fixture(scope="session")
@@ -104,23 +115,26 @@ async def client(stack: LocalStack, client_telemetry: Telemetry) -> AsyncIterato
 async def run_scenario(
     client: Client,
     scenario: dict[str, Any],
-    timeout: float = 30.0,
+    timeout: float = bound(30),
     until: tuple[str, ...] = ("completed", "stopped", "failed"),
 ) -> RunSnapshot:
     run_id = await client.submit_scenario(parse_scenario(scenario))
     return await client.wait(run_id, timeout=timeout, until=until)
 
 
-async def escalations_of(client: Client, run_id: str, count: int = 1, timeout: float = 10.0) -> list[Escalation]:
+async def escalations_of(client: Client, run_id: str, count: int = 1, timeout: float = bound(10)) -> list[Escalation]:
     """The run's open escalations, once ``count`` exist: the queue item is created by the escalation
-    service from its own message, a moment after the run's state says it is waiting."""
+    service from its own message, a moment after the run's state says it is waiting. Fewer after
+    ``timeout``: the ones there are, for the caller's assertion to show."""
     items: list[Escalation] = []
-    deadline = asyncio.get_running_loop().time() + timeout
-    while asyncio.get_running_loop().time() < deadline:
+
+    async def enough() -> bool:
+        nonlocal items
         items = (await client.escalations(run_id=run_id)).escalations
-        if len(items) >= count:
-            return items
-        await asyncio.sleep(0.05)
+        return len(items) >= count
+
+    with contextlib.suppress(AssertionError):
+        await eventually(enough, what=f"{count} escalation(s) of {run_id}", within=timeout)
     return items
 
 

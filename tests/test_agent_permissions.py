@@ -19,6 +19,7 @@ from loopwarden import Agent, Client, NotAllowed, parse_scenario
 from shared import subjects as S
 from tests.conftest import ROOT, TEST_ENV
 from tests.support import locked as L
+from tests.support.timing import bound
 
 SCENARIO = {
     "name": "locked-agent",
@@ -47,7 +48,7 @@ async def test_operators_register_agents_and_clients_of_any_tenant_cannot_change
     for user in ("client", "client_acme"):
         async with _as(locked, user) as client:
             with pytest.raises(NotAllowed, match=f"NATS user {user} may not write lw_agents"):
-                await client.register(hijack, timeout=3)
+                await client.register(hijack, timeout=bound(3))
             if user == "client":  # the deployment's own client reads agents (list, show); a tenant's runs them only
                 stored = await client.agent("restock")
                 assert stored is not None and (stored.version, stored.agent.instructions) == (1, "Reorder what is low.")
@@ -69,7 +70,7 @@ def test_the_cli_says_in_one_line_that_a_client_may_not_register(locked: str, tm
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=bound(60),
     )
     assert done.returncode == 1, done.stdout + done.stderr
     last = done.stderr.strip().splitlines()[-1]  # after the bus's own warnings while it tried

@@ -25,9 +25,10 @@ from loopwarden.fake_model import FakeModel
 from loopwarden.stack import LocalStack
 from shared.messages import RunSubmit
 from tests.conftest import ROOT
+from tests.support.timing import bound
 
 
-def _lw(stack: LocalStack, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def _lw(stack: LocalStack, *args: str, timeout: float = bound(120)) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("NATS_URL", "LW_NATS_URL", "LW_NATS_USER")}
     env["LW_NATS_URL"] = str(stack.nats_url)
     return subprocess.run(
@@ -72,7 +73,7 @@ async def test_an_agent_from_a_file_runs_by_name_scripted_and_records_its_versio
     assert again.stdout.strip() == f"agent {name} unchanged (version 1)", again.stderr
 
     scenario = parse_scenario(_scenario("6*7 = 42", {"correct": 1.0}))
-    result = await client.run(name, scenario=scenario, timeout=60)
+    result = await client.run(name, scenario=scenario, timeout=bound(60))
     assert isinstance(result, RunResult)
     assert (result.status, result.final_output, result.agent, result.agent_version) == (
         "completed",
@@ -119,7 +120,7 @@ async def test_a_live_run_gets_the_agents_instructions_model_tools_and_limits(
     stored = await client.register(agent)
     assert stored.version == 1
     messages_api.script(key, [{"content": [{"type": "text", "text": "42"}]}])
-    result = await client.run(name, task=f"What is 6*7? [script:{key}]", timeout=60)
+    result = await client.run(name, task=f"What is 6*7? [script:{key}]", timeout=bound(60))
     assert (result.status, result.final_output, result.agent_version) == ("completed", "42", 1), result.reason
     (request,) = messages_api.requests[key]
     system = json.dumps(request["system"])
@@ -179,8 +180,8 @@ async def test_runs_lists_by_agent_status_and_age_newest_first(client: Client, s
         )
     )
     passing = parse_scenario(_scenario("42", {"correct": 1.0}))
-    first = await client.run(name, scenario=passing, timeout=60)
-    second = await client.run(name, scenario=passing, timeout=60)
+    first = await client.run(name, scenario=passing, timeout=bound(60))
+    second = await client.run(name, scenario=passing, timeout=bound(60))
     assert first.status == second.status == "completed"
 
     listed = _lw(stack, "runs", "--agent", name, "--json")

@@ -22,6 +22,7 @@ from shared import subjects as S
 from shared.messages import WIRE_MODELS
 from shared.schemagen import CATALOGUE
 from tests.conftest import ROOT
+from tests.support.timing import bound
 
 
 @cache
@@ -193,7 +194,7 @@ def test_the_console_serves_the_document(stack: LocalStack) -> None:
     )
     try:
         assert proc.stdout is not None
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + bound(60)
         url = ""
         while time.monotonic() < deadline and not url:
             line = proc.stdout.readline()
@@ -202,12 +203,12 @@ def test_the_console_serves_the_document(stack: LocalStack) -> None:
             if "ready on " in line:
                 url = line.split("ready on ", 1)[1].strip()
         assert url, "the console did not start"
-        with urllib.request.urlopen(f"{url}/asyncapi.json", timeout=10) as resp:
+        with urllib.request.urlopen(f"{url}/asyncapi.json", timeout=bound(10)) as resp:
             assert resp.headers["content-type"].startswith("application/json")
             served = json.loads(resp.read())
         assert served == json.loads(asyncapi.OUT.read_text())
-        with urllib.request.urlopen(f"{url}/login", timeout=10) as resp:
+        with urllib.request.urlopen(f"{url}/login", timeout=bound(10)) as resp:
             assert 'href="/asyncapi.json"' in resp.read().decode()
     finally:
         proc.terminate()
-        proc.wait(timeout=20)
+        proc.wait(timeout=bound(20))

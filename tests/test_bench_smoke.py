@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.timing import bound
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -25,7 +27,7 @@ def test_the_benchmark_runs_in_its_short_form(only: str, expected: list[str]) ->
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=bound(300),
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     for line in expected:

@@ -8,6 +8,7 @@ from loopwarden.client import Client
 from shared import tokens
 from tests.conftest import run_scenario
 from tests.support.runs import submit, tool_results
+from tests.support.timing import bound
 
 
 def calc(i: int) -> dict[str, Any]:
@@ -31,7 +32,7 @@ async def test_thresholds_warn_then_compact_then_stop(client: Client) -> None:
             "summaries": ["Steps so far computed i*1000+7 for the first few i; nothing else of note."],
             "limits": {"max_iterations": 30, "context_budget_tokens": 4000, "run_token_budget": 40_000},
         },
-        timeout=60,
+        timeout=bound(60),
     )
     kinds = await budget_events(client, state.run_id)
     assert "budget.warn" in kinds and "budget.compact" in kinds and "budget.block" in kinds
@@ -53,7 +54,7 @@ async def test_compaction_keeps_recent_turns_verbatim_and_shrinks_the_context(cl
             "summaries": ["Eight steps of arithmetic; results were 7, 1007, 2007 and so on."],
             "limits": {"max_iterations": 20, "context_budget_tokens": 3000},
         },
-        timeout=60,
+        timeout=bound(60),
     )
     assert state.status == "completed", state.final_reason
     assert state.compactions >= 1 and state.summary

@@ -29,6 +29,7 @@ from shared.bus import Bus
 from shared.messages import BudgetRequest, RunSubmit
 from shared.telemetry import setup_telemetry
 from tests.conftest import run_scenario, settings_for
+from tests.support.timing import bound
 
 
 @dataclass
@@ -77,7 +78,7 @@ async def started(planner: Planner) -> tuple[RunState, Outbox]:
 
 async def settled(client: Client) -> None:
     await client.bus.nc.flush()
-    await asyncio.sleep(0.2)  # the watching subscription's callbacks run
+    await asyncio.sleep(bound(0.2))  # the watching subscription's callbacks run
 
 
 async def test_the_early_decision_is_used_by_its_turn_without_asking_again(

@@ -27,6 +27,7 @@ from pydantic import BaseModel
 from loopwarden.stack import LocalStack
 from shared.bus import MSG_ID_HEADER, Bus, CasConflict, num_delivered, publish_raw
 from shared.settings import Settings
+from tests.support.timing import bound
 
 STORE, FULL = "LWTEST_STORE", "LWTEST_FULL"
 BUCKET = "lwtest_bus"
@@ -102,7 +103,7 @@ async def stored(raw: NatsClient, subject: str) -> list[bytes]:
     try:
         while True:
             try:
-                msgs = await sub.fetch(10, timeout=0.3)
+                msgs = await sub.fetch(10, timeout=bound(0.3))
             except NatsTimeoutError:
                 return out
             out.extend(m.data for m in msgs)
@@ -207,7 +208,7 @@ async def test_headers_written_in_one_go_arrive_as_nats_py_writes_them(bus: Bus,
     js = raw.jetstream()
     sub = await js.pull_subscribe("bustest.store.hdr", stream=STORE)
     try:
-        msgs = await sub.fetch(10, timeout=1)
+        msgs = await sub.fetch(10, timeout=bound(1))
     finally:
         await sub.unsubscribe()
     got = {
@@ -223,13 +224,13 @@ async def test_headers_written_in_one_go_arrive_as_nats_py_writes_them(bus: Bus,
     }  # newline -> space
 
 
-async def _asked_until_answered(nc: NatsClient, subject: str, body: bytes, within: float = 30.0) -> Msg:
+async def _asked_until_answered(nc: NatsClient, subject: str, body: bytes, within: float = bound(30.0)) -> Msg:
     """The answer to a request, asked again while no responder is there yet (a loaded machine: the responder's
     subscription reached the server's interest graph late), for at most ``within`` seconds."""
     deadline = asyncio.get_running_loop().time() + within
     while True:
         try:
-            return await nc.request(subject, body, timeout=5)
+            return await nc.request(subject, body, timeout=bound(5))
         except NoRespondersError:
             if asyncio.get_running_loop().time() > deadline:
                 raise AssertionError(f"no responder on {subject} within {within:.0f}s") from None

@@ -13,10 +13,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.chaos import REPLICAS, report, run_chaos
+from tests.support.timing import bound
 
 
 def test_random_replicas_killed_under_load_lose_and_double_nothing(tmp_path: Path) -> None:
-    result = run_chaos(runs=12, kills=8, interval=0.8, seed=11, timeout=60, state_dir=tmp_path)
+    result = run_chaos(runs=12, kills=8, interval=0.8, seed=11, timeout=bound(60), state_dir=tmp_path)
     summary = "\n".join(report(result))
     print(summary)
     assert set(result.kills) == set(REPLICAS), summary  # every service lost a replica at least once

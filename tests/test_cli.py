@@ -10,13 +10,19 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
+from tests.support.timing import bound, eventually_sync
 
 
 def test_demo_command_runs_the_demo_and_stops_everything(tmp_path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("NATS_URL", "LW_NATS_URL", "ANTHROPIC_API_KEY")}
     env["LW_STATE_DIR"] = str(tmp_path)
     proc = subprocess.run(
-        [sys.executable, "-m", "loopwarden.cli", "demo"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180
+        [sys.executable, "-m", "loopwarden.cli", "demo"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=bound(180),
     )
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr
@@ -47,7 +53,7 @@ def test_scenario_errors_name_the_field(tmp_path) -> None:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=bound(60),
     )
     assert proc.returncode == 2
     assert "planner[0].tool_calls[0].name: Field required" in proc.stderr
@@ -70,11 +76,16 @@ def test_ctrl_c_during_start_up_stops_everything(tmp_path) -> None:
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    time.sleep(2.0)  # nats-server is up, the services are starting
+    logs = tmp_path / "demo" / "logs"
+    eventually_sync(  # nats-server is up, the services are starting
+        lambda: (logs / "nats-server.log").exists() and (logs / "planner.log").exists(),
+        what="the demo to start nats-server and the services",
+        within=bound(30),
+    )
     os.killpg(proc.pid, signal.SIGINT)
-    out, _ = proc.communicate(timeout=30)
+    out, _ = proc.communicate(timeout=bound(30))
     assert proc.returncode == 130, out
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + bound(15)
     while time.monotonic() < deadline:
         alive = [e.parent.name for e in Path("/proc").glob("[0-9]*/environ") if _inherits(e, tmp_path)]
         if not alive:
@@ -95,7 +106,9 @@ def _clean_env(**extra: str) -> dict[str, str]:
     return {**{k: v for k, v in os.environ.items() if k not in drop}, **extra}
 
 
-def _lw(*args: str, env: dict[str, str], cwd: Path = ROOT, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def _lw(
+    *args: str, env: dict[str, str], cwd: Path = ROOT, timeout: float = bound(120)
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "loopwarden.cli", *args],
         cwd=cwd,
@@ -226,7 +239,7 @@ def test_unreachable_nats_fails_fast_naming_the_url(tmp_path) -> None:
     ]
     started = time.monotonic()
     with ThreadPoolExecutor(4) as pool:
-        results = list(pool.map(lambda args: _lw(*args, env=env, timeout=60), commands))
+        results = list(pool.map(lambda args: _lw(*args, env=env, timeout=bound(60)), commands))
     for args, done in zip(commands, results, strict=True):
         assert done.returncode == 3, (args, done.stdout, done.stderr)
         assert url in done.stderr and "cannot reach NATS" in done.stderr, (args, done.stderr)
@@ -251,12 +264,12 @@ def test_unreachable_nats_fails_fast_naming_the_url(tmp_path) -> None:
         (("dlq", "requeue", "3", "x"), "'x' is not a letter's number"),
     ]
     with ThreadPoolExecutor(4) as pool:
-        local_results = list(pool.map(lambda case: _lw(*case[0], env=env, timeout=60), local_errors))
+        local_results = list(pool.map(lambda case: _lw(*case[0], env=env, timeout=bound(60)), local_errors))
     for (args, said), done in zip(local_errors, local_results, strict=True):
         assert done.returncode == 2, (args, done.stdout, done.stderr)
         assert said in done.stderr and "Traceback" not in done.stderr, (args, done.stderr)
         assert len(done.stderr.strip().splitlines()) == 1, (args, done.stderr)
-    bad_setting = _lw("status", "run-x", env={**env, "LW_CLI_CONNECT_TIMEOUT_S": "soon"}, timeout=60)
+    bad_setting = _lw("status", "run-x", env={**env, "LW_CLI_CONNECT_TIMEOUT_S": "soon"}, timeout=bound(60))
     assert bad_setting.returncode == 2 and "invalid setting LW_CLI_CONNECT_TIMEOUT_S" in bad_setting.stderr
 
 
@@ -308,7 +321,7 @@ def test_bench_runs_in_short_form() -> None:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=bound(120),
     )
     assert proc.returncode == 0, proc.stderr
     assert "engines disagree on            0 of 302" in proc.stdout
@@ -340,17 +353,17 @@ def test_the_wheel_installed_alone_runs_demo_lint_and_up(tmp_path) -> None:
         [*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q", "-w", str(dist), str(src)],
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=bound(180),
     )
     assert build.returncode == 0, build.stdout + build.stderr
     (wheel,) = dist.glob("loopwarden-*.whl")
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=bound(120))
     python = venv / "bin" / "python"
     install = subprocess.run(
         [*pip, "--python", str(python), "install", "--no-deps", "--no-index", "-q", str(wheel)],
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=bound(180),
     )
     assert install.returncode == 0, install.stdout + install.stderr
     site = Path(
@@ -374,7 +387,7 @@ def test_the_wheel_installed_alone_runs_demo_lint_and_up(tmp_path) -> None:
     env.pop("PYTHONPATH", None)
     lw = str(venv / "bin" / "loopwarden")
 
-    def run(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    def run(*args: str, timeout: float = bound(180)) -> subprocess.CompletedProcess[str]:
         return subprocess.run([lw, *args], cwd=work, env=env, capture_output=True, text=True, timeout=timeout)
 
     claimed = subprocess.run(
@@ -455,7 +468,7 @@ async def test_trace_prints_the_runs_timeline_and_the_trace_id_the_collector_has
     from shared.scenario import load_scenario
 
     run_id = await client.submit_scenario(load_scenario(ROOT / "scenarios" / "demo.yaml"))
-    assert (await client.wait(run_id, timeout=60)).status == "completed"
+    assert (await client.wait(run_id, timeout=bound(60))).status == "completed"
     env = _clean_env(LW_NATS_URL=str(stack.nats_url), LW_JAEGER_URL="http://jaeger.example:16686")
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "loopwarden.cli", "trace", run_id, "--json", env=env,
@@ -466,7 +479,7 @@ async def test_trace_prints_the_runs_timeline_and_the_trace_id_the_collector_has
     shown = json.loads(out)
     client.telemetry.tracer_provider.force_flush()
     roots: list = []
-    for _ in range(100):
+    for _ in range(int(bound(100))):
         roots = [s for s in otlp.spans if s.name == f"run {run_id}"]
         if roots:
             break

@@ -29,6 +29,7 @@ from loopwarden.stack import LocalStack, free_port
 from shared import subjects as S
 from shared.scenario import load_scenario, parse_scenario
 from tests.conftest import ROOT, escalations_of, settings_for
+from tests.support.timing import bound
 
 ESC, BEL = "\x1b", "\x07"
 CLIPBOARD = f"{ESC}]52;c;cm0gLXJmIH4K{BEL}"  # OSC 52: write the operator's clipboard
@@ -38,7 +39,7 @@ C1_CSI = "\x9b31m"  # the 8-bit CSI some terminals act on too
 PLANTED = f"{CLIPBOARD}{CLEAR}{TITLE}{C1_CSI}"
 
 
-def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def cli(*args: str, env: dict[str, str] | None = None, timeout: float = bound(120)) -> subprocess.CompletedProcess[str]:
     drop = ("NATS_URL", "LW_NATS_URL", "LW_STATE_DIR", "XDG_STATE_HOME", "PYTHONIOENCODING")
     base = {k: v for k, v in os.environ.items() if k not in drop}
     return subprocess.run(
@@ -80,9 +81,9 @@ async def test_status_events_and_escalations_show_print_no_escape_a_run_planted(
     }
     a = await client.submit_scenario(parse_scenario(answered))
     b = await client.submit_scenario(parse_scenario(escalated))
-    state = await client.wait(a, timeout=60)
+    state = await client.wait(a, timeout=bound(60))
     assert state.status == "completed" and PLANTED in (state.final_output or ""), state
-    await client.wait(b, timeout=60, until=("awaiting_human", "completed", "stopped", "failed"))
+    await client.wait(b, timeout=bound(60), until=("awaiting_human", "completed", "stopped", "failed"))
     [item] = await escalations_of(client, b)
     assert PLANTED in item.reason, item.reason  # the text arrived as planted: the CLI is what must not pass it on
 
@@ -176,7 +177,7 @@ async def test_replaying_a_crafted_export_charges_no_card_unless_live_tools_are_
     assert "dry run" in done.stderr and "charge_card (turn 1, call toolu_1)" in done.stderr, done.stderr
     assert "--allow-live-tools" in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert time.monotonic() - started < 30  # refused before anything was submitted
-    await asyncio.sleep(1.0)  # had anything been submitted, its charge would be stored by now
+    await asyncio.sleep(bound(1.0))  # had anything been submitted, its charge would be stored by now
     assert await charges_of(client, customer) == []
 
     # a recorded attempt that was retried (transient) leaves the next attempt unscripted: refused too
@@ -199,7 +200,7 @@ async def test_replaying_a_crafted_export_charges_no_card_unless_live_tools_are_
     path.write_text(json.dumps(crafted_export(customer)))
     assert cli("replay", str(path), "--save", str(saved), env=env).returncode == 0
     run_id = await client.submit_scenario(load_scenario(saved))
-    state = await client.wait(run_id, timeout=60, until=("awaiting_human", "completed", "stopped", "failed"))
+    state = await client.wait(run_id, timeout=bound(60), until=("awaiting_human", "completed", "stopped", "failed"))
     assert state.status == "awaiting_human", state  # the charge failed visibly: a person decides
     [item] = await escalations_of(client, run_id)
     assert NOT_RUN in item.reason and item.tool == "charge_card", item.reason
@@ -239,7 +240,7 @@ def test_an_alias_bomb_is_refused_at_once_by_check_scenario_and_submit(stack: Lo
     for args in (("check-scenario", str(bomb)), ("submit", "--scenario", str(bomb), "--wait", "--timeout", "20")):
         started = time.monotonic()
         try:
-            done = cli(*args, env=env, timeout=30)
+            done = cli(*args, env=env, timeout=bound(30))
         except subprocess.TimeoutExpired:
             raise AssertionError(f"`loopwarden {' '.join(args)}` hung on the alias bomb") from None
         assert time.monotonic() - started < 15, args
@@ -273,7 +274,7 @@ async def test_the_archive_is_readable_by_its_owner_only(client: Client, stack: 
         "planner": [{"tool_calls": [{"name": "submit_result", "input": {"answer": "42"}}]}],
     }
     run_id = await client.submit_scenario(parse_scenario(scenario))
-    assert (await client.wait(run_id, timeout=60)).status == "completed"
+    assert (await client.wait(run_id, timeout=bound(60))).status == "completed"
     archive = tmp_path / "archive" / "runs"
     old = os.umask(0o022)  # a usual umask: without the fix files come out 0644, folders 0755
     try:  # what the retention sweep does for each finished run

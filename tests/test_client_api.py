@@ -24,6 +24,7 @@ import pytest
 
 from loopwarden.stack import LocalStack, free_port
 from tests.conftest import ROOT
+from tests.support.timing import bound
 
 DEMO = ROOT / "scenarios" / "demo.yaml"
 ESCALATES = ROOT / "scenarios" / "correction-escalates.yaml"  # shipped; its run waits for a human
@@ -34,7 +35,7 @@ def _env(**extra: str) -> dict[str, str]:
     return {**{k: v for k, v in os.environ.items() if k not in drop}, **extra}
 
 
-def _lw(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def _lw(*args: str, env: dict[str, str], timeout: float = bound(120)) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "loopwarden.cli", *args],
         cwd=ROOT,
@@ -95,7 +96,7 @@ async def test_a_client_without_settings_uses_the_stack_loopwarden_up_recorded(
     LocalStack(state_dir=tmp_path / "stack", nats_url=stack.nats_url).save(tmp_path / "stack.json")  # as `up` does
     async with asyncio.timeout(60), Client() as client:
         assert client.settings.nats_url == stack.nats_url
-        state = await client.run_scenario(load_scenario(DEMO), timeout=50)
+        state = await client.run_scenario(load_scenario(DEMO), timeout=bound(50))
     assert state.status == "completed", state.final_reason
     assert state.run_id.startswith("run-") and state.final_output
 
@@ -207,6 +208,8 @@ def test_the_docs_python_runs_as_written(stack: LocalStack, tmp_path: Path, page
     would be (LW_NATS_URL); nothing it imports is internal."""
     assert not re.search(r"^\s*(from|import) (shared|services)\b", code, re.M), code
     env = _env(LW_NATS_URL=str(stack.nats_url), LW_STATE_DIR=str(tmp_path))
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=bound(120)
+    )
     assert done.returncode == 0, f"{page} block {index}:\n{code}\n{done.stdout}{done.stderr}"
     print(done.stdout)

@@ -36,6 +36,7 @@ from shared.settings import Settings
 from tests.conftest import ROOT, TEST_ENV
 from tests.support.cluster import CLUSTER_CONF, Cluster, route_names
 from tests.support.payments import count_charges
+from tests.support.timing import bound
 
 TOOLS_DIR = ROOT / "tests" / "tools"
 # The default delivery budget (0.5 s doubling over 6 deliveries, ~15 s), not the suite's quick
@@ -85,7 +86,7 @@ def managed(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Itera
     )
     procs = [stack.start_service(s) for s in SERVICES]
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + bound(60)
         before: dict[str, str] = {}
         while time.monotonic() < deadline and len(before) < len(procs):
             for p in procs:
@@ -97,7 +98,7 @@ def managed(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Itera
             time.sleep(0.2)
         assert len(before) == len(procs), {p.name: tail(p.log) for p in procs if p.service not in before}
         changes = asyncio.run(bootstrap(admin_settings(cluster))).changed
-        stack.wait_ready(procs, timeout=90)
+        stack.wait_ready(procs, timeout=bound(90))
         yield Managed(stack, before, changes)
     finally:
         stack.stop()
@@ -152,7 +153,7 @@ async def test_bootstrap_sets_three_replicas_and_an_ordinary_client_changes_noth
     ordinary = cluster.settings("admin", manage_streams=True, stream_replicas=1, nats_url=cluster.nodes[0].url)
     async with Client(ordinary) as client:
         run_id = await client.submit_scenario(parse_scenario(calculation("ordinary")))
-        state = await client.wait(run_id, timeout=60)
+        state = await client.wait(run_id, timeout=bound(60))
         assert state.status == "completed", state.final_reason
     async with admin_js(cluster) as js:
         assert set((await replicas(js)).values()) == {3}
@@ -177,7 +178,7 @@ async def test_a_service_cannot_change_its_own_consumer(cluster: Cluster, manage
     try:
         widened = ConsumerConfig(durable_name="judge", filter_subjects=[f"{S.P}.cmd.>"], ack_wait=3.0)
         with pytest.raises(Exception):  # noqa: B017 - refused: a timeout after the permissions violation
-            await nc.jetstream(timeout=1.0).add_consumer(S.STREAM_CMD, widened)
+            await nc.jetstream(timeout=bound(1.0)).add_consumer(S.STREAM_CMD, widened)
     finally:
         await nc.close()
     assert any("permissions violation" in e.lower() for e in errors), errors
@@ -205,7 +206,7 @@ async def test_a_node_without_the_route_credentials_cannot_join(
     rogue = await asyncio.create_subprocess_exec(nats_server_binary(), "-c", str(conf), stdout=stdout, stderr=stdout)
     stdout.close()
     try:
-        for _ in range(100):
+        for _ in range(int(bound(100))):
             if b"Authorization Violation" in log.read_bytes():
                 break
             await asyncio.sleep(0.05)
@@ -217,11 +218,11 @@ async def test_a_node_without_the_route_credentials_cannot_join(
             delivered = await peer.subscribe(f"{S.P}.evt.probe")
             await spy.flush()
             await peer.flush()
-            await asyncio.sleep(0.3)  # interest propagates over routes
+            await asyncio.sleep(bound(0.3))  # interest propagates over routes
             for _ in range(5):
                 await sender.publish(f"{S.P}.evt.probe", b"account traffic")
             await sender.flush()
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(bound(0.5))
             assert delivered.pending_msgs == 5  # the real cluster routes it
             assert leaked.pending_msgs == 0  # the rogue never sees it
         finally:
@@ -264,7 +265,7 @@ async def test_a_service_logs_losing_and_regaining_its_server(cluster: Cluster, 
         await asyncio.to_thread(cluster.wait_healthy)
 
 
-async def log_shows(proc: Proc, text: str, timeout: float = 20.0) -> bool:
+async def log_shows(proc: Proc, text: str, timeout: float = bound(20.0)) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if text.encode() in read_from(proc.log, proc.log_start):
@@ -302,7 +303,7 @@ def payment(name: str, tool: str) -> dict[str, Any]:
     }
 
 
-async def submit(client: Client, scenario: dict[str, Any], run_id: str, timeout: float = 60.0) -> str:
+async def submit(client: Client, scenario: dict[str, Any], run_id: str, timeout: float = bound(60.0)) -> str:
     """Submit as a user would during a fail-over: a timed-out submit is sent again (the same run
     id: the scenario write is the same value, the submit de-duplicated by its message id)."""
     deadline = time.monotonic() + timeout
@@ -319,12 +320,12 @@ async def move_leader_off(cluster: Cluster, stream: str, node: str) -> None:
     nc = await nats.connect(cluster.url.split(","), user="admin", password=cluster.passwords["admin"])
     try:
         js = nc.jetstream()
-        for _ in range(50):
+        for _ in range(int(bound(50))):
             info = (await js.stream_info(stream)).cluster
             if info is not None and info.leader not in (None, node):
                 return
             with contextlib.suppress(Exception):
-                await nc.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}", b"", timeout=2)
+                await nc.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}", b"", timeout=bound(2))
             await asyncio.sleep(0.2)
         raise AssertionError(f"{stream} still led by {node}")
     finally:
@@ -353,7 +354,10 @@ async def test_killing_the_stream_leader_under_load_loses_and_doubles_nothing(
         rest = await asyncio.gather(*submits[6:])  # while the stream elects a new leader
         assert [*first, *rest] == run_ids
         states = await asyncio.gather(
-            *(client.wait(r, timeout=90, until=("completed", "stopped", "failed", "awaiting_human")) for r in run_ids)
+            *(
+                client.wait(r, timeout=bound(90), until=("completed", "stopped", "failed", "awaiting_human"))
+                for r in run_ids
+            )
         )
         cluster.start_node(victim)  # back to three for the tests that follow
         not_completed = {s.run_id: (s.status, s.final_reason) for s in states if s.status != "completed"}

@@ -7,13 +7,14 @@ import sys
 from pathlib import Path
 
 from tests.conftest import ROOT
+from tests.support.timing import bound
 
 BIN = Path(sys.executable).parent
 PATHS = ["shared", "services", "loopwarden", "tests", "bench"]
 
 
 def run(*cmd: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=bound(300))
 
 
 def test_ruff() -> None:

@@ -28,6 +28,7 @@ from shared.scenario import parse_scenario
 from shared.settings import Settings
 from tests.conftest import ROOT, TEST_ENV, escalations_of, running
 from tests.support.otlp_collector import OtlpCollector
+from tests.support.timing import bound
 
 CHROMIUM = "/usr/bin/chromium-headless-shell"
 CHROMIUM_FLAGS = [
@@ -125,7 +126,7 @@ async def logged_in(browser: Browser, stack: LocalStack, operator: str, path: st
 
 async def waiting(client: Client, scenario: dict[str, Any]) -> tuple[str, str]:
     run_id = await client.submit_scenario(parse_scenario(scenario))
-    await client.wait(run_id, timeout=30, until=("awaiting_human",))
+    await client.wait(run_id, timeout=bound(30), until=("awaiting_human",))
     items = await escalations_of(client, run_id)
     assert len(items) == 1
     return run_id, items[0].escalation_id
@@ -161,7 +162,7 @@ async def test_an_operator_logs_in_claims_provides_the_result_and_the_run_comple
     await expect(page.locator("#flash")).to_have_text("resolve: done")
     await expect(page.locator("#resolution")).to_contain_text("provide_result by alice via console")
 
-    state = await client.wait(run_id, timeout=30)
+    state = await client.wait(run_id, timeout=bound(30))
     assert state.status == "completed" and state.final_output == "1 + 1 = 2"
     await page.goto(f"{human_stack.console_url}/runs/{run_id}")
     await expect(page.locator("#run-status")).to_have_text("completed")
@@ -188,7 +189,7 @@ async def test_a_bad_contract_result_is_refused_in_the_page(
     await form.locator("textarea[name=answer]").fill("Two.")
     await page.click("#do-final_answer")
     await expect(page.locator("#flash")).to_have_text("resolve: done")
-    state = await client.wait(run_id, timeout=30)
+    state = await client.wait(run_id, timeout=bound(30))
     assert state.status == "completed" and state.final_output == "Two."
     await page.close()
 
@@ -215,7 +216,7 @@ async def test_an_operator_without_the_right_is_refused(
     await expect(page.locator("#trail")).to_contain_text("refused — bob via console (resolve)")
     state = await client.state(run_id)
     assert state is not None and state.status == "awaiting_human"
-    refusals = await client.events(run_id, subjects=S.ESCALATION_REFUSED, timeout=0.5)
+    refusals = await client.events(run_id, subjects=S.ESCALATION_REFUSED, timeout=bound(0.5))
     assert [(e.payload["operator"], e.payload["via"]) for e in refusals] == [("bob", "console")] * 2
     assert (await client.resolve(esc_id, "alice", "abort")).ok  # leave the stack tidy
     await page.close()
@@ -230,9 +231,9 @@ async def test_an_sla_expiry_shows_up_live(human_stack: LocalStack, browser: Bro
     await expect(row).to_contain_text("abort at")  # the SLA's deadline and default action
     await expect(row).to_contain_text("abort by SLA", timeout=SLA_S * 1000 + 20_000)
     assert await page.evaluate("window.lwLoadedAt") == loaded_at  # updated in place, never reloaded
-    state = await client.wait(run_id, timeout=30)
+    state = await client.wait(run_id, timeout=bound(30))
     assert state.status == "stopped" and "the SLA" in (state.final_reason or "")
-    applied = await client.events(run_id, subjects=S.ESCALATION_SLA_APPLIED, timeout=0.5)
+    applied = await client.events(run_id, subjects=S.ESCALATION_SLA_APPLIED, timeout=bound(0.5))
     assert [e.payload["action"] for e in applied] == ["abort"]
     await page.close()
 
@@ -249,7 +250,7 @@ async def test_an_unrenewed_claim_expires_back_to_the_queue(client: Client) -> N
         await asyncio.sleep(0.05)
     assert item.status == "open" and item.claimed_by is None
     assert [e.kind for e in item.trail] == ["claimed", "renewed", "expired"]
-    expired = await client.events(run_id, subjects=S.ESCALATION_EXPIRED, timeout=0.5)
+    expired = await client.events(run_id, subjects=S.ESCALATION_EXPIRED, timeout=bound(0.5))
     assert [e.payload["operator"] for e in expired] == ["alice"]
     taken = await client.claim(esc_id, "bob")  # back in the queue: bob's roster still forbids schema_cap
     assert not taken.ok and "refused" in (taken.error or "")

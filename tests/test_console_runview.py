@@ -35,6 +35,7 @@ from shared.scenario import parse_scenario
 from shared.settings import Settings
 from tests.conftest import ROOT, TEST_ENV, escalations_of, running
 from tests.support.otlp_collector import OtlpCollector
+from tests.support.timing import bound
 
 CHROMIUM = "/usr/bin/chromium-headless-shell"
 FLAGS = ["--no-sandbox", "--disable-background-networking", "--disable-component-update", "--no-first-run"]
@@ -106,7 +107,7 @@ async def logged_in(browser: Browser, stack: LocalStack, path: str, operator: st
 
 async def finished(client: Client, name: str) -> str:
     run_id = await client.submit_scenario(parse_scenario(scenario(name)))
-    state = await client.wait(run_id, timeout=60)
+    state = await client.wait(run_id, timeout=bound(60))
     assert state.status == "completed", state.final_reason
     return run_id
 
@@ -206,7 +207,7 @@ async def test_a_run_waiting_for_a_human_is_resolved_from_the_page_and_turns_com
     stack: LocalStack, browser: Browser, client: Client, tmp_path: Path
 ) -> None:
     run_id = await client.submit_scenario(parse_scenario(scenario("correction-escalates")))
-    await client.wait(run_id, timeout=30, until=("awaiting_human",))
+    await client.wait(run_id, timeout=bound(30), until=("awaiting_human",))
     (item,) = await escalations_of(client, run_id)
     page = await logged_in(browser, stack, f"/runs/{run_id}")
     loaded_at = await page.evaluate("window.lwLoadedAt")
@@ -229,7 +230,7 @@ async def test_a_run_waiting_for_a_human_is_resolved_from_the_page_and_turns_com
     await expect(other.locator("#flash")).to_have_text("resolve: done")
 
     # the first tab, never reloaded, follows the run to its end; the open step stays open, refreshed
-    await expect(page.locator("#run-status")).to_have_text("completed", timeout=30_000)
+    await expect(page.locator("#run-status")).to_have_text("completed", timeout=bound(30_000))
     await expect(page.locator("#run-decide")).to_contain_text("complete")
     await expect(esc).to_have_attribute("open", "")
     await expect(esc.locator(":scope > summary")).to_contain_text("provide_result by alice via console")
@@ -366,7 +367,7 @@ async def test_the_queue_item_offers_what_fits_its_state_and_confirms_an_abort(
     stack: LocalStack, browser: Browser, client: Client, tmp_path: Path
 ) -> None:
     run_id = await client.submit_scenario(parse_scenario(scenario("correction-escalates")))
-    await client.wait(run_id, timeout=30, until=("awaiting_human",))
+    await client.wait(run_id, timeout=bound(30), until=("awaiting_human",))
     (item,) = await escalations_of(client, run_id)
     page = await logged_in(browser, stack, f"/escalations/{item.escalation_id}")
     await expect(page.locator("#controls-note")).to_contain_text("resolve it now (no claim needed)")
@@ -396,7 +397,7 @@ async def test_the_queue_item_offers_what_fits_its_state_and_confirms_an_abort(
     await page.check("#confirm-abort")
     await page.click("#do-abort")
     await expect(page.locator("#flash")).to_have_text("resolve: done")
-    assert (await client.wait(run_id, timeout=30)).status == "stopped"
+    assert (await client.wait(run_id, timeout=bound(30))).status == "stopped"
     # resolved: read-only
     await expect(page.locator("#controls-note")).to_have_text("resolved: this item is read-only")
     await page.reload()
@@ -410,7 +411,12 @@ def lw(stack: LocalStack, *args: str) -> subprocess.CompletedProcess[str]:
     drop = ("NATS_URL", "LW_NATS_URL", "LW_STATE_DIR", "PYTHONIOENCODING")
     env = {**{k: v for k, v in os.environ.items() if k not in drop}, "LW_NATS_URL": str(stack.nats_url)}
     return subprocess.run(
-        [sys.executable, "-m", "loopwarden.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "loopwarden.cli", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=bound(60),
     )
 
 
@@ -440,7 +446,7 @@ async def test_the_terminal_prints_the_same_steps_and_a_step_whole(stack: LocalS
     assert missing.returncode != 0 and "has no step '9' (iterations: i1, i2, i3, end)" in missing.stderr
 
     waiting = await client.submit_scenario(parse_scenario(scenario("correction-escalates")))
-    await client.wait(waiting, timeout=30, until=("awaiting_human",))
+    await client.wait(waiting, timeout=bound(30), until=("awaiting_human",))
     (item,) = await escalations_of(client, waiting)
     text = await asyncio.to_thread(lw, stack, "escalations", "show", item.escalation_id)
     assert text.returncode == 0, text.stderr

@@ -38,6 +38,7 @@ from shared.settings import Settings
 from tests.conftest import TEST_ENV
 from tests.support import locked as L
 from tests.support.http_server import LocalHttpServer, QuietHandler
+from tests.support.timing import bound
 from tests.test_console import CHROMIUM, CHROMIUM_FLAGS
 
 COST = 12  # the real work factor (local.py writes 10; the review saw 10-12)
@@ -140,7 +141,7 @@ def request(
     source: str = "127.0.0.1",
     form: dict[str, str] | None = None,
     headers: dict[str, str] | None = None,
-    timeout: float = 60.0,
+    timeout: float = bound(60.0),
 ) -> Answer:
     """One request, redirects not followed. A form carries the console's own Origin unless told otherwise."""
     parts = urlsplit(base)
@@ -397,7 +398,7 @@ async def test_a_failed_login_logs_neither_the_typed_name_nor_anything_like_a_pa
     marker = "Hunter2-Typed-In-The-Name-Field"
     answer = await asyncio.to_thread(login, consoles.a, marker, "whatever", "127.0.0.90")
     assert answer.status == 401
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(bound(0.3))
     log = consoles.log_a.read_text(errors="replace")
     assert marker.lower() not in log.lower(), [line for line in log.splitlines() if "failed login" in line]
     assert "failed login for an unknown name #" in log  # still logged, as a keyed digest

@@ -15,6 +15,7 @@ from services.governor.handlers import TenantDay, tenant_key, today
 from shared import subjects as S
 from shared.messages import RunLimits, RunSubmit
 from tests.conftest import run_scenario
+from tests.support.timing import bound
 
 SMALL = {"input_tokens": 100, "output_tokens": 10}
 
@@ -104,7 +105,7 @@ async def test_near_the_cost_ceiling_one_wrap_up_turn_answers(client: Client, me
 # --- per-tenant daily ceilings ------------------------------------------------------------------
 
 
-async def tenant_spent(client: Client, tenant: str, at_least: float, timeout: float = 10.0) -> float:
+async def tenant_spent(client: Client, tenant: str, at_least: float, timeout: float = bound(10.0)) -> float:
     spent = 0.0
     for _ in range(int(timeout / 0.1)):
         record, _ = await client.bus.kv_get(S.KV_BUDGETS, tenant_key(tenant, today()), TenantDay)

@@ -30,6 +30,7 @@ from loopwarden.stack import free_port, nats_server_binary, wait_for_port
 from shared.health import check
 from shared.version import package_version
 from tests.conftest import ROOT
+from tests.support.timing import bound
 
 SERVICES = ("planner", "executor", "validator", "judge", "governor", "escalation")
 K8S_VERSION = "1.37.0"
@@ -219,7 +220,7 @@ def private_nats(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]
         yield f"nats://127.0.0.1:{port}", server
     finally:
         server.kill()
-        server.wait(timeout=10)
+        server.wait(timeout=bound(10))
 
 
 def start_service(name: str, nats_url: str, health_port: int, log: Path) -> subprocess.Popen[bytes]:
@@ -252,7 +253,7 @@ def health_command(port: int, *extra: str) -> subprocess.CompletedProcess[str]:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=bound(60),
     )
 
 
@@ -266,7 +267,7 @@ def test_a_service_is_live_at_once_ready_once_consuming_and_not_ready_without_na
     proc = start_service("governor", dead, port, log)
     try:
         base = f"http://127.0.0.1:{port}"
-        wait_until(lambda: check(f"{base}/livez")[0], 60, "no /livez", log)
+        wait_until(lambda: check(f"{base}/livez")[0], bound(60), "no /livez", log)
         ok, said = check(f"{base}/readyz")
         assert not ok and json.loads(said) == {
             "service": "governor",
@@ -278,14 +279,14 @@ def test_a_service_is_live_at_once_ready_once_consuming_and_not_ready_without_na
         assert health_command(port, "--live").returncode == 0
     finally:
         proc.terminate()
-        proc.wait(timeout=30)
+        proc.wait(timeout=bound(30))
 
     # 2. against a real server: ready once it consumes; the compose check passes
     port, log = free_port(), tmp_path / "governor.log"
     proc = start_service("governor", nats_url, port, log)
     try:
         base = f"http://127.0.0.1:{port}"
-        wait_until(lambda: check(f"{base}/readyz")[0], 90, "never ready", log)
+        wait_until(lambda: check(f"{base}/readyz")[0], bound(90), "never ready", log)
         assert "loopwarden-governor ready" in log.read_text()
         done = health_command(port)
         assert done.returncode == 0 and json.loads(done.stdout)["ready"] is True, done.stdout + done.stderr
@@ -293,14 +294,14 @@ def test_a_service_is_live_at_once_ready_once_consuming_and_not_ready_without_na
 
         # 3. the server dies: still live (it reconnects), not ready, and the check fails
         server.kill()
-        server.wait(timeout=10)
-        wait_until(lambda: not check(f"{base}/readyz")[0], 30, "still ready with NATS gone", log)
+        server.wait(timeout=bound(10))
+        wait_until(lambda: not check(f"{base}/readyz")[0], bound(30), "still ready with NATS gone", log)
         assert json.loads(check(f"{base}/readyz")[1])["detail"] == "NATS connection lost; reconnecting"
         assert check(f"{base}/livez")[0]
         assert health_command(port).returncode == 1
     finally:
         proc.terminate()
-        proc.wait(timeout=30)
+        proc.wait(timeout=bound(30))
 
 
 def test_a_taken_health_port_stops_the_service_naming_the_setting(tmp_path: Path) -> None:
@@ -312,7 +313,12 @@ def test_a_taken_health_port_stops_the_service_naming_the_setting(tmp_path: Path
         port = taken.getsockname()[1]
         env = {**os.environ, "LW_NATS_URL": f"nats://127.0.0.1:{free_port()}", "LW_HEALTH_PORT": str(port)}
         done = subprocess.run(
-            [sys.executable, "-m", "services.judge"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+            [sys.executable, "-m", "services.judge"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=bound(60),
         )
     assert done.returncode != 0
     assert "invalid setting LW_HEALTH_PORT" in done.stderr and "Traceback" not in done.stderr, done.stderr

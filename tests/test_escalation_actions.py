@@ -19,6 +19,7 @@ from shared import subjects as S
 from shared.messages import Escalation, EscalationClaim, EscalationReply
 from shared.scenario import parse_scenario
 from tests.conftest import ROOT, escalations_of
+from tests.support.timing import bound
 
 SCENARIOS = {p.stem: yaml.safe_load(p.read_text()) for p in sorted((ROOT / "scenarios").glob("*.yaml"))}
 ESCALATING = [name for name, s in SCENARIOS.items() if (s.get("expect") or {}).get("status") == "awaiting_human"]
@@ -34,7 +35,7 @@ ACTIONS = {
 
 async def raised(client: Client, name: str) -> tuple[str, Escalation]:
     run_id = await client.submit_scenario(parse_scenario(SCENARIOS[name]))
-    state = await client.wait(run_id, timeout=30, until=("awaiting_human",))
+    state = await client.wait(run_id, timeout=bound(30), until=("awaiting_human",))
     assert state.awaiting is not None
     items = await escalations_of(client, run_id)
     assert len(items) == 1, items
@@ -66,7 +67,7 @@ async def test_an_operator_finishes_a_shipped_scenario_with_each_action(
     assert reply.ok, reply.error
     assert reply.escalations[0].resolution is not None
     assert reply.escalations[0].resolution.resolved_by == "oncall"
-    state = await client.wait(run_id, timeout=30)
+    state = await client.wait(run_id, timeout=bound(30))
     if action == "abort":
         assert state.status == "stopped" and "aborted by oncall" in (state.final_reason or "")
         return
@@ -138,7 +139,7 @@ async def test_one_malformed_record_never_hides_the_others(client: Client) -> No
     await kv.put(broken, b'{"escalation_id": "half a record", "kind": 42')
     try:
         reply = EscalationReply(ok=False)
-        for _ in range(100):  # the service's watcher sees the write a moment later
+        for _ in range(int(bound(100))):  # the service's watcher sees the write a moment later
             reply = await client.escalations("all")
             if broken in reply.unreadable:
                 break
@@ -162,7 +163,7 @@ async def test_claims_renewals_and_resolutions_are_events_with_the_verified_oper
     assert not refused.ok and "not claimed by intern" in (refused.error or "")
     assert (await client.resolve(item.escalation_id, "oncall", "approve", "reads well")).ok
     await client.wait(run_id)
-    events = await client.events(run_id, subjects=f"{S.ESCALATION_EVENT_PREFIX}.>", timeout=0.5)
+    events = await client.events(run_id, subjects=f"{S.ESCALATION_EVENT_PREFIX}.>", timeout=bound(0.5))
     kinds = [e.kind for e in events]
     assert kinds[:1] == ["escalation.raised"] and "escalation.resolved" in kinds
     claimed = next(e.payload for e in events if e.kind == "escalation.claimed")
@@ -181,7 +182,7 @@ async def test_a_request_on_a_subject_without_an_operator_is_refused_and_recorde
     assert not reply.ok and "refused: no verified identity" in (reply.error or "")
     shown = (await client.show(item.escalation_id)).escalations[0]
     assert shown.status == "open" and shown.trail[-1].kind == "refused"
-    refusals = await client.events(run_id, subjects=S.ESCALATION_REFUSED, timeout=0.5)
+    refusals = await client.events(run_id, subjects=S.ESCALATION_REFUSED, timeout=bound(0.5))
     assert [e.payload["action"] for e in refusals] == ["claim"]
     assert (await client.resolve(item.escalation_id, "oncall", "abort")).ok
     await client.wait(run_id)

@@ -28,6 +28,7 @@ from shared.permissions import operator_roster
 from shared.settings import Settings
 from tests.conftest import ROOT, TEST_ENV
 from tests.support import locked as L
+from tests.support.timing import bound
 
 LEASE_S = 2.0
 
@@ -76,7 +77,7 @@ async def queued(admin: Client, kind: str) -> str:
     esc_id = f"esc-id-{kind}-{free_port()}"
     raise_ = EscalationRaise(escalation_id=esc_id, run_id=f"run-{esc_id}", kind=kind, reason="needs a person")  # type: ignore[arg-type]
     await admin.bus.publish(S.ESCALATION_RAISE, raise_, msg_id=f"raise.{esc_id}")
-    for _ in range(100):
+    for _ in range(int(bound(100))):
         if (await admin.show(esc_id)).ok:
             return esc_id
         await asyncio.sleep(0.05)
@@ -123,7 +124,7 @@ async def test_an_operator_outside_their_kinds_is_refused_and_recorded(locked: s
         ("refused", "bob", "claim"),
         ("refused", "bob", "resolve"),
     ]
-    refusals = await admin.events(f"run-{fatal}", subjects=S.ESCALATION_REFUSED, timeout=0.5)
+    refusals = await admin.events(f"run-{fatal}", subjects=S.ESCALATION_REFUSED, timeout=bound(0.5))
     assert [(e.payload["operator"], e.payload["action"]) for e in refusals] == [("bob", "claim"), ("bob", "resolve")]
 
 
@@ -139,7 +140,7 @@ async def test_the_console_acts_for_an_operator_and_both_are_recorded(locked: st
         assert done.ok, done.error
     resolution = (await admin.show(esc_id)).escalations[0].resolution
     assert resolution is not None and (resolution.resolved_by, resolution.via) == ("alice", "console")
-    resolved = await admin.events(f"run-{esc_id}", subjects=S.ESCALATION_RESOLVED, timeout=0.5)
+    resolved = await admin.events(f"run-{esc_id}", subjects=S.ESCALATION_RESOLVED, timeout=bound(0.5))
     assert [(e.payload["resolved_by"], e.payload["via"]) for e in resolved] == [("alice", "console")]
 
 
@@ -161,7 +162,7 @@ async def test_a_queue_refusal_is_recorded_and_published_like_an_identity_refusa
         assert not reply.ok and "already resolved" in (reply.error or ""), reply.error
 
         assert (await alice.claim(lapsed, "alice")).ok
-        for _ in range(100):  # the lease lapses and the sweeper hands the item back
+        for _ in range(int(bound(100))):  # the lease lapses and the sweeper hands the item back
             if (await admin.show(lapsed)).escalations[0].status == "open":
                 break
             await asyncio.sleep(0.1)
@@ -186,13 +187,13 @@ async def test_a_queue_refusal_is_recorded_and_published_like_an_identity_refusa
         ("refused", "alice"),
     ]
     assert item.status == "claimed" and item.claimed_by == "bob"  # the refusal changed nothing but the trail
-    refused = await admin.events(f"run-{contested}", subjects=S.ESCALATION_REFUSED, timeout=0.5)
+    refused = await admin.events(f"run-{contested}", subjects=S.ESCALATION_REFUSED, timeout=bound(0.5))
     assert [(e.payload["operator"], e.payload["action"]) for e in refused] == [
         ("bob", "claim"),
         ("bob", "resolve"),
         ("bob", "resolve"),
     ]
-    refused = await admin.events(f"run-{lapsed}", subjects=S.ESCALATION_REFUSED, timeout=0.5)
+    refused = await admin.events(f"run-{lapsed}", subjects=S.ESCALATION_REFUSED, timeout=bound(0.5))
     assert [(e.payload["operator"], e.payload["action"]) for e in refused] == [("alice", "renew")]
 
 
@@ -205,7 +206,7 @@ def cli(url: str, user: str, *args: str, **env: str) -> subprocess.CompletedProc
         env={**base, "LW_NATS_URL": url, **creds, **env},
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=bound(120),
     )
 
 
@@ -292,7 +293,7 @@ def test_a_service_that_reconnects_logs_no_password(tmp_path: Path) -> None:
         nats.wait(10)
         nats = server()
         log = stack.procs[0].log
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + bound(60)
         while "reconnected to NATS" not in log.read_text(errors="replace"):
             assert time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
             time.sleep(0.2)

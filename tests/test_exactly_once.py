@@ -27,6 +27,7 @@ from tests.conftest import ROOT, escalations_of
 from tests.support.otlp_collector import OtlpCollector
 from tests.support.payments import count_charges
 from tests.support.runs import GOOD_SEARCH, submit, tool_results
+from tests.support.timing import bound
 
 TOOLS_DIR = ROOT / "tests" / "tools"
 FAULT_EXIT = 70
@@ -89,12 +90,12 @@ async def test_an_executor_dying_at_any_point_never_charges_twice(
     assert await charges(client, run_id) == charged_before_crash
     async with healthy_executor(stack, "transfer_funds", f"after-{point}"):
         if outcome == "unknown_outcome":
-            state = await client.wait(run_id, timeout=60, until=("awaiting_human",))
+            state = await client.wait(run_id, timeout=bound(60), until=("awaiting_human",))
             assert state.awaiting is not None and state.awaiting.kind == "unknown_outcome"
             items = await escalations_of(client, run_id)
             assert [e.kind for e in items] == ["unknown_outcome"]
         else:
-            state = await client.wait(run_id, timeout=60)
+            state = await client.wait(run_id, timeout=bound(60))
             assert state.status == "completed", state.final_reason
             kinds = [e.kind for e in await client.events(run_id)]
             assert kinds.count("tool.succeeded.transfer_funds") == 1
@@ -122,7 +123,7 @@ async def test_an_idempotent_call_runs_again_only_when_no_final_was_recorded(
         assert entry is not None and entry.final is not None
         assert len(await (await client.bus.kv(S.KV_TOOL_LEDGER)).history(key)) == writes
     async with healthy_executor(stack, "sync_ledger", f"after-idempotent-{point}"):
-        state = await client.wait(run_id, timeout=60)
+        state = await client.wait(run_id, timeout=bound(60))
         assert state.status == "completed", state.final_reason
         kinds = [e.kind for e in await client.events(run_id)]
         assert kinds.count("tool.succeeded.sync_ledger") == 1, kinds
@@ -144,7 +145,7 @@ async def test_an_idempotent_call_run_again_after_a_crash_keeps_each_deliverys_f
     entry, _ = await client.bus.kv_get(S.KV_TOOL_LEDGER, S.kv_key(run_id, "i1", "toolu_money"), LedgerEntry)
     assert entry is None  # the first delivery ran unclaimed
     async with healthy_executor(stack, "retry_ledger", "after-idempotent-attempts"):
-        state = await client.wait(run_id, timeout=60)
+        state = await client.wait(run_id, timeout=bound(60))
         assert state.status == "completed", state.final_reason
         events = await client.events(run_id)
         failed = [e.headers.get("Nats-Msg-Id") for e in events if e.kind == "tool.attempt.retry_ledger"]
@@ -178,7 +179,7 @@ async def test_a_command_on_the_search_subject_naming_charge_card_is_dead_letter
     assert letter is not None, "the forged command was not dead-lettered"
     assert letter.service == "executor" and letter.subject == S.tool_execute("search")
     assert "charge_card" in letter.reason and "search" in letter.reason
-    await asyncio.sleep(0.5)
+    await asyncio.sleep(bound(0.5))
     assert await charges(client, run_id) == 0
     events = await client.events(run_id)
     assert not any("charge_card" in e.kind for e in events)  # nothing ran, nothing was reported as run
@@ -196,7 +197,7 @@ async def test_a_timed_out_non_idempotent_call_is_an_unknown_outcome_not_a_retry
         scenario = money_scenario("slow-charge", tool="slow_charge")
         scenario["tools"] = {"slow_charge": [{"latency_s": 3, "times": "always"}]}
         run_id = await client.submit_scenario(parse_scenario(scenario))
-        state = await client.wait(run_id, timeout=60, until=("awaiting_human",))
+        state = await client.wait(run_id, timeout=bound(60), until=("awaiting_human",))
         assert state.awaiting is not None and state.awaiting.kind == "unknown_outcome"
         items = await escalations_of(client, run_id)
         assert [e.kind for e in items] == ["unknown_outcome"]

@@ -21,6 +21,7 @@ from tests.conftest import ROOT, escalations_of, run_scenario
 from tests.support.otlp_collector import OtlpCollector
 from tests.support.payments import count_charges
 from tests.support.runs import GOOD_SEARCH, submit, tool_results
+from tests.support.timing import bound
 from tests.support.tracing import spans_of_run
 
 
@@ -265,7 +266,7 @@ async def test_a_new_consumer_of_one_tools_transient_failures_is_just_a_subscrip
                 },
             },
         )
-        msgs = await sub.fetch(10, timeout=2)
+        msgs = await sub.fetch(10, timeout=bound(2))
         seen = [(m.subject, json.loads(m.data)["run_id"]) for m in msgs]
         assert (S.run_scoped(S.failure("transient", "enrich_company"), state.run_id), state.run_id) in seen
         assert all(S.stem(subject) == S.failure("transient", "enrich_company") for subject, _ in seen)
@@ -370,7 +371,7 @@ async def test_a_budget_request_the_governor_refuses_fails_the_run_with_its_reas
     await budgets.put(S.kv_key(run_id), b"{not a budget ledger")  # the governor cannot read this run's ledger
     scenario = parse_scenario({"name": "governor-refuses", "task": "2+2?", "planner": [submit("4")]})
     await client.submit_scenario(scenario, run_id=run_id)
-    state = await client.wait(run_id, timeout=30)
+    state = await client.wait(run_id, timeout=bound(30))
     assert state.status == "failed" and state.model_calls == 0
     assert (state.final_reason or "").startswith("the governor refused the budget request: handler failed"), (
         state.final_reason
@@ -482,11 +483,11 @@ async def test_killing_the_executor_mid_call(stack: LocalStack, client: Client, 
     try:
         stack.wait_ready([second])
         if idempotent:
-            state = await client.wait(run_id, timeout=60)
+            state = await client.wait(run_id, timeout=bound(60))
             assert state.status == "completed"
             assert await charges(client, run_id) == 2  # safe to run again, and it was
             return
-        state = await client.wait(run_id, timeout=60, until=("awaiting_human",))
+        state = await client.wait(run_id, timeout=bound(60), until=("awaiting_human",))
         assert state.awaiting is not None and state.awaiting.kind == "unknown_outcome"
         assert await charges(client, run_id) == 1  # not run a second time
         items = await escalations_of(client, run_id)

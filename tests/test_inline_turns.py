@@ -17,6 +17,7 @@ from shared.messages import RunAdvance
 from shared.scenario import parse_scenario
 from shared.settings import Settings
 from tests.support.runs import calculator_steps, healthy_planner_finishes, planner_dies
+from tests.support.timing import bound
 from tests.support.wire import Wire
 
 
@@ -25,7 +26,7 @@ async def test_a_step_takes_its_next_turn_without_an_advance_on_the_wire(client:
     submit); the four after it are taken where each tool's outcome is applied."""
     async with Wire(client, S.RUN_ADVANCE, f"$KV.{S.KV_MODEL_CALLS}.>") as wire:
         run_id = await client.submit_scenario(parse_scenario(calculator_steps("inline", 4)))
-        state = await client.wait(run_id, timeout=30)
+        state = await client.wait(run_id, timeout=bound(30))
     assert state.status == "completed", state.final_reason
     assert state.model_calls == 5
     advances = [m for m in wire.seen if m.subject == S.RUN_ADVANCE and m.headers.get(RUN_ID_HEADER) == run_id]

@@ -28,6 +28,7 @@ from shared.contracts.registration import register_contract
 from shared.messages import ToolContract, ToolResultRaw
 from shared.settings import McpServerSpec, Settings
 from tests.conftest import ROOT
+from tests.support.timing import bound
 
 SPEC = McpServerSpec(name="s", command=["x"])
 PROFILE = types.Tool(
@@ -126,7 +127,12 @@ def test_annotations_and_overrides_decide_idempotency() -> None:
 def cli(*args: str, servers: list[dict[str, Any]]) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "LW_MCP_SERVERS": json.dumps(servers)}
     return subprocess.run(
-        [sys.executable, "-m", "loopwarden.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240
+        [sys.executable, "-m", "loopwarden.cli", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=bound(240),
     )
 
 

@@ -25,6 +25,7 @@ from loopwarden.stack import LocalStack, Proc
 from shared import subjects as S
 from shared.messages import McpServerStatus, RunSnapshot
 from tests.conftest import escalations_of, run_scenario
+from tests.support.timing import bound
 
 TIME_TOOLS = ["get_current_time", "convert_time"]
 GIT_TOOLS = ["git_status", "git_add", "git_commit", "git_log", "git_show"]
@@ -46,7 +47,7 @@ def call(name: str, **args: Any) -> dict[str, Any]:
 
 def git(repo: Path, *args: str) -> str:
     return subprocess.run(
-        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, timeout=30
+        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, timeout=bound(30)
     ).stdout
 
 
@@ -64,7 +65,7 @@ def processes_with(marker: str) -> list[int]:
     return pids
 
 
-def gone(marker: str, timeout: float = 10.0) -> bool:
+def gone(marker: str, timeout: float = bound(10.0)) -> bool:
     deadline = time.monotonic() + timeout
     while processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -77,7 +78,7 @@ def start_executor(stack: LocalStack, label: str, servers: list[dict[str, Any]],
         label=label,
         extra_env={"LW_MCP_SERVERS": json.dumps(servers), "LW_EXECUTOR_TOOLS": ",".join(tools)},
     )
-    stack.wait_ready([proc], timeout=180)
+    stack.wait_ready([proc], timeout=bound(180))
     return proc
 
 
@@ -233,7 +234,7 @@ def lab(stack: LocalStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator
             "name": "stuck",
             "command": [*lab_cmd, f"stuck-{marker}"],
             "env": {"LAB_HANG": "1"},
-            "start_timeout_s": 1.5,
+            "start_timeout_s": bound(1.5),
             "restart_base_s": 30,
         },
     ]
@@ -245,7 +246,7 @@ def lab(stack: LocalStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator
             "env": {"LAB_HANG_UNLESS": str(gate)},
             "prefix": "late_",
             "tools": ["profile"],
-            "start_timeout_s": 1.5,
+            "start_timeout_s": bound(1.5),
             "restart_base_s": 0.5,
             "restart_max_s": 1.0,
         }
@@ -254,7 +255,7 @@ def lab(stack: LocalStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     proc = start_executor(stack, "executor-mcp-lab", servers, [*LAB_TOOLS, "slow_profile", "late_profile"])
     yield {"proc": proc, "marker": marker, "notes": notes, "gate": gate, "ready_s": time.monotonic() - started}
     stop(proc)
-    assert gone(marker, timeout=1)  # a clean stop ends its servers, even one that lingers after its stdin closes
+    assert gone(marker, timeout=bound(1))  # a clean stop ends its servers, even one that lingers after its stdin closes
 
 
 async def server_events(client: Client, server: str, executor_pid: int, wait_s: float = 0.5) -> list[McpServerStatus]:
@@ -276,7 +277,7 @@ async def server_events(client: Client, server: str, executor_pid: int, wait_s: 
 
 
 async def wait_for_state(
-    client: Client, server: str, pid: int, state: str, after: int = 0, timeout: float = 90
+    client: Client, server: str, pid: int, state: str, after: int = 0, timeout: float = bound(90)
 ) -> list[McpServerStatus]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -293,14 +294,14 @@ async def test_servers_start_concurrently_and_a_stuck_one_is_reported_not_waited
     pid = lab["proc"].popen.pid
     lab_events = await server_events(client, "lab", pid)
     slow_events = await server_events(client, "slowlab", pid)
-    stuck_events = await server_events(client, "stuck", pid)
+    stuck_events = await wait_for_state(client, "stuck", pid, "failed")  # after its own start-up timeout
     assert [e.state for e in lab_events][:2] == ["starting", "up"]
     assert [e.state for e in slow_events][:2] == ["starting", "up"]
     # both servers delay their handshake by 1 s; concurrently, each started before the other was up
     assert max(lab_events[0].at, slow_events[0].at) < min(lab_events[1].at, slow_events[1].at)
     # the stuck server failed after its own start-up timeout; the executor became ready anyway
     failed = next(e for e in stuck_events if e.state == "failed")
-    assert "no handshake and tool list within 1.5s (start_timeout_s)" in failed.detail
+    assert f"no handshake and tool list within {bound(1.5):g}s (start_timeout_s)" in failed.detail
     assert failed.next_start_in_s == 30
     kv_status, _ = await client.bus.kv_get(S.KV_MCP_SERVERS, S.kv_key("stuck", failed.executor), McpServerStatus)
     assert kv_status is not None and kv_status.state == "failed"
@@ -382,7 +383,7 @@ async def test_a_slow_read_only_call_times_out_and_is_retried(client: Client, la
             "task": "Wait.",
             "planner": [call("sleep", seconds=5), submit("It timed out.")],
         },
-        timeout=60,
+        timeout=bound(60),
     )
     (result,) = tool_results(state)
     assert result.is_error and "did not respond in time" in result.content

@@ -33,6 +33,7 @@ from shared.settings import Settings
 from tests.conftest import ROOT, TEST_ENV
 from tests.support import locked as L
 from tests.support.runs import submit, tool_results
+from tests.support.timing import bound
 
 SERVICES = ("planner", "executor", "validator", "governor", "escalation")
 # exchange_rate is hosted only by an executor a test starts and stops (so its contract outlives its replica)
@@ -85,7 +86,7 @@ LOW_STOCK = {"tool_calls": [{"name": "low_stock", "input": {"below": 5}}]}
 # --- a call to a tool no replica hosts ---------------------------------------------------------------------
 async def test_a_tool_no_replica_hosts_is_a_typed_failure_and_past_the_cap_a_human(client: Client) -> None:
     run = scenario([LOW_STOCK, LOW_STOCK, LOW_STOCK, submit("12 units")], expect={"status": "completed"})
-    state = await client.run_scenario(run, timeout=60)
+    state = await client.run_scenario(run, timeout=bound(60))
     # never a completed run: the third call is past the correction cap (2), and the run waits for a person
     assert state.status == "awaiting_human", state.final_reason
     assert state.awaiting is not None and state.awaiting.kind == "schema_cap"
@@ -119,7 +120,7 @@ async def test_a_live_run_calling_a_tool_no_replica_hosts_gets_the_same_typed_fa
     fake_model.script(key, [{"content": [{**call, "id": f"toolu_low{n}"}]} for n in range(3)])
     run_id = f"run-live-{key}"
     await client.submit(RunSubmit(run_id=run_id, task=f"Which products are low on stock? [script:{key}]"))
-    state = await client.wait(run_id, timeout=60, until=("completed", "stopped", "failed", "awaiting_human"))
+    state = await client.wait(run_id, timeout=bound(60), until=("completed", "stopped", "failed", "awaiting_human"))
     assert state.status == "awaiting_human" and state.awaiting is not None, state.final_reason
     assert state.awaiting.kind == "schema_cap"
     # what the model was sent back: an error result naming the tools it may call
@@ -131,7 +132,7 @@ async def test_a_live_run_calling_a_tool_no_replica_hosts_gets_the_same_typed_fa
 
 async def test_a_run_that_called_a_missing_tool_does_not_meet_an_expect_that_is_silent_about_it(client: Client) -> None:
     run = scenario([LOW_STOCK, submit("12 units")], expect={"status": "completed"})
-    state, mismatches = await client.run_and_check(run, timeout=60)
+    state, mismatches = await client.run_and_check(run, timeout=bound(60))
     assert state.status == "completed", state.final_reason  # the model went on without it (under the cap)
     assert mismatches == [
         "tool low_stock: called 1 time(s) but no replica of the stack hosts it (unknown_tool); start the stack "
@@ -155,7 +156,7 @@ async def test_a_registered_tool_whose_replicas_are_gone_is_a_typed_failure_too(
     )
     try:
         await asyncio.to_thread(services.wait_ready, [only])
-        hosted = await client.run_scenario(scenario([rate, submit("0.92")]), timeout=60)
+        hosted = await client.run_scenario(scenario([rate, submit("0.92")]), timeout=bound(60))
         assert hosted.status == "completed", hosted.final_reason
         assert '"rate"' in tool_results(hosted)[0].content  # hosted: it ran
         checked = await asyncio.to_thread(lw, url, "check-scenario", "--against-stack", str(rates_file))
@@ -175,7 +176,7 @@ async def test_a_registered_tool_whose_replicas_are_gone_is_a_typed_failure_too(
     assert checked.returncode == 1 and checked.stderr.startswith(f"{rates_file}: calls exchange_rate, which no "), (
         checked.stdout + checked.stderr
     )
-    state = await client.run_scenario(scenario([rate, submit("0.92")]), timeout=30)
+    state = await client.run_scenario(scenario([rate, submit("0.92")]), timeout=bound(30))
     # never a run waiting for ever on a command nobody takes: the call failed, typed, and the model saw it
     assert state.status == "completed", state.final_reason
     result = tool_results(state)[0]
@@ -188,7 +189,7 @@ async def test_expect_states_tool_outcomes(client: Client) -> None:
     shipped = load_scenario(ROOT / "scenarios" / "malformed-output-corrected.yaml")
     data = shipped.model_dump(mode="json", by_alias=True, exclude_none=True)
     data["expect"] = {"status": "completed", "tools": {"search": {"succeeded": 1, "output_invalid": 1}}}
-    state, mismatches = await client.run_and_check(parse_scenario(data), timeout=60)
+    state, mismatches = await client.run_and_check(parse_scenario(data), timeout=bound(60))
     assert mismatches == [], mismatches  # "search succeeded once after one output_invalid"
     data["expect"] = {"tools": {"search": {"succeeded": 2}, "calculator": {"succeeded": 0}}}
     assert await client.check(parse_scenario(data), state) == [
@@ -198,7 +199,7 @@ async def test_expect_states_tool_outcomes(client: Client) -> None:
 
 async def test_expect_states_escalation_actions(locked: str, client: Client) -> None:
     shipped = load_scenario(ROOT / "scenarios" / "correction-escalates.yaml")
-    state = await client.run_scenario(shipped, timeout=60)
+    state = await client.run_scenario(shipped, timeout=bound(60))
     assert state.status == "awaiting_human" and state.awaiting is not None
     async with Client(as_user(locked, "alice"), identity="alice") as alice:
         done = await alice.resolve(
@@ -209,7 +210,7 @@ async def test_expect_states_escalation_actions(locked: str, client: Client) -> 
             {"status": "ok", "expression": "1+1", "result": 2},
         )
         assert done.ok, done.error
-    ended = await client.wait(state.run_id, timeout=60)
+    ended = await client.wait(state.run_id, timeout=bound(60))
     assert ended.status == "completed", ended.final_reason
     data = shipped.model_dump(mode="json", by_alias=True, exclude_none=True)
     data["expect"] = {
@@ -231,7 +232,12 @@ def lw(url: str, *args: str) -> subprocess.CompletedProcess[str]:
     env |= {"LW_NATS_URL": url, "LW_NATS_USER": "client", "LW_NATS_PASSWORD": L.PASSWORDS["client"]}
     env |= {"LW_MANAGE_STREAMS": "false"}
     return subprocess.run(
-        [sys.executable, "-m", "loopwarden.cli", *args], env=env, capture_output=True, text=True, timeout=60, cwd=ROOT
+        [sys.executable, "-m", "loopwarden.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=bound(60),
+        cwd=ROOT,
     )
 
 
@@ -271,7 +277,7 @@ async def test_submit_refuses_a_scenario_calling_tools_the_stack_does_not_host(
     assert done.returncode == 1, done.stdout + done.stderr
     assert done.stdout == "" and len(done.stderr.strip().splitlines()) == 1, done.stdout + done.stderr
     assert "calls low_stock, reorder, which no executor of the running stack hosts" in done.stderr
-    await asyncio.sleep(0.5)
+    await asyncio.sleep(bound(0.5))
     assert len(await client.events(subjects=f"{S.P}.evt.>")) == before  # nothing was published: no run started
     anyway = await asyncio.to_thread(lw, locked, "submit", "--scenario", str(path), "--allow-missing-tools")
     assert anyway.returncode == 0 and anyway.stdout.startswith("run-"), anyway.stdout + anyway.stderr

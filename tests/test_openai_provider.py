@@ -27,6 +27,7 @@ from tests.conftest import ONE_EACH, ROOT, TEST_ENV, running, settings_for
 from tests.support.messages_api import MessagesApiServer
 from tests.support.openai_api import ChatCompletionsServer
 from tests.support.otlp_collector import OtlpCollector
+from tests.support.timing import bound
 
 TOOLS = ROOT / "tests" / "ecosystem_tools"
 
@@ -100,7 +101,7 @@ async def run(
     chat_api.script(key, replies)
     run_id = f"run-oai-{key}"
     await client.submit(RunSubmit(run_id=run_id, task=f"Book flight LW1. [script:{key}]", **submit))
-    return await client.wait(run_id, timeout=30), key
+    return await client.wait(run_id, timeout=bound(30)), key
 
 
 def header(headers: dict[str, str], name: str) -> str | None:
@@ -146,7 +147,7 @@ async def test_a_live_run_with_the_planner_on_openai_and_the_judge_on_anthropic(
             rubric=Rubric(criteria=[{"name": "correct"}], threshold=0.5),
         )
     )
-    state = await client.wait(run_id, timeout=30)
+    state = await client.wait(run_id, timeout=bound(30))
     assert state.status == "completed", state.final_reason
     assert state.final_output == "6*7 = 42 and 2+2 = 4"
     assert state.passed is True

@@ -31,6 +31,7 @@ from shared.scenario import Scenario, parse_scenario
 from shared.settings import Settings
 from tests.conftest import ROOT, TEST_ENV, escalations_of, settings_for
 from tests.support.runs import submit, tool_results
+from tests.support.timing import bound
 
 TOOLS_DIR = ROOT / "tests" / "tools"
 HARD_LIMIT = 4_000_000
@@ -76,7 +77,7 @@ async def test_a_3_mb_result_travels_by_reference_and_the_tool_runs_once(bulk_ex
         ],
     }
     run_id = await client.submit_scenario(parse_scenario(scenario))
-    state = await client.wait(run_id, timeout=90)
+    state = await client.wait(run_id, timeout=bound(90))
     assert state.status == "completed", state.final_reason
     assert await runs_of(client, "bulk", run_id) == 1
     events = await client.events(run_id)
@@ -106,11 +107,11 @@ async def test_a_result_above_the_hard_limit_is_a_failure_the_model_sees_and_not
         ],
     }
     run_id = await client.submit_scenario(parse_scenario(scenario))
-    state = await client.wait(run_id, timeout=90)
+    state = await client.wait(run_id, timeout=bound(90))
     assert state.status == "completed", state.final_reason
     [result] = [r for r in tool_results(state) if r.tool_use_id == "toolu_huge"]
     assert result.is_error and "the result is 6.0 MB, above the 4.0 MB limit" in result.content
-    await asyncio.sleep(1.0)  # nothing is redelivered and run again behind the run's back
+    await asyncio.sleep(bound(1.0))  # nothing is redelivered and run again behind the run's back
     assert await runs_of(client, "bulk", run_id) == 1
     kinds = [e.kind for e in await client.events(run_id)]
     assert kinds.count("failure.output_invalid.bulk_report") == 1
@@ -126,7 +127,7 @@ async def test_a_result_that_cannot_be_sent_ends_the_call_with_an_event_not_a_ha
         "planner": [{"tool_calls": [{"name": "odd_value", "id": "toolu_odd", "input": {}}]}, submit("x")],
     }
     run_id = await client.submit_scenario(parse_scenario(scenario))
-    state = await client.wait(run_id, timeout=60, until=("awaiting_human", "completed", "stopped", "failed"))
+    state = await client.wait(run_id, timeout=bound(60), until=("awaiting_human", "completed", "stopped", "failed"))
     assert state.status == "awaiting_human" and state.awaiting is not None and state.awaiting.kind == "fatal"
     items = await escalations_of(client, run_id)
     assert [e.kind for e in items] == ["fatal"] and "cannot be sent as JSON" in items[0].reason
@@ -150,7 +151,7 @@ async def test_a_scenario_above_1_mb_is_submitted_and_replayed(client: Client) -
     )
     assert len(scenario.model_dump_json()) > 1_500_000
     run_id = await client.submit_scenario(scenario)
-    state = await client.wait(run_id, timeout=60)
+    state = await client.wait(run_id, timeout=bound(60))
     assert state.status == "completed" and state.final_output == "42"
 
 
@@ -309,7 +310,7 @@ async def test_a_result_the_server_refuses_for_good_ends_as_a_failure_event_not_
                 ],
             }
             run_id = await client.submit_scenario(parse_scenario(scenario))
-            state = await client.wait(run_id, timeout=90, until=("awaiting_human", "completed", "failed"))
+            state = await client.wait(run_id, timeout=bound(90), until=("awaiting_human", "completed", "failed"))
             assert state.status == "awaiting_human" and state.awaiting is not None
             assert state.awaiting.kind == "fatal" and "could not be delivered" in state.awaiting.reason
             fatal = [e for e in await client.events(run_id) if e.kind == "failure.fatal.bulk_report"]

@@ -27,6 +27,7 @@ from shared.subjects import STREAM_SUBJECTS as STREAMS
 from tests.conftest import ROOT, TEST_ENV
 from tests.support.locked import PASSWORDS, USERS, creds, publish_refusals
 from tests.support.locked import locked_server as start_locked_server
+from tests.support.timing import bound
 
 
 def test_auth_conf_is_generated_from_the_grants() -> None:
@@ -66,7 +67,7 @@ async def test_every_service_as_its_own_user_completes_a_run(locked_server: str,
         async with Client(settings) as client:
             demo = parse_scenario(yaml.safe_load((ROOT / "scenarios" / "demo.yaml").read_text()))
             run_id = await client.submit_scenario(demo)
-            state = await client.wait(run_id, timeout=60)
+            state = await client.wait(run_id, timeout=bound(60))
             assert state.status == "completed", state.final_reason
             assert "120 seconds" in (state.final_output or "")
             assert any(e.kind == "run.completed" for e in await client.events(run_id))

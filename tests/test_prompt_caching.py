@@ -13,6 +13,7 @@ from loopwarden.fake_model import FakeModel
 from shared.messages import RunSubmit
 from shared.pricing import cost_usd
 from tests.support.otlp_collector import OtlpCollector
+from tests.support.timing import bound
 from tests.test_tracing import spans_of_run
 
 TOOLS = ["calculator", "submit_result"]
@@ -85,7 +86,7 @@ async def test_turns_read_the_prefix_earlier_turns_cached(
 
     # the GenAI spans say what was read and written
     spans = await spans_of_run(otlp, client, run_id, {"loopwarden-planner"})
-    for _ in range(100):  # the planners export in batches: wait for all four calls
+    for _ in range(int(bound(100))):  # the planners export in batches: wait for all four calls
         chats = [s for s in otlp.trace(spans[0].trace_id) if s.name.startswith("chat ")]
         if len(chats) >= 4:
             break

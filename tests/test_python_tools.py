@@ -24,6 +24,7 @@ from shared import subjects as S
 from shared.scenario import parse_scenario
 from tests.conftest import ROOT, TEST_ENV, escalations_of, running, settings_for
 from tests.support.runs import submit, tool_results
+from tests.support.timing import bound
 
 DOC = ROOT / "docs" / "tools.md"
 HOSTED_BY_A = ("submit_result", "low_stock", "reorder_line", "add_to_order", "place_order")
@@ -72,7 +73,7 @@ def tools_stack(tmp_path_factory: pytest.TempPathFactory, tool_module: Path, fak
             stack.start_service("executor", label=label, extra_env={"LW_EXECUTOR_TOOLS": ",".join(tools)})
             for label, tools in (("executor-a", HOSTED_BY_A), ("executor-b", HOSTED_BY_B))
         ]
-        stack.wait_ready(executors, timeout=120)
+        stack.wait_ready(executors, timeout=bound(120))
         yield stack
 
 
@@ -91,7 +92,7 @@ async def scripted(
 ) -> tuple[RunSnapshot, list[Any]]:
     scenario = parse_scenario({"name": "python-tools", "task": "Restock the warehouse.", "planner": turns})
     run_id = await client.submit_scenario(scenario)
-    state = await client.wait(run_id, timeout=60, until=until)
+    state = await client.wait(run_id, timeout=bound(60), until=until)
     return state, await client.events(run_id)
 
 
@@ -224,7 +225,12 @@ def test_lint_registers_and_lints_the_generated_contracts(tool_module: Path) -> 
     env = {**os.environ, "LW_TOOL_MODULES": str(tool_module)}
     env.pop("LW_MCP_SERVERS", None)
     done = subprocess.run(
-        [sys.executable, "-m", "loopwarden.cli", "lint"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "loopwarden.cli", "lint"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=bound(120),
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "0 refused, 0 lint note(s)" in done.stdout
@@ -238,7 +244,12 @@ def test_the_docs_live_run_completes_against_the_fake_model_command(tools_stack:
     """docs/tools.md's live-run snippet, as written: the real SDK and planner, the fake-model command."""
     env = {**os.environ, "LW_NATS_URL": tools_stack.nats_url or ""}
     done = subprocess.run(
-        [sys.executable, "-c", python_blocks()[1]], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", python_blocks()[1]],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=bound(120),
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "completed Done. Called: low_stock, reorder_line."
@@ -255,7 +266,7 @@ async def test_a_live_run_with_a_rubric_is_judged_by_the_fake_model(client: Clie
         run_id=new_run_id(), task="What is low in the north?", tools=["low_stock", "submit_result"], rubric=rubric
     )
     await client.submit(run)
-    state = await client.wait(run.run_id, timeout=60, until=("completed", "stopped", "failed", "awaiting_human"))
+    state = await client.wait(run.run_id, timeout=bound(60), until=("completed", "stopped", "failed", "awaiting_human"))
     assert state.status == "completed", state.error  # not judged would wait for a person
     verdicts = payloads(await client.events(run.run_id), "judge.verdict")
     assert [(v["status"], v["score"]) for v in verdicts] == [("passed", 1.0)]

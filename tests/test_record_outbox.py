@@ -14,6 +14,7 @@ from loopwarden.client import Client
 from shared import subjects as S
 from shared.scenario import parse_scenario
 from tests.support.runs import calculator_steps
+from tests.support.timing import bound
 from tests.support.wire import Wire
 
 
@@ -23,7 +24,7 @@ async def test_a_save_no_longer_carries_what_the_previous_one_published(one_clie
     client = one_client
     async with Wire(client, f"$KV.{S.KV_RUNS}.>") as wire:
         run_id = await client.submit_scenario(parse_scenario(calculator_steps("record-outbox", 8)))
-        state = await client.wait(run_id, timeout=30)
+        state = await client.wait(run_id, timeout=bound(30))
     assert state.status == "completed", state.final_reason
     saves = [json.loads(m.data) for m in wire.seen if m.subject == f"$KV.{S.KV_RUNS}.{run_id}" and m.data]
     assert len(saves) >= 2 * 8, len(saves)  # an outcome's save and its turn's save per step

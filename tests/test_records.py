@@ -27,6 +27,7 @@ from shared.records import RunRecord, record_schema, trajectory
 from shared.scenario import load_scenario, parse_scenario
 from shared.settings import Settings
 from tests.conftest import escalations_of, run_scenario, settings_for
+from tests.support.timing import bound
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "schemas" / "records" / "RunRecord.json"
@@ -179,7 +180,7 @@ async def test_a_run_recorded_with_the_anthropic_provider_replays_without_a_key(
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
     )
-    out = (await asyncio.wait_for(proc.communicate(), 120))[0].decode()
+    out = (await asyncio.wait_for(proc.communicate(), bound(120)))[0].decode()
     assert proc.returncode == 0, out
     assert "no divergence" in out and "completed (recorded: completed)" in out
     # the recorded turns were replayed by the scripted provider: the Messages API saw nothing more
@@ -240,7 +241,7 @@ async def test_a_sweep_purges_a_run_where_some_buckets_were_never_created(one_ea
     async with Client(settings_for(one_each)) as client:
         scenario = {"name": "no-tools", "task": "Say done.", "planner": [{"text": "done"}], "answer_mode": "text"}
         run_id = await client.submit_scenario(parse_scenario(scenario))
-        assert (await client.wait(run_id, timeout=30)).status == "completed"
+        assert (await client.wait(run_id, timeout=bound(30))).status == "completed"
         names = {i.config.name for i in await client.bus.js.streams_info()}
         assert f"KV_{S.KV_TOOL_LEDGER}" not in names  # no tool ever ran here
         report = await sweep(client.bus, settings_for(one_each, retention_runs_s=0.0), now=soon(), only={run_id})
@@ -382,7 +383,7 @@ async def _cli(stack: LocalStack, *args: str, **env: str) -> tuple[int, str]:
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
     )
-    out = (await asyncio.wait_for(proc.communicate(), 120))[0].decode()
+    out = (await asyncio.wait_for(proc.communicate(), bound(120)))[0].decode()
     return proc.returncode or 0, out
 
 

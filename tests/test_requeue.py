@@ -26,6 +26,7 @@ from shared.settings import Settings
 from shared.telemetry import Telemetry
 from tests.conftest import ROOT, TEST_ENV
 from tests.support.otlp_collector import OtlpCollector
+from tests.support.timing import bound
 from tests.support.tracing import spans_of_run
 
 GIVES_UP_FAST = {**TEST_ENV, "LW_ACK_WAIT_S": "1", "LW_MAX_DELIVER": "2"}
@@ -36,7 +37,12 @@ def cli(nats_url: str, tmp_path: Path, *args: str) -> subprocess.CompletedProces
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update(LW_NATS_URL=nats_url, LW_STATE_DIR=str(tmp_path / "cli-state"))
     return subprocess.run(
-        [sys.executable, "-m", "loopwarden.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "loopwarden.cli", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=bound(60),
     )
 
 
@@ -44,7 +50,7 @@ async def run_cli(nats_url: str, tmp_path: Path, *args: str) -> subprocess.Compl
     return await asyncio.to_thread(cli, nats_url, tmp_path, *args)
 
 
-async def letters_of(client: Client, run_id: str, count: int = 1, timeout: float = 30.0) -> list[NumberedLetter]:
+async def letters_of(client: Client, run_id: str, count: int = 1, timeout: float = bound(30.0)) -> list[NumberedLetter]:
     found: list[NumberedLetter] = []
     deadline = asyncio.get_running_loop().time() + timeout
     while asyncio.get_running_loop().time() < deadline:
@@ -97,7 +103,7 @@ async def test_a_turn_dead_lettered_while_the_governor_was_gone_completes_once_i
             requeued = await run_cli(url, tmp_path, "dlq", "requeue", str(numbered.seq))
             assert requeued.returncode == 0, requeued.stdout + requeued.stderr
             assert f"letter {numbered.seq} handed back to planner" in requeued.stdout
-            state = await client.wait(run_id, timeout=30)
+            state = await client.wait(run_id, timeout=bound(30))
             assert state.status == "completed" and state.final_output == "done", state.final_reason
 
             events = await client.events(run_id)
@@ -115,9 +121,9 @@ async def test_a_turn_dead_lettered_while_the_governor_was_gone_completes_once_i
 
             again = await run_cli(url, tmp_path, "dlq", "requeue", str(numbered.seq))
             assert again.returncode == 0 and "already" in again.stdout, again.stdout + again.stderr
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(bound(1.0))
             assert Counter(e.kind for e in await client.events(run_id)) == kinds
-            assert [n for n in await letters_of(client, run_id, count=2, timeout=1)] == [numbered]  # not again
+            assert [n for n in await letters_of(client, run_id, count=2, timeout=bound(1))] == [numbered]  # not again
 
             # a requeue names a letter; the service reads it itself and runs only its own: the planner's letter
             # sent to the executor, and a number that is no letter, run nothing and are letters with the reason
@@ -140,7 +146,7 @@ async def test_a_turn_dead_lettered_while_the_governor_was_gone_completes_once_i
             assert Counter(e.kind for e in await client.events(run_id)) == kinds
 
             # a request the governor refused is a letter too, but its caller is gone: not requeued, said why
-            await client.bus.nc.request(S.BUDGET_RESERVE, b"{not a budget request", timeout=5)
+            await client.bus.nc.request(S.BUDGET_RESERVE, b"{not a budget request", timeout=bound(5))
             request = [n for n in await client.letters() if n.letter.subject == S.BUDGET_RESERVE]
             for _ in range(20):
                 if request:
@@ -181,7 +187,7 @@ async def test_an_event_the_planner_gave_up_on_is_handed_back_without_a_second_c
             }
             run_id = await client.submit_scenario(parse_scenario(scenario))
             for _ in range(200):  # the first turn is taken (its budget decided): the governor goes away
-                if any(e.kind == "run.model_called" for e in await client.events(run_id, timeout=0.2)):
+                if any(e.kind == "run.model_called" for e in await client.events(run_id, timeout=bound(0.2))):
                     break
                 await asyncio.sleep(0.05)
             governor = next(p for p in stack.procs if p.service == "governor")
@@ -198,7 +204,7 @@ async def test_an_event_the_planner_gave_up_on_is_handed_back_without_a_second_c
             stack.wait_ready([stack.start_service("governor", label="governor-again")])
             requeued = await client.requeue(numbered.seq)
             assert (requeued.service, requeued.subject, requeued.duplicate) == ("planner", letter.subject, False)
-            state = await client.wait(run_id, timeout=30)
+            state = await client.wait(run_id, timeout=bound(30))
             assert state.status == "completed" and state.final_output == "done", state.final_reason
 
             events = await client.events(run_id)
@@ -206,6 +212,6 @@ async def test_an_event_the_planner_gave_up_on_is_handed_back_without_a_second_c
             assert kinds["tool.succeeded.calculator"] == 1, kinds  # handed to the planner, not republished
             assert kinds["run.model_called"] == 2 and kinds["run.completed"] == 1, kinds
             assert duplicated(events) == [], duplicated(events)
-            assert [n.seq for n in await letters_of(client, run_id, count=2, timeout=1)] == [numbered.seq]
+            assert [n.seq for n in await letters_of(client, run_id, count=2, timeout=bound(1))] == [numbered.seq]
     finally:
         stack.stop()

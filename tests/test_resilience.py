@@ -14,6 +14,7 @@ from shared.messages import DeadLetter, RunSubmit
 from shared.scenario import parse_scenario
 from shared.settings import Settings
 from tests.conftest import TEST_ENV
+from tests.support.timing import bound
 
 
 async def test_killing_the_planner_mid_model_call_loses_nothing(tmp_path: Path) -> None:
@@ -53,7 +54,7 @@ async def test_killing_the_planner_mid_model_call_loses_nothing(tmp_path: Path) 
             planner.popen.wait()
             replacement = stack.start_service("planner", label="planner-replacement")
             stack.wait_ready([replacement])
-            state = await client.wait(run_id, timeout=60)
+            state = await client.wait(run_id, timeout=bound(60))
             assert state.status == "completed" and state.final_output == "42"
             kinds = [e.kind for e in await client.events(run_id)]
             assert kinds.count("run.completed") == 1 and kinds.count("tool.succeeded.submit_result") == 1
@@ -106,10 +107,10 @@ async def test_a_governor_down_longer_than_the_delivery_budget_strands_no_run(tm
                 "answer_mode": "text",
             }
             run_id = await client.submit_scenario(parse_scenario(scenario))
-            await asyncio.sleep(8)
+            await asyncio.sleep(bound(8))
             assert (await client.state(run_id)).iteration.n == 1  # type: ignore[union-attr]
             stack.wait_ready([stack.start_service("governor")])
-            state = await client.wait(run_id, timeout=60)
+            state = await client.wait(run_id, timeout=bound(60))
             assert state.status == "completed", state.final_reason
             assert [d for d in await client.dead_letters() if run_id in d.body] == []
     finally:

@@ -29,6 +29,7 @@ from shared.settings import Settings
 from tests.conftest import TEST_ENV
 from tests.support import locked as L
 from tests.support.runs import tool_results
+from tests.support.timing import bound
 
 CEILING = 1.0  # every tenant's day, the default tenant's included
 STACK_ENV = {
@@ -94,7 +95,7 @@ def says(run_id: str, text: str) -> dict[str, Any]:
     return {"name": f"says-{run_id}", "task": "Say it.", "planner": [{"text": text}], "answer_mode": "text"}
 
 
-async def letter_for(admin: Client, run_id: str, timeout: float = 20.0) -> DeadLetter:
+async def letter_for(admin: Client, run_id: str, timeout: float = bound(20.0)) -> DeadLetter:
     """The planner's dead letter of a submit of ``run_id`` (its body or, for a body sent by reference, its
     run header names the run)."""
     for _ in range(int(timeout / 0.2)):
@@ -105,7 +106,7 @@ async def letter_for(admin: Client, run_id: str, timeout: float = 20.0) -> DeadL
     raise AssertionError(f"no dead letter for {run_id}")
 
 
-async def settled(admin: Client, run_id: str, timeout: float = 30.0) -> DeadLetter | RunSnapshot:
+async def settled(admin: Client, run_id: str, timeout: float = bound(30.0)) -> DeadLetter | RunSnapshot:
     """What became of a submit: its dead letter (refused) or, if it was started, the run once it ended."""
     for _ in range(int(timeout / 0.2)):
         state = await admin.state(run_id)
@@ -118,7 +119,7 @@ async def settled(admin: Client, run_id: str, timeout: float = 30.0) -> DeadLett
     raise AssertionError(f"{run_id} was neither refused nor finished")
 
 
-async def still_serving(client: Client, timeout: float = 20.0) -> RunSnapshot:
+async def still_serving(client: Client, timeout: float = bound(20.0)) -> RunSnapshot:
     """A small run submitted now completes promptly: the planner is on the bus and not weighed down."""
     run_id = f"run-after-{key()}"
     await client.submit(scripted(run_id, says(run_id, "still here")))
@@ -163,7 +164,7 @@ async def test_a_client_cannot_answer_another_runs_tool_call_as_its_child(
     await acme.submit(scripted(forger, forged, parent_run_id=victim, parent_call_id="toolu_1", parent_iteration=1))
 
     forgery = await settled(admin, forger)
-    state = await client.wait(victim, timeout=60)
+    state = await client.wait(victim, timeout=bound(60))
     assert state.status == "completed", state.final_reason
     [result] = [r for r in tool_results(state) if r.tool_use_id == "toolu_1"]
     assert json.loads(result.content)["result"] == 42 and "FORGED" not in result.content, result.content
@@ -187,7 +188,7 @@ async def test_the_planner_still_starts_a_child_run_and_takes_its_answer(client:
         "answer_mode": "text",
     }
     await client.submit(scripted(parent, scenario, tools=["delegate"]))
-    state = await client.wait(parent, timeout=60)
+    state = await client.wait(parent, timeout=bound(60))
     assert state.status == "completed", state.final_reason
     [result] = [r for r in tool_results(state) if r.tool_use_id == "toolu_d1"]
     # the child (spawned on cmd.run.spawn, a live run with no model here) failed, and its answer reached the call
@@ -214,7 +215,7 @@ async def test_an_over_long_parent_id_is_refused_and_the_planner_keeps_serving(c
 async def test_an_over_long_escalation_id_is_refused_and_the_queue_keeps_answering(client: Client) -> None:
     # R longid: one request from the client with a 5,000-character id (sent raw: the contract refuses to build it)
     nc = client.bus.nc
-    raw = await nc.request(S.ESCALATION_SHOW, json.dumps({"escalation_id": "a" * 5000}).encode(), timeout=5)
+    raw = await nc.request(S.ESCALATION_SHOW, json.dumps({"escalation_id": "a" * 5000}).encode(), timeout=bound(5))
     reply = EscalationReply.model_validate_json(raw.data)
     assert not reply.ok and "does not match contract EscalationQuery" in (reply.error or ""), reply.error
     assert "escalation_id" in (reply.error or "")
@@ -244,7 +245,7 @@ async def test_a_client_cannot_spend_another_tenants_day_nor_set_limits_past_the
     # acme's own run, submitted by acme's user without naming a tenant, is acme's and unaffected
     honest = f"run-honest-{key()}"
     await acme.submit(scripted(honest, says(honest, "acme's answer")))
-    state = await acme.wait(honest, timeout=30)
+    state = await acme.wait(honest, timeout=bound(30))
     assert state.status == "completed" and state.final_output == "acme's answer", state.final_reason
     assert await tenant_spent(admin, "acme") < CEILING
     assert isinstance(refused, DeadLetter), refused.status
@@ -269,10 +270,10 @@ async def test_a_30_mb_task_is_refused_before_it_is_read_and_other_runs_go_on(cl
     body = {"run_id": run_id, "task": "x" * 30_000_000}
     # published the way a client publishes a large body: by reference (claim check), past max_payload
     await client.bus.publish(S.run_submit(), json.dumps(body).encode(), msg_id=f"submit.{run_id}", run_id=run_id)
-    letter = await letter_for(admin, run_id, timeout=30)
+    letter = await letter_for(admin, run_id, timeout=bound(30))
     assert "over the limit of 5242880 (LW_BODY_MAX_BYTES)" in letter.reason, letter.reason
     assert await client.state(run_id) is None
-    await still_serving(client, timeout=15)
+    await still_serving(client, timeout=bound(15))
 
     inline = f"run-long-task-{key()}"  # under the body limit, over the task's
     await client.bus.publish(
@@ -290,14 +291,14 @@ async def test_a_run_submitted_without_a_tenant_meets_the_default_tenants_ceilin
     first = f"run-default-{key()}"
     costly = {"text": "spent", "usage": {"input_tokens": 3_000_000, "output_tokens": 10}}
     await client.submit(scripted(first, {"name": "d1", "task": "Spend.", "planner": [costly], "answer_mode": "text"}))
-    assert (await client.wait(first, timeout=30)).status == "completed"
+    assert (await client.wait(first, timeout=bound(30))).status == "completed"
     for _ in range(50):  # the run's final usage reaches its tenant's day when it ends
         if await tenant_spent(admin, S.DEFAULT_TENANT) >= CEILING:
             break
         await asyncio.sleep(0.2)
     second = f"run-default-{key()}"
     await client.submit(scripted(second, says(second, "too late")))
-    state = await client.wait(second, timeout=30)
+    state = await client.wait(second, timeout=bound(30))
     assert state.status == "stopped", (state.status, state.final_output)
     assert f"tenant {S.DEFAULT_TENANT} daily cost ceiling" in (state.final_reason or ""), state.final_reason
 
@@ -347,7 +348,7 @@ async def test_without_scripted_runs_a_scenario_is_refused_and_no_tool_plays_one
     for _ in range(100):
         outcomes = [
             e.payload
-            for e in await admin.events(trapped, subjects=f"{S.P}.evt.>", timeout=0.3)
+            for e in await admin.events(trapped, subjects=f"{S.P}.evt.>", timeout=bound(0.3))
             if e.subject.startswith((S.TOOL_SUCCEEDED_PREFIX, S.FAILURE_PREFIX))
         ]
         if outcomes:

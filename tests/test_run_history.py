@@ -22,6 +22,7 @@ from shared.messages import ChatMessage, RunLimits, RunSubmit
 from shared.scenario import parse_scenario
 from shared.settings import Settings
 from tests.support.runs import healthy_planner_finishes, planner_dies
+from tests.support.timing import bound
 
 
 def steps(n: int) -> dict[str, Any]:
@@ -50,7 +51,7 @@ async def test_a_long_runs_record_does_not_grow_and_its_history_is_whole(client:
     sub = await client.bus.nc.subscribe(f"$KV.{S.KV_RUNS}.{run_id}", cb=on_write)
     try:
         await client.submit_scenario(scenario, run_id=run_id)
-        state = await client.wait(run_id, timeout=90)
+        state = await client.wait(run_id, timeout=bound(90))
     finally:
         await sub.unsubscribe()
     assert state.status == "completed", state.final_reason
@@ -148,7 +149,7 @@ async def test_a_planner_dying_after_saving_a_record_loses_no_message_of_the_his
         assert snap is not None and snap.status == "running" and snap.history_len == 1 and len(snap.tail) == 1
         lost, _ = await client.bus.kv_get(S.KV_HISTORY, history.key(run_id, 0), ChatMessage)
         assert lost is None  # the task message is only in the record
-        assert await client.events(run_id, timeout=0.5) == []  # nothing was published
+        assert await client.events(run_id, timeout=bound(0.5)) == []  # nothing was published
 
         state = await healthy_planner_finishes(no_planner, client, run_id)
         assert state.status == "completed", state.final_reason

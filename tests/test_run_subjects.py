@@ -18,6 +18,7 @@ from shared import subjects as S
 from shared.messages import SimulatedCall
 from shared.scenario import parse_scenario
 from tests.conftest import run_scenario, settings_for
+from tests.support.timing import bound
 
 NOISE_RUNS = 40
 NOISE_PER_RUN = 10
@@ -114,9 +115,9 @@ async def test_watching_one_run_receives_only_that_runs_messages(client: Client,
             submitted = asyncio.create_task(client.submit_scenario(parse_scenario(ONE_TOOL), run_id=run_id))
             noise = await other_runs_events(client, "watch")  # other runs' events while it runs
             await submitted
-            state = await client.wait(run_id, timeout=30)
+            state = await client.wait(run_id, timeout=bound(30))
             assert state.status == "completed"
-            await asyncio.wait_for(done.wait(), timeout=10)
+            await asyncio.wait_for(done.wait(), timeout=bound(10))
             await watcher.bus.nc.flush()
             cost = received(watcher) - before
         finally:
@@ -135,8 +136,8 @@ async def test_waiting_for_one_run_is_not_woken_by_other_runs(client: Client, st
     async with Client(settings_for(stack), identity="waiter") as waiter:
         run_id = f"run-waited-{id(waiter):x}"
         before = received(waiter)
-        waiting = asyncio.create_task(waiter.wait(run_id, timeout=60))
-        await asyncio.sleep(0.3)  # subscribed to the run's events before anything is published
+        waiting = asyncio.create_task(waiter.wait(run_id, timeout=bound(60)))
+        await asyncio.sleep(bound(0.3))  # subscribed to the run's events before anything is published
         noise = await other_runs_events(client, "wait")  # other runs' run events while it waits
         await client.submit_scenario(parse_scenario(ONE_TOOL), run_id=run_id)
         state = await waiting
@@ -214,7 +215,7 @@ async def test_waiting_reads_the_run_on_status_events_not_on_every_step(client: 
         try:
             run_id = await client.submit_scenario(parse_scenario(scenario))
             started = asyncio.get_running_loop().time()
-            state = await waiter.wait(run_id, timeout=60, history=False)
+            state = await waiter.wait(run_id, timeout=bound(60), history=False)
             seconds = asyncio.get_running_loop().time() - started
             await asyncio.sleep(0.2)
         finally:

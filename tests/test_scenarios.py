@@ -9,6 +9,7 @@ import pytest
 from loopwarden.client import Client
 from shared.scenario import load_scenario
 from tests.conftest import ROOT
+from tests.support.timing import bound
 
 FILES = sorted((ROOT / "scenarios").glob("*.y*ml")) + sorted((ROOT / "scenarios").glob("*.json"))
 
@@ -21,7 +22,7 @@ def test_there_are_scenarios() -> None:
 async def test_scenario_meets_its_expectation(client: Client, path: Path) -> None:
     scenario = load_scenario(path)
     assert scenario.expect is not None, f"{path.name} has no expect block"
-    state, mismatches = await client.run_and_check(scenario, timeout=90)
+    state, mismatches = await client.run_and_check(scenario, timeout=bound(90))
     assert not mismatches, f"{path.name} (run {state.run_id}): " + "; ".join(mismatches)
 
 

@@ -14,6 +14,7 @@ from loopwarden.stack import LocalStack
 from shared import subjects as S
 from shared.messages import RunSnapshot, RunSubmit
 from tests.conftest import ROOT, run_scenario
+from tests.support.timing import bound
 
 
 def demo() -> dict:
@@ -86,7 +87,7 @@ async def test_a_malformed_message_is_dead_lettered_and_does_not_block(client: C
     await client.bus.publish(S.run_submit(), b'{"run_id": "bad id with spaces", "task": 42}', msg_id="malformed-1")
     ok = await run_scenario(client, demo())  # the consumer keeps going
     assert ok.status == "completed"
-    for _ in range(50):
+    for _ in range(int(bound(50))):
         letters = [d for d in await client.dead_letters() if d.subject == S.run_submit()]
         if letters:
             break
@@ -123,7 +124,7 @@ async def test_duplicate_submission_is_absorbed(client: Client) -> None:
 def test_a_bad_setting_stops_a_service_naming_it(stack: LocalStack) -> None:
     env = stack.service_env({"LW_MAX_ITERATIONS": "lots"})
     proc = subprocess.run(
-        [sys.executable, "-m", "services.planner"], env=env, capture_output=True, text=True, timeout=30
+        [sys.executable, "-m", "services.planner"], env=env, capture_output=True, text=True, timeout=bound(30)
     )
     assert proc.returncode == 2
     assert "LW_MAX_ITERATIONS" in proc.stderr and "valid integer" in proc.stderr
@@ -132,6 +133,6 @@ def test_a_bad_setting_stops_a_service_naming_it(stack: LocalStack) -> None:
         env={**env, "LW_MAX_ITERATIONS": "3", "LW_NATS_URL": "http://x"},
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=bound(30),
     )
     assert proc.returncode == 2 and "LW_NATS_URL" in proc.stderr

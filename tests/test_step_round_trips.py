@@ -16,6 +16,7 @@ from services.governor.handlers import CALIBRATION_KEY, Calibration
 from shared import subjects as S
 from shared.scenario import parse_scenario
 from tests.support.runs import calculator_steps
+from tests.support.timing import bound
 from tests.support.wire import Seen, Wire
 
 CREATE_HEADER = "Nats-Expected-Last-Subject-Sequence"
@@ -46,7 +47,7 @@ async def test_a_first_delivery_claims_a_non_idempotent_call_with_one_create_and
     }
     async with Wire(client, f"{ledger}>", f"$JS.API.DIRECT.GET.KV_{S.KV_TOOL_LEDGER}.>") as wire:
         run_id = await client.submit_scenario(parse_scenario(scenario))
-        state = await client.wait(run_id, timeout=30)
+        state = await client.wait(run_id, timeout=bound(30))
     assert state.status == "completed", state.final_reason
     writes = ledger_writes(wire, run_id)
     assert len(writes) == 1, list(writes)
@@ -62,7 +63,7 @@ async def test_an_idempotent_call_is_not_claimed_its_final_is_created(client: Cl
     ledger = f"$KV.{S.KV_TOOL_LEDGER}."
     async with Wire(client, f"{ledger}>", f"$JS.API.DIRECT.GET.KV_{S.KV_TOOL_LEDGER}.>") as wire:
         run_id = await client.submit_scenario(parse_scenario(calculator_steps("one-create", 3)))
-        state = await client.wait(run_id, timeout=30)
+        state = await client.wait(run_id, timeout=bound(30))
     assert state.status == "completed", state.final_reason
     writes = ledger_writes(wire, run_id)
     assert len(writes) == 3, list(writes)  # one entry per call
@@ -83,7 +84,7 @@ async def test_a_budget_answer_does_not_wait_for_the_shared_calibration(one_clie
     client = one_client
     # the governor reads the shared ratios once, before its first answer: that read is not the sharing
     warm = await client.submit_scenario(parse_scenario(calculator_steps("calibration-warm-up", 1)))
-    assert (await client.wait(warm, timeout=30)).status == "completed"
+    assert (await client.wait(warm, timeout=bound(30))).status == "completed"
     shared_key = f"$KV.{S.KV_BUDGETS}.{CALIBRATION_KEY}"
     async with Wire(
         client,
@@ -94,7 +95,7 @@ async def test_a_budget_answer_does_not_wait_for_the_shared_calibration(one_clie
     ) as wire:
         # 12 turns: the governor shares its ratios at least every 8 samples
         run_id = await client.submit_scenario(parse_scenario(calculator_steps("calibration-aside", 11)))
-        state = await client.wait(run_id, timeout=30)
+        state = await client.wait(run_id, timeout=bound(30))
     assert state.status == "completed", state.final_reason
     asked = {m.reply: i for i, m in enumerate(wire.seen) if m.subject == S.BUDGET_RESERVE and run_id.encode() in m.data}
     answered = {m.subject: i for i, m in enumerate(wire.seen) if m.subject in asked}

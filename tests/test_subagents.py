@@ -17,6 +17,7 @@ from shared import subjects as S
 from shared.messages import RunSubmit
 from tests.conftest import escalations_of
 from tests.support.otlp_collector import OtlpCollector
+from tests.support.timing import bound
 from tests.test_cost import tenant_spent
 from tests.test_tracing import spans_of_run
 
@@ -57,7 +58,7 @@ async def planner_record(client: Client, run_id: str) -> RunState:
 
 
 async def child_state(client: Client, run_id: str) -> RunState:
-    await client.wait(run_id, timeout=30)
+    await client.wait(run_id, timeout=bound(30))
     return await planner_record(client, run_id)
 
 
@@ -77,7 +78,7 @@ async def test_a_delegated_sub_task_returns_its_answer_and_its_cost(
     )
     tenant = f"t{uuid.uuid4().hex[:8]}"
     run_id = await start(client, pk, tenant)
-    state = await client.wait(run_id, timeout=40)
+    state = await client.wait(run_id, timeout=bound(40))
     assert state.status == "completed", state.final_reason
     assert state.final_output == "42, as the sub-agent found"
 
@@ -134,7 +135,7 @@ async def test_the_spawn_gate_waits_for_a_human_then_starts_the_child(client: Cl
     child_id = child_run_id(run_id, "toolu_gate")
     assert (await client.bus.kv_get("lw_runs", child_id, RunState))[0] is None  # not started while gated
     assert (await client.resolve(item.escalation_id, "oncall", "approve", "worth it")).ok
-    state = await client.wait(run_id, timeout=40)
+    state = await client.wait(run_id, timeout=bound(40))
     assert state.status == "completed", state.final_reason
     child = await child_state(client, child_id)
     assert child.status == "completed" and child.config.cost_ceiling_usd == 0.3
@@ -154,7 +155,7 @@ async def test_a_denied_spawn_is_the_calls_result(client: Client, messages_api: 
     await client.wait(run_id, until=("awaiting_human",))
     [item] = await escalations_of(client, run_id)
     assert (await client.resolve(item.escalation_id, "oncall", "reject", "too expensive")).ok
-    state = await client.wait(run_id, timeout=30)
+    state = await client.wait(run_id, timeout=bound(30))
     assert state.status == "completed", state.final_reason
     result = messages_api.requests[pk][2]["messages"][-1]["content"][0]
     assert result["is_error"] is True and "A human denied this sub-agent: too expensive" in result["content"]
@@ -175,7 +176,7 @@ async def test_fan_out_is_limited(client: Client, messages_api: FakeModel) -> No
         ],
     )
     run_id = await start(client, pk)
-    state = await client.wait(run_id, timeout=60)
+    state = await client.wait(run_id, timeout=bound(60))
     assert state.status == "completed", state.final_reason
     assert len((await planner_record(client, run_id)).children) == 4  # LW_DELEGATE_MAX_CHILDREN
     results = {b["tool_use_id"]: b for b in messages_api.requests[pk][1]["messages"][-1]["content"]}

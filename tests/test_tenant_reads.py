@@ -32,6 +32,7 @@ from shared.scenario import parse_scenario
 from shared.settings import Settings
 from tests.conftest import TEST_ENV
 from tests.support import locked as L
+from tests.support.timing import bound
 
 # acme's day must outlast a 300 KB answer (the test default is $0.05 for every tenant but the default one)
 # and a run's limits a long history (a few 80 KB turns, more than one answer of a 300 KB max_payload holds)
@@ -96,7 +97,7 @@ async def raw_read(url: str, verb: str, read: RunRead, tenant: str = "acme") -> 
         url, user="client_acme", password=L.PASSWORDS["client_acme"], inbox_prefix="_INBOX_client_acme"
     )
     try:
-        return (await nc.request(S.run_read(verb, tenant), read.model_dump_json().encode(), timeout=3)).data
+        return (await nc.request(S.run_read(verb, tenant), read.model_dump_json().encode(), timeout=bound(3))).data
     finally:
         await nc.close()
 
@@ -108,7 +109,7 @@ async def test_a_tenant_client_waits_for_its_own_run_and_reads_its_state_history
     mine = run_id("acme")
     big = "x" * 300_000  # over the inline limit: stored by reference, and read so through the planner
     await acme.submit(scripted(mine, [*CALC[:1], {"text": big}]))
-    state = await acme.wait(mine, timeout=60)
+    state = await acme.wait(mine, timeout=bound(60))
     assert state.status == "completed" and state.final_output == big, state.final_reason
     assert [m.role for m in state.messages][:1] == ["user"] and len(state.messages) >= 4, state.messages
     assert await acme.history(mine) == state.messages
@@ -135,7 +136,7 @@ async def test_a_long_history_comes_in_pages_that_each_fit_in_one_message(
         for i in range(4)
     ]
     await acme.submit(scripted(mine, [*turns, {"text": "done"}]))
-    state = await acme.wait(mine, timeout=90)
+    state = await acme.wait(mine, timeout=bound(90))
     assert state.status == "completed", state.final_reason
     assert sum(len(m.model_dump_json()) for m in state.messages) > MAX_PAYLOAD
     assert state.messages == await client.history(mine)  # what the default tenant's client reads directly
@@ -151,7 +152,7 @@ async def test_a_tenant_clients_watch_sees_its_runs_events_as_they_come(acme: Cl
         await acme.submit(scripted(mine, CALC, calculator=[{"latency_s": 0.5}]))
         seen: list[str] = []
         while "run.completed" not in seen:
-            event = await watch.next(timeout=30)
+            event = await watch.next(timeout=bound(30))
             assert event is not None, seen
             seen.append(event.kind)
     assert "tool.succeeded.calculator" in seen, seen
@@ -165,7 +166,7 @@ async def test_another_tenants_run_is_answered_exactly_as_a_missing_one(
 ) -> None:
     theirs = run_id("default")
     await client.submit(scripted(theirs, CALC))
-    assert (await client.wait(theirs, timeout=60)).status == "completed"
+    assert (await client.wait(theirs, timeout=bound(60))).status == "completed"
     nowhere = run_id("nowhere")
     for verb in S.RUN_READ_VERBS:
         got = await raw_read(locked[0], verb, RunRead(run_id=theirs))
@@ -176,7 +177,7 @@ async def test_another_tenants_run_is_answered_exactly_as_a_missing_one(
     assert await acme.history(theirs) == []
     assert await acme.events(theirs) == []
     with pytest.raises(TimeoutError):
-        await acme.wait(theirs, timeout=1.5)
+        await acme.wait(theirs, timeout=bound(1.5))
     # and the default tenant's client still reads it whole (a single-tenant deployment's client reads everything)
     assert (await client.state(theirs, history=True)).messages  # type: ignore[union-attr]
 
@@ -203,7 +204,7 @@ async def test_a_tenant_client_gets_nothing_from_the_runs_buckets_event_stream_l
     url = locked[0]
     theirs = run_id("default")
     await client.submit(scripted(theirs, CALC))
-    assert (await client.wait(theirs, timeout=60)).status == "completed"
+    assert (await client.wait(theirs, timeout=bound(60))).status == "completed"
     asks = {  # what each asks, and what a reader with the right would get back
         f"$JS.API.DIRECT.GET.KV_{S.KV_RUNS}.$KV.{S.KV_RUNS}.{theirs}": b"",
         f"$JS.API.DIRECT.GET.KV_{S.KV_HISTORY}.$KV.{S.KV_HISTORY}.{theirs}.0": b"",
@@ -249,10 +250,10 @@ async def test_a_tenant_client_gets_nothing_from_the_runs_buckets_event_stream_l
 
         await nc.subscribe(f"{S.P}.evt.>", cb=on_event)
         await nc.flush()
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(bound(0.3))
         other = run_id("default")
         await client.submit(scripted(other, CALC))
-        await client.wait(other, timeout=60)
+        await client.wait(other, timeout=bound(60))
     finally:
         await nc.close()
     assert any("permissions violation for subscription" in e.lower() for e in errors), errors
@@ -268,7 +269,7 @@ async def test_a_tenant_client_reads_no_other_tenants_large_body_from_the_claim_
     theirs = run_id("default")
     submit = scripted(theirs, [{"text": secret * (300_000 // len(secret))}])
     await client.submit(submit)
-    assert (await client.wait(theirs, timeout=60)).status == "completed"
+    assert (await client.wait(theirs, timeout=bound(60))).status == "completed"
     known = ref_for(submit.model_dump_json(by_alias=True).encode())  # the submit's body: its name can be had
     errors: list[str] = []
     nc = await acme_connection(url, errors)
@@ -279,7 +280,7 @@ async def test_a_tenant_client_reads_no_other_tenants_large_body_from_the_claim_
             info = await nc.request(
                 f"$JS.API.STREAM.INFO.{S.STREAM_PAYLOADS}",
                 json.dumps({"subjects_filter": f"{S.PAYLOAD_PREFIX}.>"}).encode(),
-                timeout=1,
+                timeout=bound(1),
             )
             subjects = list((json.loads(info.data).get("state") or {}).get("subjects") or {})
         asks = [
@@ -290,7 +291,7 @@ async def test_a_tenant_client_reads_no_other_tenants_large_body_from_the_claim_
         ]
         for subject in asks:
             with contextlib.suppress(nats.errors.TimeoutError):
-                got = await nc.request(f"$JS.API.DIRECT.GET.{S.STREAM_PAYLOADS}.{subject}", b"", timeout=0.5)
+                got = await nc.request(f"$JS.API.DIRECT.GET.{S.STREAM_PAYLOADS}.{subject}", b"", timeout=bound(0.5))
                 if secret.encode() in (got.data or b""):
                     leaked.append(subject)
     finally:

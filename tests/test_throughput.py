@@ -21,6 +21,7 @@ from shared.bus import RequestRefused
 from shared.messages import BudgetDecision, DeadLetter, ErrorReply, RunAdvance
 from shared.scenario import parse_scenario
 from tests.conftest import TEST_ENV
+from tests.support.timing import bound
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_S, TOOL_S, JUDGE_S = 1.0, 3.5, 1.0  # the tool outlasts LW_ACK_WAIT_S=3: only heartbeats keep it
@@ -48,7 +49,7 @@ async def test_concurrent_slow_runs_overlap_on_one_replica_of_each_service(one_c
     runs = [parse_scenario(slow_run(i)) for i in range(k)]
     t0 = time.monotonic()
     ids = await asyncio.gather(*(one_client.submit_scenario(sc) for sc in runs))
-    states = await asyncio.gather(*(one_client.wait(rid, timeout=120) for rid in ids))
+    states = await asyncio.gather(*(one_client.wait(rid, timeout=bound(120)) for rid in ids))
     wall = time.monotonic() - t0
     for i, state in enumerate(states):
         assert state.status == "completed", state.final_reason
@@ -71,7 +72,7 @@ async def test_sigkill_of_an_executor_holding_many_calls_loses_nothing(one_each:
             *(client.submit_scenario(parse_scenario(slow_run(100 + i, 0.0, 8.0, 0.0))) for i in range(k))
         )
         held = 0
-        for _ in range(600):  # until the executor holds every run's call at once
+        for _ in range(int(bound(600))):  # until the executor holds every run's call at once
             info = await client.bus.js.consumer_info(S.STREAM_CMD, "executor_calculator")
             held = info.num_ack_pending or 0
             if held >= k:
@@ -84,7 +85,7 @@ async def test_sigkill_of_an_executor_holding_many_calls_loses_nothing(one_each:
         replacement = one_each.start_service("executor", label=f"executor-replacement-{time.monotonic_ns()}")
         one_each.wait_ready([replacement])
         for rid in ids:
-            state = await client.wait(rid, timeout=90)
+            state = await client.wait(rid, timeout=bound(90))
             assert state.status == "completed", state.final_reason
             kinds = [e.kind for e in await client.events(rid)]
             assert kinds.count("tool.succeeded.calculator") == 1, kinds
@@ -101,7 +102,7 @@ async def test_a_stopped_executor_hands_back_the_calls_it_could_not_finish(one_e
             *(client.submit_scenario(parse_scenario(slow_run(200 + i, 0.0, 8.0, 0.0))) for i in range(k))
         )
         held = 0
-        for _ in range(600):
+        for _ in range(int(bound(600))):
             held = (await client.bus.js.consumer_info(S.STREAM_CMD, "executor_calculator")).num_ack_pending or 0
             if held >= k:
                 break
@@ -113,7 +114,7 @@ async def test_a_stopped_executor_hands_back_the_calls_it_could_not_finish(one_e
         replacement = one_each.start_service("executor", label=f"executor-after-stop-{time.monotonic_ns()}")
         one_each.wait_ready([replacement])
         for rid in ids:
-            state = await client.wait(rid, timeout=90)
+            state = await client.wait(rid, timeout=bound(90))
             assert state.status == "completed", state.final_reason
             kinds = [e.kind for e in await client.events(rid)]
             assert kinds.count("tool.succeeded.calculator") == 1, kinds
@@ -122,7 +123,7 @@ async def test_a_stopped_executor_hands_back_the_calls_it_could_not_finish(one_e
 # --- every bad message lands in the DLQ with its reason -------------------------------------------
 
 
-async def letters_where(client: Client, marker: str, timeout: float = 15.0) -> list[DeadLetter]:
+async def letters_where(client: Client, marker: str, timeout: float = bound(15.0)) -> list[DeadLetter]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         found = [d for d in await client.dead_letters() if marker in d.body]
@@ -146,7 +147,9 @@ async def test_deeply_nested_json_is_dead_lettered_at_once(client: Client) -> No
 
 async def test_a_malformed_request_is_answered_and_dead_lettered(client: Client) -> None:
     marker = "badreq-" + os.urandom(4).hex()
-    resp = await client.bus.nc.request(S.BUDGET_RESERVE, f'{{"run_id": "{marker}", "turn": "x"}}'.encode(), timeout=5)
+    resp = await client.bus.nc.request(
+        S.BUDGET_RESERVE, f'{{"run_id": "{marker}", "turn": "x"}}'.encode(), timeout=bound(5)
+    )
     reply = ErrorReply.model_validate_json(resp.data)  # typed: the planner can read it
     assert reply.ok is False and "BudgetRequest" in reply.error
     letters = await letters_where(client, marker)
@@ -154,7 +157,7 @@ async def test_a_malformed_request_is_answered_and_dead_lettered(client: Client)
     assert "BudgetRequest" in letters[0].reason
 
     nested = b'{"run_id": "' + marker.encode() + b'-deep", "sections": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
-    resp = await client.bus.nc.request(S.BUDGET_RESERVE, nested, timeout=5)
+    resp = await client.bus.nc.request(S.BUDGET_RESERVE, nested, timeout=bound(5))
     assert ErrorReply.model_validate_json(resp.data).ok is False
     # The bus helper turns the typed error into an exception the caller handles.
     with pytest.raises(RequestRefused, match="BudgetRequest"):
@@ -184,9 +187,9 @@ async def test_a_handler_that_kills_its_process_on_every_delivery_is_dead_letter
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "tests.support.crashing_consumer", cwd=ROOT, env=env, stdout=subprocess.DEVNULL
         )
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + bound(20)
         while proc.returncode is None and time.monotonic() < deadline and not letters:
-            letters = await letters_where(client, marker, timeout=0.5)
+            letters = await letters_where(client, marker, timeout=bound(0.5))
         exits.append(proc.returncode)
         if proc.returncode is None:
             proc.terminate()
@@ -226,7 +229,7 @@ async def test_a_handler_waiting_for_a_dependency_is_held_for_the_ack_wait_then_
     try:
         await bus.publish(subject, RunAdvance(run_id=marker, iteration=0), msg_id=marker)
         await bus.start()
-        letters = await letters_where(client, marker, timeout=30)
+        letters = await letters_where(client, marker, timeout=bound(30))
     finally:
         await bus.stop()
     # 2 deliveries of at most 3 tries each (0.4 s + 0.05 s a try within 1 s); the waits alone would allow 20 each
@@ -276,7 +279,7 @@ async def test_messages_of_one_run_are_handled_one_at_a_time_and_runs_overlap(st
                 await bus.publish(subject, RunAdvance(run_id=f"run-{tag}-{r}", iteration=n))
         t0 = time.monotonic()
         await bus.start()
-        await asyncio.wait_for(finished.wait(), 60)
+        await asyncio.wait_for(finished.wait(), bound(60))
         wall = time.monotonic() - t0
     finally:
         await bus.stop()
@@ -311,16 +314,16 @@ async def test_a_letter_handed_back_is_a_redelivery_to_the_handler_that_gave_up_
     try:
         await bus.publish(subject, RunAdvance(run_id=marker, iteration=0), msg_id=marker)
         await bus.start()
-        (letter,) = await letters_where(client, marker, timeout=30)
+        (letter,) = await letters_where(client, marker, timeout=bound(30))
         assert letter.deliveries == 2 and letter.requeue_to == S.requeue("requeuetest"), letter
         (seq,) = [n.seq for n in await client.letters() if n.letter == letter]
         broken[0] = False  # the fault is fixed
         await client.requeue(seq)
-        for _ in range(100):
+        for _ in range(int(bound(100))):
             if len(seen) == 3:
                 break
             await asyncio.sleep(0.1)
     finally:
         await bus.stop()
     assert seen == [1, 2, 3], seen
-    assert await letters_where(client, marker, timeout=0.5) == [letter]  # it did not fail again
+    assert await letters_where(client, marker, timeout=bound(0.5)) == [letter]  # it did not fail again

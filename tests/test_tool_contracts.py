@@ -17,6 +17,7 @@ from shared.messages import ToolContract
 from tests.conftest import ROOT, escalations_of, run_scenario
 from tests.support.otlp_collector import OtlpCollector
 from tests.support.runs import GOOD_SEARCH, submit, tool_results
+from tests.support.timing import bound
 
 
 async def test_malformed_output_is_corrected_by_the_model_within_the_cap(client: Client) -> None:
@@ -246,7 +247,12 @@ def test_a_mixed_dialect_contract_file_is_refused_but_the_rest_load(stack: Local
     (tmp_path / "submit_v2.json").write_text(json.dumps(ok))
     env = {**os.environ, "LW_TOOL_CONTRACT_DIR": str(tmp_path), "LW_NATS_URL": stack.nats_url or ""}
     proc = subprocess.run(
-        [sys.executable, "-m", "loopwarden.cli", "lint"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "loopwarden.cli", "lint"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=bound(60),
     )
     assert proc.returncode == 1  # something was refused
     assert (

@@ -16,6 +16,7 @@ from shared.settings import Settings
 from shared.telemetry import setup_telemetry
 from tests.conftest import escalations_of
 from tests.support.otlp_collector import OtlpCollector
+from tests.support.timing import bound
 from tests.support.tracing import spans_of_run
 
 SERVICES = {f"loopwarden-{s}" for s in ("planner", "executor", "validator", "judge", "governor", "escalation")}
@@ -97,7 +98,7 @@ async def test_run_spans_follow_the_genai_conventions(client: Client, otlp: Otlp
     spans = await spans_of_run(otlp, client, run_id, {"loopwarden-planner", "loopwarden-executor"})
     trace_id = spans[0].trace_id
     want = {"invoke_agent loopwarden", "execute_tool calculator", "execute_tool submit_result"}
-    for _ in range(100):  # replicas export in batches: wait until every span asserted on is in
+    for _ in range(int(bound(100))):  # replicas export in batches: wait until every span asserted on is in
         spans = otlp.trace(trace_id)
         chats = [s for s in spans if s.name.startswith("chat ")]
         if want <= {s.name for s in spans} and len(chats) >= 3:  # two planner turns and the judge
@@ -155,7 +156,7 @@ async def test_replicas_have_distinct_instance_ids(client: Client, otlp: OtlpCol
         # several runs at once: the shared durable consumers hand their messages to both replicas
         ids = await asyncio.gather(*(client.submit_scenario(parse_scenario(GENAI_SCENARIO)) for _ in range(6)))
         await asyncio.gather(*(client.wait(i) for i in ids))
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(bound(1.0))
     for service in ("loopwarden-planner", "loopwarden-executor"):
         found = instances(service)
         assert len(found) >= 2, (service, found)
@@ -176,7 +177,7 @@ async def test_genai_metrics_have_the_semantic_convention_names(client: Client, 
         ("loopwarden-judge", "gen_ai.client.token.usage"),
         ("loopwarden-judge", "gen_ai.client.operation.duration"),
     )
-    for _ in range(120):  # metrics are exported every 5 s
+    for _ in range(int(bound(120))):  # metrics are exported every 5 s
         if all(points(*w) for w in want):
             break
         await asyncio.sleep(0.25)
@@ -204,7 +205,7 @@ async def test_standard_resource_variables_are_honoured(otlp: OtlpCollector, mon
             with t.tracer("test").start_as_current_span(f"resource probe {marker}"):
                 pass
             t.tracer_provider.force_flush()
-        for _ in range(50):
+        for _ in range(int(bound(50))):
             probes = [s for s in list(otlp.spans) if s.name == f"resource probe {marker}"]
             if len(probes) == 2:
                 break

@@ -37,6 +37,7 @@ from shared.scenario import parse_scenario
 from shared.settings import Settings
 from tests.conftest import ROOT, TEST_ENV
 from tests.support import locked as L
+from tests.support.timing import bound
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
@@ -87,7 +88,7 @@ async def api(nc: nats.NATS, subject: str, body: dict[str, Any] | bytes) -> dict
     """A JetStream API request; None when no answer came (the server refused the publish)."""
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     try:
-        reply = await nc.request(subject, data, timeout=0.5)  # an allowed API request answers in ms
+        reply = await nc.request(subject, data, timeout=bound(0.5))  # an allowed API request answers in ms
     except Exception:
         return None
     try:
@@ -96,7 +97,7 @@ async def api(nc: nats.NATS, subject: str, body: dict[str, Any] | bytes) -> dict
         return {"raw": reply.data[:200].decode(errors="replace")}
 
 
-async def completes(client: Client, run_id: str | None = None, timeout: float = 90) -> RunSnapshot:
+async def completes(client: Client, run_id: str | None = None, timeout: float = bound(90)) -> RunSnapshot:
     run_id = await client.submit_scenario(DEMO, run_id=run_id)
     state = await client.wait(run_id, timeout=timeout)
     assert state.status == "completed", state.final_reason
@@ -185,9 +186,9 @@ async def test_a_reply_subject_cannot_make_a_responder_write_elsewhere(url: str,
             await asyncio.sleep(0.3)
             await nc.publish(S.ESCALATION_SHOW, body, reply=f"$KV.{S.KV_RUNS}.{victim}")
         await nc.flush()
-    state = await client.wait(run_id, timeout=90)
+    state = await client.wait(run_id, timeout=bound(90))
     assert state.status == "completed", state.final_reason
-    await asyncio.sleep(0.5)
+    await asyncio.sleep(bound(0.5))
     assert await client.bus.kv_get(S.KV_RUNS, planted, RunSnapshot) == (None, 0)
     assert (await client.state(victim)) is not None  # still a RunSnapshot
     await completes(client)  # the contracts still read: new runs are taken
@@ -244,7 +245,7 @@ async def test_a_responder_ignores_a_push_delivery_of_a_stored_request(url: str,
         assert answer is None or "error" in answer, answer
     info = await js.add_consumer(S.STREAM_PAYLOADS, push)
     try:
-        await asyncio.sleep(2.0)
+        await asyncio.sleep(bound(2.0))
     finally:
         await js.delete_consumer(S.STREAM_PAYLOADS, info.name)
     keys = await kv_keys(admin.bus.nc, S.KV_BUDGETS)
@@ -308,7 +309,9 @@ async def test_an_over_long_id_leaves_the_escalation_service_answering(client: C
     server closed the service's connection and nats-py never reconnected. Keys and tokens are bounded now."""
     # sent raw, as an attacker would: the contract refuses the id now (``EscalationQuery`` is bounded), and the
     # service answers the refusal instead of putting the id in a subject
-    raw = await client.bus.nc.request(S.ESCALATION_SHOW, json.dumps({"escalation_id": "a" * 5000}).encode(), timeout=10)
+    raw = await client.bus.nc.request(
+        S.ESCALATION_SHOW, json.dumps({"escalation_id": "a" * 5000}).encode(), timeout=bound(10)
+    )
     assert b"escalation_id" in raw.data and b'"ok":true' not in raw.data.replace(b" ", b""), raw.data[:300]
     for _ in range(3):
         assert (await client.escalations()) is not None  # NoRespondersError when the service is off the bus

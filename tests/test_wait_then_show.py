@@ -12,6 +12,7 @@ import asyncio
 from loopwarden.client import Client
 from shared.scenario import load_scenario
 from tests.conftest import ROOT
+from tests.support.timing import bound
 
 ESCALATES = ROOT / "scenarios" / "correction-escalates.yaml"
 
@@ -21,7 +22,7 @@ async def test_the_item_a_waiting_run_names_is_in_the_queue_when_wait_returns(cl
 
     async def one() -> tuple[str, bool]:
         run_id = await client.submit_scenario(scenario)
-        state = await client.wait(run_id, timeout=90, until=("completed", "failed", "stopped", "awaiting_human"))
+        state = await client.wait(run_id, timeout=bound(90), until=("completed", "failed", "stopped", "awaiting_human"))
         assert state.status == "awaiting_human" and state.awaiting is not None, state.status
         shown = await client.show(state.awaiting.escalation_id)  # at once, as the next CLI command would
         return run_id, shown.ok

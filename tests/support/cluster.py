@@ -24,6 +24,7 @@ from typing import Any
 from loopwarden.stack import free_port, nats_server_binary, open_log, tail, wait_for_port
 from shared.permissions import grants, render
 from shared.settings import Settings
+from tests.support.timing import bound
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_CONF = ROOT / "deploy" / "nats" / "cluster.conf"
@@ -53,7 +54,7 @@ class Node:
 
     def monitor(self, endpoint: str) -> dict[str, Any]:
         """A monitoring endpoint (``varz``, ``routez``, ``healthz``) of this node, as JSON."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/{endpoint}", timeout=2) as resp:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/{endpoint}", timeout=bound(2)) as resp:
             data: dict[str, Any] = json.loads(resp.read())
             return data
 
@@ -101,7 +102,7 @@ class Cluster:
             env[f"LW_NATS_ROUTE_{i}"] = f"nats://route:{self.route_password}@127.0.0.1:{node.cluster_port}"
         return env
 
-    def start(self, timeout: float = 30.0) -> Cluster:
+    def start(self, timeout: float = bound(30.0)) -> Cluster:
         self.root.mkdir(parents=True, exist_ok=True)
         self.auth_conf.write_text(render(self.tools))
         for node in self.nodes:
@@ -129,7 +130,7 @@ class Cluster:
         stdout.close()
         wait_for_port(node.client_port)
 
-    def wait_healthy(self, timeout: float = 30.0) -> None:
+    def wait_healthy(self, timeout: float = bound(30.0)) -> None:
         """Every running node serves JetStream with a meta leader (``/healthz`` says ok)."""
         deadline = time.monotonic() + timeout
         last: Any = None

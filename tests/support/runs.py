@@ -8,6 +8,7 @@ from typing import Any
 from loopwarden.client import Client
 from loopwarden.stack import LocalStack, tail
 from shared.messages import RunSnapshot
+from tests.support.timing import bound
 
 GOOD_SEARCH = {
     "status": "success",
@@ -51,7 +52,7 @@ async def healthy_planner_finishes(stack: LocalStack, client: Client, run_id: st
     """A healthy planner takes the run over; the run as it ended, with that planner stopped again."""
     healthy = stack.start_service("planner", label="planner-healthy")
     try:
-        return await client.wait(run_id, timeout=60)
+        return await client.wait(run_id, timeout=bound(60))
     finally:
         healthy.popen.terminate()
         await asyncio.to_thread(healthy.popen.wait, 15)

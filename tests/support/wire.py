@@ -9,6 +9,7 @@ from typing import Any
 from nats.aio.msg import Msg
 
 from loopwarden.client import Client
+from tests.support.timing import bound
 
 
 @dataclass
@@ -38,6 +39,6 @@ class Wire:
         return self
 
     async def __aexit__(self, *_: object) -> None:
-        await asyncio.sleep(0.3)  # what is in flight reaches us
+        await asyncio.sleep(bound(0.3))  # what is in flight reaches us
         for sub in self.subs:
             await sub.unsubscribe()
