@@ -106,6 +106,12 @@ class Settings(BaseSettings):
     )
     redeliver_delay_s: float = Field(0.5, ge=0, description="first nack delay; doubles per delivery")
     duplicate_window_s: float = Field(600.0, gt=0, description="JetStream de-duplication window")
+    tool_lease_s: float = Field(
+        10.0,
+        gt=0,
+        description="an executor's lease on a tool call it runs (renewed at a fifth of it): another replica "
+        "declares the call's outcome unknown only after seeing no renewal for this long",
+    )
     stream_max_age_s: float = Field(7 * 24 * 3600.0, gt=0)
     rpc_timeout_s: float = Field(5.0, gt=0)
     manage_streams: bool = Field(
