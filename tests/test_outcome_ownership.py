@@ -24,8 +24,11 @@ import pytest
 
 from loopwarden.client import Client
 from loopwarden.stack import LocalStack, wait_for_port
-from services.executor.ledger import LedgerEntry
+from services.executor.handlers import Executor
+from services.executor.ledger import FinalPublish, LedgerEntry
+from services.executor.recovery import model_error
 from shared import subjects as S
+from shared.bus import CasConflict
 from shared.messages import ToolCall, utcnow
 from shared.scenario import parse_scenario
 from tests.conftest import ROOT, TEST_ENV, running, settings_for
@@ -176,3 +179,58 @@ async def test_an_unknown_outcome_for_an_attempt_whose_result_the_stream_kept_is
     after = await client.state(run_id)
     assert after is not None and after.status == "completed" and after.final_output == state.final_output
     assert await count_charges(client.bus.js, run_id) == 1  # nothing ran again
+
+
+async def test_a_known_result_replaces_an_unknown_outcome_recorded_while_its_owner_ran_the_call(
+    two_executors: LocalStack, client: Client
+) -> None:
+    """Another replica declared the call unknown while its owner was running it (the owner cut off from the
+    bus for longer than a lease, say): the ledger holds the unknown_outcome final and the run waits for a
+    human. The owner's result, when it comes, replaces that final and is published: the run goes on with it."""
+    run_id = await client.submit_scenario(parse_scenario(payout("known-wins", answer_after_s=6)))
+    key = ledger_key(run_id)
+
+    async def claimed() -> tuple[LedgerEntry, int] | None:
+        entry, revision = await client.bus.kv_get(S.KV_TOOL_LEDGER, key, LedgerEntry)
+        return (entry, revision) if entry is not None and await count_charges(client.bus.js, run_id) == 1 else None
+
+    await until("the payout made, its call claimed", claimed)
+    command = ToolCall(
+        run_id=run_id,
+        iteration=1,
+        call_id="toolu_pay",
+        attempt_id=key,
+        tool=TOOL,
+        requested_tool=TOOL,
+        arguments={"customer_id": "cus_owner1", "amount_cents": 900, "currency": "eur"},
+    )
+    unknown = Executor.outcome(
+        command, "unknown_outcome", model_error(TOOL, "unknown_outcome", "", 1), recoverable=False, attempts=1
+    )
+    final = FinalPublish(
+        subject=S.failure("unknown_outcome", TOOL),
+        msg_id=f"{key}.failed.unknown_outcome",
+        payload=unknown.model_dump_json(by_alias=True),
+        unknown_outcome=True,
+    )
+    while True:  # the owner renews its lease meanwhile: written on the revision read
+        got = await claimed()
+        assert got is not None
+        entry, revision = got
+        assert entry.final is None, "the call ended before the test declared it unknown"
+        try:
+            await client.bus.kv_put(S.KV_TOOL_LEDGER, key, entry.model_copy(update={"final": final}), revision=revision)
+            break
+        except CasConflict:
+            continue
+    await client.bus.publish(final.subject, final.payload.encode(), msg_id=final.msg_id, run_id=run_id)
+    waiting = await client.wait(run_id, timeout=30, until=("awaiting_human",))
+    assert waiting.awaiting is not None and waiting.awaiting.kind == "unknown_outcome"
+
+    state = await client.wait(run_id, timeout=60)
+    kinds = [e.kind for e in await client.events(run_id)]
+    assert state.status == "completed", (state.status, state.final_reason, kinds)
+    assert kinds.index(f"failure.unknown_outcome.{TOOL}") < kinds.index(f"tool.succeeded.{TOOL}"), kinds
+    stored, _ = await client.bus.kv_get(S.KV_TOOL_LEDGER, key, LedgerEntry)
+    assert stored is not None and stored.final is not None and stored.final.subject == S.RESULT_VALIDATE
+    assert await count_charges(client.bus.js, run_id) == 1

@@ -68,3 +68,9 @@ def test_a_failure_a_human_is_waiting_on_for_another_reason_takes_no_second_outc
     assert state.status == "awaiting_human"
     assert told(state, None) == []
     assert state.status == "awaiting_human"
+
+
+def test_an_unknown_outcome_is_applied_under_its_own_id_so_the_known_result_after_it_is_not_a_duplicate() -> None:
+    from services.planner import ids
+
+    assert ids.outcome(1, "c1", unknown=True) != ids.outcome(1, "c1") == "outcome.1.c1"
