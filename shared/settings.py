@@ -131,7 +131,25 @@ class Settings(BaseSettings):
         description="deliveries before a message is dead-lettered (a crash or hang each; an outage one per ack wait)",
     )
     redeliver_delay_s: float = Field(0.5, ge=0, description="first nack delay; doubles per delivery")
-    duplicate_window_s: float = Field(600.0, gt=0, description="JetStream de-duplication window")
+    duplicate_window_s: float = Field(
+        600.0,
+        gt=0,
+        description="JetStream de-duplication window of LW_SUBMIT: what a client or an operator may send again "
+        "(a submit, a requeue)",
+    )
+    redelivery_window_s: float | None = Field(
+        None,
+        gt=0,
+        description="de-duplication window of LW_CMD, LW_EVT and LW_DLQ, whose messages are published again only "
+        "by a redelivered handler: default the delivery budget (max_deliver ack waits and the nak backoffs between "
+        "them), at least 120 s. nats-server holds every message id of the window in memory",
+    )
+    tool_lease_s: float = Field(
+        10.0,
+        gt=0,
+        description="an executor's lease on a tool call it runs (renewed at a fifth of it): another replica "
+        "declares the call's outcome unknown only after seeing no renewal for this long",
+    )
     stream_max_age_s: float = Field(7 * 24 * 3600.0, gt=0)
     rpc_timeout_s: float = Field(5.0, gt=0)
     manage_streams: bool = Field(
@@ -517,6 +535,18 @@ class Settings(BaseSettings):
     def body_limit(self, message_type: str) -> int:
         """The largest body of ``message_type`` a service reads (``LW_BODY_MAX_BYTES``)."""
         return self.body_max_bytes.get(message_type, self.body_max_bytes["*"])
+
+    @property
+    def delivery_budget_s(self) -> float:
+        """How long after its first delivery a message can still be handled (and what it publishes published
+        again): ``max_deliver`` ack waits and the doubling nak delays between them."""
+        naks = self.redeliver_delay_s * ((1 << (self.max_deliver - 1)) - 1)
+        return self.max_deliver * self.ack_wait_s + naks
+
+    @property
+    def redelivery_dedupe_s(self) -> float:
+        """The de-duplication window of the streams only redeliveries publish to again."""
+        return self.redelivery_window_s or max(120.0, self.delivery_budget_s)
 
     @cached_property
     def hosted_tools(self) -> frozenset[str] | None:

@@ -10,9 +10,13 @@ boundary applies (``use_cached`` here; ``skip_and_note`` and ``ask_human`` in th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import socket
 import time
+import uuid
+from datetime import datetime, timedelta
 from typing import Any, assert_never
 
 from nats.errors import MaxPayloadError
@@ -20,7 +24,15 @@ from nats.js.errors import APIError
 from opentelemetry.trace import Span, Status, StatusCode
 from pydantic_core import PydanticSerializationError
 
-from services.executor.ledger import FinalPublish, LedgerEntry, claim, on_delivery
+from services.executor.ledger import (
+    FinalPublish,
+    LedgerEntry,
+    claim,
+    lease_live,
+    on_delivery,
+    on_final_conflict,
+    renewed,
+)
 from services.executor.recovery import Attempted, Fail, Fallback, UseCached, model_error, retry_delay
 from services.executor.recovery import after_retries as recovery_after
 from services.executor.registry import HostedTool, ToolContext, ToolFailure, ToolRegistry
@@ -42,6 +54,7 @@ from shared.messages import (
     ToolOutcome,
     ToolResultRaw,
     Wire,
+    utcnow,
 )
 from shared.providers.select import scripted_tools
 from shared.scenario import ToolBehaviour
@@ -84,6 +97,11 @@ class Executor:
         self.mounts: list[Any] = []
         self._hosting: set[asyncio.Task[None]] = set()  # tools of late MCP servers being hosted
         self.fault_point: FaultPoint | None = settings.fault_inject  # read once, at start
+        # This replica, as the owner a ledger entry names (a restarted process is another owner).
+        self.replica = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        # attempt id -> (ledger revision, when this replica first saw it): how long an entry whose owner's
+        # lease lapsed has stayed as it is, seen from here (``ledger.on_delivery``).
+        self._seen: dict[str, tuple[int, float]] = {}
         if self.fault_point is not None:
             log.warning("TEST FAULT INJECTION: this executor exits at %s of every tool call", self.fault_point)
 
@@ -197,7 +215,7 @@ class Executor:
                 return
 
             delivery = current_deliveries()
-            entry = claim(None, call.attempt_id, call.tool, contract.idempotent, delivery)
+            entry = claim(None, call.attempt_id, call.tool, contract.idempotent, delivery, **self.lease())
             revision = 0
             if not (contract.idempotent and delivery == 1):
                 # A non-idempotent call (or any redelivery) is claimed with a create before the tool
@@ -220,8 +238,23 @@ class Executor:
         recorded final, fail it as an unknown outcome, or claim it again (CAS) to run an idempotent tool
         once more. The claimed entry and its revision, or None when the call is finished here."""
         entry, revision = await self.bus.kv_get(S.KV_TOOL_LEDGER, call.attempt_id, LedgerEntry)
-        decision = on_delivery(entry)
+        lease_s = self.settings.tool_lease_s
+        unchanged_s = self.unchanged_for(call.attempt_id, revision)
+        decision = on_delivery(entry, utcnow(), unchanged_s, lease_s)
+        if decision != "wait":
+            self._seen.pop(call.attempt_id, None)
         match decision:
+            case "wait":
+                assert entry is not None
+                if lease_live(entry, utcnow()):
+                    assert entry.lease_until is not None
+                    delay, why = (entry.lease_until - utcnow()).total_seconds(), "is running it"
+                else:
+                    delay, why = lease_s - unchanged_s, "let its lease lapse (cut off, or gone?)"
+                raise TryLater(
+                    f"ledger entry {call.attempt_id}: {entry.owner or 'an earlier delivery'} {why}",
+                    delay=min(max(delay, 0.2), lease_s),
+                )
             case "republish":
                 assert entry is not None
                 await self.deliver(call, entry, revision)
@@ -242,12 +275,43 @@ class Executor:
                 pass
             case _:
                 assert_never(decision)
-        entry = claim(entry, call.attempt_id, call.tool, idempotent)
+        entry = claim(entry, call.attempt_id, call.tool, idempotent, **self.lease())
         try:
             revision = await self.save(entry, revision)
         except CasConflict as err:  # another executor claimed it a moment ago: decide again
             raise TryLater(f"ledger entry {call.attempt_id} changed while claiming it", delay=0.5) from err
         return entry, revision
+
+    def lease(self) -> dict[str, Any]:
+        """This replica's claim: it owns the entry, for a lease from now."""
+        return {"owner": self.replica, "lease_until": renewed_at(self.settings.tool_lease_s)}
+
+    def unchanged_for(self, attempt_id: str, revision: int) -> float:
+        """Seconds this replica has seen ``attempt_id``'s ledger entry at ``revision``."""
+        now = time.monotonic()
+        seen = self._seen.get(attempt_id)
+        if seen is None or seen[0] != revision:
+            if len(self._seen) >= 10_000:  # decided elsewhere long ago: forget the oldest
+                self._seen.pop(next(iter(self._seen)))
+            self._seen[attempt_id] = (revision, now)
+            return 0.0
+        return now - seen[1]
+
+    async def keep_lease(self, entry: LedgerEntry, revision: int) -> None:
+        """Renew this replica's lease on a claimed entry while its call runs (cancelled when it ends), so no
+        other replica takes the call for abandoned. It stops when the entry is no longer this replica's."""
+        lease_s = self.settings.tool_lease_s
+        while True:
+            await asyncio.sleep(lease_s / 5)
+            try:
+                revision = await self.save(renewed(entry, utcnow(), lease_s), revision)
+            except CasConflict:
+                stored, revision = await self.bus.kv_get(S.KV_TOOL_LEDGER, entry.attempt_id, LedgerEntry)
+                if stored is None or stored.final is not None or stored.owner != self.replica:
+                    return
+                entry = stored
+            except Exception as err:  # the bus is down: renewed once it is back (the lease covers the gap)
+                log.warning("executor: lease on %s not renewed: %r", entry.attempt_id, err)
 
     async def refuse(self, call: ToolCall, subject_tool: str) -> None:
         """A command on one tool's subject that names another tool: dead-lettered, nothing runs."""
@@ -268,6 +332,18 @@ class Executor:
         self, call: ToolCall, hosted: HostedTool, entry: LedgerEntry, revision: int, stripped: list[str]
     ) -> None:
         """Run the call (``stripped``: the undeclared input fields removed before it, for its result to say)."""
+        lease = asyncio.create_task(self.keep_lease(entry, revision)) if revision else None
+        try:
+            await self.attempts_of(call, hosted, entry, revision, stripped)
+        finally:
+            if lease is not None:
+                lease.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await lease
+
+    async def attempts_of(
+        self, call: ToolCall, hosted: HostedTool, entry: LedgerEntry, revision: int, stripped: list[str]
+    ) -> None:
         contract = hosted.contract
         started = time.monotonic()
         n = 0
@@ -485,7 +561,7 @@ class Executor:
             schema=hosted.contract.output_schema,
         )
         await self.finish(
-            call, entry, revision, S.failure("output_invalid", call.tool), outcome, f"{call.attempt_id}.outcome"
+            call, entry, revision, S.failure("output_invalid", call.tool), outcome, failed_id(call, "output_invalid")
         )
 
     async def finish(
@@ -493,20 +569,40 @@ class Executor:
     ) -> None:
         """Record the final message in the ledger, then publish it (a redelivery republishes it)."""
         body = payload if isinstance(payload, str) else payload.model_dump_json(by_alias=True)
-        entry.final = FinalPublish(subject=subject, msg_id=msg_id, payload=body)
-        try:
-            revision = await self.save(entry, revision)
-        except CasConflict:
-            # Another delivery of this call got its final recorded first (it is the one that counts).
-            stored, revision = await self.bus.kv_get(S.KV_TOOL_LEDGER, entry.attempt_id, LedgerEntry)
-            if stored is None or stored.final is None:
-                raise
-            entry.final = stored.final
-        except (MaxPayloadError, APIError) as err:
-            if not refused_for_good(err):
-                raise
-            await self.undeliverable(call, entry, revision, err)  # e.g. the result exceeds the bucket's limits
-            return
+        unknown = isinstance(payload, ToolOutcome) and payload.failure_type == "unknown_outcome"
+        entry.final = ours = FinalPublish(subject=subject, msg_id=msg_id, payload=body, unknown_outcome=unknown)
+        for _ in range(FINAL_WRITES):
+            try:
+                revision = await self.save(entry, revision)
+                break
+            except CasConflict:
+                stored, revision = await self.bus.kv_get(S.KV_TOOL_LEDGER, entry.attempt_id, LedgerEntry)
+                action = on_final_conflict(stored, ours, self.replica)
+                match action:
+                    case "rewrite":  # this replica's lease renewals moved the entry on
+                        continue
+                    case "replace":  # another replica declared it unknown while this one ran it: known wins
+                        assert stored is not None and stored.final is not None
+                        log.warning(
+                            "executor: %s was recorded as an unknown outcome elsewhere; its known result replaces it",
+                            entry.attempt_id,
+                        )
+                        continue
+                    case "adopt":  # another delivery of this call got its final recorded first: it counts
+                        assert stored is not None
+                        entry.final = stored.final
+                        break
+                    case "retry_delivery":
+                        raise
+                    case _:
+                        assert_never(action)
+            except (MaxPayloadError, APIError) as err:
+                if not refused_for_good(err):
+                    raise
+                await self.undeliverable(call, entry, revision, err)  # e.g. the result exceeds the bucket's limits
+                return
+        else:
+            raise CasConflict(f"ledger entry {entry.attempt_id} kept changing under its final write")
         self.fault("after_final_recorded")
         await self.deliver(call, entry, revision)
 
@@ -560,13 +656,13 @@ class Executor:
             boundary=boundary,
             effect=effect,
         )
-        await self.finish(call, entry, revision, S.failure(ftype, call.tool), outcome, f"{call.attempt_id}.outcome")
+        await self.finish(call, entry, revision, S.failure(ftype, call.tool), outcome, failed_id(call, ftype))
 
     async def fail(
         self, call: ToolCall, ftype: FailureType, error: str, *, recoverable: bool, attempts: int, **extra: Any
     ) -> None:
         outcome = self.outcome(call, ftype, error, recoverable=recoverable, attempts=attempts, **extra)
-        await self.bus.publish(S.failure(ftype, call.tool), outcome, msg_id=f"{call.attempt_id}.outcome")
+        await self.bus.publish(S.failure(ftype, call.tool), outcome, msg_id=failed_id(call, ftype))
 
     @staticmethod
     def outcome(
@@ -590,6 +686,20 @@ class Executor:
                 **{k: v for k, v in extra.items() if v is not None},
             }
         )
+
+
+FINAL_WRITES = 5  # compare-and-swaps of a final before the delivery is retried (each lost one re-reads)
+
+
+def renewed_at(lease_s: float) -> datetime:
+    return utcnow() + timedelta(seconds=lease_s)
+
+
+def failed_id(call: ToolCall, failure_type: str) -> str:
+    """The message id of a call's failure event: one per failure type, so the validator's outcome
+    (``<attempt>.validated``) and an executor's failure of the same attempt never de-duplicate each
+    other, while a redelivery of the same event does."""
+    return f"{call.attempt_id}.failed.{S.token(failure_type)}"
 
 
 def refused_for_good(err: Exception) -> bool:

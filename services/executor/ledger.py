@@ -22,11 +22,20 @@ run it; an unclaimed first delivery still running elsewhere may (an idempotent t
 and a command delivered afresh after its final was recorded runs once more before its create
 finds that final and publishes it instead (e.g. re-published by an older planner after the
 de-duplication window).
+
+**Whose call it is.** A claimed entry names its ``owner`` (the replica running the call) and a lease
+(``lease_until``), renewed while the call runs. A delivery that finds the entry without a final while
+the lease is live waits (the owner is alive: a NATS outage longer than the ack wait redelivers a command
+whose call is still running); one that finds the lease lapsed still waits until *it* has seen the entry
+unchanged for a whole lease (a lease lapses during an outage too: the owner cannot renew it until it
+reconnects). Only then is the owner taken for gone, and the call an ``unknown_outcome``. A known result
+wins over a recorded "unknown": the owner's final write that loses its compare-and-swap to one replaces
+it (``on_final_conflict``).
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -38,6 +47,7 @@ class FinalPublish(BaseModel):
     subject: str
     msg_id: str
     payload: str
+    unknown_outcome: bool = Field(False, description="the final says the outcome is unknown (a known one replaces it)")
 
 
 class LedgerEntry(BaseModel):
@@ -47,25 +57,71 @@ class LedgerEntry(BaseModel):
     runs: int = Field(1, ge=1, description="deliveries that started executing this call")
     started_at: datetime = Field(default_factory=utcnow)
     final: FinalPublish | None = None
+    owner: str | None = Field(None, description="the replica running the call (claimed it last)")
+    lease_until: datetime | None = Field(None, description="the owner's lease: renewed while the call runs")
 
 
-DeliveryAction = Literal["republish", "unknown_outcome", "run"]
+DeliveryAction = Literal["republish", "wait", "unknown_outcome", "run"]
 
 
-def on_delivery(entry: LedgerEntry | None) -> DeliveryAction:
-    """What a (re)delivered tool command must do, given the ledger."""
+def lease_live(entry: LedgerEntry, now: datetime) -> bool:
+    return entry.lease_until is not None and now < entry.lease_until
+
+
+def on_delivery(entry: LedgerEntry | None, now: datetime, unchanged_s: float, lease_s: float) -> DeliveryAction:
+    """What a (re)delivered tool command must do, given the ledger; ``unchanged_s``: how long this replica
+    has seen the entry as it is now (same revision), ``lease_s``: the owner's lease."""
     if entry is None:
         return "run"
     if entry.final is not None:
         return "republish"
+    if lease_live(entry, now):
+        return "wait"  # its owner is running it (and says so): never declared unknown, never run twice
     # Started before and no final recorded: the effect may or may not have happened.
-    return "run" if entry.idempotent else "unknown_outcome"
+    if entry.idempotent:
+        return "run"
+    # The lease lapsed, but an owner cut off from the bus cannot renew it: it is taken for gone only once
+    # this replica, connected, has seen no renewal for a whole lease.
+    return "unknown_outcome" if unchanged_s >= lease_s else "wait"
 
 
-def claim(entry: LedgerEntry | None, attempt_id: str, tool: str, idempotent: bool, delivery: int = 1) -> LedgerEntry:
-    """The entry to write (CAS) before the tool runs for this delivery (``delivery``: its count). An
-    entry first created by a later delivery counts the earlier ones as runs: an idempotent call's
-    first delivery runs unclaimed, and its events' ids (``runs`` in them) must not repeat."""
+def claim(
+    entry: LedgerEntry | None,
+    attempt_id: str,
+    tool: str,
+    idempotent: bool,
+    delivery: int = 1,
+    *,
+    owner: str | None = None,
+    lease_until: datetime | None = None,
+) -> LedgerEntry:
+    """The entry to write (CAS) before the tool runs for this delivery (``delivery``: its count), owned by
+    ``owner`` until ``lease_until``. An entry first created by a later delivery counts the earlier ones
+    as runs: an idempotent call's first delivery runs unclaimed, and its events' ids (``runs`` in them)
+    must not repeat."""
+    lease = {"owner": owner, "lease_until": lease_until}
     if entry is None:
-        return LedgerEntry(attempt_id=attempt_id, tool=tool, idempotent=idempotent, runs=max(1, delivery))
-    return entry.model_copy(update={"runs": entry.runs + 1})
+        return LedgerEntry(attempt_id=attempt_id, tool=tool, idempotent=idempotent, runs=max(1, delivery), **lease)
+    return entry.model_copy(update={"runs": entry.runs + 1, **lease})
+
+
+def renewed(entry: LedgerEntry, now: datetime, lease_s: float) -> LedgerEntry:
+    """The entry with its owner's lease running ``lease_s`` from ``now``."""
+    return entry.model_copy(update={"lease_until": now + timedelta(seconds=lease_s)})
+
+
+ConflictAction = Literal["rewrite", "replace", "adopt", "retry_delivery"]
+
+
+def on_final_conflict(stored: LedgerEntry | None, ours: FinalPublish, owner: str | None) -> ConflictAction:
+    """The final write lost its compare-and-swap; ``stored`` is the entry now. ``rewrite``: only this
+    owner's lease renewals moved it, write on its revision; ``replace``: another replica declared the
+    outcome unknown, but this one knows it (it wins); ``adopt``: another delivery recorded a final first
+    (it counts); ``retry_delivery``: someone else claimed the call (the delivery is retried)."""
+    if stored is None:
+        return "retry_delivery"
+    if stored.final is None:
+        return "rewrite" if owner is not None and stored.owner == owner else "retry_delivery"
+    if stored.final.unknown_outcome and not ours.unknown_outcome:
+        return "replace"
+    return "adopt"

@@ -335,7 +335,7 @@ class Planner:
         outcome = bounded_outcome(outcome, self.settings.run_state_result_max_bytes)
         await self.transact(
             outcome.run_id,
-            ids.outcome(outcome.iteration, outcome.call_id),
+            ids.outcome(outcome.iteration, outcome.call_id, unknown=outcome.failure_type == "unknown_outcome"),
             lambda s: apply_outcome(s, outcome),
             take_turn=True,
         )

@@ -91,8 +91,10 @@ def advanced(iteration: int) -> str:
     return f"advance.{iteration}"
 
 
-def outcome(iteration: int, call_id: str) -> str:
-    return f"outcome.{iteration}.{call_id}"
+def outcome(iteration: int, call_id: str, unknown: bool = False) -> str:
+    """A call's outcome as applied; an ``unknown_outcome`` has its own, so the known result that replaces it
+    (``outcomes.supersedes_unknown``) is applied too, not taken for a duplicate."""
+    return f"outcome.{iteration}.{call_id}" + (".unknown" if unknown else "")
 
 
 def verdict(candidate_id: str) -> str:

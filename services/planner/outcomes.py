@@ -39,14 +39,35 @@ def answers(state: RunState, record: ToolCallRecord, outcome: ToolOutcome) -> bo
     return True
 
 
+def supersedes_unknown(state: RunState, record: ToolCallRecord, outcome: ToolOutcome) -> bool:
+    """Whether ``outcome`` is a known outcome of the call the run waits on as an ``unknown_outcome``: the
+    replica that ran it recorded its result after another replica had declared it unknown (the executor's
+    ledger lets the known result win). Only then does a call take a second outcome; an unknown outcome after
+    a known one is stale."""
+    return (
+        record.status == "awaiting_human"
+        and record.outcome is not None
+        and record.outcome.failure_type == "unknown_outcome"
+        and outcome.failure_type != "unknown_outcome"
+        and outcome.attempt_id == record.outcome.attempt_id
+        and state.awaiting is not None
+        and state.awaiting.kind == "unknown_outcome"
+        and state.awaiting.call_id == record.call_id
+    )
+
+
 def apply_outcome(state: RunState, outcome: ToolOutcome) -> Outbox:
     out = Outbox(state)
     it = state.iteration
     record = next((c for c in it.tool_calls if c.call_id == outcome.call_id), None)
-    if record is None or record.status != "dispatched" or state.done:
-        return out  # stale or duplicate: nothing to do
+    if record is None or state.done:
+        return out  # stale: nothing to do
     if not answers(state, record, outcome):
         return out  # not this call's outcome: another tool's, or a child this run never started
+    if record.status != "dispatched":
+        if not supersedes_unknown(state, record, outcome):
+            return out  # a duplicate, or a later outcome of a call that has one: the first stands
+        state.awaiting, state.status = None, "running"  # the result is known: no human needs to decide
     cfg = state.config
     record.outcome = outcome
     if record.tool == DELEGATE:

@@ -63,4 +63,6 @@ class Validator:
             subject = S.tool_succeeded(raw.tool)
         else:
             subject = S.failure("output_invalid", raw.tool)
-        await self.bus.publish(subject, outcome, msg_id=f"{raw.attempt_id}.outcome")
+        # Its own id, not the executor's failure ids (``<attempt>.failed.<type>``): an unknown_outcome the
+        # executor publishes for an attempt whose result the stream kept is stored, not dropped as a duplicate.
+        await self.bus.publish(subject, outcome, msg_id=f"{raw.attempt_id}.validated")

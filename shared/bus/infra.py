@@ -117,7 +117,9 @@ def stream_config(name: str, settings: Settings) -> StreamConfig:
         subjects=S.STREAM_SUBJECTS[name],
         retention=RetentionPolicy.LIMITS,
         storage=StorageType.FILE,
-        duplicate_window=settings.duplicate_window_s,
+        # What a client or an operator sends again (LW_SUBMIT) is kept for a longer window than what only a
+        # redelivered handler publishes again: nats-server holds each id of the window in memory.
+        duplicate_window=settings.duplicate_window_s if name == S.STREAM_SUBMIT else settings.redelivery_dedupe_s,
         max_age=settings.evt_max_age_s if name == S.STREAM_EVT else settings.stream_max_age_s,
         num_replicas=settings.stream_replicas,
         allow_direct=True,

@@ -1,0 +1,236 @@
+"""Whose call it is: no replica declares a call's outcome unknown while the replica running it is alive,
+and a known result is never lost to an "unknown" (issue 28, edges 1 and 2).
+
+One stack for the module: a real nats-server and two executor replicas, both hosting ``slow_payout`` (a
+non-idempotent charge whose answer comes 12 s after the charge). The nats-server is SIGKILLed while calls
+run and started again on the same store and port after an outage longer than the ack wait, so their
+commands are redelivered — to the other replica, or to the same one — while the replica that runs each
+call is alive. ``LW_TOOL_LEASE_S`` is shorter than the outage: a lease lapses while its owner cannot renew it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loopwarden.client import Client
+from loopwarden.stack import LocalStack, wait_for_port
+from services.executor.handlers import Executor
+from services.executor.ledger import FinalPublish, LedgerEntry
+from services.executor.recovery import model_error
+from shared import subjects as S
+from shared.bus import CasConflict
+from shared.messages import ToolCall, utcnow
+from shared.scenario import parse_scenario
+from tests.conftest import ROOT, TEST_ENV, running, settings_for
+from tests.support.payments import count_charges
+from tests.support.runs import submit
+
+TOOL = "slow_payout"
+ANSWER_AFTER_S = 12.0  # the charge happens at once; the tool answers this long after it
+OUTAGE_S = 7.0  # longer than the ack wait (3 s) and the lease (4 s)
+LEASE_S = 4.0
+ENV = {**TEST_ENV, "LW_TOOL_LEASE_S": str(LEASE_S), "LW_MCP_SERVERS": ""}
+
+
+def slow_payout(tools_dir: Path) -> Path:
+    """A non-idempotent charge whose call may run a long time (the demo ``charge_card`` underneath)."""
+    contract = json.loads((ROOT / "tests" / "tools" / "slow_charge.json").read_text())
+    contract.update(
+        name=TOOL,
+        description="Pay a customer out through a slow bank: the payout happens, the answer comes late. "
+        "NOT idempotent.",
+        timeout_s=60,
+        retry={"max_attempts": 1, "base_delay_s": 0.05, "max_delay_s": 0.1},
+    )
+    tools_dir.mkdir(parents=True, exist_ok=True)
+    (tools_dir / f"{TOOL}.json").write_text(json.dumps(contract))
+    return tools_dir
+
+
+@pytest.fixture(scope="module")
+def two_executors(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    state = tmp_path_factory.mktemp("ownership")
+    tools = slow_payout(state / "tools")
+    services = ("planner", "executor", "executor", "validator", "judge", "governor", "escalation")
+    stack = LocalStack(
+        state_dir=state,
+        env={**ENV, "LW_TOOL_CONTRACT_DIR": str(tools)},
+        services=services,
+    )
+    yield from running(stack)
+
+
+@pytest.fixture
+async def client(two_executors: LocalStack) -> AsyncIterator[Client]:
+    async with Client(settings_for(two_executors)) as c:
+        yield c
+
+
+def payout(name: str, answer_after_s: float = ANSWER_AFTER_S) -> dict[str, Any]:
+    args = {"customer_id": "cus_owner1", "amount_cents": 900, "currency": "eur"}
+    return {
+        "name": name,
+        "task": "Pay out 9 EUR, once.",
+        "planner": [{"tool_calls": [{"name": TOOL, "id": "toolu_pay", "input": args}]}, submit("paid")],
+        "tools": {TOOL: [{"latency_s": answer_after_s, "times": "always"}]},
+    }
+
+
+async def until(what: str, check: Any, timeout: float = 30.0) -> Any:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        got = await check()
+        if got:
+            return got
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"not within {timeout:.0f}s: {what}")
+
+
+def restart_nats(stack: LocalStack, outage_s: float) -> None:
+    """SIGKILL the nats-server, keep it down ``outage_s``, start it again on the same store and port."""
+    nats = next(p for p in reversed(stack.procs) if p.name == "nats-server" and p.popen.poll() is None)
+    os.kill(nats.popen.pid, signal.SIGKILL)
+    nats.popen.wait(10)
+    assert stack.nats_url is not None
+    port = int(stack.nats_url.rsplit(":", 1)[1])
+    time.sleep(outage_s)
+    stack.nats_port = port
+    stack.start_nats()
+    wait_for_port(port)
+
+
+def ledger_key(run_id: str) -> str:
+    return S.kv_key(run_id, "i1", "toolu_pay")
+
+
+async def test_a_call_running_through_a_nats_restart_ends_with_its_known_result_not_a_human(
+    two_executors: LocalStack, client: Client
+) -> None:
+    run_ids = [await client.submit_scenario(parse_scenario(payout(f"owner-{i}"))) for i in range(2)]
+
+    async def charged_and_claimed() -> bool:
+        for run_id in run_ids:
+            entry, _ = await client.bus.kv_get(S.KV_TOOL_LEDGER, ledger_key(run_id), LedgerEntry)
+            if entry is None or await count_charges(client.bus.js, run_id) != 1:
+                return False
+        return True
+
+    await until("both payouts made, their calls claimed", charged_and_claimed)
+    await asyncio.to_thread(restart_nats, two_executors, OUTAGE_S)
+    async with Client(settings_for(two_executors)) as after:  # connected afresh, after the outage
+        await outcomes_known(after, run_ids)
+
+
+async def outcomes_known(client: Client, run_ids: list[str]) -> None:
+    for run_id in run_ids:
+        state = await client.wait(run_id, timeout=90, until=("completed", "stopped", "failed", "awaiting_human"))
+        kinds = [e.kind for e in await client.events(run_id)]
+        assert state.status == "completed", (state.status, state.final_reason, kinds)
+        assert not any("unknown_outcome" in k for k in kinds), kinds
+        assert kinds.count(f"tool.succeeded.{TOOL}") == 1, kinds
+        assert (await client.escalations(run_id=run_id, status="all")).escalations == []
+        assert await count_charges(client.bus.js, run_id) == 1
+        entry, _ = await client.bus.kv_get(S.KV_TOOL_LEDGER, ledger_key(run_id), LedgerEntry)
+        assert entry is not None and entry.final is not None and "unknown_outcome" not in entry.final.subject
+
+
+async def test_an_unknown_outcome_for_an_attempt_whose_result_the_stream_kept_is_stored_and_the_result_stands(
+    two_executors: LocalStack, client: Client
+) -> None:
+    """The ledger lost a call's final (its entry is back to "claimed", its owner long gone) while the stream
+    kept the validator's outcome; the command comes again. The executor's ``unknown_outcome`` is stored (it
+    has its own message id: it used to be dropped as a duplicate of the validator's outcome), and the run keeps
+    the known result (the planner takes a later "unknown" of a call with a result as stale)."""
+    run_id = await client.submit_scenario(parse_scenario(payout("lost-final", answer_after_s=0)))
+    state = await client.wait(run_id, timeout=60)
+    assert state.status == "completed", state.final_reason
+    key = ledger_key(run_id)
+    entry, revision = await client.bus.kv_get(S.KV_TOOL_LEDGER, key, LedgerEntry)
+    assert entry is not None and entry.final is not None
+    lost = entry.model_copy(update={"final": None, "owner": "gone", "lease_until": utcnow() - timedelta(seconds=60)})
+    await client.bus.kv_put(S.KV_TOOL_LEDGER, key, lost, revision=revision)
+    command = ToolCall(
+        run_id=run_id,
+        iteration=1,
+        call_id="toolu_pay",
+        attempt_id=key,
+        tool=TOOL,
+        requested_tool=TOOL,
+        arguments={"customer_id": "cus_owner1", "amount_cents": 900, "currency": "eur"},
+    )
+    await client.bus.publish(S.tool_execute(TOOL), command, msg_id=f"{key}.again", run_id=run_id)
+
+    async def unknown_stored() -> list[str]:
+        return [e.kind for e in await client.events(run_id) if "unknown_outcome" in e.kind]
+
+    assert await until("the unknown_outcome event stored", unknown_stored, timeout=LEASE_S * 3 + 15)
+    kinds = [e.kind for e in await client.events(run_id)]
+    assert kinds.count(f"tool.succeeded.{TOOL}") == 1, kinds
+    after = await client.state(run_id)
+    assert after is not None and after.status == "completed" and after.final_output == state.final_output
+    assert await count_charges(client.bus.js, run_id) == 1  # nothing ran again
+
+
+async def test_a_known_result_replaces_an_unknown_outcome_recorded_while_its_owner_ran_the_call(
+    two_executors: LocalStack, client: Client
+) -> None:
+    """Another replica declared the call unknown while its owner was running it (the owner cut off from the
+    bus for longer than a lease, say): the ledger holds the unknown_outcome final and the run waits for a
+    human. The owner's result, when it comes, replaces that final and is published: the run goes on with it."""
+    run_id = await client.submit_scenario(parse_scenario(payout("known-wins", answer_after_s=6)))
+    key = ledger_key(run_id)
+
+    async def claimed() -> tuple[LedgerEntry, int] | None:
+        entry, revision = await client.bus.kv_get(S.KV_TOOL_LEDGER, key, LedgerEntry)
+        return (entry, revision) if entry is not None and await count_charges(client.bus.js, run_id) == 1 else None
+
+    await until("the payout made, its call claimed", claimed)
+    command = ToolCall(
+        run_id=run_id,
+        iteration=1,
+        call_id="toolu_pay",
+        attempt_id=key,
+        tool=TOOL,
+        requested_tool=TOOL,
+        arguments={"customer_id": "cus_owner1", "amount_cents": 900, "currency": "eur"},
+    )
+    unknown = Executor.outcome(
+        command, "unknown_outcome", model_error(TOOL, "unknown_outcome", "", 1), recoverable=False, attempts=1
+    )
+    final = FinalPublish(
+        subject=S.failure("unknown_outcome", TOOL),
+        msg_id=f"{key}.failed.unknown_outcome",
+        payload=unknown.model_dump_json(by_alias=True),
+        unknown_outcome=True,
+    )
+    while True:  # the owner renews its lease meanwhile: written on the revision read
+        got = await claimed()
+        assert got is not None
+        entry, revision = got
+        assert entry.final is None, "the call ended before the test declared it unknown"
+        try:
+            await client.bus.kv_put(S.KV_TOOL_LEDGER, key, entry.model_copy(update={"final": final}), revision=revision)
+            break
+        except CasConflict:
+            continue
+    await client.bus.publish(final.subject, final.payload.encode(), msg_id=final.msg_id, run_id=run_id)
+    waiting = await client.wait(run_id, timeout=30, until=("awaiting_human",))
+    assert waiting.awaiting is not None and waiting.awaiting.kind == "unknown_outcome"
+
+    state = await client.wait(run_id, timeout=60)
+    kinds = [e.kind for e in await client.events(run_id)]
+    assert state.status == "completed", (state.status, state.final_reason, kinds)
+    assert kinds.index(f"failure.unknown_outcome.{TOOL}") < kinds.index(f"tool.succeeded.{TOOL}"), kinds
+    stored, _ = await client.bus.kv_get(S.KV_TOOL_LEDGER, key, LedgerEntry)
+    assert stored is not None and stored.final is not None and stored.final.subject == S.RESULT_VALIDATE
+    assert await count_charges(client.bus.js, run_id) == 1
