@@ -19,10 +19,10 @@ import asyncio
 import contextlib
 import inspect
 import sys
-from importlib.metadata import PackageNotFoundError, version
 
 from loopwarden import cli_agents, cli_offline, cli_queue, cli_records, cli_runs, cli_stack, fake_model
 from loopwarden.cli_common import EXIT_CODES_HELP, INTERRUPTED, OK, UserError, bus_failure, env_nats_url, say
+from shared.version import package_version
 
 AUDIENCES = (
     cli_stack,
@@ -33,13 +33,6 @@ AUDIENCES = (
     cli_offline,
     fake_model,
 )  # fake_model: live runs offline
-
-
-def package_version() -> str:
-    try:
-        return version("loopwarden")
-    except PackageNotFoundError:
-        return "unknown (not installed)"
 
 
 def build_parser() -> argparse.ArgumentParser:

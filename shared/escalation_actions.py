@@ -16,7 +16,7 @@ from typing import Any, Literal, get_args
 
 EscalationKind = Literal[
     "fatal", "unknown_outcome", "schema_cap", "ask_human", "not_judged", "loop", "approval", "spawn"
-]  # "spawn": the sub-agent spawn gate (no producer yet; the queue, SLAs and surfaces already handle it)
+]  # "spawn": the sub-agent spawn gate (services/planner/delegation.py)
 
 EscalationAction = Literal[
     "resume",  # continue with the note as the human's word on the failure

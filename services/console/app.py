@@ -45,7 +45,7 @@ from services.console.auth import SESSION_COOKIE, PasswordTooLong, Session, Sess
 from services.console.live import LiveView
 from services.console.throttle import LoginThrottle
 from shared import subjects as S
-from shared.escalation_actions import ACTIONS, parse_action
+from shared.escalation_actions import ACTIONS, KINDS, parse_action
 from shared.messages import EscalationAction, EscalationReply, ToolContract, utcnow
 from shared.records import TERMINAL, scenario_from_record
 from shared.scenario import ScenarioError, parse_scenario
@@ -65,6 +65,8 @@ def _env() -> Environment:
     env.filters["duration"] = B.duration
     env.filters["clip"] = T.clip
     env.globals["bar"] = B.bar
+    env.globals["ACTIONS"] = ACTIONS  # the queue's forms: what each action must carry (shared/escalation_actions.py)
+    env.globals["KINDS"] = list(KINDS)
     return env
 
 
