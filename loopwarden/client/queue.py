@@ -1,0 +1,82 @@
+"""Working the human queue: list, show, claim, renew and resolve escalations."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loopwarden.client.connecting import Connection
+from shared import subjects as S
+from shared.messages import (
+    EscalationAction,
+    EscalationClaim,
+    EscalationQuery,
+    EscalationReply,
+    EscalationResolve,
+)
+
+
+class Queue(Connection):
+    """The escalation queue's requests.
+
+    Who claims, renews or resolves is the operator token of the subject (``...claim.<who>``, or
+    ``...claim.console.<who>`` when the console acts for them): with per-operator NATS users the
+    server lets only that operator publish there, so ``who`` must be the user this client is."""
+
+    async def escalations(
+        self,
+        status: str = "open",
+        run_id: str | None = None,
+        *,
+        kind: str | None = None,
+        tool: str | None = None,
+        older_than_s: float | None = None,
+        newer_than_s: float | None = None,
+    ) -> EscalationReply:
+        """The queue's items (``.escalations``, newest first): ``status`` open (default), claimed, resolved or
+        all; optionally of one run, of one ``kind`` (schema_cap, fatal, ...), for one ``tool``, or by age."""
+        return await self.bus.request(
+            S.ESCALATION_LIST,
+            EscalationQuery(
+                status=status,
+                run_id=run_id,
+                kind=kind,
+                tool=tool,
+                older_than_s=older_than_s,
+                newer_than_s=newer_than_s,
+            ),
+            EscalationReply,
+        )
+
+    async def show(self, escalation_id: str) -> EscalationReply:
+        """One item (``.escalations[0]``) with its context: arguments, last turns, allowed actions."""
+        return await self.bus.request(S.ESCALATION_SHOW, EscalationQuery(escalation_id=escalation_id), EscalationReply)
+
+    async def claim(self, escalation_id: str, who: str, via: str | None = None) -> EscalationReply:
+        """Claim an item for ``who`` under a lease (``.ok`` false and ``.error`` say why not)."""
+        return await self.bus.request(
+            S.escalation_rpc("claim", who, via), EscalationClaim(escalation_id=escalation_id), EscalationReply
+        )
+
+    async def renew(self, escalation_id: str, who: str, via: str | None = None) -> EscalationReply:
+        """Extend ``who``'s lease on an item they claimed."""
+        return await self.bus.request(
+            S.escalation_rpc("renew", who, via), EscalationClaim(escalation_id=escalation_id), EscalationReply
+        )
+
+    async def resolve(
+        self,
+        escalation_id: str,
+        who: str,
+        action: EscalationAction,
+        note: str = "",
+        result: Any = None,
+        via: str | None = None,
+    ) -> EscalationReply:
+        """Resolve an item with one of the actions its kind allows (resume, abort, provide_result with
+        ``result`` checked against the tool's output contract, retry, final_answer, ...); the run goes on at once.
+        An unclaimed item is claimed for ``who`` first."""
+        return await self.bus.request(
+            S.escalation_rpc("resolve", who, via),
+            EscalationResolve(escalation_id=escalation_id, action=action, note=note, result=result),
+            EscalationReply,
+        )

@@ -1,0 +1,238 @@
+"""Starting runs (a task, a scenario, a registered agent), registering agents, and listing runs."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from opentelemetry.trace import SpanKind
+
+from loopwarden.client.waiting import Waiting
+from shared import subjects as S
+from shared.agents import load_agent, next_record
+from shared.bus import CasConflict
+from shared.canonical import digest_of
+from shared.messages import (
+    FINAL_STATUSES,
+    Agent,
+    AgentRecord,
+    RunLimits,
+    RunSnapshot,
+    RunSubmit,
+    utcnow,
+)
+from shared.scenario import Scenario
+from shared.telemetry import LW_RUN_ID
+
+
+def new_run_id() -> str:
+    return f"run-{uuid.uuid4().hex[:20]}"
+
+
+class UnknownAgent(LookupError):
+    """A run of an agent that is not registered (``loopwarden agents list`` shows those that are)."""
+
+
+class NotAllowed(PermissionError):
+    """The server did not let this client's NATS user do it (registering agents is for operators)."""
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """How a run ended (or stands, when it waits for a human): what ``Client.run`` returns."""
+
+    run_id: str
+    status: str  # completed, stopped, failed, or awaiting_human (a person decides: ``escalation_id``)
+    final_output: str | None
+    reason: str | None  # why it ended, in one line (``final_reason``)
+    cost_usd: float
+    agent: str | None = None
+    agent_version: int | None = None
+    passed: bool | None = None  # the judge's verdict on the final answer (None: not judged)
+    escalation_id: str | None = None
+    snapshot: RunSnapshot | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, snap: RunSnapshot) -> RunResult:
+        return cls(
+            run_id=snap.run_id,
+            status=snap.status,
+            final_output=snap.final_output,
+            reason=snap.final_reason,
+            cost_usd=snap.usage.cost_usd,
+            agent=snap.agent,
+            agent_version=snap.agent_version,
+            passed=snap.passed,
+            escalation_id=snap.awaiting.escalation_id if snap.awaiting else None,
+            snapshot=snap,
+        )
+
+
+def select_runs(
+    runs: list[RunSnapshot],
+    *,
+    status: str | None = None,
+    agent: str | None = None,
+    tenant: str | None = None,
+    since: timedelta | None = None,
+    limit: int | None = None,
+    offset: int = 0,
+    now: datetime | None = None,
+) -> list[RunSnapshot]:
+    """The runs that match every filter given, newest first (by creation), ``offset`` skipped, at most
+    ``limit``. ``since``: created at most that long before ``now``."""
+    after = (now or utcnow()) - since if since is not None else None
+    picked = [
+        r
+        for r in runs
+        if (status is None or r.status == status)
+        and (agent is None or r.agent == agent)
+        and (tenant is None or r.tenant == tenant)
+        and (after is None or r.created_at >= after)
+    ]
+    picked.sort(key=lambda r: (r.created_at, r.run_id), reverse=True)
+    return picked[offset : None if limit is None else offset + limit]
+
+
+class Runs(Waiting):
+    """Submitting runs and agents, running one to its end, listing runs."""
+
+    async def submit(self, submit: RunSubmit) -> str:
+        assert self.telemetry is not None
+        tracer = self.telemetry.tracer("loopwarden.client")
+        # The root of the run's trace: every service's spans hang below it.
+        with tracer.start_as_current_span(
+            f"run {submit.run_id}", kind=SpanKind.PRODUCER, attributes={LW_RUN_ID: submit.run_id}
+        ):
+            # on its tenant's subject: the server lets this client's user publish only its own tenant's
+            subject = S.run_submit(submit.tenant or self.bus.settings.tenant)
+            await self.bus.publish(subject, submit, msg_id=f"submit.{submit.run_id}")
+        return submit.run_id
+
+    async def submit_scenario(
+        self, scenario: Scenario, run_id: str | None = None, limits: RunLimits | None = None
+    ) -> str:
+        """Submit a scenario's task with the scenario bound to it (replayed by scripted providers).
+
+        The scenario travels in the submit message (by reference when large) with its digest; only the
+        planner stores it, so no client can write another run's scenario."""
+        run_id = run_id or new_run_id()
+        data = scenario.model_dump(mode="json", by_alias=True)
+        submit = RunSubmit(
+            run_id=run_id,
+            task=scenario.task,
+            rubric=scenario.effective_rubric(),
+            limits=limits or scenario.limits or RunLimits(),
+            answer_mode=scenario.answer_mode,
+            terminal_tools=scenario.terminal_tools,
+            tools=scenario.allowed_tools,
+            lessons=scenario.lessons,
+            scenario=data,
+            scenario_digest=digest_of(data),
+        )
+        await self.submit(submit)
+        return run_id
+
+    async def register(self, agent: Agent | str | Path, timeout: float = 10.0) -> AgentRecord:
+        """Register ``agent`` (an ``Agent``, or a YAML/JSON file of one) under its name: the stored record,
+        with its version (one more than the last when the definition changed, the same when it did not).
+        Only operators and the admin may (``NotAllowed`` otherwise): an agent is what every tenant's runs
+        of it do. Raises ``AgentError`` for a file that is not a valid agent."""
+        agent = agent if isinstance(agent, Agent) else load_agent(agent)
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    stored, revision = await self.bus.kv_get(S.KV_AGENTS, agent.name, AgentRecord)
+                    record = next_record(stored, agent)
+                    if record is None:
+                        assert stored is not None
+                        return stored
+                    try:
+                        await self.bus.kv_put(S.KV_AGENTS, agent.name, record, revision=revision)
+                    except CasConflict:  # registered meanwhile: on top of that one
+                        continue
+                    return record
+        except TimeoutError:
+            user = self.settings.nats_user or "(no user)"
+            raise NotAllowed(
+                f"agent {agent.name!r} was not registered in {timeout:.0f}s: NATS user {user} may not write "
+                f"{S.KV_AGENTS} (only operators and the admin register agents)"
+            ) from None
+
+    async def agent(self, name: str) -> AgentRecord | None:
+        """The registered agent of that name (its definition, version and digest), or None."""
+        record, _ = await self.bus.kv_get(S.KV_AGENTS, name, AgentRecord)
+        return record
+
+    async def agents(self) -> list[AgentRecord]:
+        """Every registered agent, by name."""
+        return sorted(
+            [AgentRecord.model_validate_json(v) for v in await self._values(S.KV_AGENTS)],
+            key=lambda r: r.agent.name,
+        )
+
+    async def submit_agent(
+        self,
+        agent: str,
+        task: str | None = None,
+        *,
+        scenario: Scenario | None = None,
+        run_id: str | None = None,
+    ) -> str:
+        """Start a run of the registered ``agent`` on ``task`` (live), or scripted by ``scenario`` (its task
+        unless ``task`` is given): the run id. ``UnknownAgent`` when no agent has that name (a tenant's client,
+        which may not read the agents, learns it from the planner's dead letter instead: the run never starts)."""
+        if not self.tenant_bound and await self.agent(agent) is None:
+            raise UnknownAgent(f"agent {agent!r} is not registered (`loopwarden agents list` shows those that are)")
+        if task is None and scenario is None:
+            raise ValueError("a run needs a task (or a scenario, whose task it takes)")
+        data = scenario.model_dump(mode="json", by_alias=True) if scenario is not None else None
+        submit = RunSubmit(
+            run_id=run_id or new_run_id(),
+            task=task if task is not None else scenario.task,  # type: ignore[union-attr]
+            agent=agent,
+            scenario=data,
+            scenario_digest=digest_of(data) if data is not None else None,
+        )
+        return await self.submit(submit)
+
+    async def run(
+        self,
+        agent: str,
+        task: str | None = None,
+        *,
+        scenario: Scenario | None = None,
+        run_id: str | None = None,
+        timeout: float = 120.0,
+    ) -> RunResult:
+        """Run the registered ``agent`` on ``task`` and wait until the run ends or waits for a human:
+
+            result = await client.run("restock", task="What should we reorder?")
+            print(result.status, result.final_output, result.cost_usd)
+
+        A scripted run: ``scenario=load_scenario(FILE)``. ``TimeoutError`` (naming the run) past
+        ``timeout`` seconds; ``UnknownAgent`` when no agent has that name."""
+        run_id = await self.submit_agent(agent, task, scenario=scenario, run_id=run_id)
+        snap = await self.wait(run_id, timeout=timeout, until=(*FINAL_STATUSES, "awaiting_human"), history=False)
+        return RunResult.of(snap)
+
+    async def runs(
+        self,
+        *,
+        status: str | None = None,
+        agent: str | None = None,
+        tenant: str | None = None,
+        since: timedelta | None = None,
+        limit: int | None = 50,
+        offset: int = 0,
+    ) -> list[RunSnapshot]:
+        """The runs the planner keeps (``lw_runs``), newest first, filtered (see ``select_runs``)."""
+        snaps = []
+        for value in await self._values(S.KV_RUNS):
+            with contextlib.suppress(ValueError):  # a record this version cannot read is left out
+                snaps.append(RunSnapshot.model_validate_json(value))
+        return select_runs(snaps, status=status, agent=agent, tenant=tenant, since=since, limit=limit, offset=offset)

@@ -1,0 +1,118 @@
+"""Waiting for a run to reach a status, woken by the run's own events instead of polling."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+from loopwarden.client.queue import Queue
+from loopwarden.client.reads import TENANT_POLL_S, Reads
+from shared import subjects as S
+from shared.messages import (
+    FINAL_STATUSES,
+    PROGRESS_EVENTS,
+    RunSnapshot,
+)
+
+PROGRESS_STEMS = frozenset(S.run_event(e.model_fields["kind"].default) for e in PROGRESS_EVENTS)
+
+
+class Waiting(Reads, Queue):
+    """``wait`` and what it needs: a subscription to the run's events shared by the waits on it."""
+
+    async def wait(
+        self,
+        run_id: str,
+        timeout: float = 60.0,
+        until: tuple[str, ...] = FINAL_STATUSES,
+        history: bool = True,
+    ) -> RunSnapshot:
+        """The run's snapshot once its status is in ``until`` (with its ``messages`` unless
+        ``history`` is false). Reacts to the run's own events (a subscription to that run's subjects,
+        shared by waits on it) instead of polling; the state is read again only when one of the
+        run's events that can change its status arrives (not on a step's progress events, see
+        ``PROGRESS_EVENTS``), and once a second as a safety net. A run that waits for a human is
+        returned once its queue item is there (``show(state.awaiting.escalation_id)`` has it)."""
+        deadline = time.monotonic() + timeout
+        changed = await self._on_run_events(run_id)
+        poll = TENANT_POLL_S if self.tenant_bound else 1.0  # a tenant-bound client has no live events: it asks
+        state = None
+        try:
+            while time.monotonic() < deadline:
+                changed.clear()
+                try:
+                    state = await self.state(run_id)
+                except TimeoutError:  # the server did not answer in time (an overloaded machine): ask again
+                    continue
+                if state is not None and state.status in until:
+                    if state.done:
+                        await self._settled(run_id, state.status, deadline, changed)
+                    elif state.awaiting is not None and not self.tenant_bound:  # its user does not read the queue
+                        await self._filed(state.awaiting.escalation_id, deadline)
+                    if history:
+                        state.messages = await self.history(state)
+                    return state
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(max(0.01, min(poll, deadline - time.monotonic()))):
+                        await changed.wait()
+        finally:
+            await self._stop_waiting(run_id, changed)
+        raise TimeoutError(
+            f"run {run_id} did not reach {until} in {timeout:.0f}s (last status: "
+            f"{state.status if state else 'not stored'})"
+        )
+
+    async def _on_run_events(self, run_id: str) -> asyncio.Event:
+        """An event set whenever one of the run's events is published: the server sends this
+        client that run's ``evt.run.*`` events only (``S.run_filters``), not every run's."""
+        changed = asyncio.Event()
+        self._waiters.setdefault(run_id, set()).add(changed)
+        if run_id not in self._run_events and not self.tenant_bound:  # its user reads no live event
+            subs = self._run_events[run_id] = []
+
+            async def dispatch(msg: Any) -> None:
+                if msg.subject.rsplit(".", 1)[0] in PROGRESS_STEMS:
+                    return  # a step's progress: the status is unchanged, nothing to read again
+                for waiter in self._waiters.get(run_id, ()):
+                    waiter.set()
+
+            for subject in S.run_filters(run_id, f"{S.RUN_EVENT_PREFIX}.>"):
+                subs.append(await self.bus.nc.subscribe(subject, cb=dispatch))
+        return changed
+
+    async def _stop_waiting(self, run_id: str, changed: asyncio.Event) -> None:
+        waiters = self._waiters.get(run_id)
+        if waiters is None:
+            return
+        waiters.discard(changed)
+        if not waiters:
+            del self._waiters[run_id]
+            for sub in self._run_events.pop(run_id, []):
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+
+    async def _filed(self, escalation_id: str, deadline: float) -> None:
+        """Wait until the queue has the item a waiting run names: the escalation service files it a moment
+        after the planner's state says the run waits, and whoever was told "waits for a human" looks it up next."""
+        from nats.errors import NoRespondersError
+
+        while time.monotonic() < deadline:
+            try:
+                if (await self.show(escalation_id)).ok:
+                    return
+            except NoRespondersError:
+                return  # no queue to ask (a stack run without the escalation service): nothing to wait for
+            await asyncio.sleep(0.05)
+
+    async def _settled(self, run_id: str, status: str, deadline: float, changed: asyncio.Event) -> None:
+        """Wait until the run's final event is in the stream. The planner saves the state, then
+        publishes; the final event is published last, so once it is there, the history is whole."""
+        while time.monotonic() < deadline:
+            if await self.events(run_id, subjects=S.run_event(status), timeout=0.2):
+                return
+            changed.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(0.2):
+                    await changed.wait()

@@ -1,0 +1,334 @@
+"""Run events: one contract per kind, discriminated on ``kind`` (``RunEvent``)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import Field, RootModel
+
+from shared.escalation_actions import EscalationAction, EscalationKind
+from shared.failures import FailureType
+from shared.messages.budget import BudgetDecision
+from shared.messages.conversation import Usage
+from shared.messages.runs import FinalStatus, RunStatus
+from shared.messages.wire import CallId, EscalationId, Name, RunId, Wire, utcnow
+
+# Every event keeps the same head (run, iteration, status, a one-line summary for people, time)
+# and carries what it reports as typed fields in ``detail``: readers read fields, never the summary.
+
+
+class RunEventHead(Wire):
+    run_id: RunId
+    iteration: int = 0
+    status: RunStatus = "running"
+    summary: str = ""
+    at: datetime = Field(default_factory=utcnow)
+
+
+class NoDetail(Wire):
+    pass
+
+
+class StartedDetail(Wire):
+    task: str = ""
+    lessons: int = 0
+    warnings: list[str] = Field(default_factory=list)
+    answer_mode: Literal["auto", "submit", "text"] = "auto"
+
+
+class Started(RunEventHead):
+    kind: Literal["started"] = "started"
+    detail: StartedDetail
+
+
+class CallDetail(Wire):
+    tool: Name
+    call_id: CallId
+
+
+class RequestedCall(CallDetail):
+    arguments: str = Field("", description="the call's arguments as JSON, cut to 160 characters")
+
+
+class ModelCalledDetail(Wire):
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float
+    model: str
+    tool_calls: int = 0
+    chars: int = 0
+    cache_read_input_tokens: int = Field(0, description="part of input_tokens read from the prompt cache")
+    cache_creation_input_tokens: int = Field(0, description="part of input_tokens written to the prompt cache")
+    wrap_up: bool = Field(False, description="the run's last, tool-less turn")
+    system_sha256: str | None = Field(
+        None, description="sha256 of the system prompt the turn was sent (its text: `system` on the run's first turn)"
+    )
+    system: str | None = Field(
+        None, description="the system prompt's text, on the run's first model turn only: later turns name its hash"
+    )
+    tools_offered: list[str] | None = Field(None, description="the names of the tools the turn offered the model")
+    calls: list[RequestedCall] = Field(
+        default_factory=list,
+        description="the tool calls the model made: each is dispatched to its tool (no event of its own), "
+        "or blocked or delegated (with its own event)",
+    )
+
+
+class ModelCalled(RunEventHead):
+    kind: Literal["model_called"] = "model_called"
+    detail: ModelCalledDetail
+
+
+class ModelStoppedDetail(Wire):
+    stop_reason: str = Field(description="max_tokens, refusal, context_window_exceeded or unknown_stop_reason")
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+
+
+class ModelStopped(RunEventHead):
+    """The model stopped without a usable turn (billed all the same); the run ends typed."""
+
+    kind: Literal["model_stopped"] = "model_stopped"
+    detail: ModelStoppedDetail
+
+
+class DelegatedDetail(Wire):
+    tool: Name = "delegate"
+    call_id: CallId
+    child_run_id: RunId
+    estimated_cost_usd: float = 0.0
+    cost_ceiling_usd: float | None = None
+    depth: int = 1
+
+
+class Delegated(RunEventHead):
+    """A sub-agent run was started for a ``delegate`` call."""
+
+    kind: Literal["delegated"] = "delegated"
+    detail: DelegatedDetail
+
+
+class SimulatedCall(RunEventHead):
+    """The model wrote a tool call as text instead of making it."""
+
+    kind: Literal["simulated_call"] = "simulated_call"
+    detail: NoDetail = Field(default_factory=NoDetail)
+
+
+class ToolBlocked(RunEventHead):
+    """A call to a tool the run does not offer: answered with the list of tools, not executed."""
+
+    kind: Literal["tool_blocked"] = "tool_blocked"
+    detail: CallDetail
+
+
+class ToolDispatched(RunEventHead):
+    """No longer published: the calls are in ``run.model_called`` (``detail.calls``). Read in older
+    streams."""
+
+    kind: Literal["tool_dispatched"] = "tool_dispatched"
+    detail: CallDetail
+
+
+class ToolSucceededDetail(CallDetail):
+    repaired: bool = False
+    cached: bool = False
+    fallback: str | None = None
+
+
+class ToolSucceeded(RunEventHead):
+    """No longer published: the validator's ``tool.succeeded.<tool>.<run>`` says it. Read in older
+    streams."""
+
+    kind: Literal["tool_succeeded"] = "tool_succeeded"
+    detail: ToolSucceededDetail
+
+
+class ToolFailedDetail(CallDetail):
+    failure_type: FailureType
+    error: str = ""
+
+
+class ToolFailed(RunEventHead):
+    kind: Literal["tool_failed"] = "tool_failed"
+    detail: ToolFailedDetail
+
+
+class CorrectedDetail(Wire):
+    tool: str
+    after: int = Field(description="schema failures in the streak the model corrected")
+
+
+class Corrected(RunEventHead):
+    kind: Literal["corrected"] = "corrected"
+    detail: CorrectedDetail
+
+
+class CandidateDetail(Wire):
+    candidate_id: CallId
+
+
+class JudgeRequested(RunEventHead):
+    kind: Literal["judge_requested"] = "judge_requested"
+    detail: CandidateDetail
+
+
+class JudgedDetail(CandidateDetail):
+    status: Literal["passed", "failed", "not_judged"]
+    score: float | None = None
+    criteria: dict[str, float] = Field(default_factory=dict)
+
+
+class Judged(RunEventHead):
+    kind: Literal["judged"] = "judged"
+    detail: JudgedDetail
+
+
+class VerdictIgnored(RunEventHead):
+    """A verdict for a candidate that is no longer the current one."""
+
+    kind: Literal["verdict_ignored"] = "verdict_ignored"
+    detail: CandidateDetail
+
+
+class DecidedDetail(Wire):
+    action: Literal["complete", "continue", "retry"]
+    row: int = Field(description="the row of the Decide table that matched")
+
+
+class Decided(RunEventHead):
+    kind: Literal["decided"] = "decided"
+    detail: DecidedDetail
+
+
+class EscalatedDetail(Wire):
+    escalation_id: EscalationId
+    kind: EscalationKind
+
+
+class Escalated(RunEventHead):
+    kind: Literal["escalated"] = "escalated"
+    detail: EscalatedDetail
+
+
+class ResumedDetail(Wire):
+    escalation_id: EscalationId
+    action: EscalationAction
+
+
+class Resumed(RunEventHead):
+    kind: Literal["resumed"] = "resumed"
+    detail: ResumedDetail
+
+
+class FinishedDetail(Wire):
+    final_output: str = ""
+    submitted: bool = False
+    passed: bool | None = None
+    first_draft_passed: bool | None = Field(None, description="None: the first draft was not judged")
+    iterations: int = 0
+    continues: int = 0
+    retries: int = 0
+    usage: Usage = Field(default_factory=lambda: Usage())
+
+
+class RunFinished(RunEventHead):
+    """The run's last event; ``kind`` is its final status."""
+
+    kind: FinalStatus
+    detail: FinishedDetail
+
+
+class LoopDetail(Wire):
+    pattern: Literal["identical", "alternating", "repeated_error"]
+    call_id: CallId | None = None
+    reflections: int = 0
+
+
+class LoopDetected(RunEventHead):
+    """On ``failure.loop``: the model repeats itself (the summary is the reflection it was given)."""
+
+    kind: Literal["loop"] = "loop"
+    detail: LoopDetail
+
+
+class ReasonDetail(Wire):
+    reason: str
+
+
+class GuardTripped(RunEventHead):
+    """On ``failure.budget``: a guard (budget block, cost ceiling) stopped the iteration."""
+
+    kind: Literal["guard.budget", "guard.cost"]
+    detail: ReasonDetail
+
+
+class NotJudgedDetail(CandidateDetail):
+    reason: str = ""
+
+
+class NotJudged(RunEventHead):
+    """On ``failure.judge``: the judge could not score a candidate."""
+
+    kind: Literal["not_judged"] = "not_judged"
+    detail: NotJudgedDetail
+
+
+BudgetThresholdKind = Literal["budget.warn", "budget.compact", "budget.block", "budget.fallback", "budget.wrap_up"]
+
+
+class BudgetThreshold(RunEventHead):
+    """On ``evt.budget.<level>``: a budget threshold fired for the first time (the governor)."""
+
+    kind: BudgetThresholdKind
+    detail: BudgetDecision
+
+
+AnyRunEvent = Annotated[
+    Started
+    | ModelCalled
+    | SimulatedCall
+    | ToolBlocked
+    | ToolDispatched
+    | ToolSucceeded
+    | ToolFailed
+    | Corrected
+    | JudgeRequested
+    | Judged
+    | VerdictIgnored
+    | Decided
+    | Escalated
+    | Resumed
+    | RunFinished
+    | LoopDetected
+    | GuardTripped
+    | NotJudged
+    | BudgetThreshold
+    | ModelStopped
+    | Delegated,
+    Field(discriminator="kind"),
+]
+
+
+# Events that never change a run's status: a change always comes with its own event (started,
+# escalated, resumed, the final event, a guard, a loop). A waiter reads the run again on the others only.
+PROGRESS_EVENTS: tuple[type[RunEventHead], ...] = (
+    ModelCalled,
+    SimulatedCall,
+    ToolBlocked,
+    ToolDispatched,
+    ToolSucceeded,
+    ToolFailed,
+    Corrected,
+    JudgeRequested,
+    Judged,
+    VerdictIgnored,
+    Decided,
+    Delegated,
+)
+
+
+class RunEvent(RootModel[AnyRunEvent]):
+    """Any run event (``RunEvent.model_validate_json(data).root`` is the typed event)."""

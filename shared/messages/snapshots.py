@@ -1,0 +1,122 @@
+"""A run as the planner publishes it (``RunSnapshot``), and a tenant-bound client's reads of its own runs."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import Field
+
+from shared.messages.conversation import ChatMessage, Usage
+from shared.messages.runs import FINAL_STATUSES, RunStatus
+from shared.messages.wire import CallId, EscalationId, RunId, Wire, utcnow
+
+# --- a run as the planner publishes it ---------------------------------------------------------
+
+
+class IterationView(Wire):
+    n: int
+    kind: Literal["work", "synthesis", "retry"] = "work"
+
+
+class AwaitingView(Wire):
+    escalation_id: EscalationId
+    kind: str
+    call_id: CallId | None = None
+    reason: str = ""
+
+
+class RunSnapshot(Wire):
+    """A run as the planner publishes it: its record in ``lw_runs`` (key: the run id, rewritten with
+    compare-and-swap at every step; readers ignore the planner's private fields). The record stays
+    the same size however long the run: the conversation is in ``lw_history``, one key per message
+    (``<run>.<seq>``, written once and never changed), and the record names the live part of it:
+    messages ``history_start`` .. ``history_len - 1``, of which those from ``tail_from`` on are carried
+    in ``tail`` (the planner writes them to ``lw_history`` after the record; a reader takes them from
+    here). ``shared/history.py`` reads it; ``messages`` is filled by a reader that asked for the
+    history and is never stored."""
+
+    run_id: RunId
+    task: str
+    status: RunStatus = "running"
+    created_at: datetime = Field(default_factory=utcnow)
+    updated_at: datetime = Field(default_factory=utcnow)
+    iteration: IterationView
+    model: str = ""
+    model_calls: int = 0
+    continue_count: int = 0
+    retry_count: int = 0
+    judge_seq: int = Field(0, description="judge requests sent")
+    usage: Usage = Field(default_factory=Usage)
+    compactions: int = 0
+    summary: str | None = None
+    corrections: dict[str, dict[str, int]] = Field(default_factory=dict, description="per tool: failures, recovered")
+    warnings: list[str] = Field(default_factory=list)
+    submitted: bool = Field(False, description="a terminal tool executed successfully (tool-call history)")
+    final_output: str | None = None
+    final_reason: str | None = None
+    agent: str | None = Field(None, description="the registered agent the run is of")
+    agent_version: int | None = Field(None, description="the version of its definition the run used")
+    tenant: str | None = Field(None, description="who pays: the tenant the run was submitted for")
+    passed: bool | None = None
+    first_draft_passed: bool | None = None
+    awaiting: AwaitingView | None = None
+    history_start: int = Field(0, description="seq of the first live message (older ones were compacted)")
+    history_len: int = Field(0, description="seq after the last message")
+    tail_from: int = Field(0, description="seq of tail[0]")
+    tail: list[ChatMessage] = Field(default_factory=list, description="messages tail_from.. (newest)")
+    messages: list[ChatMessage] = Field(
+        default_factory=list, exclude=True, description="the live conversation, when read (never stored here)"
+    )
+
+    @property
+    def done(self) -> bool:
+        return self.status in FINAL_STATUSES
+
+
+# --- a tenant-bound client's reads of its own runs (``lw.v1.rpc.runs.<verb>.<tenant>``) ------------------------
+EVENT_FILTER_PATTERN = r"^lw\.v1\.evt(\.([A-Za-z0-9_-]{1,128}|\*))*(\.>)?$"  # a stem or stem pattern of events
+
+
+class RunRead(Wire):
+    """A client bound to a tenant asks the planner for one of its runs (``services/planner/reads.py``):
+    ``state`` (the ``RunSnapshot``), ``history`` (its messages) or ``events`` (its stored events). The
+    planner answers only for runs of the subject's tenant, and any other run exactly as a missing one.
+    A long read comes in pages that each fit in one NATS message: ask again with ``start`` = ``next``."""
+
+    run_id: RunId
+    start: int | None = Field(
+        None,
+        ge=0,
+        description="history: the first message's seq (default: the live history's first); "
+        "events: the first stream sequence to read from",
+    )
+    end: int | None = Field(
+        None, ge=0, description="history: the seq to stop before (default: the record's history_len)"
+    )
+    last: int | None = Field(None, ge=1, description="history, without start: only the last N messages")
+    subjects: str = Field(
+        "lw.v1.evt.>", max_length=256, pattern=EVENT_FILTER_PATTERN, description="events: a stem or stem pattern"
+    )
+
+
+class StoredItem(Wire):
+    """A stored message or value as it is stored: a large one stays a claim-check reference (with the
+    ``Lw-Payload-Ref`` header on an event; ``{"$lw_payload_ref": ...}`` as a value), which the reader fetches."""
+
+    subject: str = ""
+    seq: int = 0
+    headers: dict[str, str] = Field(default_factory=dict)
+    body: Any = None
+
+
+class RunReadReply(Wire):
+    """The planner's answer to a ``RunRead``: ``found`` false for a run that is not stored or not the asking
+    tenant's (the same answer, so no tenant learns whether another's run exists)."""
+
+    found: bool
+    record: Any = Field(None, description="state: the RunSnapshot (a value-style reference when large)")
+    items: list[StoredItem] = Field(default_factory=list, description="history: messages start..; events: events")
+    start: int = Field(0, description="history: the seq of items[0]")
+    end: int = Field(0, description="history: the seq this read stops before (pass it on with next)")
+    next: int | None = Field(None, description="the rest: ask again with start = next; none: that was all")
