@@ -14,7 +14,6 @@ ONE_CONCEPT = {
     "shared/compat.py": (680, "one comparison: is a contract change safe for the last release (pure, JSON in)"),
     "services/console/app.py": (660, "the console's pages and their routes (its parts are console/*.py already)"),
     "services/executor/mcp_tools.py": (630, "MCP servers mounted as tools; left while the executor is reshaped"),
-    "services/executor/handlers.py": (700, "the executor's handlers, being reshaped (one tool-call path)"),
     "services/planner/handlers.py": (830, "the planner's handlers, being reshaped (the planner drives a transaction)"),
 }
 
