@@ -26,7 +26,7 @@ from services.planner.reads import RunReads
 from services.planner.state import PublishRecord, RunState
 from services.planner.store import RunStore
 from services.planner.transaction import Applied, Change, apply_message
-from services.planner.turns import resolve_config, start_run
+from services.planner.turns import apply_turn, resolve_config, start_run
 from shared import subjects as S
 from shared.bounded import bounded_outcome
 from shared.bus import Bus, CasConflict, TryLater, Unchanged, current_deliveries, current_subject
@@ -292,7 +292,7 @@ class Planner:
             return  # stale: this iteration already moved on
         taken = await self.turns.take(state, ev, stored)
         try:
-            await self.transact(ev.run_id, msg_id, taken.change)
+            await self.transact(ev.run_id, msg_id, lambda s: apply_turn(s, taken.result))
         finally:
             if taken.storing is not None:
                 await taken.storing

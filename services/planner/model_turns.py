@@ -1,7 +1,7 @@
 """A run's model turn, taken: its budget (asked early, while the step that scheduled it is saved),
 the model call (once per turn: a turn taken again reuses the stored answer), compaction and the
-wrap-up turn. What the turn decides comes back as a ``Change`` for the handler's transaction; this
-module neither applies nor publishes it."""
+wrap-up turn. What the turn decided comes back as a ``turns.TurnResult`` for the handler's transaction to
+apply (``turns.apply_turn``); this module neither applies nor publishes it."""
 
 from __future__ import annotations
 
@@ -18,17 +18,18 @@ from opentelemetry.trace import Tracer
 from services.planner import context as C
 from services.planner.catalogue import Catalogue
 from services.planner.hosting import Hosting
-from services.planner.outbox import Outbox
 from services.planner.state import PublishRecord, RunState
 from services.planner.store import RunStore
-from services.planner.transaction import Applied, Change
+from services.planner.transaction import Applied
 from services.planner.turns import (
+    Answered,
+    Blocked,
+    Compaction,
+    ProviderFailed,
+    Stopped,
+    TurnResult,
+    WrappedUp,
     apply_compaction,
-    apply_guard,
-    apply_model_response,
-    apply_model_stop,
-    apply_provider_failure,
-    apply_wrap_up,
 )
 from shared import subjects as S
 from shared.backoff import BackoffPolicy
@@ -68,10 +69,10 @@ class Prefetched:
 
 @dataclass
 class Taken:
-    """What a turn decided, to apply to the run; ``storing``: the model's answer being stored (await
-    it once the change is saved)."""
+    """What a turn decided, for the transaction to apply (``turns.apply_turn``); ``storing``: the
+    model's answer being stored (await it once the result is saved)."""
 
-    change: Change
+    result: TurnResult
     storing: asyncio.Task[int] | None = None
 
 
@@ -79,26 +80,6 @@ def _retrieved(task: asyncio.Future[BudgetDecision]) -> None:
     """A prefetch nobody awaited (its turn asked again, or it was dropped) must not log an unretrieved error."""
     if not task.cancelled():
         task.exception()
-
-
-def on_turn(s: RunState, iteration: int) -> bool:
-    """The run is still running the turn a model answer was for (not a stale or repeated answer)."""
-    return s.iteration.n == iteration and not s.done and s.status == "running"
-
-
-def adopt_model(s: RunState, model: str) -> None:
-    """The budget chose this model for the turn: recorded, with a warning when it switched."""
-    if model != s.model:
-        s.warnings.append(f"budget: switched model {s.model} -> {model}")
-        s.model = model
-
-
-def failed(reason: str) -> Taken:
-    return Taken(lambda s: apply_provider_failure(s, reason))
-
-
-def guarded(reason: str) -> Taken:
-    return Taken(lambda s: apply_guard(s, reason))
 
 
 class ModelTurns:
@@ -132,87 +113,50 @@ class ModelTurns:
 
     async def take(self, state: RunState, ev: RunAdvance, stored: bool) -> Taken:
         """Take the turn ``ev`` names on ``state`` (the run is at it): the budget, then the model call
-        (or the wrap-up, or a typed end), returned as the change it makes to the run. ``stored``: the
-        turn may have been taken before, and its answer stored."""
+        (or the wrap-up, or a typed end), returned as what the turn decided. ``stored``: the turn may
+        have been taken before, and its answer stored."""
         contracts = await self.catalogue.contracts()
         try:
             provider = await run_provider(self.bus, self.settings, "planner", ev.run_id)
             decision, planned = await self.reserve(state, contracts)
         except RequestRefused as err:  # the governor could not read our request: a bug, not a budget
-            return failed(f"the governor refused the budget request: {err}")
+            return Taken(ProviderFailed(f"the governor refused the budget request: {err}"))
         except ProviderError as err:
-            return failed(str(err))
+            return Taken(ProviderFailed(str(err)))
         if decision.action == "block":
-            return guarded("; ".join(decision.reasons) or "budget exhausted")
+            return Taken(Blocked("; ".join(decision.reasons) or "budget exhausted"))
         wrap = state.iteration.wrap_up
         if decision.action == "wrap_up" and not wrap:  # the governor: the cost ceiling is near
             wrap = "; ".join(decision.reasons) or "the cost ceiling is near"
             planned = self.request(state, contracts, decision.model, decision.max_output_tokens, wrap_up=wrap)
-        if wrap:
-            return await self.wrap_up(state, ev, provider, decision, planned, wrap, stored)
-
-        compaction: tuple[int, str, ModelResponse] | None = None
-        if decision.action == "compact":
+        compaction = None
+        if not wrap and decision.action == "compact":
             compaction = await self.compact(state, provider, decision.model)
             if compaction is not None:
                 self.store.forget(ev.run_id)  # changed here for the request only: re-read to apply
-                apply_compaction(state, compaction[0], compaction[1], compaction[2].usage)
+                apply_compaction(state, compaction.older_count, compaction.summary, compaction.usage)
                 # the budget was counted on the history before; the call sends the compacted one
                 planned = self.request(state, contracts, decision.model, decision.max_output_tokens)
         try:
             response, storing = await self.model_call(state, provider, decision, planned, stored)
-        except StopReasonError as err:  # billed, but no usable turn: a typed end (refusal, cut off, ...)
-            stop = err
-            self.count_cost(stop.usage)
-            return Taken(lambda s: apply_model_stop(s, stop.kind, str(stop), stop.usage))
         except ProviderError as err:
             if err.transient:
                 raise TryLater(f"model provider still failing after retries: {err}", delay=5.0) from err
-            return failed(f"model call failed: {err}")
+            if isinstance(err, StopReasonError):  # billed, but no usable turn
+                self.count_cost(err.usage)
+                if not wrap:  # a typed end (refusal, cut off, ...)
+                    return Taken(Stopped(err.kind, str(err), err.usage))
+            if wrap:  # a failed wrap-up call stops the run as the guard would
+                return Taken(Blocked(f"{wrap} (the wrap-up turn failed: {err})"))
+            return Taken(ProviderFailed(f"model call failed: {err}"))
+        self.count_cost(response.usage)
+        if wrap:  # the run's last turn, without tools
+            return Taken(WrappedUp(ev.iteration, decision.model, response, wrap), storing)
         if any(call.name not in contracts for call in response.tool_calls):
             contracts = await self.catalogue.contracts(refresh=True)  # a tool may have registered a moment ago
         if unhosted := await self.hosting.unhosted(c.name for c in response.tool_calls if c.name in contracts):
             contracts = {n: c for n, c in contracts.items() if n not in unhosted}  # registered, but no replica runs
-        self.count_cost(response.usage)
-
-        def apply(s: RunState) -> Outbox | None:
-            if not on_turn(s, ev.iteration):
-                return None
-            if compaction is not None:
-                apply_compaction(s, compaction[0], compaction[1], compaction[2].usage)
-            adopt_model(s, decision.model)
-            return apply_model_response(s, response, contracts)
-
-        return Taken(apply, storing)
-
-    async def wrap_up(
-        self,
-        state: RunState,
-        ev: RunAdvance,
-        provider: object,
-        decision: BudgetDecision,
-        planned: ModelRequest,
-        reason: str,
-        stored: bool,
-    ) -> Taken:
-        """The run's last turn, without tools; a failed wrap-up call stops the run as the guard would."""
-        try:
-            response, storing = await self.model_call(state, provider, decision, planned, stored)
-        except ProviderError as err:
-            if err.transient:
-                raise TryLater(f"model provider still failing after retries: {err}", delay=5.0) from err
-            if isinstance(err, StopReasonError):
-                self.count_cost(err.usage)
-            return guarded(f"{reason} (the wrap-up turn failed: {err})")
-        self.count_cost(response.usage)
-
-        def apply(s: RunState) -> Outbox | None:
-            if not on_turn(s, ev.iteration):
-                return None
-            adopt_model(s, decision.model)
-            return apply_wrap_up(s, response, reason)
-
-        return Taken(apply, storing)
+        return Taken(Answered(ev.iteration, decision.model, response, contracts, compaction), storing)
 
     def count_cost(self, usage: Usage) -> None:
         """The billed cost (the GenAI token histograms are recorded per call; cache parts are span attributes)."""
@@ -301,7 +245,7 @@ class ModelTurns:
             os._exit(70)
         return response, storing
 
-    async def compact(self, state: RunState, provider: object, model: str) -> tuple[int, str, ModelResponse] | None:
+    async def compact(self, state: RunState, provider: object, model: str) -> Compaction | None:
         older, _ = C.split_for_compaction(state.messages, state.config.keep_recent_turns)
         if not older:
             return None
@@ -320,4 +264,4 @@ class ModelTurns:
             )
             response = await complete_with_retry(provider, req, self.policy(), self.tracer, self.gen_ai)  # type: ignore[arg-type]
             await self.bus.kv_put(S.KV_MODEL_CALLS, key, response)
-        return len(older), response.text, response
+        return Compaction(len(older), response.text, response.usage)

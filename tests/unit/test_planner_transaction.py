@@ -15,8 +15,18 @@ from services.planner import context as C
 from services.planner.outcomes import apply_outcome
 from services.planner.state import RunState
 from services.planner.transaction import Applied, apply_message
-from services.planner.turns import apply_model_response, resolve_config, start_run
-from shared.messages import Decided, RunAdvance, RunSubmit, ToolCall, ToolContract, ToolOutcome, ToolUseBlock
+from services.planner.turns import (
+    Answered,
+    Blocked,
+    ProviderFailed,
+    Stopped,
+    WrappedUp,
+    apply_model_response,
+    apply_turn,
+    resolve_config,
+    start_run,
+)
+from shared.messages import Decided, RunAdvance, RunSubmit, ToolCall, ToolContract, ToolOutcome, ToolUseBlock, Usage
 from shared.providers.base import ModelResponse
 from shared.settings import Settings
 
@@ -116,3 +126,34 @@ def test_the_wrap_up_turn_is_the_one_request_builder_with_a_reason() -> None:
     state.iteration.wrap_up = "the iteration cap is reached"  # the run's own reason, when none is given
     assert "the iteration cap is reached" in C.model_request(state, TOOLS, "m", 100).messages[-1].text()
     assert not C.model_request(state, TOOLS, "m", 100).tools
+
+
+def answer(text: str = "Done.") -> ModelResponse:
+    return ModelResponse(text=text, tool_calls=[], model="m2")
+
+
+def test_each_thing_a_turn_decides_is_applied_by_its_rule() -> None:
+    blocked = running()
+    apply_turn(blocked, Blocked("budget exhausted"))
+    assert blocked.iteration.guard == "budget exhausted"
+    failed = running()
+    apply_turn(failed, ProviderFailed("no model"))
+    assert failed.status == "failed" and failed.final_reason == "no model"
+    refused = running()
+    apply_turn(refused, Stopped("refusal", "declined", Usage(input_tokens=3)))
+    assert refused.status == "stopped" and refused.model_calls == 1 and refused.usage.input_tokens == 3
+    wrapped = running()
+    apply_turn(wrapped, WrappedUp(1, "m2", answer("Best so far."), "the cost ceiling is near"))
+    assert wrapped.status == "stopped" and wrapped.final_output == "Best so far." and wrapped.model == "m2"
+    answered = running()
+    out = apply_turn(answered, Answered(1, "m2", answer(), TOOLS))
+    assert out is not None and answered.model == "m2" and any("switched model" in w for w in answered.warnings)
+
+
+def test_an_answer_for_a_turn_the_run_has_left_changes_nothing() -> None:
+    state = dispatched(running())  # at turn 1, waiting for its call
+    state.iteration.n = 2
+    assert apply_turn(state, Answered(1, "m", answer(), TOOLS)) is None
+    assert apply_turn(state, WrappedUp(1, "m", answer(), "late")) is None
+    state.status = "failed"
+    assert apply_turn(state, Answered(2, "m", answer(), TOOLS)) is None
