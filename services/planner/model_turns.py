@@ -20,7 +20,7 @@ from services.planner.catalogue import Catalogue
 from services.planner.hosting import Hosting
 from services.planner.state import PublishRecord, RunState
 from services.planner.store import RunStore
-from services.planner.transaction import Applied
+from services.planner.transaction import scheduled_turn
 from services.planner.turns import (
     Answered,
     Blocked,
@@ -172,7 +172,7 @@ class ModelTurns:
         worth waiting for here: the turn then simply asks). Not at submit: on several replicas the
         advance may go to another one, which asks itself; a first request the governor refuses then
         stays one refusal (one dead letter), as before."""
-        _, advance = Applied(state, items, was_done=False).scheduled()
+        _, advance = scheduled_turn(items)
         if advance is None:
             return
         turn = advance.iteration

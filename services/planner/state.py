@@ -208,7 +208,7 @@ class RunState(RunSnapshot):
     def remember(self, msg_id: str, published: list[PublishRecord]) -> None:
         """``msg_id`` is applied and published ``published``: kept are the newest outboxes and,
         however old, the newest one that schedules the run's next turn. That advance is taken where
-        the message is handled (``Planner.transact``) and lives only in its outbox until the turn
+        the message is handled (``Planner.handle``) and lives only in its outbox until the turn
         is applied: a redelivery after the turn failed (the model provider or the governor down a
         while) must still find it, whatever stray messages were applied meanwhile."""
         self.applied = [*self.applied, msg_id][-MAX_APPLIED:]

@@ -30,11 +30,16 @@ class Applied:
         """What to publish when the run's next turn is taken where the message is handled, and that
         turn (None: the message scheduled none). Its advance stays in the message's outbox in the
         record, so a redelivery of the message takes the turn again from there."""
-        for k, item in enumerate(self.items):
-            turn = item.own_advance()
-            if turn is not None:
-                return self.items[:k] + self.items[k + 1 :], turn
-        return self.items, None
+        return scheduled_turn(self.items)
+
+
+def scheduled_turn(items: list[PublishRecord]) -> tuple[list[PublishRecord], RunAdvance | None]:
+    """``items`` without the advance to the run's own next turn, and that advance (None: none)."""
+    for k, item in enumerate(items):
+        turn = item.own_advance()
+        if turn is not None:
+            return items[:k] + items[k + 1 :], turn
+    return items, None
 
 
 def apply_message(state: RunState, msg_id: str, change: Change) -> Applied | None:
