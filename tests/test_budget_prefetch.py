@@ -85,23 +85,23 @@ async def test_the_early_decision_is_used_by_its_turn_without_asking_again(
     planner: Planner, client: Client, asked: Asked
 ) -> None:
     state, out = await started(planner)
-    planner.prefetch(state, out.items)
-    planner.prefetch_saved(state)
-    early = planner.prefetched[state.run_id]
-    decision, planned = await planner.reserve(state, await planner.contracts())
+    planner.turns.prefetch(state, out.items)
+    planner.turns.prefetch_saved(state)
+    early = planner.turns.prefetched[state.run_id]
+    decision, planned = await planner.turns.reserve(state, await planner.contracts())
     await settled(client)
     assert asked.of(state.run_id) == [1]  # asked once, when the turn was scheduled
     assert decision == await early.decision and planned is early.planned
-    assert state.run_id not in planner.prefetched  # used once
+    assert state.run_id not in planner.turns.prefetched  # used once
 
 
 async def test_a_stale_early_decision_is_not_used_and_the_turn_asks_again_getting_the_same_answer(
     planner: Planner, client: Client, asked: Asked
 ) -> None:
     state, out = await started(planner)
-    planner.prefetch(state, out.items)
-    planner.prefetch_saved(state)
-    early = await planner.prefetched[state.run_id].decision
+    planner.turns.prefetch(state, out.items)
+    planner.turns.prefetch_saved(state)
+    early = await planner.turns.prefetched[state.run_id].decision
 
     def note(s: RunState | None) -> tuple[RunState, None]:  # another message moved the run meanwhile
         assert s is not None
@@ -111,7 +111,7 @@ async def test_a_stale_early_decision_is_not_used_and_the_turn_asks_again_gettin
     await planner.store.update(state.run_id, note)
     now = await planner.store.load(state.run_id)
     assert now is not None
-    decision, planned = await planner.reserve(now, await planner.contracts())
+    decision, planned = await planner.turns.reserve(now, await planner.contracts())
     await settled(client)
     assert asked.of(state.run_id) == [1, 1]  # the turn asked again ...
     assert decision == early  # ... and the governor answered as it did: once per (run, turn)
@@ -124,9 +124,9 @@ async def test_an_early_decision_asked_for_a_state_that_was_not_saved_is_not_use
     """The early ask goes out before the transaction's save; a save that did not happen (a conflict,
     a crash) leaves it unused: the turn asks again, and the governor answers as it did."""
     state, out = await started(planner)
-    planner.prefetch(state, out.items)
-    early = await planner.prefetched[state.run_id].decision
-    decision, _ = await planner.reserve(state, await planner.contracts())
+    planner.turns.prefetch(state, out.items)
+    early = await planner.turns.prefetched[state.run_id].decision
+    decision, _ = await planner.turns.reserve(state, await planner.contracts())
     await settled(client)
     assert asked.of(state.run_id) == [1, 1] and decision == early
 
@@ -135,15 +135,15 @@ async def test_only_an_advance_to_the_runs_current_turn_is_asked_for_early(
     planner: Planner, client: Client, asked: Asked
 ) -> None:
     state, out = await started(planner)
-    planner.prefetch(state, [i for i in out.items if i.subject != S.RUN_ADVANCE])  # no turn scheduled
+    planner.turns.prefetch(state, [i for i in out.items if i.subject != S.RUN_ADVANCE])  # no turn scheduled
     other = Outbox(state.model_copy())
     other.state.iteration = other.state.iteration.model_copy(update={"n": 7})
     advance(other)
-    planner.prefetch(state, other.items)  # an advance to a turn the stored state is not at
+    planner.turns.prefetch(state, other.items)  # an advance to a turn the stored state is not at
     state.status = "awaiting_human"
-    planner.prefetch(state, out.items)  # the run is not running
+    planner.turns.prefetch(state, out.items)  # the run is not running
     await settled(client)
-    assert state.run_id not in planner.prefetched and asked.of(state.run_id) == []
+    assert state.run_id not in planner.turns.prefetched and asked.of(state.run_id) == []
 
 
 async def test_a_scripted_run_on_two_planner_replicas_asks_at_most_twice_per_turn(client: Client, asked: Asked) -> None:

@@ -351,19 +351,26 @@ def model_request(
     model: str,
     max_tokens: int,
     progressive_above: int | None = None,
+    wrap_up: str | None = None,
 ) -> ModelRequest:
-    """This turn's request to the planner's model (the wrap-up turn's, without tools, when it is one)."""
-    if state.iteration.wrap_up:
-        return wrap_up_request(state, model, max_tokens)
-    specs = tool_specs(state, contracts, progressive_above)
+    """This turn's request to the planner's model: the one builder of it. The wrap-up turn (the run's
+    last, ``wrap_up`` says why, else the iteration's own reason) is the conversation and a note
+    saying why, no tools, a capped reply."""
+    why = wrap_up or state.iteration.wrap_up
     system = system_prompt(state)
-    if any(isinstance(s, ToolSummary) for s in specs):
-        system = f"{system}\n{PROGRESSIVE_NOTE}"
+    if why:
+        specs: list[ToolSpec] = []
+        messages = model_messages(state, ChatMessage.user(wrap_up_note(why)))
+    else:
+        specs = tool_specs(state, contracts, progressive_above)
+        if any(isinstance(s, ToolSummary) for s in specs):
+            system = f"{system}\n{PROGRESSIVE_NOTE}"
+        messages = model_messages(state)
     return ModelRequest(
         purpose="plan",
         model=model,
         system=system,
-        messages=model_messages(state),
+        messages=messages,
         tools=specs,
         max_tokens=max_tokens,
         run_id=state.run_id,
@@ -380,22 +387,6 @@ WRAP_UP_NOTE = (
 
 def wrap_up_note(reason: str) -> str:
     return WRAP_UP_NOTE.format(why=reason)
-
-
-def wrap_up_request(state: RunState, model: str, max_tokens: int, reason: str | None = None) -> ModelRequest:
-    """The run's last turn: the conversation and a note saying why, no tools, a capped reply."""
-    why = reason or state.iteration.wrap_up or "the budget is nearly spent"
-    return ModelRequest(
-        purpose="plan",
-        model=model,
-        system=system_prompt(state),
-        messages=model_messages(state, ChatMessage.user(wrap_up_note(why))),
-        tools=[],
-        max_tokens=max_tokens,
-        run_id=state.run_id,
-        seq=state.model_calls,
-        cache=True,
-    )
 
 
 def budget_request(state: RunState, req: ModelRequest) -> BudgetRequest:

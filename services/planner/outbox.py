@@ -43,15 +43,7 @@ class Outbox:
     items: list[PublishRecord] = field(default_factory=list)
 
     def add(self, subject: str, payload: BaseModel, msg_id: str, run_id: str | None = None) -> None:
-        self.items.append(
-            PublishRecord(
-                subject=subject,
-                msg_id=msg_id,
-                payload=payload.model_dump_json(by_alias=True),
-                model=type(payload).__name__,
-                run_id=run_id,
-            )
-        )
+        self.items.append(PublishRecord.of(subject, payload, msg_id, run_id))
 
     def head(self, summary: str) -> dict[str, Any]:
         """The fields every run event starts with, as the run is now."""

@@ -118,15 +118,46 @@ class Iteration(IterationView):
 
 
 class PublishRecord(_State):
+    """One message a transition produced. ``message`` is the typed message while it is in the hands of
+    the process that produced it (metrics, the scheduled turn read it there); the record stores its
+    JSON (``payload``), kept verbatim so a re-publish after a crash is byte-identical."""
+
     subject: str
     msg_id: str
     payload: str  # the JSON body, kept verbatim so a re-publish is byte-identical
     model: str
     run_id: str | None = None  # published as another run's message (a sub-agent answering its parent)
+    _message: BaseModel | None = PrivateAttr(default=None)
+
+    @classmethod
+    def of(cls, subject: str, message: BaseModel, msg_id: str, run_id: str | None = None) -> PublishRecord:
+        record = cls(
+            subject=subject,
+            msg_id=msg_id,
+            payload=message.model_dump_json(by_alias=True),
+            model=type(message).__name__,
+            run_id=run_id,
+        )
+        record._message = message
+        return record
+
+    @property
+    def message(self) -> BaseModel | None:
+        """The typed message, when this process produced it (None: read back from a stored record)."""
+        return self._message
+
+    def own_advance(self) -> RunAdvance | None:
+        """The advance to its own run's next model turn this item carries (None: another message)."""
+        if not is_own_advance(self):
+            return None
+        if isinstance(self._message, RunAdvance):
+            return self._message
+        return RunAdvance.model_validate_json(self.payload)  # an outbox read back from the record
 
 
 def is_own_advance(item: PublishRecord) -> bool:
-    """The advance to its own run's next model turn (not another run's message)."""
+    """The advance to its own run's next model turn (not another run's message); by the stored model
+    name, so it holds for an outbox read back from the record too."""
     return item.model == RunAdvance.__name__ and item.run_id is None
 
 
@@ -177,7 +208,7 @@ class RunState(RunSnapshot):
     def remember(self, msg_id: str, published: list[PublishRecord]) -> None:
         """``msg_id`` is applied and published ``published``: kept are the newest outboxes and,
         however old, the newest one that schedules the run's next turn. That advance is taken where
-        the message is handled (``Planner.transact``) and lives only in its outbox until the turn
+        the message is handled (``Planner.handle``) and lives only in its outbox until the turn
         is applied: a redelivery after the turn failed (the model provider or the governor down a
         while) must still find it, whatever stray messages were applied meanwhile."""
         self.applied = [*self.applied, msg_id][-MAX_APPLIED:]

@@ -9,7 +9,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, assert_never
 
 from services.planner import context as C
 from services.planner import delegation, ids, loops
@@ -366,3 +367,101 @@ def apply_compaction(state: RunState, older_count: int, summary: str, usage: Usa
     head = recent[0]
     note = TextBlock(text=f"Summary of earlier work (older turns were compacted to save context):\n{summary}")
     state.messages = [ChatMessage(role="user", content=[*head.content, note]), *recent[1:]]
+
+
+# --- what a taken turn decided, applied ----------------------------------------------------------
+#
+# The handler takes a turn (``model_turns``: the budget, the model) and gets one of these back; the
+# transaction applies it to the run as stored (``apply_turn``), which may have moved on meanwhile.
+
+
+@dataclass(frozen=True)
+class Compaction:
+    """The older part of the conversation, summarized before the turn's call."""
+
+    older_count: int
+    summary: str
+    usage: Usage
+
+
+@dataclass(frozen=True)
+class Blocked:
+    """The budget blocked the turn (or the wrap-up turn's call failed): the guard stops it."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class ProviderFailed:
+    """No model to call, the governor refused the request, or the call failed for good: the run fails."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """The model was billed but gave no usable turn (a refusal, a reply cut off, ...)."""
+
+    kind: str
+    reason: str
+    usage: Usage
+
+
+@dataclass(frozen=True)
+class Answered:
+    """The model answered turn ``iteration`` with the model the budget chose."""
+
+    iteration: int
+    model: str
+    response: ModelResponse
+    contracts: dict[str, ToolContract]
+    compaction: Compaction | None = None
+
+
+@dataclass(frozen=True)
+class WrappedUp:
+    """The run's last, tool-less turn (``reason`` says why) answered."""
+
+    iteration: int
+    model: str
+    response: ModelResponse
+    reason: str
+
+
+TurnResult = Blocked | ProviderFailed | Stopped | Answered | WrappedUp
+
+
+def on_turn(s: RunState, iteration: int) -> bool:
+    """The run is still running the turn a model answer was for (not a stale or repeated answer)."""
+    return s.iteration.n == iteration and not s.done and s.status == "running"
+
+
+def adopt_model(s: RunState, model: str) -> None:
+    """The budget chose this model for the turn: recorded, with a warning when it switched."""
+    if model != s.model:
+        s.warnings.append(f"budget: switched model {s.model} -> {model}")
+        s.model = model
+
+
+def apply_turn(state: RunState, result: TurnResult) -> Outbox | None:
+    """What a taken turn decided, applied to the run as stored (None: the answer is for a turn the
+    run has left)."""
+    match result:
+        case Blocked(reason):
+            return apply_guard(state, reason)
+        case ProviderFailed(reason):
+            return apply_provider_failure(state, reason)
+        case Stopped(kind, reason, usage):
+            return apply_model_stop(state, kind, reason, usage)
+        case Answered(iteration=n) | WrappedUp(iteration=n) if not on_turn(state, n):
+            return None
+        case Answered(model=model, response=response, contracts=contracts, compaction=compaction):
+            if compaction is not None:
+                apply_compaction(state, compaction.older_count, compaction.summary, compaction.usage)
+            adopt_model(state, model)
+            return apply_model_response(state, response, contracts)
+        case WrappedUp(model=model, response=response, reason=reason):
+            adopt_model(state, model)
+            return apply_wrap_up(state, response, reason)
+        case _:
+            assert_never(result)

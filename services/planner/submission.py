@@ -1,0 +1,98 @@
+"""What a submit brings besides its task, read or stored before the run starts: the scenario of a
+scripted run (bound create-only in ``lw_scenarios``), the lessons of earlier attempts at the task
+(``lw_lessons``), and the dead letter of a submit the planner does not start."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+
+from nats.js.errors import KeyNotFoundError
+from pydantic import Field
+
+from services.planner import ids
+from services.planner.state import RunState
+from shared import subjects as S
+from shared.bus import Bus
+from shared.canonical import digest_of
+from shared.messages import DeadLetter, RunSubmit, Wire
+from shared.scenario import Scenario, ScenarioError, parse_scenario
+
+log = logging.getLogger("loopwarden.planner")
+
+
+class Lessons(Wire):
+    reasons: list[str] = Field(default_factory=list)
+
+
+def lessons_key(task: str) -> str:
+    return "task-" + hashlib.sha256(task.strip().lower().encode()).hexdigest()[:24]
+
+
+async def lessons(bus: Bus, submit: RunSubmit) -> list[str]:
+    """What judges rejected earlier answers to this task for (only when the submit asks for lessons)."""
+    if not submit.lessons:
+        return []
+    stored, _ = await bus.kv_get(S.KV_LESSONS, lessons_key(submit.task), Lessons)
+    return stored.reasons if stored else []
+
+
+async def record_lessons(bus: Bus, state: RunState) -> None:
+    if not state.judge_failures:
+        return
+
+    def merge(stored: Lessons | None) -> tuple[Lessons, None]:
+        known = stored.reasons if stored else []
+        return Lessons(reasons=list(dict.fromkeys([*known, *state.judge_failures]))[-10:]), None
+
+    await bus.update(S.KV_LESSONS, lessons_key(state.task), Lessons, merge)
+
+
+async def scenario_problem(bus: Bus, submit: RunSubmit, started: bool = False) -> str | None:
+    """Store the submitted scenario for the run, create-only: the planner is its only writer, so a
+    scripted run replays what was submitted with it, and nothing changes it afterwards. What is wrong
+    with it (None: bound): a scenario that does not match its digest, does not parse, or differs from
+    one already bound, or one for a run already ``started`` without a scenario (a live run is never
+    made scripted)."""
+    if submit.scenario_digest != digest_of(submit.scenario):
+        return "the submitted scenario does not match its scenario_digest"
+    try:
+        scenario = parse_scenario(submit.scenario, f"scenario of {submit.run_id}")
+    except ScenarioError as err:
+        return str(err)
+    if started:  # a scripted run's scenario was bound before its state was stored
+        stored, _ = await bus.kv_get(S.KV_SCENARIOS, submit.run_id, Scenario)
+    else:
+        stored, _, _ = await bus.create_or_get(S.KV_SCENARIOS, submit.run_id, scenario)
+    if stored is None:
+        return f"run {submit.run_id} was started without a scenario"
+    if _scenario_digest(stored) != _scenario_digest(scenario):  # bound before: the same one only
+        return f"another scenario is already bound to run {submit.run_id}"
+    return None
+
+
+def _scenario_digest(scenario: Scenario) -> str:
+    return digest_of(scenario.model_dump(mode="json", by_alias=True))
+
+
+async def refuse(bus: Bus, submit: RunSubmit, subject: str, reason: str, msg_id: str | None = None) -> None:
+    """A submit the planner does not start: dead-lettered with the reason, nothing stored or published."""
+    body = submit.model_dump_json(by_alias=True)
+    letter = DeadLetter(service="planner", subject=subject, reason=reason, body=body)
+    await bus.publish(
+        S.dead_letter("planner"), letter, msg_id=msg_id or ids.refused_submit(submit.run_id, digest_of(body))
+    )
+    log.error("planner: refused the submit of %s: %s", submit.run_id, reason)
+
+
+async def unbind_stray_scenario(bus: Bus, run_id: str) -> None:
+    """A run submitted without a scenario is live: a scenario stored under its id by anyone else (an
+    admin could) is removed before the run starts, so nothing treats the run as scripted."""
+    kv = await bus.kv(S.KV_SCENARIOS)
+    try:
+        stray = await kv.get(run_id)  # read raw: an unreadable one is removed too
+    except KeyNotFoundError:
+        return
+    if stray.value is not None and stray.operation not in ("DEL", "PURGE"):
+        await kv.delete(run_id)
+        log.warning("planner: removed a scenario stored for live run %s before it started", run_id)
