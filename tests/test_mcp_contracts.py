@@ -14,14 +14,8 @@ import pytest
 from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
-from services.executor.mcp_tools import (
-    classify_protocol_error,
-    close_all,
-    contract_for,
-    mount_mcp_servers,
-    output_of,
-    render_content,
-)
+from services.executor.mcp_contracts import classify_protocol_error, contract_for, output_of, render_content
+from services.executor.mcp_tools import close_all, mount_mcp_servers
 from services.executor.registry import ToolRegistry
 from services.validator.checking import check_output
 from shared.contracts.registration import register_contract

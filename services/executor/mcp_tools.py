@@ -40,10 +40,9 @@ import json
 import logging
 import os
 import socket
-import sys
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Literal
+from typing import Any
 
 import anyio
 import mcp_types as types
@@ -52,148 +51,25 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 
+from services.executor.mcp_contracts import (
+    SchemaSource,
+    classify_protocol_error,
+    contract_for,
+    guarded_command,
+    output_of,
+    render_content,
+    side_effect_message,
+)
 from services.executor.registry import ToolContext, ToolFailure, ToolFn, ToolRegistry
 from services.validator.checking import check_output
 from shared.contracts.validation import format_for_model
-from shared.messages import FailureType, McpServerStatus, RepairRule, RetryPolicy, ToolContract, ToolResultRaw
+from shared.messages import McpServerStatus, ToolContract, ToolResultRaw
 from shared.settings import McpServerSpec
 
 log = logging.getLogger("loopwarden.executor.mcp")
 
-SchemaSource = Literal["server", "user", "content"]
-SCHEMA_MARK = "x-loopwarden-mcp"  # on a mounted tool's outputSchema: where its output contract comes from
-TIMEOUT_MARGIN_S = 2.0  # the executor's own timeout is this much longer: the MCP timeout classifies first
 StatusFn = Callable[[McpServerStatus], Awaitable[None]]
 MountedFn = Callable[["McpMount"], Awaitable[None]]  # a server that failed at start came up later
-
-# Started between the executor and the server's command (Linux): the kernel kills the server
-# when the executor dies, however it dies; it exits at once if the executor is already gone.
-_GUARD = (
-    "import ctypes,os,signal,sys\n"
-    "ctypes.CDLL(None).prctl(1,signal.SIGKILL,0,0,0)\n"
-    "os.getppid()==int(sys.argv[1]) or os._exit(70)\n"
-    "os.execvp(sys.argv[2],sys.argv[2:])\n"
-)
-
-
-def guarded_command(command: list[str]) -> list[str]:
-    if not sys.platform.startswith("linux"):
-        return command
-    return [sys.executable, "-S", "-c", _GUARD, str(os.getpid()), *command]
-
-
-# --- results (pure) ------------------------------------------------------------------------------
-
-
-def render_content(blocks: list[Any], limit: int) -> str:
-    """An MCP result's content as the model reads it: text as sent, other blocks described."""
-    parts: list[str] = []
-    for b in blocks:
-        kind = getattr(b, "type", None)
-        if kind == "text":
-            parts.append(b.text)
-        elif kind in ("image", "audio"):
-            parts.append(f"[{kind} content: {b.mime_type}, about {len(b.data) * 3 // 4} bytes, not shown]")
-        elif kind == "resource_link":
-            mime = f", {b.mime_type}" if getattr(b, "mime_type", None) else ""
-            parts.append(f"[resource link: {b.name} <{b.uri}>{mime}]")
-        elif kind == "resource":
-            res = b.resource
-            text = getattr(res, "text", None)
-            if text is not None:
-                parts.append(f"[resource <{res.uri}>]\n{text}")
-            else:
-                parts.append(f"[resource <{res.uri}>: {res.mime_type or 'binary'}, not shown]")
-        else:
-            parts.append(f"[{kind} content, not shown]")
-    text = "\n".join(parts)
-    if len(text) > limit:
-        text = f"{text[:limit]}\n[result cut: {len(text) - limit} more characters]"
-    return text
-
-
-def output_of(source: SchemaSource, result: types.CallToolResult, limit: int) -> Any:
-    """What the validator checks. A ``str`` travels as text that must parse as JSON, so the
-    content of a schema-less tool is sent as a JSON string: it parses back to the text itself."""
-    text = render_content(result.content or [], limit)
-    if source == "content":
-        if not text and result.structured_content is not None:
-            text = json.dumps(result.structured_content, ensure_ascii=False)
-        return json.dumps(text, ensure_ascii=False)
-    if result.structured_content is not None:
-        return result.structured_content
-    return text  # a server that declares a schema should send structuredContent; its text is tried as JSON
-
-
-def classify_protocol_error(err: MCPError, idempotent: bool) -> tuple[FailureType, str, str | None]:
-    """(failure type, detail, effect) for a JSON-RPC error answering ``tools/call``."""
-    code, message = err.error.code, err.error.message
-    if code == types.INVALID_PARAMS:
-        return "tool_error", f"the server refused the call: {message}", "none"
-    if code == types.REQUEST_TIMEOUT:
-        if idempotent:
-            return "timeout", f"the MCP server did not answer in time ({message})", None
-        return "unknown_outcome", f"the MCP server did not answer in time ({message}); it may have acted", "may_have"
-    if code == types.CONNECTION_CLOSED:
-        if idempotent:
-            return "transient", "the MCP server's connection closed (the server stopped); it is being restarted", None
-        return "unknown_outcome", "the MCP server stopped during the call; it may have acted", "may_have"
-    return "fatal", f"the MCP server answered with a protocol error {code}: {message}", None
-
-
-def is_idempotent(spec: McpServerSpec, tool: types.Tool) -> bool:
-    if tool.name in spec.idempotent:
-        return spec.idempotent[tool.name]
-    hints = tool.annotations
-    return bool(hints and (hints.read_only_hint or hints.idempotent_hint))
-
-
-def contract_for(spec: McpServerSpec, tool: types.Tool) -> tuple[ToolContract, SchemaSource] | str:
-    """The contract for one server tool, or why it cannot be mounted."""
-    name = f"{spec.prefix}{tool.name}"
-    source: SchemaSource
-    if tool.output_schema is not None:
-        source = "server"
-        output_schema = dict(tool.output_schema)
-        if not spec.closed_output_schemas:
-            output_schema["x-loopwarden-open"] = True
-    elif tool.name in spec.output_schemas:
-        source, output_schema = "user", dict(spec.output_schemas[tool.name])
-    else:
-        source = "content"
-        output_schema = {
-            "type": "string",
-            "description": "the tool's content as the server sent it (text; other blocks described)",
-        }
-    output_schema[SCHEMA_MARK] = source
-    idempotent = is_idempotent(spec, tool)
-    try:
-        contract = ToolContract.model_validate(
-            {
-                "name": name,
-                "description": tool.description or tool.title or f"{tool.name} (MCP server {spec.name})",
-                "inputSchema": dict(tool.input_schema),
-                "outputSchema": output_schema,
-                "idempotent": idempotent,
-                "timeout_s": spec.timeout_s + TIMEOUT_MARGIN_S,
-                "retry": RetryPolicy(max_attempts=3 if idempotent else 1),
-                "repairs": [RepairRule.model_validate(r) for r in spec.repairs.get(tool.name, [])],
-                "source": "mcp",
-            }
-        )
-    except ValueError as err:
-        return f"MCP tool '{tool.name}' from server '{spec.name}' cannot be described as a contract: {err}"
-    return contract, source
-
-
-def side_effect_message(tool: str, errors: str, returned: str) -> str:
-    return (
-        f"'{tool}' ran and reported success, so its effect has taken place, but its result breaks the "
-        f"tool's output contract:\n{errors}\nWhat the server returned:\n{returned}\n"
-        "Do not call it again to get a cleaner result: that would do it a second time. Continue from "
-        "this result, or check the current state with a read-only tool."
-    )
-
 
 # --- one server ------------------------------------------------------------------------------------
 

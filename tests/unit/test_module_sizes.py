@@ -13,10 +13,6 @@ ONE_CONCEPT = {
     "shared/settings.py": (650, "the one Settings object: every knob and its documentation in one place"),
     "shared/compat.py": (680, "one comparison: is a contract change safe for the last release (pure, JSON in)"),
     "services/console/app.py": (660, "the console's pages and their routes (its parts are console/*.py already)"),
-    "services/executor/mcp_tools.py": (
-        630,
-        "MCP servers mounted as tools: NOT one concept (contracts, error mapping, server supervision); to split",
-    ),
 }
 
 
