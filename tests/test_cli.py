@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.version import package_version
 from tests.conftest import ROOT
 from tests.support.timing import bound, eventually_sync
 
@@ -375,8 +376,8 @@ def test_the_wheel_installed_alone_runs_demo_lint_and_up(tmp_path) -> None:
         ).stdout.strip()
     )
     installed = sorted(p.name for p in site.iterdir() if not p.name.startswith("_") and p.name != "__pycache__")
-    assert installed == ["loopwarden", "loopwarden-0.1.0.dist-info"], installed
-    assert (site / "loopwarden-0.1.0.dist-info" / "top_level.txt").read_text().split() == ["loopwarden"]
+    assert installed == ["loopwarden", f"loopwarden-{package_version()}.dist-info"], installed
+    assert (site / f"loopwarden-{package_version()}.dist-info" / "top_level.txt").read_text().split() == ["loopwarden"]
     packaged = site / "loopwarden"
     assert (packaged / "scenarios" / "demo.yaml").exists() and (packaged / "schemas" / "tools" / "search.json").exists()
     (site / "_loopwarden_test_deps.pth").write_text(sysconfig.get_path("purelib") + "\n")

@@ -143,6 +143,7 @@ async def test_reading_another_services_inbox_is_refused(locked_server: str) -> 
 
 def test_cluster_config_is_valid() -> None:
     env = {f"LW_NATS_PASSWORD_{u.upper()}": "x" for u in USERS}
+    env |= {"LW_NATS_SYNC_INTERVAL": "120s"}  # docker-compose.yml's default
     env |= {"LW_NATS_ROUTE_PASSWORD": "r"} | {f"LW_NATS_ROUTE_{i}": f"nats://route:r@nats-{i}:6222" for i in (1, 2, 3)}
     check = subprocess.run(
         [nats_server_binary(), "-t", "-c", "cluster.conf", "--server_name", "nats-1"],

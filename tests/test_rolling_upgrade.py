@@ -53,6 +53,7 @@ RELEASE: dict[str, Any] = tomllib.loads((ROOT / "releases.toml").read_text())["r
 OLD, NEW = str(RELEASE["version"]), package_version()
 PUBLISHING = ("planner", "executor", "validator", "judge")  # what this workload makes each of them publish
 STEPS = 6  # calculator turns per run: a run lasts long enough to be in flight when a replica stops
+TURN_S = 0.1  # the scripted model's time per calculator turn (an idle machine finished runs within the 0.2 s)
 
 
 def scenario(i: int) -> dict[str, Any]:
@@ -60,7 +61,9 @@ def scenario(i: int) -> dict[str, Any]:
     (idempotent); then an answer the judge scores (so the judge works too)."""
     kind = ("pay", "sync", "calc")[i % 3]
     steps: list[dict[str, Any]] = [
-        {"tool_calls": [{"name": "calculator", "input": {"expression": f"{i}+{k}"}}]} for k in range(STEPS)
+        # each turn takes a moment, so a run is surely under way when a replica stops, loaded machine or not
+        {"tool_calls": [{"name": "calculator", "input": {"expression": f"{i}+{k}"}}], "latency_s": TURN_S}
+        for k in range(STEPS)
     ]
     if kind != "calc":
         tool = "transfer_funds" if kind == "pay" else "sync_ledger"
