@@ -26,6 +26,7 @@ from services.planner.turns import (
     Blocked,
     Compaction,
     ProviderFailed,
+    Sent,
     Stopped,
     TurnResult,
     WrappedUp,
@@ -151,12 +152,12 @@ class ModelTurns:
             return Taken(ProviderFailed(f"model call failed: {err}"))
         self.count_cost(response.usage)
         if wrap:  # the run's last turn, without tools
-            return Taken(WrappedUp(ev.iteration, decision.model, response, wrap), storing)
+            return Taken(WrappedUp(ev.iteration, decision.model, response, wrap, Sent.of(planned)), storing)
         if any(call.name not in contracts for call in response.tool_calls):
             contracts = await self.catalogue.contracts(refresh=True)  # a tool may have registered a moment ago
         if unhosted := await self.hosting.unhosted(c.name for c in response.tool_calls if c.name in contracts):
             contracts = {n: c for n, c in contracts.items() if n not in unhosted}  # registered, but no replica runs
-        return Taken(Answered(ev.iteration, decision.model, response, contracts, compaction), storing)
+        return Taken(Answered(ev.iteration, decision.model, response, contracts, compaction, Sent.of(planned)), storing)
 
     def count_cost(self, usage: Usage) -> None:
         """The billed cost (the GenAI token histograms are recorded per call; cache parts are span attributes)."""

@@ -39,7 +39,7 @@ from shared.messages import (
     ToolUseBlock,
     Usage,
 )
-from shared.providers.base import ModelResponse
+from shared.providers.base import ModelRequest, ModelResponse
 from shared.rubric import RubricError, check_rubric
 from shared.settings import Settings
 
@@ -137,12 +137,12 @@ def apply_provider_failure(state: RunState, reason: str) -> Outbox:
     return out
 
 
-def apply_wrap_up(state: RunState, response: ModelResponse, reason: str) -> Outbox:
+def apply_wrap_up(state: RunState, response: ModelResponse, reason: str, offered: Sent | None = None) -> Outbox:
     """The wrap-up turn answered (without tools): the run stops with that answer, saying why."""
     out = Outbox(state)
     it = state.iteration
     it.wrap_up = reason
-    request = sent(state, [])
+    request = sent(state, offered)
     state.model_calls += 1
     state.usage = state.usage + response.usage
     text = (response.text or "").strip()
@@ -198,23 +198,39 @@ def apply_model_stop(state: RunState, kind: str, reason: str, usage: Usage) -> O
     return out
 
 
-def sent(state: RunState, tools: list[str]) -> dict[str, Any]:
-    """What a model turn records of its request (before the turn is counted): the system prompt by hash, its
-    text on the run's first turn only (it is the same every turn: the run's configuration makes it), and the
-    tools offered. The conversation it carried is the run's history, stored apart."""
-    system = C.system_prompt(state)
-    return {
-        "system_sha256": hashlib.sha256(system.encode()).hexdigest(),
-        "system": system if state.model_calls == 0 else None,
-        "tools_offered": tools,
-    }
+@dataclass(frozen=True)
+class Sent:
+    """What a turn's request carried that the run view shows: the system prompt as sent (the run's
+    instructions and rules, plus the progressive-disclosure line or a compaction's effects when they
+    apply) and the names of the tools offered (summarized or whole)."""
+
+    system: str
+    tools: tuple[str, ...]
+
+    @classmethod
+    def of(cls, request: ModelRequest) -> Sent:
+        return cls(request.system, tuple(spec.name for spec in request.tools))
 
 
-def apply_model_response(state: RunState, response: ModelResponse, contracts: dict[str, ToolContract]) -> Outbox:
+def sent(state: RunState, request: Sent | None) -> dict[str, Any]:
+    """What a model turn records of its request (before the turn is counted): the system prompt by hash,
+    its text only when it differs from the last one this run recorded (the run view finds it by hash),
+    and the tools offered. The conversation it carried is the run's history, stored apart."""
+    if request is None:  # an answer stored by a replica of an earlier version: what it sent is not known
+        return {}
+    sha = hashlib.sha256(request.system.encode()).hexdigest()
+    text = request.system if sha != state.system_sha256 else None
+    state.system_sha256 = sha
+    return {"system_sha256": sha, "system": text, "tools_offered": list(request.tools)}
+
+
+def apply_model_response(
+    state: RunState, response: ModelResponse, contracts: dict[str, ToolContract], offered: Sent | None = None
+) -> Outbox:
     out = Outbox(state)
     it = state.iteration
     cfg = state.config
-    request = sent(state, [spec.name for spec in C.tool_specs(state, contracts)])
+    request = sent(state, offered)
     state.model_calls += 1
     state.usage = state.usage + response.usage
     text = response.text or ""
@@ -416,6 +432,7 @@ class Answered:
     response: ModelResponse
     contracts: dict[str, ToolContract]
     compaction: Compaction | None = None
+    sent: Sent | None = None  # what the request carried (the run view's "what was sent")
 
 
 @dataclass(frozen=True)
@@ -426,6 +443,7 @@ class WrappedUp:
     model: str
     response: ModelResponse
     reason: str
+    sent: Sent | None = None
 
 
 TurnResult = Blocked | ProviderFailed | Stopped | Answered | WrappedUp
@@ -455,13 +473,13 @@ def apply_turn(state: RunState, result: TurnResult) -> Outbox | None:
             return apply_model_stop(state, kind, reason, usage)
         case Answered(iteration=n) | WrappedUp(iteration=n) if not on_turn(state, n):
             return None
-        case Answered(model=model, response=response, contracts=contracts, compaction=compaction):
+        case Answered(model=model, response=response, contracts=contracts, compaction=compaction, sent=offered):
             if compaction is not None:
                 apply_compaction(state, compaction.older_count, compaction.summary, compaction.usage)
             adopt_model(state, model)
-            return apply_model_response(state, response, contracts)
-        case WrappedUp(model=model, response=response, reason=reason):
+            return apply_model_response(state, response, contracts, offered)
+        case WrappedUp(model=model, response=response, reason=reason, sent=offered):
             adopt_model(state, model)
-            return apply_wrap_up(state, response, reason)
+            return apply_wrap_up(state, response, reason, offered)
         case _:
             assert_never(result)

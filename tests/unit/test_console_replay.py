@@ -12,7 +12,7 @@ from loopwarden.replay import unrecorded_calls
 from services.console import board as B
 from services.planner import turns
 from services.planner.state import Iteration, RunState
-from shared.messages import ChatMessage, RunSubmit
+from shared.messages import ChatMessage, RunSubmit, ToolContract
 from shared.records import EventRecord, RunRecord, ToolCallExport
 from shared.settings import Settings
 
@@ -50,11 +50,34 @@ def state(model_calls: int, instructions: str = "") -> RunState:
     )
 
 
-def test_a_turn_records_its_system_prompt_by_hash_and_its_text_on_the_first_turn_only() -> None:
-    first, later = turns.sent(state(0, "Be brief."), ["search"]), turns.sent(state(4, "Be brief."), ["search"])
+def test_a_turn_records_its_system_prompt_by_hash_and_its_text_when_it_changed() -> None:
+    run = state(0, "Be brief.")
+    offered = turns.Sent(turns.C.system_prompt(run), ("search",))
+    first, later = turns.sent(run, offered), turns.sent(run, offered)
     assert first["system"].startswith("Be brief.\n\nYou are an agent")
     assert first["system_sha256"] == hashlib.sha256(first["system"].encode()).hexdigest() == later["system_sha256"]
     assert later["system"] is None and later["tools_offered"] == ["search"]
+    changed = turns.sent(run, turns.Sent(offered.system + "\n- one more line", ("search",)))
+    assert changed["system"].endswith("- one more line") and changed["system_sha256"] != first["system_sha256"]
+
+
+def test_what_is_recorded_is_the_request_as_sent_with_progressive_disclosure() -> None:
+    """Above the progressive-disclosure threshold the request's system prompt carries one more line and
+    the tools are summaries: the turn records that request, not the run's base prompt."""
+    run = state(0, "Be brief.")
+    contracts = {
+        name: ToolContract(
+            name=name,
+            description=f"{name}. It does things.",
+            inputSchema={"type": "object"},
+            outputSchema={"type": "object"},
+        )
+        for name in ("alpha", "beta", "gamma")
+    }
+    request = turns.C.model_request(run, contracts, "m", 100, progressive_above=1)
+    recorded = turns.sent(run, turns.Sent.of(request))
+    assert recorded["system"].endswith(turns.C.PROGRESSIVE_NOTE)
+    assert recorded["tools_offered"] == [spec.name for spec in request.tools] != []
 
 
 def record(details: list[dict[str, Any]]) -> RunRecord:
