@@ -27,6 +27,7 @@ from pydantic import BaseModel
 from loopwarden.stack import LocalStack
 from shared.bus import MSG_ID_HEADER, Bus, CasConflict, num_delivered, publish_raw
 from shared.settings import Settings
+from shared.version import SERVICE_HEADER, VERSION_HEADER, package_version
 from tests.support.timing import bound
 
 STORE, FULL = "LWTEST_STORE", "LWTEST_FULL"
@@ -253,6 +254,8 @@ async def test_a_responder_answers_inboxes_only(server: LocalStack, raw: NatsCli
         await raw.publish("bustest.rpc.echo", b'{"n": 1}', reply="bustest.store.reflected")
         answer = await _asked_until_answered(raw, "bustest.rpc.echo", b'{"n": 2}')  # nats-py's inbox: _INBOX.…
         assert Item.model_validate_json(answer.data) == Item(n=3)
+        # a reply is a message the service publishes: it says who answered, at which release (issue 29)
+        assert answer.headers == {VERSION_HEADER: package_version(), SERVICE_HEADER: "bustest_rpc"}
         await raw.flush()
         assert await stored(raw, "bustest.store.reflected") == []
         assert responder.dropped_requests >= 1

@@ -19,6 +19,7 @@ from shared.bus.errors import RequestRefused, Undecodable
 from shared.bus.letters import Letters
 from shared.bus.wire import INBOX_PREFIXES, check_subject
 from shared.messages import ErrorReply
+from shared.version import version_headers
 
 log = logging.getLogger("loopwarden.bus")
 M = TypeVar("M", bound=BaseModel)
@@ -108,13 +109,14 @@ class Requests(Letters):
                             await self.dead_letter(msg, reason, 1)
                 if msg.reply:
                     with contextlib.suppress(Exception):
-                        await self.nc.publish(msg.reply, out.model_dump_json(by_alias=True).encode())
+                        body = out.model_dump_json(by_alias=True).encode()
+                        await self.nc.publish(msg.reply, body, headers=version_headers(self.service))
 
     async def request(self, subject: str, payload: BaseModel, reply: type[M]) -> M:
         """Core-NATS request/reply (queue-grouped service), decoded into ``reply``; an
         ``ErrorReply`` from the service raises ``RequestRefused`` with its reason."""
         check_subject(subject)
-        headers = {"content-type": "application/json"}
+        headers = {"content-type": "application/json", **version_headers(self.service)}
         data = await self.payloads.offload(self.nc, payload.model_dump_json(by_alias=True).encode(), headers)
         if self._tracer is not None:
             with self._span(f"{subject} publish", SpanKind.CLIENT, None, headers):
