@@ -36,6 +36,7 @@ from shared.messages import (
     EscalationRaise,
     EscalationResolution,
     EscalationResolve,
+    EscalationWithdraw,
     JudgeRequest,
     McpServerStatus,
     Requeue,
@@ -158,6 +159,14 @@ CHANNELS: tuple[Channel, ...] = (
     Channel(S.JUDGE_SCORE, JudgeRequest, ("planner",), ("judge",), "command", "a fresh candidate answer to score"),
     Channel(
         S.ESCALATION_RAISE, EscalationRaise, ("planner",), ("escalation",), "command", "a decision a human must take"
+    ),
+    Channel(
+        S.ESCALATION_WITHDRAW,
+        EscalationWithdraw,
+        ("planner",),
+        ("escalation",),
+        "command",
+        "a decision no human needs to take any more (a call's result became known): the item closes",
     ),
     Channel(
         f"{S.REQUEUE_PREFIX}.{{service}}",

@@ -129,6 +129,7 @@ GRANTS: dict[str, Grant] = {
         kv_read=(S.KV_RUNS, S.KV_CONTRACTS, S.KV_HISTORY),
         consumers=(
             (S.STREAM_CMD, S.DURABLE_ESCALATION_RAISE),
+            (S.STREAM_CMD, S.DURABLE_ESCALATION_WITHDRAW),
             (S.STREAM_EVT, S.DURABLE_ESCALATION_FAILURES),
             (S.STREAM_SUBMIT, S.requeue_durable("escalation")),
         ),

@@ -33,6 +33,7 @@ TOOL_EXECUTE_PREFIX = f"{P}.cmd.tool.execute"
 RESULT_VALIDATE = f"{P}.cmd.result.validate"
 JUDGE_SCORE = f"{P}.cmd.judge.score"
 ESCALATION_RAISE = f"{P}.cmd.escalation.raise"
+ESCALATION_WITHDRAW = f"{P}.cmd.escalation.withdraw"  # the raiser no longer needs a human for an item
 # operator -> a service: a dead letter handed back (``requeue(service)``; ``loopwarden dlq requeue``)
 REQUEUE_PREFIX = f"{P}.cmd.requeue"
 
@@ -84,6 +85,7 @@ STREAM_SUBJECTS: dict[str, list[str]] = {
         RESULT_VALIDATE,
         JUDGE_SCORE,
         ESCALATION_RAISE,
+        ESCALATION_WITHDRAW,
     ],
     # the per-tenant submit subjects (``<submit>.<tenant>``) and the operators' requeues
     STREAM_SUBMIT: [f"{RUN_SUBMIT_PREFIX}.>", f"{REQUEUE_PREFIX}.>"],
@@ -105,6 +107,7 @@ DURABLE_VALIDATOR = "validator"
 DURABLE_JUDGE = "judge"
 DURABLE_ESCALATION_RAISE = "escalation_raise"
 DURABLE_ESCALATION_FAILURES = "escalation_failures"
+DURABLE_ESCALATION_WITHDRAW = "escalation_withdraw"
 DURABLE_GOVERNOR_RUN_FINISHED = "governor_run_finished"
 
 

@@ -27,18 +27,31 @@ from loopwarden.stack import LocalStack, wait_for_port
 from services.executor.handlers import Executor
 from services.executor.ledger import FinalPublish, LedgerEntry
 from services.executor.recovery import model_error
+from services.planner.outcomes import apply_outcome
+from services.planner.state import RunState
 from shared import subjects as S
 from shared.bus import CasConflict
-from shared.messages import ToolCall, utcnow
+from shared.messages import (
+    Escalation,
+    EscalationWithdraw,
+    FailureType,
+    ToolCall,
+    ToolOutcome,
+    escalation_id_for_call,
+    utcnow,
+)
 from shared.scenario import parse_scenario
 from tests.conftest import ROOT, TEST_ENV, running, settings_for
 from tests.support.payments import count_charges
 from tests.support.runs import submit
+from tests.unit.test_planner_transitions import new_run, turn
 
 TOOL = "slow_payout"
 ANSWER_AFTER_S = 12.0  # the charge happens at once; the tool answers this long after it
 OUTAGE_S = 7.0  # longer than the ack wait (3 s) and the lease (4 s)
 LEASE_S = 4.0
+SYSTEM = "loopwarden"  # who closes a queue item nobody needs to decide any more
+KNOWN = "the call's result became known: the replica that ran it recorded it"
 ENV = {**TEST_ENV, "LW_TOOL_LEASE_S": str(LEASE_S), "LW_MCP_SERVERS": ""}
 
 
@@ -234,3 +247,137 @@ async def test_a_known_result_replaces_an_unknown_outcome_recorded_while_its_own
     stored, _ = await client.bus.kv_get(S.KV_TOOL_LEDGER, key, LedgerEntry)
     assert stored is not None and stored.final is not None and stored.final.subject == S.RESULT_VALIDATE
     assert await count_charges(client.bus.js, run_id) == 1
+
+    # the queue item raised for the unknown outcome is closed by the system, saying why: nobody is asked
+    async def closed() -> Escalation | None:
+        items = (await client.escalations(run_id=run_id, status="all")).escalations
+        return items[0] if len(items) == 1 and items[0].status == "resolved" else None
+
+    item = await until("the item raised for the unknown outcome closed", closed)
+    assert (await client.escalations(run_id=run_id, status="open")).escalations == []
+    assert item.escalation_id == waiting.awaiting.escalation_id and item.kind == "unknown_outcome"
+    assert item.resolution is not None and item.resolution.resolved_by == SYSTEM
+    assert item.resolution.note.startswith(KNOWN) and not item.resolution.by_sla
+    last = item.trail[-1]
+    assert (last.kind, last.operator, last.reason) == ("resolved", SYSTEM, item.resolution.note), last
+
+    # the withdrawal delivered again changes nothing
+    again = EscalationWithdraw(escalation_id=item.escalation_id, run_id=run_id, reason="again", unknown=unknown)
+    await client.bus.publish(S.ESCALATION_WITHDRAW, again, msg_id=f"{item.escalation_id}.again")
+    await drained(client, S.DURABLE_ESCALATION_WITHDRAW)
+    assert (await client.show(item.escalation_id)).escalations == [item]
+
+
+def test_the_planner_withdraws_the_item_of_an_unknown_outcome_a_known_result_replaces() -> None:
+    """The pure rule under the end-to-end test above: the transition that takes the known result publishes the
+    withdrawal of the item the run waited on, carrying the unknown failure it was raised for; a duplicate known
+    result (the wait is over) publishes nothing more."""
+    state = searching()
+    unknown = told(state, "unknown_outcome")
+    assert state.awaiting is not None
+    waited_on = state.awaiting.escalation_id
+    known = apply_outcome(state, outcome_of(state, None))
+    (withdrawal,) = [
+        EscalationWithdraw.model_validate_json(i.payload) for i in known.items if i.model == "EscalationWithdraw"
+    ]
+    assert withdrawal.escalation_id == waited_on and withdrawal.run_id == state.run_id
+    assert withdrawal.reason.startswith(KNOWN)
+    assert withdrawal.unknown == unknown
+    again = apply_outcome(state, outcome_of(state, None))
+    assert again.items == []
+
+
+async def drained(client: Client, durable: str) -> None:
+    """Wait until the escalation service's ``durable`` on LW_CMD has handled everything published to it."""
+
+    async def done() -> bool:
+        info = await client.bus.js.consumer_info(S.STREAM_CMD, durable)
+        return bool(info.num_pending == 0 and info.num_ack_pending == 0)
+
+    await until(f"{durable} has handled its messages", done)
+
+
+def outcome_of(state: RunState, ftype: FailureType | None) -> ToolOutcome:
+    return ToolOutcome(
+        run_id=state.run_id,
+        iteration=state.iteration.n,
+        call_id="c1",
+        attempt_id="a-c1",
+        tool="search",
+        requested_tool="search",
+        success=ftype is None,
+        data={"ok": True} if ftype is None else None,
+        failure_type=ftype,
+        error=None if ftype is None else "it may or may not have run",
+    )
+
+
+def told(state: RunState, ftype: FailureType | None) -> ToolOutcome:
+    outcome = outcome_of(state, ftype)
+    apply_outcome(state, outcome)
+    return outcome
+
+
+def searching() -> RunState:
+    state = new_run()
+    turn(state, "", ("c1", "search", {"q": "news"}))
+    return state
+
+
+def unknown_outcome(run_id: str, call_id: str) -> ToolOutcome:
+    """An ``unknown_outcome`` failure of a call the run never made (the planner takes it as stale)."""
+    return ToolOutcome(
+        run_id=run_id,
+        iteration=1,
+        call_id=call_id,
+        attempt_id=S.kv_key(run_id, "i1", call_id),
+        tool=TOOL,
+        requested_tool=TOOL,
+        arguments={"customer_id": "cus_owner1", "amount_cents": 900, "currency": "eur"},
+        success=False,
+        error="the outcome of the payout is unknown",
+        failure_type="unknown_outcome",
+        attempts=1,
+    )
+
+
+async def test_a_withdrawal_leaves_a_persons_resolution_standing_and_files_an_item_not_yet_queued_closed(
+    two_executors: LocalStack, client: Client
+) -> None:
+    """A person resolved the item first: the withdrawal changes nothing. A withdrawal that comes before the
+    failure event's item is queued files it closed, so the failure event arriving later asks nobody."""
+    run_id = "withdraw-edges"
+    person = unknown_outcome(run_id, "toolu_person")
+    person_id = escalation_id_for_call(run_id, 1, "toolu_person")
+    await client.bus.publish(S.failure("unknown_outcome", TOOL), person, msg_id=f"{person_id}.failed", run_id=run_id)
+
+    async def queued() -> bool:
+        return bool((await client.show(person_id)).escalations)
+
+    await until("the person's item queued", queued)
+    resolved = await client.resolve(person_id, "alice", "abort", note="I checked the bank: stop")
+    assert resolved.ok, resolved.error
+    withdrawal = EscalationWithdraw(escalation_id=person_id, run_id=run_id, reason=KNOWN, unknown=person)
+    await client.bus.publish(S.ESCALATION_WITHDRAW, withdrawal, msg_id=f"{person_id}.withdrawn")
+    await drained(client, S.DURABLE_ESCALATION_WITHDRAW)
+    (item,) = (await client.show(person_id)).escalations
+    assert item == resolved.escalations[0], item
+    assert item.resolution is not None and item.resolution.resolved_by == "alice" and item.resolution.action == "abort"
+
+    early = unknown_outcome(run_id, "toolu_early")
+    early_id = escalation_id_for_call(run_id, 1, "toolu_early")
+    withdrawal = EscalationWithdraw(escalation_id=early_id, run_id=run_id, reason=KNOWN, unknown=early)
+    await client.bus.publish(S.ESCALATION_WITHDRAW, withdrawal, msg_id=f"{early_id}.withdrawn")
+    await drained(client, S.DURABLE_ESCALATION_WITHDRAW)
+    await client.bus.publish(S.failure("unknown_outcome", TOOL), early, msg_id=f"{early_id}.failed", run_id=run_id)
+
+    async def failure_handled() -> bool:
+        info = await client.bus.js.consumer_info(S.STREAM_EVT, S.DURABLE_ESCALATION_FAILURES)
+        return bool(info.num_pending == 0 and info.num_ack_pending == 0)
+
+    await until("the escalation service handled the failure event", failure_handled)
+    (item,) = (await client.show(early_id)).escalations
+    assert item.status == "resolved" and item.resolution is not None, item
+    assert (item.resolution.resolved_by, item.resolution.note) == (SYSTEM, KNOWN)
+    assert item.kind == "unknown_outcome" and item.tool == TOOL and item.call_id == "toolu_early"
+    assert [i.escalation_id for i in (await client.escalations(run_id=run_id)).escalations] == []

@@ -34,23 +34,22 @@ from shared import telemetry as T
 from shared.bus import Bus, CasConflict, Unchanged
 from shared.contracts.registration import validator_for
 from shared.describe import describe
-from shared.failures import HUMAN_FAILURES, human_kind
+from shared.failures import HUMAN_FAILURES
 from shared.history import HistoryMissing
 from shared.messages import (
     ChatMessage,
     Escalation,
     EscalationClaim,
-    EscalationDetails,
     EscalationEvent,
     EscalationQuery,
     EscalationRaise,
     EscalationReply,
     EscalationResolution,
     EscalationResolve,
+    EscalationWithdraw,
     RunSnapshot,
     ToolContract,
     ToolOutcome,
-    escalation_id_for_call,
     utcnow,
 )
 from shared.payloads import PayloadError
@@ -102,6 +101,9 @@ class EscalationQueue:
             model=ToolOutcome,
             filter_subjects=[f"{S.FAILURE_PREFIX}.{t}.>" for t in HUMAN_FAILURES],
         )(self.on_failure)
+        b.consumer(
+            durable=S.DURABLE_ESCALATION_WITHDRAW, filter_subjects=[S.ESCALATION_WITHDRAW], model=EscalationWithdraw
+        )(self.on_withdraw)
         error = lambda reason: EscalationReply(ok=False, error=reason)  # noqa: E731
         b.responder(subject=S.ESCALATION_LIST, model=EscalationQuery, reply=error)(self.on_list)
         b.responder(subject=S.ESCALATION_SHOW, model=EscalationQuery, reply=error)(self.on_show)
@@ -198,22 +200,7 @@ class EscalationQueue:
 
     # --- raising -------------------------------------------------------------------------------------
     async def on_failure(self, outcome: ToolOutcome) -> None:
-        await self.on_raise(
-            EscalationRaise(
-                escalation_id=escalation_id_for_call(outcome.run_id, outcome.iteration, outcome.call_id),
-                run_id=outcome.run_id,
-                kind=human_kind(outcome.failure_type),
-                reason=outcome.error or "tool failure",
-                tool=outcome.tool,
-                call_id=outcome.call_id,
-                details=EscalationDetails(
-                    arguments=outcome.arguments,
-                    attempts=outcome.attempts,
-                    error=outcome.error,
-                    failure_type=outcome.failure_type,
-                ),
-            )
-        )
+        await self.on_raise(Q.failure_raise(outcome))
 
     async def on_raise(self, req: EscalationRaise) -> None:
         existing, _ = await self.bus.kv_get(S.KV_ESCALATIONS, req.escalation_id, Escalation)
@@ -228,6 +215,23 @@ class EscalationQueue:
             log.warning("escalation %s (%s) for run %s: %s", req.escalation_id, req.kind, req.run_id, req.reason)
         self.items[item.escalation_id] = item
         await self.bus.publish(S.ESCALATION_RAISED, item, msg_id=f"raised.{req.escalation_id}")
+
+    async def on_withdraw(self, req: EscalationWithdraw) -> None:
+        """The raiser no longer needs a human: the item closes as resolved by the system (idempotent: an item
+        resolved already, by a person or by an earlier delivery of this command, stays as it is)."""
+        now = utcnow()
+
+        def step(item: Escalation | None) -> tuple[Escalation, Escalation | None] | Unchanged[Escalation | None]:
+            closed = Q.withdraw(item, req, now=now)
+            return Unchanged(item) if closed is None else (closed[0], closed[0])
+
+        item = await self.bus.update(S.KV_ESCALATIONS, req.escalation_id, Escalation, step)
+        if item is None or item.resolution is None:
+            return
+        self.items[item.escalation_id] = item
+        if item.resolution.resolved_by == Q.SYSTEM_OPERATOR:  # closed now, or on an earlier delivery: said again
+            log.warning("escalation %s withdrawn: %s", req.escalation_id, req.reason)
+            await self._publish_resolution(req.escalation_id, item.resolution, item.traceparent)
 
     async def _with_context(self, req: EscalationRaise) -> tuple[EscalationRaise, list[ChatMessage]]:
         """The run's last turns (what a call's escalation says about the call, its arguments and error, the

@@ -13,10 +13,12 @@ from datetime import datetime, timedelta
 from typing import Any, assert_never
 
 from shared.escalation_actions import ACTIONS, KINDS, SlaRule, allowed_actions, missing
+from shared.failures import human_kind
 from shared.messages import (
     ChatMessage,
     Escalation,
     EscalationAction,
+    EscalationDetails,
     EscalationEvent,
     EscalationEventKind,
     EscalationKind,
@@ -24,7 +26,10 @@ from shared.messages import (
     EscalationRaise,
     EscalationResolution,
     EscalationResolve,
+    EscalationWithdraw,
     SlaAction,
+    ToolOutcome,
+    escalation_id_for_call,
     utcnow,
 )
 
@@ -108,6 +113,24 @@ def raise_item(
         sla_action=sla.action if sla else None,
         allowed_actions=allowed_actions(req.kind),
         context=context or [],
+    )
+
+
+def failure_raise(outcome: ToolOutcome) -> EscalationRaise:
+    """The item a failure that always needs a human (``HUMAN_FAILURES``) files, from its failure event."""
+    return EscalationRaise(
+        escalation_id=escalation_id_for_call(outcome.run_id, outcome.iteration, outcome.call_id),
+        run_id=outcome.run_id,
+        kind=human_kind(outcome.failure_type),
+        reason=outcome.error or "tool failure",
+        tool=outcome.tool,
+        call_id=outcome.call_id,
+        details=EscalationDetails(
+            arguments=outcome.arguments,
+            attempts=outcome.attempts,
+            error=outcome.error,
+            failure_type=outcome.failure_type,
+        ),
     )
 
 
@@ -249,6 +272,36 @@ def _resolved(item: Escalation, resolution: EscalationResolution, event: Escalat
         lease_expires_at=None,
         resolution=resolution,
     )
+
+
+# --- withdrawing --------------------------------------------------------------------------------
+
+SYSTEM_OPERATOR = "loopwarden"  # who closes an item its raiser withdrew (no person decided)
+
+
+def withdraw(
+    item: Escalation | None, req: EscalationWithdraw, *, now: datetime | None = None
+) -> tuple[Escalation, EscalationResolution] | None:
+    """Close an item nobody needs to decide any more, as resolved by the system with the reason in its note
+    and its trail (the existing resolved state: every reader already shows it). An item not queued yet is
+    filed closed, so its failure event arriving later finds it and raises nothing. None: nothing changes,
+    because the item is resolved already (a person's resolution, or an earlier withdrawal, stands)."""
+    now = now or utcnow()
+    if item is None:
+        filed = failure_raise(req.unknown).model_copy(update={"escalation_id": req.escalation_id})
+        item = raise_item(filed, None, now=now)
+    if item.status == "resolved":
+        return None
+    resolution = EscalationResolution(
+        escalation_id=item.escalation_id,
+        run_id=item.run_id,
+        action="resume",  # the run went on (with the known result); the planner no longer waits on the item
+        note=req.reason,
+        resolved_by=SYSTEM_OPERATOR,
+        resolved_at=now,
+    )
+    event = _event(item, "resolved", Actor(SYSTEM_OPERATOR), now, action="resume", reason=req.reason)
+    return _resolved(item, resolution, event), resolution
 
 
 # --- SLAs -----------------------------------------------------------------------------------------

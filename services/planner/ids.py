@@ -63,6 +63,10 @@ def escalation_raise(run_id: str, escalation_id: str) -> str:
     return f"{run_id}.esc.{escalation_id}"
 
 
+def escalation_withdraw(run_id: str, escalation_id: str) -> str:
+    return f"{run_id}.esc.{escalation_id}.withdrawn"
+
+
 def answer_to_parent(run_id: str, parent_call_id: str | None) -> str:
     """A sub-agent's outcome, published as the parent's delegate call's outcome."""
     return f"{run_id}.answer.{parent_call_id}"

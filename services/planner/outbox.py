@@ -27,6 +27,7 @@ from shared.messages import (
     EscalationDetails,
     EscalationKind,
     EscalationRaise,
+    EscalationWithdraw,
     FinalStatus,
     FinishedDetail,
     RunAdvance,
@@ -197,3 +198,15 @@ def escalate(
         ids.escalation_raise(s.run_id, escalation_id),
     )
     await_human(out, escalation_id, kind, reason, call_id)
+
+
+def withdraw(out: Outbox, escalation_id: str, unknown: ToolOutcome, reason: str) -> None:
+    """The run no longer waits on ``escalation_id`` (the call's result became known): the escalation service
+    closes the item as resolved by the system, unless a person resolved it first. ``unknown`` is the failure
+    the item is raised for, so an item not queued yet is filed closed."""
+    s = out.state
+    out.add(
+        S.ESCALATION_WITHDRAW,
+        EscalationWithdraw(escalation_id=escalation_id, run_id=s.run_id, reason=reason, unknown=unknown),
+        ids.escalation_withdraw(s.run_id, escalation_id),
+    )

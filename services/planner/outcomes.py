@@ -14,7 +14,7 @@ from services.planner import context as C
 from services.planner import ids, loops
 from services.planner.delegation import DELEGATE, release
 from services.planner.judging import finish_iteration
-from services.planner.outbox import Outbox, await_human, escalate
+from services.planner.outbox import Outbox, await_human, escalate, withdraw
 from services.planner.state import RunState, ToolCallRecord
 from shared import subjects as S
 from shared.failures import FAILURES
@@ -37,6 +37,11 @@ def answers(state: RunState, record: ToolCallRecord, outcome: ToolOutcome) -> bo
     if record.tool == DELEGATE:
         return outcome.attempt_id == state.children.get(record.call_id)
     return True
+
+
+KNOWN_AFTER_UNKNOWN = (
+    "the call's result became known: the replica that ran it recorded it after another had declared it unknown"
+)
 
 
 def supersedes_unknown(state: RunState, record: ToolCallRecord, outcome: ToolOutcome) -> bool:
@@ -67,7 +72,10 @@ def apply_outcome(state: RunState, outcome: ToolOutcome) -> Outbox:
     if record.status != "dispatched":
         if not supersedes_unknown(state, record, outcome):
             return out  # a duplicate, or a later outcome of a call that has one: the first stands
-        state.awaiting, state.status = None, "running"  # the result is known: no human needs to decide
+        assert state.awaiting is not None and record.outcome is not None  # what supersedes_unknown checked
+        # the result is known: no human needs to decide, and the queue item raised for the unknown closes
+        withdraw(out, state.awaiting.escalation_id, record.outcome, KNOWN_AFTER_UNKNOWN)
+        state.awaiting, state.status = None, "running"
     cfg = state.config
     record.outcome = outcome
     if record.tool == DELEGATE:

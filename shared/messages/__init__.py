@@ -53,6 +53,7 @@ from shared.messages.escalations import (
     EscalationReply,
     EscalationResolution,
     EscalationResolve,
+    EscalationWithdraw,
     escalation_id_for_call,
 )
 from shared.messages.events import (
@@ -191,6 +192,7 @@ WIRE_MODELS: tuple[type[BaseModel], ...] = (
     EscalationResolve,
     EscalationReply,
     EscalationEvent,
+    EscalationWithdraw,
     DeadLetter,
     Requeue,
     ErrorReply,
@@ -265,6 +267,7 @@ __all__ = [
     "EscalationReply",
     "EscalationResolution",
     "EscalationResolve",
+    "EscalationWithdraw",
     "FailureType",
     "FallbackNote",
     "FinalStatus",

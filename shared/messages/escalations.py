@@ -11,6 +11,7 @@ from typing_extensions import TypedDict
 from shared.escalation_actions import EscalationAction, EscalationKind, SlaAction
 from shared.failures import FailureType
 from shared.messages.conversation import ChatMessage
+from shared.messages.tools import ToolOutcome
 from shared.messages.wire import CallId, EscalationId, Name, RunId, Wire, utcnow
 
 
@@ -91,6 +92,19 @@ class EscalationEvent(Wire):
     reason: str = ""
     lease_expires_at: datetime | None = None
     at: datetime = Field(default_factory=utcnow)
+
+
+class EscalationWithdraw(Wire):
+    """The raiser no longer needs a human for an item (``lw.v1.cmd.escalation.withdraw``): the planner took the
+    known result of a call it had escalated as ``unknown_outcome``. The service closes the item as resolved by
+    the system, unless a person resolved it first (their resolution stands)."""
+
+    escalation_id: EscalationId
+    run_id: RunId
+    reason: str = Field(description="why no human is needed any more (the item's trail shows it)")
+    unknown: ToolOutcome = Field(
+        description="the unknown_outcome failure the item is raised for: filed already closed if it is not queued yet"
+    )
 
 
 class EscalationQuery(Wire):

@@ -84,7 +84,7 @@ def outcome(state: RunState, call_id: str, ftype: FailureType | None = None, err
 
 def events(out: Outbox) -> list[str]:
     """The run events and failure events published, by kind, in order."""
-    commands = ("RunAdvance", "ToolCall", "JudgeRequest", "EscalationRaise")
+    commands = ("RunAdvance", "ToolCall", "JudgeRequest", "EscalationRaise", "EscalationWithdraw")
     return [RunEvent.model_validate_json(i.payload).root.kind for i in out.items if i.model not in commands]
 
 
