@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 
-from services.validator.checking import check_output
+from services.validator.checking import outcome_of
 from shared import subjects as S
 from shared import telemetry as T
 from shared.bus import Bus, TryLater
@@ -49,7 +49,7 @@ class Validator:
             f"validate_output {raw.tool}",
             attributes={T.GEN_AI_TOOL_NAME: raw.tool, T.LW_RUN_ID: raw.run_id},
         ) as span:
-            checked = check_output(contract, raw)
+            checked = outcome_of(contract, raw)
             span.set_attribute("loopwarden.validation.result", checked.result)
         self.outputs.add(1, {"tool": raw.tool, "result": checked.result})
         outcome = checked.outcome
