@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, assert_never
 
+from shared.call_identity import CallIdentity
 from shared.contracts.output import OutputCheck, OutputResult, breach_message, check_output
 from shared.messages import ToolContract, ToolOutcome, ToolResultRaw
 
@@ -31,45 +32,36 @@ def stripped_repairs(stripped: list[str]) -> dict[str, Any]:
 def outcome_of(contract: ToolContract, raw: ToolResultRaw) -> Checked:
     """``raw``'s output checked against ``contract``, as the outcome the validator publishes."""
     checked = check_output(contract, raw.output, is_text=raw.output_is_text)
-    base: dict[str, Any] = {
-        "run_id": raw.run_id,
-        "iteration": raw.iteration,
-        "call_id": raw.call_id,
-        "attempt_id": raw.attempt_id,
-        "tool": raw.tool,
-        "requested_tool": raw.requested_tool,
-        "arguments": raw.arguments,
+    call = CallIdentity.of(raw)
+    said: dict[str, Any] = {
         "attempts": raw.attempts,
         "cached": raw.cached,
-        "fallback_from": raw.fallback_from,
         "terminal": contract.terminal,
         **stripped_repairs(raw.stripped),
     }
-    return Checked(_outcome(base, contract, checked), checked.result)
+    return Checked(_outcome(call, said, contract, checked), checked.result)
 
 
-def _outcome(base: dict[str, Any], contract: ToolContract, checked: OutputCheck) -> ToolOutcome:
+def _outcome(call: CallIdentity, said: dict[str, Any], contract: ToolContract, checked: OutputCheck) -> ToolOutcome:
     match checked.result:
         case "valid":
-            return ToolOutcome.model_validate({**base, "success": True, "data": checked.data})
+            return call.outcome(success=True, **{**said, "data": checked.data})
         case "repaired":
-            repairs = base["repairs"] + checked.repairs
-            return ToolOutcome.model_validate(
-                {**base, "success": True, "data": checked.data, "repaired": True, "repairs": repairs}
-            )
+            repairs = said["repairs"] + checked.repairs
+            return call.outcome(success=True, **{**said, "data": checked.data, "repaired": True, "repairs": repairs})
         case "invalid" | "unparseable":
-            return ToolOutcome.model_validate(
-                {
-                    **base,
-                    "success": False,
+            return call.outcome(
+                success=False,
+                **{
+                    **said,
                     "repaired": False,  # a stripped input is still said (``stripped``, ``repairs``); the call failed
                     "failure_type": "output_invalid",
                     "recoverable": True,
                     "parsed": checked.result == "invalid",
                     "errors": checked.errors,
                     "schema": contract.output_schema,
-                    "error": breach_message(base["tool"], checked.errors),
-                }
+                    "error": breach_message(call.tool, checked.errors),
+                },
             )
         case _:
             assert_never(checked.result)

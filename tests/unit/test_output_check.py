@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 
 from services.validator.checking import outcome_of
+from shared.call_identity import CallIdentity
 from shared.contracts.output import OutputCheck, check_output
 from shared.contracts.registration import register_contract
-from shared.messages import ToolContract, ToolResultRaw
+from shared.messages import FallbackNote, ToolCall, ToolContract, ToolResultRaw
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -117,7 +118,9 @@ def test_the_validator_outcome_carries_the_call_and_each_answer() -> None:
     repaired = outcome_of(contract(**REPAIRING), raw({"count": "3"}, stripped=["/extra"]))
     assert repaired.result == "repaired" and repaired.outcome.success and repaired.outcome.data == {"count": 3}
     assert repaired.outcome.repairs[0] == "undeclared input field /extra stripped"  # the call's repair first
-    assert repaired.outcome.repairs[1] == "numeric_string_to_integer at /count: '3' -> 3" and repaired.outcome.stripped == ["/extra"]
+    assert repaired.outcome.repairs[
+        1
+    ] == "numeric_string_to_integer at /count: '3' -> 3" and repaired.outcome.stripped == ["/extra"]
 
     invalid = outcome_of(contract(), raw({"count": "3"}))
     o = invalid.outcome
@@ -142,3 +145,75 @@ def test_no_service_imports_another_services_output_checker() -> None:
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("services.validator"):
                 offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert offenders == []
+
+
+# --- one call identity ---------------------------------------------------------------------------------
+
+CALL = ToolCall(
+    run_id="run-1",
+    iteration=2,
+    call_id="call-1",
+    attempt_id="run-1.2.call-1",
+    tool="search",
+    requested_tool="search",
+    arguments={"q": "x"},
+)
+IDENTITY = ("run_id", "iteration", "call_id", "attempt_id", "tool", "requested_tool", "arguments", "fallback_from")
+
+
+def identity(message: Any) -> tuple[Any, ...]:
+    return tuple(getattr(message, f) for f in IDENTITY)
+
+
+def test_every_message_built_from_a_call_carries_its_identity() -> None:
+    call = CallIdentity.of(CALL)
+    raw_ = call.raw({"hits": []}, 3, cached=True)
+    failed = call.failed("timeout", "too slow", recoverable=True, attempts=3, boundary=None, will_retry=True)
+    assert identity(call.call()) == identity(raw_) == identity(failed) == identity(CALL)
+    assert CallIdentity.of(raw_) == CallIdentity.of(failed) == call
+    assert (raw_.output, raw_.attempts, raw_.cached) == ({"hits": []}, 3, True)
+    assert (failed.success, failed.failure_type, failed.error, failed.recoverable, failed.will_retry) == (
+        False,
+        "timeout",
+        "too slow",
+        True,
+        True,
+    )
+    assert failed.boundary is None  # a None extra leaves the field's default
+    attempt = call.attempt_failed(2, "transient", "blip", 0.5)
+    assert (attempt.run_id, attempt.call_id, attempt.attempt_id, attempt.tool, attempt.attempt, attempt.ok) == (
+        "run-1",
+        "call-1",
+        "run-1.2.call-1",
+        "search",
+        2,
+        False,
+    )
+
+
+def test_a_fallback_is_the_same_call_under_its_own_attempt_id() -> None:
+    note = FallbackNote(from_tool="search", to_tool="search_mirror", reason="search timed out")
+    fb = CallIdentity.of(CALL).as_fallback("search_mirror", note).call()
+    assert (fb.tool, fb.requested_tool, fb.attempt_id, fb.fallback_from) == (
+        "search_mirror",
+        "search",
+        "run-1.2.call-1.fb.search_mirror",
+        note,
+    )
+    assert (fb.run_id, fb.iteration, fb.call_id, fb.arguments) == ("run-1", 2, "call-1", {"q": "x"})
+    assert CallIdentity.of(fb).raw(None, 1).fallback_from == note  # carried to the result and the outcome
+
+
+def test_the_executor_and_validator_builders_do_not_copy_the_identity_by_hand() -> None:
+    """A call's identity is spelled once (``shared/call_identity.py``): a new identity field is one edit."""
+    builders = ["services/executor/attempts.py", "services/executor/finishing.py", "services/executor/recovery.py"]
+    builders.append("services/validator/checking.py")
+    copied = []
+    for name in builders:
+        for node in ast.walk(ast.parse((ROOT / name).read_text())):
+            keys = [k.arg for k in node.keywords] if isinstance(node, ast.Call) else []
+            if isinstance(node, ast.Dict):
+                keys = [k.value for k in node.keys if isinstance(k, ast.Constant)]
+            if "attempt_id" in keys or "requested_tool" in keys:
+                copied.append(f"{name}:{node.lineno}")
+    assert copied == []
