@@ -241,7 +241,7 @@ async def floor_steps(runs: int, steps: int) -> list[float]:
     from services.planner import context as C
     from services.planner.outcomes import apply_outcome
     from services.planner.turns import apply_model_response, resolve_config, start_run
-    from services.validator.checking import check_output
+    from services.validator.checking import outcome_of
     from shared.messages import RunLimits, RunSubmit, ToolCall
     from shared.providers.scripted import ScriptedProvider
 
@@ -270,7 +270,7 @@ async def floor_steps(runs: int, steps: int) -> list[float]:
                 hosted = registry.tools[call.tool]
                 output = await hosted.fn(call.arguments, ToolContext(run_id, call.call_id, 1))
                 raw = raw_result(call, output, 1)
-                apply_outcome(state, check_output(hosted.contract, raw).outcome)
+                apply_outcome(state, outcome_of(hosted.contract, raw).outcome)
             if not first and not state.done:
                 durations.append(time.perf_counter() - t0)
             first = False

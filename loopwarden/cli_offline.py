@@ -75,8 +75,8 @@ def cmd_lint(args: argparse.Namespace) -> int:
 
 def cmd_check_contract(args: argparse.Namespace) -> int:
     """Register a contract file as the executor would; optionally check an input or an output."""
-    from services.validator.checking import check_output
     from shared.contracts.dialect import ContractError
+    from shared.contracts.output import check_output
     from shared.contracts.registration import load_contract_file, register_contract, validator_for
     from shared.contracts.validation import format_for_model
 
@@ -111,34 +111,16 @@ def cmd_check_contract(args: argparse.Namespace) -> int:
         status = status or (FAILED if errors else OK)
     if output_text is not None:
         output = output_text
-        checked = check_output(contract, _offline_result(contract, json.dumps(output) if mcp_text else output, True))
-        outcome = checked.outcome
-        if outcome.success:
-            note = f" ({'; '.join(outcome.repairs)})" if outcome.repaired else ""
+        checked = check_output(contract, json.dumps(output) if mcp_text else output, is_text=True)
+        if checked.ok:
+            note = f" ({'; '.join(checked.repairs)})" if checked.repairs else ""
             say(f"output: {checked.result}{note}")
         else:
-            say(f"output: {checked.result}\n{format_for_model(outcome.errors)}")
+            say(f"output: {checked.result}\n{format_for_model(checked.errors)}")
             status = status or FAILED
     if args.call:
         status = _mcp_call(args, contract, called) or status
     return status
-
-
-def _offline_result(contract: Any, output: Any, is_text: bool) -> Any:
-    """An output checked outside any run (``check-contract``), shaped as the validator receives it."""
-    from shared.messages import ToolResultRaw
-
-    return ToolResultRaw(
-        run_id="cli",
-        iteration=1,
-        call_id="cli",
-        attempt_id="cli",
-        tool=contract.name,
-        requested_tool=contract.name,
-        arguments={},
-        output=output,
-        output_is_text=is_text,
-    )
 
 
 def _mcp_contract(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -166,18 +148,18 @@ def _mcp_contract(args: argparse.Namespace) -> tuple[Any, Any]:
 def _mcp_call(args: argparse.Namespace, contract: Any, called: Any) -> int:
     """``--call``: check what the MCP tool returned, as a run would."""
     from services.executor.registry import ToolFailure
-    from services.validator.checking import check_output
+    from shared.contracts.output import check_output
     from shared.contracts.validation import format_for_model
 
     if isinstance(called, ToolFailure):
         say(f"call: {called.kind}{f' (effect: {called.effect})' if called.effect else ''}\n{called}")
         return 1
-    checked = check_output(contract, _offline_result(contract, called, isinstance(called, str)))
-    data = checked.outcome.data
-    shown = data if isinstance(data, str) else json.dumps(data if checked.outcome.success else called)
+    checked = check_output(contract, called, is_text=isinstance(called, str))
+    data = checked.data
+    shown = data if isinstance(data, str) else json.dumps(data if checked.ok else called)
     say(f"call: {checked.result}\n{shown[:2000]}")
-    if not checked.outcome.success:
-        say(format_for_model(checked.outcome.errors))
+    if not checked.ok:
+        say(format_for_model(checked.errors))
         return FAILED
     return OK
 

@@ -17,9 +17,10 @@ from pydantic import ValidationError
 from services.executor.mcp_contracts import classify_protocol_error, contract_for, output_of, render_content
 from services.executor.mcp_tools import close_all, mount_mcp_servers
 from services.executor.registry import ToolRegistry
-from services.validator.checking import check_output
+from shared.contracts.output import check_output
 from shared.contracts.registration import register_contract
-from shared.messages import ToolContract, ToolResultRaw
+from shared.contracts.validation import format_for_model
+from shared.messages import ToolContract
 from shared.settings import McpServerSpec, Settings
 from tests.conftest import ROOT
 from tests.support.timing import bound
@@ -41,40 +42,29 @@ def registered(spec: McpServerSpec, tool: types.Tool) -> ToolContract:
 
 
 def check(contract: ToolContract, output: Any) -> Any:
-    raw = ToolResultRaw(
-        run_id="r",
-        iteration=1,
-        call_id="c",
-        attempt_id="c",
-        tool=contract.name,
-        requested_tool=contract.name,
-        arguments={},
-        output=output,
-        output_is_text=isinstance(output, str),
-    )
-    return check_output(contract, raw)
+    return check_output(contract, output, is_text=isinstance(output, str))
 
 
 def test_a_server_schema_is_open_by_default_and_closed_on_request() -> None:
     grown = {"name": "Ada", "timezone": "Europe/Berlin"}  # the server added a field
-    assert check(registered(SPEC, PROFILE), grown).outcome.success
+    assert check(registered(SPEC, PROFILE), grown).ok
     closed = registered(SPEC.model_copy(update={"closed_output_schemas": True}), PROFILE)
     checked = check(closed, grown)
-    assert not checked.outcome.success and "unexpected field(s) 'timezone'" in checked.outcome.error
-    assert not check(registered(SPEC, PROFILE), {"name": 3}).outcome.success  # open is not unchecked
+    assert not checked.ok and "unexpected field(s) 'timezone'" in format_for_model(checked.errors)
+    assert not check(registered(SPEC, PROFILE), {"name": 3}).ok  # open is not unchecked
 
 
 def test_a_tool_without_a_schema_takes_its_text_and_a_user_schema_parses_it() -> None:
     text_result = types.CallToolResult(content=[types.TextContent(type="text", text="On branch main\nclean")])
     contract = registered(SPEC, STATUS)
     checked = check(contract, output_of("content", text_result, 1000))
-    assert checked.outcome.success and checked.outcome.data == "On branch main\nclean"
+    assert checked.ok and checked.data == "On branch main\nclean"
     user = SPEC.model_copy(update={"output_schemas": {"status": {"type": "object", "required": ["ok"]}}})
     assert contract_for(user, STATUS)[1] == "user"  # type: ignore[index]
     checked = check(registered(user, STATUS), output_of("user", text_result, 1000))
-    assert not checked.outcome.success and "not valid JSON" in checked.outcome.error
+    assert not checked.ok and "not valid JSON" in format_for_model(checked.errors)
     json_result = types.CallToolResult(content=[types.TextContent(type="text", text='{"ok": true}')])
-    assert check(registered(user, STATUS), output_of("user", json_result, 1000)).outcome.success
+    assert check(registered(user, STATUS), output_of("user", json_result, 1000)).ok
 
 
 def test_content_blocks_are_rendered_for_the_model_and_cut() -> None:

@@ -24,8 +24,9 @@ from services.executor.registry import HostedTool, ToolContext, ToolFailure
 from shared import subjects as S
 from shared import telemetry as T
 from shared.bus import Bus
+from shared.call_identity import CallIdentity
 from shared.canonical import cache_key
-from shared.messages import CachedToolResult, ToolAttempt, ToolCall, ToolResultRaw, Wire
+from shared.messages import CachedToolResult, ToolCall, ToolResultRaw, Wire
 from shared.providers.select import scripted_tools
 from shared.scenario import ToolBehaviour
 from shared.settings import FaultPoint, Settings
@@ -39,19 +40,7 @@ class Cursor(Wire):
 
 def raw_result(call: ToolCall, output: Any, attempts: int, **extra: Any) -> ToolResultRaw:
     """What the validator checks: a call's output with where it came from."""
-    return ToolResultRaw(
-        run_id=call.run_id,
-        iteration=call.iteration,
-        call_id=call.call_id,
-        attempt_id=call.attempt_id,
-        tool=call.tool,
-        requested_tool=call.requested_tool,
-        arguments=call.arguments,
-        output=output,
-        attempts=attempts,
-        fallback_from=call.fallback_from,
-        **extra,
-    )
+    return CallIdentity.of(call).raw(output, attempts, **extra)
 
 
 class Attempts:
@@ -106,17 +95,7 @@ class Attempts:
                 if not result.ok:  # a successful attempt is told by the call's outcome (its ``attempts``)
                     await self.bus.publish(
                         S.tool_attempt(call.tool),
-                        ToolAttempt(
-                            run_id=call.run_id,
-                            call_id=call.call_id,
-                            attempt_id=call.attempt_id,
-                            tool=call.tool,
-                            attempt=n,
-                            ok=False,
-                            failure_type=result.failure_type,
-                            error=result.error,
-                            next_delay_s=delay,
-                        ),
+                        CallIdentity.of(call).attempt_failed(n, result.failure_type, result.error, delay),
                         msg_id=f"{call.attempt_id}.attempt.{entry.runs}.{n}",
                     )
             if result.ok:

@@ -17,6 +17,7 @@ from services.executor.recovery import model_error
 from services.executor.registry import HostedTool
 from shared import subjects as S
 from shared.bus import Bus, CasConflict
+from shared.call_identity import CallIdentity
 from shared.failures import FailureType
 from shared.messages import SchemaError, ToolCall, ToolOutcome, ToolResultRaw, Wire
 from shared.settings import FaultPoint, Settings
@@ -173,24 +174,7 @@ class Finisher:
     def outcome(
         call: ToolCall, ftype: FailureType, error: str, *, recoverable: bool, attempts: int, **extra: Any
     ) -> ToolOutcome:
-        return ToolOutcome.model_validate(
-            {
-                "run_id": call.run_id,
-                "iteration": call.iteration,
-                "call_id": call.call_id,
-                "attempt_id": call.attempt_id,
-                "tool": call.tool,
-                "requested_tool": call.requested_tool,
-                "arguments": call.arguments,
-                "success": False,
-                "error": error,
-                "recoverable": recoverable,
-                "failure_type": ftype,
-                "attempts": attempts,
-                "fallback_from": call.fallback_from,
-                **{k: v for k, v in extra.items() if v is not None},
-            }
-        )
+        return CallIdentity.of(call).failed(ftype, error, recoverable=recoverable, attempts=attempts, **extra)
 
 
 FINAL_WRITES = 5  # compare-and-swaps of a final before the delivery is retried (each lost one re-reads)

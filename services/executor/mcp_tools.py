@@ -61,9 +61,9 @@ from services.executor.mcp_contracts import (
     side_effect_message,
 )
 from services.executor.registry import ToolContext, ToolFailure, ToolFn, ToolRegistry
-from services.validator.checking import check_output
+from shared.contracts.output import check_output
 from shared.contracts.validation import format_for_model
-from shared.messages import McpServerStatus, ToolContract, ToolResultRaw
+from shared.messages import McpServerStatus, ToolContract
 from shared.settings import McpServerSpec
 
 log = logging.getLogger("loopwarden.executor.mcp")
@@ -287,39 +287,28 @@ class McpMount:
                 )
             output = output_of(source, result, spec.max_result_chars)
             if not idempotent:
-                self._refuse_after_effect(name, registry, output, result, ctx)
+                self._refuse_after_effect(name, registry, output, result)
             return output
 
         return call
 
     def _refuse_after_effect(
-        self, name: str, registry: ToolRegistry, output: Any, result: types.CallToolResult, ctx: ToolContext
+        self, name: str, registry: ToolRegistry, output: Any, result: types.CallToolResult
     ) -> None:
         """A non-idempotent call already acted: a result that breaks its contract must not read as
-        'make a new call'. Checked here with the validator's own function (repairs included)."""
+        'make a new call'. Checked here with the validator's own check (repairs included)."""
         hosted = registry.tools.get(name)
         if hosted is None:
             return
-        raw = ToolResultRaw(
-            run_id=ctx.run_id,
-            iteration=1,
-            call_id=ctx.call_id,
-            attempt_id=ctx.call_id,
-            tool=name,
-            requested_tool=name,
-            arguments={},
-            output=output,
-            output_is_text=isinstance(output, str),
-        )
-        checked = check_output(hosted.contract, raw)
-        if checked.outcome.success:
+        checked = check_output(hosted.contract, output, is_text=isinstance(output, str))
+        if checked.ok:
             return
         returned = render_content(result.content or [], 2000)
         if result.structured_content is not None:
             returned = json.dumps(result.structured_content, ensure_ascii=False)[:2000]
         raise ToolFailure(
             "tool_error",
-            side_effect_message(name, format_for_model(checked.outcome.errors), returned or "(nothing)"),
+            side_effect_message(name, format_for_model(checked.errors), returned or "(nothing)"),
             effect="took_effect",
         )
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.backoff import BackoffPolicy, next_delay
+from shared.call_identity import CallIdentity
 from shared.failures import FAILURES, FailureType, tells
 from shared.messages import Boundary, FallbackNote, ToolCall, ToolContract
 
@@ -95,8 +96,7 @@ def after_retries(contract: ToolContract, call: ToolCall, result: Attempted, att
         note = FallbackNote(
             from_tool=call.tool, to_tool=fallback, reason=model_error(call.tool, ftype, result.error or ftype, attempts)
         )
-        update = {"tool": fallback, "attempt_id": f"{call.attempt_id}.fb.{fallback}", "fallback_from": note}
-        return Fallback(call.model_copy(update=update))
+        return Fallback(CallIdentity.of(call).as_fallback(fallback, note).call())
     fail = Fail(
         ftype,
         result.error or ftype,

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import logging
-import time
 
-from services.validator.checking import check_output
+from services.validator.checking import outcome_of
 from shared import subjects as S
 from shared import telemetry as T
 from shared.bus import Bus, TryLater
 from shared.canonical import cache_key
+from shared.contracts.catalogue import ContractCatalogue
 from shared.messages import CachedToolResult, ToolContract, ToolResultRaw
 
 log = logging.getLogger("loopwarden.validator")
@@ -24,23 +24,17 @@ class Validator:
             "loopwarden.tool.outputs",
             description="validated tool outputs by result: valid, repaired, invalid, unparseable",
         )
-        self._contracts: dict[str, tuple[float, ToolContract]] = {}
+        self.catalogue = ContractCatalogue(bus)
 
     def register(self) -> None:
         self.bus.consumer(durable=S.DURABLE_VALIDATOR, filter_subjects=[S.RESULT_VALIDATE], model=ToolResultRaw)(
             self.on_raw
         )
 
-    CONTRACT_TTL_S = 2.0  # like the planner: a re-registered contract is seen within 2 s
-
     async def contract(self, tool: str) -> ToolContract:
-        fetched_at, cached = self._contracts.get(tool, (0.0, None))
-        if cached is not None and time.monotonic() - fetched_at < self.CONTRACT_TTL_S:
-            return cached
-        contract, _ = await self.bus.kv_get(S.KV_CONTRACTS, S.kv_key(tool), ToolContract)
+        contract = await self.catalogue.get(tool)  # a re-registered contract is seen within catalogue.FRESH_S
         if contract is None:  # handed back, not held: results of every other tool share this consumer
             raise TryLater(f"no contract registered for tool '{tool}'", delay=1.0, in_place=False)
-        self._contracts[tool] = (time.monotonic(), contract)
         return contract
 
     async def on_raw(self, raw: ToolResultRaw) -> None:
@@ -49,7 +43,7 @@ class Validator:
             f"validate_output {raw.tool}",
             attributes={T.GEN_AI_TOOL_NAME: raw.tool, T.LW_RUN_ID: raw.run_id},
         ) as span:
-            checked = check_output(contract, raw)
+            checked = outcome_of(contract, raw)
             span.set_attribute("loopwarden.validation.result", checked.result)
         self.outputs.add(1, {"tool": raw.tool, "result": checked.result})
         outcome = checked.outcome

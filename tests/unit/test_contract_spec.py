@@ -13,12 +13,12 @@ import regress
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.validator.checking import check_output
 from shared.contracts.dialect import ContractError
 from shared.contracts.ecma import pattern_problem
+from shared.contracts.output import check_output
 from shared.contracts.registration import register_contract, validator_for
 from shared.contracts.validation import CompiledSchema, compiled
-from shared.messages import ToolContract, ToolResultRaw
+from shared.messages import ToolContract
 
 D7 = "http://json-schema.org/draft-07/schema#"
 D19 = "https://json-schema.org/draft/2019-09/schema"
@@ -303,24 +303,14 @@ def test_formats_refuse_a_trailing_newline_and_non_ascii_digits_in_both_engines(
 def checked_output(output_schema: dict[str, Any], output: Any) -> Any:
     """``output`` as the validator checks it against a registered tool with ``output_schema``."""
     registered = register_contract(contract({"type": "object"}, output_schema))
-    raw = ToolResultRaw(
-        run_id="r",
-        iteration=1,
-        call_id="c",
-        attempt_id="c:1",
-        tool="t",
-        requested_tool="t",
-        arguments={},
-        output=output,
-    )
-    return check_output(registered, raw)
+    return check_output(registered, output)
 
 
 def test_check_output_reports_a_false_subschema_instead_of_crashing() -> None:
     schema = {"type": "object", "properties": {"a": {"allOf": [False, {"type": "string"}]}}}
     checked = checked_output(schema, {"a": 1})
     assert checked.result == "invalid"
-    messages = [e.message for e in checked.outcome.errors or []]
+    messages = [e.message for e in checked.errors]
     assert "$.a is not allowed here; got 1" in messages
     assert "$.a must be a string; got integer 1" in messages
 
@@ -340,6 +330,6 @@ def test_an_output_error_is_reported_once_however_many_ways_it_is_reached() -> N
             },
         ]
     }
-    messages = [e.message for e in checked_output(schema, {"x": 1}).outcome.errors or []]
+    messages = [e.message for e in checked_output(schema, {"x": 1}).errors]
     assert messages and len(messages) == len(set(messages)), messages
     assert any("missing required field 'status'" in m for m in messages)

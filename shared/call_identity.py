@@ -1,0 +1,128 @@
+"""One tool call's identity, as every message about it carries it.
+
+A ``ToolCall``, its ``ToolResultRaw``, its ``ToolAttempt`` events and its ``ToolOutcome`` all say which
+call they are about with the same fields (run, iteration, call, attempt, the tool that ran, the tool
+the model asked for, the arguments, the fallback it came from). ``CallIdentity`` holds them once; its
+named constructors build each message from it, so no builder copies the fields by hand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared.messages import FailureType, FallbackNote, ToolAttempt, ToolCall, ToolOutcome, ToolResultRaw
+
+
+@dataclass(frozen=True)
+class CallIdentity:
+    run_id: str
+    iteration: int
+    call_id: str
+    attempt_id: str
+    tool: str
+    requested_tool: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    fallback_from: FallbackNote | None = None
+
+    @classmethod
+    def of(cls, message: ToolCall | ToolResultRaw | ToolOutcome) -> CallIdentity:
+        """The identity a call message carries."""
+        return cls(
+            run_id=message.run_id,
+            iteration=message.iteration,
+            call_id=message.call_id,
+            attempt_id=message.attempt_id,
+            tool=message.tool,
+            requested_tool=message.requested_tool,
+            arguments=message.arguments,
+            fallback_from=message.fallback_from,
+        )
+
+    def as_fallback(self, tool: str, note: FallbackNote) -> CallIdentity:
+        """The same call run again by its fallback ``tool``: its own attempt id, the reason in ``note``."""
+        return CallIdentity(
+            run_id=self.run_id,
+            iteration=self.iteration,
+            call_id=self.call_id,
+            attempt_id=f"{self.attempt_id}.fb.{tool}",
+            tool=tool,
+            requested_tool=self.requested_tool,
+            arguments=self.arguments,
+            fallback_from=note,
+        )
+
+    def call(self) -> ToolCall:
+        """The command that runs this call."""
+        return ToolCall(
+            run_id=self.run_id,
+            iteration=self.iteration,
+            call_id=self.call_id,
+            attempt_id=self.attempt_id,
+            tool=self.tool,
+            requested_tool=self.requested_tool,
+            arguments=self.arguments,
+            fallback_from=self.fallback_from,
+        )
+
+    def raw(self, output: Any, attempts: int, **extra: Any) -> ToolResultRaw:
+        """What the validator checks: this call's output (``extra``: the other ``ToolResultRaw`` fields)."""
+        return ToolResultRaw(
+            run_id=self.run_id,
+            iteration=self.iteration,
+            call_id=self.call_id,
+            attempt_id=self.attempt_id,
+            tool=self.tool,
+            requested_tool=self.requested_tool,
+            arguments=self.arguments,
+            fallback_from=self.fallback_from,
+            output=output,
+            attempts=attempts,
+            **extra,
+        )
+
+    def attempt_failed(
+        self, n: int, failure_type: FailureType | None, error: str | None, next_delay_s: float | None
+    ) -> ToolAttempt:
+        """The event of this call's ``n``-th attempt, which failed."""
+        return ToolAttempt(
+            run_id=self.run_id,
+            call_id=self.call_id,
+            attempt_id=self.attempt_id,
+            tool=self.tool,
+            attempt=n,
+            ok=False,
+            failure_type=failure_type,
+            error=error,
+            next_delay_s=next_delay_s,
+        )
+
+    def outcome(self, *, success: bool, **fields: Any) -> ToolOutcome:
+        """This call's outcome (``fields``: the other ``ToolOutcome`` fields, by name or alias)."""
+        return ToolOutcome.model_validate(
+            {
+                "run_id": self.run_id,
+                "iteration": self.iteration,
+                "call_id": self.call_id,
+                "attempt_id": self.attempt_id,
+                "tool": self.tool,
+                "requested_tool": self.requested_tool,
+                "arguments": self.arguments,
+                "fallback_from": self.fallback_from,
+                "success": success,
+                **fields,
+            }
+        )
+
+    def failed(
+        self, failure_type: FailureType, error: str, *, recoverable: bool, attempts: int, **extra: Any
+    ) -> ToolOutcome:
+        """This call's failure (``extra``: further ``ToolOutcome`` fields; a ``None`` leaves the default)."""
+        return self.outcome(
+            success=False,
+            error=error,
+            recoverable=recoverable,
+            failure_type=failure_type,
+            attempts=attempts,
+            **{k: v for k, v in extra.items() if v is not None},
+        )

@@ -1,0 +1,72 @@
+"""One reader of the contract catalogue (``lw_contracts``) with one freshness rule: the planner's
+listing and the validator's per-tool read both see a re-registered contract within ``FRESH_S``, and
+both serve a fresh read without asking the server. Against the session's real NATS server."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+
+from loopwarden.stack import LocalStack
+from services.planner.catalogue import Catalogue
+from services.validator.handlers import Validator
+from shared import subjects as S
+from shared.bus import Bus, TryLater
+from shared.contracts import catalogue
+from shared.contracts.catalogue import ContractCatalogue
+from shared.messages import ToolContract
+from shared.telemetry import setup_telemetry
+from tests.conftest import settings_for
+
+FRESH_S = 0.3  # the rule under test, short so the test waits it out
+
+
+@pytest.fixture
+async def bus(stack: LocalStack, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Bus]:
+    monkeypatch.setattr(catalogue, "FRESH_S", FRESH_S)
+    b = Bus(settings_for(stack), "catalogue-under-test")
+    await b.connect()
+    yield b
+    await b.stop()
+
+
+def contract(name: str, description: str) -> ToolContract:
+    return ToolContract.model_validate(
+        {"name": name, "description": description, "inputSchema": {"type": "object"}, "outputSchema": {}}
+    )
+
+
+async def test_a_re_registered_contract_is_seen_by_every_reader_within_the_same_time(bus: Bus) -> None:
+    name = f"cat_{uuid.uuid4().hex[:8]}"
+    await bus.kv_put(S.KV_CONTRACTS, S.kv_key(name), contract(name, "first"))
+    readers = ContractCatalogue(bus)
+    planner = Catalogue(bus)
+    validator = Validator(bus, setup_telemetry("validator-under-test", bus.settings))
+    assert (await readers.get(name)).description == "first"  # type: ignore[union-attr]
+    assert (await readers.all())[name].description == "first"
+    assert (await planner.contracts())[name].description == "first"
+    assert (await validator.contract(name)).description == "first"
+
+    await bus.kv_put(S.KV_CONTRACTS, S.kv_key(name), contract(name, "second"))
+    # fresh reads are served as read: no reader asks the server again within FRESH_S
+    assert (await readers.get(name)).description == "first"  # type: ignore[union-attr]
+    assert (await readers.all())[name].description == "first"
+    assert (await planner.contracts())[name].description == "first"
+    assert (await validator.contract(name)).description == "first"
+
+    await asyncio.sleep(FRESH_S * 1.5)
+    assert (await readers.get(name)).description == "second"  # type: ignore[union-attr]
+    assert (await readers.all())[name].description == "second"
+    assert (await planner.contracts())[name].description == "second"
+    assert (await validator.contract(name)).description == "second"
+
+
+async def test_a_tool_nobody_registered_reads_as_absent_and_the_validator_hands_its_result_back(bus: Bus) -> None:
+    name = f"cat_none_{uuid.uuid4().hex[:8]}"
+    assert await ContractCatalogue(bus).get(name) is None
+    validator = Validator(bus, setup_telemetry("validator-under-test", bus.settings))
+    with pytest.raises(TryLater, match=f"no contract registered for tool '{name}'"):
+        await validator.contract(name)
