@@ -45,8 +45,9 @@ from services.console.auth import SESSION_COOKIE, PasswordTooLong, Session, Sess
 from services.console.live import LiveView
 from services.console.throttle import LoginThrottle
 from shared import subjects as S
+from shared.contracts.catalogue import ContractCatalogue
 from shared.escalation_actions import ACTIONS, KINDS, parse_action
-from shared.messages import EscalationAction, EscalationReply, ToolContract, utcnow
+from shared.messages import EscalationAction, EscalationReply, utcnow
 from shared.records import TERMINAL, scenario_from_record
 from shared.scenario import ScenarioError, parse_scenario
 from shared.settings import Settings
@@ -120,6 +121,7 @@ class Console:
         self.sessions = sessions
         self.throttle = LoginThrottle()
         self.live = LiveView(client, settings)
+        self.catalogue = ContractCatalogue(client.bus)  # the tools' output schemas, beside the provide-result box
         self.env = _env()
         self.roster: dict[str, list[str]] | None = json.loads(settings.operators) if settings.operators else None
 
@@ -468,7 +470,7 @@ class Console:
         if not tool:
             return None, "this item names no tool"
         try:
-            contract, _ = await self.client.bus.kv_get(S.KV_CONTRACTS, S.kv_key(tool), ToolContract)
+            contract = await self.catalogue.get(tool)
         except Exception as err:  # a deployment where the console's user may not read contracts
             return None, f"the output contract of '{tool}' is not readable here ({type(err).__name__})"
         if contract is None:

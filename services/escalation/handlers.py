@@ -32,6 +32,7 @@ from shared import history
 from shared import subjects as S
 from shared import telemetry as T
 from shared.bus import Bus, CasConflict, Unchanged
+from shared.contracts.catalogue import ContractCatalogue
 from shared.contracts.registration import validator_for
 from shared.describe import describe
 from shared.failures import HUMAN_FAILURES
@@ -48,7 +49,6 @@ from shared.messages import (
     EscalationResolve,
     EscalationWithdraw,
     RunSnapshot,
-    ToolContract,
     ToolOutcome,
     utcnow,
 )
@@ -86,6 +86,7 @@ class EscalationQueue:
             json.loads(self.settings.operators) if self.settings.operators else None
         )
         self.items: dict[str, Escalation] = {}
+        self.catalogue = ContractCatalogue(bus)  # the tools' output contracts, for a hand-made result
         self.unreadable: dict[str, str] = {}
         self._tasks: list[asyncio.Task[None]] = []
         bus.on_stop.append(self.stop)
@@ -303,7 +304,7 @@ class EscalationQueue:
             item, _ = await self.bus.kv_get(S.KV_ESCALATIONS, req.escalation_id, Escalation)
         if item is None or not item.tool:
             return {}
-        contract, _ = await self.bus.kv_get(S.KV_CONTRACTS, S.kv_key(item.tool), ToolContract)
+        contract = await self.catalogue.get(item.tool)
         if contract is None:
             return {item.tool: [f"no output contract is registered for '{item.tool}'"]}
         errors = validator_for(contract, "output").errors(req.result)
