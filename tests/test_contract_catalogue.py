@@ -42,26 +42,29 @@ def contract(name: str, description: str) -> ToolContract:
 async def test_a_re_registered_contract_is_seen_by_every_reader_within_the_same_time(bus: Bus) -> None:
     name = f"cat_{uuid.uuid4().hex[:8]}"
     await bus.kv_put(S.KV_CONTRACTS, S.kv_key(name), contract(name, "first"))
-    readers = ContractCatalogue(bus)
-    planner = Catalogue(bus)
-    validator = Validator(bus, setup_telemetry("validator-under-test", bus.settings))
-    assert (await readers.get(name)).description == "first"  # type: ignore[union-attr]
-    assert (await readers.all())[name].description == "first"
-    assert (await planner.contracts())[name].description == "first"
-    assert (await validator.contract(name)).description == "first"
+    try:
+        readers = ContractCatalogue(bus)
+        planner = Catalogue(bus)
+        validator = Validator(bus, setup_telemetry("validator-under-test", bus.settings))
+        assert (await readers.get(name)).description == "first"  # type: ignore[union-attr]
+        assert (await readers.all())[name].description == "first"
+        assert (await planner.contracts())[name].description == "first"
+        assert (await validator.contract(name)).description == "first"
 
-    await bus.kv_put(S.KV_CONTRACTS, S.kv_key(name), contract(name, "second"))
-    # fresh reads are served as read: no reader asks the server again within FRESH_S
-    assert (await readers.get(name)).description == "first"  # type: ignore[union-attr]
-    assert (await readers.all())[name].description == "first"
-    assert (await planner.contracts())[name].description == "first"
-    assert (await validator.contract(name)).description == "first"
+        await bus.kv_put(S.KV_CONTRACTS, S.kv_key(name), contract(name, "second"))
+        # fresh reads are served as read: no reader asks the server again within FRESH_S
+        assert (await readers.get(name)).description == "first"  # type: ignore[union-attr]
+        assert (await readers.all())[name].description == "first"
+        assert (await planner.contracts())[name].description == "first"
+        assert (await validator.contract(name)).description == "first"
 
-    await asyncio.sleep(FRESH_S * 1.5)
-    assert (await readers.get(name)).description == "second"  # type: ignore[union-attr]
-    assert (await readers.all())[name].description == "second"
-    assert (await planner.contracts())[name].description == "second"
-    assert (await validator.contract(name)).description == "second"
+        await asyncio.sleep(FRESH_S * 1.5)
+        assert (await readers.get(name)).description == "second"  # type: ignore[union-attr]
+        assert (await readers.all())[name].description == "second"
+        assert (await planner.contracts())[name].description == "second"
+        assert (await validator.contract(name)).description == "second"
+    finally:  # the session's stack is shared: a tool left registered changes every later run's catalogue
+        await (await bus.kv(S.KV_CONTRACTS)).purge(S.kv_key(name))
 
 
 async def test_a_tool_nobody_registered_reads_as_absent_and_the_validator_hands_its_result_back(bus: Bus) -> None:
