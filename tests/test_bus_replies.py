@@ -105,7 +105,7 @@ async def stored(raw: NatsClient, subject: str) -> list[bytes]:
         while True:
             try:
                 msgs = await sub.fetch(10, timeout=bound(0.3))
-            except NatsTimeoutError:
+            except TimeoutError:  # nats-py's own, or asyncio's when its wait for a first message expires
                 return out
             out.extend(m.data for m in msgs)
     finally:
