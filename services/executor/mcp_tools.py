@@ -1,27 +1,7 @@
 """Tools mounted from MCP servers (stdio transport), as users mount them.
 
-Contracts. Each server tool becomes an ordinary contract and passes the same registration
-checks as any other tool. Its output contract is, in this order:
-
-* the server's declared ``outputSchema``: ``structuredContent`` is validated against it (by
-  the validator, with repairs and metrics like any tool). Kept *open* as written unless the
-  server's entry sets ``closed_output_schemas``, so a server that adds an output field keeps
-  working (the SDK's own re-validation is off: ours is the one that counts);
-* else a schema the user gave under ``output_schemas``: the result's ``structuredContent``,
-  or its text parsed as JSON, is validated against it (closed like any contract the user writes);
-* else the result's content itself: text (and other content blocks, described in a line each)
-  reaches the model as the server sent it, cut at ``max_result_chars`` and then capped in
-  context like any tool output. Most MCP tools return text; none of them needs a schema.
-
-Errors by kind. An ``isError`` result is the tool telling the model what went wrong: a
-recoverable ``tool_error`` the model reads, counted and loop-detected like any repeated error.
-A JSON-RPC "invalid params" answer is the same. A request timeout is ``timeout`` and a closed
-connection (the server died) is ``transient`` for an idempotent tool; for a non-idempotent one
-both are ``unknown_outcome`` (the call may have happened; a human decides). Other protocol
-errors and client-side crashes are ``fatal``. A non-idempotent call whose result breaks its
-output contract already took effect: it fails as a ``tool_error`` that says so and shows what
-the server returned, and never invites a repeat. Idempotency comes from the annotations
-(``readOnlyHint`` or ``idempotentHint``), overridable per tool with ``idempotent``.
+What a mounted tool's contract is, how its result reaches the model and which failure type each
+protocol error is: ``mcp_contracts`` (pure). This module mounts and supervises the servers.
 
 Lifecycle. Servers start concurrently, each bounded by its ``start_timeout_s``; each runs under
 a supervisor task that reports its state (``starting``, ``up``, ``failed``, ``down``,
