@@ -14,13 +14,14 @@ the whole prompt, with cache reads and writes as parts of it, each billed at its
 
 from __future__ import annotations
 
-from typing import Any
-
-import anthropic
+from typing import TYPE_CHECKING, Any
 
 from shared.messages import ChatMessage, TextBlock, ToolResultBlock, ToolUseBlock
 from shared.pricing import usage_for
 from shared.providers.base import ModelRequest, ModelResponse, ProviderError, StopReason, map_stop
+
+if TYPE_CHECKING:  # the SDK is imported when a provider is built (it takes a second or more to import)
+    import anthropic
 
 EPHEMERAL = {"type": "ephemeral"}
 TRANSIENT_STATUS = {408: "request_timeout", 409: "conflict"}
@@ -95,12 +96,16 @@ class AnthropicProvider:
     def __init__(
         self, api_key: str, base_url: str | None = None, timeout_s: float = 120.0, prompt_caching: bool = True
     ) -> None:
+        import anthropic
+
         self._client = anthropic.AsyncAnthropic(
             api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout_s, open_telemetry=False
         )
         self.prompt_caching = prompt_caching
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
+        import anthropic  # loaded by __init__: a lookup
+
         kwargs = api_body(request, self.prompt_caching)
         try:
             message = await self._client.messages.create(**kwargs)

@@ -19,13 +19,14 @@ OpenAI bills no cache writes.
 from __future__ import annotations
 
 import json
-from typing import Any
-
-import openai
+from typing import TYPE_CHECKING, Any
 
 from shared.messages import ChatMessage, TextBlock, ToolResultBlock, ToolUseBlock
 from shared.pricing import usage_for
 from shared.providers.base import ModelRequest, ModelResponse, ProviderError, StopReason, map_stop
+
+if TYPE_CHECKING:  # the SDK is imported when a provider is built (it takes a second or more to import)
+    import openai
 
 TRANSIENT_STATUS = {408: "request_timeout", 409: "conflict"}
 # Every finish_reason Chat Completions documents, in our words (anything else maps to "unknown").
@@ -102,11 +103,15 @@ class OpenAIProvider:
     name = "openai"
 
     def __init__(self, api_key: str | None, base_url: str | None = None, timeout_s: float = 120.0) -> None:
+        import openai
+
         self._client = openai.AsyncOpenAI(
             api_key=api_key or NO_KEY, base_url=base_url, max_retries=0, timeout=timeout_s
         )
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
+        import openai  # loaded by __init__: a lookup
+
         try:
             completion = await self._client.chat.completions.create(**api_body(request))
         except openai.RateLimitError as err:

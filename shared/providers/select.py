@@ -19,9 +19,7 @@ from typing import TYPE_CHECKING, Literal, get_args
 from pydantic import SecretStr
 
 from shared.providers import ProviderName
-from shared.providers.anthropic import AnthropicProvider
 from shared.providers.base import ModelProvider, ProviderError
-from shared.providers.openai import OpenAIProvider
 from shared.providers.scripted import ScriptedProvider
 from shared.scenario import Scenario, bound_scenario
 from shared.settings import Settings
@@ -50,12 +48,18 @@ class ProviderEntry:
     needs_key: bool = True  # an OpenAI-compatible local server needs none once its base URL is set
 
 
+# A live provider's module is imported when a role is built with it: its SDK takes a second or more
+# of CPU to import, which a service that never calls it (a scripted run, the other provider) does not pay.
 def _anthropic(settings: Settings, at: Endpoint) -> ModelProvider:
+    from shared.providers.anthropic import AnthropicProvider
+
     assert at.api_key is not None
     return AnthropicProvider(at.api_key, at.base_url, settings.model_timeout_s, prompt_caching=settings.prompt_caching)
 
 
 def _openai(settings: Settings, at: Endpoint) -> ModelProvider:
+    from shared.providers.openai import OpenAIProvider
+
     return OpenAIProvider(at.api_key, at.base_url, settings.model_timeout_s)
 
 
