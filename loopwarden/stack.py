@@ -334,48 +334,59 @@ def recorded_nats_url(configured_state_dir: str | None = None) -> tuple[str, Pat
     return (url, path) if isinstance(url, str) and url else None
 
 
-def process_start(pid: int) -> str | None:
-    """When a process started (field 22 of /proc/<pid>/stat), to tell it from a later one with its pid."""
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command's name (field 3, the state, first)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return stat.rsplit(")", 1)[-1].split()[19]
+    return stat.rsplit(")", 1)[-1].split()
+
+
+def process_start(pid: int) -> str | None:
+    """When a process started (field 22 of /proc/<pid>/stat), to tell it from a later one with its pid."""
+    fields = _stat(pid)
+    return fields[19] if fields else None
 
 
 def alive(pid: int, started: str | None = None) -> bool:
-    """The process runs and is the one recorded (same start time, where the OS tells it)."""
+    """The process runs and is the one recorded (same start time, where the OS tells it). A process that
+    has exited but was not reaped yet (a zombie: its parent, ``up``, is gone) does not run."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return False  # another user's process: not ours
-    now = process_start(pid)
+    fields = _stat(pid)
+    if fields and fields[0] == "Z":
+        return False
+    now = fields[19] if fields else None
     return started is None or now is None or now == started
 
 
-def stop_saved(path: Path) -> list[str]:
-    """Stop a stack started by ``loopwarden up`` (services first, then nats-server); its record is removed.
-    A recorded pid now used by another process is left alone."""
+def stop_saved(path: Path, timeout: float = 10.0) -> list[str]:
+    """Stop a stack started by ``loopwarden up``: every service at once (each drains), then nats-server;
+    what has not exited ``timeout`` seconds after its SIGTERM is killed. Its record is removed. A recorded
+    pid now used by another process is left alone."""
     if not path.exists():
         return []
     info = json.loads(path.read_text())
     started = info.get("started", {})
+    running = [(name, pid) for name, pid in info["pids"].items() if alive(pid, started.get(name))]
     stopped = []
-    order = sorted(info["pids"].items(), key=lambda kv: kv[0] == "nats-server")
-    for name, pid in order:
-        if not alive(pid, started.get(name)):
-            continue
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-            for _ in range(100):
-                if not alive(pid, started.get(name)):
-                    break
-                time.sleep(0.1)
-            else:
-                os.kill(pid, signal.SIGKILL)
-            stopped.append(name)
+    for group in ([p for p in running if p[0] != "nats-server"], [p for p in running if p[0] == "nats-server"]):
+        for name, pid in group:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+                stopped.append(name)
+        deadline = time.monotonic() + timeout
+        while any(alive(pid, started.get(name)) for name, pid in group) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for name, pid in group:
+            if alive(pid, started.get(name)):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
     path.unlink()
     return stopped
 
