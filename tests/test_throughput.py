@@ -240,6 +240,46 @@ async def test_a_handler_waiting_for_a_dependency_is_held_for_the_ack_wait_then_
     assert "the dependency did not answer" in letters[0].reason
 
 
+async def test_a_handler_waiting_on_a_replica_that_shows_it_is_alive_is_held_past_every_delivery(
+    client: Client, stack: LocalStack
+) -> None:
+    """A redelivered tool command whose call another replica is running (its lease renewed) waits for that
+    replica, however long the call runs: ``TryLater(while_alive=True)`` holds the message past the ack wait
+    without spending a delivery. Here the wait lasts 4 s, four ack waits of 1 s and twice what 2 deliveries
+    would hold; the handler then succeeds on the first delivery and nothing is dead-lettered."""
+    from shared.bus import Bus, TryLater, current_deliveries
+    from shared.settings import Settings
+
+    marker = "alive-" + os.urandom(4).hex()
+    subject = S.tool_execute(f"test_alive_{marker}")
+    bus = Bus(Settings(nats_url=str(stack.nats_url), ack_wait_s=1, max_deliver=2), "alivetest")
+    tries: list[int] = []
+    done = asyncio.Event()
+    started = 0.0
+
+    @bus.consumer(durable=f"alivetest_{marker}", filter_subjects=[subject], model=RunAdvance)
+    async def on_event(ev: RunAdvance) -> None:
+        nonlocal started
+        started = started or time.monotonic()
+        tries.append(current_deliveries())
+        if time.monotonic() - started < 4.0:
+            raise TryLater("replica-b is running it", delay=0.5, while_alive=True)
+        done.set()
+
+    await bus.connect()
+    try:
+        await bus.publish(subject, RunAdvance(run_id=marker, iteration=0), msg_id=marker)
+        await bus.start()
+        await asyncio.wait_for(done.wait(), timeout=bound(30))
+        await asyncio.sleep(bound(0.5))  # the ack is sent
+        info = await bus.js.consumer_info(S.stream_for(subject) or S.STREAM_CMD, f"alivetest_{marker}")
+    finally:
+        await bus.stop()
+    assert info.num_redelivered == 0 and info.num_ack_pending == 0, info
+    assert len(tries) >= 8, tries  # tried in place every 0.5 s for 4 s, all within the first delivery
+    assert [d for d in await client.dead_letters() if marker in d.body] == []
+
+
 async def test_the_benchmarks_in_process_floor_drives_a_whole_run() -> None:
     """`make bench` compares the service loop with this in-process driver of the same domain code."""
     from bench.throughput import floor_steps

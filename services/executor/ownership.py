@@ -44,14 +44,18 @@ class Ownership:
         match decision:
             case "wait":
                 assert entry is not None
-                if lease_live(entry, utcnow()):
+                alive = lease_live(entry, utcnow())
+                if alive:
                     assert entry.lease_until is not None
                     delay, why = (entry.lease_until - utcnow()).total_seconds(), "is running it"
                 else:
                     delay, why = lease_s - unchanged_s, "let its lease lapse (cut off, or gone?)"
+                # Held while its owner renews the lease, however long the call runs: waiting on a live
+                # replica spends none of this message's deliveries (it is not a crash).
                 raise TryLater(
                     f"ledger entry {call.attempt_id}: {entry.owner or 'an earlier delivery'} {why}",
                     delay=min(max(delay, 0.2), lease_s),
+                    while_alive=alive,
                 )
             case "republish":
                 assert entry is not None

@@ -149,14 +149,16 @@ class Consuming(Letters):
             # A dependency that is not ready (``TryLater``: the governor restarting) is retried here, the
             # message held under its heartbeat, for up to the ack wait counted from this delivery, so an
             # outage spends no delivery (deliveries count crashes: ``max_deliver`` of them dead-letter the
-            # message); past that, or when the service stops, the message is handed back for later.
+            # message); past that, or when the service stops, the message is handed back for later. A wait
+            # on a replica that shows it is alive (``while_alive``) is held for as long as it lasts.
             while True:
                 try:
                     await handler(payload)
                     break
                 except TryLater as later:
                     held = time.monotonic() - started
-                    if not later.in_place or self._stopping or held + later.delay > self.settings.ack_wait_s:
+                    past = held + later.delay > self.settings.ack_wait_s and not later.while_alive
+                    if not later.in_place or self._stopping or past:
                         waited = later
                         break
                     log.info("%s: retry later (%s)", self.service, later)

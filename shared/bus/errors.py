@@ -9,12 +9,15 @@ class TryLater(Exception):
     """Raised by a handler whose dependency is not ready: try again after ``delay``, in place (the
     message held) while the ack wait lasts; ``in_place=False`` hands the message back at once, for a
     wait that must not hold one of the consumer's slots (one tool's missing contract would otherwise
-    stall every other tool's results)."""
+    stall every other tool's results). ``while_alive``: what is waited for is another replica that shows
+    it is alive (a lease it keeps renewing), so the message is held past the ack wait, spending no
+    delivery, for as long as the handler keeps saying so."""
 
-    def __init__(self, reason: str, delay: float = 0.5, *, in_place: bool = True) -> None:
+    def __init__(self, reason: str, delay: float = 0.5, *, in_place: bool = True, while_alive: bool = False) -> None:
         super().__init__(reason)
         self.delay = delay
         self.in_place = in_place
+        self.while_alive = while_alive
 
 
 class CasConflict(Exception):
