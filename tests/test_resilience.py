@@ -91,11 +91,18 @@ async def test_a_message_with_fields_an_older_reader_does_not_know_is_processed(
 
 async def test_a_governor_down_longer_than_the_delivery_budget_strands_no_run(tmp_path: Path) -> None:
     """Every service but the governor; a run is submitted and its first turn cannot get a budget decision
-    for 8 s, longer than max_deliver (5) hand-backs of 1 s each. Waiting for a dependency spends no
-    delivery (the planner holds the message and retries in place): when the governor starts, the run
-    completes, and nothing was dead-lettered."""
+    for 8 s, more than twice the nak backoffs a crashing handler gets through its 5 deliveries
+    (0.2 + 0.4 + 0.8 + 1.6 s). Waiting for a dependency spends no crash delivery: the planner holds the
+    message and retries in place for an ack wait (3 s) per delivery, 15 s in all, so when the governor
+    starts, the run completes, and nothing was dead-lettered.
+
+    The outage is 8 s on any machine, not a bound scaled by LW_TEST_TIME_SCALE: scaled to 24 s it outlasts
+    the 15 s waited, and the turn is dead-lettered as it should be (the next test)."""
+    env = {**TEST_ENV, "LW_ACK_WAIT_S": "3", "LW_MAX_DELIVER": "5", "LW_REDELIVER_DELAY_S": "0.2"}
+    outage_s = 8.0
+    assert outage_s < 5 * 3, "the outage must stay inside the deliveries' ack waits"
     stack = LocalStack(
-        state_dir=tmp_path, env=TEST_ENV, services=("planner", "executor", "validator", "judge", "escalation")
+        state_dir=tmp_path, env=env, services=("planner", "executor", "validator", "judge", "escalation")
     )
     stack.start()
     try:
@@ -107,7 +114,7 @@ async def test_a_governor_down_longer_than_the_delivery_budget_strands_no_run(tm
                 "answer_mode": "text",
             }
             run_id = await client.submit_scenario(parse_scenario(scenario))
-            await asyncio.sleep(bound(8))
+            await asyncio.sleep(outage_s)
             assert (await client.state(run_id)).iteration.n == 1  # type: ignore[union-attr]
             stack.wait_ready([stack.start_service("governor")])
             state = await client.wait(run_id, timeout=bound(60))
