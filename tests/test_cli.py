@@ -490,3 +490,32 @@ async def test_trace_prints_the_runs_timeline_and_the_trace_id_the_collector_has
     timeline = shown["timeline"]
     assert timeline[0]["t_s"] == 0 and "run started" in timeline[0]["line"]
     assert timeline[-1]["subject"].startswith("lw.v1.evt.run.completed") and timeline[-1]["t_s"] > 0
+
+
+def test_down_stops_every_service_together_and_does_not_wait_on_an_exited_unreaped_one(tmp_path) -> None:
+    """`down` sends every recorded service SIGTERM at once. A service that has exited but was not reaped (its
+    parent, `up`, is gone and nothing reaps it: a zombie) is not running: `down` used to wait 10 s on each."""
+    import json
+
+    from loopwarden.stack import alive, process_start, stop_saved
+
+    exited = subprocess.Popen([sys.executable, "-c", "pass"])  # never waited for: a zombie once it exits
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        eventually_sync(
+            lambda: Path(f"/proc/{exited.pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] == "Z",
+            what="the first child exited, unreaped",
+            within=bound(10),
+        )
+        assert not alive(exited.pid)
+        assert alive(sleeper.pid, process_start(sleeper.pid))
+        record = tmp_path / "stack.json"
+        pids = {"planner": exited.pid, "executor": sleeper.pid}
+        record.write_text(json.dumps({"pids": pids, "started": {k: process_start(v) for k, v in pids.items()}}))
+        assert stop_saved(record, timeout=30) == ["executor"]  # the zombie is not signalled nor waited on
+        assert sleeper.wait(bound(10)) == -15  # stopped by SIGTERM
+        assert not record.exists()
+    finally:
+        for proc in (exited, sleeper):
+            proc.kill()
+            proc.wait()
