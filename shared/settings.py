@@ -128,7 +128,8 @@ class Settings(BaseSettings):
     max_deliver: int = Field(
         6,
         ge=2,
-        description="deliveries before a message is dead-lettered (a crash or hang each; an outage one per ack wait)",
+        description="deliveries before a message is dead-lettered (a crash or hang each; an outage one per ack wait; "
+        "a wait on a replica that shows it is alive, such as a tool call another executor runs, none)",
     )
     redeliver_delay_s: float = Field(0.5, ge=0, description="first nack delay; doubles per delivery")
     duplicate_window_s: float = Field(
