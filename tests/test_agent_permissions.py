@@ -19,7 +19,7 @@ from loopwarden import Agent, Client, NotAllowed, parse_scenario
 from shared import subjects as S
 from tests.conftest import ROOT, TEST_ENV
 from tests.support import locked as L
-from tests.support.timing import bound
+from tests.support.timing import bound, polls
 
 SCENARIO = {
     "name": "locked-agent",
@@ -83,7 +83,7 @@ async def test_the_planner_resolves_an_agent_as_its_own_user_for_a_tenant_client
         await alice.register(Agent(name="counter", instructions="Count.", answer_mode="text"))
     async with _as(locked, "client_acme") as acme:
         run_id = await acme.submit_agent("counter", scenario=parse_scenario(SCENARIO))
-        for _ in range(100):
+        for _ in range(polls(100)):
             snap = await acme.state(run_id)
             if snap is not None:
                 break

@@ -25,7 +25,7 @@ from loopwarden.fake_model import FakeModel
 from loopwarden.stack import LocalStack
 from shared.messages import RunSubmit
 from tests.conftest import ROOT
-from tests.support.timing import bound
+from tests.support.timing import bound, polls
 
 
 def _lw(stack: LocalStack, *args: str, timeout: float = bound(120)) -> subprocess.CompletedProcess[str]:
@@ -146,7 +146,7 @@ async def test_an_unknown_agent_is_one_line_exit_1_and_a_dead_letter_naming_it(
     # a submit that names it anyway (not through the client's check) is refused by the planner
     run_id = f"run-{name}"
     await client.submit(RunSubmit(run_id=run_id, task="anything", agent=name))
-    for _ in range(100):
+    for _ in range(polls(100)):
         letters = [d for d in await client.dead_letters() if d.service == "planner" and run_id in d.body]
         if letters:
             break
@@ -160,7 +160,7 @@ async def test_an_agent_for_other_tenants_is_refused_for_this_one(client: Client
     await client.register(Agent(name=name, tenants=["acme"]))
     run_id = f"run-{name}"
     await client.submit(RunSubmit(run_id=run_id, task="anything", agent=name))  # the default tenant's subject
-    for _ in range(100):
+    for _ in range(polls(100)):
         letters = [d for d in await client.dead_letters() if d.service == "planner" and run_id in d.body]
         if letters:
             break

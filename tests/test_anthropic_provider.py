@@ -8,6 +8,7 @@ import uuid
 from loopwarden.client import Client
 from loopwarden.fake_model import FakeModel
 from shared.messages import Rubric, RunSubmit
+from tests.support.timing import bound
 
 USAGE = {"input_tokens": 100, "output_tokens": 10}
 
@@ -48,7 +49,7 @@ async def test_tool_loop_through_the_sdk(client: Client, messages_api: FakeModel
             tools=["calculator"],
         )
     )
-    state = await client.wait(run_id)
+    state = await client.wait(run_id, timeout=bound(60))
     assert state.status == "completed", state.final_reason
     assert state.final_output == "6*7 = 42"
     assert state.passed is True
@@ -87,7 +88,7 @@ async def test_overloaded_then_fatal_provider_errors(client: Client, messages_ap
     )
     run_id = f"run-anth-{key}"
     await client.submit(RunSubmit(run_id=run_id, task=f"Anything. [script:{key}]"))
-    state = await client.wait(run_id)
+    state = await client.wait(run_id, timeout=bound(60))
     assert state.status == "failed"
     assert "HTTP 401" in (state.final_reason or "")  # not retried: a fatal error fails the run at once
     assert len(messages_api.requests[key]) == 2

@@ -129,7 +129,7 @@ def test_a_bounded_wait_for_bootstrap_stops_the_service_naming_what_is_missing(t
     stack.start_nats()
     try:
         governor = stack.start_service("governor")
-        assert governor.popen.wait(30) != 0
+        assert governor.popen.wait(bound(30)) != 0
         text = governor.log.read_text()
         assert "governor: stream LW_CMD not ready after" in text and "LW_INFRA_WAIT_S" in text, tail(governor.log)
     finally:

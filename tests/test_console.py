@@ -256,7 +256,7 @@ async def test_an_unrenewed_claim_expires_back_to_the_queue(client: Client) -> N
     assert not taken.ok and "refused" in (taken.error or "")
     assert (await client.claim(esc_id, "alice")).ok
     assert (await client.resolve(esc_id, "alice", "abort")).ok
-    assert (await client.wait(run_id)).status == "stopped"
+    assert (await client.wait(run_id, timeout=bound(60))).status == "stopped"
 
 
 async def test_an_sla_that_falls_back_resumes_the_run(client: Client) -> None:

@@ -282,7 +282,7 @@ async def test_a_completed_run_is_replayed_from_its_page_and_matches_call_for_ca
     await expect(page.locator("#export-link")).to_have_attribute("href", f"/runs/{run_id}/export")
     await expect(page.locator("#replay-live-tools")).not_to_be_checked()  # a dry run unless chosen
     await page.click("#replay-button")
-    await expect(page.locator("#replay-verdict")).to_contain_text("Matched", timeout=60_000)
+    await expect(page.locator("#replay-verdict")).to_contain_text("Matched", timeout=bound(60) * 1000)
     replay_id = await page.locator("#replay-run").inner_text()
     assert replay_id != run_id
     await expect(page.locator("#replay-status")).to_contain_text("completed (recorded: completed)")
@@ -312,14 +312,16 @@ async def test_a_replay_of_a_run_a_person_resolved_stops_where_the_person_was_an
     stack: LocalStack, browser: Browser, client: Client
 ) -> None:
     run_id = await client.submit_scenario(parse_scenario(scenario("correction-escalates")))
-    await client.wait(run_id, timeout=30, until=("awaiting_human",))
+    await client.wait(run_id, timeout=bound(30), until=("awaiting_human",))
     (item,) = await escalations_of(client, run_id)
     result = {"status": "ok", "expression": "1+1", "result": 2}
     assert (await client.resolve(item.escalation_id, "alice", "provide_result", "by hand", result)).ok
-    assert (await client.wait(run_id, timeout=30)).status == "completed"
+    assert (await client.wait(run_id, timeout=bound(30))).status == "completed"
     page = await logged_in(browser, stack, f"/runs/{run_id}")
     await page.click("#replay-button")
-    await expect(page.locator("#replay-human")).to_contain_text("The replay waits for a person", timeout=60_000)
+    await expect(page.locator("#replay-human")).to_contain_text(
+        "The replay waits for a person", timeout=bound(60) * 1000
+    )
     await expect(page.locator("#replay-status")).to_contain_text("awaiting_human (recorded: completed)")
     await expect(page.locator("#replay-verdict")).to_contain_text("Diverges")
     await page.context.close()

@@ -38,7 +38,7 @@ from shared.settings import Settings
 from tests.conftest import TEST_ENV
 from tests.support import locked as L
 from tests.support.http_server import LocalHttpServer, QuietHandler
-from tests.support.timing import bound, eventually
+from tests.support.timing import bound, eventually, polls
 from tests.test_console import CHROMIUM, CHROMIUM_FLAGS
 
 COST = 12  # the real work factor (local.py writes 10; the review saw 10-12)
@@ -184,7 +184,7 @@ async def queued(admin: Client) -> str:
     esc_id = f"esc-console-{free_port()}"
     raise_ = EscalationRaise(escalation_id=esc_id, run_id=f"run-{esc_id}", kind="fatal", reason="needs a person")
     await admin.bus.publish(S.ESCALATION_RAISE, raise_, msg_id=f"raise.{esc_id}")
-    for _ in range(100):
+    for _ in range(polls(100)):
         if (await admin.show(esc_id)).ok:
             return esc_id
         await asyncio.sleep(0.05)

@@ -38,7 +38,7 @@ async def sdk_run(
     api.script(key, replies)
     run_id = f"run-cost-{key}"
     await client.submit(RunSubmit(run_id=run_id, task=f"Compute what you can. [script:{key}]", **submit))
-    return await client.wait(run_id), api.requests[key]
+    return await client.wait(run_id, timeout=bound(60)), api.requests[key]
 
 
 # --- graceful wrap-up -------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import pytest
 
 from loopwarden.stack import LocalStack, StackError, free_port, nats_server_binary
 from tests.conftest import ROOT, running
+from tests.support.timing import bound
 
 CLUSTER_CONF = ROOT / "deploy" / "nats" / "cluster.conf"
 
@@ -46,7 +47,7 @@ def jetstream_config(args: list[str], store: Path | None, env: dict[str, str] | 
         deadline = time.monotonic() + 15
         while True:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{http}/varz", timeout=1) as resp:
+                with urllib.request.urlopen(f"http://127.0.0.1:{http}/varz", timeout=bound(1)) as resp:
                     config: dict[str, Any] = json.loads(resp.read())["jetstream"]["config"]
                     return config
             except OSError:
@@ -57,7 +58,7 @@ def jetstream_config(args: list[str], store: Path | None, env: dict[str, str] | 
                 time.sleep(0.05)
     finally:
         proc.terminate()
-        proc.wait(10)
+        proc.wait(bound(10))
 
 
 def shipped_cluster_conf(where: Path) -> Path:
@@ -109,7 +110,9 @@ def test_the_shipped_cluster_config_takes_each_level_from_the_environment(tmp_pa
         conf = shipped_cluster_conf(tmp_path / level)
         cmd = [nats_server_binary(), "-c", str(conf), "--server_name", "lw-sync-test"]
         env = {**routes, "LW_NATS_SYNC_INTERVAL": level}
-        check = subprocess.run([*cmd, "-t"], env={**os.environ, **env}, capture_output=True, text=True, timeout=30)
+        check = subprocess.run(
+            [*cmd, "-t"], env={**os.environ, **env}, capture_output=True, text=True, timeout=bound(30)
+        )
         assert check.returncode == 0, check.stdout + check.stderr
         config = jetstream_config(cmd, None, env)
         assert config.get("sync_always") is always_synced, (level, config)
@@ -118,5 +121,5 @@ def test_the_shipped_cluster_config_takes_each_level_from_the_environment(tmp_pa
     # why minutes are written as seconds: a bare 2m in a nats config is a size, and the server refuses it
     env = {**os.environ, **routes, "LW_NATS_SYNC_INTERVAL": "2m"}
     cmd = [nats_server_binary(), "-c", str(shipped_cluster_conf(tmp_path / "2m")), "-t"]
-    bad = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=30)
+    bad = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=bound(30))
     assert bad.returncode != 0 and "sync_interval" in bad.stdout + bad.stderr

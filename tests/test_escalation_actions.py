@@ -104,7 +104,7 @@ async def test_a_hand_made_result_must_meet_the_tools_output_contract(client: Cl
     assert (await client.state(run_id)).status == "awaiting_human"  # type: ignore[union-attr]
     good = await client.resolve(item.escalation_id, "oncall", "provide_result", result=RESULTS["calculator"])
     assert good.ok, good.error
-    assert (await client.wait(run_id)).status == "completed"
+    assert (await client.wait(run_id, timeout=bound(60))).status == "completed"
 
 
 async def test_list_filters_by_state_kind_tool_run_and_age(client: Client) -> None:
@@ -129,7 +129,7 @@ async def test_list_filters_by_state_kind_tool_run_and_age(client: Client) -> No
         assert (await client.resolve(item.escalation_id, "oncall", "abort")).ok
     assert await ids(status="resolved") == {a.escalation_id, b.escalation_id}
     for run in (run_a, run_b):
-        await client.wait(run)
+        await client.wait(run, timeout=bound(60))
 
 
 async def test_one_malformed_record_never_hides_the_others(client: Client) -> None:
@@ -151,7 +151,7 @@ async def test_one_malformed_record_never_hides_the_others(client: Client) -> No
     finally:
         await kv.delete(broken)
     assert (await client.resolve(item.escalation_id, "oncall", "abort")).ok
-    await client.wait(run_id)
+    await client.wait(run_id, timeout=bound(60))
 
 
 async def test_claims_renewals_and_resolutions_are_events_with_the_verified_operator(client: Client) -> None:
@@ -162,7 +162,7 @@ async def test_claims_renewals_and_resolutions_are_events_with_the_verified_oper
     refused = await client.renew(item.escalation_id, "intern")
     assert not refused.ok and "not claimed by intern" in (refused.error or "")
     assert (await client.resolve(item.escalation_id, "oncall", "approve", "reads well")).ok
-    await client.wait(run_id)
+    await client.wait(run_id, timeout=bound(60))
     events = await client.events(run_id, subjects=f"{S.ESCALATION_EVENT_PREFIX}.>", timeout=bound(0.5))
     kinds = [e.kind for e in events]
     assert kinds[:1] == ["escalation.raised"] and "escalation.resolved" in kinds
@@ -185,7 +185,7 @@ async def test_a_request_on_a_subject_without_an_operator_is_refused_and_recorde
     refusals = await client.events(run_id, subjects=S.ESCALATION_REFUSED, timeout=bound(0.5))
     assert [e.payload["action"] for e in refusals] == ["claim"]
     assert (await client.resolve(item.escalation_id, "oncall", "abort")).ok
-    await client.wait(run_id)
+    await client.wait(run_id, timeout=bound(60))
 
 
 async def cli(stack_url: str, *args: str) -> tuple[int, str, str]:
@@ -221,5 +221,5 @@ async def test_the_cli_lists_shows_claims_renews_and_resolves(client: Client, st
         url, "resolve", item.escalation_id, "--as", "oncall", "--action", "final_answer", "--answer", "Two."
     )
     assert code == 0, err
-    state = await client.wait(run_id)
+    state = await client.wait(run_id, timeout=bound(60))
     assert state.status == "completed" and state.final_output == "Two."

@@ -21,6 +21,7 @@ from shared import subjects as S
 from shared.payloads import KV_REF_KEY
 from shared.scenario import parse_scenario
 from tests.conftest import ROOT, TEST_ENV, escalations_of, running, settings_for
+from tests.support.timing import bound
 
 SMALL = {**TEST_ENV, "LW_PAYLOAD_INLINE_LIMIT_BYTES": "1024"}  # the least the settings allow
 
@@ -42,7 +43,7 @@ async def test_a_schema_cap_item_has_the_calls_arguments_error_and_the_last_turn
 ) -> None:
     scenario = yaml.safe_load((ROOT / "scenarios" / "correction-escalates.yaml").read_text())
     run_id = await ref_client.submit_scenario(parse_scenario(scenario))
-    state = await ref_client.wait(run_id, timeout=30, until=("awaiting_human",))
+    state = await ref_client.wait(run_id, timeout=bound(30), until=("awaiting_human",))
     assert state.status == "awaiting_human", state.final_reason
     stored = (await (await ref_client.bus.kv(S.KV_RUNS)).get(run_id)).value or b""
     assert stored.startswith(b'{"' + KV_REF_KEY.encode()), stored[:80]  # the record travels by reference
@@ -53,4 +54,4 @@ async def test_a_schema_cap_item_has_the_calls_arguments_error_and_the_last_turn
     assert "expression" in str(item.details.get("error"))  # the error the model read names the missing field
     assert item.context and "Add one and one" in item.context[0].text()  # the last turns, from the record
     assert (await ref_client.resolve(item.escalation_id, "oncall", "abort")).ok
-    assert (await ref_client.wait(run_id, timeout=30)).status == "stopped"
+    assert (await ref_client.wait(run_id, timeout=bound(30))).status == "stopped"

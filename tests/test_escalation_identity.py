@@ -290,7 +290,7 @@ def test_a_service_that_reconnects_logs_no_password(tmp_path: Path) -> None:
         asyncio.run(L.bootstrap_as_admin(url))
         stack.start()
         nats.terminate()
-        nats.wait(10)
+        nats.wait(bound(10))
         nats = server()
         log = stack.procs[0].log
         deadline = time.monotonic() + bound(60)
@@ -304,7 +304,7 @@ def test_a_service_that_reconnects_logs_no_password(tmp_path: Path) -> None:
     finally:
         stack.stop()
         nats.terminate()
-        nats.wait(10)
+        nats.wait(bound(10))
 
 
 def test_the_deployments_give_the_queue_the_same_roster_as_the_users() -> None:

@@ -27,7 +27,7 @@ from tests.conftest import ROOT, escalations_of
 from tests.support.otlp_collector import OtlpCollector
 from tests.support.payments import count_charges
 from tests.support.runs import GOOD_SEARCH, submit, tool_results
-from tests.support.timing import bound
+from tests.support.timing import bound, polls
 
 TOOLS_DIR = ROOT / "tests" / "tools"
 FAULT_EXIT = 70
@@ -170,7 +170,7 @@ async def test_a_command_on_the_search_subject_naming_charge_card_is_dead_letter
     )
     await client.bus.publish(S.tool_execute("search"), forged, msg_id=f"forged-{run_id}")
     letter = None
-    for _ in range(200):
+    for _ in range(polls(200)):
         letters = [d for d in await client.dead_letters() if run_id in d.body]
         if letters:
             letter = letters[0]
@@ -222,7 +222,7 @@ async def test_every_transient_failure_is_published_with_its_attempt_and_whether
         "tools": {"search": [{"fail": "transient", "error": "HTTP 503", "times": 2}, {"output": GOOD_SEARCH}]},
     }
     run_id = await client.submit_scenario(parse_scenario(scenario))
-    state = await client.wait(run_id)
+    state = await client.wait(run_id, timeout=bound(60))
     assert state.status == "completed", state.final_reason  # the planner waited for the real outcome
     events = await client.events(run_id)
     failures = [e.payload for e in events if e.kind == "failure.transient.search"]
@@ -243,7 +243,7 @@ async def test_the_last_transient_failure_is_the_outcome_and_says_it_is_not_retr
         "tools": {"search": [{"fail": "transient", "error": "HTTP 503", "times": "always"}]},
     }
     run_id = await client.submit_scenario(parse_scenario(scenario))
-    state = await client.wait(run_id)
+    state = await client.wait(run_id, timeout=bound(60))
     events = await client.events(run_id)
     failures = [e.payload for e in events if e.kind == "failure.transient.search"]
     assert failures and all(f["will_retry"] for f in failures[:-1]) and not failures[-1]["will_retry"]
@@ -269,7 +269,7 @@ async def test_a_call_costs_its_ledger_writes_and_no_more(
         "planner": [{"tool_calls": [{"name": tool, "id": "toolu_c", "input": arguments}]}, submit("done")],
     }
     run_id = await client.submit_scenario(parse_scenario(scenario))
-    state = await client.wait(run_id)
+    state = await client.wait(run_id, timeout=bound(60))
     assert state.status == "completed"
     kv = await client.bus.kv(S.KV_TOOL_LEDGER)
     history = await kv.history(S.kv_key(run_id, "i1", "toolu_c"))
@@ -290,7 +290,7 @@ async def test_retried_transient_failures_are_counted_in_the_failures_metric(
         "tools": {"calculator": [{"fail": "transient", "error": "HTTP 503", "times": 2}, {"latency_s": 0}]},
     }
     run_id = await client.submit_scenario(parse_scenario(scenario))
-    state = await client.wait(run_id)
+    state = await client.wait(run_id, timeout=bound(60))
     assert state.status == "completed", state.final_reason
 
     def counted() -> float:
@@ -298,7 +298,7 @@ async def test_retried_transient_failures_are_counted_in_the_failures_metric(
         mine = [p["_value"] for p in points if p.get("tool") == "calculator" and p.get("failure.type") == "transient"]
         return max(mine, default=0)
 
-    for _ in range(120):  # metrics are exported every 5 s
+    for _ in range(polls(120)):  # metrics are exported every 5 s
         if counted() >= 2:
             break
         await asyncio.sleep(0.25)

@@ -21,7 +21,7 @@ from tests.conftest import ROOT, escalations_of, run_scenario
 from tests.support.otlp_collector import OtlpCollector
 from tests.support.payments import count_charges
 from tests.support.runs import GOOD_SEARCH, submit, tool_results
-from tests.support.timing import bound
+from tests.support.timing import bound, polls
 from tests.support.tracing import spans_of_run
 
 
@@ -58,7 +58,7 @@ async def test_two_503s_then_success_are_absorbed_by_the_executor(client: Client
     tries = sorted(
         (s for s in spans if s.name == "tool attempt search"), key=lambda s: s.attributes["loopwarden.tool.attempt"]
     )
-    for _ in range(50):  # the last attempt's span may still be in the export queue
+    for _ in range(polls(50)):  # the last attempt's span may still be in the export queue
         if len(tries) == 3:
             break
         await asyncio.sleep(0.1)
@@ -182,13 +182,13 @@ async def test_ask_human_boundary_waits_for_a_person(client: Client) -> None:
             }
         )
     )
-    state = await client.wait(run_id, until=("awaiting_human",))
+    state = await client.wait(run_id, timeout=bound(60), until=("awaiting_human",))
     assert state.awaiting is not None and state.awaiting.kind == "ask_human"
     assert [e.escalation_id for e in await escalations_of(client, run_id)] == [state.awaiting.escalation_id]
     result = {"status": "charged", "charge_id": "ch_manual_1", "amount_cents": 1200}
     reply = await client.resolve(state.awaiting.escalation_id, "finance", "provide_result", result=result)
     assert reply.ok, reply.error
-    state = await client.wait(run_id)
+    state = await client.wait(run_id, timeout=bound(60))
     assert state.status == "completed"
     assert json.loads(tool_results(state)[0].content) == result
 
@@ -207,7 +207,7 @@ async def test_a_fatal_error_reaches_the_queue_through_its_subscription(client: 
             }
         )
     )
-    state = await client.wait(run_id, until=("awaiting_human",))
+    state = await client.wait(run_id, timeout=bound(60), until=("awaiting_human",))
     esc_id = escalation_id_for_call(run_id, 1, "toolu_fatal")
     assert state.awaiting is not None and state.awaiting.escalation_id == esc_id
     items = await escalations_of(client, run_id)
@@ -227,7 +227,7 @@ async def test_a_fatal_error_reaches_the_queue_through_its_subscription(client: 
     assert not taken.ok and "claimed by dba" in (taken.error or "")
     assert not (await client.resolve(esc_id, "intern", "resume")).ok
     assert (await client.resolve(esc_id, "dba", "abort", "no access")).ok
-    done = await client.wait(run_id)
+    done = await client.wait(run_id, timeout=bound(60))
     assert done.status == "stopped" and "aborted by dba: no access" in (done.final_reason or "")
     again = await client.resolve(esc_id, "dba", "resume")
     assert not again.ok and "already resolved" in (again.error or "")
@@ -472,7 +472,7 @@ async def test_killing_the_executor_mid_call(stack: LocalStack, client: Client, 
             }
         )
     )
-    for _ in range(200):
+    for _ in range(polls(200)):
         if await charges(client, run_id) == 1:
             break
         await asyncio.sleep(0.05)
@@ -500,12 +500,12 @@ async def test_killing_the_executor_mid_call(stack: LocalStack, client: Client, 
             result={"status": "charged", "charge_id": "ch_checked", "amount_cents": 500},
         )
         assert done.ok
-        state = await client.wait(run_id)
+        state = await client.wait(run_id, timeout=bound(60))
         assert state.status == "completed"
         assert await charges(client, run_id) == 1
     finally:
         second.popen.terminate()
-        second.popen.wait(15)
+        second.popen.wait(bound(15))
 
 
 async def test_a_call_id_reused_in_a_later_turn_is_a_new_call(client: Client) -> None:

@@ -16,6 +16,7 @@ from shared import subjects as S
 from shared.messages import RunSnapshot, Verdict
 from tests.conftest import escalations_of, run_scenario
 from tests.support.runs import GOOD_SEARCH, submit, tool_results
+from tests.support.timing import bound
 
 RUBRIC = {"threshold": 0.8, "criteria": [{"name": "accurate", "weight": 2}, {"name": "cites a source", "hard": True}]}
 ANSWER_309 = (
@@ -184,7 +185,7 @@ async def test_an_unparseable_judge_reply_escalates_by_default(client: Client) -
     assert state.passed is None and state.awaiting is not None and state.awaiting.kind == "not_judged"
     (item,) = await escalations_of(client, state.run_id)
     assert (await client.resolve(item.escalation_id, "reviewer", "accept", "read it myself")).ok
-    done = await client.wait(state.run_id)
+    done = await client.wait(state.run_id, timeout=bound(60))
     assert done.status == "completed" and done.final_output == "a draft"
 
 

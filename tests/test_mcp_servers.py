@@ -85,7 +85,7 @@ def start_executor(stack: LocalStack, label: str, servers: list[dict[str, Any]],
 def stop(proc: Proc, sig: int = signal.SIGTERM) -> None:
     if proc.popen.poll() is None:
         proc.popen.send_signal(sig)
-        proc.popen.wait(30)
+        proc.popen.wait(bound(30))
 
 
 @pytest.fixture(scope="module")
@@ -449,5 +449,5 @@ async def test_no_server_outlives_a_killed_executor(stack: LocalStack, client: C
     proc = start_executor(stack, "executor-mcp-orphans", servers, ["profile"])
     assert len(processes_with(marker)) == 2  # both servers run
     proc.popen.send_signal(signal.SIGKILL)
-    proc.popen.wait(10)
+    proc.popen.wait(bound(10))
     assert gone(marker)  # the kernel killed them with the executor (PR_SET_PDEATHSIG)

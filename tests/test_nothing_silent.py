@@ -33,7 +33,7 @@ from shared.settings import Settings
 from tests.conftest import ROOT, TEST_ENV
 from tests.support import locked as L
 from tests.support.runs import submit, tool_results
-from tests.support.timing import bound
+from tests.support.timing import bound, polls
 
 SERVICES = ("planner", "executor", "validator", "governor", "escalation")
 # exchange_rate is hosted only by an executor a test starts and stops (so its contract outlives its replica)
@@ -166,7 +166,7 @@ async def test_a_registered_tool_whose_replicas_are_gone_is_a_typed_failure_too(
         await asyncio.to_thread(only.popen.wait, 15)
     async with Client(as_user(url, "admin"), identity="admin") as admin:
         assert "exchange_rate" in {c.name for c in (await admin.bus.kv_values(S.KV_CONTRACTS, ToolContract)).values()}
-        for _ in range(100):  # the replica's last pull request expires (5 s)
+        for _ in range(polls(100)):  # the replica's last pull request expires (5 s)
             info = await admin.bus.js.consumer_info(S.STREAM_CMD, S.executor_durable("exchange_rate"))
             if not info.num_waiting and not info.num_ack_pending:
                 break

@@ -27,7 +27,7 @@ from tests.conftest import ONE_EACH, ROOT, TEST_ENV, running, settings_for
 from tests.support.messages_api import MessagesApiServer
 from tests.support.openai_api import ChatCompletionsServer
 from tests.support.otlp_collector import OtlpCollector
-from tests.support.timing import bound
+from tests.support.timing import bound, polls
 
 TOOLS = ROOT / "tests" / "ecosystem_tools"
 
@@ -271,7 +271,7 @@ async def test_the_metrics_count_undeclared_fields_per_tool_and_outcome(
         await run(client, chat_api, replies)
     wanted = {("book_refuse", "refuse", "refused"), ("book_strip", "strip", "stripped"), ("book_open", "open", "kept")}
     seen: set[tuple[Any, Any, Any]] = set()
-    for _ in range(80):  # metrics export every 5 s
+    for _ in range(polls(80)):  # metrics export every 5 s
         points = metrics.metrics.get(("loopwarden-executor", "loopwarden.tool.undeclared_fields"), [])
         seen = {(p.get("tool"), p.get("policy"), p.get("outcome")) for p in points}
         if wanted <= seen:

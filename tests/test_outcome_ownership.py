@@ -44,6 +44,7 @@ from shared.scenario import parse_scenario
 from tests.conftest import ROOT, TEST_ENV, running, settings_for
 from tests.support.payments import count_charges
 from tests.support.runs import submit
+from tests.support.timing import bound
 from tests.unit.test_planner_transitions import new_run, turn
 
 TOOL = "slow_payout"
@@ -99,7 +100,7 @@ def payout(name: str, answer_after_s: float = ANSWER_AFTER_S) -> dict[str, Any]:
     }
 
 
-async def until(what: str, check: Any, timeout: float = 30.0) -> Any:
+async def until(what: str, check: Any, timeout: float = bound(30.0)) -> Any:
     deadline = asyncio.get_running_loop().time() + timeout
     while asyncio.get_running_loop().time() < deadline:
         got = await check()
@@ -113,7 +114,7 @@ def restart_nats(stack: LocalStack, outage_s: float) -> None:
     """SIGKILL the nats-server, keep it down ``outage_s``, start it again on the same store and port."""
     nats = next(p for p in reversed(stack.procs) if p.name == "nats-server" and p.popen.poll() is None)
     os.kill(nats.popen.pid, signal.SIGKILL)
-    nats.popen.wait(10)
+    nats.popen.wait(bound(10))
     assert stack.nats_url is not None
     port = int(stack.nats_url.rsplit(":", 1)[1])
     time.sleep(outage_s)
@@ -146,7 +147,7 @@ async def test_a_call_running_through_a_nats_restart_ends_with_its_known_result_
 
 async def outcomes_known(client: Client, run_ids: list[str]) -> None:
     for run_id in run_ids:
-        state = await client.wait(run_id, timeout=90, until=("completed", "stopped", "failed", "awaiting_human"))
+        state = await client.wait(run_id, timeout=bound(90), until=("completed", "stopped", "failed", "awaiting_human"))
         kinds = [e.kind for e in await client.events(run_id)]
         assert state.status == "completed", (state.status, state.final_reason, kinds)
         assert not any("unknown_outcome" in k for k in kinds), kinds
@@ -165,7 +166,7 @@ async def test_an_unknown_outcome_for_an_attempt_whose_result_the_stream_kept_is
     has its own message id: it used to be dropped as a duplicate of the validator's outcome), and the run keeps
     the known result (the planner takes a later "unknown" of a call with a result as stale)."""
     run_id = await client.submit_scenario(parse_scenario(payout("lost-final", answer_after_s=0)))
-    state = await client.wait(run_id, timeout=60)
+    state = await client.wait(run_id, timeout=bound(60))
     assert state.status == "completed", state.final_reason
     key = ledger_key(run_id)
     entry, revision = await client.bus.kv_get(S.KV_TOOL_LEDGER, key, LedgerEntry)
@@ -237,10 +238,10 @@ async def test_a_known_result_replaces_an_unknown_outcome_recorded_while_its_own
         except CasConflict:
             continue
     await client.bus.publish(final.subject, final.payload.encode(), msg_id=final.msg_id, run_id=run_id)
-    waiting = await client.wait(run_id, timeout=30, until=("awaiting_human",))
+    waiting = await client.wait(run_id, timeout=bound(30), until=("awaiting_human",))
     assert waiting.awaiting is not None and waiting.awaiting.kind == "unknown_outcome"
 
-    state = await client.wait(run_id, timeout=60)
+    state = await client.wait(run_id, timeout=bound(60))
     kinds = [e.kind for e in await client.events(run_id)]
     assert state.status == "completed", (state.status, state.final_reason, kinds)
     assert kinds.index(f"failure.unknown_outcome.{TOOL}") < kinds.index(f"tool.succeeded.{TOOL}"), kinds

@@ -31,7 +31,7 @@ from shared.scenario import Scenario, parse_scenario
 from shared.settings import Settings
 from tests.conftest import ROOT, TEST_ENV, escalations_of, settings_for
 from tests.support.runs import submit, tool_results
-from tests.support.timing import bound
+from tests.support.timing import bound, polls
 
 TOOLS_DIR = ROOT / "tests" / "tools"
 HARD_LIMIT = 4_000_000
@@ -158,7 +158,7 @@ async def test_a_scenario_above_1_mb_is_submitted_and_replayed(client: Client) -
 async def test_a_bound_scenario_is_immutable_and_must_match_its_digest(client: Client) -> None:
     base = {"name": "bound", "task": "Submit 1.", "planner": [submit("1")]}
     run_id = await client.submit_scenario(parse_scenario(base))
-    state = await client.wait(run_id)
+    state = await client.wait(run_id, timeout=bound(60))
     assert state.final_output == "1"
 
     other = parse_scenario({**base, "planner": [submit("2")]}).model_dump(mode="json", by_alias=True)
@@ -169,7 +169,7 @@ async def test_a_bound_scenario_is_immutable_and_must_match_its_digest(client: C
     await client.bus.publish(S.run_submit(), forged, msg_id=f"submit.{fresh}")
 
     reasons: dict[str, str] = {}
-    for _ in range(100):
+    for _ in range(polls(100)):
         for letter in await client.dead_letters():
             for rid in (run_id, fresh):
                 if letter.service == "planner" and f'"run_id":"{rid}"' in letter.body:
@@ -180,7 +180,7 @@ async def test_a_bound_scenario_is_immutable_and_must_match_its_digest(client: C
     assert "another scenario is already bound" in reasons.get(run_id, "")
     assert "does not match its scenario_digest" in reasons.get(fresh, "")
     assert await client.state(fresh) is None  # refused: never started
-    state = await client.wait(run_id)
+    state = await client.wait(run_id, timeout=bound(60))
     assert state.final_output == "1"  # the bound scenario is the one replayed
 
 
@@ -216,7 +216,7 @@ async def test_a_live_run_never_applies_stored_scripted_tool_behaviour(client: C
         ],
     )
     await client.submit(RunSubmit(run_id=run_id, task=f"What is 6*7? [script:{key}]"))
-    state = await client.wait(run_id)
+    state = await client.wait(run_id, timeout=bound(60))
     assert state.status == "completed" and state.final_output == "42"
     [result] = [r for r in tool_results(state) if r.tool_use_id == "toolu_l1"]
     assert not result.is_error and json.loads(result.content)["result"] == 42
@@ -229,7 +229,7 @@ async def test_a_live_run_never_applies_stored_scripted_tool_behaviour(client: C
     late = RunSubmit(run_id=run_id, task="x", scenario=data, scenario_digest=digest_of(data))
     await client.bus.publish(S.run_submit(), late, msg_id=f"late-scenario.{run_id}")
     reason = ""
-    for _ in range(100):
+    for _ in range(polls(100)):
         reason = next(
             (d.reason for d in await client.dead_letters() if d.service == "planner" and run_id in d.body), ""
         )

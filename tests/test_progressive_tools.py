@@ -19,6 +19,7 @@ from services.planner import context as C
 from shared import subjects as S
 from shared import tokens
 from shared.messages import RunSubmit, ToolContract
+from tests.support.timing import bound
 
 USAGE = {"input_tokens": 100, "output_tokens": 10}
 USED = ("search", "calculator", "exchange_rate")
@@ -79,7 +80,7 @@ async def test_a_run_using_3_of_30_tools_sees_one_line_for_the_rest(
     )
     run_id = f"run-prog-{key}"
     await client.submit(RunSubmit(run_id=run_id, task=f"Use a few tools, then submit. [script:{key}]"))
-    state = await client.wait(run_id)
+    state = await client.wait(run_id, timeout=bound(60))
     assert state.status == "completed", state.final_reason
     reqs = messages_api.requests[key]
     assert len(reqs) == 5

@@ -44,7 +44,7 @@ async def test_turns_read_the_prefix_earlier_turns_cached(
     await client.submit(
         RunSubmit(run_id=run_id, task=f"Multiply a few numbers by 7. [script:{key}]\n\n{CONTEXT}", tools=TOOLS)
     )
-    state = await client.wait(run_id)
+    state = await client.wait(run_id, timeout=bound(60))
     assert state.status == "completed", state.final_reason
 
     reqs = messages_api.requests[key]

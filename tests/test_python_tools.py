@@ -61,7 +61,7 @@ def fake_model() -> Iterator[str]:
         yield found.group(0)
     finally:
         proc.terminate()
-        proc.wait(15)
+        proc.wait(bound(15))
 
 
 @pytest.fixture(scope="module")
@@ -195,7 +195,7 @@ async def test_per_run_state_is_kept_across_calls_and_executor_replicas(
 
 def failed_start(stack: LocalStack, label: str, modules: str) -> tuple[int, str]:
     proc: Proc = stack.start_service("executor", label=label, extra_env={"LW_TOOL_MODULES": modules})
-    code = proc.popen.wait(60)
+    code = proc.popen.wait(bound(60))
     return code, proc.log.read_text(errors="replace")
 
 

@@ -154,7 +154,7 @@ async def test_a_run_recorded_with_the_anthropic_provider_replays_without_a_key(
             rubric=Rubric(criteria=[{"name": "correct"}], threshold=0.5),
         )
     )
-    state = await client.wait(run_id)
+    state = await client.wait(run_id, timeout=bound(60))
     assert state.status == "completed", state.final_reason
     calls_to_the_api = len(messages_api.requests[key])
     assert calls_to_the_api == 3
@@ -254,7 +254,7 @@ async def test_escalations_follow_their_own_retention(client: Client, stack: Loc
     [item] = await escalations_of(client, waits.run_id)
     await client.claim(item.escalation_id, "alice")
     await client.resolve(item.escalation_id, "alice", "abort", note="not worth a retry")
-    state = await client.wait(waits.run_id)
+    state = await client.wait(waits.run_id, timeout=bound(60))
     assert state.status == "stopped"
 
     # the run's records expire; the resolved item and its events (the audit trail) are kept
@@ -335,7 +335,7 @@ async def test_handled_commands_are_purged_and_runs_go_on(client: Client) -> Non
     # a run submitted after the purge (and one in flight while it happens) completes as usual
     run_id = await client.submit_scenario(parse_scenario(demo()))
     await purge_handled_commands(client.bus)
-    state = await client.wait(run_id)
+    state = await client.wait(run_id, timeout=bound(60))
     assert state.status == "completed", state.final_reason
 
 

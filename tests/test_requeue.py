@@ -26,7 +26,7 @@ from shared.settings import Settings
 from shared.telemetry import Telemetry
 from tests.conftest import ROOT, TEST_ENV
 from tests.support.otlp_collector import OtlpCollector
-from tests.support.timing import bound
+from tests.support.timing import bound, polls
 from tests.support.tracing import spans_of_run
 
 GIVES_UP_FAST = {**TEST_ENV, "LW_ACK_WAIT_S": "1", "LW_MAX_DELIVER": "2"}
@@ -113,7 +113,7 @@ async def test_a_turn_dead_lettered_while_the_governor_was_gone_completes_once_i
             # the model call could only happen after the requeue (no budget before): it is in the run's trace
             await spans_of_run(otlp, client, run_id, {"loopwarden-planner"})
             root = next(s for s in otlp.spans if s.name == f"run {run_id}")
-            for _ in range(100):
+            for _ in range(polls(100)):
                 if any(s.name.startswith("chat ") for s in otlp.trace(root.trace_id)):
                     break
                 await asyncio.sleep(0.1)
@@ -132,7 +132,7 @@ async def test_a_turn_dead_lettered_while_the_governor_was_gone_completes_once_i
             )
             await client.bus.publish(S.requeue("planner"), Requeue(letter=999999), msg_id="forged-2")
             refused_requeues: list[str] = []
-            for _ in range(80):
+            for _ in range(polls(80)):
                 subjects = (S.requeue("executor", "calculator"), S.requeue("planner"))
                 refused_requeues = [n.letter.reason for n in await client.letters() if n.letter.subject in subjects]
                 if len(refused_requeues) == 2:
@@ -148,7 +148,7 @@ async def test_a_turn_dead_lettered_while_the_governor_was_gone_completes_once_i
             # a request the governor refused is a letter too, but its caller is gone: not requeued, said why
             await client.bus.nc.request(S.BUDGET_RESERVE, b"{not a budget request", timeout=bound(5))
             request = [n for n in await client.letters() if n.letter.subject == S.BUDGET_RESERVE]
-            for _ in range(20):
+            for _ in range(polls(20)):
                 if request:
                     break
                 await asyncio.sleep(0.25)
@@ -186,7 +186,7 @@ async def test_an_event_the_planner_gave_up_on_is_handed_back_without_a_second_c
                 "answer_mode": "text",
             }
             run_id = await client.submit_scenario(parse_scenario(scenario))
-            for _ in range(200):  # the first turn is taken (its budget decided): the governor goes away
+            for _ in range(polls(200)):  # the first turn is taken (its budget decided): the governor goes away
                 if any(e.kind == "run.model_called" for e in await client.events(run_id, timeout=bound(0.2))):
                     break
                 await asyncio.sleep(0.05)

@@ -14,7 +14,7 @@ from shared.messages import DeadLetter, RunSubmit
 from shared.scenario import parse_scenario
 from shared.settings import Settings
 from tests.conftest import TEST_ENV
-from tests.support.timing import bound
+from tests.support.timing import bound, polls
 
 
 async def test_killing_the_planner_mid_model_call_loses_nothing(tmp_path: Path) -> None:
@@ -43,7 +43,7 @@ async def test_killing_the_planner_mid_model_call_loses_nothing(tmp_path: Path) 
                     }
                 )
             )
-            for _ in range(200):  # wait until the slow second turn is in flight
+            for _ in range(polls(200)):  # wait until the slow second turn is in flight
                 state = await client.state(run_id)
                 if state and state.iteration.n == 2:
                     break
@@ -85,7 +85,7 @@ async def test_a_message_with_fields_an_older_reader_does_not_know_is_processed(
     import json
 
     await client.bus.publish(S.run_submit(), json.dumps(body).encode(), msg_id=f"submit.{run_id}")
-    state = await client.wait(run_id)
+    state = await client.wait(run_id, timeout=bound(60))
     assert state.status == "completed" and state.final_output == "7"
 
 
@@ -136,7 +136,7 @@ async def test_a_dependency_that_never_comes_back_dead_letters_the_turn_with_its
             scenario = {"name": "governor-gone", "task": "Say done.", "planner": [{"text": "done"}]}
             run_id = await client.submit_scenario(parse_scenario(scenario))
             letters: list[DeadLetter] = []
-            for _ in range(60):
+            for _ in range(polls(60)):
                 letters = [d for d in await client.dead_letters() if run_id in d.body]
                 if letters:
                     break

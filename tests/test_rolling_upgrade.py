@@ -47,6 +47,7 @@ from shared.version import SERVICE_HEADER, VERSION_HEADER, package_version, vers
 from tests.conftest import ROOT, TEST_ENV
 from tests.support.otlp_collector import OtlpCollector
 from tests.support.payments import count_charges
+from tests.support.timing import bound
 
 SERVICES = ("planner", "executor", "validator", "judge", "governor", "escalation")
 RELEASE: dict[str, Any] = tomllib.loads((ROOT / "releases.toml").read_text())["release"][-1]
@@ -143,7 +144,7 @@ class Fleet:
     def ready(self, replicas: list[Replica]) -> None:
         self.stack.wait_ready([r.proc for r in replicas])
         for r in replicas:
-            with urllib.request.urlopen(f"http://127.0.0.1:{r.health_port}/livez", timeout=5) as resp:
+            with urllib.request.urlopen(f"http://127.0.0.1:{r.health_port}/livez", timeout=bound(5)) as resp:
                 said = json.loads(resp.read())
             self.announced.append((r.service, r.version, str(said.get("version"))))
             assert said.get("version") == r.version, f"{r.proc.name} says it runs {said}: the wrong code was imported"
@@ -176,7 +177,9 @@ class Fleet:
 def release_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The last release's source, from the commit ``releases.toml`` records."""
     out = tmp_path_factory.mktemp(f"release-{OLD}")
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", RELEASE["commit"]], capture_output=True, timeout=60)
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", RELEASE["commit"]], capture_output=True, timeout=bound(60)
+    )
     assert archive.returncode == 0, f"git archive {RELEASE['commit']} ({OLD}): {archive.stderr.decode()}"
     with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
         tar.extractall(out, filter="data")
@@ -234,7 +237,7 @@ async def roll(
 
     async def wait_for(run_id: str) -> None:
         try:
-            state = await client.wait(run_id, timeout=120)
+            state = await client.wait(run_id, timeout=bound(120))
             finished[run_id] = state.status if state.status == "completed" else f"{state.status}: {state.final_reason}"
         except TimeoutError as err:
             finished[run_id] = f"not finished: {err}"

@@ -29,7 +29,7 @@ from shared.settings import Settings
 from tests.conftest import TEST_ENV
 from tests.support import locked as L
 from tests.support.runs import tool_results
-from tests.support.timing import bound
+from tests.support.timing import bound, polls
 
 CEILING = 1.0  # every tenant's day, the default tenant's included
 STACK_ENV = {
@@ -151,7 +151,7 @@ async def test_a_client_cannot_answer_another_runs_tool_call_as_its_child(
             },
         )
     )
-    await client.wait(victim, until=("running",), history=False)
+    await client.wait(victim, timeout=bound(60), until=("running",), history=False)
     forger = f"run-forger-{key()}"
     forged = {
         "name": "forger",
@@ -292,7 +292,7 @@ async def test_a_run_submitted_without_a_tenant_meets_the_default_tenants_ceilin
     costly = {"text": "spent", "usage": {"input_tokens": 3_000_000, "output_tokens": 10}}
     await client.submit(scripted(first, {"name": "d1", "task": "Spend.", "planner": [costly], "answer_mode": "text"}))
     assert (await client.wait(first, timeout=bound(30))).status == "completed"
-    for _ in range(50):  # the run's final usage reaches its tenant's day when it ends
+    for _ in range(polls(50)):  # the run's final usage reaches its tenant's day when it ends
         if await tenant_spent(admin, S.DEFAULT_TENANT) >= CEILING:
             break
         await asyncio.sleep(0.2)
@@ -345,7 +345,7 @@ async def test_without_scripted_runs_a_scenario_is_refused_and_no_tool_plays_one
     )
     await admin.bus.publish(S.tool_execute("calculator"), call, msg_id=f"call.{trapped}")
     outcomes: list[Any] = []
-    for _ in range(100):
+    for _ in range(polls(100)):
         outcomes = [
             e.payload
             for e in await admin.events(trapped, subjects=f"{S.P}.evt.>", timeout=bound(0.3))

@@ -116,7 +116,7 @@ async def test_duplicate_submission_is_absorbed(client: Client) -> None:
 
     run_id = await client.submit_scenario(parse_scenario(demo()))
     await client.submit(RunSubmit(run_id=run_id, task="a different task, same id"))
-    state = await client.wait(run_id)
+    state = await client.wait(run_id, timeout=bound(60))
     assert state.task.startswith("How does JetStream")
     assert [e.kind for e in await client.events(run_id)].count("run.started") == 1
 

@@ -10,6 +10,7 @@ from typing import Any
 from loopwarden.client import Client
 from loopwarden.fake_model import FakeModel
 from shared.messages import RunSubmit
+from tests.support.timing import bound
 
 USAGE = {"input_tokens": 100, "output_tokens": 10}
 
@@ -37,7 +38,7 @@ async def run(client: Client, api: FakeModel, replies: list[dict[str, Any]]) -> 
     api.script(key, replies)
     run_id = f"run-stop-{key}"
     await client.submit(RunSubmit(run_id=run_id, task=f"Answer briefly. [script:{key}]"))
-    return await client.wait(run_id), api.requests[key], run_id
+    return await client.wait(run_id, timeout=bound(60)), api.requests[key], run_id
 
 
 async def test_max_tokens_gets_one_call_with_more_room(client: Client, messages_api: FakeModel) -> None:

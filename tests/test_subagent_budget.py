@@ -10,6 +10,7 @@ from loopwarden.client import Client
 from loopwarden.fake_model import FakeModel
 from services.planner.delegation import child_run_id
 from shared.messages import RunLimits, RunSubmit
+from tests.support.timing import bound
 from tests.test_subagents import planner_record, turn, use
 
 # ~$0.0285 a call at claude-sonnet-4-5's rates: a child's two calls are ~$0.057, more than half of $0.10
@@ -47,7 +48,7 @@ async def test_two_sub_agents_started_in_one_turn_keep_their_parent_within_its_c
             limits=RunLimits(cost_ceiling_usd=0.10),
         )
     )
-    state = await client.wait(run_id, timeout=60)
+    state = await client.wait(run_id, timeout=bound(60))
     record = await planner_record(client, run_id)
     # the parent's spend, its children's included, stays within its ceiling (it was $0.12 and more)
     assert state.usage.cost_usd <= 0.10, (state.usage.cost_usd, state.final_reason, record.children)

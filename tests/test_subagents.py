@@ -17,7 +17,7 @@ from shared import subjects as S
 from shared.messages import RunSubmit
 from tests.conftest import escalations_of
 from tests.support.otlp_collector import OtlpCollector
-from tests.support.timing import bound
+from tests.support.timing import bound, polls
 from tests.test_cost import tenant_spent
 from tests.test_tracing import spans_of_run
 
@@ -106,7 +106,7 @@ async def test_a_delegated_sub_task_returns_its_answer_and_its_cost(
     # parent and child are one trace
     spans = await spans_of_run(otlp, client, run_id, {"loopwarden-planner"})
     trace_id = spans[0].trace_id
-    for _ in range(100):
+    for _ in range(polls(100)):
         child_spans = [s for s in otlp.spans if s.attributes.get("loopwarden.run.id") == child_id]
         if any(s.name.startswith("chat ") for s in child_spans):
             break
@@ -127,7 +127,7 @@ async def test_the_spawn_gate_waits_for_a_human_then_starts_the_child(client: Cl
     )
     messages_api.script(ck, [turn(use("submit_result", {"answer": "4"}))])
     run_id = await start(client, pk)
-    waiting = await client.wait(run_id, until=("awaiting_human",))
+    waiting = await client.wait(run_id, timeout=bound(60), until=("awaiting_human",))
     assert waiting.awaiting is not None and waiting.awaiting.kind == "spawn"
     [item] = await escalations_of(client, run_id)
     assert item.kind == "spawn" and item.tool == "delegate"
@@ -152,7 +152,7 @@ async def test_a_denied_spawn_is_the_calls_result(client: Client, messages_api: 
         ],
     )
     run_id = await start(client, pk)
-    await client.wait(run_id, until=("awaiting_human",))
+    await client.wait(run_id, timeout=bound(60), until=("awaiting_human",))
     [item] = await escalations_of(client, run_id)
     assert (await client.resolve(item.escalation_id, "oncall", "reject", "too expensive")).ok
     state = await client.wait(run_id, timeout=bound(30))

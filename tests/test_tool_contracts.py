@@ -17,7 +17,7 @@ from shared.messages import ToolContract
 from tests.conftest import ROOT, escalations_of, run_scenario
 from tests.support.otlp_collector import OtlpCollector
 from tests.support.runs import GOOD_SEARCH, submit, tool_results
-from tests.support.timing import bound
+from tests.support.timing import bound, polls
 
 
 async def test_malformed_output_is_corrected_by_the_model_within_the_cap(client: Client) -> None:
@@ -119,7 +119,7 @@ async def test_a_correction_that_never_succeeds_escalates_after_the_cap(client: 
     assert [(e.kind, e.tool) for e in items] == [("schema_cap", "calculator")]
     assert "failed its contract 3 times in a row (cap 2)" in items[0].reason
     assert (await client.resolve(state.awaiting.escalation_id, "oncall", "abort", "broken prompt")).ok
-    done = await client.wait(state.run_id)
+    done = await client.wait(state.run_id, timeout=bound(60))
     assert done.status == "stopped" and "aborted by oncall" in (done.final_reason or "")
 
 
@@ -215,7 +215,7 @@ async def test_the_post_call_hook_runs_before_output_validation(client: Client) 
 
 async def test_contract_metrics_are_exported_as_opentelemetry_metrics(client: Client, otlp: OtlpCollector) -> None:
     await test_malformed_output_is_corrected_by_the_model_within_the_cap(client)
-    for _ in range(80):  # metrics export every 5 s
+    for _ in range(polls(80)):  # metrics export every 5 s
         outputs = otlp.metrics.get(("loopwarden-validator", "loopwarden.tool.outputs"), [])
         corrections = otlp.metrics.get(("loopwarden-planner", "loopwarden.tool.corrections"), [])
         recovered = any(p.get("outcome") == "recovered" and p.get("tool") == "search" for p in corrections)
@@ -292,4 +292,4 @@ async def test_an_executor_logs_the_refusal_and_hosts_the_rest(
         assert "bad_tool" not in {c.name for c in await contracts_in_kv(client)}
     finally:
         proc.popen.terminate()
-        proc.popen.wait(15)
+        proc.popen.wait(bound(15))

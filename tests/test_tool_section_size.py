@@ -21,6 +21,7 @@ from services.planner import context as C
 from shared import subjects as S
 from shared import tokens
 from shared.messages import RunSubmit, ToolContract
+from tests.support.timing import bound
 from tests.test_progressive_tools import call, registered
 
 BASE = ("calculator", "exchange_rate", "submit_result")
@@ -73,7 +74,7 @@ async def test_the_tools_section_stays_under_a_quarter_of_the_catalogue_on_every
     await client.submit(
         RunSubmit(run_id=run_id, task=f"Compute, convert, submit. [script:{key}]", tools=list(vendor_catalogue))
     )
-    state = await client.wait(run_id, timeout=40)
+    state = await client.wait(run_id, timeout=bound(40))
     assert state.status == "completed", state.final_reason
     reqs = messages_api.requests[key]
     assert len(reqs) == 3

@@ -53,12 +53,12 @@ GENAI_SCENARIO = {
 
 async def test_one_run_is_one_trace_across_all_six_services(client: Client, otlp: OtlpCollector) -> None:
     run_id = await client.submit_scenario(parse_scenario(SCENARIO))
-    state = await client.wait(run_id, until=("awaiting_human",))
+    state = await client.wait(run_id, timeout=bound(60), until=("awaiting_human",))
     esc_id = escalation_id_for_call(run_id, 1, "toolu_q1")
     items = await escalations_of(client, run_id)  # raised by the escalation service from its subscription
     assert [e.escalation_id for e in items] == [esc_id]
     assert (await client.resolve(esc_id, "oncall", "resume", "charged manually")).ok
-    state = await client.wait(run_id)
+    state = await client.wait(run_id, timeout=bound(60))
     assert state.status == "completed", state.final_reason
 
     spans = await spans_of_run(otlp, client, run_id, SERVICES | {"loopwarden-client"})
@@ -93,7 +93,7 @@ def _is_uuid(value: object) -> bool:
 
 async def test_run_spans_follow_the_genai_conventions(client: Client, otlp: OtlpCollector) -> None:
     run_id = await client.submit_scenario(parse_scenario(GENAI_SCENARIO))
-    state = await client.wait(run_id)
+    state = await client.wait(run_id, timeout=bound(60))
     assert state.status == "completed", state.final_reason
     spans = await spans_of_run(otlp, client, run_id, {"loopwarden-planner", "loopwarden-executor"})
     trace_id = spans[0].trace_id
@@ -155,7 +155,7 @@ async def test_replicas_have_distinct_instance_ids(client: Client, otlp: OtlpCol
             break
         # several runs at once: the shared durable consumers hand their messages to both replicas
         ids = await asyncio.gather(*(client.submit_scenario(parse_scenario(GENAI_SCENARIO)) for _ in range(6)))
-        await asyncio.gather(*(client.wait(i) for i in ids))
+        await asyncio.gather(*(client.wait(i, timeout=bound(60)) for i in ids))
         await asyncio.sleep(bound(1.0))
     for service in ("loopwarden-planner", "loopwarden-executor"):
         found = instances(service)
@@ -166,7 +166,7 @@ async def test_replicas_have_distinct_instance_ids(client: Client, otlp: OtlpCol
 
 async def test_genai_metrics_have_the_semantic_convention_names(client: Client, otlp: OtlpCollector) -> None:
     run_id = await client.submit_scenario(parse_scenario(GENAI_SCENARIO))
-    assert (await client.wait(run_id)).status == "completed"
+    assert (await client.wait(run_id, timeout=bound(60))).status == "completed"
 
     def points(service: str, metric: str) -> list[dict[str, Any]]:
         return list(otlp.metrics.get((service, metric), []))

@@ -37,7 +37,7 @@ from shared.scenario import parse_scenario
 from shared.settings import Settings
 from tests.conftest import ROOT, TEST_ENV
 from tests.support import locked as L
-from tests.support.timing import bound
+from tests.support.timing import bound, polls
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
@@ -351,7 +351,7 @@ async def test_a_letter_is_requeued_once_whatever_the_message_ids(url: str, admi
             ]
             return again, refused, huge
 
-        for _ in range(100):
+        for _ in range(polls(100)):
             again, refused, huge = ours(await alice.letters())
             if len(again) + len(refused) >= 3 and huge:
                 break
@@ -453,7 +453,7 @@ def short_lines(tmp_path: Path) -> Iterator[str]:
         yield f"nats://127.0.0.1:{port}"
     finally:
         server.terminate()
-        server.wait(10)
+        server.wait(bound(10))
 
 
 async def test_a_service_whose_connection_is_closed_for_good_exits_non_zero(short_lines: str, tmp_path: Path) -> None:
@@ -488,7 +488,7 @@ async def test_the_console_user_keeps_its_live_view_without_a_consumer(url: str,
         try:
             assert before.run_id in live.runs and before.run_id in live.timelines
             after = await completes(client)
-            for _ in range(50):
+            for _ in range(polls(50)):
                 if after.run_id in live.runs and live.runs[after.run_id].status == "completed":
                     break
                 await asyncio.sleep(0.1)

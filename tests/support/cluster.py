@@ -161,7 +161,7 @@ class Cluster:
         for node in self.nodes:
             if node.popen is not None:
                 try:
-                    node.popen.wait(10)
+                    node.popen.wait(bound(10))
                 except subprocess.TimeoutExpired:
                     node.popen.kill()
                     node.popen.wait()

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import psutil
 
+from tests.support.timing import bound
+
 ROOT = Path(__file__).resolve().parents[2]
 BURN = "import time\nwhile True:\n    time.perf_counter()\n"
 
@@ -61,7 +63,7 @@ def stop_burners(burners: list[subprocess.Popen[bytes]]) -> None:
             except ProcessLookupError:
                 continue
         try:
-            burner.wait(10)
+            burner.wait(bound(10))
         except subprocess.TimeoutExpired:
             os.killpg(burner.pid, signal.SIGKILL)  # its own session: stress-ng and its workers only
             burner.wait()

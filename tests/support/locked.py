@@ -17,6 +17,7 @@ from loopwarden.infra import bootstrap
 from loopwarden.stack import LocalStack, free_port, nats_server_binary, wait_for_port
 from shared.permissions import grants
 from shared.settings import Settings
+from tests.support.timing import bound, polls
 
 USERS = ("admin", *grants([]))  # every user auth.conf declares
 PASSWORDS = {u: f"pw-{u}-{i}" for i, u in enumerate(USERS)}
@@ -47,7 +48,7 @@ def locked_server(tmp: Path, name: str = "locked", extra: str = "") -> Iterator[
         yield f"nats://127.0.0.1:{port}"
     finally:
         proc.terminate()
-        proc.wait(10)
+        proc.wait(bound(10))
 
 
 @contextlib.contextmanager
@@ -103,7 +104,7 @@ async def publish_refusals(url: str, user: str, subject: str, payload: bytes = b
     try:
         await nc.publish(subject, payload)
         await nc.flush()
-        for _ in range(50):
+        for _ in range(polls(50)):
             if errors:
                 break
             await asyncio.sleep(0.02)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -41,6 +42,12 @@ def time_scale() -> float:
 def bound(seconds: float) -> float:
     """``seconds`` as measured on an idle machine, scaled by ``LW_TEST_TIME_SCALE``."""
     return seconds * time_scale()
+
+
+def polls(tries: int) -> int:
+    """A polling loop's number of tries (``for _ in range(polls(100)): ... sleep(0.1)``), scaled by
+    ``LW_TEST_TIME_SCALE`` like every other bound."""
+    return max(tries, math.ceil(tries * time_scale()))
 
 
 def expired(what: str, within: float, last: object = None) -> BoundExpired:

@@ -20,6 +20,7 @@ from services.executor.registry import DECLARED, ToolContext, ToolFailure, ToolR
 from services.executor.signatures import SignatureError, signature_of
 from services.executor.tool_modules import import_tool_modules
 from shared.contracts.lint import lint_contract
+from tests.support.timing import bound
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -131,7 +132,12 @@ def test_tool_modules_by_path_by_name_and_by_entry_point(tmp_path: Path) -> None
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "LW_TOOL_MODULES": ""}
     env.pop("LW_MCP_SERVERS", None)
     done = subprocess.run(
-        [sys.executable, "-m", "loopwarden.cli", "lint"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "loopwarden.cli", "lint"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=bound(120),
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "0 refused" in done.stdout
