@@ -12,6 +12,9 @@ provider, and its scenario's tool behaviour applies to its tool calls. Services 
 
 from __future__ import annotations
 
+import asyncio
+import importlib
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, get_args
@@ -46,10 +49,12 @@ class ProviderEntry:
     base_url: Callable[[Settings], str | None]
     build: Callable[[Settings, Endpoint], ModelProvider] | None  # None: built from a scenario
     needs_key: bool = True  # an OpenAI-compatible local server needs none once its base URL is set
+    module: str | None = None  # what ``build`` imports (a live provider's SDK): imported on first use
 
 
-# A live provider's module is imported when a role is built with it: its SDK takes a second or more
-# of CPU to import, which a service that never calls it (a scripted run, the other provider) does not pay.
+# A live provider's module (``ProviderEntry.module``) is imported when a role is first built with it:
+# its SDK takes a second or more of CPU to import, which a service that never calls it (scripted runs,
+# the other provider) does not pay; ``run_provider`` imports it off the event loop.
 def _anthropic(settings: Settings, at: Endpoint) -> ModelProvider:
     from shared.providers.anthropic import AnthropicProvider
 
@@ -73,6 +78,7 @@ PROVIDERS: dict[ProviderName, ProviderEntry] = {
         key=lambda s: s.anthropic_api_key,
         base_url=lambda s: s.anthropic_base_url,
         build=_anthropic,
+        module="shared.providers.anthropic",
     ),
     "openai": ProviderEntry(
         live=True,
@@ -81,6 +87,7 @@ PROVIDERS: dict[ProviderName, ProviderEntry] = {
         base_url=lambda s: s.openai_base_url,
         build=_openai,
         needs_key=False,
+        module="shared.providers.openai",
     ),
 }
 if set(PROVIDERS) != set(get_args(ProviderName)):
@@ -149,7 +156,11 @@ async def run_provider(bus: Bus, settings: Settings, which: Role, run_id: str) -
     """The provider serving ``run_id``: ``provider_for`` with the scenario bound to the run, if any.
     A storage error reading the binding is raised (the caller's message is redelivered)."""
     scripted = settings.allow_scripted and not pinned_live(settings, which)
-    return provider_for(settings, which, await bound_scenario(bus, run_id) if scripted else None)
+    scenario = await bound_scenario(bus, run_id) if scripted else None
+    module = PROVIDERS[provider_name(settings, which)].module
+    if scenario is None and module is not None and module not in sys.modules:
+        await asyncio.to_thread(importlib.import_module, module)  # the first live call: the loop keeps running
+    return provider_for(settings, which, scenario)
 
 
 async def scripted_tools(bus: Bus, settings: Settings, run_id: str) -> Scenario | None:
