@@ -34,6 +34,9 @@ ROOT = Path(__file__).resolve().parents[1]
 TEST_ENV = {
     "LW_ACK_WAIT_S": "3",
     "LW_TOOL_HOST_GRACE_S": "2",  # a tool no replica pulls fails after 2 s here (15 s by default)
+    # a killed executor's call is taken for abandoned 4 s after its last renewal (10 s by default), on the
+    # suite's time scale: a loaded machine may delay a renewal
+    "LW_TOOL_LEASE_S": f"{bound(4):g}",
     "LW_MAX_DELIVER": "5",
     "LW_REDELIVER_DELAY_S": "0.2",
     "LW_MODEL_RETRY_BASE_S": "0.05",
