@@ -76,6 +76,9 @@ def test_ctrl_c_during_start_up_stops_everything(tmp_path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        # a terminal's foreground job takes Ctrl-C; a suite started in the background by a shell without job
+        # control (`make test-loaded &`) would hand the CLI SIGINT ignored, and nothing could interrupt it
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     logs = tmp_path / "demo" / "logs"
     eventually_sync(  # nats-server is up, the services are starting

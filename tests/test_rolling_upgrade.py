@@ -360,7 +360,7 @@ def check(figures: Figures, fleet: Fleet, seen: Counter[tuple[str, str]], spans:
         assert {OLD, NEW} <= versions, (service, spans)
 
 
-@pytest.mark.timeout(300)  # a loaded machine: each replacement is mostly a start-up
+@pytest.mark.timeout(bound(300))  # a loaded machine: each replacement is mostly a start-up
 async def test_each_service_upgraded_in_turn_under_load_loses_and_doubles_no_run(
     fleet: Fleet, client: Client, collector: OtlpCollector, headers_seen: Counter[tuple[str, str]]
 ) -> None:
@@ -371,7 +371,7 @@ async def test_each_service_upgraded_in_turn_under_load_loses_and_doubles_no_run
     assert {r.version for r in fleet.current.values()} == {NEW}
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(bound(300))
 async def test_each_service_rolled_back_in_turn_under_load_loses_and_doubles_no_run(
     fleet: Fleet, client: Client, collector: OtlpCollector, headers_seen: Counter[tuple[str, str]]
 ) -> None:
@@ -383,7 +383,7 @@ async def test_each_service_rolled_back_in_turn_under_load_loses_and_doubles_no_
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1200)
+@pytest.mark.timeout(bound(1200))
 @pytest.mark.skipif(
     not os.environ.get("LW_LONG_UPGRADE"), reason="the long form: LW_LONG_UPGRADE=1 (see the docstring)"
 )

@@ -1,5 +1,5 @@
 """Every time bound a test waits on scales with ``LW_TEST_TIME_SCALE`` (issue 28): no literal number of
-seconds as a ``timeout=``/``within=`` argument or a process's ``.wait(...)``, no ``client.wait(run)``
+seconds as a ``timeout=``/``within=`` argument, a process's ``.wait(...)`` or a test's ``timeout`` mark, no ``client.wait(run)``
 left on the library's fixed 60 s default (written as ``bound(seconds)``), and no polling loop with a
 fixed number of tries (``range(polls(n))``; tests/support/timing.py)."""
 
@@ -42,6 +42,8 @@ def unscaled(source: str) -> list[tuple[int, str]]:
             if kw.arg in KEYWORDS and _number(kw.value):
                 found.append((node.lineno, f"{kw.arg}={ast.unparse(kw.value)}"))
         func = node.func
+        if ast.unparse(func).endswith("mark.timeout") and node.args and _number(node.args[0]):
+            found.append((node.lineno, f"pytest.mark.timeout({ast.unparse(node.args[0])})"))
         if isinstance(func, ast.Attribute) and func.attr == "wait":
             if node.args and _number(node.args[0]):
                 found.append((node.lineno, f".wait({ast.unparse(node.args[0])})"))
@@ -81,6 +83,8 @@ def test_the_scan_finds_each_kind_of_unscaled_bound() -> None:
         "        await asyncio.sleep(0.1)\n"
         "    for _ in range(3):\n"
         "        await asyncio.sleep(0.3)\n"
+        "@pytest.mark.timeout(300)\n"
+        "def u(): pass\n"
     )
     assert unscaled(source) == [
         (2, "client.wait(...) on the library's 60 s default"),
@@ -88,4 +92,5 @@ def test_the_scan_finds_each_kind_of_unscaled_bound() -> None:
         (4, ".wait(10)"),
         (5, "within=5.0"),
         (9, "range(50) tries of a polling loop"),
+        (19, "pytest.mark.timeout(300)"),
     ]
