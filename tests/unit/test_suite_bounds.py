@@ -1,7 +1,7 @@
 """Every time bound a test waits on scales with ``LW_TEST_TIME_SCALE`` (issue 28): no literal number of
-seconds as a ``timeout=``/``within=`` argument, a process's ``.wait(...)`` or a test's ``timeout`` mark, no ``client.wait(run)``
-left on the library's fixed 60 s default (written as ``bound(seconds)``), and no polling loop with a
-fixed number of tries (``range(polls(n))``; tests/support/timing.py)."""
+seconds as a ``timeout=``/``within=`` argument, a process's ``.wait(...)`` or a test's ``timeout`` mark,
+no ``client.wait(run)`` left on the library's fixed 60 s default (written as ``bound(seconds)``), and no
+polling loop with a fixed number of tries (``range(polls(n))``; tests/support/timing.py)."""
 
 from __future__ import annotations
 
