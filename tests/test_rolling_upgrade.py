@@ -201,7 +201,14 @@ def collector() -> Iterator[OtlpCollector]:
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory, release_tree: Path, collector: OtlpCollector) -> Iterator[Fleet]:
-    env = {**TEST_ENV, "OTEL_EXPORTER_OTLP_ENDPOINT": collector.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "300"}
+    # The ack wait is how long a replica may go unheard before its messages are given to another: a liveness
+    # bound like any other, on the suite's time scale (a loaded machine can starve a replica of CPU).
+    env = {
+        **TEST_ENV,
+        "LW_ACK_WAIT_S": f"{bound(3):g}",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": collector.endpoint,
+        "OTEL_BSP_SCHEDULE_DELAY": "300",
+    }
     stack = LocalStack(state_dir=tmp_path_factory.mktemp("rolling"), env=env, services=())
     stack.start()
     try:

@@ -21,7 +21,7 @@ from shared.bus import RequestRefused
 from shared.messages import BudgetDecision, DeadLetter, ErrorReply, RunAdvance
 from shared.scenario import parse_scenario
 from tests.conftest import TEST_ENV
-from tests.support.timing import bound
+from tests.support.timing import bound, eventually
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_S, TOOL_S, JUDGE_S = 1.0, 3.5, 1.0  # the tool outlasts LW_ACK_WAIT_S=3: only heartbeats keep it
@@ -278,6 +278,87 @@ async def test_a_handler_waiting_on_a_replica_that_shows_it_is_alive_is_held_pas
     assert info.num_redelivered == 0 and info.num_ack_pending == 0, info
     assert len(tries) >= 8, tries  # tried in place every 0.5 s for 4 s, all within the first delivery
     assert [d for d in await client.dead_letters() if marker in d.body] == []
+
+
+async def test_a_replica_whose_event_loop_stalls_past_half_the_ack_wait_says_so(
+    stack: LocalStack, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A handler that blocks the event loop (CPU-bound code, a starved process) stops the heartbeats: the
+    replica logs how late they were and that its messages may come back, so a redelivery has a reason."""
+    from shared.bus import Bus
+    from shared.settings import Settings
+
+    marker = "stall-" + os.urandom(4).hex()
+    subject = S.tool_execute(f"test_stall_{marker}")
+    bus = Bus(Settings(nats_url=str(stack.nats_url), ack_wait_s=1), "stalltest")
+    done = asyncio.Event()
+
+    @bus.consumer(durable=f"stalltest_{marker}", filter_subjects=[subject], model=RunAdvance)
+    async def on_event(ev: RunAdvance) -> None:
+        time.sleep(1.2)  # noqa: ASYNC251 (the point: it blocks the loop, no heartbeat can go out meanwhile)
+        done.set()
+
+    await bus.connect()
+    try:
+        await bus.publish(subject, RunAdvance(run_id=marker, iteration=0), msg_id=marker)
+        with caplog.at_level("WARNING", logger="loopwarden.bus"):
+            await bus.start()
+            await asyncio.wait_for(done.wait(), timeout=bound(30))
+            await asyncio.sleep(bound(0.5))
+    finally:
+        await bus.stop()
+    late = [r.getMessage() for r in caplog.records if "heartbeats" in r.getMessage()]
+    assert late and late[0].startswith("stalltest: heartbeats ") and "LW_ACK_WAIT_S (1s)" in late[0], late
+
+
+async def test_a_replica_that_is_stopping_takes_no_new_message_so_none_bounces_through_its_deliveries(
+    stack: LocalStack,
+) -> None:
+    """Replica A is stopping (an in-flight handler keeps it in its grace period) while 30 messages arrive;
+    replica B, healthy, handles them all on their first delivery. A stopping replica used to keep its pull
+    requests open and hand back at once what they brought, each bounce a delivery: in a rolling upgrade a
+    run's ``tool.succeeded`` came to the new replica on its sixth delivery and was dead-lettered as crashing."""
+    from shared.bus import Bus, current_deliveries
+    from shared.settings import Settings
+
+    marker = "stopping-" + os.urandom(4).hex()
+    subject = S.tool_execute(f"test_stopping_{marker}")
+    durable = f"stoppingtest_{marker}"
+    settings = Settings(nats_url=str(stack.nats_url), ack_wait_s=3, max_deliver=5)
+    a, b = Bus(settings, "stoppingtest"), Bus(settings, "stoppingtest")
+    busy = asyncio.Event()
+    seen: dict[str, int] = {}
+
+    @a.consumer(durable=durable, filter_subjects=[subject], model=RunAdvance)
+    async def on_a(ev: RunAdvance) -> None:
+        if ev.run_id.endswith("-slow"):
+            busy.set()
+            await asyncio.sleep(2.5)  # in flight while A stops: A stays in its grace period
+            return
+        seen[ev.run_id] = current_deliveries()
+
+    @b.consumer(durable=durable, filter_subjects=[subject], model=RunAdvance)
+    async def on_b(ev: RunAdvance) -> None:
+        seen[ev.run_id] = current_deliveries()
+
+    await a.connect()
+    await b.connect()
+    try:
+        await a.start()
+        await a.publish(subject, RunAdvance(run_id=f"{marker}-slow", iteration=0), msg_id=f"{marker}-slow")
+        await asyncio.wait_for(busy.wait(), timeout=bound(10))
+        stopping = asyncio.create_task(a.stop())
+        await asyncio.sleep(0.2)
+        await b.start()
+        names = [f"{marker}-{i}" for i in range(30)]
+        for name in names:
+            await a.publish(subject, RunAdvance(run_id=name, iteration=0), msg_id=name)
+        await eventually(lambda: set(names) <= set(seen), what="all 30 messages handled", within=bound(30))
+        await stopping
+    finally:
+        await b.stop()
+    again = {name: n for name, n in seen.items() if n > 1}
+    assert again == {}, f"delivered more than once: {again}"
 
 
 async def test_the_benchmarks_in_process_floor_drives_a_whole_run() -> None:

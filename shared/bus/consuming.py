@@ -190,8 +190,19 @@ class Consuming(Letters):
 
     async def _heartbeats(self) -> None:
         interval = max(0.2, self.settings.ack_wait_s / 3)
+        due = time.monotonic() + interval
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+            late = time.monotonic() - due
+            if late > self.settings.ack_wait_s / 2:  # the event loop was busy: say why messages come back
+                log.warning(
+                    "%s: heartbeats %.1fs late (the event loop was busy or starved of CPU): messages held "
+                    "here may be redelivered after LW_ACK_WAIT_S (%gs)",
+                    self.service,
+                    late,
+                    self.settings.ack_wait_s,
+                )
+            due = time.monotonic() + interval
             held = [m for pull in self._pulls for m in pull.held.values()]
             for m in held:
                 with contextlib.suppress(Exception):

@@ -170,22 +170,30 @@ class _Pull:
                     await self.wake.wait()
 
     async def stop(self, grace: float) -> None:
-        """Stop asking for messages, let in-flight ones finish within ``grace``, hand back the rest."""
+        """Stop asking for messages, let in-flight ones finish within ``grace``, hand back the rest.
+
+        The inbox is unsubscribed first: the server drops this replica's waiting pull requests (no interest),
+        so no more messages come here. Kept until the in-flight ones were done, every message the server sent
+        on an outstanding request was handed back at once (``nak``) and could come straight back on the next
+        one, each bounce a delivery: five of them and a peer dead-lettered the message as crashing on every
+        delivery (a rolling upgrade did this to a run's ``tool.succeeded``). The in-flight messages are
+        acked and heartbeaten on their own reply subjects, which need no inbox."""
         self.stopping = True
         self.wake.set()
         if self.loop_task is not None:
             self.loop_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self.loop_task
+        if self.sub is not None:
+            with contextlib.suppress(Exception):
+                await self.sub.unsubscribe()
+            self.sub = None
         if self.tasks:
             _, late = await asyncio.wait(set(self.tasks), timeout=grace)
             for task in late:
                 task.cancel()
             if late:
                 await asyncio.wait(late, timeout=2)
-        if self.sub is not None:
-            with contextlib.suppress(Exception):
-                await self.sub.unsubscribe()
 
 
 class _Requeue(_Pull):
