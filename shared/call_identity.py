@@ -8,7 +8,7 @@ named constructors build each message from it, so no builder copies the fields b
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from shared.messages import FailureType, FallbackNote, ToolAttempt, ToolCall, ToolOutcome, ToolResultRaw
@@ -28,58 +28,23 @@ class CallIdentity:
     @classmethod
     def of(cls, message: ToolCall | ToolResultRaw | ToolOutcome) -> CallIdentity:
         """The identity a call message carries."""
-        return cls(
-            run_id=message.run_id,
-            iteration=message.iteration,
-            call_id=message.call_id,
-            attempt_id=message.attempt_id,
-            tool=message.tool,
-            requested_tool=message.requested_tool,
-            arguments=message.arguments,
-            fallback_from=message.fallback_from,
-        )
+        return cls(**{f.name: getattr(message, f.name) for f in fields(cls)})
+
+    def fields(self) -> dict[str, Any]:
+        """The identity's fields by name, as every call message spells them."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def as_fallback(self, tool: str, note: FallbackNote) -> CallIdentity:
         """The same call run again by its fallback ``tool``: its own attempt id, the reason in ``note``."""
-        return CallIdentity(
-            run_id=self.run_id,
-            iteration=self.iteration,
-            call_id=self.call_id,
-            attempt_id=f"{self.attempt_id}.fb.{tool}",
-            tool=tool,
-            requested_tool=self.requested_tool,
-            arguments=self.arguments,
-            fallback_from=note,
-        )
+        return replace(self, attempt_id=f"{self.attempt_id}.fb.{tool}", tool=tool, fallback_from=note)
 
     def call(self) -> ToolCall:
         """The command that runs this call."""
-        return ToolCall(
-            run_id=self.run_id,
-            iteration=self.iteration,
-            call_id=self.call_id,
-            attempt_id=self.attempt_id,
-            tool=self.tool,
-            requested_tool=self.requested_tool,
-            arguments=self.arguments,
-            fallback_from=self.fallback_from,
-        )
+        return ToolCall(**self.fields())
 
     def raw(self, output: Any, attempts: int, **extra: Any) -> ToolResultRaw:
         """What the validator checks: this call's output (``extra``: the other ``ToolResultRaw`` fields)."""
-        return ToolResultRaw(
-            run_id=self.run_id,
-            iteration=self.iteration,
-            call_id=self.call_id,
-            attempt_id=self.attempt_id,
-            tool=self.tool,
-            requested_tool=self.requested_tool,
-            arguments=self.arguments,
-            fallback_from=self.fallback_from,
-            output=output,
-            attempts=attempts,
-            **extra,
-        )
+        return ToolResultRaw(**self.fields(), output=output, attempts=attempts, **extra)
 
     def attempt_failed(
         self, n: int, failure_type: FailureType | None, error: str | None, next_delay_s: float | None
@@ -99,20 +64,7 @@ class CallIdentity:
 
     def outcome(self, *, success: bool, **fields: Any) -> ToolOutcome:
         """This call's outcome (``fields``: the other ``ToolOutcome`` fields, by name or alias)."""
-        return ToolOutcome.model_validate(
-            {
-                "run_id": self.run_id,
-                "iteration": self.iteration,
-                "call_id": self.call_id,
-                "attempt_id": self.attempt_id,
-                "tool": self.tool,
-                "requested_tool": self.requested_tool,
-                "arguments": self.arguments,
-                "fallback_from": self.fallback_from,
-                "success": success,
-                **fields,
-            }
-        )
+        return ToolOutcome.model_validate({**self.fields(), "success": success, **fields})
 
     def failed(
         self, failure_type: FailureType, error: str, *, recoverable: bool, attempts: int, **extra: Any
