@@ -1,0 +1,136 @@
+"""What a run is allowed: its limits and their caps, its token and cost budget, what a submit may carry."""
+
+from __future__ import annotations
+
+from typing import Literal, Self
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+NotJudgedPolicy = Literal["escalate", "retry", "accept", "fail"]
+LoopPolicy = Literal["stop", "escalate"]
+
+# The most a submit may set each per-run limit to (``LW_RUN_LIMIT_CAPS`` overrides): finite, so no client
+# buys a run without end; a deployment sets them to what its tenants pay for.
+RUN_LIMIT_CAPS: dict[str, float] = {
+    "max_iterations": 500,
+    "max_judge_retries": 20,
+    "max_schema_corrections": 20,
+    "cost_ceiling_usd": 10_000.0,
+    "run_token_budget": 100_000_000,
+    "context_budget_tokens": 10_000_000,
+    "loop_repeat_threshold": 1000,
+}
+# The largest body a service reads per message type (``LW_BODY_MAX_BYTES`` overrides): a submit is a task
+# (at most 100 KB) and a scenario; a tool's result may be as large as LW_TOOL_OUTPUT_MAX_BYTES allows.
+BODY_MAX_BYTES: dict[str, int] = {"RunSubmit": 5 * 1024 * 1024, "*": 64 * 1024 * 1024}
+
+
+class RunSettings(BaseModel):
+    # --- run limits (defaults; a run submission may lower or raise them) -------------
+    max_iterations: int = Field(15, ge=1)
+    max_judge_retries: int = Field(2, ge=0)
+    max_schema_corrections: int = Field(2, ge=0)
+    cost_ceiling_usd: float = Field(0.50, gt=0)
+    not_judged_policy: NotJudgedPolicy = "escalate"
+    loop_window: int = Field(6, ge=2)
+    loop_repeat_threshold: int = Field(3, ge=2)
+    loop_policy: LoopPolicy = "stop"
+    max_tool_result_tokens: int = Field(2000, ge=50, description="a larger tool result is truncated in context")
+
+    # --- token budget (governor) -----------------------------------------------------
+    context_budget_tokens: int = Field(60_000, ge=1000)
+    run_token_budget: int = Field(400_000, ge=1000, description="input+output tokens per run")
+    warn_at: float = Field(0.70, gt=0, lt=1)
+    compact_at: float = Field(0.80, gt=0, lt=1, description="share of the history allocation")
+    keep_recent_turns: int = Field(6, ge=1)
+    budget_exhausted_policy: Literal["fallback_model", "stop"] = "fallback_model"
+
+    # --- cost as the bill says it (issue 11) --------------------------------------------
+    prompt_caching: bool = Field(True, description="send planner turns with prompt-cache breakpoints")
+    more_room_output_tokens: int = Field(
+        8192, ge=16, description="a reply cut off at max_tokens is asked once more with this many (at least 2x)"
+    )
+    compact_at_cached: float = Field(
+        0.95,
+        gt=0,
+        lt=1,
+        description="with a warm prompt cache, soft compaction waits until history reaches this share of its "
+        "allocation (compaction re-writes the cached prefix at 1.25x what a cached turn reads at 0.1x)",
+    )
+    calibration_weight: float = Field(
+        0.2, gt=0, le=1, description="weight of each new sample in the per-model estimate/reported token ratio"
+    )
+    wrap_up_reserve_usd: float = Field(
+        0.0,
+        ge=0,
+        description="cost kept back from the ceiling for the wrap-up: a normal turn must leave this much "
+        "(the wrap-up itself must fit what is left, its reply capped at LW_WRAP_UP_OUTPUT_TOKENS)",
+    )
+    wrap_up_output_tokens: int = Field(1024, ge=16, description="room for the wrap-up turn's final answer")
+    delegate_max_depth: int = Field(2, ge=0, description="how deep sub-agents may nest (0: no delegation)")
+    delegate_max_children: int = Field(4, ge=1, description="sub-agent runs one run may start")
+    delegate_ceiling_usd: float = Field(0.10, gt=0, description="a sub-agent's cost ceiling unless it asks for less")
+    delegate_max_iterations: int = Field(6, ge=1, description="a sub-agent's iteration cap unless it asks for less")
+    spawn_gate_usd: float = Field(
+        0.10, ge=0, description="a sub-agent whose estimated cost is above this waits for a human's approval"
+    )
+    tool_host_grace_s: float = Field(
+        15.0,
+        ge=0,
+        description="a called tool no running executor pulls is asked about again this long before the call is an "
+        "unknown_tool failure (a replica restarting is back within it and its calls wait in the stream)",
+    )
+    progressive_tools_above: int | None = Field(
+        20, ge=1, description="above this many offered tools the model sees one line per tool; None: always full"
+    )
+
+    # --- what a run accepts (issue 23) --------------------------------------------------------------
+    allow_scripted: bool = Field(
+        True,
+        description="runs submitted with a scenario are replayed (the model's turns and the tools' behaviour "
+        "scripted): true for the local stack, tests and the demo; false in a deployment, where such a submit is "
+        "refused and no service applies a stored scenario",
+    )
+    tenant: str = Field(
+        "default",
+        pattern=r"^[A-Za-z0-9_-]{1,64}$",
+        description="the client: the tenant it submits runs for (its NATS user may submit only that tenant's)",
+    )
+    run_limit_caps: dict[str, float] = Field(
+        default_factory=lambda: dict(RUN_LIMIT_CAPS),
+        description="JSON: the most a submit may set each per-run limit to (RunSubmit.limits); over it, refused",
+    )
+    scenario_max_bytes: int = Field(
+        4 * 1024 * 1024, ge=1024, description="the largest scenario a submit may carry (its canonical JSON)"
+    )
+    body_max_bytes: dict[str, int] = Field(
+        default_factory=lambda: dict(BODY_MAX_BYTES),
+        description="JSON: message type -> the largest body of that type a service reads (a body sent by "
+        "reference over it is refused before it is fetched); '*' for every other type",
+    )
+
+    @field_validator("run_limit_caps")
+    @classmethod
+    def _run_limit_caps(cls, v: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(v) - set(RUN_LIMIT_CAPS))
+        if unknown:
+            raise ValueError(f"not per-run limits: {', '.join(unknown)} (known: {', '.join(RUN_LIMIT_CAPS)})")
+        return {**RUN_LIMIT_CAPS, **v}
+
+    @field_validator("body_max_bytes")
+    @classmethod
+    def _body_max_bytes(cls, v: dict[str, int]) -> dict[str, int]:
+        for name, size in v.items():
+            if size < 1024:
+                raise ValueError(f"{name}: a body limit must be at least 1024 bytes (got {size})")
+        return {**BODY_MAX_BYTES, **v}
+
+    @model_validator(mode="after")
+    def _thresholds_ordered(self) -> Self:
+        if self.warn_at >= 1.0 or self.compact_at >= 1.0:
+            raise ValueError("thresholds must be below 1.0")
+        return self
+
+    def body_limit(self, message_type: str) -> int:
+        """The largest body of ``message_type`` a service reads (``LW_BODY_MAX_BYTES``)."""
+        return self.body_max_bytes.get(message_type, self.body_max_bytes["*"])
