@@ -37,6 +37,8 @@ from shared.messages import (
     EscalationResolution,
     EscalationResolve,
     EscalationWithdraw,
+    FlowQuery,
+    FlowTicket,
     JudgeRequest,
     McpServerStatus,
     Requeue,
@@ -184,7 +186,33 @@ CHANNELS: tuple[Channel, ...] = (
         "command",
         "a dead letter handed back to the executor replicas hosting its tool (loopwarden dlq requeue)",
     ),
+    Channel(
+        f"{S.FLOW_TICKET_PREFIX}.{{tenant}}.{{priority}}",
+        FlowTicket,
+        ("planner",),
+        (),
+        "command",
+        "a run waiting for its tenant's share of the fleet (LW_FLOW): a planner takes the oldest of the highest "
+        "priority by direct get and deletes it, no consumer",
+    ),
     # --- requests on core NATS (a queue group per answering service) ------------------------------------
+    Channel(
+        S.FLOW_VIEW,
+        FlowQuery,
+        ("client", "console", "operator"),
+        ("planner",),
+        "request",
+        "the fleet as flow control sees it: every tenant's queued, running, finished, waits and quotas",
+    ),
+    Channel(
+        f"{S.FLOW_VIEW}.{{tenant}}",
+        FlowQuery,
+        ("tenant_client",),
+        ("planner",),
+        "request",
+        "a tenant-bound client's own row of the fleet's view",
+        pinned=("tenant",),
+    ),
     Channel(
         f"{S.RUN_READ_PREFIX}.{{verb}}.{{tenant}}",
         RunRead,

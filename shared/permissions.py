@@ -37,6 +37,7 @@ class Grant:
     bodies_of: tuple[str, ...] | None = None  # whose claim-check bodies it reads (None: anyone's)
     bodies_for: tuple[str, ...] = ()  # other owners it stores bodies as (the planner: each tenant's reads)
     sees: tuple[str, ...] | None = None  # the streams whose info (and subject index) it may read (None: every one)
+    takes_from: tuple[str, ...] = ()  # streams it reads by direct get and deletes single messages of (LW_FLOW)
 
 
 # Operators: one NATS user each, allowed to publish only their own claim/renew/resolve subjects.
@@ -78,11 +79,16 @@ GRANTS: dict[str, Grant] = {
         publish=published("planner"),
         # a tenant-bound client's reads of its own runs (``services/planner/reads.py``): it answers them
         # (``answers``: the tenant clients, filled in by ``grants()``) from the runs' records and events
-        subscribe=(f"{S.RUN_READ_PREFIX}.>",),
-        # scenarios: bound at submit; history: the runs' conversations
-        kv_write=(S.KV_RUNS, S.KV_MODEL_CALLS, S.KV_LESSONS, S.KV_SCENARIOS, S.KV_HISTORY),
-        kv_read=(S.KV_CONTRACTS, S.KV_AGENTS),  # agents: resolved at submit (``RunSubmit.agent``)
+        # and the fleet's view (``loopwarden fleet``: every tenant's for the client, console, operators and admin)
+        subscribe=(f"{S.RUN_READ_PREFIX}.>", S.FLOW_VIEW, f"{S.FLOW_VIEW}.*"),
+        # scenarios: bound at submit; history: the runs' conversations; flow: the fleet's admission record
+        kv_write=(S.KV_RUNS, S.KV_MODEL_CALLS, S.KV_LESSONS, S.KV_SCENARIOS, S.KV_HISTORY, S.KV_FLOW),
+        # agents: resolved at submit (``RunSubmit.agent``); budgets: a tenant's day (its daily ceiling at submit);
+        # human counts: each tenant's open items in the human queue (its quota)
+        kv_read=(S.KV_CONTRACTS, S.KV_AGENTS, S.KV_BUDGETS, S.KV_HUMAN_COUNTS),
         read_streams=(S.STREAM_EVT,),
+        takes_from=(S.STREAM_FLOW,),  # the waiting runs' tickets
+        answers=("client", "console", "admin"),  # the fleet's view (and every operator, tenant client: ``grants()``)
         consumers=(
             (S.STREAM_SUBMIT, S.DURABLE_PLANNER_SUBMIT),
             (S.STREAM_CMD, S.DURABLE_PLANNER_SPAWN),
@@ -124,7 +130,7 @@ GRANTS: dict[str, Grant] = {
     "escalation": Grant(
         publish=published("escalation"),
         subscribe=(f"{S.P}.rpc.escalation.>",),
-        kv_write=(S.KV_ESCALATIONS,),
+        kv_write=(S.KV_ESCALATIONS, S.KV_HUMAN_COUNTS),  # and each tenant's open items, for the planners' quota
         # the run's last turns; provided results meet the tool's contract
         kv_read=(S.KV_RUNS, S.KV_CONTRACTS, S.KV_HISTORY),
         consumers=(
@@ -225,7 +231,7 @@ def grants(tools: list[str]) -> dict[str, Grant]:
         "planner": Grant(
             **{
                 **planner.__dict__,
-                "answers": (*planner.answers, *clients),
+                "answers": (*planner.answers, *clients, *OPERATORS),
                 "bodies_for": tuple(S.tenant_bodies(TENANT_CLIENTS[user]) for user in clients),
             }
         ),
@@ -280,6 +286,10 @@ def rights(service: str, grant: Grant) -> tuple[list[str], list[str]]:
         # History by (batched) direct get: a read, never a consumer. ``MSG.GET`` reads one message by its
         # number (``loopwarden dlq requeue N``).
         pub += [f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.DIRECT.GET.{stream}", f"$JS.API.STREAM.MSG.GET.{stream}"]
+    for stream in grant.takes_from:
+        # A queue kept in a stream without a consumer: the oldest message of a subject by direct get, taken by
+        # deleting it (one delete of a message succeeds), the subjects' counts by stream info.
+        pub += [f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.DIRECT.GET.{stream}", f"$JS.API.STREAM.MSG.DELETE.{stream}"]
     pub += payload_rights(service, grant.bodies_of)
     pub += [f"{S.PAYLOAD_PREFIX}.{owner}.>" for owner in grant.bodies_for]
     return list(dict.fromkeys(pub)), list(dict.fromkeys(sub))

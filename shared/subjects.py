@@ -47,6 +47,9 @@ ESCALATION_RESOLVE = f"{P}.rpc.escalation.resolve"
 # ``<prefix>.<verb>.<tenant>``, and the server lets each such client publish only its own tenant's
 RUN_READ_PREFIX = f"{P}.rpc.runs"
 RUN_READ_VERBS = ("state", "history", "events")
+# the fleet as flow control sees it (``loopwarden fleet``), answered by any planner: every tenant's row, or
+# ``<it>.<tenant>`` for a tenant-bound client (its own row only; the server lets it publish only its own)
+FLOW_VIEW = f"{P}.rpc.flow.view"
 
 # --- events (JetStream stream LW_EVT) ------------------------------------------------------
 RUN_EVENT_PREFIX = f"{P}.evt.run"
@@ -69,11 +72,18 @@ DLQ_PREFIX = f"{P}.dlq"
 # every subject holds one message, written once (the stream refuses a second: ``discard_new_per_subject``).
 PAYLOAD_PREFIX = f"{P}.payload"
 
+# --- flow control: the tickets of runs waiting for their tenant's share (JetStream stream LW_FLOW) -------------
+# ``lw.v1.flow.ticket.<tenant>.<priority>``: one message per waiting run, in the order they came; a planner
+# takes the oldest of a subject by direct get and removes it by deleting that message (only one delete of a
+# message succeeds, so two replicas never both take it). Nothing consumes the stream.
+FLOW_TICKET_PREFIX = f"{P}.flow.ticket"
+
 STREAM_CMD = "LW_CMD"
 STREAM_SUBMIT = "LW_SUBMIT"
 STREAM_EVT = "LW_EVT"
 STREAM_DLQ = "LW_DLQ"
 STREAM_PAYLOADS = "LW_PAYLOADS"
+STREAM_FLOW = "LW_FLOW"
 # The subjects an untrusted user (a client, an operator) may publish live in a stream of their own:
 # JetStream de-duplicates by ``Nats-Msg-Id`` per stream, so a client's message id can never pre-claim
 # a service's (predictable) id on LW_CMD. LW_CMD lists the services' commands one by one.
@@ -92,6 +102,7 @@ STREAM_SUBJECTS: dict[str, list[str]] = {
     STREAM_EVT: [f"{P}.evt.>"],
     STREAM_DLQ: [f"{P}.dlq.>"],
     STREAM_PAYLOADS: [f"{PAYLOAD_PREFIX}.>"],
+    STREAM_FLOW: [f"{P}.flow.>"],
 }
 STREAMS_WITH_DURABLES = (STREAM_CMD, STREAM_SUBMIT, STREAM_EVT)  # where the services' durable consumers live
 
@@ -147,6 +158,8 @@ KV_HISTORY = "lw_history"  # planner: a run's conversation, one key per message 
 KV_CONSOLE_SESSIONS = "lw_console_sessions"  # console: revoked sessions, shared by every replica
 KV_REQUEUES = "lw_requeues"  # every consuming service: <service>.<letter> once it took that letter back
 KV_AGENTS = "lw_agents"  # operators (and the admin): registered agent definitions, one key per agent name
+KV_FLOW = "lw_flow"  # planner: the fleet's admission record (``fleet``: each tenant's runs in flight, ...)
+KV_HUMAN_COUNTS = "lw_human_counts"  # escalation: each tenant's open items in the human queue (key ``open``)
 ALL_BUCKETS = (
     KV_RUNS,
     KV_MODEL_CALLS,
@@ -165,6 +178,8 @@ ALL_BUCKETS = (
     KV_CONSOLE_SESSIONS,
     KV_REQUEUES,
     KV_AGENTS,
+    KV_FLOW,
+    KV_HUMAN_COUNTS,
 )
 
 _TOKEN_OK = re.compile(r"[^A-Za-z0-9_-]")
@@ -207,6 +222,16 @@ def run_submit(tenant: str | None = None) -> str:
 def run_read(verb: str, tenant: str) -> str:
     """The subject a client of ``tenant`` asks the planner for one of its runs (``verb``: ``RUN_READ_VERBS``)."""
     return f"{RUN_READ_PREFIX}.{token(verb)}.{token(tenant)}"
+
+
+def flow_view(tenant: str | None = None) -> str:
+    """Where the fleet's view is asked for: every tenant's (None), or one tenant's (a tenant-bound client)."""
+    return FLOW_VIEW if tenant is None else f"{FLOW_VIEW}.{token(tenant)}"
+
+
+def flow_ticket(tenant: str, priority: int | str) -> str:
+    """The subject of a waiting run's ticket: its tenant and priority (``*`` patterns allowed as arguments)."""
+    return f"{FLOW_TICKET_PREFIX}.{tenant if tenant == '*' else token(tenant)}.{priority}"
 
 
 def tenant_bodies(tenant: str) -> str:

@@ -18,10 +18,11 @@ import pytest
 
 from loopwarden.client import Client
 from loopwarden.stack import LocalStack, tail
-from services.governor.handlers import TenantDay, tenant_key, today
 from services.planner.delegation import child_run_id
 from shared import subjects as S
 from shared.canonical import digest_of
+from shared.flow import TenantDay, today
+from shared.flow import day_key as tenant_key
 from shared.messages import DeadLetter, EscalationReply, RunSnapshot, RunSubmit, ToolCall
 from shared.permissions import TENANT_CLIENTS, grants, operator_roster, rights
 from shared.scenario import parse_scenario

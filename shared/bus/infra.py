@@ -16,6 +16,7 @@ from nats.js.api import AckPolicy as JsAckPolicy
 from nats.js.api import (
     ConsumerConfig,
     DeliverPolicy,
+    DiscardPolicy,
     KeyValueConfig,
     RetentionPolicy,
     StorageType,
@@ -112,17 +113,29 @@ async def until_ready(service: str, what: str, attempt: Callable[[], Awaitable[R
 def stream_config(name: str, settings: Settings) -> StreamConfig:
     if name == S.STREAM_PAYLOADS:
         return payload_stream_config(settings)
+    bounds: dict[str, object] = {}
+    if name == S.STREAM_SUBMIT:  # full: a new submit is refused (the client says so), nothing accepted is dropped
+        bounds = {"max_msgs": settings.submit_max_msgs, "max_bytes": settings.submit_max_bytes}
+    elif name == S.STREAM_FLOW:  # the tickets of waiting runs: never dropped, never aged out
+        bounds = {"max_bytes": settings.flow_max_bytes}
     return StreamConfig(
         name=name,
         subjects=S.STREAM_SUBJECTS[name],
         retention=RetentionPolicy.LIMITS,
         storage=StorageType.FILE,
-        # What a client or an operator sends again (LW_SUBMIT) is kept for a longer window than what only a
-        # redelivered handler publishes again: nats-server holds each id of the window in memory.
-        duplicate_window=settings.duplicate_window_s if name == S.STREAM_SUBMIT else settings.redelivery_dedupe_s,
-        max_age=settings.evt_max_age_s if name == S.STREAM_EVT else settings.stream_max_age_s,
+        # What a client or an operator sends again (LW_SUBMIT), and a waiting run's ticket (LW_FLOW, published
+        # again by a redelivered submit), are kept for a longer window than what only a redelivered handler
+        # publishes again: nats-server holds each id of the window in memory.
+        duplicate_window=(
+            settings.duplicate_window_s if name in (S.STREAM_SUBMIT, S.STREAM_FLOW) else settings.redelivery_dedupe_s
+        ),
+        max_age=(
+            0 if name == S.STREAM_FLOW else settings.evt_max_age_s if name == S.STREAM_EVT else settings.stream_max_age_s
+        ),
         num_replicas=settings.stream_replicas,
         allow_direct=True,
+        discard=DiscardPolicy.NEW if bounds else None,
+        **bounds,  # type: ignore[arg-type]
     )
 
 
@@ -157,7 +170,7 @@ async def ensure_streams(js: JetStreamContext, settings: Settings, *, update: bo
 def _stream_differs(actual: StreamConfig, wanted: StreamConfig) -> bool:
     return any(
         getattr(actual, f) != getattr(wanted, f)
-        for f in ("subjects", "duplicate_window", "max_age", "num_replicas", "allow_direct", "max_bytes")
+        for f in ("subjects", "duplicate_window", "max_age", "num_replicas", "allow_direct", "max_bytes", "max_msgs", "discard")
         if getattr(wanted, f) is not None  # not declared: the server's default stands
     )
 

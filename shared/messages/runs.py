@@ -20,6 +20,9 @@ from shared.messages.wire import (
 from shared.providers import ProviderName
 
 
+PRIORITY_MIN, PRIORITY_MAX, DEFAULT_PRIORITY = 0, 9, 5
+
+
 class RunLimits(Wire):
     """Per-run overrides of the service defaults; ``None`` keeps the default."""
 
@@ -79,6 +82,13 @@ class RunSubmit(Wire):
         description="run a registered agent (``lw_agents``): the planner resolves its definition at submit; the "
         "submit's task (and scenario) stand, everything else is the agent's",
     )
+    priority: int | None = Field(
+        None,
+        ge=PRIORITY_MIN,
+        le=PRIORITY_MAX,
+        description="0..9, higher first: among its tenant's runs waiting for the fleet, a run of higher priority "
+        f"is started first (then the oldest). None: {DEFAULT_PRIORITY}",
+    )
 
 
 AGENT_INSTRUCTIONS_MAX_CHARS = 20_000
@@ -125,10 +135,27 @@ class AgentRecord(Wire):
     registered_at: datetime = Field(default_factory=utcnow)
 
 
-RunStatus = Literal["running", "awaiting_human", "completed", "stopped", "failed"]
+RunStatus = Literal["queued", "running", "awaiting_human", "completed", "stopped", "failed", "refused"]
 FinalStatus = Literal["completed", "stopped", "failed"]
-FINAL_STATUSES: tuple[FinalStatus, ...] = ("completed", "stopped", "failed")
-"""A run in one of these statuses is over: nothing moves it again."""
+"""How a run that started ends (``run.<status>``, ``RunFinished``)."""
+FINISHED_STATUSES: tuple[FinalStatus, ...] = ("completed", "stopped", "failed")
+FINAL_STATUSES: tuple[RunStatus, ...] = (*FINISHED_STATUSES, "refused")
+"""A run in one of these statuses is over: nothing moves it again. ``refused``: a submit that was not started
+(``RunSnapshot.refusal`` says why); ``queued``: accepted, waiting for its tenant's share of the fleet."""
+
+Quota = Literal["max_runs", "max_human_items", "max_stored_bytes", "daily_ceiling_usd", "submit_stream"]
+"""What a submit was refused against (``Refusal.quota``); docs/flow-control.md says what each means."""
+
+
+class Refusal(Wire):
+    """Why a submit was refused at the door (``RunSnapshot.refusal``, the ``run.refused`` event): the quota it
+    would pass (None: not a quota - a submit the planner does not start, e.g. scripted runs off), its limit and
+    the tenant's current figure, and one line for a person."""
+
+    quota: Quota | None = None
+    limit: float | None = None
+    current: float | None = None
+    reason: str = Field(max_length=2000)
 
 
 class RunAdvance(Wire):

@@ -1,0 +1,112 @@
+"""The fleet's admission record (``lw_flow``, key ``fleet``), one per fleet, written under compare-and-swap by
+every planner replica (each coalesces its changes into one write): per tenant the runs in flight (admitted,
+not ended, not waiting for a person), the planner replicas alive, and what ``loopwarden fleet`` shows of the
+last minutes (runs ended, time waited). The waiting runs are not here: their tickets are (``LW_FLOW``).
+Pure: every change is a function of (record, ..., now) that says whether it changed anything."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+WINDOW_MIN = 5  # minutes of "finished per minute" and "waited" kept
+
+
+class FleetRecord(BaseModel):
+    running: dict[str, dict[str, float]] = Field(
+        default_factory=dict, description="tenant -> run id -> when it was admitted (epoch s)"
+    )
+    replicas: dict[str, float] = Field(default_factory=dict, description="planner replica -> last seen (epoch s)")
+    finished: dict[str, dict[str, int]] = Field(
+        default_factory=dict, description="tenant -> minute (epoch min) -> runs of it that ended"
+    )
+    waited: dict[str, dict[str, list[float]]] = Field(
+        default_factory=dict, description="tenant -> minute -> [seconds waited, runs admitted]"
+    )
+    stored: dict[str, int] = Field(default_factory=dict, description="tenant -> bytes its ended runs keep stored")
+
+    def running_of(self, tenant: str) -> int:
+        return len(self.running.get(tenant, {}))
+
+    @property
+    def total(self) -> int:
+        return sum(len(r) for r in self.running.values())
+
+    def tenant_of(self, run_id: str) -> str | None:
+        return next((t for t, runs in self.running.items() if run_id in runs), None)
+
+
+def _minute(now: float) -> str:
+    return str(int(now // 60))
+
+
+def _trim(buckets: dict[str, dict[str, int]] | dict[str, dict[str, list[float]]], now: float) -> None:
+    oldest = int(now // 60) - WINDOW_MIN
+    for tenant in list(buckets):
+        per = buckets[tenant]
+        for minute in [m for m in per if int(m) < oldest]:
+            del per[minute]
+        if not per:
+            del buckets[tenant]
+
+
+def admit(record: FleetRecord, tenant: str, run_id: str, now: float, waited_s: float | None = None) -> bool:
+    """``run_id`` of ``tenant`` takes a slot (``waited_s``: how long it waited, for the view)."""
+    runs = record.running.setdefault(tenant, {})
+    if run_id in runs:
+        return False
+    runs[run_id] = now
+    if waited_s is not None:
+        cell = record.waited.setdefault(tenant, {}).setdefault(_minute(now), [0.0, 0.0])
+        cell[0], cell[1] = round(cell[0] + max(0.0, waited_s), 3), cell[1] + 1
+        _trim(record.waited, now)
+    return True
+
+
+def hold(record: FleetRecord, tenant: str, run_id: str, now: float) -> bool:
+    """A run that waited for a person goes on: it takes a slot again without queueing (over capacity if need be:
+    it was admitted once)."""
+    return admit(record, tenant, run_id, now)
+
+
+def release(record: FleetRecord, run_id: str, now: float, *, ended: bool, stored_bytes: int = 0) -> bool:
+    """``run_id`` gives its slot back: it ``ended`` (counted as finished, its ``stored_bytes`` to its tenant), or
+    waits for a person. A run holding no slot (a sub-agent, a run admitted before flow control) changes nothing
+    but what it ended with."""
+    tenant = record.tenant_of(run_id)
+    if tenant is None:
+        return False
+    del record.running[tenant][run_id]
+    if not record.running[tenant]:
+        del record.running[tenant]
+    if ended:
+        per = record.finished.setdefault(tenant, {})
+        per[_minute(now)] = per.get(_minute(now), 0) + 1
+        _trim(record.finished, now)
+        if stored_bytes:
+            record.stored[tenant] = record.stored.get(tenant, 0) + stored_bytes
+    return True
+
+
+def forget_stored(record: FleetRecord, tenant: str, stored_bytes: int) -> bool:
+    """Retention removed a run of ``tenant`` that kept ``stored_bytes``."""
+    if not stored_bytes or tenant not in record.stored:
+        return False
+    record.stored[tenant] = max(0, record.stored[tenant] - stored_bytes)
+    return True
+
+
+def heartbeat(record: FleetRecord, replica: str, now: float, ttl: float) -> bool:
+    """``replica`` is alive now; replicas not seen for ``ttl`` seconds are dropped. Changes the record only when
+    a replica comes or goes or its mark is older than a third of ``ttl`` (so a write is not made for it alone)."""
+    changed = False
+    for other in [r for r, seen in record.replicas.items() if now - seen > ttl]:
+        del record.replicas[other]
+        changed = True
+    if now - record.replicas.get(replica, 0.0) > ttl / 3:
+        record.replicas[replica] = now
+        changed = True
+    return changed
+
+
+def live_planners(record: FleetRecord, now: float, ttl: float) -> int:
+    return sum(1 for seen in record.replicas.values() if now - seen <= ttl)
