@@ -22,9 +22,11 @@ from shared.messages import (
     ModelCalled,
     ModelStopped,
     NotJudged,
+    Queued,
     Resumed,
     RunEvent,
     RunFinished,
+    RunRefused,
     SimulatedCall,
     Started,
     ToolAttempt,
@@ -117,6 +119,10 @@ def run_line(ev: AnyRunEvent) -> str | None:
             return f"{tag} ■ model stopped ({d.stop_reason}): {ev.summary}"
         case Delegated(detail=d):
             return f"{tag} ⇢ sub-agent {d.child_run_id} (~${d.estimated_cost_usd:.4f})"
+        case Queued(detail=d):
+            return f"  ⧗ queued for tenant {d.tenant}'s share of the fleet (priority {d.priority})"
+        case RunRefused(detail=d):
+            return f"■ refused: {d.reason}"
         case VerdictIgnored() | GuardTripped() | NotJudged():
             return None  # shown through the events that follow them
         case _:

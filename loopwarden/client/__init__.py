@@ -13,18 +13,23 @@ from loopwarden.client.connecting import READY_TIMEOUT_S, Unreachable, probe, re
 from loopwarden.client.events import Event, Watch, tool_metrics, tool_outcomes
 from loopwarden.client.letters import Letters, NumberedLetter, Requeued
 from loopwarden.client.reads import TENANT_POLL_S
+from loopwarden.client.refusals import NotAccepted, QuotaExceeded, Refused, refusal_error
 from loopwarden.client.runs import NotAllowed, RunResult, UnknownAgent, new_run_id, select_runs
 from loopwarden.client.scenarios import Scenarios
-from loopwarden.client.waiting import PROGRESS_STEMS
+from loopwarden.client.waiting import ANY_STATUS, PROGRESS_STEMS
 
 __all__ = [
+    "ANY_STATUS",
     "PROGRESS_STEMS",
     "READY_TIMEOUT_S",
     "TENANT_POLL_S",
     "Client",
     "Event",
+    "NotAccepted",
     "NotAllowed",
     "NumberedLetter",
+    "QuotaExceeded",
+    "Refused",
     "Requeued",
     "RunResult",
     "UnknownAgent",
@@ -32,6 +37,7 @@ __all__ = [
     "Watch",
     "new_run_id",
     "probe",
+    "refusal_error",
     "resolve_settings",
     "select_runs",
     "tool_metrics",

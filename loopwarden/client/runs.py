@@ -11,13 +11,15 @@ from pathlib import Path
 
 from opentelemetry.trace import SpanKind
 
-from loopwarden.client.waiting import Waiting
+from loopwarden.client.refusals import NotAccepted, QuotaExceeded
+from loopwarden.client.waiting import ANY_STATUS, Waiting
 from shared import subjects as S
 from shared.agents import load_agent, next_record
-from shared.bus import CasConflict
+from shared.bus import CasConflict, StreamFull
 from shared.canonical import digest_of
+from shared.flow import submit_stream_refusal
 from shared.messages import (
-    FINAL_STATUSES,
+    FINISHED_STATUSES,
     Agent,
     AgentRecord,
     RunLimits,
@@ -101,7 +103,17 @@ def select_runs(
 class Runs(Waiting):
     """Submitting runs and agents, running one to its end, listing runs."""
 
-    async def submit(self, submit: RunSubmit) -> str:
+    async def submit(self, submit: RunSubmit, *, timeout: float | None = None) -> str:
+        """Submit a run; its id once a planner accepted it (``queued`` for its tenant's share of the fleet, or
+        started). ``Refused`` (``QuotaExceeded`` for a quota, its limit and the current figure) when it was refused
+        at the door, the submit stream being full included; ``NotAccepted`` when no planner answered within
+        ``timeout`` (default ``LW_SUBMIT_ANSWER_S``): the submit is stored and is taken once a planner runs."""
+        await self.send(submit)
+        await self.accepted(submit.run_id, timeout if timeout is not None else self.settings.submit_answer_s)
+        return submit.run_id
+
+    async def send(self, submit: RunSubmit) -> None:
+        """Publish a submit (stored once JetStream acknowledges it), without waiting for a planner's answer."""
         assert self.telemetry is not None
         tracer = self.telemetry.tracer("loopwarden.client")
         # The root of the run's trace: every service's spans hang below it.
@@ -110,8 +122,31 @@ class Runs(Waiting):
         ):
             # on its tenant's subject: the server lets this client's user publish only its own tenant's
             subject = S.run_submit(submit.tenant or self.bus.settings.tenant)
-            await self.bus.publish(subject, submit, msg_id=f"submit.{submit.run_id}")
-        return submit.run_id
+            try:
+                await self.bus.publish(subject, submit, msg_id=f"submit.{submit.run_id}")
+            except StreamFull as err:
+                limit, current = await self._submit_bounds(err.description or "")
+                raise QuotaExceeded(
+                    submit.run_id, submit_stream_refusal(err.description or "stream full", limit, current)
+                ) from None
+
+    async def _submit_bounds(self, description: str) -> tuple[float | None, float | None]:
+        """The submit stream's bound that was hit and its current figure (None: this user may not read them)."""
+        try:
+            info = await self.bus.js.stream_info(S.STREAM_SUBMIT)
+        except Exception:
+            return None, None
+        if "bytes" in description:
+            return info.config.max_bytes, info.state.bytes
+        return info.config.max_msgs, info.state.messages
+
+    async def accepted(self, run_id: str, timeout: float) -> RunSnapshot:
+        """The run's record once a planner wrote it (accepted: queued or started), or ``Refused``; ``NotAccepted``
+        after ``timeout`` seconds."""
+        try:
+            return await self.wait(run_id, timeout=timeout, until=ANY_STATUS, history=False)
+        except TimeoutError:
+            raise NotAccepted(run_id, timeout) from None
 
     async def submit_scenario(
         self, scenario: Scenario, run_id: str | None = None, limits: RunLimits | None = None
@@ -217,7 +252,7 @@ class Runs(Waiting):
         A scripted run: ``scenario=load_scenario(FILE)``. ``TimeoutError`` (naming the run) past
         ``timeout`` seconds; ``UnknownAgent`` when no agent has that name."""
         run_id = await self.submit_agent(agent, task, scenario=scenario, run_id=run_id)
-        snap = await self.wait(run_id, timeout=timeout, until=(*FINAL_STATUSES, "awaiting_human"), history=False)
+        snap = await self.wait(run_id, timeout=timeout, until=(*FINISHED_STATUSES, "awaiting_human"), history=False)
         return RunResult.of(snap)
 
     async def runs(

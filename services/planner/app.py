@@ -10,5 +10,6 @@ from shared.telemetry import Telemetry
 
 
 def build(bus: Bus, settings: Settings, telemetry: Telemetry) -> AfterConnect:
-    Planner(bus, settings, telemetry).register()
-    return None
+    planner = Planner(bus, settings, telemetry)
+    planner.register()
+    return planner.flow.start  # admission runs once the bus is connected

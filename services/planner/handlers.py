@@ -15,9 +15,11 @@ import logging
 import os
 
 from services.planner import ids, submission
-from services.planner.admission import Refused, admit, check_limits, resolve_agent, with_agent
+from services.planner.admission import Refused, admit
 from services.planner.catalogue import Catalogue
 from services.planner.escalations import apply_resolution
+from services.planner.flow import Flow
+from services.planner.intake import Intake
 from services.planner.judging import apply_verdict
 from services.planner.model_turns import ModelTurns
 from services.planner.outbox import Outbox
@@ -26,24 +28,26 @@ from services.planner.reads import RunReads
 from services.planner.state import PublishRecord, RunState
 from services.planner.store import RunStore
 from services.planner.transaction import Applied, Change, apply_message
-from services.planner.turns import apply_turn, resolve_config, start_run
+from services.planner.turns import apply_turn, begin_run, resolve_config, start_run
 from shared import subjects as S
 from shared.bounded import bounded_outcome
-from shared.bus import Bus, CasConflict, TryLater, Unchanged, current_deliveries, current_subject
+from shared.bus import Bus, TryLater, Unchanged, current_deliveries, current_subject
 from shared.messages import (
     TOOL_FAILURES,
-    AgentRecord,
     Corrected,
     Decided,
+    ErrorReply,
     EscalationRaise,
     EscalationResolution,
+    FleetView,
+    FlowQuery,
     RunAdvance,
     RunSubmit,
     ToolContract,
     ToolOutcome,
     Verdict,
+    utcnow,
 )
-from shared.providers.select import provider_name
 from shared.settings import Settings
 from shared.telemetry import LW_ITERATION, LW_RUN_ID, Telemetry, current_traceparent, record_invoke_agent
 
@@ -72,6 +76,11 @@ class Planner:
         self.fault = settings.fault_inject  # TEST ONLY (tests/test_run_history.py, tests/test_inline_turns.py)
         if self.fault is not None:
             log.warning("TEST FAULT INJECTION: this planner exits at %s", self.fault)
+        # admission to the fleet (fair share between tenants) and the door (quotas, refusals)
+        self.flow = Flow(bus, settings, telemetry, self.begin)
+        self.intake = Intake(
+            bus, settings, self.store, self.catalogue, self.flow, self.publish, self.traceparent, self.saved
+        )
 
     def saved(self) -> None:
         """The record is stored; nothing of this step is published or appended to the history yet."""
@@ -109,6 +118,13 @@ class Planner:
             model=EscalationResolution,
         )(self.on_resolution)
         RunReads(b).register()  # a tenant-bound client's reads of its own runs (``rpc.runs.<verb>.<tenant>``)
+        for subject in (S.FLOW_VIEW, S.flow_view("*")):  # the fleet's view (``loopwarden fleet``)
+            b.subject_responder(subject=subject, model=FlowQuery, reply=lambda reason: ErrorReply(error=reason))(
+                self.on_flow_view
+            )
+
+    def traceparent(self) -> str:
+        return current_traceparent() if self.tracing else ""
 
     # --- the transaction -----------------------------------------------------------------------
     async def transact(self, run_id: str, msg_id: str, change: Change, take_turn: bool = False) -> RunAdvance | None:
@@ -125,12 +141,17 @@ class Planner:
         """
         change = self.traced(run_id, msg_id, change)
 
+        before = ""
+
         def step(state: RunState | None) -> tuple[RunState, Applied] | Unchanged[Applied | None]:
+            nonlocal before
             if state is None:
                 raise TryLater(f"run {run_id} is not stored yet", delay=1.0)
+            before = state.status
             applied = apply_message(state, msg_id, change)
             if applied is None or not applied.changed:
                 return Unchanged(applied)
+            state.published_bytes += sum(len(i.payload) for i in applied.items)
             if not applied.was_done:
                 self.turns.prefetch(state, applied.items)  # the next turn's budget ask travels while this is saved
             return state, applied
@@ -139,6 +160,8 @@ class Planner:
         if applied is None:
             return None
         self.saved()
+        if applied.changed:
+            self.flow.moved(applied.state, before)  # a run that ended or waits for a person frees its slot
         if not applied.was_done:
             self.turns.prefetch_saved(applied.state)
         items, turn = applied.scheduled() if take_turn else (applied.items, None)
@@ -211,16 +234,15 @@ class Planner:
 
     # --- handlers -------------------------------------------------------------------------------
     async def on_submit(self, submit: RunSubmit) -> None:
-        """A client's submit (``cmd.run.submit.<tenant>``) or a sub-agent run the planner spawned
-        (``cmd.run.spawn``): admitted first (tenant, parent, limits, scenario), then started once."""
+        """A client's submit (``cmd.run.submit.<tenant>``): taken at the door (``intake.py``), queued for its
+        tenant's share of the fleet or refused; or a sub-agent run the planner spawned (``cmd.run.spawn``), started
+        at once (its parent holds the slot: queueing it could deadlock the parent)."""
         subject = current_subject()
-        record: AgentRecord | None = None
+        if subject != S.RUN_SPAWN:
+            await self.intake.take(submit, subject)
+            return
         try:
             submit = admit(submit, subject, self.settings)
-            if submit.agent is not None:  # a registered agent's run: its definition as of now
-                record, _ = await self.bus.kv_get(S.KV_AGENTS, submit.agent, AgentRecord)
-                submit = resolve_agent(submit, record, provider_name(self.settings, "planner"))
-                check_limits(submit, self.settings)  # the agent's limits are capped like a submit's
         except Refused as err:
             await submission.refuse(self.bus, submit, subject, str(err))
             return
@@ -237,21 +259,48 @@ class Planner:
             await submission.unbind_stray_scenario(self.bus, submit.run_id)
         contracts = await self.contracts()
         lessons = await submission.lessons(self.bus, submit)
-        config = with_agent(resolve_config(submit, self.settings, contracts), record)
-        out = start_run(submit, config, lessons)
-        out.state.agent, out.state.agent_version, out.state.tenant = config.agent, config.agent_version, submit.tenant
-        out.state.remember(ids.SUBMIT, out.items)
-        out.state.trace_parent = current_traceparent() if self.tracing else ""
-        try:
-            await self.store.create(out.state)
-            self.saved()
-        except CasConflict:
-            existing = await self.store.load(submit.run_id, fresh=True)
-            if existing is not None:
-                await self.publish(existing.outbox.get(ids.SUBMIT, []), submit.run_id)
-            return
-        await asyncio.gather(self.publish(out.items, submit.run_id), self.store.store_tail(out.state))
-        out.state.published(ids.SUBMIT, out.items)
+        out = start_run(submit, resolve_config(submit, self.settings, contracts), lessons)
+        await self.intake.record(out.state, out.items)
+
+    async def begin(self, run_id: str) -> str | None:
+        """Start a queued run its tenant's share of the fleet was just given to (``Flow``): its first message,
+        lessons and first turn. Its status after (None: no record); a run no longer queued is left as it is, but
+        what its start produced and did not publish yet (the replica that started it died) is published."""
+        state = await self.store.load(run_id, fresh=True)
+        if state is None:
+            return None
+        if state.status != "queued":
+            if state.outbox.get(ids.ADMITTED):
+                await self.publish(state.outbox[ids.ADMITTED], run_id)
+            return state.status
+        lessons = await submission.lessons_for(self.bus, state.task, state.config.lessons)
+        at = utcnow()
+
+        def step(state: RunState | None) -> tuple[RunState, RunState] | Unchanged[RunState | None]:
+            if state is None or state.seen(ids.ADMITTED):
+                return Unchanged(state)
+            out = begin_run(state, lessons, at)
+            if out is None:
+                return Unchanged(state)
+            state.remember(ids.ADMITTED, out.items)
+            state.published_bytes += sum(len(i.payload) for i in out.items)
+            return state, state
+
+        started = await self.store.update(run_id, step)
+        if started is None:
+            return None
+        self.saved()
+        items = started.outbox.get(ids.ADMITTED, [])
+        await asyncio.gather(self.publish(items, run_id), self.store.store_tail(started))
+        started.published(ids.ADMITTED, items)
+        self.flow.moved(started, "queued")  # a rubric refused at the start ends it here
+        return started.status
+
+    async def on_flow_view(self, query: FlowQuery, subject: str) -> FleetView:
+        """The fleet's view: every tenant's (``rpc.flow.view``), or the asking tenant's own row only
+        (``rpc.flow.view.<tenant>``, the subject its user may publish)."""
+        tenant = subject[len(S.FLOW_VIEW) + 1 :] if subject != S.FLOW_VIEW else query.tenant
+        return await self.flow.view(tenant)
 
     async def on_outcome(self, outcome: ToolOutcome) -> None:
         if outcome.will_retry:

@@ -31,9 +31,14 @@ def lessons_key(task: str) -> str:
 
 async def lessons(bus: Bus, submit: RunSubmit) -> list[str]:
     """What judges rejected earlier answers to this task for (only when the submit asks for lessons)."""
-    if not submit.lessons:
+    return await lessons_for(bus, submit.task, submit.lessons)
+
+
+async def lessons_for(bus: Bus, task: str, wanted: bool) -> list[str]:
+    """What judges rejected earlier answers to ``task`` for (only when the run asks for lessons: ``wanted``)."""
+    if not wanted:
         return []
-    stored, _ = await bus.kv_get(S.KV_LESSONS, lessons_key(submit.task), Lessons)
+    stored, _ = await bus.kv_get(S.KV_LESSONS, lessons_key(task), Lessons)
     return stored.reasons if stored else []
 
 

@@ -130,7 +130,11 @@ def stream_config(name: str, settings: Settings) -> StreamConfig:
             settings.duplicate_window_s if name in (S.STREAM_SUBMIT, S.STREAM_FLOW) else settings.redelivery_dedupe_s
         ),
         max_age=(
-            0 if name == S.STREAM_FLOW else settings.evt_max_age_s if name == S.STREAM_EVT else settings.stream_max_age_s
+            0
+            if name == S.STREAM_FLOW
+            else settings.evt_max_age_s
+            if name == S.STREAM_EVT
+            else settings.stream_max_age_s
         ),
         num_replicas=settings.stream_replicas,
         allow_direct=True,
@@ -167,10 +171,31 @@ async def ensure_streams(js: JetStreamContext, settings: Settings, *, update: bo
     return changed
 
 
+STREAM_FIELDS = (
+    "subjects",
+    "duplicate_window",
+    "max_age",
+    "num_replicas",
+    "allow_direct",
+    "max_bytes",
+    "max_msgs",
+    "discard",
+)
+
+
 def _stream_differs(actual: StreamConfig, wanted: StreamConfig) -> bool:
     return any(
         getattr(actual, f) != getattr(wanted, f)
-        for f in ("subjects", "duplicate_window", "max_age", "num_replicas", "allow_direct", "max_bytes", "max_msgs", "discard")
+        for f in (
+            "subjects",
+            "duplicate_window",
+            "max_age",
+            "num_replicas",
+            "allow_direct",
+            "max_bytes",
+            "max_msgs",
+            "discard",
+        )
         if getattr(wanted, f) is not None  # not declared: the server's default stands
     )
 

@@ -35,6 +35,7 @@ def test_a_tenant_bound_client_publishes_its_own_submits_and_reads_only() -> Non
     assert set(permissions.published(user)) == {
         S.run_submit("acme"),
         *(S.run_read(verb, "acme") for verb in S.RUN_READ_VERBS),
+        S.flow_view("acme"),  # its own row of the fleet's view
     }
     # the default tenant's client reads the queue and the consumers, but no one else's submits or reads
     default = permissions.published("client")

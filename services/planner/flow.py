@@ -1,0 +1,340 @@
+"""Admission to the fleet, on every planner replica: the fleet's record (``lw_flow``, key ``fleet``), the waiting
+runs' tickets (``LW_FLOW``), the admitter that hands free slots out by weighted fair share (``shared.flow.rules``),
+the sweep that mends what a replica that died left behind, and the fleet's view (``loopwarden fleet``).
+
+* Every replica admits; none is needed by the others. A replica coalesces its changes to the record (slots its
+  runs gave back, runs it admits, that it is alive) into one compare-and-swap write per round (``_round``), so
+  replicas race on one small key, not on every step.
+* A waiting run's ticket is taken in two steps, in this order: the run is added to the record's running runs
+  (CAS), then its ticket is deleted (one delete of a message succeeds). A replica that dies between them leaves
+  a ticket whose run is already running: the next round deletes it and starts nothing. Starting the run (its
+  record from ``queued`` to ``running``, under CAS) follows; a replica that dies before that leaves a slot whose
+  run is still ``queued``: the sweep starts it after ``LW_FLOW_GRACE_S``.
+* A run gives its slot back when it ends or waits for a person (``moved``, after the save that says so); one
+  that goes on after a person answered takes one again without queueing. A replica that dies before its write
+  leaves the slot held: the sweep reads the run's status and frees it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from pydantic import ValidationError
+
+from services.planner import ids
+from services.planner.flow_reads import FLEET_KEY, FlowReads, ticket_of
+from services.planner.state import RunState
+from shared import subjects as S
+from shared.bus import Bus, Unchanged, scan_page
+from shared.flow import (
+    FleetRecord,
+    Share,
+    admit,
+    due,
+    heartbeat,
+    hold,
+    plan,
+    release,
+    verdict,
+)
+from shared.messages import FINAL_STATUSES, FlowTicket
+from shared.settings import Settings
+from shared.telemetry import Telemetry
+
+log = logging.getLogger("loopwarden.planner.flow")
+SWEEP_BATCH = 32  # slots a sweep looks at, at most
+
+
+@dataclass
+class Op:
+    """A change to the record this replica has to make: a slot given back (``ended``: the run is over) or taken
+    again (a run that waited for a person goes on)."""
+
+    kind: str  # release | hold
+    tenant: str
+    run_id: str
+    ended: bool = False
+    stored_bytes: int = 0
+
+
+@dataclass
+class Round:
+    """What one round admitted, and which tickets it may delete."""
+
+    admitted: list[FlowTicket] = field(default_factory=list)
+    waited: dict[str, float] = field(default_factory=dict)
+    seqs: dict[str, int] = field(default_factory=dict)  # run id -> its ticket's sequence
+    stale: list[int] = field(default_factory=list)  # tickets of runs already admitted
+    planned: int = 0
+
+
+class Flow(FlowReads):
+    def __init__(
+        self, bus: Bus, settings: Settings, telemetry: Telemetry, begin: Callable[[str], Awaitable[str | None]]
+    ) -> None:
+        super().__init__(bus, settings, telemetry)
+        self.begin = begin  # start an admitted run: its status after (None: no record)
+        self.replica = f"planner-{uuid.uuid4().hex[:12]}"
+        self._ops: list[Op] = []
+        self._wake = asyncio.Event()
+        self._checked: dict[str, float] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._starting: set[asyncio.Task[None]] = set()
+        meter = telemetry.meter("loopwarden.planner")
+        self.admitted = meter.create_counter("loopwarden.flow.admitted", description="runs admitted, by tenant")
+        self.refused = meter.create_counter(
+            "loopwarden.flow.refused", description="submits refused at the door, by tenant and quota"
+        )
+        self.finished = meter.create_counter("loopwarden.flow.finished", description="admitted runs that ended")
+        self.waited = meter.create_histogram(
+            "loopwarden.flow.wait", unit="s", description="time a run waited for its tenant's share of the fleet"
+        )
+        bus.on_stop.append(self.stop)
+
+    # --- lifecycle -------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._admitter(), name="flow admitter"),
+            asyncio.create_task(self._sweeper(), name="flow sweep"),
+        ]
+        self._wake.set()  # runs may be waiting since before this replica started
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    # --- what the rest of the planner tells it ---------------------------------------------------------------
+    def queued(self) -> None:
+        """A ticket was published: a round admits it if there is room."""
+        self._wake.set()
+
+    def moved(self, state: RunState, before: str) -> None:
+        """``state`` was saved with a new status (``before``: the one it had): a run that ended or waits for a
+        person gives its slot back; one that goes on after a person answered takes one again. A sub-agent holds
+        none (its parent does)."""
+        after = state.status
+        if after == before or state.config.parent_run_id:
+            return
+        tenant = state.tenant or S.DEFAULT_TENANT
+        if after in FINAL_STATUSES or after == "awaiting_human":
+            ended = after in FINAL_STATUSES
+            self._ops.append(Op("release", tenant, state.run_id, ended=ended, stored_bytes=stored_bytes(state)))
+        elif before == "awaiting_human" and after == "running":
+            self._ops.append(Op("hold", tenant, state.run_id))
+        else:
+            return
+        self._wake.set()
+
+    # --- the admitter ----------------------------------------------------------------------------------------
+    async def _admitter(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            try:
+                more = await self._round()
+            except Exception as err:
+                log.warning("flow: a round failed (tried again): %r", err)
+                self._kept = None
+                await asyncio.sleep(0.2 + random.random() * 0.3)
+                more = True
+            if more:
+                self._wake.set()
+
+    async def _round(self) -> bool:
+        """One write of the record: this replica's slot changes, its heartbeat, and as many admissions as there
+        are free slots and tickets; then the admitted runs' tickets are deleted and the runs started. True when
+        another round may admit more."""
+        ops, self._ops = self._ops, []
+        try:
+            counts = await self._counts.get()
+            record = self._kept[0] if self._kept is not None else await self._read_record()
+            now = time.time()
+            draft = record.model_copy(deep=True)
+            for op in ops:
+                apply_op(draft, op, now)
+            capacity = self.capacity(draft, now)
+            picks = plan(await self._shares(draft, counts), capacity, limit=capacity)
+            candidates = await self._candidates(picks, draft)
+            result = Round()
+
+            def change(stored: FleetRecord | None) -> tuple[FleetRecord, Round] | Unchanged[Round]:
+                nonlocal result
+                result = Round(planned=len(picks))
+                rec = stored.model_copy(deep=True) if stored is not None else FleetRecord()
+                changed = heartbeat(rec, self.replica, now, self.ttl)
+                for op in ops:
+                    changed = apply_op(rec, op, now) or changed
+                taken: set[str] = set()
+                pool = {k: list(v) for k, v in candidates.items()}  # called again after a conflict: from the start
+                for tenant, priority in picks:
+                    ticket = next_ticket(pool.get((tenant, priority), []), rec, taken, result)
+                    if ticket is None:
+                        continue
+                    if room(rec, self.capacity(rec, now)) <= 0:
+                        break
+                    waited = max(0.0, now - ticket[0].queued_at.timestamp())
+                    admit(rec, tenant, ticket[0].run_id, now, waited_s=waited)
+                    result.admitted.append(ticket[0])
+                    result.waited[ticket[0].run_id] = waited
+                    result.seqs[ticket[0].run_id] = ticket[1]
+                    changed = True
+                return (rec, result) if changed else Unchanged(result)
+
+            result = await self.bus.update(
+                S.KV_FLOW, FLEET_KEY, FleetRecord, change, known=self._kept, saved=self._keep
+            )
+        except BaseException:
+            self._ops[:0] = ops  # not written: the next round writes them
+            raise
+        for op in ops:
+            if op.kind == "release" and op.ended:
+                self.finished.add(1, {"tenant": op.tenant})
+        deletions = [result.seqs[t.run_id] for t in result.admitted] + result.stale
+        await asyncio.gather(*(self._delete(seq) for seq in deletions))
+        for ticket in result.admitted:
+            self.admitted.add(1, {"tenant": ticket.tenant})
+            self.waited.record(result.waited[ticket.run_id], {"tenant": ticket.tenant})
+            self._start(ticket.run_id, ticket.tenant)
+        return bool(result.admitted) and len(result.admitted) >= result.planned > 0
+
+    async def _shares(self, record: FleetRecord, counts: dict[str, dict[int, int]]) -> list[Share]:
+        shares = []
+        for tenant in set(counts) | set(record.running):
+            policy = await self.policies.of(tenant)
+            shares.append(
+                Share(
+                    tenant=tenant,
+                    weight=policy.weight,
+                    cap=policy.max_running,
+                    running=record.running_of(tenant),
+                    queued=dict(counts.get(tenant, {})),
+                )
+            )
+        return shares
+
+    async def _candidates(
+        self, picks: list[tuple[str, int]], record: FleetRecord
+    ) -> dict[tuple[str, int], list[tuple[FlowTicket, int]]]:
+        """The oldest tickets of each (tenant, priority) picked: as many as picked, plus those of runs already
+        admitted (their tickets not deleted yet), which are skipped."""
+        wanted: dict[tuple[str, int], int] = {}
+        for pick in picks:
+            wanted[pick] = wanted.get(pick, 0) + 1
+        found: dict[tuple[str, int], list[tuple[FlowTicket, int]]] = {}
+        for (tenant, priority), n in wanted.items():
+            batch = n + record.running_of(tenant) + 4
+            msgs, _ = await scan_page(self.bus.nc, S.STREAM_FLOW, S.flow_ticket(tenant, priority), batch=batch)
+            found[(tenant, priority)] = [t for m in msgs if (t := ticket_of(m)) is not None]
+        return found
+
+    async def _delete(self, seq: int) -> None:
+        """Take a ticket: delete its message (a second delete of it finds none: harmless)."""
+        try:
+            await self.bus.nc.request(
+                f"$JS.API.STREAM.MSG.DELETE.{S.STREAM_FLOW}", json.dumps({"seq": seq, "no_erase": True}).encode(), 5
+            )
+        except Exception as err:  # left: the next round finds its run admitted and deletes it
+            log.warning("flow: ticket %d not deleted: %r", seq, err)
+
+    def _start(self, run_id: str, tenant: str) -> None:
+        async def start() -> None:
+            try:
+                status = await self.begin(run_id)
+            except Exception as err:  # the sweep starts it after the grace
+                log.warning("flow: run %s admitted but not started: %r", run_id, err)
+                return
+            if status is not None and status != "running":  # not queued any more, and not running: no slot
+                self._ops.append(Op("release", tenant, run_id, ended=False))
+                self._wake.set()
+
+        task = asyncio.create_task(start(), name=f"flow start {run_id}")
+        self._starting.add(task)
+        task.add_done_callback(self._starting.discard)
+
+    # --- the sweep -------------------------------------------------------------------------------------------
+    async def _sweeper(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.flow_sweep_s * random.uniform(0.8, 1.2))
+            try:
+                await self.sweep()
+            except Exception as err:
+                log.warning("flow: sweep failed: %r", err)
+
+    async def sweep(self) -> None:
+        """Say this replica is alive, admit what a lost wake-up left waiting, and look at a few slots: a run that
+        ended, waits for a person or is gone gives its slot back; one admitted but never started is started."""
+        record = await self._records.get()
+        now = time.time()
+        running = {run: at for runs in record.running.values() for run, at in runs.items()}
+        tenants = {run: t for t, runs in record.running.items() for run in runs}
+        every = max(5 * self.settings.flow_sweep_s, self.settings.flow_grace_s)
+        for run_id in due(
+            running, self._checked, now, grace=self.settings.flow_grace_s, every=every, batch=SWEEP_BATCH
+        ):
+            self._checked[run_id] = now
+            try:
+                state, _ = await self.bus.kv_get(S.KV_RUNS, run_id, RunState)
+            except ValidationError:
+                state = None
+            status = state.status if state is not None else None
+            check = verdict(status)
+            if check == "keep" and state is not None and state.outbox.get(ids.ADMITTED):
+                check = "start"  # started, but what its start produced may not be published (its starter died)
+            match check:
+                case "release":
+                    log.info("flow: sweep frees the slot of %s (%s)", run_id, status or "no record")
+                    self._ops.append(Op("release", tenants[run_id], run_id, ended=status in FINAL_STATUSES))
+                case "start":
+                    log.warning(
+                        "flow: sweep starts %s, admitted %.0fs ago and still queued", run_id, now - running[run_id]
+                    )
+                    self._start(run_id, tenants[run_id])
+                case "keep":
+                    pass
+        for gone in [r for r in self._checked if r not in running]:
+            del self._checked[gone]
+        self._wake.set()
+
+
+# --- helpers (pure) --------------------------------------------------------------------------------------------
+def apply_op(record: FleetRecord, op: Op, now: float) -> bool:
+    if op.kind == "hold":
+        return hold(record, op.tenant, op.run_id, now)
+    return release(record, op.run_id, now, ended=op.ended, stored_bytes=op.stored_bytes)
+
+
+def room(record: FleetRecord, capacity: int) -> int:
+    return capacity - record.total
+
+
+def next_ticket(
+    candidates: list[tuple[FlowTicket, int]], record: FleetRecord, taken: set[str], result: Round
+) -> tuple[FlowTicket, int] | None:
+    """The oldest candidate not admitted yet (one whose run is already in flight is a ticket to delete)."""
+    while candidates:
+        ticket, seq = candidates.pop(0)
+        if ticket.run_id in taken:
+            continue
+        taken.add(ticket.run_id)
+        if record.tenant_of(ticket.run_id) is not None:
+            result.stale.append(seq)
+            continue
+        return ticket, seq
+    return None
+
+
+def stored_bytes(state: RunState) -> int:
+    """What a run that ended keeps stored, at least: every message it published (its events and commands carry
+    what its conversation repeats: the model's turns, the tool results)."""
+    return state.published_bytes

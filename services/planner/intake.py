@@ -1,0 +1,127 @@
+"""A client's submit at the door (``cmd.run.submit.<tenant>``): validated, checked against its tenant's quotas and
+recorded as ``queued`` with its ticket, or refused at once with a typed reason its submitter reads. Little work
+happens here: the run's first message, lessons and first turn wait until it is admitted (``Planner.begin``).
+
+A refusal is a record too: status ``refused`` (final) with the ``Refusal`` (quota, limit, current figure, reason)
+and a ``run.refused`` event, so ``Client.submit``/``wait`` and ``loopwarden submit`` end with it at once. What an
+operator may need to look at (a submit the planner does not start: scripted runs off, limits over their caps, an
+unknown agent, another tenant's name, a bad scenario) is also dead-lettered as before; a quota's refusal is not.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+from services.planner import ids, submission
+from services.planner.admission import Refused, admit, check_limits, resolve_agent, tenant_of, with_agent
+from services.planner.catalogue import Catalogue
+from services.planner.flow import Flow
+from services.planner.state import PublishRecord, RunState
+from services.planner.store import RunStore
+from services.planner.turns import queue_run, refuse_run, resolve_config
+from shared import subjects as S
+from shared.bus import Bus, CasConflict
+from shared.flow import refusal
+from shared.messages import DEFAULT_PRIORITY, AgentRecord, Refusal, RunSubmit
+from shared.providers.select import provider_name
+from shared.settings import Settings
+
+log = logging.getLogger("loopwarden.planner")
+Publish = Callable[[list[PublishRecord], str], Awaitable[None]]
+
+
+class Intake:
+    def __init__(
+        self,
+        bus: Bus,
+        settings: Settings,
+        store: RunStore,
+        catalogue: Catalogue,
+        flow: Flow,
+        publish: Publish,
+        trace_parent: Callable[[], str],
+        saved: Callable[[], None],
+    ) -> None:
+        self.bus, self.settings, self.store, self.catalogue, self.flow = bus, settings, store, catalogue, flow
+        self.publish, self.trace_parent, self.saved = publish, trace_parent, saved
+
+    async def take(self, submit: RunSubmit, subject: str) -> None:
+        try:
+            tenant = tenant_of(subject)
+        except Refused as err:  # no tenant to tell: for operators only
+            await submission.refuse(self.bus, submit, subject, str(err))
+            return
+        try:
+            submit = admit(submit, subject, self.settings)
+        except Refused as err:
+            await self.refuse(submit.model_copy(update={"tenant": tenant}), Refusal(reason=str(err)), subject)
+            return
+        existing = await self.store.load(submit.run_id, fresh=True)
+        if existing is not None:  # a redelivery (or a run id taken): what it produced, again
+            if submit.scenario is not None:
+                problem = await submission.scenario_problem(self.bus, submit, started=True)
+                if problem is not None:
+                    await submission.refuse(self.bus, submit, subject, problem, ids.refused_scenario(submit.run_id))
+                    return
+            await self.publish(existing.outbox.get(ids.SUBMIT, []), submit.run_id)
+            if existing.status == "queued":
+                self.flow.queued()
+            return
+        record: AgentRecord | None = None
+        try:
+            if submit.agent is not None:  # a registered agent's run: its definition as of now
+                record, _ = await self.bus.kv_get(S.KV_AGENTS, submit.agent, AgentRecord)
+                submit = resolve_agent(submit, record, provider_name(self.settings, "planner"))
+                check_limits(submit, self.settings)  # the agent's limits are capped like a submit's
+        except Refused as err:
+            await self.refuse(submit, Refusal(reason=str(err)), subject)
+            return
+        policy = await self.flow.policies.of(tenant)
+        over = refusal(policy, await self.flow.usage(tenant, policy))
+        if over is not None:
+            await self.refuse(submit, over, subject, letter=False)
+            return
+        if submit.scenario is not None:
+            problem = await submission.scenario_problem(self.bus, submit)
+            if problem is not None:
+                await self.refuse(submit, Refusal(reason=problem), subject, msg_id=ids.refused_scenario(submit.run_id))
+                return
+        else:
+            await submission.unbind_stray_scenario(self.bus, submit.run_id)
+        config = with_agent(resolve_config(submit, self.settings, await self.catalogue.contracts()), record)
+        out = queue_run(submit, config, submit.priority if submit.priority is not None else DEFAULT_PRIORITY)
+        await self.record(out.state, out.items)
+        self.flow.queued()
+
+    async def record(self, state: RunState, items: list[PublishRecord]) -> bool:
+        """Store a new run's record (create-only) and publish what its submit produced; False: the run id is
+        taken (a redelivery raced this one, or another run's id): that record's answer is published again."""
+        state.remember(ids.SUBMIT, items)
+        state.trace_parent = self.trace_parent()
+        state.published_bytes += sum(len(i.payload) for i in items)
+        try:
+            await self.store.create(state)
+        except CasConflict:
+            existing = await self.store.load(state.run_id, fresh=True)
+            if existing is not None:
+                await self.publish(existing.outbox.get(ids.SUBMIT, []), state.run_id)
+            return False
+        if state.status == "running":  # a sub-agent's, started at once (TEST ONLY fault point: after a save)
+            self.saved()
+        await self.publish(items, state.run_id)
+        state.published(ids.SUBMIT, items)
+        return True
+
+    async def refuse(
+        self, submit: RunSubmit, why: Refusal, subject: str, *, letter: bool = True, msg_id: str | None = None
+    ) -> None:
+        """The submit is refused: a ``refused`` record and event its submitter reads (unless the run id is taken),
+        and for what an operator may need to see, the dead letter as before."""
+        out = refuse_run(submit, why, resolve_config(submit, self.settings, {}))
+        if await self.record(out.state, out.items):
+            tenant = submit.tenant or S.DEFAULT_TENANT
+            self.flow.refused.add(1, {"tenant": tenant, "quota": why.quota or "admission"})
+            log.warning("planner: refused the submit of %s (tenant %s): %s", submit.run_id, tenant, why.reason)
+        if letter:
+            await submission.refuse(self.bus, submit, subject, why.reason, msg_id)
