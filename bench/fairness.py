@@ -78,8 +78,20 @@ class Finishes:
     at: dict[str, float] = field(default_factory=dict)
     status: dict[str, str] = field(default_factory=dict)
     waiters: dict[str, asyncio.Future[float]] = field(default_factory=dict)
+    started: dict[str, float] = field(default_factory=dict)  # its run.started (admitted, on a release that queues)
+    accepted: dict[str, float] = field(default_factory=dict)  # its first run.queued or run.started: taken in
 
     async def start(self, client: Client) -> None:
+        async def on_start(msg: Any) -> None:
+            rid = (msg.headers or {}).get(RUN_ID_HEADER, "") or msg.subject.rsplit(".", 1)[-1]
+            now = time.perf_counter()
+            self.accepted.setdefault(rid, now)
+            if msg.subject.split(".")[4] == "started":
+                self.started.setdefault(rid, now)
+
+        for kind in ("queued", "started"):
+            await client.bus.nc.subscribe(S.any_run(S.run_event(kind)), cb=on_start)
+
         async def on_msg(msg: Any) -> None:
             rid = (msg.headers or {}).get(RUN_ID_HEADER, "") or msg.subject.rsplit(".", 1)[-1]
             if rid in self.at:
@@ -114,8 +126,11 @@ async def publish(client: Client, tenant: str, submits: list[RunSubmit]) -> floa
     return t0
 
 
-async def latencies(client: Client, finishes: Finishes, tenant: str, n: int, timeout: float) -> list[float]:
-    """``n`` runs of ``tenant`` submitted at once; each one's time from its submit to its final event."""
+async def latencies(
+    client: Client, finishes: Finishes, tenant: str, n: int, timeout: float, parts: dict[str, list[float]] | None = None
+) -> list[float]:
+    """``n`` runs of ``tenant`` submitted at once; each one's time from its submit to its final event (``parts``:
+    also to its intake and to its start)."""
     submits = [submit_of(two_turns()) for _ in range(n)]
     started = {}
     subject = S.run_submit(tenant)
@@ -126,6 +141,10 @@ async def latencies(client: Client, finishes: Finishes, tenant: str, n: int, tim
 
     await asyncio.gather(*(one(s) for s in submits))
     await finishes.until([s.run_id for s in submits], timeout)
+    if parts is not None:
+        ids = [s.run_id for s in submits]
+        parts["intake"] = [finishes.accepted[r] - started[r] for r in ids if r in finishes.accepted]
+        parts["start"] = [finishes.started[r] - started[r] for r in ids if r in finishes.started]
     return [finishes.at[s.run_id] - started[s.run_id] for s in submits]
 
 
@@ -158,7 +177,9 @@ def run(burst: int = 1000, small: int = 20, env: dict[str, str] | None = None) -
                 # b behind a's burst
                 burst_a = [submit_of(two_turns()) for _ in range(burst)]
                 t0 = await publish(client, "a", burst_a)
-                behind = await latencies(client, finishes, "b", small, timeout)
+                parts: dict[str, list[float]] = {}
+                behind = await latencies(client, finishes, "b", small, timeout, parts)
+                r["b_parts"] = parts
                 await finishes.until([s.run_id for s in burst_a], timeout)
                 r["a_shared_s"] = max(finishes.at[s.run_id] for s in burst_a) - t0
                 r["b_alone"], r["b_behind"] = alone, behind
@@ -185,6 +206,10 @@ def report(r: dict[str, Any]) -> list[str]:
         f"p95 {pct(behind, 0.95):6.2f} s",
         f"    = {p50_ratio:4.2f}x (p50), {p95_ratio:4.2f}x (p95) b alone   target <= 1.5x: "
         f"{mark(p50_ratio <= 1.5 and p95_ratio <= 1.5)}",
+        "    b behind a: submit -> taken in (queued or started) p50 "
+        + (f"{pct(r['b_parts']['intake'], 0.5):.2f} s" if r["b_parts"].get("intake") else "-")
+        + ", submit -> started p50 "
+        + (f"{pct(r['b_parts']['start'], 0.5):.2f} s" if r["b_parts"].get("start") else "-"),
         f"  tenant a alone: {r['burst']} runs in {r['a_alone_s']:.1f} s = {r['burst'] / r['a_alone_s']:.1f} runs/s; "
         f"with b's beside: {r['a_shared_s']:.1f} s; runs of a's not completed: {r['not_completed']}",
     ]

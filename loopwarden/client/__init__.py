@@ -16,10 +16,10 @@ from loopwarden.client.reads import TENANT_POLL_S
 from loopwarden.client.refusals import NotAccepted, QuotaExceeded, Refused, refusal_error
 from loopwarden.client.runs import NotAllowed, RunResult, UnknownAgent, new_run_id, select_runs
 from loopwarden.client.scenarios import Scenarios
-from loopwarden.client.waiting import ANY_STATUS, PROGRESS_STEMS
+from loopwarden.client.waiting import ACCEPTED, PROGRESS_STEMS
 
 __all__ = [
-    "ANY_STATUS",
+    "ACCEPTED",
     "PROGRESS_STEMS",
     "READY_TIMEOUT_S",
     "TENANT_POLL_S",

@@ -12,7 +12,7 @@ from pathlib import Path
 from opentelemetry.trace import SpanKind
 
 from loopwarden.client.refusals import NotAccepted, QuotaExceeded
-from loopwarden.client.waiting import ANY_STATUS, Waiting
+from loopwarden.client.waiting import ACCEPTED, Waiting
 from shared import subjects as S
 from shared.agents import load_agent, next_record
 from shared.bus import CasConflict, StreamFull
@@ -22,6 +22,8 @@ from shared.messages import (
     FINISHED_STATUSES,
     Agent,
     AgentRecord,
+    FleetView,
+    FlowQuery,
     RunLimits,
     RunSnapshot,
     RunSubmit,
@@ -144,12 +146,17 @@ class Runs(Waiting):
         """The run's record once a planner wrote it (accepted: queued or started), or ``Refused``; ``NotAccepted``
         after ``timeout`` seconds."""
         try:
-            return await self.wait(run_id, timeout=timeout, until=ANY_STATUS, history=False)
+            return await self.wait(run_id, timeout=timeout, until=ACCEPTED, history=False)
         except TimeoutError:
             raise NotAccepted(run_id, timeout) from None
 
     async def submit_scenario(
-        self, scenario: Scenario, run_id: str | None = None, limits: RunLimits | None = None
+        self,
+        scenario: Scenario,
+        run_id: str | None = None,
+        limits: RunLimits | None = None,
+        *,
+        priority: int | None = None,
     ) -> str:
         """Submit a scenario's task with the scenario bound to it (replayed by scripted providers).
 
@@ -168,6 +175,7 @@ class Runs(Waiting):
             lessons=scenario.lessons,
             scenario=data,
             scenario_digest=digest_of(data),
+            priority=priority,
         )
         await self.submit(submit)
         return run_id
@@ -217,10 +225,11 @@ class Runs(Waiting):
         *,
         scenario: Scenario | None = None,
         run_id: str | None = None,
+        priority: int | None = None,
     ) -> str:
         """Start a run of the registered ``agent`` on ``task`` (live), or scripted by ``scenario`` (its task
         unless ``task`` is given): the run id. ``UnknownAgent`` when no agent has that name (a tenant's client,
-        which may not read the agents, learns it from the planner's dead letter instead: the run never starts)."""
+        which may not read the agents, gets the planner's refusal instead: ``Refused``)."""
         if not self.tenant_bound and await self.agent(agent) is None:
             raise UnknownAgent(f"agent {agent!r} is not registered (`loopwarden agents list` shows those that are)")
         if task is None and scenario is None:
@@ -232,6 +241,7 @@ class Runs(Waiting):
             agent=agent,
             scenario=data,
             scenario_digest=digest_of(data) if data is not None else None,
+            priority=priority,
         )
         return await self.submit(submit)
 
@@ -254,6 +264,13 @@ class Runs(Waiting):
         run_id = await self.submit_agent(agent, task, scenario=scenario, run_id=run_id)
         snap = await self.wait(run_id, timeout=timeout, until=(*FINISHED_STATUSES, "awaiting_human"), history=False)
         return RunResult.of(snap)
+
+    async def fleet(self) -> FleetView:
+        """The fleet as flow control sees it (any planner answers): per tenant its runs queued, running and waiting
+        for a person, finished per minute, the time its runs waited for their share, and each quota's use; the
+        fleet's capacity and live planners. A tenant-bound client gets its own tenant's row only."""
+        subject = S.flow_view(self.settings.tenant) if self.tenant_bound else S.FLOW_VIEW
+        return await self.bus.request(subject, FlowQuery(), FleetView)
 
     async def runs(
         self,

@@ -20,7 +20,7 @@ from shared.messages import (
 )
 
 PROGRESS_STEMS = frozenset(S.run_event(e.model_fields["kind"].default) for e in PROGRESS_EVENTS)
-ANY_STATUS: tuple[str, ...] = get_args(RunStatus)  # a record of any status: accepted, or refused
+ACCEPTED: tuple[str, ...] = tuple(s for s in get_args(RunStatus) if s != "refused")  # a planner took it in
 
 
 class Waiting(Reads, Queue):

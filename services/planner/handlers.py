@@ -118,7 +118,7 @@ class Planner:
             model=EscalationResolution,
         )(self.on_resolution)
         RunReads(b).register()  # a tenant-bound client's reads of its own runs (``rpc.runs.<verb>.<tenant>``)
-        for subject in (S.FLOW_VIEW, S.flow_view("*")):  # the fleet's view (``loopwarden fleet``)
+        for subject in (S.FLOW_VIEW, f"{S.FLOW_VIEW}.*"):  # the fleet's view (``loopwarden fleet``)
             b.subject_responder(subject=subject, model=FlowQuery, reply=lambda reason: ErrorReply(error=reason))(
                 self.on_flow_view
             )
@@ -273,13 +273,18 @@ class Planner:
             if state.outbox.get(ids.ADMITTED):
                 await self.publish(state.outbox[ids.ADMITTED], run_id)
             return state.status
+        if state.pending_scenario is not None:  # a scripted run: its scenario is bound to it now
+            problem = await submission.bind_scenario(self.bus, run_id, state.pending_scenario)
+        else:  # a live run: whatever is stored under its id is not its scenario
+            problem = None
+            await submission.unbind_stray_scenario(self.bus, run_id)
         lessons = await submission.lessons_for(self.bus, state.task, state.config.lessons)
         at = utcnow()
 
         def step(state: RunState | None) -> tuple[RunState, RunState] | Unchanged[RunState | None]:
             if state is None or state.seen(ids.ADMITTED):
                 return Unchanged(state)
-            out = begin_run(state, lessons, at)
+            out = begin_run(state, lessons, at, problem)
             if out is None:
                 return Unchanged(state)
             state.remember(ids.ADMITTED, out.items)

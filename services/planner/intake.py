@@ -21,7 +21,7 @@ from services.planner.state import PublishRecord, RunState
 from services.planner.store import RunStore
 from services.planner.turns import queue_run, refuse_run, resolve_config
 from shared import subjects as S
-from shared.bus import Bus, CasConflict
+from shared.bus import Bus, CasConflict, current_deliveries
 from shared.flow import refusal
 from shared.messages import DEFAULT_PRIORITY, AgentRecord, Refusal, RunSubmit
 from shared.providers.select import provider_name
@@ -57,16 +57,7 @@ class Intake:
         except Refused as err:
             await self.refuse(submit.model_copy(update={"tenant": tenant}), Refusal(reason=str(err)), subject)
             return
-        existing = await self.store.load(submit.run_id, fresh=True)
-        if existing is not None:  # a redelivery (or a run id taken): what it produced, again
-            if submit.scenario is not None:
-                problem = await submission.scenario_problem(self.bus, submit, started=True)
-                if problem is not None:
-                    await submission.refuse(self.bus, submit, subject, problem, ids.refused_scenario(submit.run_id))
-                    return
-            await self.publish(existing.outbox.get(ids.SUBMIT, []), submit.run_id)
-            if existing.status == "queued":
-                self.flow.queued()
+        if await self.known(submit, subject):
             return
         record: AgentRecord | None = None
         try:
@@ -82,17 +73,34 @@ class Intake:
         if over is not None:
             await self.refuse(submit, over, subject, letter=False)
             return
-        if submit.scenario is not None:
-            problem = await submission.scenario_problem(self.bus, submit)
-            if problem is not None:
-                await self.refuse(submit, Refusal(reason=problem), subject, msg_id=ids.refused_scenario(submit.run_id))
-                return
-        else:
-            await submission.unbind_stray_scenario(self.bus, submit.run_id)
+        problem = submission.scenario_error(submit) if submit.scenario is not None else None
+        if problem is not None:
+            await self.refuse(submit, Refusal(reason=problem), subject, msg_id=ids.refused_scenario(submit.run_id))
+            return
         config = with_agent(resolve_config(submit, self.settings, await self.catalogue.contracts()), record)
         out = queue_run(submit, config, submit.priority if submit.priority is not None else DEFAULT_PRIORITY)
+        out.state.pending_scenario = submit.scenario  # bound when it starts (``Planner.begin``)
         await self.record(out.state, out.items)
         self.flow.queued()
+
+    async def known(self, submit: RunSubmit, subject: str) -> bool:
+        """A submit of a run stored already (a redelivery, or a run id taken): what it produced is published again
+        (the server drops the copies) and nothing else happens. A first delivery reads nothing here: the record
+        is created only if absent (``record``), which finds a run id taken."""
+        if current_deliveries() <= 1 and not self.store.kept(submit.run_id):
+            return False
+        existing = await self.store.load(submit.run_id, fresh=True)
+        if existing is None:
+            return False
+        if submit.scenario is not None:
+            problem = await submission.scenario_problem(self.bus, submit, started=True)
+            if problem is not None:
+                await submission.refuse(self.bus, submit, subject, problem, ids.refused_scenario(submit.run_id))
+                return True
+        await self.publish(existing.outbox.get(ids.SUBMIT, []), submit.run_id)
+        if existing.status == "queued":
+            self.flow.queued()
+        return True
 
     async def record(self, state: RunState, items: list[PublishRecord]) -> bool:
         """Store a new run's record (create-only) and publish what its submit produced; False: the run id is

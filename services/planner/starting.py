@@ -106,16 +106,21 @@ def queue_run(submit: RunSubmit, config: RunConfig, priority: int = DEFAULT_PRIO
     return out
 
 
-def begin_run(state: RunState, lessons: list[str], at: datetime) -> Outbox | None:
-    """A queued run admitted ``at``: its first message and its first turn (None: it is not queued any more)."""
+def begin_run(state: RunState, lessons: list[str], at: datetime, problem: str | None = None) -> Outbox | None:
+    """A queued run admitted ``at``: its first message and its first turn (None: it is not queued any more). A
+    scripted run whose scenario could not be bound (``problem``) fails at once, saying why."""
     if state.status != "queued":
         return None
     state.status = "running"
     state.admitted_at = at
+    state.pending_scenario = None
     state.iteration = Iteration(n=1)
     state.messages = [ChatMessage.user(C.opening_message(state.task, lessons))]
     config = state.config
     out = Outbox(state)
+    if problem is not None:
+        finish(out, "failed", f"scenario refused: {problem}")
+        return out
     if config.rubric is not None:
         try:
             state.warnings.extend(check_rubric(config.rubric))

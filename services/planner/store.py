@@ -50,6 +50,10 @@ class RunStore:
         kept = self._states.get(state.run_id)
         return kept[1] if kept is not None and kept[0] is state else None
 
+    def kept(self, run_id: str) -> bool:
+        """Whether this replica keeps a state of ``run_id``."""
+        return run_id in self._states
+
     def forget(self, run_id: str) -> None:
         """The kept state was changed outside a transaction: the next one reads the record again."""
         self._states.pop(run_id, None)

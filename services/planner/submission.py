@@ -53,6 +53,31 @@ async def record_lessons(bus: Bus, state: RunState) -> None:
     await bus.update(S.KV_LESSONS, lessons_key(state.task), Lessons, merge)
 
 
+def scenario_error(submit: RunSubmit) -> str | None:
+    """What is wrong with the submitted scenario itself (None: it matches its digest and parses): checked at the
+    door, before the run is accepted; it is bound when the run is admitted (``bind_scenario``)."""
+    if submit.scenario_digest != digest_of(submit.scenario):
+        return "the submitted scenario does not match its scenario_digest"
+    try:
+        parse_scenario(submit.scenario, f"scenario of {submit.run_id}")
+    except ScenarioError as err:
+        return str(err)
+    return None
+
+
+async def bind_scenario(bus: Bus, run_id: str, data: dict[str, object]) -> str | None:
+    """Bind a queued run's scenario (checked at the door) as it starts, create-only; what is wrong (None: bound):
+    another scenario bound under its id already."""
+    try:
+        scenario = parse_scenario(data, f"scenario of {run_id}")
+    except ScenarioError as err:
+        return str(err)
+    stored, _, created = await bus.create_or_get(S.KV_SCENARIOS, run_id, scenario)
+    if created or _scenario_digest(stored) == _scenario_digest(scenario):
+        return None
+    return f"another scenario is already bound to run {run_id}"
+
+
 async def scenario_problem(bus: Bus, submit: RunSubmit, started: bool = False) -> str | None:
     """Store the submitted scenario for the run, create-only: the planner is its only writer, so a
     scripted run replays what was submitted with it, and nothing changes it afterwards. What is wrong
@@ -68,7 +93,9 @@ async def scenario_problem(bus: Bus, submit: RunSubmit, started: bool = False) -
     if started:  # a scripted run's scenario was bound before its state was stored
         stored, _ = await bus.kv_get(S.KV_SCENARIOS, submit.run_id, Scenario)
     else:
-        stored, _, _ = await bus.create_or_get(S.KV_SCENARIOS, submit.run_id, scenario)
+        stored, _, created = await bus.create_or_get(S.KV_SCENARIOS, submit.run_id, scenario)
+        if created:
+            return None  # bound now: the submitted one
     if stored is None:
         return f"run {submit.run_id} was started without a scenario"
     if _scenario_digest(stored) != _scenario_digest(scenario):  # bound before: the same one only
