@@ -13,7 +13,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(prog="bench")
     parser.add_argument("--quick", action="store_true", help="short measurements (used by the test suite)")
     parser.add_argument(
-        "--only", choices=["validation", "e2e", "throughput", "durability", "chaos", "mcp", "storage", "cost"]
+        "--only",
+        choices=[
+            "validation",
+            "e2e",
+            "throughput",
+            "durability",
+            "chaos",
+            "mcp",
+            "storage",
+            "cost",
+            "fairness",
+            "overload",
+        ],
     )
     args = parser.parse_args()
     if args.only in (None, "validation"):
@@ -45,6 +57,18 @@ def main() -> int:
         from bench import cost
 
         print("\n".join(cost.report(cost.run(steps=24 if args.quick else 80))), flush=True)
+    if args.only in (None, "fairness"):  # fair share between tenants (issue 34)
+        from bench import fairness
+
+        fair = fairness.run(burst=200, small=10) if args.quick else fairness.run()
+        print("\n".join(fairness.report(fair)), flush=True)
+    if args.only in (None, "overload"):  # far more runs than the fleet serves, in one burst (issue 34)
+        from bench import overload
+
+        over = overload.run(n=1000, quota=150) if args.quick else overload.run()
+        print("\n".join(overload.report(over)), flush=True)
+        if over["lost"] or over["unanswered"]:
+            return 1
     if args.only in (None, "chaos"):
         result = chaos.run(runs=12, kills=8) if args.quick else chaos.run()
         print("\n".join(chaos.report(result)), flush=True)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import statistics
 import tempfile
 import time
 import uuid
@@ -113,7 +112,7 @@ class Finishes:
             if rid not in self.at:
                 futs.append(self.waiters.setdefault(rid, loop.create_future()))
         if futs:
-            done, pending = await asyncio.wait(futs, timeout=timeout)
+            _, pending = await asyncio.wait(futs, timeout=timeout)
             if pending:
                 raise RuntimeError(f"{len(pending)} of {len(run_ids)} runs did not end in {timeout:.0f}s")
 

@@ -187,6 +187,8 @@ class Console:
             Route("/runs/{run_id}/steps/{step_id}", p(self.run_step, fragment=True)),
             Route("/runs/{run_id}/replay", p(self.replay_run, changes=True), methods=["POST"]),
             Route("/runs/{run_id}/replays/{replay_id}", p(self.replay_result, fragment=True)),
+            Route("/fleet", p(self.fleet_page)),
+            Route("/fleet/rows", p(self.fleet_rows, fragment=True)),
             Route("/queue", p(self.queue_page)),
             Route("/queue/rows", p(self.queue_rows, fragment=True)),
             Route("/escalations/{escalation_id}", p(self.item_page)),
@@ -454,6 +456,20 @@ class Console:
         except ValueError as err:
             reply = EscalationReply(ok=False, error=str(err))
         return filters, reply
+
+    # --- the fleet (flow control) -----------------------------------------------------------------
+    async def _fleet(self) -> dict[str, Any]:
+        """The fleet's view from a planner (``loopwarden fleet``), or why it cannot be had now."""
+        try:
+            return {"view": await self.client.fleet(), "fleet_error": None}
+        except Exception as err:  # no planner answered, or this user may not ask: said on the page
+            return {"view": None, "fleet_error": f"the fleet's view is not available: {type(err).__name__} {err}"}
+
+    async def fleet_page(self, request: Request, operator: str) -> Response:
+        return self.render(request, "fleet.html", operator=operator, **await self._fleet())
+
+    async def fleet_rows(self, request: Request, operator: str) -> Response:
+        return self.render(request, "fleet_rows.html", **await self._fleet())
 
     async def queue_page(self, request: Request, operator: str) -> Response:
         filters, reply = await self._queue(request)
