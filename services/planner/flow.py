@@ -37,38 +37,52 @@ from shared.bus import Bus, Unchanged, scan_page
 from shared.flow import (
     FleetRecord,
     Share,
+    Usage,
     admit,
+    dequeue,
+    drift,
     due,
+    enqueue,
     heartbeat,
     hold,
     plan,
+    recount,
     release,
     verdict,
 )
-from shared.messages import FINAL_STATUSES, FlowTicket
+from shared.messages import FINAL_STATUSES, FlowTicket, Refusal
 from shared.settings import Settings
 from shared.telemetry import Telemetry
+from shared.tenancy import Policy
 
 log = logging.getLogger("loopwarden.planner.flow")
 SWEEP_BATCH = 32  # slots a sweep looks at, at most
 
 
-@dataclass
+@dataclass(eq=False)
 class Op:
     """A change to the record this replica has to make: a slot given back (``ended``: the run is over) or taken
-    again (a run that waited for a person goes on)."""
+    again (a run that waited for a person goes on); a submit counted against its tenant's quotas (``enqueue``:
+    ``decided`` says accepted or refused), or uncounted (``dequeue``); waiting counts set to the tickets'
+    (``recount``)."""
 
-    kind: str  # release | hold
-    tenant: str
-    run_id: str
+    kind: str  # release | hold | enqueue | dequeue | recount
+    tenant: str = ""
+    run_id: str = ""
     ended: bool = False
     stored_bytes: int = 0
+    priority: int = 0
+    policy: Policy | None = None
+    outside: Usage | None = None
+    counts: dict[tuple[str, int], int] = field(default_factory=dict)
+    decided: asyncio.Future[Refusal | None] | None = None
 
 
 @dataclass
 class Round:
-    """What one round admitted, and which tickets it may delete."""
+    """What one round admitted, and which tickets it may delete; what it decided of each submit."""
 
+    decisions: dict[Op, Refusal | None] = field(default_factory=dict)
     admitted: list[FlowTicket] = field(default_factory=list)
     waited: dict[str, float] = field(default_factory=dict)
     seqs: dict[str, int] = field(default_factory=dict)  # run id -> its ticket's sequence
@@ -86,6 +100,7 @@ class Flow(FlowReads):
         self._ops: list[Op] = []
         self._wake = asyncio.Event()
         self._checked: dict[str, float] = {}
+        self._drift: dict[tuple[str, int], int] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._starting: set[asyncio.Task[None]] = set()
         meter = telemetry.meter("loopwarden.planner")
@@ -117,6 +132,20 @@ class Flow(FlowReads):
     # --- what the rest of the planner tells it ---------------------------------------------------------------
     def queued(self) -> None:
         """A ticket was published: a round admits it if there is room."""
+        self._wake.set()
+
+    async def enqueue(self, policy: Policy, priority: int, outside: Usage) -> Refusal | None:
+        """Count a submit of ``policy.tenant`` as waiting, or refuse it by its quotas: decided in this replica's
+        next write of the record, with whatever else is due then."""
+        op = Op("enqueue", policy.tenant, priority=priority, policy=policy, outside=outside)
+        op.decided = asyncio.get_running_loop().create_future()
+        self._ops.append(op)
+        self._wake.set()
+        return await op.decided
+
+    def dequeue(self, tenant: str, priority: int) -> None:
+        """A submit counted as waiting that will not wait after all (its run id was taken)."""
+        self._ops.append(Op("dequeue", tenant, priority=priority))
         self._wake.set()
 
     def moved(self, state: RunState, before: str) -> None:
@@ -152,19 +181,18 @@ class Flow(FlowReads):
                 self._wake.set()
 
     async def _round(self) -> bool:
-        """One write of the record: this replica's slot changes, its heartbeat, and as many admissions as there
-        are free slots and tickets; then the admitted runs' tickets are deleted and the runs started. True when
-        another round may admit more."""
+        """One write of the record: this replica's slot changes, the submits it counts, its heartbeat, and as many
+        admissions as there are free slots and tickets; then the admitted runs' tickets are deleted and the runs
+        started. True when another round may admit more."""
         ops, self._ops = self._ops, []
         try:
-            counts = await self._counts.get()
             record = self._kept[0] if self._kept is not None else await self._read_record()
             now = time.time()
             draft = record.model_copy(deep=True)
             for op in ops:
                 apply_op(draft, op, now)
             capacity = self.capacity(draft, now)
-            picks = plan(await self._shares(draft, counts), capacity, limit=capacity)
+            picks = plan(await self._shares(draft), capacity, limit=capacity)
             candidates = await self._candidates(picks, draft)
             result = Round()
 
@@ -174,7 +202,12 @@ class Flow(FlowReads):
                 rec = stored.model_copy(deep=True) if stored is not None else FleetRecord()
                 changed = heartbeat(rec, self.replica, now, self.ttl)
                 for op in ops:
-                    changed = apply_op(rec, op, now) or changed
+                    if op.kind == "enqueue":
+                        assert op.policy is not None and op.outside is not None
+                        result.decisions[op] = enqueue(rec, op.policy, op.priority, op.outside)
+                        changed = changed or result.decisions[op] is None
+                    else:
+                        changed = apply_op(rec, op, now) or changed
                 taken: set[str] = set()
                 pool = {k: list(v) for k, v in candidates.items()}  # called again after a conflict: from the start
                 for tenant, priority in picks:
@@ -184,7 +217,7 @@ class Flow(FlowReads):
                     if room(rec, self.capacity(rec, now)) <= 0:
                         break
                     waited = max(0.0, now - ticket[0].queued_at.timestamp())
-                    admit(rec, tenant, ticket[0].run_id, now, waited_s=waited)
+                    admit(rec, tenant, ticket[0].run_id, now, waited_s=waited, priority=priority)
                     result.admitted.append(ticket[0])
                     result.waited[ticket[0].run_id] = waited
                     result.seqs[ticket[0].run_id] = ticket[1]
@@ -197,9 +230,14 @@ class Flow(FlowReads):
         except BaseException:
             self._ops[:0] = ops  # not written: the next round writes them
             raise
+        stored = self._kept[0] if self._kept is not None else None
         for op in ops:
             if op.kind == "release" and op.ended:
                 self.finished.add(1, {"tenant": op.tenant})
+            if op.decided is not None and not op.decided.done():
+                op.decided.set_result(result.decisions.get(op))
+                if stored is not None and op.policy is not None and op.outside is not None:
+                    self.note_usage(op.policy, stored, op.outside)
         deletions = [result.seqs[t.run_id] for t in result.admitted] + result.stale
         await asyncio.gather(*(self._delete(seq) for seq in deletions))
         for ticket in result.admitted:
@@ -208,9 +246,9 @@ class Flow(FlowReads):
             self._start(ticket.run_id, ticket.tenant)
         return bool(result.admitted) and len(result.admitted) >= result.planned > 0
 
-    async def _shares(self, record: FleetRecord, counts: dict[str, dict[int, int]]) -> list[Share]:
+    async def _shares(self, record: FleetRecord) -> list[Share]:
         shares = []
-        for tenant in set(counts) | set(record.running):
+        for tenant in set(record.queued) | set(record.running):
             policy = await self.policies.of(tenant)
             shares.append(
                 Share(
@@ -218,7 +256,7 @@ class Flow(FlowReads):
                     weight=policy.weight,
                     cap=policy.max_running,
                     running=record.running_of(tenant),
-                    queued=dict(counts.get(tenant, {})),
+                    queued=record.queued_by(tenant),
                 )
             )
         return shares
@@ -304,14 +342,32 @@ class Flow(FlowReads):
                     pass
         for gone in [r for r in self._checked if r not in running]:
             del self._checked[gone]
+        # the waiting counts against the tickets: a difference seen twice in a row is not a submit in flight
+        differs = drift(record, await self._read_counts())
+        lasting = {k: n for k, n in differs.items() if self._drift.get(k) == n}
+        self._drift = differs
+        if lasting:
+            log.warning("flow: waiting counts set to the tickets there are: %s", lasting)
+            self._ops.append(Op("recount", counts=lasting))
         self._wake.set()
 
 
 # --- helpers (pure) --------------------------------------------------------------------------------------------
 def apply_op(record: FleetRecord, op: Op, now: float) -> bool:
-    if op.kind == "hold":
-        return hold(record, op.tenant, op.run_id, now)
-    return release(record, op.run_id, now, ended=op.ended, stored_bytes=op.stored_bytes)
+    """``op`` applied to ``record`` (an ``enqueue`` as if accepted: a draft's; the write decides it again)."""
+    match op.kind:
+        case "hold":
+            return hold(record, op.tenant, op.run_id, now)
+        case "release":
+            return release(record, op.run_id, now, ended=op.ended, stored_bytes=op.stored_bytes)
+        case "enqueue":
+            assert op.policy is not None and op.outside is not None
+            return enqueue(record, op.policy, op.priority, op.outside) is None
+        case "dequeue":
+            return dequeue(record, op.tenant, op.priority)
+        case "recount":
+            return recount(record, op.counts)
+    raise ValueError(op.kind)
 
 
 def room(record: FleetRecord, capacity: int) -> int:

@@ -72,10 +72,8 @@ class FlowReads:
         self.policies = Policies(settings)
         self._kept: tuple[FleetRecord, int] | None = None
         self._records = Fresh(self._read_record)
-        self._counts = Fresh(self._read_counts)
         self._open = Fresh(self._read_open)
         self._days: dict[str, Fresh[float]] = {}
-        self.last_counts: dict[str, dict[int, int]] = {}
         self.last_usage: dict[str, tuple[Policy, Usage]] = {}
         meter = telemetry.meter("loopwarden.planner")
         meter.create_observable_gauge("loopwarden.flow.queued", callbacks=[self._gauge_queued])
@@ -119,7 +117,6 @@ class FlowReads:
                 counts.setdefault(tenant, {})[int(priority)] = int(n)
             offset += len(page)
             if not page or offset >= int(info.get("total") or 0):
-                self.last_counts = counts
                 return counts
 
     async def _read_open(self) -> dict[str, int]:
@@ -141,48 +138,54 @@ class FlowReads:
                 self._days.pop(next(iter(self._days)))
         return await fresh.get()
 
-    async def usage(self, tenant: str, policy: Policy) -> Usage:
-        """``tenant``'s figures now, for its quotas (each read begun after this call; concurrent calls share it)."""
-        record, counts, open_items = await asyncio.gather(self._records.get(), self._counts.get(), self._open.get())
-        usage = Usage(
-            queued=sum(counts.get(tenant, {}).values()),
-            running=record.running_of(tenant),
+    async def outside(self, tenant: str, policy: Policy) -> Usage:
+        """``tenant``'s figures the fleet's record does not hold, for its quotas: its runs waiting for a person
+        (its open items in the human queue) and, when it has a ceiling, its spend today (each read begun after
+        this call; concurrent calls share it)."""
+        open_items = await self._open.get()
+        return Usage(
             waiting=open_items.get(tenant, 0),
             human_items=open_items.get(tenant, 0),
-            stored_bytes=record.stored.get(tenant, 0),
             spent_usd=await self.spent(tenant) if policy.daily_ceiling_usd is not None else 0.0,
         )
-        self.last_usage[tenant] = (policy, usage)
+
+    def note_usage(self, policy: Policy, record: FleetRecord, outside: Usage) -> None:
+        """Keep the tenant's figures for the quota metrics."""
+        t = policy.tenant
+        self.last_usage[t] = (
+            policy,
+            Usage(
+                queued=record.queued_of(t),
+                running=record.running_of(t),
+                waiting=outside.waiting,
+                human_items=outside.human_items,
+                stored_bytes=record.stored.get(t, 0),
+                spent_usd=outside.spent_usd,
+            ),
+        )
         if len(self.last_usage) > 1024:
             self.last_usage.pop(next(iter(self.last_usage)))
-        return usage
 
     # --- the view --------------------------------------------------------------------------------------------
     async def view(self, tenant: str | None = None) -> FleetView:
-        record, counts, open_items = await asyncio.gather(self._records.get(), self._counts.get(), self._open.get())
+        record, open_items = await asyncio.gather(self._records.get(), self._open.get())
+        named = set(await self.policies.tenants())
         names = (
             {tenant}
             if tenant is not None
-            else (
-                set(await self.policies.tenants())
-                | set(record.running)
-                | set(counts)
-                | set(open_items)
-                | set(record.stored)
-            )
+            else named | set(record.running) | set(record.queued) | set(open_items) | set(record.stored)
         )
         policies = {t: await self.policies.of(t) for t in names}
         spent = {t: await self.spent(t) for t in names}
         oldest = {}
         for t in names:
-            heads = [await self._oldest(t, p) for p, n in counts.get(t, {}).items() if n > 0]
+            heads = [await self._oldest(t, p) for p in record.queued_by(t)]
             stamps = [h for h in heads if h is not None]
             if stamps:
                 oldest[t] = min(stamps)
         now = time.time()
         return fleet_view(
             record,
-            {t: counts.get(t, {}) for t in names},
             oldest,
             policies,
             {t: open_items.get(t, 0) for t in names},
@@ -199,7 +202,8 @@ class FlowReads:
 
     # --- metrics (fleet-wide figures: every planner replica reports the same; take one, not the sum) -----------
     def _gauge_queued(self, options: CallbackOptions) -> list[Observation]:
-        return [Observation(sum(c.values()), {"tenant": t}) for t, c in self.last_counts.items()]
+        record = self._kept[0] if self._kept is not None else FleetRecord()
+        return [Observation(record.queued_of(t), {"tenant": t}) for t in record.queued]
 
     def _gauge_running(self, options: CallbackOptions) -> list[Observation]:
         record = self._kept[0] if self._kept is not None else FleetRecord()

@@ -22,7 +22,6 @@ from services.planner.store import RunStore
 from services.planner.turns import queue_run, refuse_run, resolve_config
 from shared import subjects as S
 from shared.bus import Bus, CasConflict, current_deliveries
-from shared.flow import refusal
 from shared.messages import DEFAULT_PRIORITY, AgentRecord, Refusal, RunSubmit
 from shared.providers.select import provider_name
 from shared.settings import Settings
@@ -68,20 +67,23 @@ class Intake:
         except Refused as err:
             await self.refuse(submit, Refusal(reason=str(err)), subject)
             return
-        policy = await self.flow.policies.of(tenant)
-        over = refusal(policy, await self.flow.usage(tenant, policy))
-        if over is not None:
-            await self.refuse(submit, over, subject, letter=False)
-            return
         problem = submission.scenario_error(submit) if submit.scenario is not None else None
         if problem is not None:
             await self.refuse(submit, Refusal(reason=problem), subject, msg_id=ids.refused_scenario(submit.run_id))
             return
+        priority = submit.priority if submit.priority is not None else DEFAULT_PRIORITY
+        policy = await self.flow.policies.of(tenant)
+        over = await self.flow.enqueue(policy, priority, await self.flow.outside(tenant, policy))
+        if over is not None:
+            await self.refuse(submit, over, subject, letter=False)
+            return
         config = with_agent(resolve_config(submit, self.settings, await self.catalogue.contracts()), record)
-        out = queue_run(submit, config, submit.priority if submit.priority is not None else DEFAULT_PRIORITY)
+        out = queue_run(submit, config, priority)
         out.state.pending_scenario = submit.scenario  # bound when it starts (``Planner.begin``)
-        await self.record(out.state, out.items)
-        self.flow.queued()
+        if await self.record(out.state, out.items):
+            self.flow.queued()
+        else:  # counted as waiting, but the run id is taken: it does not wait
+            self.flow.dequeue(tenant, priority)
 
     async def known(self, submit: RunSubmit, subject: str) -> bool:
         """A submit of a run stored already (a redelivery, or a run id taken): what it produced is published again

@@ -5,7 +5,20 @@ against, what the fleet's admission record holds, what a tenant spent today. The
 
 from __future__ import annotations
 
-from shared.flow.fleet import WINDOW_MIN, FleetRecord, admit, forget_stored, heartbeat, hold, live_planners, release
+from shared.flow.fleet import (
+    WINDOW_MIN,
+    FleetRecord,
+    admit,
+    dequeue,
+    drift,
+    enqueue,
+    forget_stored,
+    heartbeat,
+    hold,
+    live_planners,
+    recount,
+    release,
+)
 from shared.flow.policies import Policies
 from shared.flow.quotas import Usage, refusal, submit_stream_refusal
 from shared.flow.rules import Share, capacity_of, pick, plan
@@ -24,7 +37,10 @@ __all__ = [
     "admit",
     "capacity_of",
     "day_key",
+    "dequeue",
+    "drift",
     "due",
+    "enqueue",
     "fleet_view",
     "forget_stored",
     "heartbeat",
@@ -32,6 +48,7 @@ __all__ = [
     "live_planners",
     "pick",
     "plan",
+    "recount",
     "refusal",
     "release",
     "submit_stream_refusal",

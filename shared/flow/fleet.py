@@ -1,17 +1,26 @@
 """The fleet's admission record (``lw_flow``, key ``fleet``), one per fleet, written under compare-and-swap by
-every planner replica (each coalesces its changes into one write): per tenant the runs in flight (admitted,
-not ended, not waiting for a person), the planner replicas alive, and what ``loopwarden fleet`` shows of the
-last minutes (runs ended, time waited). The waiting runs are not here: their tickets are (``LW_FLOW``).
-Pure: every change is a function of (record, ..., now) that says whether it changed anything."""
+every planner replica (each coalesces its changes into one write): per tenant its runs waiting (counted by
+priority: their tickets, in order, are in ``LW_FLOW``) and its runs in flight (admitted, not ended, not waiting
+for a person), the planner replicas alive, and what ``loopwarden fleet`` shows of the last minutes (runs ended,
+time waited). A submit is counted here, against its tenant's quotas, in the same write that decides it is
+accepted, so no two replicas accept past a quota together. Pure: every change is a function of (record, ...,
+now) that says whether it changed anything."""
 
 from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from shared.flow.quotas import Usage, refusal
+from shared.messages import Refusal
+from shared.tenancy import Policy
+
 WINDOW_MIN = 5  # minutes of "finished per minute" and "waited" kept
 
 
 class FleetRecord(BaseModel):
+    queued: dict[str, dict[str, int]] = Field(
+        default_factory=dict, description="tenant -> priority -> runs waiting (their tickets are in LW_FLOW)"
+    )
     running: dict[str, dict[str, float]] = Field(
         default_factory=dict, description="tenant -> run id -> when it was admitted (epoch s)"
     )
@@ -26,6 +35,16 @@ class FleetRecord(BaseModel):
 
     def running_of(self, tenant: str) -> int:
         return len(self.running.get(tenant, {}))
+
+    def queued_of(self, tenant: str) -> int:
+        return sum(self.queued.get(tenant, {}).values())
+
+    def queued_by(self, tenant: str) -> dict[int, int]:
+        return {int(p): n for p, n in self.queued.get(tenant, {}).items() if n > 0}
+
+    @property
+    def waiting(self) -> int:
+        return sum(self.queued_of(t) for t in self.queued)
 
     @property
     def total(self) -> int:
@@ -49,12 +68,88 @@ def _trim(buckets: dict[str, dict[str, int]] | dict[str, dict[str, list[float]]]
             del buckets[tenant]
 
 
-def admit(record: FleetRecord, tenant: str, run_id: str, now: float, waited_s: float | None = None) -> bool:
-    """``run_id`` of ``tenant`` takes a slot (``waited_s``: how long it waited, for the view)."""
+def enqueue(record: FleetRecord, policy: Policy, priority: int, outside: Usage) -> Refusal | None:
+    """A submit of ``policy.tenant`` at ``priority`` is accepted and counted as waiting, or refused by its quotas:
+    its runs waiting and in flight are this record's, the rest (its runs waiting for a person, its open items,
+    its spend today) ``outside``'s."""
+    tenant = policy.tenant
+    usage = Usage(
+        queued=record.queued_of(tenant),
+        running=record.running_of(tenant),
+        waiting=outside.waiting,
+        human_items=outside.human_items,
+        stored_bytes=record.stored.get(tenant, 0),
+        spent_usd=outside.spent_usd,
+    )
+    refused = refusal(policy, usage)
+    if refused is None:
+        per = record.queued.setdefault(tenant, {})
+        per[str(priority)] = per.get(str(priority), 0) + 1
+    return refused
+
+
+def dequeue(record: FleetRecord, tenant: str, priority: int) -> bool:
+    """One waiting run of ``tenant`` at ``priority`` less (admitted, or counted twice)."""
+    per = record.queued.get(tenant, {})
+    n = per.get(str(priority), 0)
+    if n <= 0:
+        return False
+    if n == 1:
+        del per[str(priority)]
+        if not per:
+            del record.queued[tenant]
+    else:
+        per[str(priority)] = n - 1
+    return True
+
+
+def drift(record: FleetRecord, tickets: dict[str, dict[int, int]]) -> dict[tuple[str, int], int]:
+    """Where the record's waiting counts differ from the tickets there are: (tenant, priority) -> tickets."""
+    keys = {(t, int(p)) for t, per in record.queued.items() for p in per} | {
+        (t, p) for t, per in tickets.items() for p in per
+    }
+    out = {}
+    for tenant, priority in keys:
+        have = record.queued.get(tenant, {}).get(str(priority), 0)
+        there = tickets.get(tenant, {}).get(priority, 0)
+        if have != there:
+            out[(tenant, priority)] = there
+    return out
+
+
+def recount(record: FleetRecord, counts: dict[tuple[str, int], int]) -> bool:
+    """Set waiting counts to what the tickets say (a replica that died between counting a submit and publishing
+    its ticket left one too many)."""
+    changed = False
+    for (tenant, priority), n in counts.items():
+        per = record.queued.setdefault(tenant, {})
+        if per.get(str(priority), 0) != n:
+            changed = True
+            if n > 0:
+                per[str(priority)] = n
+            else:
+                per.pop(str(priority), None)
+        if not per:
+            del record.queued[tenant]
+    return changed
+
+
+def admit(
+    record: FleetRecord,
+    tenant: str,
+    run_id: str,
+    now: float,
+    waited_s: float | None = None,
+    priority: int | None = None,
+) -> bool:
+    """``run_id`` of ``tenant`` takes a slot (``waited_s``: how long it waited, for the view; ``priority``: it
+    waited at that priority, one waiting run less)."""
     runs = record.running.setdefault(tenant, {})
     if run_id in runs:
         return False
     runs[run_id] = now
+    if priority is not None:
+        dequeue(record, tenant, priority)
     if waited_s is not None:
         cell = record.waited.setdefault(tenant, {}).setdefault(_minute(now), [0.0, 0.0])
         cell[0], cell[1] = round(cell[0] + max(0.0, waited_s), 3), cell[1] + 1

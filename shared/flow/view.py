@@ -23,7 +23,6 @@ def quota_use(policy: Policy, usage: Usage) -> list[QuotaUse]:
 
 def fleet_view(
     record: FleetRecord,
-    queued: Mapping[str, Mapping[int, int]],
     oldest: Mapping[str, float],
     policies: Mapping[str, Policy],
     open_items: Mapping[str, int],
@@ -39,7 +38,7 @@ def fleet_view(
     rows = []
     for tenant in sorted(policies):
         policy = policies[tenant]
-        waiting_by = {p: n for p, n in queued.get(tenant, {}).items() if n > 0}
+        waiting_by = record.queued_by(tenant)
         usage = Usage(
             queued=sum(waiting_by.values()),
             running=record.running_of(tenant),

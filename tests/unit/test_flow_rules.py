@@ -10,7 +10,10 @@ from shared.flow import (
     Usage,
     admit,
     capacity_of,
+    dequeue,
+    drift,
     due,
+    enqueue,
     fleet_view,
     forget_stored,
     heartbeat,
@@ -18,6 +21,7 @@ from shared.flow import (
     live_planners,
     pick,
     plan,
+    recount,
     refusal,
     release,
     submit_stream_refusal,
@@ -132,6 +136,32 @@ def test_replicas_are_alive_while_they_say_so() -> None:
     assert list(rec.replicas) == ["p1"] and live_planners(rec, now=108.0, ttl=6.0) == 1
 
 
+def test_a_submit_is_counted_as_waiting_only_when_its_quota_allows() -> None:
+    rec = FleetRecord()
+    quota = policy("a", max_runs=2)
+    assert enqueue(rec, quota, 5, Usage()) is None
+    assert enqueue(rec, quota, 9, Usage()) is None
+    assert rec.queued_by("a") == {5: 1, 9: 1}
+    refused = enqueue(rec, quota, 5, Usage())
+    assert refused is not None and (refused.quota, refused.current) == ("max_runs", 2)
+    assert rec.queued_of("a") == 2  # a refused submit is not counted
+    admit(rec, "a", "r1", now=1.0, priority=9)
+    assert rec.queued_by("a") == {5: 1} and rec.running_of("a") == 1
+    # runs waiting for a person count too (they come from the escalation service's figures)
+    assert enqueue(rec, quota, 5, Usage(waiting=1)) is not None
+    assert dequeue(rec, "a", 5) and not dequeue(rec, "a", 5) and "a" not in rec.queued
+
+
+def test_waiting_counts_follow_the_tickets_when_they_drift() -> None:
+    rec = FleetRecord(queued={"a": {"5": 3}, "b": {"1": 1}})
+    assert drift(rec, {"a": {5: 3}, "b": {1: 1}}) == {}
+    lasting = drift(rec, {"a": {5: 2}, "c": {9: 1}})
+    assert lasting == {("a", 5): 2, ("b", 1): 0, ("c", 9): 1}
+    assert recount(rec, lasting)
+    assert rec.queued == {"a": {"5": 2}, "c": {"9": 1}}
+    assert not recount(rec, lasting)
+
+
 # --- the sweep ---------------------------------------------------------------------------------------------
 def test_the_sweep_looks_at_runs_past_the_grace_longest_unchecked_first() -> None:
     running = {"new": 99.0, "old": 10.0, "older": 5.0, "seen": 1.0}
@@ -189,9 +219,9 @@ def test_the_view_shows_each_tenants_queue_slots_rates_waits_and_quotas() -> Non
     for k in range(3):
         admit(rec, "a", f"r{k}", now=600.0, waited_s=2.0)
     release(rec, "r0", now=610.0, ended=True)
+    rec.queued = {"a": {"5": 4, "9": 1}}
     view = fleet_view(
         rec,
-        queued={"a": {5: 4, 9: 1}},
         oldest={"a": 590.0},
         policies={"a": policy("a", max_runs=10), "b": policy("b")},
         open_items={"b": 2},
