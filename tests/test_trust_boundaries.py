@@ -417,7 +417,12 @@ def test_every_generated_grant_keeps_the_rules() -> None:
             assert not any(S.RUN_READ_PREFIX in p for p in (*pub, *sub)), user  # the planner alone answers them
         assert f"{S.inbox_prefix(user)}.>" in sub
     planner = rights("planner", grants["planner"])
-    assert {p for p in planner[0] if p.startswith("_INBOX_")} == {f"{S.inbox_prefix(u)}.>" for u in TENANT_BOUND}
+    # the planner answers the tenant-bound clients (their reads, their row of the fleet's view) and whoever may ask
+    # for the whole fleet's view (``loopwarden fleet``: the default client, the console, operators, the admin)
+    fleet_readers = ("client", "console", "admin", *OPERATORS)
+    assert {p for p in planner[0] if p.startswith("_INBOX_")} == {
+        f"{S.inbox_prefix(u)}.>" for u in (*TENANT_BOUND, *fleet_readers)
+    }
     assert f"{S.RUN_READ_PREFIX}.>" in planner[1]
     assert not {f"{S.inbox_prefix(u)}.>" for u in TENANT_BOUND} & set(rights("escalation", grants["escalation"])[0])
     assert {p for p in rights("governor", grants["governor"])[0] if p.startswith("_INBOX_")} == {
