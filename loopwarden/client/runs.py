@@ -105,13 +105,16 @@ def select_runs(
 class Runs(Waiting):
     """Submitting runs and agents, running one to its end, listing runs."""
 
-    async def submit(self, submit: RunSubmit, *, timeout: float | None = None) -> str:
+    async def submit(self, submit: RunSubmit, *, timeout: float | None = None, accepted: bool = True) -> str:
         """Submit a run; its id once a planner accepted it (``queued`` for its tenant's share of the fleet, or
         started). ``Refused`` (``QuotaExceeded`` for a quota, its limit and the current figure) when it was refused
         at the door, the submit stream being full included; ``NotAccepted`` when no planner answered within
-        ``timeout`` (default ``LW_SUBMIT_ANSWER_S``): the submit is stored and is taken once a planner runs."""
+        ``timeout`` (default ``LW_SUBMIT_ANSWER_S``): the submit is stored and is taken once a planner runs.
+        ``accepted=False``: return once the submit is stored, without waiting for a planner's answer (``wait``
+        then raises a refusal)."""
         await self.send(submit)
-        await self.accepted(submit.run_id, timeout if timeout is not None else self.settings.submit_answer_s)
+        if accepted:
+            await self.accepted(submit.run_id, timeout if timeout is not None else self.settings.submit_answer_s)
         return submit.run_id
 
     async def send(self, submit: RunSubmit) -> None:
@@ -157,6 +160,7 @@ class Runs(Waiting):
         limits: RunLimits | None = None,
         *,
         priority: int | None = None,
+        accepted: bool = True,
     ) -> str:
         """Submit a scenario's task with the scenario bound to it (replayed by scripted providers).
 
@@ -177,7 +181,7 @@ class Runs(Waiting):
             scenario_digest=digest_of(data),
             priority=priority,
         )
-        await self.submit(submit)
+        await self.submit(submit, accepted=accepted)
         return run_id
 
     async def register(self, agent: Agent | str | Path, timeout: float = 10.0) -> AgentRecord:
