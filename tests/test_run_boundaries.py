@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from loopwarden.client import Client
+from loopwarden.client import Client, QuotaExceeded, Refused
 from loopwarden.stack import LocalStack, tail
 from services.planner.delegation import child_run_id
 from shared import subjects as S
@@ -108,10 +108,11 @@ async def letter_for(admin: Client, run_id: str, timeout: float = bound(20.0)) -
 
 
 async def settled(admin: Client, run_id: str, timeout: float = bound(30.0)) -> DeadLetter | RunSnapshot:
-    """What became of a submit: its dead letter (refused) or, if it was started, the run once it ended."""
+    """What became of a submit: its dead letter (refused at the door: the letter is the operators' record of
+    it) or, if it was started, the run once it ended."""
     for _ in range(int(timeout / 0.2)):
         state = await admin.state(run_id)
-        if state is not None and state.done:
+        if state is not None and state.done and state.status != "refused":
             return state
         letters = [d for d in await admin.dead_letters() if d.service == "planner" and run_id in d.body]
         if letters:
@@ -162,7 +163,9 @@ async def test_a_client_cannot_answer_another_runs_tool_call_as_its_child(
         ],
         "answer_mode": "text",
     }
-    await acme.submit(scripted(forger, forged, parent_run_id=victim, parent_call_id="toolu_1", parent_iteration=1))
+    with pytest.raises(Refused) as refused:  # refused at the door: the forger reads why at once
+        await acme.submit(scripted(forger, forged, parent_run_id=victim, parent_call_id="toolu_1", parent_iteration=1))
+    assert "only the planner starts a sub-agent run" in refused.value.reason
 
     forgery = await settled(admin, forger)
     state = await client.wait(victim, timeout=bound(60))
@@ -171,10 +174,11 @@ async def test_a_client_cannot_answer_another_runs_tool_call_as_its_child(
     assert json.loads(result.content)["result"] == 42 and "FORGED" not in result.content, result.content
     assert "FORGED" not in json.dumps(state.model_dump(mode="json"))
     assert state.usage.cost_usd < 0.1, state.usage  # the forger's 2M scripted tokens ($6) never reached it
-    # refused, with the reason: never started, so it never answers anyone
+    # refused, with the reason: never started, so it never answers anyone (its record says refused)
     assert isinstance(forgery, DeadLetter), forgery.status
     assert "only the planner starts a sub-agent run" in forgery.reason, forgery.reason
-    assert await acme.state(forger) is None
+    record = await acme.state(forger)
+    assert record is not None and record.status == "refused" and record.model_calls == 0
 
 
 async def test_the_planner_still_starts_a_child_run_and_takes_its_answer(client: Client) -> None:
@@ -251,16 +255,20 @@ async def test_a_client_cannot_spend_another_tenants_day_nor_set_limits_past_the
     assert await tenant_spent(admin, "acme") < CEILING
     assert isinstance(refused, DeadLetter), refused.status
     assert "tenant 'acme' is not the submitter's" in refused.reason, refused.reason
-    assert await client.state(spender) is None
+    record = await client.state(spender)  # the submitter's own tenant's record: refused, nothing spent
+    assert record is not None and record.status == "refused" and record.tenant == S.DEFAULT_TENANT
+    assert record.usage.cost_usd == 0
     # and acme's subject is acme's users' only
     refusals = await L.publish_refusals(locked[0], "client", S.run_submit("acme"), attack.model_dump_json().encode())
     assert refusals, "the default tenant's client published on acme's submit subject"
     # an over-the-cap limit is refused with the field and the cap
     greedy = f"run-greedy-{key()}"
-    await client.submit(scripted(greedy, says(greedy, "x"), limits={"cost_ceiling_usd": 1e9}))
+    with pytest.raises(Refused) as capped:
+        await client.submit(scripted(greedy, says(greedy, "x"), limits={"cost_ceiling_usd": 1e9}))
+    assert "limits.cost_ceiling_usd 1e+09 is over the cap 10000" in capped.value.reason
     letter = await letter_for(admin, greedy)
     assert "limits.cost_ceiling_usd 1e+09 is over the cap 10000" in letter.reason, letter.reason
-    assert await client.state(greedy) is None
+    assert (await client.state(greedy)).status == "refused"  # type: ignore[union-attr]
 
 
 # --- D17: a run's task, its scenario and a body sent by reference are bounded ----------------------------
@@ -298,10 +306,10 @@ async def test_a_run_submitted_without_a_tenant_meets_the_default_tenants_ceilin
             break
         await asyncio.sleep(0.2)
     second = f"run-default-{key()}"
-    await client.submit(scripted(second, says(second, "too late")))
-    state = await client.wait(second, timeout=bound(30))
-    assert state.status == "stopped", (state.status, state.final_output)
-    assert f"tenant {S.DEFAULT_TENANT} daily cost ceiling" in (state.final_reason or ""), state.final_reason
+    with pytest.raises(QuotaExceeded) as ceiling:  # at its ceiling: refused at the door, not stopped later
+        await client.submit(scripted(second, says(second, "too late")))
+    assert ceiling.value.quota == "daily_ceiling_usd" and ceiling.value.limit == CEILING
+    assert f"tenant {S.DEFAULT_TENANT} reached its daily cost ceiling" in ceiling.value.reason
 
 
 # --- scripted runs only where allowed (last: it restarts the planner and the executor) --------------------
@@ -319,10 +327,12 @@ async def test_without_scripted_runs_a_scenario_is_refused_and_no_tool_plays_one
     await asyncio.to_thread(stack.wait_ready, procs)
 
     run_id = f"run-scripted-{key()}"
-    await client.submit(scripted(run_id, says(run_id, "scripted")))
+    with pytest.raises(Refused) as refused:
+        await client.submit(scripted(run_id, says(run_id, "scripted")))
+    assert "scripted runs are not allowed here (LW_ALLOW_SCRIPTED=false)" in refused.value.reason
     letter = await letter_for(admin, run_id)
     assert "scripted runs are not allowed here (LW_ALLOW_SCRIPTED=false)" in letter.reason, letter.reason
-    assert await client.state(run_id) is None
+    assert (await client.state(run_id)).status == "refused"  # type: ignore[union-attr]
 
     # a scenario stored under a run's id (as an admin could) plays no tool: the real calculator answers
     trapped = f"run-trapped-{key()}"
