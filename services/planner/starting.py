@@ -114,6 +114,9 @@ def begin_run(state: RunState, lessons: list[str], at: datetime, problem: str | 
     state.status = "running"
     state.admitted_at = at
     state.pending_scenario = None
+    # what the submit published at the door (run.queued, the ticket) is in the streams: the run was admitted by
+    # taking that ticket, so the record stops carrying it
+    state.outbox.pop(ids.SUBMIT, None)
     state.iteration = Iteration(n=1)
     state.messages = [ChatMessage.user(C.opening_message(state.task, lessons))]
     config = state.config
