@@ -14,6 +14,8 @@ import asyncio
 import logging
 import os
 
+from opentelemetry import propagate
+
 from services.planner import ids, submission
 from services.planner.admission import Refused, admit
 from services.planner.catalogue import Catalogue
@@ -265,10 +267,19 @@ class Planner:
     async def begin(self, run_id: str) -> str | None:
         """Start a queued run its tenant's share of the fleet was just given to (``Flow``): its first message,
         lessons and first turn. Its status after (None: no record); a run no longer queued is left as it is, but
-        what its start produced and did not publish yet (the replica that started it died) is published."""
+        what its start produced and did not publish yet (the replica that started it died) is published. The
+        start continues the submit's trace (kept in the record), so the run stays one trace."""
         state = await self.store.load(run_id, fresh=True)
         if state is None:
             return None
+        if not self.tracing or not state.trace_parent:
+            return await self._begin(state)
+        submitted = propagate.extract({"traceparent": state.trace_parent})
+        with self.tracer.start_as_current_span("planner start", context=submitted, attributes={LW_RUN_ID: run_id}):
+            return await self._begin(state)
+
+    async def _begin(self, state: RunState) -> str | None:
+        run_id = state.run_id
         if state.status != "queued":
             if state.outbox.get(ids.ADMITTED):
                 await self.publish(state.outbox[ids.ADMITTED], run_id)
