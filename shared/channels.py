@@ -56,6 +56,7 @@ from shared.messages import (
 Kind = Literal["command", "event", "request", "dead_letter", "api"]
 # Publisher groups: ``tenant_client`` is every tenant-bound client user, ``operator`` every operator, ``all``
 # every service; any other name is one user (``client``: the default tenant's client, which reads every run).
+# ``stream``: no user - the stream itself writes the subject (a subject transform); no grant follows from it.
 SERVICES = ("planner", "executor", "validator", "judge", "governor", "escalation")
 GROUPS = ("tenant_client", "operator", "all")
 
@@ -125,6 +126,15 @@ CHANNELS: tuple[Channel, ...] = (
         "a run to start (loopwarden submit, the demo, a replay from the console's run page), on the tenant's "
         "own subject: the server lets each client user publish only its tenant's",
         pinned=("tenant",),
+    ),
+    Channel(
+        f"{S.RUN_SUBMIT_PREFIX}.{{partition}}.{{tenant}}",
+        RunSubmit,
+        ("stream",),  # LW_SUBMIT's subject transform: no user may publish here
+        ("planner",),
+        "command",
+        "a submit as LW_SUBMIT stores it: under its tenant's partition of the door (the stream's subject "
+        "transform; no one publishes here), taken by the planner's durable of that partition",
     ),
     Channel(
         S.RUN_SPAWN,

@@ -90,6 +90,7 @@ GRANTS: dict[str, Grant] = {
         takes_from=(S.STREAM_FLOW,),  # the waiting runs' tickets
         answers=("client", "console", "admin"),  # the fleet's view (and every operator, tenant client: ``grants()``)
         consumers=(
+            *((S.STREAM_SUBMIT, S.submit_durable(k)) for k in range(S.SUBMIT_PARTITIONS)),
             (S.STREAM_SUBMIT, S.DURABLE_PLANNER_SUBMIT),
             (S.STREAM_CMD, S.DURABLE_PLANNER_SPAWN),
             (S.STREAM_CMD, S.DURABLE_PLANNER_ADVANCE),

@@ -27,6 +27,11 @@ P = f"lw.{VERSION}"
 # tenant's subject, so the planner takes the tenant from the subject, never from the body
 RUN_SUBMIT_PREFIX = f"{P}.cmd.run.submit"
 DEFAULT_TENANT = "default"
+# The door is partitioned by tenant so that one tenant's burst of submits does not sit in front of another's:
+# LW_SUBMIT stores ``<prefix>.<tenant>`` as ``<prefix>.<k>.<tenant>``, k a hash of the tenant in 0..N-1 (a subject
+# transform of the stream), and the planner takes each partition through its own durable (``submit_durable``).
+# Two tenants share a partition with odds 1/N: then their submits are taken in arrival order, as before.
+SUBMIT_PARTITIONS = 8
 RUN_SPAWN = f"{P}.cmd.run.spawn"  # planner -> planner: a sub-agent run (only the planner may start a child)
 RUN_ADVANCE = f"{P}.cmd.run.advance"  # planner -> planner: take the next model turn
 TOOL_EXECUTE_PREFIX = f"{P}.cmd.tool.execute"
@@ -108,7 +113,23 @@ STREAMS_WITH_DURABLES = (STREAM_CMD, STREAM_SUBMIT, STREAM_EVT)  # where the ser
 
 # --- durable consumers (a command's is shared by the replicas of its service; an event's is the
 # consuming service's own) -----------------------------------------------------------------------
-DURABLE_PLANNER_SUBMIT = "planner_submit"
+DURABLE_PLANNER_SUBMIT = "planner_submit"  # submits stored before the door was partitioned (``<prefix>.<tenant>``)
+
+
+def submit_durable(partition: int) -> str:
+    """The planner's durable of one partition of the door (``<prefix>.<partition>.*``)."""
+    return f"planner_submit_{partition}"
+
+
+def submit_partition(partition: int | str) -> str:
+    """The stored subjects of one partition of the door (``<prefix>.<partition>.<tenant>``)."""
+    return f"{RUN_SUBMIT_PREFIX}.{partition}.*"
+
+
+SUBMIT_TRANSFORM = (
+    f"{RUN_SUBMIT_PREFIX}.*",
+    f"{RUN_SUBMIT_PREFIX}.{{{{partition({SUBMIT_PARTITIONS},1)}}}}.{{{{wildcard(1)}}}}",
+)
 DURABLE_PLANNER_SPAWN = "planner_spawn"
 DURABLE_PLANNER_ADVANCE = "planner_advance"
 DURABLE_PLANNER_OUTCOMES = "planner_outcomes"

@@ -36,9 +36,13 @@ class Refused(Exception):
 
 
 def tenant_of(subject: str) -> str:
-    """The tenant a submit subject names (``lw.v1.cmd.run.submit.<tenant>``)."""
+    """The tenant a submit subject names (``lw.v1.cmd.run.submit.<tenant>``, stored as
+    ``lw.v1.cmd.run.submit.<partition>.<tenant>``: the door's partition, ``S.SUBMIT_TRANSFORM``)."""
     prefix = S.RUN_SUBMIT_PREFIX + "."
     tenant = subject[len(prefix) :] if subject.startswith(prefix) else ""
+    partition, dot, rest = tenant.partition(".")
+    if dot and partition.isdigit() and int(partition) < S.SUBMIT_PARTITIONS:
+        tenant = rest
     if not _TENANT.match(tenant):
         raise Refused(f"not a submit subject of a tenant: {subject[:200]}")
     return tenant

@@ -94,6 +94,12 @@ class Planner:
 
     def register(self) -> None:
         b = self.bus
+        # the door, by partition (one tenant's burst never in front of another tenant's submits:
+        # ``S.SUBMIT_PARTITIONS``), and the submits stored before it was partitioned
+        for k in range(S.SUBMIT_PARTITIONS):
+            b.consumer(durable=S.submit_durable(k), filter_subjects=[S.submit_partition(k)], model=RunSubmit)(
+                self.on_submit
+            )
         b.consumer(durable=S.DURABLE_PLANNER_SUBMIT, filter_subjects=[f"{S.RUN_SUBMIT_PREFIX}.*"], model=RunSubmit)(
             self.on_submit
         )

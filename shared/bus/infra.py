@@ -21,6 +21,7 @@ from nats.js.api import (
     RetentionPolicy,
     StorageType,
     StreamConfig,
+    SubjectTransform,
 )
 from nats.js.client import JetStreamContext
 from nats.js.errors import (
@@ -116,6 +117,8 @@ def stream_config(name: str, settings: Settings) -> StreamConfig:
     bounds: dict[str, object] = {}
     if name == S.STREAM_SUBMIT:  # full: a new submit is refused (the client says so), nothing accepted is dropped
         bounds = {"max_msgs": settings.submit_max_msgs, "max_bytes": settings.submit_max_bytes}
+        # the door partitioned by tenant (``S.SUBMIT_TRANSFORM``): a submit is stored under its tenant's partition
+        bounds["subject_transform"] = SubjectTransform(src=S.SUBMIT_TRANSFORM[0], dest=S.SUBMIT_TRANSFORM[1])
     elif name == S.STREAM_FLOW:  # the tickets of waiting runs: never dropped, never aged out
         bounds = {"max_bytes": settings.flow_max_bytes}
     return StreamConfig(

@@ -19,7 +19,6 @@ from shared.messages.wire import (
 )
 from shared.providers import ProviderName
 
-
 PRIORITY_MIN, PRIORITY_MAX, DEFAULT_PRIORITY = 0, 9, 5
 
 
