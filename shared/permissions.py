@@ -288,9 +288,9 @@ def rights(service: str, grant: Grant) -> tuple[list[str], list[str]]:
         # number (``loopwarden dlq requeue N``).
         pub += [f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.DIRECT.GET.{stream}", f"$JS.API.STREAM.MSG.GET.{stream}"]
     for stream in grant.takes_from:
-        # A queue kept in a stream without a consumer: the oldest message of a subject by direct get, taken by
-        # deleting it (one delete of a message succeeds), the subjects' counts by stream info.
-        pub += [f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.DIRECT.GET.{stream}", f"$JS.API.STREAM.MSG.DELETE.{stream}"]
+        # A queue kept in a stream without a consumer: the oldest messages of a subject by direct get, removed
+        # once taken (a purge of that subject up to a sequence), the subjects' counts by stream info.
+        pub += [f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.DIRECT.GET.{stream}", f"$JS.API.STREAM.PURGE.{stream}"]
     pub += payload_rights(service, grant.bodies_of)
     pub += [f"{S.PAYLOAD_PREFIX}.{owner}.>" for owner in grant.bodies_for]
     return list(dict.fromkeys(pub)), list(dict.fromkeys(sub))

@@ -79,8 +79,8 @@ PAYLOAD_PREFIX = f"{P}.payload"
 
 # --- flow control: the tickets of runs waiting for their tenant's share (JetStream stream LW_FLOW) -------------
 # ``lw.v1.flow.ticket.<tenant>.<priority>``: one message per waiting run, in the order they came; a planner
-# takes the oldest of a subject by direct get and removes it by deleting that message (only one delete of a
-# message succeeds, so two replicas never both take it). Nothing consumes the stream.
+# reads the oldest of a subject by direct get, takes it in the fleet's record (compare-and-swap) and removes the
+# tickets it took with a purge of the subject up to the last. Nothing consumes the stream.
 FLOW_TICKET_PREFIX = f"{P}.flow.ticket"
 
 STREAM_CMD = "LW_CMD"

@@ -6,8 +6,9 @@ the sweep that mends what a replica that died left behind, and the fleet's view 
   runs gave back, runs it admits, that it is alive) into one compare-and-swap write per round (``_round``), so
   replicas race on one small key, not on every step.
 * A waiting run's ticket is taken in two steps, in this order: the run is added to the record's running runs
-  (CAS), then its ticket is deleted (one delete of a message succeeds). A replica that dies between them leaves
-  a ticket whose run is already running: the next round deletes it and starts nothing. Starting the run (its
+  (the CAS decides which replica took it), then the tickets taken are removed (a purge of the subject up to the
+  last one). A replica that dies between them leaves a ticket whose run is already running: the next round
+  removes it and starts nothing. Starting the run (its
   record from ``queued`` to ``running``, under CAS) follows; a replica that dies before that leaves a slot whose
   run is still ``queued``: the sweep starts it after ``LW_FLOW_GRACE_S``.
 * A run gives its slot back when it ends or waits for a person (``moved``, after the save that says so); one
@@ -86,7 +87,7 @@ class Round:
     admitted: list[FlowTicket] = field(default_factory=list)
     waited: dict[str, float] = field(default_factory=dict)
     seqs: dict[str, int] = field(default_factory=dict)  # run id -> its ticket's sequence
-    stale: list[int] = field(default_factory=list)  # tickets of runs already admitted
+    stale_upto: dict[str, int] = field(default_factory=dict)  # subject -> last ticket of a run already admitted
     planned: int = 0
 
 
@@ -238,8 +239,7 @@ class Flow(FlowReads):
                 op.decided.set_result(result.decisions.get(op))
                 if stored is not None and op.policy is not None and op.outside is not None:
                     self.note_usage(op.policy, stored, op.outside)
-        deletions = [result.seqs[t.run_id] for t in result.admitted] + result.stale
-        await asyncio.gather(*(self._delete(seq) for seq in deletions))
+        await self._take(result)
         for ticket in result.admitted:
             self.admitted.add(1, {"tenant": ticket.tenant})
             self.waited.record(result.waited[ticket.run_id], {"tenant": ticket.tenant})
@@ -276,14 +276,26 @@ class Flow(FlowReads):
             found[(tenant, priority)] = [t for m in msgs if (t := ticket_of(m)) is not None]
         return found
 
-    async def _delete(self, seq: int) -> None:
-        """Take a ticket: delete its message (a second delete of it finds none: harmless)."""
+    async def _take(self, result: Round) -> None:
+        """Remove the tickets this round admitted (and those of runs admitted before whose tickets were left):
+        per (tenant, priority), every ticket up to the last one taken, in one purge. Every older ticket on that
+        subject is of a run in flight (tickets are taken oldest first, and a newer one never comes before), so
+        nothing waiting is removed; a purge that fails leaves tickets a later round finds admitted and removes."""
+        upto: dict[str, int] = {}
+        for ticket in result.admitted:
+            subject = S.flow_ticket(ticket.tenant, ticket.priority)
+            upto[subject] = max(upto.get(subject, 0), result.seqs[ticket.run_id])
+        for subject, seq in result.stale_upto.items():
+            upto[subject] = max(upto.get(subject, 0), seq)
+        await asyncio.gather(*(self._purge(subject, seq) for subject, seq in upto.items()))
+
+    async def _purge(self, subject: str, seq: int) -> None:
         try:
             await self.bus.nc.request(
-                f"$JS.API.STREAM.MSG.DELETE.{S.STREAM_FLOW}", json.dumps({"seq": seq, "no_erase": True}).encode(), 5
+                f"$JS.API.STREAM.PURGE.{S.STREAM_FLOW}", json.dumps({"filter": subject, "seq": seq + 1}).encode(), 5
             )
-        except Exception as err:  # left: the next round finds its run admitted and deletes it
-            log.warning("flow: ticket %d not deleted: %r", seq, err)
+        except Exception as err:  # left: the next round finds their runs admitted and removes them
+            log.warning("flow: tickets on %s up to %d not removed: %r", subject, seq, err)
 
     def _start(self, run_id: str, tenant: str) -> None:
         async def start() -> None:
@@ -384,7 +396,8 @@ def next_ticket(
             continue
         taken.add(ticket.run_id)
         if record.tenant_of(ticket.run_id) is not None:
-            result.stale.append(seq)
+            subject = S.flow_ticket(ticket.tenant, ticket.priority)
+            result.stale_upto[subject] = max(result.stale_upto.get(subject, 0), seq)
             continue
         return ticket, seq
     return None

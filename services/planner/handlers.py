@@ -275,7 +275,8 @@ class Planner:
         lessons and first turn. Its status after (None: no record); a run no longer queued is left as it is, but
         what its start produced and did not publish yet (the replica that started it died) is published. The
         start continues the submit's trace (kept in the record), so the run stays one trace."""
-        state = await self.store.load(run_id, fresh=True)
+        # the state this replica kept is the record (only a start changes a queued run, under CAS), else it is read
+        state = await self.store.load(run_id)
         if state is None:
             return None
         if not self.tracing or not state.trace_parent:
