@@ -192,8 +192,8 @@ class Flow(FlowReads):
             draft = record.model_copy(deep=True)
             for op in ops:
                 apply_op(draft, op, now)
-            capacity = self.capacity(draft, now)
-            picks = plan(await self._shares(draft), capacity, limit=capacity)
+            policies = {t: await self.policies.of(t) for t in {*draft.queued, *draft.running}}
+            picks = self._plan(draft, policies, now)
             candidates = await self._candidates(picks, draft)
             result = Round()
 
@@ -211,12 +211,10 @@ class Flow(FlowReads):
                         changed = apply_op(rec, op, now) or changed
                 taken: set[str] = set()
                 pool = {k: list(v) for k, v in candidates.items()}  # called again after a conflict: from the start
-                for tenant, priority in picks:
+                for tenant, priority in self._plan(rec, policies, now):  # the rules again, on the record as stored
                     ticket = next_ticket(pool.get((tenant, priority), []), rec, taken, result)
                     if ticket is None:
                         continue
-                    if room(rec, self.capacity(rec, now)) <= 0:
-                        break
                     waited = max(0.0, now - ticket[0].queued_at.timestamp())
                     admit(rec, tenant, ticket[0].run_id, now, waited_s=waited, priority=priority)
                     result.admitted.append(ticket[0])
@@ -246,10 +244,11 @@ class Flow(FlowReads):
             self._start(ticket.run_id, ticket.tenant)
         return bool(result.admitted) and len(result.admitted) >= result.planned > 0
 
-    async def _shares(self, record: FleetRecord) -> list[Share]:
+    def _plan(self, record: FleetRecord, policies: dict[str, Policy], now: float) -> list[tuple[str, int]]:
+        """Who the free slots (and the headroom for tenants below their share) go to, by the rules."""
         shares = []
-        for tenant in set(record.queued) | set(record.running):
-            policy = await self.policies.of(tenant)
+        for tenant in {*record.queued, *record.running}:
+            policy = policies.get(tenant) or self.settings.tenant_policy(tenant)
             shares.append(
                 Share(
                     tenant=tenant,
@@ -259,7 +258,9 @@ class Flow(FlowReads):
                     queued=record.queued_by(tenant),
                 )
             )
-        return shares
+        capacity = self.capacity(record, now)
+        headroom = int(capacity * self.settings.flow_headroom)
+        return plan(shares, capacity, limit=capacity + headroom, headroom=headroom)
 
     async def _candidates(
         self, picks: list[tuple[str, int]], record: FleetRecord
@@ -380,10 +381,6 @@ def apply_op(record: FleetRecord, op: Op, now: float) -> bool:
         case "recount":
             return recount(record, op.counts)
     raise ValueError(op.kind)
-
-
-def room(record: FleetRecord, capacity: int) -> int:
-    return capacity - record.total
 
 
 def next_ticket(

@@ -6,6 +6,12 @@ unit of weight among the tenants that have runs waiting and are under their cap 
 waiting run waited longest, then by name); within that tenant, to its highest priority, oldest first (the
 ticket order). Work-conserving: a tenant alone may fill the fleet. A run's sub-agents are never queued (their
 parent holds the slot) and a run waiting for a person holds none.
+
+A tenant that arrives at a full fleet is owed its share of it, but slots free only as the runs in flight end. So
+a tenant below its share (``capacity`` x its weight / the weights of the tenants with runs in flight or waiting)
+may start runs past the capacity, by at most ``headroom`` runs in all: it does not wait for a backlog's runs to end
+to get its first ones in. The fleet is back under its capacity as those end (the tenants over their share start
+nothing until then).
 """
 
 from __future__ import annotations
@@ -45,27 +51,40 @@ def capacity_of(setting: int | None, live_planners: int, per_planner: int) -> in
     return setting if setting is not None else per_planner * max(1, live_planners)
 
 
-def pick(shares: Iterable[Share], capacity: int, running: int | None = None) -> tuple[str, int] | None:
+def fair_share(share: Share, shares: list[Share], capacity: int) -> float:
+    """``share``'s part of the capacity among the tenants with runs in flight or waiting, by weight."""
+    active = sum(s.weight for s in shares if s.running or s.waiting)
+    return capacity * share.weight / active if active else float(capacity)
+
+
+def pick(
+    shares: Iterable[Share], capacity: int, running: int | None = None, headroom: int = 0
+) -> tuple[str, int] | None:
     """The (tenant, priority) the next free slot goes to, or None: the fleet is full (``running`` of
-    ``capacity``; default: the shares' sum) or no tenant under its cap has a run waiting."""
+    ``capacity``; default: the shares' sum) or no tenant under its cap has a run waiting. Past the capacity, by
+    at most ``headroom`` runs, only a tenant below its fair share is admitted."""
     shares = list(shares)
     total = sum(s.running for s in shares) if running is None else running
-    if total >= capacity:
+    if total >= capacity + headroom:
         return None
     eligible = [s for s in shares if s.eligible]
+    if total >= capacity:
+        eligible = [s for s in eligible if s.running < fair_share(s, shares, capacity)]
     if not eligible:
         return None
     best = min(eligible, key=lambda s: (s.running / s.weight, s.since or float("inf"), s.tenant))
     return best.tenant, best.top
 
 
-def plan(shares: Iterable[Share], capacity: int, limit: int, running: int | None = None) -> list[tuple[str, int]]:
+def plan(
+    shares: Iterable[Share], capacity: int, limit: int, running: int | None = None, headroom: int = 0
+) -> list[tuple[str, int]]:
     """Up to ``limit`` picks in a row, each counted as admitted before the next (``pick`` again and again)."""
     by_tenant = {s.tenant: s for s in shares}
     total = sum(s.running for s in by_tenant.values()) if running is None else running
     out: list[tuple[str, int]] = []
     while len(out) < limit:
-        chosen = pick(by_tenant.values(), capacity, total)
+        chosen = pick(by_tenant.values(), capacity, total, headroom)
         if chosen is None:
             break
         tenant, priority = chosen

@@ -41,6 +41,13 @@ class FleetSettings(BaseModel):
     flow_runs_per_planner: int | None = Field(
         None, ge=1, description="runs in flight per live planner replica (None: 2 x the planner's LW_MAX_IN_FLIGHT)"
     )
+    flow_headroom: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description="share of the capacity a tenant below its fair share may start past it (so a tenant arriving "
+        "at a fleet full of another's runs starts its first runs at once instead of waiting for slots to free)",
+    )
     flow_sweep_s: float = Field(
         2.0,
         gt=0,

@@ -88,6 +88,21 @@ def test_a_backlog_does_not_delay_another_tenant_beyond_its_share() -> None:
     assert picks[:10] == [("b", 5)] * 10
 
 
+def test_a_tenant_below_its_share_starts_past_a_full_fleet_within_the_headroom() -> None:
+    full = [Share("a", running=100, queued={5: 900}), Share("b", queued={5: 20})]
+    assert pick(full, capacity=100) is None  # no headroom: b waits for a's runs to end
+    picks = plan(full, capacity=100, limit=100, headroom=10)
+    assert picks == [("b", 5)] * 10  # b below its share (50): its first ten at once, a nothing past the capacity
+    assert pick([Share("a", running=100, queued={5: 9})], capacity=100, headroom=10) is None  # a alone: no further
+    # past the capacity only up to the headroom, and only while below the share
+    below = [Share("a", running=60, queued={5: 9}), Share("b", running=45, queued={5: 9})]
+    assert pick(below, 100, headroom=20) == ("b", 5)
+    at_share = [Share("a", running=60, queued={5: 9}), Share("b", running=50, queued={5: 9})]
+    assert pick(at_share, 100, headroom=20) is None
+    over = [Share("a", running=80, queued={5: 9}), Share("b", running=40, queued={5: 9})]
+    assert pick(over, 100, headroom=20) is None  # the headroom is used up
+
+
 def test_weights_share_the_fleet_in_proportion() -> None:
     picks = plan([Share("a", weight=3, queued={5: 99}), Share("b", queued={5: 99})], capacity=40, limit=40)
     assert [t for t, _ in picks].count("a") == 30
