@@ -49,6 +49,7 @@ from shared.flow import (
     plan,
     recount,
     release,
+    take_at_once,
     verdict,
 )
 from shared.messages import FINAL_STATUSES, FlowTicket, Refusal
@@ -76,14 +77,14 @@ class Op:
     policy: Policy | None = None
     outside: Usage | None = None
     counts: dict[tuple[str, int], int] = field(default_factory=dict)
-    decided: asyncio.Future[Refusal | None] | None = None
+    decided: asyncio.Future[tuple[Refusal | None, bool]] | None = None
 
 
 @dataclass
 class Round:
     """What one round admitted, and which tickets it may delete; what it decided of each submit."""
 
-    decisions: dict[Op, Refusal | None] = field(default_factory=dict)
+    decisions: dict[Op, tuple[Refusal | None, bool]] = field(default_factory=dict)  # refused, or started at once
     admitted: list[FlowTicket] = field(default_factory=list)
     waited: dict[str, float] = field(default_factory=dict)
     seqs: dict[str, int] = field(default_factory=dict)  # run id -> its ticket's sequence
@@ -135,14 +136,20 @@ class Flow(FlowReads):
         """A ticket was published: a round admits it if there is room."""
         self._wake.set()
 
-    async def enqueue(self, policy: Policy, priority: int, outside: Usage) -> Refusal | None:
-        """Count a submit of ``policy.tenant`` as waiting, or refuse it by its quotas: decided in this replica's
-        next write of the record, with whatever else is due then."""
-        op = Op("enqueue", policy.tenant, priority=priority, policy=policy, outside=outside)
+    async def enqueue(self, policy: Policy, priority: int, outside: Usage, run_id: str) -> tuple[Refusal | None, bool]:
+        """Count a submit of ``policy.tenant`` as waiting, or refuse it by its quotas; when nothing waits and there
+        is room, it takes its slot at once (True: start it now). Decided in this replica's next write of the record,
+        with whatever else is due then."""
+        op = Op("enqueue", policy.tenant, run_id=run_id, priority=priority, policy=policy, outside=outside)
         op.decided = asyncio.get_running_loop().create_future()
         self._ops.append(op)
         self._wake.set()
         return await op.decided
+
+    def release_now(self, tenant: str, run_id: str) -> None:
+        """A run that took its slot at once and did not start after all (its run id was taken)."""
+        self._ops.append(Op("release", tenant, run_id))
+        self._wake.set()
 
     def dequeue(self, tenant: str, priority: int) -> None:
         """A submit counted as waiting that will not wait after all (its run id was taken)."""
@@ -205,8 +212,12 @@ class Flow(FlowReads):
                 for op in ops:
                     if op.kind == "enqueue":
                         assert op.policy is not None and op.outside is not None
-                        result.decisions[op] = enqueue(rec, op.policy, op.priority, op.outside)
-                        changed = changed or result.decisions[op] is None
+                        refused = enqueue(rec, op.policy, op.priority, op.outside)
+                        at_once = refused is None and take_at_once(
+                            rec, op.policy, op.priority, op.run_id, self.capacity(rec, now), now
+                        )
+                        result.decisions[op] = (refused, at_once)
+                        changed = changed or refused is None
                     else:
                         changed = apply_op(rec, op, now) or changed
                 taken: set[str] = set()
@@ -234,7 +245,7 @@ class Flow(FlowReads):
             if op.kind == "release" and op.ended:
                 self.finished.add(1, {"tenant": op.tenant})
             if op.decided is not None and not op.decided.done():
-                op.decided.set_result(result.decisions.get(op))
+                op.decided.set_result(result.decisions.get(op, (None, False)))
                 if stored is not None and op.policy is not None and op.outside is not None:
                     self.note_usage(op.policy, stored, op.outside)
         await self._take(result)
@@ -373,7 +384,7 @@ def apply_op(record: FleetRecord, op: Op, now: float) -> bool:
             return hold(record, op.tenant, op.run_id, now)
         case "release":
             return release(record, op.run_id, now, ended=op.ended, stored_bytes=op.stored_bytes)
-        case "enqueue":
+        case "enqueue":  # as if accepted, waiting (a draft's: the write decides it again)
             assert op.policy is not None and op.outside is not None
             return enqueue(record, op.policy, op.priority, op.outside) is None
         case "dequeue":

@@ -19,7 +19,7 @@ from services.planner.catalogue import Catalogue
 from services.planner.flow import Flow
 from services.planner.state import PublishRecord, RunState
 from services.planner.store import RunStore
-from services.planner.turns import queue_run, refuse_run, resolve_config
+from services.planner.turns import begin_run, queue_run, refuse_run, resolve_config
 from shared import subjects as S
 from shared.bus import Bus, CasConflict, current_deliveries
 from shared.messages import DEFAULT_PRIORITY, AgentRecord, Refusal, RunSubmit
@@ -73,17 +73,37 @@ class Intake:
             return
         priority = submit.priority if submit.priority is not None else DEFAULT_PRIORITY
         policy = await self.flow.policies.of(tenant)
-        over = await self.flow.enqueue(policy, priority, await self.flow.outside(tenant, policy))
+        outside = await self.flow.outside(tenant, policy)
+        over, at_once = await self.flow.enqueue(policy, priority, outside, submit.run_id)
         if over is not None:
             await self.refuse(submit, over, subject, letter=False)
             return
         config = with_agent(resolve_config(submit, self.settings, await self.catalogue.contracts()), record)
         out = queue_run(submit, config, priority)
+        if at_once:  # nothing waits and there is room: it starts now, without a ticket
+            await self.start(submit, out.state)
+            return
         out.state.pending_scenario = submit.scenario  # bound when it starts (``Planner.begin``)
         if await self.record(out.state, out.items):
             self.flow.queued()
         else:  # counted as waiting, but the run id is taken: it does not wait
             self.flow.dequeue(tenant, priority)
+
+    async def start(self, submit: RunSubmit, state: RunState) -> None:
+        """A run that took its slot at the door: its scenario bound, its lessons read, its first message and
+        first turn, stored and published as its submit's outcome (a redelivered submit publishes it again)."""
+        if submit.scenario is not None:
+            problem = await submission.bind_scenario(self.bus, submit.run_id, submit.scenario)
+        else:
+            problem = None
+            await submission.unbind_stray_scenario(self.bus, submit.run_id)
+        lessons = await submission.lessons_for(self.bus, state.task, state.config.lessons)
+        out = begin_run(state, lessons, state.created_at, problem)
+        assert out is not None
+        if not await self.record(state, out.items):
+            self.flow.release_now(state.tenant or S.DEFAULT_TENANT, state.run_id)  # the run id is taken
+        elif state.done:  # its rubric, or its scenario, was refused at the start: the slot goes back
+            self.flow.moved(state, "queued")
 
     async def known(self, submit: RunSubmit, subject: str) -> bool:
         """A submit of a run stored already (a redelivery, or a run id taken): what it produced is published again
@@ -117,7 +137,7 @@ class Intake:
             if existing is not None:
                 await self.publish(existing.outbox.get(ids.SUBMIT, []), state.run_id)
             return False
-        if state.status == "running":  # a sub-agent's, started at once (TEST ONLY fault point: after a save)
+        if state.status not in ("queued", "refused"):  # a run started at once (TEST ONLY fault point: after a save)
             self.saved()
         await self.publish(items, state.run_id)
         state.published(ids.SUBMIT, items)

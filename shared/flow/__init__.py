@@ -18,6 +18,7 @@ from shared.flow.fleet import (
     live_planners,
     recount,
     release,
+    take_at_once,
 )
 from shared.flow.policies import Policies
 from shared.flow.quotas import Usage, refusal, submit_stream_refusal
@@ -52,6 +53,7 @@ __all__ = [
     "refusal",
     "release",
     "submit_stream_refusal",
+    "take_at_once",
     "today",
     "verdict",
 ]

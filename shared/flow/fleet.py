@@ -71,7 +71,7 @@ def _trim(buckets: dict[str, dict[str, int]] | dict[str, dict[str, list[float]]]
 def enqueue(record: FleetRecord, policy: Policy, priority: int, outside: Usage) -> Refusal | None:
     """A submit of ``policy.tenant`` at ``priority`` is accepted and counted as waiting, or refused by its quotas:
     its runs waiting and in flight are this record's, the rest (its runs waiting for a person, its open items,
-    its spend today) ``outside``'s."""
+    its spend today) ``outside``'s (``take`` then decides whether it need wait at all)."""
     tenant = policy.tenant
     usage = Usage(
         queued=record.queued_of(tenant),
@@ -86,6 +86,18 @@ def enqueue(record: FleetRecord, policy: Policy, priority: int, outside: Usage) 
         per = record.queued.setdefault(tenant, {})
         per[str(priority)] = per.get(str(priority), 0) + 1
     return refused
+
+
+def take_at_once(record: FleetRecord, policy: Policy, priority: int, run_id: str, capacity: int, now: float) -> bool:
+    """A submit just counted as waiting (``enqueue``) starts at once when no run waits anywhere but it and the fleet
+    and its tenant have room: what the rules would pick next is then this run, so it skips the queue (no ticket to
+    publish and take). Otherwise it waits its turn."""
+    tenant = policy.tenant
+    if record.waiting != 1 or record.queued_of(tenant) != 1 or record.total >= capacity:
+        return False
+    if policy.max_running is not None and record.running_of(tenant) >= policy.max_running:
+        return False
+    return admit(record, tenant, run_id, now, waited_s=0.0, priority=priority)
 
 
 def dequeue(record: FleetRecord, tenant: str, priority: int) -> bool:

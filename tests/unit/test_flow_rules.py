@@ -25,6 +25,7 @@ from shared.flow import (
     refusal,
     release,
     submit_stream_refusal,
+    take_at_once,
     verdict,
 )
 from shared.tenancy import Policy
@@ -165,6 +166,23 @@ def test_a_submit_is_counted_as_waiting_only_when_its_quota_allows() -> None:
     # runs waiting for a person count too (they come from the escalation service's figures)
     assert enqueue(rec, quota, 5, Usage(waiting=1)) is not None
     assert dequeue(rec, "a", 5) and not dequeue(rec, "a", 5) and "a" not in rec.queued
+
+
+def test_a_submit_starts_at_once_only_when_nothing_waits_and_there_is_room() -> None:
+    rec = FleetRecord()
+    a = policy("a")
+    assert enqueue(rec, a, 5, Usage()) is None and take_at_once(rec, a, 5, "r1", capacity=2, now=1.0)
+    assert rec.running_of("a") == 1 and rec.waiting == 0  # counted in flight, not waiting
+    assert enqueue(rec, a, 5, Usage()) is None and take_at_once(rec, a, 5, "r2", capacity=2, now=1.0)
+    assert enqueue(rec, a, 5, Usage()) is None and not take_at_once(rec, a, 5, "r3", capacity=2, now=1.0)  # full
+    assert rec.waiting == 1
+    # a run already waiting anywhere goes first: the new one waits its turn, even with room
+    rec2 = FleetRecord(queued={"b": {"5": 1}})
+    assert enqueue(rec2, a, 9, Usage()) is None and not take_at_once(rec2, a, 9, "r4", capacity=10, now=1.0)
+    capped = FleetRecord()
+    one = policy("c", max_running=1)
+    assert enqueue(capped, one, 5, Usage()) is None and take_at_once(capped, one, 5, "r5", capacity=10, now=1.0)
+    assert enqueue(capped, one, 5, Usage()) is None and not take_at_once(capped, one, 5, "r6", capacity=10, now=1.0)
 
 
 def test_waiting_counts_follow_the_tickets_when_they_drift() -> None:
