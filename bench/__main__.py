@@ -13,7 +13,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(prog="bench")
     parser.add_argument("--quick", action="store_true", help="short measurements (used by the test suite)")
     parser.add_argument(
-        "--only", choices=["validation", "e2e", "throughput", "durability", "chaos", "mcp", "storage", "cost"]
+        "--only", choices=["validation", "e2e", "throughput", "step", "durability", "chaos", "mcp", "storage", "cost"]
     )
     args = parser.parse_args()
     if args.only in (None, "validation"):
@@ -28,6 +28,10 @@ def main() -> int:
         print("\n".join(mcp.report(client, loop)), flush=True)
     if args.only in (None, "throughput"):
         print("\n".join(throughput.report(throughput.run(quick=args.quick))), flush=True)
+    if args.only in (None, "step"):  # what a step costs, counted by service and kind (issue 36)
+        from bench import step
+
+        print("\n".join(step.report(step.run(quick=args.quick))), flush=True)
     if args.only in (None, "durability"):  # a step with JetStream's fsync on every write vs the default (issue 28)
         from bench import durability
 

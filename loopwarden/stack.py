@@ -97,6 +97,7 @@ class LocalStack:
     state_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="loopwarden-")))
     nats_url: str | None = None
     nats_port: int | None = None  # start nats-server on this port (default: a free one)
+    monitor_port: int | None = None  # nats-server's monitoring endpoint (/varz, /connz) on this port; None: off
     env: dict[str, str] = field(default_factory=dict)
     env_per_service: dict[str, dict[str, str]] = field(default_factory=dict)
     services: tuple[str, ...] = SERVICES
@@ -129,6 +130,7 @@ class LocalStack:
                 str(store),
                 "--server_name",
                 f"lw-local-{port}",
+                *(["-m", str(self.monitor_port)] if self.monitor_port else []),
                 *config,
             ],
             stdout=stdout,

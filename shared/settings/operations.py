@@ -17,6 +17,11 @@ class OperationSettings(BaseModel):
         None, ge=0, le=65535, description="serve /livez and /readyz on this port (probes; shared/health.py); unset: off"
     )
     health_host: str = Field("127.0.0.1", description="where the health endpoint listens (0.0.0.0 in containers)")
+    op_counts_dir: str | None = Field(
+        None,
+        description="benchmarks: on SIGUSR1 a service writes how many NATS operations of each kind it made "
+        "(shared/opcounts.py) to <dir>/<service>-<pid>.json; unset: the signal is not handled",
+    )
 
     # --- the command line (loopwarden) ---------------------------------------------------------
     state_dir: str | None = Field(
