@@ -11,6 +11,7 @@ handler takes it (``model_turns``), and applies what the turn decided as one mor
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from typing import Literal
@@ -163,6 +164,18 @@ class Planner:
             if self.tracing:
                 self.agent_span(state)
             await submission.record_lessons(self.bus, state)
+            await self.settle(state)
+
+    async def settle(self, state: RunState) -> None:
+        """The run ended and its last outbox is published: its record is saved once more, without what only a
+        running run reads (``RunState.settle``): a finished run keeps about half the bytes. Best effort: a
+        record another replica moved on meanwhile keeps what it has."""
+        revision = self.store.revision(state)
+        if revision is None:
+            return
+        state.settle()
+        with contextlib.suppress(CasConflict):
+            await self.store.save(state, revision)
 
     async def handle(self, run_id: str, msg_id: str, change: Change) -> None:
         """A message that may schedule the run's next model turn: applied, then that turn taken here.
@@ -181,10 +194,12 @@ class Planner:
         model turn, take the turn and save both in one compare-and-swap, then publish what both produced
         (one write of the record per step instead of two). Nothing is published before that save, so a crash
         anywhere before it leaves the stored record as it was: the redelivered message is applied again and
-        the turn taken again, reusing the model's stored answer. "no": nothing was done here (the run is not
-        held by this replica, the message schedules no turn); "taken": the turn was taken but not saved (the
-        save lost its compare-and-swap, or the turn compacted the history, which is applied to the record as
-        stored): the caller saves the message the usual way and takes the turn again with the stored answer."""
+        the turn taken again, reusing the model's stored answer. A message that schedules no turn is saved
+        alone, as ``transact`` would. "no": nothing was saved (the run is not held by this replica, the message
+        changed nothing, or its save lost its compare-and-swap): the caller goes the usual way; "taken": the
+        turn was taken but not saved (the save lost its compare-and-swap, or the turn compacted the history,
+        which is applied to the record as stored): the caller saves the message the usual way and takes the
+        turn again with the stored answer."""
         kept = self.store.kept(run_id)
         if kept is None or self.tracing:  # traced: a span per applied message, as the usual way makes
             return "no"
@@ -193,11 +208,17 @@ class Planner:
             return "no"
         self.store.forget(run_id)  # changed below in memory: until it is saved, the next read is the record's
         applied = apply_message(state, msg_id, change)
-        if applied is None or not applied.changed or applied.was_done:
+        if applied is None or not applied.changed:
             return "no"
         items, turn = applied.scheduled()
-        if turn is None or not self.takes(state, turn):
-            return "no"
+        if turn is None or applied.was_done or not self.takes(state, turn):
+            try:  # nothing to take here: saved alone
+                await self.store.save(state, revision)
+            except CasConflict:
+                return "no"
+            self.saved()
+            await self.committed(run_id, [(msg_id, applied, items)])
+            return "saved"
         advanced = ids.advanced(turn.iteration)
         taken = await self.turns.take(state, turn, current_deliveries() > 1)
         try:
