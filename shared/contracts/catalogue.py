@@ -12,8 +12,9 @@ import asyncio
 import time
 from typing import Any
 
+from shared import opcounts
 from shared import subjects as S
-from shared.bus import Bus
+from shared.bus import Bus, kv_scan
 from shared.messages import ToolContract
 
 FRESH_S = 2.0  # how long a read of the catalogue is used before reading again
@@ -72,8 +73,20 @@ class ContractCatalogue:
         return contract
 
     async def _list(self) -> dict[str, ToolContract]:
+        """Every contract, read by one batched direct get of the bucket (not a listing of its keys and a
+        get per key: a round trip per tool)."""
         listed_at = time.monotonic()
-        found = {c.name: c for c in (await self.bus.kv_values(S.KV_CONTRACTS, ToolContract)).values()}
+        await self.bus.kv(S.KV_CONTRACTS)  # created if missing (unmanaged), else it must exist
+        opcounts.count("direct_get")
+        stored, _ = await self.bus.through_failover(
+            "list contracts", lambda: kv_scan(self.bus.nc, S.KV_CONTRACTS), repeatable=True
+        )
+        found: dict[str, ToolContract] = {}
+        for m in stored.values():
+            if m is not None and m.data:
+                value = await self.bus.payloads.inflate_value(self.bus.nc, m.data)
+                contract = ToolContract.model_validate_json(value)
+                found[contract.name] = contract
         self._listed = (listed_at, found)
         return found
 
