@@ -63,6 +63,8 @@ class JetStreamGauges:
         self.store_messages = M.Gauges(meter, M.STORE_MESSAGES, description="messages the stream stores")
         self.store_max = M.Gauges(meter, M.STORE_MAX_BYTES, unit="By", description="the stream's byte bound")
         self.errors = meter.create_counter(M.POLL_ERRORS, description="JetStream info requests that failed")
+        for what in ("consumer", "stream"):  # at 0 from the start: the first failure is an increase
+            self.errors.add(0, {"what": what})
         self._task: asyncio.Task[None] | None = None
         self._failing: set[str] = set()  # what failed last time (logged once until it answers again)
 

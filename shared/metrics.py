@@ -41,6 +41,9 @@ TOOL_UNDECLARED = "loopwarden.tool.undeclared_fields"  # counter {tool, policy, 
 TOOL_OUTPUTS = "loopwarden.tool.outputs"  # counter {tool, result: valid | repaired | invalid | unparseable}
 FAILURES = "loopwarden.failures"  # counter {failure.type, tool}: every failure event, counted once
 
+# --- every service ------------------------------------------------------------------------------------------
+SERVICE_READY = "loopwarden.service.ready"  # gauge: 1 connected and consuming (/readyz 200), 0 not
+
 # --- the bus (every service) -----------------------------------------------------------------------------
 REDELIVERIES = "loopwarden.bus.redeliveries"  # counter {durable, subject}: a message delivered again
 DEAD_LETTERS = "loopwarden.dead_letters"  # counter {subject}: a message this service gave up on
@@ -224,3 +227,58 @@ def computed_gauge(
         return [Observation(v, dict(a)) for a, v in rows()]
 
     meter.create_observable_gauge(name, callbacks=[observe], unit=unit, description=description)
+
+
+# --- the catalogue: each metric's instrument, unit and the services that export it --------------------------
+# (docs/observability.md lists them; tests check the docs, the alert rules and the dashboard against it)
+EVERY = ("planner", "executor", "validator", "judge", "governor", "escalation")
+CATALOGUE: dict[str, tuple[Kind, str, tuple[str, ...]]] = {
+    GEN_AI_TOKEN_USAGE: ("histogram", "{token}", ("planner", "judge")),
+    GEN_AI_OPERATION_DURATION: ("histogram", "s", ("planner", "judge")),
+    RUNS_STARTED: ("counter", "", ("planner",)),
+    RUNS_FINISHED: ("counter", "", ("planner",)),
+    RUN_DURATION: ("histogram", "s", ("planner",)),
+    RUN_COST: ("counter", "USD", ("planner",)),
+    RUN_TOKENS: ("counter", "", ("planner",)),
+    DECIDE_DECISIONS: ("counter", "", ("planner",)),
+    TOOL_CORRECTIONS: ("counter", "", ("planner",)),
+    MODEL_COST: ("counter", "USD", ("planner",)),
+    TOOL_ATTEMPTS: ("counter", "", ("executor",)),
+    TOOL_DURATION: ("histogram", "s", ("executor",)),
+    TOOL_UNDECLARED: ("counter", "", ("executor",)),
+    TOOL_OUTPUTS: ("counter", "", ("validator",)),
+    FAILURES: ("counter", "", EVERY),
+    SERVICE_READY: ("gauge", "", EVERY),
+    REDELIVERIES: ("counter", "", EVERY),
+    DEAD_LETTERS: ("counter", "", EVERY),
+    CONSUMER_PENDING: ("gauge", "", EVERY),
+    CONSUMER_ACK_PENDING: ("gauge", "", EVERY),
+    CONSUMER_REDELIVERED: ("gauge", "", EVERY),
+    STORE_BYTES: ("gauge", "By", EVERY),
+    STORE_MESSAGES: ("gauge", "", EVERY),
+    STORE_MAX_BYTES: ("gauge", "By", EVERY),
+    POLL_ERRORS: ("counter", "", EVERY),
+    JUDGE_VERDICTS: ("counter", "", ("judge",)),
+    BUDGET_DECISIONS: ("counter", "", ("governor",)),
+    BUDGET_ESTIMATED_COST: ("counter", "USD", ("governor",)),
+    TENANT_COST: ("counter", "USD", ("governor",)),
+    TENANT_SPENT_TODAY: ("gauge", "USD", ("governor",)),
+    TENANT_DAILY_CEILING: ("gauge", "USD", ("governor",)),
+    ESCALATIONS_RAISED: ("counter", "", ("escalation",)),
+    ESCALATIONS_REFUSED: ("counter", "", ("escalation",)),
+    QUEUE_ITEMS: ("gauge", "", ("escalation",)),
+    QUEUE_OLDEST_AGE: ("gauge", "s", ("escalation",)),
+    QUEUE_PAST_SLA: ("gauge", "", ("escalation",)),
+    SLA_BREACHES: ("counter", "", ("escalation",)),
+    CONSOLE_LOGINS: ("counter", "", ("console",)),
+    FLOW_QUEUED: ("gauge", "", ("planner",)),
+    FLOW_WAIT: ("histogram", "s", ("planner",)),
+    FLOW_REFUSED: ("counter", "", ("planner",)),
+    RATELIMIT_WAIT: ("histogram", "s", ("planner", "judge")),
+    RATELIMIT_LIMITED: ("counter", "", ("planner", "judge")),
+}
+
+
+def exposition_names() -> dict[str, str]:
+    """Each catalogued metric's name on ``/metrics`` -> its OpenTelemetry name."""
+    return {prometheus_name(name, kind, unit): name for name, (kind, unit, _) in CATALOGUE.items()}

@@ -17,6 +17,7 @@ from typing import Any
 
 import uvloop
 
+from shared import metrics as M
 from shared.bus import Bus
 from shared.health import HealthServer
 from shared.jetstream_gauges import JetStreamGauges, reported_streams
@@ -73,6 +74,12 @@ async def serve(service: str, build: Build, settings: Settings | None = None) ->
             service, ready, settings.health_host, settings.health_port, metrics=telemetry.prometheus_text
         )
         await health.start()
+    M.computed_gauge(
+        telemetry.meter("loopwarden.service"),
+        M.SERVICE_READY,
+        lambda: [({}, 1.0 if ready()[0] else 0.0)],
+        description="1 while the service is connected to NATS and consuming (/readyz answers 200), else 0",
+    )
     # backlog of this service's durables and the store of its streams, polled in the background (/metrics)
     gauges = JetStreamGauges(
         lambda: bus.js,

@@ -107,6 +107,8 @@ class EscalationQueue:
             description="unresolved items past their SLA deadline, by kind (the sweeper applies their default action)",
         )
         self.slas = Q.sla_rules(json.loads(self.settings.escalation_slas) if self.settings.escalation_slas else None)
+        for kind, rule in self.slas.items():  # at 0 from the start: the first breach is an increase
+            self.sla_breaches.add(0, {"kind": kind, "action": rule.action})
         self.roster: dict[str, list[str]] | None = (
             json.loads(self.settings.operators) if self.settings.operators else None
         )
@@ -230,7 +232,8 @@ class EscalationQueue:
         await self._event(event)
         if resolution is not None:
             item = self.items.get(escalation_id)
-            self.sla_breaches.add(1, {"kind": item.kind if item else "unknown", "action": resolution.action})
+            if item is not None and item.sla_action is not None:
+                self.sla_breaches.add(1, {"kind": item.kind, "action": item.sla_action})
             log.warning("escalation %s: SLA applied %s", escalation_id, resolution.action)
             await self._publish_resolution(escalation_id, resolution)
 
