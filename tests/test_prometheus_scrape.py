@@ -33,6 +33,7 @@ from shared import metrics as M
 from shared import subjects as S
 from shared.messages import RunAdvance
 from shared.scenario import parse_scenario
+from shared.version import package_version
 from tests.conftest import REPLICAS, ROOT, TEST_ENV, settings_for
 from tests.support.promql import base_name, metric_names
 from tests.support.timing import bound, eventually, eventually_sync
@@ -294,6 +295,11 @@ async def test_every_dashboard_query_names_a_live_metric_and_runs(
     assert used & live and len(used & live) >= 25, sorted(used & live)
     # and every query parses and runs (Grafana's variables given values)
     for q in queries:
-        concrete = q.replace("$__rate_interval", "1m").replace("$tenant", "acme").replace("$tool", "search")
+        concrete = q.replace("$__rate_interval", "5m").replace("$tenant", "acme").replace("$tool", "search")
         prometheus.query(concrete)
-    assert prometheus.query('sum by (result) (rate(loopwarden_tool_attempts_total{tool="search"}[1m]))')
+    tool_row = 'sum by (result) (increase(loopwarden_tool_attempts_total{tool="search"}[5m]))'
+    assert prometheus.query(tool_row), prometheus.query('loopwarden_tool_attempts_total{tool="search"}[5m]')
+    versions = prometheus.query(
+        'count by (service_name, service_version) (target_info{service_namespace="loopwarden"})'
+    )
+    assert {r["metric"]["service_version"] for r in versions} == {package_version()}
