@@ -137,6 +137,8 @@ class Console:
         self.logins = telemetry.meter("loopwarden.console").create_counter(
             CONSOLE_LOGINS, description="console logins by result: ok, failed, throttled"
         )
+        for result in ("ok", "failed", "throttled"):  # at 0 from the start: the first of each is an increase
+            self.logins.add(0, {"result": result})
 
     def count_login(self, result: str) -> None:
         if self.logins is not None:
