@@ -79,9 +79,9 @@ class EscalationQueue:
         self.bus = bus
         self.settings = settings or bus.settings
         meter = telemetry.meter("loopwarden.escalation")
-        self.raised = meter.create_counter("loopwarden.escalations.raised", description="escalations by kind")
+        self.raised = meter.create_counter(M.ESCALATIONS_RAISED, description="escalations by kind")
         self.refused = meter.create_counter(
-            "loopwarden.escalations.refused", description="claims and resolutions refused, by verb"
+            M.ESCALATIONS_REFUSED, description="claims and resolutions refused, by verb"
         )
         self.sla_breaches = meter.create_counter(
             M.SLA_BREACHES, description="items nobody resolved within their SLA: its default action applied"

@@ -55,7 +55,7 @@ class Executor:
             explicit_bucket_boundaries_advisory=M.DURATION_BUCKETS_S,
         )
         self.undeclared = meter.create_counter(
-            "loopwarden.tool.undeclared_fields", description="tool calls that carried undeclared input fields"
+            M.TOOL_UNDECLARED, description="tool calls that carried undeclared input fields"
         )
         self._consuming: set[str] = set()
         self.mounts: list[Any] = []

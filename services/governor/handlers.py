@@ -84,13 +84,11 @@ class Governor:
         self.bus, self.settings = bus, settings
         self.tracer = telemetry.tracer("loopwarden.governor")
         meter = telemetry.meter("loopwarden.governor")
-        self.decisions = meter.create_counter("loopwarden.budget.decisions", description="budget decisions by action")
+        self.decisions = meter.create_counter(M.BUDGET_DECISIONS, description="budget decisions by action")
         self.estimated_cost = meter.create_counter(
-            "loopwarden.budget.estimated_cost", unit="USD", description="estimated cost of allowed calls (cache rates)"
+            M.BUDGET_ESTIMATED_COST, unit="USD", description="estimated cost of allowed calls (cache rates)"
         )
-        self.tenant_spend = meter.create_counter(
-            "loopwarden.tenant.cost", unit="USD", description="spend accounted to tenants"
-        )
+        self.tenant_spend = meter.create_counter(M.TENANT_COST, unit="USD", description="spend accounted to tenants")
         # each tenant's UTC day against its ceiling, as this replica last accounted it (read at collection)
         self.spent_today: dict[str, tuple[str, float]] = {}  # tenant -> (day, spent)
         self._tenant_label = M.Bounded()

@@ -27,6 +27,7 @@ from services.planner.state import PublishRecord, RunState
 from services.planner.store import RunStore
 from services.planner.transaction import Applied, Change, apply_message
 from services.planner.turns import apply_turn, resolve_config, start_run
+from shared import metrics as M
 from shared import subjects as S
 from shared.bounded import bounded_outcome
 from shared.bus import Bus, CasConflict, TryLater, Unchanged, current_deliveries, current_subject
@@ -44,7 +45,6 @@ from shared.messages import (
     Verdict,
     utcnow,
 )
-from shared.metrics import RunMetrics
 from shared.providers.select import provider_name
 from shared.settings import Settings
 from shared.telemetry import LW_ITERATION, LW_RUN_ID, Telemetry, current_traceparent, record_invoke_agent
@@ -59,11 +59,11 @@ class Planner:
         self.tracer = telemetry.tracer("loopwarden.planner")
         self.tracing = telemetry.exporting
         meter = telemetry.meter("loopwarden.planner")
-        self.runs = RunMetrics(meter)  # started, finished by status, duration, cost and tokens; by tenant and agent
-        self.decisions = meter.create_counter("loopwarden.decide.decisions", description="Decide outcomes by row")
-        cost = meter.create_counter("loopwarden.model.cost", unit="USD", description="billed model cost")
+        self.runs = M.RunMetrics(meter)  # started, finished by status, duration, cost and tokens; by tenant and agent
+        self.decisions = meter.create_counter(M.DECIDE_DECISIONS, description="Decide outcomes by row")
+        cost = meter.create_counter(M.MODEL_COST, unit="USD", description="billed model cost")
         self.corrections = meter.create_counter(
-            "loopwarden.tool.corrections", description="schema-failure streaks by outcome: recovered, escalated"
+            M.TOOL_CORRECTIONS, description="schema-failure streaks by outcome: recovered, escalated"
         )
         self.catalogue = Catalogue(bus)
         # Runs: the record and its history, and what this replica last stored or read of each

@@ -39,7 +39,7 @@ from shared.bus.pulls import _Pull, _RunLocks
 from shared.bus.replies import _Replies
 from shared.bus.requests import Requests, _Responder
 from shared.bus.requeue import Requeueing
-from shared.metrics import BusMetrics
+from shared.metrics import FAILURES, BusMetrics
 from shared.payloads import PayloadStore
 from shared.permissions import streams_seen
 from shared.settings import Settings
@@ -64,7 +64,7 @@ class Bus(Requeueing, Requests):
         self.payloads = PayloadStore(self.settings, self.service)  # bodies stored under this user's name
         self._failures = (
             self.meter_provider.get_meter("loopwarden.bus").create_counter(
-                "loopwarden.failures", description="failure events by type and tool (every service, one metric)"
+                FAILURES, description="failure events by type and tool (every service, one metric)"
             )
             if self.meter_provider
             else None

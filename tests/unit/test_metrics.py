@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -26,6 +27,21 @@ def test_every_catalogued_name_follows_the_scheme() -> None:
         assert re.fullmatch(r"[a-z_]+(\.[a-z_]+)+", name), name
     assert M.AWAITED <= set(M.CATALOGUE)
     assert all(n.startswith(("loopwarden.flow.", "loopwarden.ratelimit.")) for n in M.AWAITED)
+
+
+def test_every_instrument_is_named_by_a_catalogued_constant() -> None:
+    """No metric name is a string literal at the instrument: each comes from shared/metrics.py, and is catalogued."""
+    root = Path(__file__).resolve().parents[2]
+    created = re.compile(r"create_(?:counter|histogram|observable_gauge|gauge|up_down_counter)\(\s*([^,)\s]+)")
+    names = set()
+    for path in [*root.glob("shared/**/*.py"), *root.glob("services/**/*.py"), *root.glob("loopwarden/**/*.py")]:
+        for arg in created.findall(path.read_text()):
+            assert not arg.startswith(('"', "'")), f"{path.relative_to(root)}: a literal metric name {arg}"
+            names.add(arg)
+    constants = {n for n in names if n.startswith("M.") or n.isupper()}
+    assert len(constants) >= 20, sorted(names)  # the scan does find the instruments
+    for constant in constants:
+        assert getattr(M, constant.removeprefix("M.")) in M.CATALOGUE, constant
 
 
 def test_prometheus_name_is_what_the_sdk_reader_exports() -> None:
