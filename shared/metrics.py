@@ -74,14 +74,32 @@ SLA_BREACHES = "loopwarden.queue.sla_breaches"  # counter {kind, action}: an SLA
 # --- the console ----------------------------------------------------------------------------------------
 CONSOLE_LOGINS = "loopwarden.console.logins"  # counter {result: ok | failed | throttled}
 
-# --- flow control: built by the fair-share and rate-limit work (issue 34); named here so the docs, the
-# dashboard and the alerts agree with what those branches export ---------------------------------------------
-FLOW_QUEUED = "loopwarden.flow.queued"  # gauge {tenant}: runs waiting for their tenant's share
-FLOW_WAIT = "loopwarden.flow.wait"  # histogram, s {tenant}: a run's wait for its share, queued to started
-FLOW_REFUSED = "loopwarden.flow.refused"  # counter {tenant, reason}: submits refused at intake
-RATELIMIT_WAIT = "loopwarden.ratelimit.wait"  # histogram, s {gen_ai.provider.name, gen_ai.request.model}
-RATELIMIT_LIMITED = "loopwarden.ratelimit.limited"  # counter {gen_ai.provider.name, gen_ai.request.model}: 429s
-AWAITED = frozenset({FLOW_QUEUED, FLOW_WAIT, FLOW_REFUSED, RATELIMIT_WAIT, RATELIMIT_LIMITED})
+# --- flow control: built by the fair-share and rate-limit work (issue 34); named here as those branches name
+# them, so the docs, the dashboard and the alerts agree with what they export ----------------------------------
+FLOW_ADMITTED = "loopwarden.flow.admitted"  # counter {tenant}: runs admitted to the fleet
+FLOW_REFUSED = "loopwarden.flow.refused"  # counter {tenant, quota}: submits refused at the door
+FLOW_FINISHED = "loopwarden.flow.finished"  # counter {tenant}: admitted runs that ended
+FLOW_WAIT = "loopwarden.flow.wait"  # histogram, s {tenant}: a run's wait for its tenant's share
+RATELIMIT_WAIT = (
+    "loopwarden.ratelimit.wait"  # histogram, s {gen_ai.provider.name, loopwarden.ratelimit.account, reason}
+)
+RATELIMIT_REJECTIONS = "loopwarden.ratelimit.rejections"  # counter {gen_ai.provider.name, ...account}: 429s
+RATELIMIT_GAVE_UP = "loopwarden.ratelimit.gave_up"  # counter: calls that would have waited past the bound
+RATELIMIT_REMAINING = "loopwarden.ratelimit.remaining"  # gauge: what the provider last announced is left
+RATELIMIT_LIMIT = "loopwarden.ratelimit.limit"  # gauge: the per-minute limit in force
+AWAITED = frozenset(
+    {
+        FLOW_ADMITTED,
+        FLOW_REFUSED,
+        FLOW_FINISHED,
+        FLOW_WAIT,
+        RATELIMIT_WAIT,
+        RATELIMIT_REJECTIONS,
+        RATELIMIT_GAVE_UP,
+        RATELIMIT_REMAINING,
+        RATELIMIT_LIMIT,
+    }
+)  # until issue 34's branches are merged: the dashboard test lets these be absent from a live /metrics
 
 # --- histogram buckets ------------------------------------------------------------------------------------
 # the GenAI semantic conventions' recommended boundaries (operation duration, token usage)
@@ -271,11 +289,15 @@ CATALOGUE: dict[str, tuple[Kind, str, tuple[str, ...]]] = {
     QUEUE_PAST_SLA: ("gauge", "", ("escalation",)),
     SLA_BREACHES: ("counter", "", ("escalation",)),
     CONSOLE_LOGINS: ("counter", "", ("console",)),
-    FLOW_QUEUED: ("gauge", "", ("planner",)),
-    FLOW_WAIT: ("histogram", "s", ("planner",)),
+    FLOW_ADMITTED: ("counter", "", ("planner",)),
     FLOW_REFUSED: ("counter", "", ("planner",)),
+    FLOW_FINISHED: ("counter", "", ("planner",)),
+    FLOW_WAIT: ("histogram", "s", ("planner",)),
     RATELIMIT_WAIT: ("histogram", "s", ("planner", "judge")),
-    RATELIMIT_LIMITED: ("counter", "", ("planner", "judge")),
+    RATELIMIT_REJECTIONS: ("counter", "", ("planner", "judge")),
+    RATELIMIT_GAVE_UP: ("counter", "", ("planner", "judge")),
+    RATELIMIT_REMAINING: ("gauge", "", ("planner", "judge")),
+    RATELIMIT_LIMIT: ("gauge", "", ("planner", "judge")),
 }
 
 
