@@ -199,8 +199,9 @@ class LocalStack:
 
     def metrics_urls(self) -> dict[str, str]:
         """Where each running process serves its metrics (label -> URL): a service's health port, the console's."""
-        urls = {p.name: f"http://127.0.0.1:{p.health_port}/metrics" for p in self.procs if p.health_port}
-        console = next((p for p in self.procs if p.service == "console"), None)
+        running = [p for p in self.procs if p.popen.poll() is None]
+        urls = {p.name: f"http://127.0.0.1:{p.health_port}/metrics" for p in running if p.health_port}
+        console = next((p for p in running if p.service == "console"), None)
         if console is not None and self.console_url:
             urls[console.name] = f"{self.console_url.rstrip('/')}/metrics"
         return urls
