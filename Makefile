@@ -41,7 +41,7 @@ PROMTOOL ?= /usr/bin/promtool
 prometheus:
 	@test -x $(PROMETHEUS) -a -x $(PROMTOOL) || { \
 	  echo "installing prometheus (Debian) for the alert rules' tests and the scrape test ..."; \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus) >/dev/null \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus) >/dev/null \
 	  || { echo "error: $(PROMETHEUS) or $(PROMTOOL) is missing and could not be installed; run as root:" \
 	            "apt-get update && apt-get install -y prometheus" >&2; exit 1; }; }
 	@test -x $(PROMETHEUS) -a -x $(PROMTOOL) || { echo "error: $(PROMETHEUS) or $(PROMTOOL) still missing after the install" >&2; exit 1; }
