@@ -121,7 +121,24 @@ def _add(a: Snapshot, b: Snapshot) -> Snapshot:
     )
 
 
-def run(quick: bool = False) -> dict[str, Any]:
+async def profiled(stack: LocalStack, client: Client, out: Path, seconds: float) -> dict[str, float]:
+    """Steps of 16 runs at once for ``seconds`` under py-spy (``bench.profile``): CPU ms per step by process."""
+    from bench import profile
+
+    procs = {p.name: p.popen.pid for p in stack.procs if p.service in SERVICES}
+    spies = profile.start(procs, seconds, out)
+    before = {n: sched_cpu_s(pid) for n, pid in procs.items()}
+    steps, t0 = 0, time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        await run_many(client, [steps_scenario(20) for _ in range(16)])
+        steps += 16 * 20
+    cpu = {n: (sched_cpu_s(pid) - before[n]) / steps * 1000 for n, pid in procs.items()}
+    for spy in spies:
+        await asyncio.to_thread(spy.wait, 60)
+    return cpu
+
+
+def run(quick: bool = False, profile_dir: Path | None = None) -> dict[str, Any]:
     counts_dir = Path(tempfile.mkdtemp(prefix="lw-opcounts-"))
     monitor = free_port()
     env = {"LW_LOG_LEVEL": "WARNING", "LW_OP_COUNTS_DIR": str(counts_dir)}
@@ -145,6 +162,9 @@ def run(quick: bool = False) -> dict[str, Any]:
 
                 r["side"] = await contenders.measure(loopwarden, rounds=1 if quick else 5)
                 r["load_after"] = os.getloadavg()[0]
+                if profile_dir is not None:
+                    r["profile_cpu_ms"] = await profiled(stack, client, profile_dir, 8 if quick else 20)
+                    r["profile_dir"] = profile_dir
                 return r
 
         r = asyncio.run(main())
@@ -231,4 +251,9 @@ def report(r: dict[str, Any]) -> list[str]:
         f"  CPU per step by process (schedstat): {sum(cpu.values()):.2f} ms = "
         + ", ".join(f"{p} {v:.2f}" for p, v in sorted(cpu.items(), key=lambda kv: -kv[1]) if v >= 0.01)
     )
-    return lines + side_by_side(r)
+    lines += side_by_side(r)
+    if "profile_dir" in r:
+        from bench import profile
+
+        lines += profile.report(r["profile_dir"], r["profile_cpu_ms"])
+    return lines
