@@ -34,6 +34,13 @@ from shared.messages.budget import (
     BudgetRequest,
     SectionTokens,
 )
+from shared.messages.config import (
+    AGENT_RIGHTS,
+    AccessRecord,
+    AgentRight,
+    ConsoleUsers,
+    OperatorEntry,
+)
 from shared.messages.conversation import (
     Block,
     ChatMessage,
@@ -202,11 +209,14 @@ WIRE_MODELS: tuple[type[BaseModel], ...] = (
     AgentRecord,
     RunRead,
     RunReadReply,
+    AccessRecord,
+    ConsoleUsers,
 )
 
 
 __all__ = [
     "AGENT_INSTRUCTIONS_MAX_CHARS",
+    "AGENT_RIGHTS",
     "ATTEMPT_ID_PATTERN",
     "CALL_FAILURES",
     "CALL_ID_PATTERN",
@@ -224,8 +234,10 @@ __all__ = [
     "TASK_MAX_CHARS",
     "TOOL_FAILURES",
     "WIRE_MODELS",
+    "AccessRecord",
     "Agent",
     "AgentRecord",
+    "AgentRight",
     "AnyRunEvent",
     "AttemptId",
     "AwaitingView",
@@ -242,6 +254,7 @@ __all__ = [
     "Candidate",
     "CandidateDetail",
     "ChatMessage",
+    "ConsoleUsers",
     "Corrected",
     "CorrectedDetail",
     "Criterion",
@@ -291,6 +304,7 @@ __all__ = [
     "NoDetail",
     "NotJudged",
     "NotJudgedDetail",
+    "OperatorEntry",
     "ReasonDetail",
     "RepairRule",
     "RequestedCall",
