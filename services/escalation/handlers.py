@@ -37,6 +37,7 @@ from shared.contracts.registration import validator_for
 from shared.describe import describe
 from shared.failures import HUMAN_FAILURES
 from shared.history import HistoryMissing
+from shared.live_config import ConfigUnreadable, LiveConfig
 from shared.messages import (
     ChatMessage,
     Escalation,
@@ -82,6 +83,8 @@ class EscalationQueue:
             "loopwarden.escalations.refused", description="claims and resolutions refused, by verb"
         )
         self.slas = Q.sla_rules(json.loads(self.settings.escalation_slas) if self.settings.escalation_slas else None)
+        # the roster: the applied access file's (lw_config), else LW_OPERATORS; read again before each action
+        self.live = LiveConfig(bus)
         self.roster: dict[str, list[str]] | None = (
             json.loads(self.settings.operators) if self.settings.operators else None
         )
@@ -318,6 +321,10 @@ class EscalationQueue:
         step: Callable[[Escalation, Q.Actor, datetime], tuple[Escalation, Any]],
     ) -> EscalationReply:
         actor: Q.Actor | None = None
+        try:
+            self.roster = await self.live.roster()  # as applied now (LW_CONFIG_REFRESH_S at most old)
+        except ConfigUnreadable as err:  # never decided on a guess: no roster would let anyone act
+            return EscalationReply(ok=False, error=f"the operators' roster cannot be read right now: {err}")
         try:
             actor = Q.actor_from_subject(subject, S.ESCALATION_RPC_PREFIX, verb)
             who = actor
