@@ -170,38 +170,23 @@ def cmd_apply(args: argparse.Namespace) -> Any:
     out = Path(args.auth_conf) if args.auth_conf else (Path(locked["auth_conf"]) if locked else None)
     if out is None:
         raise UserError("give --auth-conf PATH: where your nats-server includes auth.conf", USAGE)
-    own_stack = locked is not None and out.resolve() == Path(locked["auth_conf"]).resolve()
-    env: dict[str, str] = {}
-    if own_stack:
-        from loopwarden.locked import PASSWORDS, read_env_file
-        from shared.permissions import password_env
-
-        assert locked is not None
-        env = read_env_file(Path(locked["root"]) / PASSWORDS)
-        hashed = access.password_hashes()
-        users = (*access.tenant_users(), *access.operators)
-        missing = [u for u in users if u not in hashed and password_env(u) not in env]
-        if missing:
-            raise UserError(
-                f"{', '.join(missing)}: no password_hash in {args.file}, and this stack's nats-server has no "
-                f"{password_env(missing[0])} (a reload cannot give it one): add a hash (`loopwarden config hash`)",
-                USAGE,
-            )
+    own = locked if locked is not None and out.resolve() == Path(locked["auth_conf"]).resolve() else None
+    env = _stack_passwords(own, access, args.file) if own is not None else {}
     previous = out.read_text() if out.exists() else None
     write_private(out, auth_conf(access, Path(args.file).name))
-    say(f"wrote {out}")
-    for line in _summary(access):
-        say(f"  {line}")
-    targets = list(args.reload)
-    if own_stack and not targets:
-        targets = [str(locked["nats_pid"])]  # type: ignore[index]
-    if own_stack and targets:
-        try:
-            _check_server_config(Path(locked["server_conf"]), env)  # type: ignore[index]
+    targets = list(args.reload) or ([str(own["nats_pid"])] if own is not None else [])
+    if own is not None:
+        try:  # the stack's server reads it before it is reloaded: a refused file is put back, nothing reloaded
+            _check_server_config(Path(own["server_conf"]), env)
         except UserError:
             if previous is not None:
                 write_private(out, previous)
             raise
+        if Path(args.file).resolve() != Path(own["access"]).resolve():
+            write_private(Path(own["access"]), Path(args.file).read_text())
+    say(f"wrote {out}")
+    for line in _summary(access):
+        say(f"  {line}")
     for target in targets:
         say(f"reloaded nats-server (pid {reload_server(target)})")
     if not targets:
@@ -210,6 +195,24 @@ def cmd_apply(args: argparse.Namespace) -> Any:
         say("not stored in lw_config (--no-store): the services keep what was applied before")
         return OK
     return store(_admin_settings(locked), access)  # run by the CLI (a coroutine: the one async part)
+
+
+def _stack_passwords(own: dict[str, Any], access: Any, file: str) -> dict[str, str]:
+    """The environment of an `up --locked` stack's nats-server; a user the file gives no hash and that
+    environment no password cannot be added by a reload: refused before anything is written."""
+    from loopwarden.locked import PASSWORDS, read_env_file
+    from shared.permissions import password_env
+
+    env = read_env_file(Path(own["root"]) / PASSWORDS)
+    hashed = access.password_hashes()
+    missing = [u for u in (*access.tenant_users(), *access.operators) if u not in hashed and password_env(u) not in env]
+    if missing:
+        raise UserError(
+            f"{', '.join(missing)}: no password_hash in {file}, and this stack's nats-server has no "
+            f"{password_env(missing[0])} (a reload cannot give it one): add a hash (`loopwarden config hash`)",
+            USAGE,
+        )
+    return env
 
 
 async def store(cfg: Any, access: Any) -> int:

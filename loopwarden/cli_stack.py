@@ -208,6 +208,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             for line in asyncio.run(locked.bootstrap_and_apply(stack.nats_url or "")):
                 say(line)
         spawn_supervisor(stack)
+        stack.console_url = _console_url(stack) or stack.console_url
     except StackError as err:
         stack.stop()
         say(f"could not start the stack: {err}", err=True)
@@ -222,8 +223,21 @@ def cmd_up(args: argparse.Namespace) -> int:
     if locked is not None:
         for line in locked.how_to_connect(stack.nats_url or ""):
             say(line)
-    say(_console_line(stack))
+        allowed = settings().allow_scripted
+        say(f"  scripted runs: {'allowed' if allowed else 'refused'} (LW_ALLOW_SCRIPTED={str(allowed).lower()})")
+    else:
+        say(_console_line(stack))
+    if locked is not None and stack.console_url:
+        say(f"console: {stack.console_url}")
     return OK
+
+
+def _console_url(stack: LocalStack) -> str | None:
+    """The address the supervised console says it listens on (its ready line)."""
+    from services.console.local import url_from_log
+
+    log = stack.state_dir / "logs" / "console.log"
+    return url_from_log(log.read_text(errors="replace")) if log.exists() else None
 
 
 def _locked_setup(root: Path, access: str | None) -> Any:
