@@ -43,7 +43,7 @@ def test_a_replica_whose_consumer_was_deleted_is_not_ready_until_bootstrap(tmp_p
         eventually_sync(lambda: _readyz(health)[0] == 200, what="the escalation service ready", within=bound(30))
         # a release that adds a consumer, started before bootstrap made it, is this state too
         asyncio.run(_delete_consumer(url, S.STREAM_CMD, S.DURABLE_ESCALATION_WITHDRAW))
-        status, body = eventually_sync(
+        _, body = eventually_sync(
             lambda: (said := _readyz(health))[0] == 503 and said,
             what="/readyz saying the consumer is gone",
             within=bound(30),

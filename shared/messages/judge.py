@@ -81,6 +81,11 @@ class Verdict(Wire):
     not_judged_reason: str | None = None
     judge_model: str = ""
     usage: Usage = Field(default_factory=Usage)
+    scripted: bool | None = Field(
+        None,
+        description="the judge replayed a scenario's verdict (a scripted run): its reasons are the submitter's "
+        "words, never a lesson for later runs (None: a judge that does not say, taken as scripted)",
+    )
 
     @model_validator(mode="after")
     def _no_score_when_not_judged(self) -> Verdict:
