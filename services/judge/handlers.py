@@ -16,7 +16,6 @@ from shared.backoff import BackoffPolicy
 from shared.bus import Bus
 from shared.messages import ChatMessage, JudgeRequest, Verdict
 from shared.providers.base import ModelProvider, ModelRequest, ProviderError, complete_with_retry
-from shared.providers.scripted import ScriptedProvider
 from shared.providers.select import run_provider
 from shared.settings import Settings
 
@@ -59,8 +58,8 @@ class Judge:
                 verdict = scoring.not_judged(req, f"judge call failed: {err}", model)
             else:
                 verdict = await self.ask(req, provider, model)
-                # a scenario's verdict is what its submitter wrote: the planner keeps no lesson from it
-                verdict = verdict.model_copy(update={"scripted": isinstance(provider, ScriptedProvider)})
+                # which provider judged: a scenario's verdict is what its submitter wrote, never a lesson
+                verdict = verdict.model_copy(update={"judge_provider": provider.name})
             span.set_attribute(T.LW_VERDICT, verdict.status)
             if verdict.score is not None:
                 span.set_attribute(T.LW_SCORE, verdict.score)

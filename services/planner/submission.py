@@ -43,7 +43,7 @@ async def lessons(bus: Bus, submit: RunSubmit) -> list[str]:
 
 async def record_lessons(bus: Bus, state: RunState) -> None:
     """Keep a finished run's judge reasons for the tenant's later runs of the task: only a live judge's
-    (``Verdict.scripted``: a scripted run's verdicts are what its submitter wrote)."""
+    (``Verdict.judge_provider``: a scripted run's verdicts are what its submitter wrote)."""
     if not state.judge_failures:
         return
 

@@ -81,10 +81,11 @@ class Verdict(Wire):
     not_judged_reason: str | None = None
     judge_model: str = ""
     usage: Usage = Field(default_factory=Usage)
-    scripted: bool | None = Field(
-        None,
-        description="the judge replayed a scenario's verdict (a scripted run): its reasons are the submitter's "
-        "words, never a lesson for later runs (None: a judge that does not say, taken as scripted)",
+    judge_provider: str = Field(
+        "",
+        max_length=64,
+        description="the provider that judged (anthropic, openai, scripted: a scenario's replay); lessons are kept "
+        "from a live provider's reasons only ('': a judge that does not say)",
     )
 
     @model_validator(mode="after")
