@@ -133,8 +133,9 @@ GRANTS: dict[str, Grant] = {
     ),
     "escalation": Grant(
         publish=published("escalation"),
-        subscribe=(f"{S.P}.rpc.escalation.>",),
-        kv_write=(S.KV_ESCALATIONS,),
+        # the queue's requests, and the operators' agent registrations (it holds the roster that decides them)
+        subscribe=(f"{S.P}.rpc.escalation.>", f"{S.AGENT_REGISTER_PREFIX}.>"),
+        kv_write=(S.KV_ESCALATIONS, S.KV_AGENTS),
         # the run's last turns; provided results meet the tool's contract
         kv_read=(S.KV_RUNS, S.KV_CONTRACTS, S.KV_HISTORY),
         consumers=(
@@ -216,8 +217,7 @@ def operator_grant(name: str) -> Grant:
     return Grant(
         publish=published_by_person(name, None),
         read_streams=(S.STREAM_DLQ,),
-        kv_write=(S.KV_AGENTS,),
-        kv_read=(S.KV_REQUEUES,),
+        kv_read=(S.KV_AGENTS, S.KV_REQUEUES),
     )
 
 

@@ -46,6 +46,8 @@ ESCALATION_RESOLVE = f"{P}.rpc.escalation.resolve"
 # a tenant-bound client reads its runs through the planner (``services/planner/reads.py``):
 # ``<prefix>.<verb>.<tenant>``, and the server lets each such client publish only its own tenant's
 RUN_READ_PREFIX = f"{P}.rpc.runs"
+# an operator (or the admin) registers an agent as itself: ``<prefix>.<user>``, answered by the escalation service
+AGENT_REGISTER_PREFIX = f"{P}.rpc.agents.register"
 RUN_READ_VERBS = ("state", "history", "events")
 
 # --- events (JetStream stream LW_EVT) ------------------------------------------------------
@@ -230,6 +232,11 @@ def run_submit(tenant: str | None = None) -> str:
 def run_read(verb: str, tenant: str) -> str:
     """The subject a client of ``tenant`` asks the planner for one of its runs (``verb``: ``RUN_READ_VERBS``)."""
     return f"{RUN_READ_PREFIX}.{token(verb)}.{token(tenant)}"
+
+
+def agent_register(user: str) -> str:
+    """The subject ``user`` registers an agent on (the server lets only that user publish it)."""
+    return f"{AGENT_REGISTER_PREFIX}.{token(user)}"
 
 
 def tenant_bodies(tenant: str) -> str:

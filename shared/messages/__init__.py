@@ -130,6 +130,8 @@ from shared.messages.runs import (
     FINAL_STATUSES,
     Agent,
     AgentRecord,
+    AgentRegister,
+    AgentRegisterReply,
     FinalStatus,
     RunAdvance,
     RunLimits,
@@ -211,6 +213,8 @@ WIRE_MODELS: tuple[type[BaseModel], ...] = (
     RunReadReply,
     AccessRecord,
     ConsoleUsers,
+    AgentRegister,
+    AgentRegisterReply,
 )
 
 
@@ -237,6 +241,8 @@ __all__ = [
     "AccessRecord",
     "Agent",
     "AgentRecord",
+    "AgentRegister",
+    "AgentRegisterReply",
     "AgentRight",
     "AnyRunEvent",
     "AttemptId",
