@@ -84,6 +84,28 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     q.add_argument("--cost", type=int, default=12, help="bcrypt work factor (default: 12)")
     q.set_defaults(func=cmd_hash)
 
+    p = sub.add_parser(
+        "cluster-config",
+        help="one node's nats-server config of a cluster on one machine",
+        description="Write node N's nats-server config for a cluster of --nodes nodes on one machine: its own client, "
+        "route and monitoring ports (4222, 6222, 8222 plus N-1 unless given), its store under --dir, the route "
+        "user's password (LW_NATS_ROUTE_PASSWORD) and the other nodes' routes, and the include of the shared "
+        "auth.conf. Give each node its own file: overriding ports with nats-server flags (--cluster) drops the "
+        "route authorization. docs/clustering.md has the recipe.",
+    )
+    p.add_argument("--node", type=int, required=True, metavar="N", help="which node (1 to --nodes)")
+    p.add_argument("--nodes", type=int, default=3, help="how many nodes (default: 3)")
+    p.add_argument(
+        "--dir", default="/var/lib/loopwarden/nats", help="the nodes' folder: node N keeps its store in DIR/nN"
+    )
+    p.add_argument("--auth-conf", metavar="PATH", help="the auth.conf every node includes (default: DIR/auth.conf)")
+    p.add_argument("--host", default="127.0.0.1", help="the address the nodes listen on (default: 127.0.0.1)")
+    p.add_argument("--client-port", type=int, default=4222, help="node 1's client port (node N: plus N-1)")
+    p.add_argument("--cluster-port", type=int, default=6222, help="node 1's route port (node N: plus N-1)")
+    p.add_argument("--http-port", type=int, default=8222, help="node 1's monitoring port, on loopback (plus N-1)")
+    p.add_argument("--out", metavar="FILE", help="write here, mode 600 (default: DIR/nN/server.conf; - prints it)")
+    p.set_defaults(func=cmd_cluster_config)
+
 
 def _load(path: str) -> Any:
     from shared.access import AccessError, load_access
@@ -284,4 +306,30 @@ def cmd_hash(args: argparse.Namespace) -> int:
     if len(password.encode()) > 72:
         raise UserError("a password is at most 72 bytes (bcrypt reads no further)", USAGE)
     say(bcrypt.hashpw(password.encode(), bcrypt.gensalt(args.cost)).decode())
+    return OK
+
+
+def cmd_cluster_config(args: argparse.Namespace) -> int:
+    from loopwarden.auth_conf import write_private
+    from loopwarden.cluster_conf import Layout, node_config
+    from shared.settings import sync_interval
+
+    root = Path(args.dir).expanduser().absolute()
+    layout = Layout(args.nodes, args.host, args.client_port, args.cluster_port, args.http_port, root)
+    auth = Path(args.auth_conf).expanduser().absolute() if args.auth_conf else root / "auth.conf"
+    raw_sync = os.environ.get("LW_NATS_SYNC_INTERVAL", "").strip()
+    try:
+        sync = sync_interval(raw_sync) if raw_sync else None
+        text = node_config(layout, args.node, os.environ.get("LW_NATS_ROUTE_PASSWORD", ""), auth, sync)
+    except ValueError as err:
+        raise UserError(str(err), USAGE) from None
+    if args.out == "-":
+        say(text.rstrip("\n"))
+        return OK
+    out = Path(args.out) if args.out else layout.node_dir(args.node) / "server.conf"
+    write_private(out, text)
+    os.chmod(out, 0o600)
+    say(f"wrote {out}: node {args.node} of {args.nodes}, clients on {layout.client_url(args.node)}")
+    if args.node == 1:
+        say(f"every process: LW_NATS_URL={layout.servers()}")
     return OK
