@@ -28,7 +28,6 @@ import nats
 import pytest
 
 from loopwarden.client import Client, NotAllowed
-from loopwarden.client import letters as client_letters
 from loopwarden.fake_model import FakeModel
 from shared import subjects as S
 from shared.access import EXAMPLE
@@ -226,7 +225,7 @@ async def test_n4_a_client_cannot_pre_claim_a_requeue_and_a_stored_nothing_says_
         other = await _new_letter(alice, before)
         taken = f"requeue-taken-{uuid.uuid4().hex[:8]}"
         await _pre_claim(review.url, [taken])
-        monkeypatch.setattr(client_letters, "requeue_msg_id", lambda seq: taken)
+        monkeypatch.setattr("loopwarden.client.letters.requeue_msg_id", lambda seq: taken)
         with pytest.raises(NotRequeueable, match=f"letter {other.seq}: not sent"):
             await alice.requeue(other.seq)
 
