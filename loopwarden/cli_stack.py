@@ -31,7 +31,7 @@ from loopwarden.cli_common import (
     state_dir,
 )
 from loopwarden.stack import LocalStack, StackError, saved_alive, stop_saved
-from loopwarden.supervise import SUPERVISED, spawn_supervisor
+from loopwarden.supervise import SUPERVISED, spawn_supervisor, supervised_metrics
 from shared.urls import redact_url
 
 DEFAULT_PORT = 4222  # the README's: `up` starts nats-server here unless told otherwise
@@ -217,7 +217,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         stack.stop()
         say("\ninterrupted: stopped what had started", err=True)
         return INTERRUPTED
-    stack.save(path, {"locked": locked.record(stack) if locked is not None else None})
+    metrics = supervised_metrics(stack.state_dir)
+    stack.save(path, {"locked": locked.record(stack) if locked is not None else None, "metrics": metrics})
     say(f"up: {redact_url(stack.nats_url or '')}; logs in {stack.state_dir / 'logs'}; `loopwarden down` stops it")
     say(f"supervised: a process that exits is started again (logs/supervisor.log, {stack.state_dir / SUPERVISED})")
     if locked is not None:
@@ -225,10 +226,11 @@ def cmd_up(args: argparse.Namespace) -> int:
             say(line)
         allowed = settings().allow_scripted
         say(f"  scripted runs: {'allowed' if allowed else 'refused'} (LW_ALLOW_SCRIPTED={str(allowed).lower()})")
+        if stack.console_url:
+            say(f"console: {stack.console_url}")
     else:
         say(_console_line(stack))
-    if locked is not None and stack.console_url:
-        say(f"console: {stack.console_url}")
+    say("metrics (Prometheus text, docs/observability.md): " + ", ".join(f"{n} {u}" for n, u in metrics.items()))
     return OK
 
 

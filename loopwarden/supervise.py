@@ -70,8 +70,10 @@ class Supervisor:
         pids = {w.label: w.proc.popen.pid for w in self.watched if not w.gave_up}
         started = {label: process_start(pid) for label, pid in pids.items()}  # to tell a later process by its pid
         gave_up = [w.label for w in self.watched if w.gave_up]
+        metrics = self.stack.metrics_urls()  # each service's health port is kept across its restarts
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"pids": pids, "started": started, "gave_up": gave_up}, indent=2))
+        record = {"pids": pids, "started": started, "gave_up": gave_up, "metrics": metrics}
+        tmp.write_text(json.dumps(record, indent=2))
         tmp.replace(path)
 
     def check(self, now: float) -> None:
@@ -104,13 +106,16 @@ class Supervisor:
             if w.due is not None and now >= w.due:
                 w.due = None
                 self.stack.procs.remove(w.proc)
-                w.proc = self.stack.start_service(w.service, label=w.label) if w.service else self._retention()
+                w.proc = self._again(w)
                 w.started = now
                 log.warning("supervisor: started %s again (pid %d)", w.label, w.proc.popen.pid)
                 self.record()
 
-    def _retention(self) -> Proc:
-        return self.stack.start_retention()
+    def _again(self, w: Watched) -> Proc:
+        if not w.service:
+            return self.stack.start_retention()
+        port = {"LW_HEALTH_PORT": str(w.proc.health_port)} if w.proc.health_port else None  # the same /metrics
+        return self.stack.start_service(w.service, label=w.label, extra_env=port)
 
     def run(self, poll_s: float = 0.5) -> None:
         while not self.stopping:
@@ -156,6 +161,15 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def supervised_metrics(state_dir: Path) -> dict[str, str]:
+    """Where each supervised process serves its metrics (label -> URL), as the supervisor recorded it."""
+    try:
+        found = json.loads((state_dir / SUPERVISED).read_text()).get("metrics") or {}
+    except (OSError, ValueError):
+        return {}
+    return {str(k): str(v) for k, v in found.items()}
 
 
 def spawn_supervisor(stack: LocalStack, retention: bool = True) -> Proc:
