@@ -71,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         except AccessError as err:
             print(f"auth_conf: {err}", file=sys.stderr)
             return 2
+    if args.out is None and not (ROOT / "deploy" / "nats").is_dir():  # an installed package: no folder of its own
+        print("auth_conf: give --out PATH (where your nats-server includes auth.conf)", file=sys.stderr)
+        return 2
     out = Path(args.out) if args.out else OUT
     if args.out is None and args.access is None:
         out.write_text(auth_conf(access, source))  # the shipped, reviewable file: no secrets in it

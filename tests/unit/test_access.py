@@ -130,3 +130,22 @@ def test_the_access_file_schema_is_the_models() -> None:
 
     assert (ROOT / "schemas" / "access.json").read_text() == schema("access.json")
     assert isinstance(EXAMPLE, AccessFile)
+
+
+def test_only_the_console_reads_the_console_logins_and_no_person_reads_lw_config() -> None:
+    """``lw_config/console`` holds bcrypt hashes: the console's read alone; the roster and policies
+    (``lw_config/access``) are read by the services that act on them, and by no person."""
+    from shared.permissions import GRANTS
+
+    every = grants(["calculator"], parse_access(MORE))
+    for user, grant in every.items():
+        pub, _ = rights(user, grant)
+        reads = {p.rsplit(".", 1)[-1] for p in pub if p.startswith(f"$JS.API.DIRECT.GET.KV_{S.KV_CONFIG}")}
+        assert f"$JS.API.DIRECT.GET.KV_{S.KV_CONFIG}" not in pub, user  # no batch read: it names any key
+        if user == "console":
+            assert reads == {S.CONFIG_ACCESS, S.CONFIG_CONSOLE}
+        elif user in ("planner", "governor", "escalation"):
+            assert reads == {S.CONFIG_ACCESS}, user
+        else:
+            assert not reads and not any(S.KV_CONFIG in p for p in pub), user
+    assert "admin" not in GRANTS  # the admin's rights are the whole account's (it applies the file)
