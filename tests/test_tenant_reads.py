@@ -312,7 +312,8 @@ def test_only_the_default_tenants_client_reads_runs_directly() -> None:
         assert [p for p in direct if not p.startswith("$JS.API.STREAM.INFO.")] == [], (user, direct)
         assert sub == [f"{S.inbox_prefix(user)}.>"], (user, sub)
         assert S.ESCALATION_LIST not in pub and S.ESCALATION_SHOW not in pub, user
-        assert [p for p in pub if p.startswith(S.RUN_READ_PREFIX)] == [S.run_read(v, tenant) for v in S.RUN_READ_VERBS]
+        reads = [S.run_read(v, tenant) for v in S.RUN_READ_VERBS]
+        assert [p for p in pub if p.startswith(S.RUN_READ_PREFIX)] == [*reads, S.run_list(tenant)]
         planner_pub, _ = rights("planner", all_grants["planner"])
         assert f"{S.inbox_prefix(user)}.>" in planner_pub
 

@@ -130,9 +130,13 @@ from shared.messages.runs import (
     RunSubmit,
 )
 from shared.messages.snapshots import (
+    BUCKET_PATTERN,
     EVENT_FILTER_PATTERN,
+    RUN_LIST_MAX,
     AwaitingView,
     IterationView,
+    RunList,
+    RunQuery,
     RunRead,
     RunReadReply,
     RunSnapshot,
@@ -202,12 +206,15 @@ WIRE_MODELS: tuple[type[BaseModel], ...] = (
     AgentRecord,
     RunRead,
     RunReadReply,
+    RunQuery,
+    RunList,
 )
 
 
 __all__ = [
     "AGENT_INSTRUCTIONS_MAX_CHARS",
     "ATTEMPT_ID_PATTERN",
+    "BUCKET_PATTERN",
     "CALL_FAILURES",
     "CALL_ID_PATTERN",
     "DIGEST_PATTERN",
@@ -220,6 +227,7 @@ __all__ = [
     "PROGRESS_EVENTS",
     "RETRIED_FAILURES",
     "RUN_ID_PATTERN",
+    "RUN_LIST_MAX",
     "SCHEMA_FAILURES",
     "TASK_MAX_CHARS",
     "TOOL_FAILURES",
@@ -305,6 +313,8 @@ __all__ = [
     "RunFinished",
     "RunId",
     "RunLimits",
+    "RunList",
+    "RunQuery",
     "RunRead",
     "RunReadReply",
     "RunSnapshot",
