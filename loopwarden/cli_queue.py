@@ -20,9 +20,7 @@ from loopwarden.cli_common import (
     plain,
     say,
     settings,
-    unless_refused,
 )
-from shared import subjects as S
 from shared.escalation_actions import ACTIONS, KINDS
 
 _NEEDS_FLAG = {"json": "--result", "text": "--answer", "note": "--note"}
@@ -94,7 +92,8 @@ async def cmd_escalations(args: argparse.Namespace) -> int:
             result = args.answer
     cfg = settings()
     who = getattr(args, "who", None) or cfg.nats_user or os.environ.get("USER", "operator")
-    async with connected(cfg, identity=cfg.nats_user or "client") as client:
+    hidden = 0
+    async with connected(cfg) as client:
         if args.action == "list":
             reply = await client.escalations(
                 args.status,
@@ -104,18 +103,24 @@ async def cmd_escalations(args: argparse.Namespace) -> int:
                 older_than_s=args.older_than,
                 newer_than_s=args.newer_than,
             )
+            if args.status == "open" and not args.json and reply.ok:  # what the default leaves out, said once
+                claimed = await client.escalations(
+                    "claimed",
+                    args.run,
+                    kind=args.kind,
+                    tool=args.tool,
+                    older_than_s=args.older_than,
+                    newer_than_s=args.newer_than,
+                )
+                hidden = len(claimed.escalations)
         elif args.action == "show":
             reply = await client.show(args.id)
-        else:  # a verb the server lets only `who`'s own user publish: refused at once if this user may not
-            subject = S.escalation_rpc(args.action, who)
-            if args.action == "claim":
-                reply = await unless_refused(client, subject, client.claim(args.id, who))
-            elif args.action == "renew":
-                reply = await unless_refused(client, subject, client.renew(args.id, who))
-            else:
-                reply = await unless_refused(
-                    client, subject, client.resolve(args.id, who, args.decision, args.note, result)
-                )
+        elif args.action == "claim":  # verbs the server lets only `who`'s own user publish: refused at once
+            reply = await client.claim(args.id, who)
+        elif args.action == "renew":
+            reply = await client.renew(args.id, who)
+        else:
+            reply = await client.resolve(args.id, who, args.decision, args.note, result)
     if not reply.ok:
         if args.json:
             emit_json(reply.model_dump(mode="json"))
@@ -135,10 +140,13 @@ async def cmd_escalations(args: argparse.Namespace) -> int:
         holder = f" by {item.claimed_by}" if item.claimed_by else ""
         say(
             f"{item.escalation_id}  {item.status + holder:16}  {item.kind:15}  tool {item.tool or '-':14}  "
-            f"run {item.run_id}  {item.reason[:80]}{lease}"
+            f"run {item.run_id}  tenant {item.tenant or '-'}  {item.reason[:80]}{lease}"
         )
     for key in reply.unreadable:
         say(f"{key}  UNREADABLE (the record does not parse; `escalations show {key}` says why)", err=True)
+    if hidden:
+        items = "item is" if hidden == 1 else "items are"
+        say(f"({hidden} claimed {items} not shown: `loopwarden escalations list --status claimed` lists them)")
     return OK
 
 

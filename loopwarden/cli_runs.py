@@ -319,8 +319,7 @@ async def cmd_metrics(args: argparse.Namespace) -> int:
 
 
 async def cmd_dlq(args: argparse.Namespace) -> int:
-    cfg = settings()  # as the user LW_NATS_USER names (an operator reads the letters they may hand back)
-    async with connected(cfg, identity=cfg.nats_user or "client") as client:
+    async with connected() as client:  # as LW_NATS_USER: an operator reads the letters they may hand back
         letters = await client.letters()
     if args.json:
         emit_json([{"seq": n.seq, **n.letter.model_dump(mode="json")} for n in letters])
@@ -350,7 +349,8 @@ async def cmd_requeue(args: argparse.Namespace) -> int:
     seqs = list(dict.fromkeys(letter_number(v) for v in args.seqs))  # before connecting
     cfg = settings()
     user = cfg.nats_user or "client"
-    async with connected(cfg, identity=user) as client:
+    not_sent = []
+    async with connected(cfg) as client:
         try:  # every letter checked before any is handed back
             letters = [await client.requeueable(seq) for seq in seqs]
         except (NoSuchLetter, NotRequeueable) as err:
@@ -358,17 +358,17 @@ async def cmd_requeue(args: argparse.Namespace) -> int:
         for seq, letter in zip(seqs, letters, strict=True):
             try:
                 r = await client.requeue(seq, letter)
-            except (NatsTimeoutError, TimeoutError):  # a publish outside the user's grant gets no PubAck
+            except (NatsTimeoutError, TimeoutError):  # no PubAck in time
                 raise UserError(
-                    f"letter {seq}: no answer to the requeue on {letter.requeue_to}; only operators and admin may "
-                    f"hand letters back (LW_NATS_USER is {user})",
-                    FAILED,
+                    f"letter {seq}: no answer to the requeue on {letter.requeue_to} (LW_NATS_USER is {user})", FAILED
                 ) from None
             if r.duplicate:
+                not_sent.append(r.seq)
                 say(
                     f"letter {r.seq} was handed back to {r.service} already (within the de-duplication window): "
-                    "not sent again; if it was dead-lettered again, requeue the newer letter"
+                    "not sent again; if it was dead-lettered again, requeue the newer letter",
+                    err=True,
                 )
             else:
                 say(f"letter {r.seq} handed back to {r.service} ({r.subject})")
-    return OK
+    return FAILED if not_sent else OK

@@ -92,7 +92,7 @@ def escalation_lines(item: Escalation, now: datetime | None = None) -> list[str]
         )
     lines = [
         f"escalation: {item.escalation_id}",
-        f"run:        {item.run_id}",
+        f"run:        {item.run_id}" + (f"   tenant: {item.tenant}" if item.tenant else ""),
         f"kind:       {item.kind}"
         + (f"   tool: {item.tool}" if item.tool else "")
         + (f"   failure: {details['failure_type']}" if details.get("failure_type") else ""),

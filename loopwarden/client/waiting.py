@@ -9,6 +9,7 @@ from typing import Any
 
 from loopwarden.client.queue import Queue
 from loopwarden.client.reads import TENANT_POLL_S, Reads
+from loopwarden.client.refusals import guarded
 from shared import subjects as S
 from shared.messages import (
     FINAL_STATUSES,
@@ -22,6 +23,7 @@ PROGRESS_STEMS = frozenset(S.run_event(e.model_fields["kind"].default) for e in 
 class Waiting(Reads, Queue):
     """``wait`` and what it needs: a subscription to the run's events shared by the waits on it."""
 
+    @guarded
     async def wait(
         self,
         run_id: str,
