@@ -56,7 +56,7 @@ def acme_run(locked: Deployment, messages_api: FakeModel) -> str:
     assert done.returncode == 0, done.stdout + done.stderr
     run_id, end = done.stdout.strip().splitlines()
     assert end == "completed: the answer is 42"
-    return run_id
+    return str(run_id)
 
 
 @pytest.fixture(scope="module")
