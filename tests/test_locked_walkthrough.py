@@ -1,0 +1,94 @@
+"""The docs' locked walkthrough (docs/locked.md), executed: every ``sh`` block, line by line, in one shell, as a
+person would type it, against the session's locked deployment (tests/support/locked.py). A line ending in
+``# → exit N`` must end with that code; every other line with 0. The stand-in model gets the walkthrough's
+replies from the file the page starts it with (docs/locked-model.yaml).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from loopwarden.fake_model import FakeModel, load_script
+from tests.support.locked import PASSWORDS, ROOT, Deployment, clean_env
+from tests.support.timing import bound
+
+DOC = ROOT / "docs" / "locked.md"
+EXPECT = re.compile(r"#\s*→\s*exit\s+(\d+)\s*$")
+
+
+def commands(text: str) -> list[tuple[str, int]]:
+    """Each command line of the page's ``sh`` blocks, with the exit code it must end with."""
+    out = []
+    for block in re.findall(r"```sh\n(.*?)```", text, re.S):
+        for line in block.splitlines():
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            want = EXPECT.search(line)
+            out.append((line[: want.start()].rstrip() if want else line, int(want.group(1)) if want else 0))
+    return out
+
+
+def script(cmds: list[tuple[str, int]]) -> str:
+    lines = []
+    for cmd, code in cmds:
+        lines += [
+            f"echo '$ '{shlex.quote(cmd)}",
+            cmd,
+            "rc=$?",
+            f'if [ "$rc" -ne {code} ]; then echo "STEP FAILED (exit $rc, not {code}): "{shlex.quote(cmd)}; exit 99; fi',
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def test_the_page_has_a_walkthrough_to_run() -> None:
+    cmds = commands(DOC.read_text())
+    assert len(cmds) > 20 and [c for c, code in cmds if code] == [
+        "loopwarden dlq",
+        'loopwarden escalations claim "$ITEM" --as alice',
+    ]
+
+
+def test_the_locked_walkthrough_runs_as_written(locked: Deployment, messages_api: FakeModel) -> None:
+    _, keyed = load_script(str(ROOT / "docs" / "locked-model.yaml"))  # `loopwarden fake-model --script ...`
+    for key, replies in keyed.items():
+        messages_api.script(key, replies)
+    work = locked.home / "walkthrough"  # the repository's folder, as far as the commands go: its agents and docs
+    work.mkdir()
+    for name in ("agents", "docs"):
+        (work / name).symlink_to(ROOT / name)
+    base = clean_env(locked.home)
+    env = {
+        **base,
+        "PATH": f"{Path(sys.executable).parent}:{base.get('PATH', '')}",  # the installed `loopwarden` (make install)
+        "LW_NATS_URL": locked.url,
+        "ALICE_PASSWORD": PASSWORDS["alice"],
+        "BOB_PASSWORD": PASSWORDS["bob"],
+        "ACME_PASSWORD": PASSWORDS["client_acme"],
+    }
+    done = subprocess.run(
+        ["bash", "-c", script(commands(DOC.read_text()))],
+        cwd=work,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=bound(600),
+    )
+    out = done.stdout
+    assert done.returncode == 0, out[-6000:]
+    assert "Traceback" not in out, out
+    run_id = re.search(r"run calc --task .*\n(?:.*\n)*?\$ loopwarden status \"\$RUN\"\nrun:\s+(run-\S+)", out)
+    assert run_id is not None, out
+    run = run_id.group(1)
+    assert re.search(rf"\$ loopwarden status \"\$RUN\"\nrun:\s+{run}\nstatus:\s+completed", out), out
+    assert (work / "acme-run.json").stat().st_size > 1000 and (work / "alice-run.json").stat().st_size > 1000
+    assert "loopwarden dlq: user client_acme may not read the dead letters (LW_DLQ): permission denied" in out
+    assert re.search(rf"\$ loopwarden runs --tenant acme\n(?:.*\n)*?{run} .* acme ", out), out
+    assert re.search(r"replayed run-\S+ as run-\S+: completed \(recorded: completed\)\n.*\n  no divergence", out), out
+    assert re.search(r"tenant acme .*the database rejected the query", out), out
+    assert "1 claimed item is not shown" in out, out
+    assert "loopwarden escalations: user bob may not ask lw.v1.rpc.escalation.claim.alice: permission denied" in out
