@@ -21,7 +21,9 @@ from loopwarden.cli_common import (
     say,
     settings,
 )
+from shared import subjects as S
 from shared.escalation_actions import ACTIONS, KINDS
+from shared.messages import ToolContract
 
 _NEEDS_FLAG = {"json": "--result", "text": "--answer", "note": "--note"}
 
@@ -92,7 +94,7 @@ async def cmd_escalations(args: argparse.Namespace) -> int:
             result = args.answer
     cfg = settings()
     who = getattr(args, "who", None) or cfg.nats_user or os.environ.get("USER", "operator")
-    hidden = 0
+    hidden, no_contract = 0, False
     async with connected(cfg) as client:
         if args.action == "list":
             reply = await client.escalations(
@@ -115,6 +117,10 @@ async def cmd_escalations(args: argparse.Namespace) -> int:
                 hidden = len(claimed.escalations)
         elif args.action == "show":
             reply = await client.show(args.id)
+            item = reply.escalations[0] if reply.ok and reply.escalations else None
+            if item is not None and item.tool and "provide_result" in item.allowed_actions and not args.json:
+                contract, _ = await client.guard(client.bus.kv_get(S.KV_CONTRACTS, item.tool, ToolContract))
+                no_contract = contract is None
         elif args.action == "claim":  # verbs the server lets only `who`'s own user publish: refused at once
             reply = await client.claim(args.id, who)
         elif args.action == "renew":
@@ -132,7 +138,7 @@ async def cmd_escalations(args: argparse.Namespace) -> int:
     if args.action == "show":  # the console's item page as text (JSON with --json)
         from loopwarden.runtext import escalation_lines
 
-        for line in escalation_lines(reply.escalations[0]):
+        for line in escalation_lines(reply.escalations[0], no_contract=no_contract):
             say(plain(line))
         return OK
     for item in reply.escalations:

@@ -153,11 +153,11 @@ async def cmd_submit(args: argparse.Namespace) -> int:
 async def refuse_missing_tools(client: Client, scenario: Scenario | None, args: argparse.Namespace) -> None:
     """A scenario calling tools no executor of the running stack hosts is refused before anything is published
     (``--allow-missing-tools`` submits it anyway: each such call is then an ``unknown_tool`` failure)."""
-    if scenario is None or args.allow_missing_tools:
-        return
+    if scenario is None or args.allow_missing_tools or client.tenant_bound:
+        return  # a tenant's client may not read which tools the stack hosts (the contracts are every tenant's)
     from loopwarden.cli_offline import missing_tools
 
-    if missing := await missing_tools(client, scenario.called_tools()):
+    if missing := await client.guard(missing_tools(client, scenario.called_tools())):
         raise UserError(
             f"refused: {args.scenario} calls {', '.join(missing)}, which no executor of the running stack "
             "hosts (`loopwarden check-scenario --against-stack` names them; --allow-missing-tools submits "

@@ -259,3 +259,26 @@ def test_every_path_id_is_matched_before_use() -> None:
     assert bad_path_id({"escalation_id": "esc.1"}) == "escalation_id"
     assert bad_path_id({"replay_id": "../x"}) == "replay_id"
     assert bad_path_id({"anything": "x"}) == "anything"  # a parameter with no pattern is never let through
+
+
+async def test_an_item_whose_tool_has_no_contract_offers_no_provided_result(locked: Deployment) -> None:
+    from shared import subjects as S
+    from shared.messages import EscalationRaise
+
+    esc_id = f"esc-nocontract-{uuid.uuid4().hex[:8]}"
+    item = EscalationRaise(
+        escalation_id=esc_id, run_id=f"run-{esc_id}", kind="fatal", reason="gone for good", tool="no_such_tool"
+    )
+    async with Client(locked.settings("admin")) as admin:
+        await admin.bus.publish(S.ESCALATION_RAISE, item, msg_id=f"raise.{esc_id}")
+        for _ in range(polls(100)):
+            if (await admin.show(esc_id)).ok:
+                break
+            await asyncio.sleep(0.05)
+    alice = session_cookie(http_login(locked.console, "alice", CONSOLE_PASSWORDS["alice"], "127.0.0.25"))
+    page = request(locked.console, "GET", f"/escalations/{esc_id}", headers={"Cookie": alice}, source="127.0.0.25")
+    assert page.status == 200, page.body[:300]
+    assert 'id="form-abort"' in page.body and 'id="form-provide_result"' not in page.body
+    assert "provide result is not offered: no output contract is registered for &#39;no_such_tool&#39;" in page.body
+    shown = locked.cli("alice", "escalations", "show", esc_id)
+    assert "(provide_result is not offered: no output contract is registered for 'no_such_tool')" in shown.stdout

@@ -45,7 +45,7 @@ STACK_ENV = {
     "LW_COST_CEILING_USD": "100",
 }
 MAX_PAYLOAD = 300 * 1024  # the smallest that holds a claim-check chunk (256 KiB): pages come soon
-SERVICES = ("planner", "executor", "validator", "governor")
+SERVICES = ("planner", "executor", "validator", "governor", "escalation")
 
 
 @pytest.fixture(scope="module")
@@ -156,6 +156,19 @@ async def test_a_tenant_clients_watch_sees_its_runs_events_as_they_come(acme: Cl
             assert event is not None, seen
             seen.append(event.kind)
     assert "tool.succeeded.calculator" in seen, seen
+
+
+async def test_a_tenant_client_checks_a_scenarios_expectations_from_its_runs_own_escalation_events(
+    acme: Client,
+) -> None:
+    """It does not read the queue (every tenant's arguments are there): the items its run raised come from the
+    run's own escalation events, so ``run_and_check`` and ``submit --wait`` of a scenario work for it too."""
+    from shared.scenario import load_scenario
+    from tests.conftest import ROOT
+
+    state, mismatches = await acme.run_and_check(load_scenario(ROOT / "scenarios" / "correction-escalates.yaml"))
+    assert state.status == "awaiting_human" and mismatches == [], mismatches
+    assert state.awaiting is not None and [i.kind for i in await acme._items_of(state.run_id)] == ["schema_cap"]
 
 
 # --- another tenant's run: the same answer as a run that does not exist ------------------------------------------

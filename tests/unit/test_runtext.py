@@ -70,3 +70,15 @@ def test_an_item_reads_as_the_console_shows_it() -> None:
     assert "── Arguments ──" in lines and '  "expr": "1+1"' in lines
     assert any(line.startswith("assistant: → calculator") for line in lines)
     assert datetime.now(UTC) > item.created_at
+
+
+def test_an_item_whose_tool_has_no_contract_does_not_offer_a_provided_result() -> None:
+    rec = record("correction-escalates")
+    item = Escalation.model_validate(rec.escalations[0])
+    assert "provide_result" in item.allowed_actions
+    offered = next(line for line in escalation_lines(item) if line.startswith("allowed:"))
+    assert "provide_result" in offered
+    lines = escalation_lines(item, no_contract=True)
+    offered = next(line for line in lines if line.startswith("allowed:"))
+    assert "provide_result" not in offered and "resume" in offered
+    assert "(provide_result is not offered: no output contract is registered for 'calculator')" in "\n".join(lines)
