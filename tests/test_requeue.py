@@ -120,7 +120,8 @@ async def test_a_turn_dead_lettered_while_the_governor_was_gone_completes_once_i
             assert any(s.name.startswith("chat ") for s in otlp.trace(root.trace_id)), otlp.trace(root.trace_id)
 
             again = await run_cli(url, tmp_path, "dlq", "requeue", str(numbered.seq))
-            assert again.returncode == 0 and "already" in again.stdout, again.stdout + again.stderr
+            # handed back already: not sent again, and the command says so with exit 1 (nothing was done)
+            assert again.returncode == 1 and "already" in again.stderr, again.stdout + again.stderr
             await asyncio.sleep(bound(1.0))
             assert Counter(e.kind for e in await client.events(run_id)) == kinds
             assert [n for n in await letters_of(client, run_id, count=2, timeout=bound(1))] == [numbered]  # not again
