@@ -171,6 +171,23 @@ async def test_a_tenant_client_checks_a_scenarios_expectations_from_its_runs_own
     assert state.awaiting is not None and [i.kind for i in await acme._items_of(state.run_id)] == ["schema_cap"]
 
 
+async def test_a_tenant_client_exports_and_replays_its_own_run(acme: Client) -> None:
+    """Where scripted runs are allowed (this stack), a tenant's client replays its own export as a scripted run
+    of its own tenant: read through the planner, compared from its own run's events."""
+    from loopwarden.replay import replay
+
+    mine = run_id("acme")
+    await acme.submit(scripted(mine, CALC))
+    assert (await acme.wait(mine, timeout=bound(60))).status == "completed"
+    record = await acme.export(mine)
+    assert record.config["tenant"] == "acme" and [t.tool for t in record.tool_calls] == ["calculator"]
+    assert record.tool_calls[0].has_output and len(record.model_calls) == 2 and record.scenario is not None
+    report = await replay(acme, record, timeout=bound(60))
+    assert report.same and report.status == "completed", report.lines()
+    again = await acme.state(report.replay_run)
+    assert again is not None and again.tenant == "acme"
+
+
 # --- another tenant's run: the same answer as a run that does not exist ------------------------------------------
 
 
