@@ -227,7 +227,7 @@ def test_a_console_whose_connection_is_closed_for_good_says_so_and_exits_non_zer
                 if proc.popen.poll() is not None:
                     break
                 try:
-                    health.append(request(console, "GET", "/healthz", timeout=2).status)
+                    health.append(request(console, "GET", "/healthz", timeout=bound(2)).status)
                 except OSError:
                     pass
                 time.sleep(0.05)
