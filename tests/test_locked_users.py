@@ -82,6 +82,9 @@ def test_a_tenant_client_lists_reads_shows_and_exports_its_own_run_from_the_cli(
     assert events.returncode == 0 and "calculator" in events.stdout, events.stderr
     shown = locked.cli("client_acme", "show", acme_run)
     assert shown.returncode == 0 and "calculator" in shown.stdout, shown.stderr
+    for args in (("trace", acme_run), ("events", acme_run, "--full"), ("show", acme_run, "--step", "1")):
+        done = locked.cli("client_acme", *args)
+        assert done.returncode == 0 and "calculator" in done.stdout, (args, done.stderr)
     out = tmp_path / "acme.json"
     exported = locked.cli("client_acme", "export", acme_run, "-o", str(out))
     assert exported.returncode == 0, exported.stderr
@@ -98,6 +101,7 @@ def test_a_tenant_client_reads_another_tenants_run_as_a_missing_one(locked: Depl
         missing = locked.cli("client_acme", args[0], "run-nosuchrun0000")
         assert theirs.returncode == missing.returncode == 1, (args, theirs.stderr, missing.stderr)
         assert theirs.stderr.replace(default_run, "RUN") == missing.stderr.replace("run-nosuchrun0000", "RUN"), args
+        assert len(theirs.stderr.strip().splitlines()) == 1 and theirs.stdout == "", theirs.stderr
     listed = locked.cli("client_acme", "runs", "--json", "--limit", "200")
     assert default_run not in listed.stdout
 
@@ -308,3 +312,12 @@ async def test_a_client_before_bootstrap_raises_within_its_bound_and_a_wrong_pas
         with pytest.raises(Unreachable, match="cannot reach NATS"):
             async with Client(L.as_user(url, "client_acme").model_copy(update={"nats_password": None})):
                 pass
+
+
+def test_an_over_long_run_id_is_no_run_for_every_user(locked: Deployment) -> None:
+    long = "a" * 5000
+    for user in ("client_acme", "alice"):
+        for args in (("status", long), ("events", long), ("export", long), ("show", long)):
+            done = locked.cli(user, *args)
+            assert done.returncode == 1 and "Traceback" not in done.stderr, (user, args, done.stderr[-500:])
+            assert len(done.stderr.strip().splitlines()) == 1, (user, args, done.stderr[-500:])

@@ -10,6 +10,7 @@ from typing import Any
 from loopwarden.client.connecting import Connection
 from loopwarden.client.events import Event, Watch, _json, _Polled
 from loopwarden.client.refusals import PermissionDenied, guarded
+from loopwarden.record_sources import run_id_ok
 from shared import history as H
 from shared import subjects as S
 from shared.bus import RUN_ID_HEADER, Stored, scan_all
@@ -41,6 +42,8 @@ class Reads(Connection):
         """The run as the planner publishes it (``RunSnapshot``); with ``history``, its
         ``messages`` are read too (from ``lw_history`` and the record's tail)."""
         if self.tenant_bound:
+            if not run_id_ok(run_id):  # names no run (and is never sent)
+                return None
             reply = await self._read("state", RunRead(run_id=run_id))
             snap = RunSnapshot.model_validate_json(await self._value(reply.record)) if reply.found else None
         else:
@@ -58,6 +61,8 @@ class Reads(Connection):
         if isinstance(run, RunSnapshot):  # the messages that snapshot names
             start = run.history_start if last is None else max(run.history_start, run.history_len - last)
             read = RunRead(run_id=run.run_id, start=start, end=run.history_len)
+        elif not run_id_ok(run):
+            return []
         else:
             read = RunRead(run_id=run, last=last)
         out: list[ChatMessage] = []
@@ -103,7 +108,7 @@ class Reads(Connection):
             )
             raise self.not_for_tenants(what)
         out: list[Event] = []
-        read: int | None = start
+        read: int | None = start if run_id_ok(run_id) else None
         while read is not None:
             reply = await self._read("events", RunRead(run_id=run_id, start=read, subjects=subjects))
             if not reply.found:
