@@ -349,7 +349,6 @@ async def cmd_requeue(args: argparse.Namespace) -> int:
     seqs = list(dict.fromkeys(letter_number(v) for v in args.seqs))  # before connecting
     cfg = settings()
     user = cfg.nats_user or "client"
-    not_sent = []
     async with connected(cfg) as client:
         try:  # every letter checked before any is handed back
             letters = [await client.requeueable(seq) for seq in seqs]
@@ -362,13 +361,7 @@ async def cmd_requeue(args: argparse.Namespace) -> int:
                 raise UserError(
                     f"letter {seq}: no answer to the requeue on {letter.requeue_to} (LW_NATS_USER is {user})", FAILED
                 ) from None
-            if r.duplicate:
-                not_sent.append(r.seq)
-                say(
-                    f"letter {r.seq} was handed back to {r.service} already (within the de-duplication window): "
-                    "not sent again; if it was dead-lettered again, requeue the newer letter",
-                    err=True,
-                )
-            else:
-                say(f"letter {r.seq} handed back to {r.service} ({r.subject})")
-    return FAILED if not_sent else OK
+            except NotRequeueable as err:  # the server stored nothing: said, never "sent before"
+                raise UserError(str(err), FAILED) from None
+            say(f"letter {r.seq} handed back to {r.service} ({r.subject})")
+    return OK

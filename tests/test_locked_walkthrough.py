@@ -1,7 +1,7 @@
-"""The docs' locked walkthrough (docs/locked.md), executed: every ``sh`` block, line by line, in one shell, as a
-person would type it, against the session's locked deployment (tests/support/locked.py). A line ending in
-``# → exit N`` must end with that code; every other line with 0. The stand-in model gets the walkthrough's
-replies from the file the page starts it with (docs/locked-model.yaml).
+"""The docs' locked walkthrough (docs/locked.md), executed: ``loopwarden up --locked`` as the page brings the
+deployment up, then every ``sh`` block, line by line, in one shell, as a person would type it. A line ending in
+``# → exit N`` must end with that code; every other line with 0. The stand-in model (the session's Messages API)
+gets the walkthrough's replies from the file the page starts it with (docs/locked-model.yaml).
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 from loopwarden.fake_model import FakeModel, load_script
-from tests.support.locked import PASSWORDS, ROOT, Deployment, clean_env
+from loopwarden.stack import free_port
+from tests.support.locked import ROOT, clean_env, run_cli
 from tests.support.timing import bound
 
 DOC = ROOT / "docs" / "locked.md"
@@ -46,38 +47,51 @@ def script(cmds: list[tuple[str, int]]) -> str:
 
 def test_the_page_has_a_walkthrough_to_run() -> None:
     cmds = commands(DOC.read_text())
-    assert len(cmds) > 20 and [c for c, code in cmds if code] == [
-        "loopwarden dlq",
-        'loopwarden escalations claim "$ITEM" --as alice',
-    ]
+    assert (
+        len(cmds) > 20
+        and cmds[-1] == ("loopwarden down", 0)
+        and [c for c, code in cmds if code]
+        == [
+            "loopwarden dlq",
+            'loopwarden escalations claim "$ITEM" --as alice',
+        ]
+    )
 
 
-def test_the_locked_walkthrough_runs_as_written(locked: Deployment, messages_api: FakeModel) -> None:
+def test_the_locked_walkthrough_runs_as_written(messages_api: FakeModel, tmp_path: Path) -> None:
+    """From the bring-up on: ``LW_ALLOW_SCRIPTED=false loopwarden up --locked`` (on a free port: the machine is
+    shared) with the stand-in model the page starts, then every command block, then ``loopwarden down``."""
     _, keyed = load_script(str(ROOT / "docs" / "locked-model.yaml"))  # `loopwarden fake-model --script ...`
     for key, replies in keyed.items():
         messages_api.script(key, replies)
-    work = locked.home / "walkthrough"  # the repository's folder, as far as the commands go: its agents and docs
+    work = tmp_path / "work"  # the repository's folder, as far as the commands go: its agents and docs
     work.mkdir()
     for name in ("agents", "docs"):
         (work / name).symlink_to(ROOT / name)
-    base = clean_env(locked.home)
+    base = clean_env(tmp_path)
     env = {
         **base,
         "PATH": f"{Path(sys.executable).parent}:{base.get('PATH', '')}",  # the installed `loopwarden` (make install)
-        "LW_NATS_URL": locked.url,
-        "ALICE_PASSWORD": PASSWORDS["alice"],
-        "BOB_PASSWORD": PASSWORDS["bob"],
-        "ACME_PASSWORD": PASSWORDS["client_acme"],
+        "ANTHROPIC_BASE_URL": messages_api.base_url,
+        "ANTHROPIC_API_KEY": "fake",
+        "LW_ALLOW_SCRIPTED": "false",
+        "USERS": str(tmp_path / "state" / "stack" / "locked" / "users"),
     }
-    done = subprocess.run(
-        ["bash", "-c", script(commands(DOC.read_text()))],
-        cwd=work,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=bound(600),
-    )
+    up = run_cli(("up", "--locked", "--port", str(free_port())), env, tmp_path, 300)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "scripted runs: refused (LW_ALLOW_SCRIPTED=false)" in up.stdout, up.stdout
+        done = subprocess.run(
+            ["bash", "-c", script(commands(DOC.read_text()))],
+            cwd=work,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=bound(600),
+        )
+    finally:
+        run_cli(("down",), env, tmp_path, 120)
     out = done.stdout
     assert done.returncode == 0, out[-6000:]
     assert "Traceback" not in out, out
@@ -92,3 +106,4 @@ def test_the_locked_walkthrough_runs_as_written(locked: Deployment, messages_api
     assert re.search(r"tenant acme .*the database rejected the query", out), out
     assert "1 claimed item is not shown" in out, out
     assert "loopwarden escalations: user bob may not ask lw.v1.rpc.escalation.claim.alice: permission denied" in out
+    assert "stopped" in out.rsplit("$ loopwarden down", 1)[1], out[-2000:]

@@ -15,7 +15,16 @@ from loopwarden.client.exports import Exports, TenantSource
 from loopwarden.client.letters import Letters, NumberedLetter, Requeued
 from loopwarden.client.reads import TENANT_POLL_S
 from loopwarden.client.refusals import PermissionDenied, Refusals, Violation, guarded, violation, what_of
-from loopwarden.client.runs import NotAllowed, RunResult, UnknownAgent, new_run_id, scenario_submit, select_runs
+from loopwarden.client.runs import (
+    AgentList,
+    NotAllowed,
+    RunResult,
+    UnknownAgent,
+    UnreadableAgent,
+    new_run_id,
+    scenario_submit,
+    select_runs,
+)
 from loopwarden.client.scenarios import Scenarios
 from loopwarden.client.waiting import PROGRESS_STEMS
 
@@ -23,6 +32,7 @@ __all__ = [
     "PROGRESS_STEMS",
     "READY_TIMEOUT_S",
     "TENANT_POLL_S",
+    "AgentList",
     "Client",
     "Event",
     "NotAllowed",
@@ -34,6 +44,7 @@ __all__ = [
     "TenantSource",
     "UnknownAgent",
     "Unreachable",
+    "UnreadableAgent",
     "Violation",
     "Watch",
     "guarded",

@@ -106,7 +106,7 @@ class Connection:
         ready_timeout: float | None = READY_TIMEOUT_S,
     ) -> None:
         settings, self._origin = resolve_settings(settings)
-        # Its inbox is ``_INBOX_<user>``: the one its grant lets it read replies on.
+        # Its inbox is that user's (``_INBOX_<user>``, a person's under its role): its grant reads replies there.
         self.identity = identity or settings.nats_user or "client"
         if settings.manage_streams and settings.nats_user not in (None, _ADMIN):
             # a user of a locked deployment creates nothing (only the admin may): it waits for what it uses
@@ -116,9 +116,9 @@ class Connection:
         self.ready_timeout = ready_timeout  # None: wait without limit (a client started before bootstrap)
         self._waiters: dict[str, set[asyncio.Event]] = {}
         self._run_events: dict[str, list[Any]] = {}  # run id -> subscriptions to its run events
-        self.refusals = Refusals(self.identity)
         self.telemetry: Telemetry | None = telemetry or setup_telemetry(self.identity, self.settings)
         self.bus = Bus(self.settings, self.identity, self.telemetry.bus_tracer_provider)
+        self.refusals = Refusals(self.identity, self.bus.inbox_prefix)
 
     async def connect(self) -> Self:
         """Connect (bounded, see ``Client``) and wait for what this client uses: where it may create streams

@@ -82,8 +82,9 @@ class Refusals:
     """The connection's error callback for permissions violations: each one ends every ``guard`` waiting now
     (other errors go on to ``previous``, the callback the connection had)."""
 
-    def __init__(self, user: str) -> None:
+    def __init__(self, user: str, inbox: str | None = None) -> None:
         self.user = user
+        self.inbox = inbox or S.inbox_prefix(user)  # where its replies come (``Bus.inbox_prefix``)
         self.seen: list[Violation] = []  # every violation heard, oldest first (bounded)
         self._waiting: set[asyncio.Future[Violation]] = set()
         self.previous: Any = None
@@ -103,7 +104,7 @@ class Refusals:
     def denied(self, v: Violation) -> PermissionDenied:
         hint = ""
         if v.kind == "subscription" and v.subject.startswith("_inbox"):
-            hint = f"replies to user {self.user} come to {S.inbox_prefix(self.user)}: LW_NATS_USER names the user"
+            hint = f"replies to user {self.user} come to {self.inbox}: LW_NATS_USER names the user"
         return PermissionDenied(self.user, what_of(v), hint)
 
     async def guard(self, work: Awaitable[_T]) -> _T:

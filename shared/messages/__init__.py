@@ -34,6 +34,13 @@ from shared.messages.budget import (
     BudgetRequest,
     SectionTokens,
 )
+from shared.messages.config import (
+    AGENT_RIGHTS,
+    AccessRecord,
+    AgentRight,
+    ConsoleUsers,
+    OperatorEntry,
+)
 from shared.messages.conversation import (
     Block,
     ChatMessage,
@@ -123,6 +130,8 @@ from shared.messages.runs import (
     FINAL_STATUSES,
     Agent,
     AgentRecord,
+    AgentRegister,
+    AgentRegisterReply,
     FinalStatus,
     RunAdvance,
     RunLimits,
@@ -206,6 +215,10 @@ WIRE_MODELS: tuple[type[BaseModel], ...] = (
     AgentRecord,
     RunRead,
     RunReadReply,
+    AccessRecord,
+    ConsoleUsers,
+    AgentRegister,
+    AgentRegisterReply,
     RunQuery,
     RunList,
 )
@@ -213,6 +226,7 @@ WIRE_MODELS: tuple[type[BaseModel], ...] = (
 
 __all__ = [
     "AGENT_INSTRUCTIONS_MAX_CHARS",
+    "AGENT_RIGHTS",
     "ATTEMPT_ID_PATTERN",
     "BUCKET_PATTERN",
     "CALL_FAILURES",
@@ -232,8 +246,12 @@ __all__ = [
     "TASK_MAX_CHARS",
     "TOOL_FAILURES",
     "WIRE_MODELS",
+    "AccessRecord",
     "Agent",
     "AgentRecord",
+    "AgentRegister",
+    "AgentRegisterReply",
+    "AgentRight",
     "AnyRunEvent",
     "AttemptId",
     "AwaitingView",
@@ -250,6 +268,7 @@ __all__ = [
     "Candidate",
     "CandidateDetail",
     "ChatMessage",
+    "ConsoleUsers",
     "Corrected",
     "CorrectedDetail",
     "Criterion",
@@ -299,6 +318,7 @@ __all__ = [
     "NoDetail",
     "NotJudged",
     "NotJudgedDetail",
+    "OperatorEntry",
     "ReasonDetail",
     "RepairRule",
     "RequestedCall",
