@@ -107,3 +107,21 @@ def test_the_locked_walkthrough_runs_as_written(messages_api: FakeModel, tmp_pat
     assert "1 claimed item is not shown" in out, out
     assert "loopwarden escalations: user bob may not ask lw.v1.rpc.escalation.claim.alice: permission denied" in out
     assert "stopped" in out.rsplit("$ loopwarden down", 1)[1], out[-2000:]
+
+
+def test_up_locked_passwords_are_strings_to_nats_server(tmp_path: Path) -> None:
+    """``up --locked`` hands nats-server its users' passwords by environment; a value starting with ``-`` (or a
+    digit and a ``-``), which ``secrets.token_urlsafe`` makes, is parsed as a number and the server does not start
+    (the walkthrough's bring-up failed so now and then)."""
+    from loopwarden.locked import new_password
+    from loopwarden.stack import nats_server_binary
+
+    conf = tmp_path / "t.conf"
+    conf.write_text('authorization { users: [ { user: "a", password: $X } ] }\n')
+
+    def starts(password: str) -> bool:
+        check = [nats_server_binary(), "-t", "-c", str(conf)]
+        return subprocess.run(check, env={"X": password}, capture_output=True, timeout=bound(10)).returncode == 0
+
+    assert not starts("-ab") and not starts("4-y")  # what token_urlsafe alone may make
+    assert all(starts(p) for p in ["p-ab", "p4-y", *(new_password() for _ in range(20))])

@@ -118,7 +118,7 @@ class Connection:
         self._run_events: dict[str, list[Any]] = {}  # run id -> subscriptions to its run events
         self.telemetry: Telemetry | None = telemetry or setup_telemetry(self.identity, self.settings)
         self.bus = Bus(self.settings, self.identity, self.telemetry.bus_tracer_provider)
-        self.refusals = Refusals(self.identity, self.bus.inbox_prefix)
+        self.refusals = Refusals(self.identity, self.bus.inbox_prefix, self.settings.tenant)
 
     async def connect(self) -> Self:
         """Connect (bounded, see ``Client``) and wait for what this client uses: where it may create streams

@@ -82,9 +82,9 @@ class Refusals:
     """The connection's error callback for permissions violations: each one ends every ``guard`` waiting now
     (other errors go on to ``previous``, the callback the connection had)."""
 
-    def __init__(self, user: str, inbox: str | None = None) -> None:
-        self.user = user
-        self.inbox = inbox or S.inbox_prefix(user)  # where its replies come (``Bus.inbox_prefix``)
+    def __init__(self, user: str, inbox: str | None = None, tenant: str = S.DEFAULT_TENANT) -> None:
+        self.user, self.tenant = user, tenant
+        self.inbox = inbox or S.inbox_prefix(user, tenant)  # where its replies come (``Bus.inbox_prefix``)
         self.seen: list[Violation] = []  # every violation heard, oldest first (bounded)
         self._waiting: set[asyncio.Future[Violation]] = set()
         self.previous: Any = None
@@ -102,10 +102,16 @@ class Refusals:
                 waiter.set_result(found)
 
     def denied(self, v: Violation) -> PermissionDenied:
-        hint = ""
-        if v.kind == "subscription" and v.subject.startswith("_inbox"):
+        if v.kind != "subscription" or not v.subject.startswith("_inbox"):
+            return PermissionDenied(self.user, what_of(v))
+        if self.tenant != S.DEFAULT_TENANT:  # a person's inbox is under its role: LW_TENANT says which
+            hint = (
+                f"LW_TENANT={self.tenant} makes it a client of tenant {self.tenant}, whose replies come to "
+                f"{self.inbox}; an operator leaves LW_TENANT unset"
+            )
+        else:
             hint = f"replies to user {self.user} come to {self.inbox}: LW_NATS_USER names the user"
-        return PermissionDenied(self.user, what_of(v), hint)
+        return PermissionDenied(self.user, f"receive replies on {self.inbox}", hint)
 
     async def guard(self, work: Awaitable[_T]) -> _T:
         """``work``'s result, or ``PermissionDenied`` as soon as the server refuses something while it runs

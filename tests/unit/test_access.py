@@ -150,3 +150,12 @@ def test_only_the_console_reads_the_console_logins_and_no_person_reads_lw_config
         else:
             assert not reads and not any(S.KV_CONFIG in p for p in pub), user
     assert "admin" not in GRANTS  # the admin's rights are the whole account's (it applies the file)
+
+
+def test_a_generated_password_is_read_by_nats_server_as_a_string() -> None:
+    """``up --locked`` hands its passwords to nats-server by environment: one starting with ``-`` (or a digit and
+    ``-``) is parsed as a number there and the server does not start (seen: "Expected a digit but got 'y'")."""
+    from loopwarden.locked import new_password
+
+    made = [new_password() for _ in range(2000)]
+    assert all(p[0].isalpha() and len(p) >= 24 for p in made) and len(set(made)) == len(made)
