@@ -21,6 +21,7 @@ from loopwarden.client import Client, PermissionDenied
 from loopwarden.fake_model import FakeModel
 from shared import subjects as S
 from shared.messages import RunSubmit
+from shared.settings import Settings
 from tests.support.locked import Deployment
 from tests.support.timing import bound, polls
 
@@ -254,3 +255,78 @@ def test_an_operator_hands_a_dead_letter_back_once(tmp_path: Path) -> None:
         }
         line = one_line_refusal(L.run_cli(("dlq", "requeue", seq), acme, home, 60), "client_acme")
         assert "read the dead letters" in line or "LW_DLQ" in line, line
+
+
+# --- smaller things the walkthrough met ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args", [("runs", "--json"), ("events", "RUN", "--json"), ("runs",)])
+def test_a_reader_that_closes_the_pipe_ends_the_command_quietly(
+    locked: Deployment, acme_run: str, args: tuple[str, ...]
+) -> None:
+    """``loopwarden runs --json | head``: the reader is gone before the command writes; it ends with exit 0 and
+    nothing on stderr (no BrokenPipe traceback)."""
+    import subprocess
+    import sys
+
+    from tests.support.locked import ROOT, clean_env
+
+    argv = [a.replace("RUN", acme_run) for a in args]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "loopwarden.cli", *argv],
+        cwd=ROOT,
+        env={**clean_env(locked.home), **locked.env("alice")},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # as `head` does once it has its lines
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=bound(60)) == 0 and err == "", err
+
+
+def test_an_operator_with_a_leftover_tenant_is_told_in_one_line(locked: Deployment) -> None:
+    line = one_line_refusal(locked.cli("alice", "dlq", LW_TENANT="acme"), "alice")
+    assert "receive replies on _INBOX_tenant.alice" in line and "LW_TENANT=acme makes it a client" in line, line
+
+
+def test_every_command_is_its_users_own_connection() -> None:
+    """The CLI's commands (retention as the admin, an operator's, a tenant's) connect as LW_NATS_USER: their
+    inbox, the owner of the bodies they store and the name their log lines carry are that user's."""
+    for user, tenant, inbox in (
+        ("admin", "default", "_INBOX_admin"),
+        ("alice", "default", "_INBOX_operator.alice"),
+        ("client_acme", "acme", "_INBOX_tenant.client_acme"),
+    ):
+        client = Client(Settings(nats_url="nats://127.0.0.1:1", nats_user=user, tenant=tenant))
+        assert (client.identity, client.bus.service, client.bus.inbox_prefix) == (user, user, inbox)
+        assert client.bus.payloads.owner == user
+    assert Client(Settings(nats_url="nats://127.0.0.1:1")).identity == "client"  # an open stack's
+
+
+async def test_a_client_before_bootstrap_raises_within_its_bound_and_a_wrong_password_at_once(
+    tmp_path: Path,
+) -> None:
+    import time
+
+    from loopwarden.client import Unreachable
+    from tests.support import locked as L
+
+    with L.locked_server(tmp_path, "unbootstrapped") as url:
+        started = time.monotonic()
+        with pytest.raises(Unreachable, match=r"JetStream was not ready.*bootstrap"):
+            async with Client(L.as_user(url, "client_acme", tenant="acme"), ready_timeout=bound(2)):
+                pass
+        assert time.monotonic() - started < bound(10)
+        with pytest.raises(Unreachable, match="cannot reach NATS"):
+            async with Client(L.as_user(url, "client_acme").model_copy(update={"nats_password": None})):
+                pass
+
+
+def test_an_over_long_run_id_is_no_run_for_every_user(locked: Deployment) -> None:
+    long = "a" * 5000
+    for user in ("client_acme", "alice"):
+        for args in (("status", long), ("events", long), ("export", long), ("show", long)):
+            done = locked.cli(user, *args)
+            assert done.returncode == 1 and "Traceback" not in done.stderr, (user, args, done.stderr[-500:])
+            assert len(done.stderr.strip().splitlines()) == 1, (user, args, done.stderr[-500:])
