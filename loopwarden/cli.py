@@ -10,6 +10,7 @@ The commands live by audience; a new command goes in the module of the people wh
 - ``cli_queue``   operators on the human queue: escalations ...
 - ``cli_records`` keeping and reproducing runs: export, replay, retention
 - ``cli_offline`` checks that need no stack: lint, check-contract, check-scenario
+- ``cli_config``  the admin: config check|apply|show|hash (tenants and operators), cluster-config
 - ``cli_common``  the conventions they share: exit codes, UserError, bounded connect, output
 """
 
@@ -19,9 +20,20 @@ import argparse
 import asyncio
 import contextlib
 import inspect
+import os
 import sys
 
-from loopwarden import cli_agents, cli_fleet, cli_offline, cli_queue, cli_records, cli_runs, cli_stack, fake_model
+from loopwarden import (
+    cli_agents,
+    cli_config,
+    cli_fleet,
+    cli_offline,
+    cli_queue,
+    cli_records,
+    cli_runs,
+    cli_stack,
+    fake_model,
+)
 from loopwarden.cli_common import EXIT_CODES_HELP, INTERRUPTED, OK, UserError, bus_failure, env_nats_url, say
 from shared.version import package_version
 
@@ -33,6 +45,7 @@ AUDIENCES = (
     cli_queue,
     cli_records,
     cli_offline,
+    cli_config,
     fake_model,
 )  # fake_model: live runs offline
 
@@ -75,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         say(f"loopwarden {args.command}: {err}", err=True)
         return err.code
+    except BrokenPipeError:  # `loopwarden runs --json | head`: the reader is gone, and that is all
+        quiet_stdout()
+        return OK
     except Exception as err:  # a failure talking to NATS mid-command is a line too; anything else is a bug
         failure = bus_failure(err, env_nats_url())
         if failure is None:
@@ -84,10 +100,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         say("interrupted", err=True)
         return INTERRUPTED
-    except BrokenPipeError:  # `loopwarden events RUN | head`
-        with contextlib.suppress(Exception):
-            sys.stdout = open("/dev/null", "w")  # nothing more can be written
-        return OK
+
+
+def quiet_stdout() -> None:
+    """Nothing more can be written: standard output goes to /dev/null, so the interpreter's last flush of what
+    was buffered for the gone reader is not a second BrokenPipeError."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
 
 
 if __name__ == "__main__":

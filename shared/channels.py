@@ -27,6 +27,7 @@ from shared import subjects as S
 from shared.messages import (
     PLANNER_FAILURES,
     TOOL_FAILURES,
+    AgentRegister,
     BudgetRequest,
     DeadLetter,
     Escalation,
@@ -44,6 +45,7 @@ from shared.messages import (
     Requeue,
     RunAdvance,
     RunEvent,
+    RunQuery,
     RunRead,
     RunSubmit,
     ToolAttempt,
@@ -120,11 +122,11 @@ CHANNELS: tuple[Channel, ...] = (
     Channel(
         f"{S.RUN_SUBMIT_PREFIX}.{{tenant}}",
         RunSubmit,
-        ("client", "tenant_client", "console"),
+        ("client", "tenant_client"),
         ("planner",),
         "command",
-        "a run to start (loopwarden submit, the demo, a replay from the console's run page), on the tenant's "
-        "own subject: the server lets each client user publish only its tenant's",
+        "a run to start (loopwarden submit, the demo), on the tenant's own subject: the server lets each client "
+        "user publish only its tenant's",
         pinned=("tenant",),
     ),
     Channel(
@@ -135,6 +137,16 @@ CHANNELS: tuple[Channel, ...] = (
         "command",
         "a submit as LW_SUBMIT stores it: under its tenant's partition of the door (the stream's subject "
         "transform; no one publishes here), taken by the planner's durable of that partition",
+    ),
+    Channel(
+        f"{S.RUN_SUBMIT_PREFIX}.{{tenant}}.{S.REPLAY}",
+        RunSubmit,
+        ("operator", "console"),
+        ("planner",),
+        "command",
+        "a replay of a recorded run (loopwarden replay as an operator, the console's Replay), charged to the "
+        "replayed run's tenant: its scenario is taken whatever LW_ALLOW_SCRIPTED says",
+        free="*",
     ),
     Channel(
         S.RUN_SPAWN,
@@ -234,6 +246,15 @@ CHANNELS: tuple[Channel, ...] = (
         pinned=("tenant",),
     ),
     Channel(
+        f"{S.RUN_READ_PREFIX}.{S.RUN_LIST}.{{tenant}}",
+        RunQuery,
+        ("tenant_client",),
+        ("planner",),
+        "request",
+        "a tenant-bound client lists its own runs, a page at a time",
+        pinned=("tenant",),
+    ),
+    Channel(
         S.BUDGET_RESERVE,
         BudgetRequest,
         ("planner",),
@@ -295,6 +316,15 @@ CHANNELS: tuple[Channel, ...] = (
         "request",
         "an operator acts ({verb}) on the human queue as themselves",
         values={"verb": ("resolve",)},
+        pinned=("operator",),
+    ),
+    Channel(
+        f"{S.AGENT_REGISTER_PREFIX}.{{operator}}",
+        AgentRegister,
+        ("operator",),
+        ("escalation",),
+        "request",
+        "an operator registers an agent as themselves (the roster decides; the record says who)",
         pinned=("operator",),
     ),
     # --- JetStream API reads that are part of the topology ----------------------------------------------

@@ -29,6 +29,7 @@ from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfi
 from nats.js.errors import APIError
 from pydantic import BaseModel, Field
 
+from shared import opcounts
 from shared import subjects as S
 from shared.settings import Settings
 
@@ -101,7 +102,7 @@ class PayloadStore:
 
     def __init__(self, settings: Settings, owner: str = "") -> None:
         self.settings = settings
-        self.owner = S.token(owner or settings.nats_user or "anonymous")
+        self.owner = S.payload_owner(owner or settings.nats_user or "anonymous")
 
     def too_big(self, nc: NatsClient, size: int) -> bool:
         return size > inline_limit(self.settings, nc.max_payload)
@@ -121,6 +122,7 @@ class PayloadStore:
 
     async def _put_chunk(self, nc: NatsClient, subject: str, data: bytes) -> None:
         headers = {"Nats-Expected-Stream": STREAM}
+        opcounts.count("payload_put")
         reply = await nc.request(subject, data, timeout=self.settings.js_timeout_s, headers=headers)
         status = reply.headers.get("Status") if reply.headers else None
         if not reply.data and status == "503":
@@ -140,7 +142,7 @@ class PayloadStore:
     async def get(self, nc: NatsClient, ref: PayloadRef) -> bytes:
         if ref.name != f"sha256-{ref.sha256}":
             raise PayloadError(f"referenced body {ref.name} does not match its digest")
-        owner = S.token(ref.owner or self.owner)
+        owner = S.payload_owner(ref.owner or self.owner)
         parts = await asyncio.gather(
             *(self._get_chunk(nc, S.payload_subject(owner, ref.sha256, i), ref) for i in range(chunks(ref.size)))
         )
@@ -150,6 +152,7 @@ class PayloadStore:
         return body
 
     async def _get_chunk(self, nc: NatsClient, subject: str, ref: PayloadRef) -> bytes:
+        opcounts.count("payload_fetch")
         reply = await nc.request(f"$JS.API.DIRECT.GET.{STREAM}.{subject}", b"", timeout=self.settings.js_timeout_s)
         status = reply.headers.get("Status") if reply.headers else None
         if status:

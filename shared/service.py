@@ -17,8 +17,11 @@ from typing import Any
 
 import uvloop
 
+from shared import metrics as M
+from shared import opcounts
 from shared.bus import Bus
 from shared.health import HealthServer
+from shared.jetstream_gauges import JetStreamGauges, reported_streams
 from shared.settings import Settings, load_settings
 from shared.telemetry import Telemetry, setup_telemetry
 from shared.urls import redact_url
@@ -64,22 +67,47 @@ async def serve(service: str, build: Build, settings: Settings | None = None) ->
             connected = bus.nc.is_connected
         except Exception:
             connected = False
-        return (True, "connected and consuming") if connected else (False, "NATS connection lost; reconnecting")
+        if not connected:
+            return False, "NATS connection lost; reconnecting"
+        missing = bus.missing_consumers()
+        return (False, "; ".join(missing)) if missing else (True, "connected and consuming")
 
     health = None
     if settings.health_port is not None:  # before connecting: liveness answers while start-up waits
-        health = HealthServer(service, ready, settings.health_host, settings.health_port)
+        health = HealthServer(
+            service, ready, settings.health_host, settings.health_port, metrics=telemetry.prometheus_text
+        )
         await health.start()
+    M.computed_gauge(
+        telemetry.meter("loopwarden.service"),
+        M.SERVICE_READY,
+        lambda: [({}, 1.0 if ready()[0] else 0.0)],
+        description="1 while the service is connected to NATS and consuming (/readyz answers 200), else 0",
+    )
+    # backlog of this service's durables and the store of its streams, polled in the background (/metrics)
+    gauges = JetStreamGauges(
+        lambda: bus.js,
+        lambda: bus.consumer_specs,
+        reported_streams(service),
+        telemetry.meter("loopwarden.jetstream"),
+        settings.metrics_poll_s,
+    )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
+    if settings.op_counts_dir:  # a benchmark reads what this process sent, by kind (shared/opcounts.py)
+        counts_dir = settings.op_counts_dir
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(signal.SIGUSR1, lambda: opcounts.dump(counts_dir, service))
 
     async def startup() -> None:
         await bus.connect()
         if after_connect is not None:
             await after_connect()
         await bus.start()
+        if telemetry.registry is not None or settings.otel_exporter_otlp_endpoint:  # someone reads them
+            gauges.start()
         logging.getLogger("loopwarden").info("%s ready on %s", service, redact_url(settings.nats_url))
         started.set()
         print(f"loopwarden-{service} ready", flush=True)
@@ -104,6 +132,7 @@ async def serve(service: str, build: Build, settings: Settings | None = None) ->
     finally:
         stopping.cancel()
         lost.cancel()
+        await gauges.stop()
         try:
             async with asyncio.timeout(settings.ack_wait_s + 5):
                 await bus.stop()  # drains in-flight handlers; unacked messages go to a peer

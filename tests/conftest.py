@@ -26,6 +26,7 @@ from shared.scenario import parse_scenario
 from shared.settings import Settings
 from shared.telemetry import Telemetry, setup_telemetry
 from tests.support import stragglers
+from tests.support.locked import Deployment, locked_deployment
 from tests.support.otlp_collector import OtlpCollector
 from tests.support.stragglers import pytest_sessionfinish, pytest_terminal_summary  # noqa: F401 (hooks)
 from tests.support.timing import bound, eventually, scale_test_timeout
@@ -45,6 +46,7 @@ TEST_ENV = {
     "ANTHROPIC_API_KEY": "test-key-not-real",
     "LW_TENANT_DAILY_CEILING_USD": "0.05",  # every tenant's (tests/test_cost.py) but the default one's:
     "LW_TENANT_CEILINGS": '{"default": 1000}',  # runs submitted without a tenant are the default tenant's
+    "LW_METRICS_POLL_S": "5",  # the JetStream figures on /metrics (tests/test_prometheus_scrape.py)
 }
 REPLICAS = ("planner", "planner", "executor", "executor", "validator", "judge", "governor", "escalation")
 ONE_EACH = ("planner", "executor", "validator", "judge", "governor", "escalation")
@@ -98,6 +100,15 @@ def stack(
             env_per_service={"executor": {"LW_MCP_SERVERS": json.dumps([MCP_ORDERS])}},
         )
     )
+
+
+@pytest.fixture(scope="session")
+def locked(tmp_path_factory: pytest.TempPathFactory, messages_api: FakeModel) -> Iterator[Deployment]:
+    """The locked deployment, as production runs it (``tests/support/locked.py``): every service and the console
+    as its own NATS user, scripted runs off, the model the session's Messages API; people act as their users."""
+    env = {**TEST_ENV, "LW_TENANT_CEILINGS": '{"default": 1000, "acme": 1000}'}
+    with locked_deployment(tmp_path_factory.mktemp("locked"), env, messages_api.base_url) as deployment:
+        yield deployment
 
 
 @pytest.fixture(scope="session")

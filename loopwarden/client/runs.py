@@ -10,25 +10,34 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from opentelemetry.trace import SpanKind
+from pydantic import ValidationError
 
-from loopwarden.client.refusals import NotAccepted, QuotaExceeded
+from loopwarden.client.door import NotAccepted, QuotaExceeded
+from loopwarden.client.refusals import PermissionDenied, guarded
 from loopwarden.client.waiting import ACCEPTED, Waiting
 from shared import subjects as S
-from shared.agents import load_agent, next_record
-from shared.bus import CasConflict, StreamFull
+from shared.agents import load_agent
+from shared.bus import StreamFull, kv_scan
 from shared.canonical import digest_of
+from shared.describe import describe
 from shared.flow import submit_stream_refusal
 from shared.messages import (
     FINISHED_STATUSES,
+    RUN_LIST_MAX,
     Agent,
     AgentRecord,
+    AgentRegister,
+    AgentRegisterReply,
     FleetView,
     FlowQuery,
     RunLimits,
+    RunList,
+    RunQuery,
     RunSnapshot,
     RunSubmit,
     utcnow,
 )
+from shared.payloads import PayloadError
 from shared.scenario import Scenario
 from shared.telemetry import LW_RUN_ID
 
@@ -37,12 +46,46 @@ def new_run_id() -> str:
     return f"run-{uuid.uuid4().hex[:20]}"
 
 
+def scenario_submit(
+    scenario: Scenario, run_id: str, limits: RunLimits | None = None, priority: int | None = None
+) -> RunSubmit:
+    """The submit of ``scenario``'s task with the scenario bound to it (replayed by scripted providers)."""
+    data = scenario.model_dump(mode="json", by_alias=True)
+    return RunSubmit(
+        run_id=run_id,
+        task=scenario.task,
+        rubric=scenario.effective_rubric(),
+        limits=limits or scenario.limits or RunLimits(),
+        answer_mode=scenario.answer_mode,
+        terminal_tools=scenario.terminal_tools,
+        tools=scenario.allowed_tools,
+        lessons=scenario.lessons,
+        scenario=data,
+        scenario_digest=digest_of(data),
+        priority=priority,
+    )
+
+
 class UnknownAgent(LookupError):
     """A run of an agent that is not registered (``loopwarden agents list`` shows those that are)."""
 
 
 class NotAllowed(PermissionError):
     """The server did not let this client's NATS user do it (registering agents is for operators)."""
+
+
+class UnreadableAgent(ValueError):
+    """What is stored under an agent's name does not read as an agent (another release's, a raw write)."""
+
+
+class AgentList(list[AgentRecord]):
+    """The registered agents, by name; ``unreadable``: the keys whose value does not read as one, and why."""
+
+    unreadable: dict[str, str]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unreadable = {}
 
 
 @dataclass(frozen=True)
@@ -105,6 +148,7 @@ def select_runs(
 class Runs(Waiting):
     """Submitting runs and agents, running one to its end, listing runs."""
 
+    @guarded
     async def submit(self, submit: RunSubmit, *, timeout: float | None = None, accepted: bool = True) -> str:
         """Submit a run; its id once a planner accepted it (``queued`` for its tenant's share of the fleet, or
         started). ``Refused`` (``QuotaExceeded`` for a quota, its limit and the current figure) when it was refused
@@ -167,20 +211,7 @@ class Runs(Waiting):
         The scenario travels in the submit message (by reference when large) with its digest; only the
         planner stores it, so no client can write another run's scenario."""
         run_id = run_id or new_run_id()
-        data = scenario.model_dump(mode="json", by_alias=True)
-        submit = RunSubmit(
-            run_id=run_id,
-            task=scenario.task,
-            rubric=scenario.effective_rubric(),
-            limits=limits or scenario.limits or RunLimits(),
-            answer_mode=scenario.answer_mode,
-            terminal_tools=scenario.terminal_tools,
-            tools=scenario.allowed_tools,
-            lessons=scenario.lessons,
-            scenario=data,
-            scenario_digest=digest_of(data),
-            priority=priority,
-        )
+        submit = scenario_submit(scenario, run_id, limits, priority)
         await self.submit(submit, accepted=accepted)
         return run_id
 
@@ -190,38 +221,52 @@ class Runs(Waiting):
         Only operators and the admin may (``NotAllowed`` otherwise): an agent is what every tenant's runs
         of it do. Raises ``AgentError`` for a file that is not a valid agent."""
         agent = agent if isinstance(agent, Agent) else load_agent(agent)
+        subject = S.agent_register(self.identity)  # as this client's own user: the server lets no one else
+        user = self.settings.nats_user or "(no user)"
         try:
             async with asyncio.timeout(timeout):
-                while True:
-                    stored, revision = await self.bus.kv_get(S.KV_AGENTS, agent.name, AgentRecord)
-                    record = next_record(stored, agent)
-                    if record is None:
-                        assert stored is not None
-                        return stored
-                    try:
-                        await self.bus.kv_put(S.KV_AGENTS, agent.name, record, revision=revision)
-                    except CasConflict:  # registered meanwhile: on top of that one
-                        continue
-                    return record
-        except TimeoutError:
-            user = self.settings.nats_user or "(no user)"
+                request = self.bus.request(subject, AgentRegister(agent=agent), AgentRegisterReply)
+                reply = await self.guard(request)
+        except (TimeoutError, PermissionDenied):
             raise NotAllowed(
-                f"agent {agent.name!r} was not registered in {timeout:.0f}s: NATS user {user} may not write "
-                f"{S.KV_AGENTS} (only operators and the admin register agents)"
+                f"agent {agent.name!r} was not registered: NATS user {user} may not publish {subject}: "
+                "permission denied (only operators and the admin register agents)"
             ) from None
+        if not reply.ok or reply.record is None:
+            raise NotAllowed(f"agent {agent.name!r} was not registered: {reply.error or 'no record came back'}")
+        return reply.record
 
+    @guarded
     async def agent(self, name: str) -> AgentRecord | None:
-        """The registered agent of that name (its definition, version and digest), or None."""
-        record, _ = await self.bus.kv_get(S.KV_AGENTS, name, AgentRecord)
+        """The registered agent of that name (its definition, version and digest), or None; ``UnreadableAgent``
+        when what is stored under the name does not read as an agent."""
+        try:
+            record, _ = await self.bus.kv_get(S.KV_AGENTS, name, AgentRecord)
+        except (ValidationError, PayloadError) as err:
+            why = describe(err) if isinstance(err, ValidationError) else str(err)
+            raise UnreadableAgent(f"agent {name!r} is stored but cannot be read: {why}") from None
         return record
 
-    async def agents(self) -> list[AgentRecord]:
-        """Every registered agent, by name."""
-        return sorted(
-            [AgentRecord.model_validate_json(v) for v in await self._values(S.KV_AGENTS)],
-            key=lambda r: r.agent.name,
-        )
+    @guarded
+    async def agents(self) -> AgentList:
+        """Every registered agent, by name; a stored value that does not read as one is left out and named
+        in ``unreadable`` (key -> why), never hiding the others."""
+        await self.bus.kv(S.KV_AGENTS)
+        found, _ = await kv_scan(self.bus.nc, S.KV_AGENTS)
+        listed, unreadable = AgentList(), {}
+        for key, stored in sorted(found.items()):
+            if stored is None or not stored.data:
+                continue
+            try:
+                value = await self.bus.payloads.inflate_value(self.bus.nc, stored.data)
+                listed.append(AgentRecord.model_validate_json(value))
+            except (ValidationError, PayloadError) as err:
+                unreadable[key] = describe(err) if isinstance(err, ValidationError) else str(err)
+        listed.sort(key=lambda r: r.agent.name)
+        listed.unreadable = unreadable
+        return listed
 
+    @guarded
     async def submit_agent(
         self,
         agent: str,
@@ -232,9 +277,8 @@ class Runs(Waiting):
         priority: int | None = None,
     ) -> str:
         """Start a run of the registered ``agent`` on ``task`` (live), or scripted by ``scenario`` (its task
-        unless ``task`` is given): the run id. ``UnknownAgent`` when no agent has that name (a tenant's client,
-        which may not read the agents, gets the planner's refusal instead: ``Refused``)."""
-        if not self.tenant_bound and await self.agent(agent) is None:
+        unless ``task`` is given): the run id. ``UnknownAgent`` when no agent has that name."""
+        if await self.agent(agent) is None:
             raise UnknownAgent(f"agent {agent!r} is not registered (`loopwarden agents list` shows those that are)")
         if task is None and scenario is None:
             raise ValueError("a run needs a task (or a scenario, whose task it takes)")
@@ -269,13 +313,15 @@ class Runs(Waiting):
         snap = await self.wait(run_id, timeout=timeout, until=(*FINISHED_STATUSES, "awaiting_human"), history=False)
         return RunResult.of(snap)
 
+    @guarded
     async def fleet(self) -> FleetView:
         """The fleet as flow control sees it (any planner answers): per tenant its runs queued, running and waiting
         for a person, finished per minute, the time its runs waited for their share, and each quota's use; the
         fleet's capacity and live planners. A tenant-bound client gets its own tenant's row only."""
         subject = S.flow_view(self.settings.tenant) if self.tenant_bound else S.FLOW_VIEW
-        return await self.bus.request(subject, FlowQuery(), FleetView)
+        return await self.guard(self.bus.request(subject, FlowQuery(), FleetView))
 
+    @guarded
     async def runs(
         self,
         *,
@@ -286,9 +332,33 @@ class Runs(Waiting):
         limit: int | None = 50,
         offset: int = 0,
     ) -> list[RunSnapshot]:
-        """The runs the planner keeps (``lw_runs``), newest first, filtered (see ``select_runs``)."""
+        """The runs the planner keeps (``lw_runs``), newest first, filtered (see ``select_runs``). A client bound
+        to a tenant asks the planner for its own runs (``rpc.runs.list.<tenant>``), a page at a time."""
+        if self.tenant_bound:
+            if tenant is not None and tenant != self.settings.tenant:
+                return []  # a client of one tenant sees no other's runs
+            return await self._listed(status, agent, since, limit, offset)
         snaps = []
         for value in await self._values(S.KV_RUNS):
             with contextlib.suppress(ValueError):  # a record this version cannot read is left out
                 snaps.append(RunSnapshot.model_validate_json(value))
         return select_runs(snaps, status=status, agent=agent, tenant=tenant, since=since, limit=limit, offset=offset)
+
+    async def _listed(
+        self, status: str | None, agent: str | None, since: timedelta | None, limit: int | None, offset: int
+    ) -> list[RunSnapshot]:
+        out: list[RunSnapshot] = []
+        at: int | None = offset
+        while at is not None and (limit is None or len(out) < limit):
+            page = RUN_LIST_MAX if limit is None else min(RUN_LIST_MAX, limit - len(out))
+            query = RunQuery(
+                status=status,
+                agent=agent,
+                since_s=since.total_seconds() if since is not None else None,
+                limit=page,
+                offset=at,
+            )
+            reply = await self.guard(self.bus.request(S.run_list(self.settings.tenant), query, RunList))
+            out += [RunSnapshot.model_validate_json(await self._value(r)) for r in reply.runs]
+            at = reply.next
+        return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from pathlib import Path
 
@@ -28,9 +29,10 @@ async def serve(settings: Settings) -> None:
         log.warning("operator passwords for this console are in %s", settings.console_passwords_file)
     if not settings.console_users:
         log.warning("LW_CONSOLE_USERS is not set: nobody can log in to the console")
-    telemetry = setup_telemetry("console", settings)
+    telemetry = setup_telemetry("console", settings, prometheus=True)  # /metrics beside /healthz
     async with Client(settings, telemetry=telemetry, identity="console") as client:
         app, console = create_app(settings, client)
+        console.observed(telemetry)
         await console.live.start()
         config = uvicorn.Config(
             app,
@@ -50,9 +52,18 @@ async def serve(settings: Settings) -> None:
         port = server.servers[0].sockets[0].getsockname()[1] if server.servers else settings.console_port
         log.info("console on http://%s:%d", settings.console_host, port)
         print(f"loopwarden-console ready on http://{settings.console_host}:{port}", flush=True)
+        lost = asyncio.create_task(client.bus.closed_for_good.wait())  # nats-py will not reconnect
         try:
-            await task
+            await asyncio.wait({task, lost}, return_when=asyncio.FIRST_COMPLETED)
+            if lost.done() and not task.done():  # /healthz says so meanwhile; exit non-zero to be restarted
+                server.should_exit = True
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(5):
+                        await task
+                raise SystemExit("console: the NATS connection was closed for good; exiting to be restarted")
+            task.result()
         finally:
+            lost.cancel()
             await console.live.stop()
             telemetry.shutdown()
 

@@ -27,6 +27,7 @@ from urllib.parse import quote, urlencode
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from nats.js.errors import KeyNotFoundError
+from opentelemetry.metrics import Counter
 from starlette.applications import Starlette
 from starlette.datastructures import MutableHeaders
 from starlette.middleware import Middleware
@@ -38,7 +39,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from loopwarden import records as R
 from loopwarden import replay as RP
 from loopwarden import runtree as T
-from loopwarden.client import Client
+from loopwarden.client import Client, PermissionDenied
 from services.console import board as B
 from services.console import guard as G
 from services.console.auth import SESSION_COOKIE, PasswordTooLong, Session, Sessions
@@ -47,10 +48,14 @@ from services.console.throttle import LoginThrottle
 from shared import subjects as S
 from shared.contracts.catalogue import ContractCatalogue
 from shared.escalation_actions import ACTIONS, KINDS, parse_action
+from shared.health import METRICS_CONTENT_TYPE
+from shared.live_config import ConfigUnreadable, LiveConfig
 from shared.messages import EscalationAction, EscalationReply, utcnow
+from shared.metrics import CONSOLE_LOGINS
 from shared.records import TERMINAL, scenario_from_record
 from shared.scenario import ScenarioError, parse_scenario
 from shared.settings import Settings
+from shared.telemetry import Telemetry
 
 log = logging.getLogger("loopwarden.console")
 TEMPLATES = Path(__file__).parent / "templates"
@@ -123,7 +128,33 @@ class Console:
         self.live = LiveView(client, settings)
         self.catalogue = ContractCatalogue(client.bus)  # the tools' output schemas, beside the provide-result box
         self.env = _env()
+        self.env.globals["tenant_of"] = lambda run_id: row.tenant if (row := self.live.runs.get(run_id)) else ""
         self.roster: dict[str, list[str]] | None = json.loads(settings.operators) if settings.operators else None
+        # the logins and the roster as applied (lw_config), else LW_CONSOLE_USERS / LW_OPERATORS: ``sync_people``
+        self.people = LiveConfig(client.bus)
+        self.configured_users = dict(sessions.users)
+        self.metrics: Callable[[], bytes] | None = None  # the process's Prometheus text (``/metrics``), when served
+        self.logins: Counter | None = None
+
+    async def sync_people(self) -> None:
+        """The logins and the roster as an admin applied them (at most ``LW_CONFIG_REFRESH_S`` old): an operator
+        added can log in, one removed cannot (and its sessions end), without a restart."""
+        applied = await self.people.console_users()
+        self.sessions.users = applied if applied is not None else self.configured_users
+        self.roster = await self.people.roster()
+
+    def observed(self, telemetry: Telemetry) -> None:
+        """Serve the process's metrics on ``/metrics`` and count logins by result (docs/observability.md)."""
+        self.metrics = telemetry.prometheus_text
+        self.logins = telemetry.meter("loopwarden.console").create_counter(
+            CONSOLE_LOGINS, description="console logins by result: ok, failed, throttled"
+        )
+        for result in ("ok", "failed", "throttled"):  # at 0 from the start: the first of each is an increase
+            self.logins.add(0, {"result": result})
+
+    def count_login(self, result: str) -> None:
+        if self.logins is not None:
+            self.logins.add(1, {"result": result})
 
     # --- plumbing ---------------------------------------------------------------------------------
     def render(self, request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
@@ -146,6 +177,7 @@ class Console:
     ) -> Page:
         async def guarded(request: Request) -> Response:
             try:
+                await self.sync_people()
                 session = await self.sessions.session(request.cookies.get(SESSION_COOKIE))
             except Exception as err:  # the shared store is unreachable: nobody is let in meanwhile
                 log.warning("console: cannot check the session store: %s", err)
@@ -164,6 +196,10 @@ class Console:
                     log.warning("console: %s %s %s", session.operator, request.url.path, refused)
                     return PlainTextResponse(refused, status_code=403)
             request.state.session = session
+            bad = G.bad_path_id(request.path_params)
+            if bad is not None:
+                what = bad.removesuffix("_id").replace("_", " ")
+                return PlainTextResponse(f"no such {what}", status_code=404)
             return await handler(request, session.operator)
 
         return guarded
@@ -172,6 +208,7 @@ class Console:
         p = self.page
         return [
             Route("/healthz", self.healthz),
+            Route("/metrics", self.metrics_text),
             Route("/asyncapi.json", asyncapi_document),
             Route("/login", self.login_form, methods=["GET"]),
             Route("/login", self.login, methods=["POST"]),
@@ -198,7 +235,17 @@ class Console:
 
     # --- login ------------------------------------------------------------------------------------
     async def healthz(self, request: Request) -> Response:
+        """200 while the console can reach NATS (or is reconnecting); 503 once its connection is closed for good
+        (nats-py does not reconnect then): the process exits non-zero too, for its supervisor to restart it."""
+        if self.client.bus.closed_for_good.is_set():
+            return PlainTextResponse("the NATS connection is closed for good; restarting", status_code=503)
         return PlainTextResponse("ok")
+
+    async def metrics_text(self, request: Request) -> Response:
+        """The console process's metrics in the Prometheus text format (docs/observability.md)."""
+        if self.metrics is None:
+            return PlainTextResponse("no metrics here", status_code=404)
+        return Response(self.metrics(), media_type=METRICS_CONTENT_TYPE)
 
     async def login_form(self, request: Request) -> Response:
         nxt = request.query_params.get("next", "/queue")
@@ -224,16 +271,24 @@ class Console:
         if throttled is not None:
             who = self.sessions.who(name)
             log.warning("console: login for %s from %s not tried: %s", who, address, throttled.message)
+            self.count_login("throttled")
             return refuse(429, throttled.message, {"Retry-After": str(max(1, round(throttled.wait_s)))})
+        try:
+            await self.sync_people()
+        except ConfigUnreadable as err:
+            log.warning("console: cannot read the logins: %s", err)
+            return refuse(503, "the console cannot check logins right now")
         try:
             token = await self.sessions.login(name, password)
         except PasswordTooLong as err:
             return refuse(400, str(err))
         if token is None:
             log.warning("console: failed login for %s from %s", self.sessions.who(name), address)
+            self.count_login("failed")
             return refuse(401, "unknown operator or wrong password")
         self.throttle.succeeded(address, name)
         log.info("console: %s logged in", name)
+        self.count_login("ok")
         response = RedirectResponse(target, status_code=303)
         secure = self.settings.console_secure_cookie or request.url.scheme == "https"
         response.set_cookie(
@@ -345,6 +400,12 @@ class Console:
         record, note = await self.live.record(run_id)
         if record is None:
             return PlainTextResponse(note or "no such run", status_code=404)
+        if note is not None:  # only part of the record could be read: never handed out as if it were whole
+            return PlainTextResponse(
+                f"the export of {run_id} is incomplete, so it is not offered: {note} (the console's NATS user "
+                "needs read on every bucket of a run: deploy/nats/auth.conf)",
+                status_code=503,
+            )
         headers = {"Content-Disposition": f'attachment; filename="{run_id}.json"'}
         return Response(record.model_dump_json(indent=2, by_alias=True), media_type="application/json", headers=headers)
 
@@ -382,7 +443,10 @@ class Console:
             )
         except ScenarioError as err:
             return refused(f"replay: the run does not make a replayable scenario: {err}")
-        replay_id = await self.client.submit_scenario(scenario)
+        try:  # on the operators' replay subject, charged to the recorded run's tenant
+            replay_id = await RP.start_replay(self.client, record, scenario)
+        except PermissionDenied as err:
+            return refused(f"replay: {err}")
         log.info("console: %s replays %s as %s%s", operator, run_id, replay_id, " (live tools)" if live_tools else "")
         query = {"replay": replay_id, **({"live": "1"} if live_tools else {})}
         return RedirectResponse(f"{back}?{urlencode(query)}#replay", status_code=303)
@@ -458,18 +522,11 @@ class Console:
         return filters, reply
 
     # --- the fleet (flow control) -----------------------------------------------------------------
-    async def _fleet(self) -> dict[str, Any]:
-        """The fleet's view from a planner (``loopwarden fleet``), or why it cannot be had now."""
-        try:
-            return {"view": await self.client.fleet(), "fleet_error": None}
-        except Exception as err:  # no planner answered, or this user may not ask: said on the page
-            return {"view": None, "fleet_error": f"the fleet's view is not available: {type(err).__name__} {err}"}
-
     async def fleet_page(self, request: Request, operator: str) -> Response:
-        return self.render(request, "fleet.html", operator=operator, **await self._fleet())
+        return self.render(request, "fleet.html", operator=operator, **await B.fleet_context(self.client))
 
     async def fleet_rows(self, request: Request, operator: str) -> Response:
-        return self.render(request, "fleet_rows.html", **await self._fleet())
+        return self.render(request, "fleet_rows.html", **await B.fleet_context(self.client))
 
     async def queue_page(self, request: Request, operator: str) -> Response:
         filters, reply = await self._queue(request)
@@ -504,8 +561,12 @@ class Console:
         status = 200 if reply.ok else 404
         item = reply.escalations[0] if reply.ok else None
         schema, schema_note = (None, None)
-        if item is not None and "provide_result" in item.allowed_actions and item.status != "resolved":
+        offered = list(item.allowed_actions) if item is not None else []
+        if item is not None and "provide_result" in offered and item.status != "resolved":
             schema, schema_note = await self._output_schema(item.tool)
+            if schema is None and schema_note is not None and schema_note.startswith("no output contract"):
+                offered.remove("provide_result")  # a result is checked against the contract: always refused
+                schema_note = f"provide result is not offered: {schema_note}"
         return self.render(
             request,
             "item.html",
@@ -516,6 +577,7 @@ class Console:
             controls=self._controls(item, operator),
             output_schema=schema,
             schema_note=schema_note,
+            offered=offered,
             example=B.example_of(schema) if schema is not None else None,
             escalation_id=escalation_id,
             message=request.query_params.get("message"),

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from datetime import datetime
@@ -29,6 +30,7 @@ from pydantic import ValidationError
 
 from services.escalation import queue as Q
 from shared import history
+from shared import metrics as M
 from shared import subjects as S
 from shared import telemetry as T
 from shared.bus import Bus, CasConflict, Unchanged
@@ -37,6 +39,7 @@ from shared.contracts.registration import validator_for
 from shared.describe import describe
 from shared.failures import HUMAN_FAILURES
 from shared.history import HistoryMissing
+from shared.live_config import ConfigUnreadable, LiveConfig
 from shared.messages import (
     ChatMessage,
     Escalation,
@@ -78,11 +81,38 @@ class EscalationQueue:
         self.bus = bus
         self.settings = settings or bus.settings
         meter = telemetry.meter("loopwarden.escalation")
-        self.raised = meter.create_counter("loopwarden.escalations.raised", description="escalations by kind")
+        self.raised = meter.create_counter(M.ESCALATIONS_RAISED, description="escalations by kind")
         self.refused = meter.create_counter(
-            "loopwarden.escalations.refused", description="claims and resolutions refused, by verb"
+            M.ESCALATIONS_REFUSED, description="claims and resolutions refused, by verb"
+        )
+        self.sla_breaches = meter.create_counter(
+            M.SLA_BREACHES, description="items nobody resolved within their SLA: its default action applied"
+        )
+        # the queue as this replica's cache holds it, computed at collection (no I/O)
+        M.computed_gauge(
+            meter,
+            M.QUEUE_ITEMS,
+            lambda: [({"kind": k, "status": st}, n) for (k, st), n in self.figures().items.items()],
+            description="unresolved items by kind and status (open, claimed)",
+        )
+        M.computed_gauge(
+            meter,
+            M.QUEUE_OLDEST_AGE,
+            lambda: [({"kind": k}, age) for k, age in self.figures().oldest_age_s.items()],
+            unit="s",
+            description="age of the oldest unresolved item, by kind (0: none)",
+        )
+        M.computed_gauge(
+            meter,
+            M.QUEUE_PAST_SLA,
+            lambda: [({"kind": k}, n) for k, n in self.figures().past_sla.items()],
+            description="unresolved items past their SLA deadline, by kind (the sweeper applies their default action)",
         )
         self.slas = Q.sla_rules(json.loads(self.settings.escalation_slas) if self.settings.escalation_slas else None)
+        # the roster: the applied access file's (lw_config), else LW_OPERATORS; read again before each action
+        self.live = LiveConfig(bus)
+        for kind, rule in self.slas.items():  # at 0 from the start: the first breach is an increase
+            self.sla_breaches.add(0, {"kind": kind, "action": rule.action})
         self.roster: dict[str, list[str]] | None = (
             json.loads(self.settings.operators) if self.settings.operators else None
         )
@@ -92,7 +122,15 @@ class EscalationQueue:
         self.tenants: dict[str, str] = {}  # run id -> its tenant, for the runs with open items
         self.counted: dict[str, int] | None = None  # each tenant's open items as last written
         self._tasks: list[asyncio.Task[None]] = []
+        self._figures: tuple[float, Q.Figures] | None = None
         bus.on_stop.append(self.stop)
+
+    def figures(self) -> Q.Figures:
+        """The queue's figures, computed at most once a second (a collection asks for three gauges)."""
+        now = time.monotonic()
+        if self._figures is None or now - self._figures[0] >= 1.0:
+            self._figures = (now, Q.figures(list(self.items.values()), utcnow()))
+        return self._figures[1]
 
     def register(self) -> None:
         b = self.bus
@@ -216,6 +254,9 @@ class EscalationQueue:
         event, resolution = outcome
         await self._event(event)
         if resolution is not None:
+            item = self.items.get(escalation_id)
+            if item is not None and item.sla_action is not None:
+                self.sla_breaches.add(1, {"kind": item.kind, "action": item.sla_action})
             log.warning("escalation %s: SLA applied %s", escalation_id, resolution.action)
             await self._publish_resolution(escalation_id, resolution)
 
@@ -228,8 +269,9 @@ class EscalationQueue:
         if existing is not None:  # already queued: publish the same event again (deduplicated)
             await self.bus.publish(S.ESCALATION_RAISED, existing, msg_id=f"raised.{req.escalation_id}")
             return
-        req, context = await self._with_context(req)
+        context, tenant = await self._with_context(req)
         item = Q.raise_item(req, current_traceparent(), sla=self.slas.get(req.kind), context=context)
+        item.tenant = tenant
         item, _, created = await self.bus.create_or_get(S.KV_ESCALATIONS, req.escalation_id, item)
         if created:
             self.raised.add(1, {"kind": req.kind})
@@ -254,22 +296,23 @@ class EscalationQueue:
             log.warning("escalation %s withdrawn: %s", req.escalation_id, req.reason)
             await self._publish_resolution(req.escalation_id, item.resolution, item.traceparent)
 
-    async def _with_context(self, req: EscalationRaise) -> tuple[EscalationRaise, list[ChatMessage]]:
+    async def _with_context(self, req: EscalationRaise) -> tuple[list[ChatMessage], str | None]:
         """The run's last turns (what a call's escalation says about the call, its arguments and error, the
-        raiser put in its typed details: the planner's record is read only as the published ``RunSnapshot``)."""
-        turns = self.settings.escalation_context_turns
-        if not turns:
-            return req, []
+        raiser put in its typed details: the planner's record is read only as the published ``RunSnapshot``),
+        and the run's tenant (shown with the item)."""
         try:
             snap, _ = await self.bus.kv_get(S.KV_RUNS, req.run_id, RunSnapshot)
         except (ValidationError, PayloadError) as err:  # unreadable: the item is still worth raising
             log.warning("escalation %s: no context, the run's record is unreadable: %s", req.escalation_id, err)
-            return req, []
+            return [], None
         if snap is None:  # no record yet
-            return req, []
-        with contextlib.suppress(HistoryMissing, ValidationError):
-            return req, await history.messages(self.bus, snap, last=turns)
-        return req, []
+            return [], None
+        tenant = snap.tenant or S.DEFAULT_TENANT
+        turns = self.settings.escalation_context_turns
+        if turns:
+            with contextlib.suppress(HistoryMissing, ValidationError):
+                return await history.messages(self.bus, snap, last=turns), tenant
+        return [], tenant
 
     # --- reading -------------------------------------------------------------------------------------
     async def on_list(self, query: EscalationQuery) -> EscalationReply:
@@ -338,6 +381,10 @@ class EscalationQueue:
         step: Callable[[Escalation, Q.Actor, datetime], tuple[Escalation, Any]],
     ) -> EscalationReply:
         actor: Q.Actor | None = None
+        try:
+            self.roster = await self.live.roster()  # as applied now (LW_CONFIG_REFRESH_S at most old)
+        except ConfigUnreadable as err:  # never decided on a guess: no roster would let anyone act
+            return EscalationReply(ok=False, error=f"the operators' roster cannot be read right now: {err}")
         try:
             actor = Q.actor_from_subject(subject, S.ESCALATION_RPC_PREFIX, verb)
             who = actor

@@ -7,17 +7,19 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections import OrderedDict
 
 from pydantic import BaseModel, Field
 
 from services.governor.budget import BudgetLedger, evaluate, observe, updated_ratio
+from shared import metrics as M
 from shared import subjects as S
 from shared import telemetry as T
 from shared.bus import Bus, Unchanged
 from shared.flow import Policies, TenantDay, day_key, today
 from shared.messages import (
-    FINAL_STATUSES,
+    FINISHED_STATUSES,
     BudgetDecision,
     BudgetRequest,
     BudgetThreshold,
@@ -38,6 +40,7 @@ log = logging.getLogger("loopwarden.governor")
 KEEP_DECISIONS = 8  # recent turns whose decision a redelivered request gets again
 CALIBRATION_KEY = "calibration.models"
 PERSIST_EVERY = 8  # calibration samples between writes of the shared ratios
+SHARE_EVERY_S = 1.0  # and at most one such write (a read and a compare-and-swap) this often
 
 
 class Calibration(BaseModel):
@@ -116,12 +119,23 @@ class Governor:
         self.bus, self.settings = bus, settings
         self.tracer = telemetry.tracer("loopwarden.governor")
         meter = telemetry.meter("loopwarden.governor")
-        self.decisions = meter.create_counter("loopwarden.budget.decisions", description="budget decisions by action")
+        self.decisions = meter.create_counter(M.BUDGET_DECISIONS, description="budget decisions by action")
         self.estimated_cost = meter.create_counter(
-            "loopwarden.budget.estimated_cost", unit="USD", description="estimated cost of allowed calls (cache rates)"
+            M.BUDGET_ESTIMATED_COST, unit="USD", description="estimated cost of allowed calls (cache rates)"
         )
-        self.tenant_spend = meter.create_counter(
-            "loopwarden.tenant.cost", unit="USD", description="spend accounted to tenants"
+        self.tenant_spend = meter.create_counter(M.TENANT_COST, unit="USD", description="spend accounted to tenants")
+        # each tenant's UTC day against its ceiling, as this replica last accounted it (read at collection)
+        self.spent_today: dict[str, tuple[str, float]] = {}  # tenant -> (day, spent)
+        self._tenant_label = M.Bounded()
+        M.computed_gauge(
+            meter, M.TENANT_SPENT_TODAY, self.spent_rows, unit="USD", description="a tenant's spend today (UTC)"
+        )
+        M.computed_gauge(
+            meter,
+            M.TENANT_DAILY_CEILING,
+            self.ceiling_rows,
+            unit="USD",
+            description="what a tenant may spend per UTC day",
         )
 
         # The ledger this replica last stored per run, with its revision: tried first under CAS
@@ -129,10 +143,11 @@ class Governor:
         self._ledgers: OrderedDict[str, tuple[BudgetLedger, int]] = OrderedDict()
         self.calibration: Calibration | None = None
         self._unsaved = 0
+        self._shared_at = -SHARE_EVERY_S
         self._share_due = False
         self._sharing: asyncio.Task[None] | None = None
         self.days = TenantDays(bus)
-        self.policies = Policies(settings)
+        self.policies = Policies(settings)  # each tenant's daily ceiling: the one reader of tenants' policies
 
     def keep(self, key: str, ledger: BudgetLedger | None, revision: int) -> None:
         if ledger is None:
@@ -151,7 +166,7 @@ class Governor:
         self.bus.consumer(
             durable=S.DURABLE_GOVERNOR_RUN_FINISHED,
             stream=S.STREAM_EVT,
-            filter_subjects=[S.any_run(S.run_event(status)) for status in FINAL_STATUSES],
+            filter_subjects=[S.any_run(S.run_event(status)) for status in FINISHED_STATUSES],
             model=RunEvent,
         )(self.on_run_finished)
 
@@ -172,8 +187,9 @@ class Governor:
         return ratio if ratio is not None else 1.0
 
     def learn(self, model: str, sample: float) -> None:
-        """Count a sample in this replica's ratios now; share them through the bucket every few samples,
-        in the background (the shared ratios only seed other replicas and restarts: a budget answer
+        """Count a sample in this replica's ratios now; share them through the bucket every few samples (at
+        most once every ``SHARE_EVERY_S``: at a few hundred turns a second, one read and write in hundreds of
+        turns), in the background (the shared ratios only seed other replicas and restarts: a budget answer
         never waits for them)."""
         cal = self.calibration or Calibration()
         self.calibration = cal
@@ -188,9 +204,12 @@ class Governor:
 
     async def share_calibration(self) -> None:
         """Merge this replica's ratios into the shared ones, again while more became due meanwhile
-        (one write in flight at a time)."""
+        (one write in flight at a time), at most one every ``SHARE_EVERY_S``."""
         while self._share_due and self.calibration is not None:
-            self._share_due = False
+            wait = self._shared_at + SHARE_EVERY_S - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            self._share_due, self._shared_at = False, time.monotonic()
             mine = self.calibration.model_copy(deep=True)
             try:
                 await self.bus.update(S.KV_BUDGETS, CALIBRATION_KEY, Calibration, functools.partial(share, mine))
@@ -198,9 +217,41 @@ class Governor:
                 log.warning("governor: could not share the calibration: %r", err)
 
     # --- tenants -----------------------------------------------------------------------------------
+    def spent(self, tenant: str, day: str, total: float) -> float:
+        """Remember ``tenant``'s total of ``day`` for ``loopwarden.tenant.spent_today``; returns it."""
+        if tenant in self.spent_today or len(self.spent_today) < M.MAX_LABEL_VALUES:
+            self.spent_today[tenant] = (day, total)
+        return total
+
+    def spent_rows(self) -> list[tuple[dict[str, str], float]]:
+        day = today()
+        return [({"tenant": t}, v) for t, (d, v) in list(self.spent_today.items()) if d == day]
+
+    def ceiling_rows(self) -> list[tuple[dict[str, str], float]]:
+        """The ceiling of every tenant the settings name and every tenant seen today (the default tenant's too)."""
+        s = self.settings
+        tenants = dict.fromkeys([S.DEFAULT_TENANT, *s.tenants, *s.tenant_ceilings, *self.spent_today])
+        rows = []
+        for tenant in tenants:
+            ceiling = s.tenant_policy(tenant).daily_ceiling_usd
+            if ceiling is not None:
+                rows.append(({"tenant": self._tenant_label(tenant)}, ceiling))
+        return rows
+
     async def tenant_ceiling(self, tenant: str | None) -> float | None:
         """A run without a tenant belongs to the default one, and meets its ceiling."""
         return (await self.policies.of(tenant or S.DEFAULT_TENANT)).daily_ceiling_usd
+
+    def account(self, tenant: str, op: str, run_id: str, usd: float) -> asyncio.Future[float]:
+        """The run's spend so far (``spend``) or its final total (``settle``) into its tenant's day, for every
+        tenant (ceiling or not: a ceiling set during the day counts the whole day); the future is the day's total
+        once stored (also kept for ``loopwarden.tenant.spent_today``)."""
+        day = today()
+        total = self.days.add(tenant, op, run_id, usd)
+        total.add_done_callback(
+            lambda f: None if f.cancelled() or f.exception() else self.spent(tenant, day, f.result())
+        )
+        return total
 
     async def on_run_finished(self, event: RunEvent) -> None:
         """A run's final usage reaches its tenant's day (the last call was never asked about): every tenant's,
@@ -213,7 +264,7 @@ class Governor:
             return
         tenant = ledger.tenant or S.DEFAULT_TENANT  # a run without a tenant is the default tenant's
         cost = round(ev.detail.usage.cost_usd - ledger.delegated_usd, 8)  # sub-agents account their own
-        await self.days.add(tenant, "settle", ev.run_id, cost)
+        await self.account(tenant, "settle", ev.run_id, cost)
         if cost > ledger.tenant_accounted_usd:
             self.tenant_spend.add(cost - ledger.tenant_accounted_usd, {"tenant": tenant})
 
@@ -226,7 +277,7 @@ class Governor:
         own = round(req.spent.cost_usd - req.delegated_usd, 8)  # sub-agents account their own spend
         # every tenant's day is kept (one write per tenant at a time per replica); the decision waits for it only
         # where a ceiling reads it
-        day = self.days.add(req.tenant or S.DEFAULT_TENANT, "spend", req.run_id, own)
+        day = self.account(req.tenant or S.DEFAULT_TENANT, "spend", req.run_id, own)
         tenant_spent = await day if ceiling is not None else None
         key = S.kv_key(req.run_id)
         known = self._ledgers.pop(key, None)

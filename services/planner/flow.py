@@ -33,6 +33,7 @@ from pydantic import ValidationError
 from services.planner import ids
 from services.planner.flow_reads import FLEET_KEY, FlowReads, ticket_of
 from services.planner.state import RunState
+from shared import metrics as M
 from shared import subjects as S
 from shared.bus import Bus, Unchanged, scan_page
 from shared.flow import (
@@ -106,13 +107,13 @@ class Flow(FlowReads):
         self._tasks: list[asyncio.Task[None]] = []
         self._starting: set[asyncio.Task[None]] = set()
         meter = telemetry.meter("loopwarden.planner")
-        self.admitted = meter.create_counter("loopwarden.flow.admitted", description="runs admitted, by tenant")
+        self.admitted = meter.create_counter(M.FLOW_ADMITTED, description="runs admitted, by tenant")
         self.refused = meter.create_counter(
-            "loopwarden.flow.refused", description="submits refused at the door, by tenant and quota"
+            M.FLOW_REFUSED, description="submits refused at the door, by tenant and quota"
         )
-        self.finished = meter.create_counter("loopwarden.flow.finished", description="admitted runs that ended")
+        self.finished = meter.create_counter(M.FLOW_FINISHED, description="admitted runs that ended")
         self.waited = meter.create_histogram(
-            "loopwarden.flow.wait", unit="s", description="time a run waited for its tenant's share of the fleet"
+            M.FLOW_WAIT, unit="s", description="time a run waited for its tenant's share of the fleet"
         )
         bus.on_stop.append(self.stop)
 
@@ -243,15 +244,15 @@ class Flow(FlowReads):
         stored = self._kept[0] if self._kept is not None else None
         for op in ops:
             if op.kind == "release" and op.ended:
-                self.finished.add(1, {"tenant": op.tenant})
+                self.finished.add(1, {"tenant": self.tenant_label(op.tenant)})
             if op.decided is not None and not op.decided.done():
                 op.decided.set_result(result.decisions.get(op, (None, False)))
                 if stored is not None and op.policy is not None and op.outside is not None:
                     self.note_usage(op.policy, stored, op.outside)
         await self._take(result)
         for ticket in result.admitted:
-            self.admitted.add(1, {"tenant": ticket.tenant})
-            self.waited.record(result.waited[ticket.run_id], {"tenant": ticket.tenant})
+            self.admitted.add(1, {"tenant": self.tenant_label(ticket.tenant)})
+            self.waited.record(result.waited[ticket.run_id], {"tenant": self.tenant_label(ticket.tenant)})
             self._start(ticket.run_id, ticket.tenant)
         return bool(result.admitted) and len(result.admitted) >= result.planned > 0
 

@@ -12,6 +12,7 @@ from typing import Generic, TypeVar
 
 from opentelemetry.metrics import CallbackOptions, Observation
 
+from shared import metrics as M
 from shared import subjects as S
 from shared.bus import Bus, Stored, scan_page
 from shared.flow import (
@@ -76,11 +77,12 @@ class FlowReads:
         self._days: dict[str, Fresh[float]] = {}
         self.last_usage: dict[str, tuple[Policy, Usage]] = {}
         meter = telemetry.meter("loopwarden.planner")
-        meter.create_observable_gauge("loopwarden.flow.queued", callbacks=[self._gauge_queued])
-        meter.create_observable_gauge("loopwarden.flow.running", callbacks=[self._gauge_running])
-        meter.create_observable_gauge("loopwarden.flow.capacity", callbacks=[self._gauge_capacity])
-        meter.create_observable_gauge("loopwarden.flow.quota.used", callbacks=[self._gauge_quota_used])
-        meter.create_observable_gauge("loopwarden.flow.quota.limit", callbacks=[self._gauge_quota_limit])
+        self.tenant_label = M.Bounded()  # a tenant label's values, bounded (docs/observability.md)
+        meter.create_observable_gauge(M.FLOW_QUEUED, callbacks=[self._gauge_queued])
+        meter.create_observable_gauge(M.FLOW_RUNNING, callbacks=[self._gauge_running])
+        meter.create_observable_gauge(M.FLOW_CAPACITY, callbacks=[self._gauge_capacity])
+        meter.create_observable_gauge(M.FLOW_QUOTA_USED, callbacks=[self._gauge_quota_used])
+        meter.create_observable_gauge(M.FLOW_QUOTA_LIMIT, callbacks=[self._gauge_quota_limit])
 
     @property
     def ttl(self) -> float:
@@ -203,11 +205,11 @@ class FlowReads:
     # --- metrics (fleet-wide figures: every planner replica reports the same; take one, not the sum) -----------
     def _gauge_queued(self, options: CallbackOptions) -> list[Observation]:
         record = self._kept[0] if self._kept is not None else FleetRecord()
-        return [Observation(record.queued_of(t), {"tenant": t}) for t in record.queued]
+        return [Observation(record.queued_of(t), {"tenant": self.tenant_label(t)}) for t in record.queued]
 
     def _gauge_running(self, options: CallbackOptions) -> list[Observation]:
         record = self._kept[0] if self._kept is not None else FleetRecord()
-        return [Observation(len(runs), {"tenant": t}) for t, runs in record.running.items()]
+        return [Observation(len(runs), {"tenant": self.tenant_label(t)}) for t, runs in record.running.items()]
 
     def _gauge_capacity(self, options: CallbackOptions) -> list[Observation]:
         record = self._kept[0] if self._kept is not None else FleetRecord()
@@ -215,14 +217,14 @@ class FlowReads:
 
     def _gauge_quota_used(self, options: CallbackOptions) -> list[Observation]:
         return [
-            Observation(q.current, {"tenant": t, "quota": q.quota})
+            Observation(q.current, {"tenant": self.tenant_label(t), "quota": q.quota})
             for t, (policy, usage) in self.last_usage.items()
             for q in quota_use(policy, usage)
         ]
 
     def _gauge_quota_limit(self, options: CallbackOptions) -> list[Observation]:
         return [
-            Observation(q.limit, {"tenant": t, "quota": q.quota})
+            Observation(q.limit, {"tenant": self.tenant_label(t), "quota": q.quota})
             for t, (policy, usage) in self.last_usage.items()
             for q in quota_use(policy, usage)
             if q.limit is not None

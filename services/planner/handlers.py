@@ -11,13 +11,15 @@ handler takes it (``model_turns``), and applies what the turn decided as one mor
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+from typing import Literal
 
-from opentelemetry import propagate
+from pydantic import ValidationError
 
 from services.planner import ids, submission
-from services.planner.admission import Refused, admit
+from services.planner.admission import Refused, admit, check_limits, is_replay, resolve_agent, with_agent
 from services.planner.catalogue import Catalogue
 from services.planner.escalations import apply_resolution
 from services.planner.flow import Flow
@@ -30,12 +32,15 @@ from services.planner.reads import RunReads
 from services.planner.state import PublishRecord, RunState
 from services.planner.store import RunStore
 from services.planner.transaction import Applied, Change, apply_message
-from services.planner.turns import apply_turn, begin_run, resolve_config, start_run
+from services.planner.turns import Answered, apply_turn, resolve_config, start_run
+from shared import metrics as M
 from shared import subjects as S
 from shared.bounded import bounded_outcome
-from shared.bus import Bus, TryLater, Unchanged, current_deliveries, current_subject
+from shared.bus import Bus, CasConflict, TryLater, Unchanged, current_deliveries, current_subject
+from shared.describe import describe
 from shared.messages import (
     TOOL_FAILURES,
+    AgentRecord,
     Corrected,
     Decided,
     ErrorReply,
@@ -50,6 +55,8 @@ from shared.messages import (
     Verdict,
     utcnow,
 )
+from shared.payloads import PayloadError
+from shared.providers.select import provider_name
 from shared.settings import Settings
 from shared.telemetry import LW_ITERATION, LW_RUN_ID, Telemetry, current_traceparent, record_invoke_agent
 
@@ -63,11 +70,11 @@ class Planner:
         self.tracer = telemetry.tracer("loopwarden.planner")
         self.tracing = telemetry.exporting
         meter = telemetry.meter("loopwarden.planner")
-        self.runs_finished = meter.create_counter("loopwarden.runs.finished", description="runs by final status")
-        self.decisions = meter.create_counter("loopwarden.decide.decisions", description="Decide outcomes by row")
-        cost = meter.create_counter("loopwarden.model.cost", unit="USD", description="billed model cost")
+        self.runs = M.RunMetrics(meter)  # started, finished by status, duration, cost and tokens; by tenant and agent
+        self.decisions = meter.create_counter(M.DECIDE_DECISIONS, description="Decide outcomes by row")
+        cost = meter.create_counter(M.MODEL_COST, unit="USD", description="billed model cost")
         self.corrections = meter.create_counter(
-            "loopwarden.tool.corrections", description="schema-failure streaks by outcome: recovered, escalated"
+            M.TOOL_CORRECTIONS, description="schema-failure streaks by outcome: recovered, escalated"
         )
         self.catalogue = Catalogue(bus)
         # Runs: the record and its history, and what this replica last stored or read of each
@@ -79,10 +86,8 @@ class Planner:
         if self.fault is not None:
             log.warning("TEST FAULT INJECTION: this planner exits at %s", self.fault)
         # admission to the fleet (fair share between tenants) and the door (quotas, refusals)
-        self.flow = Flow(bus, settings, telemetry, self.begin)
-        self.intake = Intake(
-            bus, settings, self.store, self.catalogue, self.flow, self.publish, self.traceparent, self.saved
-        )
+        self.flow = Flow(bus, settings, telemetry, lambda run_id: self.intake.begin(run_id))
+        self.intake = Intake(self, self.flow)
 
     def saved(self) -> None:
         """The record is stored; nothing of this step is published or appended to the history yet."""
@@ -92,17 +97,32 @@ class Planner:
     async def contracts(self, refresh: bool = False) -> dict[str, ToolContract]:
         return await self.catalogue.contracts(refresh)
 
+    async def stored_agent(self, name: str) -> AgentRecord | None:
+        """The registered agent ``name``; one whose stored value does not read as an agent is a refusal of the
+        submit (a letter saying so), not a failure retried until the delivery budget is spent (review 4, L2)."""
+        try:
+            record, _ = await self.bus.kv_get(S.KV_AGENTS, name, AgentRecord)
+        except (ValidationError, PayloadError) as err:
+            why = describe(err) if isinstance(err, ValidationError) else str(err)
+            raise Refused(
+                f"agent {name!r} is stored but cannot be read ({why}); an operator registers it again"
+            ) from None
+        return record
+
     def register(self) -> None:
         b = self.bus
         # the door, by partition (one tenant's burst never in front of another tenant's submits:
-        # ``S.SUBMIT_PARTITIONS``), and the submits stored before it was partitioned
+        # ``S.SUBMIT_PARTITIONS``); and the operators' replays (``S.run_replay``) with the submits stored before it
+        # was partitioned
         for k in range(S.SUBMIT_PARTITIONS):
             b.consumer(durable=S.submit_durable(k), filter_subjects=[S.submit_partition(k)], model=RunSubmit)(
                 self.on_submit
             )
-        b.consumer(durable=S.DURABLE_PLANNER_SUBMIT, filter_subjects=[f"{S.RUN_SUBMIT_PREFIX}.*"], model=RunSubmit)(
-            self.on_submit
-        )
+        b.consumer(
+            durable=S.DURABLE_PLANNER_SUBMIT,
+            filter_subjects=[f"{S.RUN_SUBMIT_PREFIX}.*", f"{S.RUN_SUBMIT_PREFIX}.*.{S.REPLAY}"],
+            model=RunSubmit,
+        )(self.on_submit)
         b.consumer(durable=S.DURABLE_PLANNER_SPAWN, filter_subjects=[S.RUN_SPAWN], model=RunSubmit)(self.on_submit)
         b.consumer(durable=S.DURABLE_PLANNER_ADVANCE, filter_subjects=[S.RUN_ADVANCE], model=RunAdvance)(
             self.on_advance
@@ -148,7 +168,6 @@ class Planner:
         publishes the advance.
         """
         change = self.traced(run_id, msg_id, change)
-
         before = ""
 
         def step(state: RunState | None) -> tuple[RunState, Applied] | Unchanged[Applied | None]:
@@ -159,7 +178,6 @@ class Planner:
             applied = apply_message(state, msg_id, change)
             if applied is None or not applied.changed:
                 return Unchanged(applied)
-            state.published_bytes += sum(len(i.payload) for i in applied.items)
             if not applied.was_done:
                 self.turns.prefetch(state, applied.items)  # the next turn's budget ask travels while this is saved
             return state, applied
@@ -168,27 +186,109 @@ class Planner:
         if applied is None:
             return None
         self.saved()
-        if applied.changed:
-            self.flow.moved(applied.state, before)  # a run that ended or waits for a person frees its slot
         if not applied.was_done:
             self.turns.prefetch_saved(applied.state)
         items, turn = applied.scheduled() if take_turn else (applied.items, None)
-        # the next step's work goes out while the step's messages are appended to the history
-        await asyncio.gather(self.publish(items, run_id), self.store.store_tail(applied.state))
-        applied.state.published(msg_id, items)  # the next save stops carrying them
-        if not applied.was_done:
-            self.count(applied.items, applied.state)
-            if applied.state.done:
-                if self.tracing:
-                    self.agent_span(applied.state)
-                await submission.record_lessons(self.bus, applied.state)
+        await self.committed(run_id, [(msg_id, applied, items)], before)
         return turn
 
+    async def committed(
+        self, run_id: str, done: list[tuple[str, Applied, list[PublishRecord]]], before: str = ""
+    ) -> None:
+        """After the save that carried them: each applied message's ``items`` published (in order, acks
+        awaited together) while the step's messages are appended to the history; then counted. A run that
+        ended or waits for a person (``before``: its status before the save) gives its slot in the fleet back."""
+        state = done[-1][1].state
+        items = [i for _, _, some in done for i in some]
+        state.published_bytes += sum(len(i.payload) for i in items)  # kept with its next save (its stored bytes)
+        # the next step's work goes out while the step's messages are appended to the history
+        await asyncio.gather(self.publish(items, run_id), self.store.store_tail(state))
+        for msg_id, _, some in done:
+            state.published(msg_id, some)  # the next save stops carrying them
+        if before and any(applied.changed for _, applied, _ in done):
+            self.flow.moved(state, before)
+        for _, applied, _ in done:
+            if not applied.was_done:
+                self.count(applied.items)
+        if any(not applied.was_done for _, applied, _ in done) and state.done:
+            self.finished(state)
+            if self.tracing:
+                self.agent_span(state)
+            await submission.record_lessons(self.bus, state)
+            await self.settle(state)
+
+    async def settle(self, state: RunState) -> None:
+        """The run ended and its last outbox is published: its record is saved once more, without what only a
+        running run reads (``RunState.settle``): a finished run keeps about half the bytes. Best effort: a
+        record another replica moved on meanwhile keeps what it has."""
+        revision = self.store.revision(state)
+        if revision is None:
+            return
+        state.settle()
+        with contextlib.suppress(CasConflict):
+            await self.store.save(state, revision)
+
     async def handle(self, run_id: str, msg_id: str, change: Change) -> None:
-        """A message that may schedule the run's next model turn: applied, then that turn taken here."""
+        """A message that may schedule the run's next model turn: applied, then that turn taken here.
+        When this replica holds the run's record, the message and the turn it schedules are saved
+        together, in one write (``with_turn``); otherwise, or when that write loses its compare-and-swap,
+        the message is saved first and the turn taken after it."""
+        together = await self.with_turn(run_id, msg_id, change)
+        if together == "saved":
+            return
         turn = await self.transact(run_id, msg_id, change, take_turn=True)
-        if turn is not None:
-            await self.on_advance(turn, inline=True)
+        if turn is not None:  # a turn taken already (``taken``) has its answer stored: reused, not paid twice
+            await self.on_advance(turn, inline=True, stored=together == "taken")
+
+    async def with_turn(self, run_id: str, msg_id: str, change: Change) -> Literal["saved", "taken", "no"]:
+        """Apply ``msg_id`` to the run as this replica holds it and, when that schedules the run's next
+        model turn, take the turn and save both in one compare-and-swap, then publish what both produced
+        (one write of the record per step instead of two). Nothing is published before that save, so a crash
+        anywhere before it leaves the stored record as it was: the redelivered message is applied again and
+        the turn taken again, reusing the model's stored answer. A message that schedules no turn is saved
+        alone, as ``transact`` would. "no": nothing was saved (the run is not held by this replica, the message
+        changed nothing, or its save lost its compare-and-swap): the caller goes the usual way; "taken": the
+        turn was taken but not saved (the save lost its compare-and-swap, or the turn compacted the history,
+        which is applied to the record as stored): the caller saves the message the usual way and takes the
+        turn again with the stored answer."""
+        kept = self.store.kept(run_id)
+        if kept is None or self.tracing:  # traced: a span per applied message, as the usual way makes
+            return "no"
+        state, revision = kept
+        if state.seen(msg_id):
+            return "no"
+        self.store.forget(run_id)  # changed below in memory: until it is saved, the next read is the record's
+        before = state.status
+        applied = apply_message(state, msg_id, change)
+        if applied is None or not applied.changed:
+            return "no"
+        items, turn = applied.scheduled()
+        if turn is None or applied.was_done or not self.takes(state, turn):
+            try:  # nothing to take here: saved alone
+                await self.store.save(state, revision)
+            except CasConflict:
+                return "no"
+            self.saved()
+            await self.committed(run_id, [(msg_id, applied, items)], before)
+            return "saved"
+        advanced = ids.advanced(turn.iteration)
+        taken = await self.turns.take(state, turn, current_deliveries() > 1)
+        try:
+            if isinstance(taken.result, Answered) and taken.result.compaction is not None:
+                return "taken"  # ``take`` compacted ``state`` for the request: the record as stored gets it
+            turned = apply_message(state, advanced, lambda s: apply_turn(s, taken.result))
+            if turned is None:
+                return "taken"
+            try:
+                await self.store.save(state, revision)
+            except CasConflict:
+                return "taken"  # another replica moved the run: the usual way applies the message to it
+            self.saved()
+            await self.committed(run_id, [(msg_id, applied, items), (advanced, turned, turned.items)], before)
+        finally:
+            if taken.storing is not None:
+                await taken.storing
+        return "saved"
 
     def traced(self, run_id: str, msg_id: str, change: Change) -> Change:
         """``change`` inside a span per applied message, when spans are exported."""
@@ -227,7 +327,7 @@ class Planner:
             if i.run_id is not None:  # another run's message (a sub-agent's answer to its parent)
                 await self.bus.publish(i.subject, i.payload.encode(), msg_id=i.msg_id, run_id=i.run_id)
 
-    def count(self, items: list[PublishRecord], state: RunState) -> None:
+    def count(self, items: list[PublishRecord]) -> None:
         """Metrics of a message applied now, from the typed messages it produced."""
         for item in items:
             match item.message:
@@ -237,26 +337,45 @@ class Planner:
                     self.corrections.add(1, {"tool": corrected.tool, "outcome": "recovered"})
                 case EscalationRaise(kind="schema_cap", tool=tool):
                     self.corrections.add(1, {"tool": str(tool), "outcome": "escalated"})
-        if state.done:
-            self.runs_finished.add(1, {"status": state.status})
+
+    def finished(self, state: RunState) -> None:
+        """Metrics of a run that ended with the message applied now."""
+        used, delegated = state.usage, state.delegated_usage  # its sub-agents' runs count their own
+        self.runs.finished(
+            state.status,
+            state.tenant or S.DEFAULT_TENANT,
+            state.agent,
+            seconds=(utcnow() - state.created_at).total_seconds(),
+            cost_usd=round(used.cost_usd - delegated.cost_usd, 8),
+            input_tokens=used.input_tokens - delegated.input_tokens,
+            output_tokens=used.output_tokens - delegated.output_tokens,
+        )
 
     # --- handlers -------------------------------------------------------------------------------
     async def on_submit(self, submit: RunSubmit) -> None:
         """A client's submit (``cmd.run.submit.<tenant>``): taken at the door (``intake.py``), queued for its
         tenant's share of the fleet or refused; or a sub-agent run the planner spawned (``cmd.run.spawn``), started
-        at once (its parent holds the slot: queueing it could deadlock the parent)."""
+        at once (its parent holds the slot: queueing it could deadlock the parent): admitted first (parent, limits,
+        scenario), then started once."""
         subject = current_subject()
-        if subject != S.RUN_SPAWN:
+        if subject != S.RUN_SPAWN:  # a client's or an operator's: taken at the door (``intake.py``)
             await self.intake.take(submit, subject)
             return
+        record: AgentRecord | None = None
         try:
             submit = admit(submit, subject, self.settings)
+            if submit.agent is not None:  # a registered agent's run: its definition as of now
+                record = await self.stored_agent(submit.agent)
+                submit = resolve_agent(submit, record, provider_name(self.settings, "planner"))
+                check_limits(submit, self.settings)  # the agent's limits are capped like a submit's
         except Refused as err:
             await submission.refuse(self.bus, submit, subject, str(err))
             return
         existing = await self.store.load(submit.run_id, fresh=True)
         if submit.scenario is not None:
-            problem = await submission.scenario_problem(self.bus, submit, started=existing is not None)
+            problem = await submission.scenario_problem(
+                self.bus, submit, started=existing is not None, replay=is_replay(subject)
+            )
             if problem is not None:
                 await submission.refuse(self.bus, submit, subject, problem, ids.refused_scenario(submit.run_id))
                 return
@@ -267,57 +386,22 @@ class Planner:
             await submission.unbind_stray_scenario(self.bus, submit.run_id)
         contracts = await self.contracts()
         lessons = await submission.lessons(self.bus, submit)
-        out = start_run(submit, resolve_config(submit, self.settings, contracts), lessons)
-        await self.intake.record(out.state, out.items)
-
-    async def begin(self, run_id: str) -> str | None:
-        """Start a queued run its tenant's share of the fleet was just given to (``Flow``): its first message,
-        lessons and first turn. Its status after (None: no record); a run no longer queued is left as it is, but
-        what its start produced and did not publish yet (the replica that started it died) is published. The
-        start continues the submit's trace (kept in the record), so the run stays one trace."""
-        # the state this replica kept is the record (only a start changes a queued run, under CAS), else it is read
-        state = await self.store.load(run_id)
-        if state is None:
-            return None
-        if not self.tracing or not state.trace_parent:
-            return await self._begin(state)
-        submitted = propagate.extract({"traceparent": state.trace_parent})
-        with self.tracer.start_as_current_span("planner start", context=submitted, attributes={LW_RUN_ID: run_id}):
-            return await self._begin(state)
-
-    async def _begin(self, state: RunState) -> str | None:
-        run_id = state.run_id
-        if state.status != "queued":
-            if state.outbox.get(ids.ADMITTED):
-                await self.publish(state.outbox[ids.ADMITTED], run_id)
-            return state.status
-        if state.pending_scenario is not None:  # a scripted run: its scenario is bound to it now
-            problem = await submission.bind_scenario(self.bus, run_id, state.pending_scenario)
-        else:  # a live run: whatever is stored under its id is not its scenario
-            problem = None
-            await submission.unbind_stray_scenario(self.bus, run_id)
-        lessons = await submission.lessons_for(self.bus, state.task, state.config.lessons)
-        at = utcnow()
-
-        def step(state: RunState | None) -> tuple[RunState, RunState] | Unchanged[RunState | None]:
-            if state is None or state.seen(ids.ADMITTED):
-                return Unchanged(state)
-            out = begin_run(state, lessons, at, problem)
-            if out is None:
-                return Unchanged(state)
-            state.remember(ids.ADMITTED, out.items)
-            state.published_bytes += sum(len(i.payload) for i in out.items)
-            return state, state
-
-        started = await self.store.update(run_id, step)
-        if started is None:
-            return None
-        self.saved()
-        items = started.outbox.get(ids.ADMITTED, [])
-        await asyncio.gather(self.publish(items, run_id), self.store.store_tail(started))
-        started.published(ids.ADMITTED, items)
-        self.flow.moved(started, "queued")  # a rubric refused at the start ends it here
-        return started.status
+        config = with_agent(resolve_config(submit, self.settings, contracts), record)
+        out = start_run(submit, config, lessons)
+        out.state.agent, out.state.agent_version, out.state.tenant = config.agent, config.agent_version, submit.tenant
+        out.state.remember(ids.SUBMIT, out.items)
+        out.state.trace_parent = current_traceparent() if self.tracing else ""
+        try:
+            await self.store.create(out.state)
+            self.saved()
+        except CasConflict:
+            existing = await self.store.load(submit.run_id, fresh=True)
+            if existing is not None:
+                await self.publish(existing.outbox.get(ids.SUBMIT, []), submit.run_id)
+            return
+        self.runs.started(submit.tenant or S.DEFAULT_TENANT, config.agent)
+        await asyncio.gather(self.publish(out.items, submit.run_id), self.store.store_tail(out.state))
+        out.state.published(ids.SUBMIT, out.items)
 
     async def on_flow_view(self, query: FlowQuery, subject: str) -> FleetView:
         """The fleet's view: every tenant's (``rpc.flow.view``), or the asking tenant's own row only
@@ -347,13 +431,13 @@ class Planner:
         """Whether the run is (still) at the turn ``ev`` asks for."""
         return not state.done and state.iteration.n == ev.iteration and state.status == "running"
 
-    async def on_advance(self, ev: RunAdvance, inline: bool = False) -> None:
+    async def on_advance(self, ev: RunAdvance, inline: bool = False, stored: bool = False) -> None:
         """Take the run's turn ``ev`` names: from the advance consumer, or ``inline`` where the message
         that scheduled it is handled (``handle``). What the turn decided is applied as one transaction."""
         msg_id = ids.advanced(ev.iteration)
         # A later turn comes through the advance consumer only when a planner of an earlier version
         # re-published the advance of a message whose inline turn may have stored its answer.
-        stored = current_deliveries() > 1 or (not inline and ev.iteration > 1)
+        stored = stored or current_deliveries() > 1 or (not inline and ev.iteration > 1)
         state = await self.store.load(ev.run_id)
         if state is not None and not state.seen(msg_id) and not self.takes(state, ev):
             state = await self.store.load(ev.run_id, fresh=True)  # what this replica kept may be behind

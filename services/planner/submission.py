@@ -25,24 +25,31 @@ class Lessons(Wire):
     reasons: list[str] = Field(default_factory=list)
 
 
-def lessons_key(task: str) -> str:
-    return "task-" + hashlib.sha256(task.strip().lower().encode()).hexdigest()[:24]
+def lessons_key(task: str, tenant: str | None, agent: str | None) -> str:
+    """Lessons are a tenant's own, per agent: a judge's reasons quote the answers it judged, and they go into
+    the next run's prompt, so no tenant reads another's or writes into another's (``<tenant>.<agent>.task-…``)."""
+    digest = "task-" + hashlib.sha256(task.strip().lower().encode()).hexdigest()[:24]
+    return S.kv_key(tenant or S.DEFAULT_TENANT, agent or "-", digest)
 
 
 async def lessons(bus: Bus, submit: RunSubmit) -> list[str]:
-    """What judges rejected earlier answers to this task for (only when the submit asks for lessons)."""
-    return await lessons_for(bus, submit.task, submit.lessons)
+    """What judges rejected this tenant's earlier answers to this task (of this agent) for, when the submit
+    asks for lessons."""
+    return await lessons_for(bus, submit.task, submit.tenant, submit.agent, submit.lessons)
 
 
-async def lessons_for(bus: Bus, task: str, wanted: bool) -> list[str]:
-    """What judges rejected earlier answers to ``task`` for (only when the run asks for lessons: ``wanted``)."""
+async def lessons_for(bus: Bus, task: str, tenant: str | None, agent: str | None, wanted: bool) -> list[str]:
+    """What judges rejected ``tenant``'s earlier answers to ``task`` (of ``agent``) for, when the run asks for
+    lessons (``wanted``): read as the run starts."""
     if not wanted:
         return []
-    stored, _ = await bus.kv_get(S.KV_LESSONS, lessons_key(task), Lessons)
+    stored, _ = await bus.kv_get(S.KV_LESSONS, lessons_key(task, tenant, agent), Lessons)
     return stored.reasons if stored else []
 
 
 async def record_lessons(bus: Bus, state: RunState) -> None:
+    """Keep a finished run's judge reasons for the tenant's later runs of the task: only a live judge's
+    (``Verdict.judge_provider``: a scripted run's verdicts are what its submitter wrote)."""
     if not state.judge_failures:
         return
 
@@ -50,12 +57,12 @@ async def record_lessons(bus: Bus, state: RunState) -> None:
         known = stored.reasons if stored else []
         return Lessons(reasons=list(dict.fromkeys([*known, *state.judge_failures]))[-10:]), None
 
-    await bus.update(S.KV_LESSONS, lessons_key(state.task), Lessons, merge)
+    await bus.update(S.KV_LESSONS, lessons_key(state.task, state.tenant, state.agent), Lessons, merge)
 
 
 def scenario_error(submit: RunSubmit) -> str | None:
     """What is wrong with the submitted scenario itself (None: it matches its digest and parses): checked at the
-    door, before the run is accepted; it is bound when the run is admitted (``bind_scenario``)."""
+    door, before the run is accepted; it is bound when the run starts (``bind_scenario``)."""
     if submit.scenario_digest != digest_of(submit.scenario):
         return "the submitted scenario does not match its scenario_digest"
     try:
@@ -65,37 +72,38 @@ def scenario_error(submit: RunSubmit) -> str | None:
     return None
 
 
-async def bind_scenario(bus: Bus, run_id: str, data: dict[str, object]) -> str | None:
-    """Bind a queued run's scenario (checked at the door) as it starts, create-only; what is wrong (None: bound):
-    another scenario bound under its id already."""
+async def bind_scenario(bus: Bus, run_id: str, data: dict[str, object], replay: bool = False) -> str | None:
+    """Bind a run's scenario (checked at the door) as it starts, create-only (``replay``: it came on an operator's
+    replay subject: ``Scenario.replay``); what is wrong (None: bound): another scenario bound under its id."""
     try:
         scenario = parse_scenario(data, f"scenario of {run_id}")
     except ScenarioError as err:
         return str(err)
+    scenario = scenario.model_copy(update={"replay": replay})  # the subject says, never the scenario
     stored, _, created = await bus.create_or_get(S.KV_SCENARIOS, run_id, scenario)
     if created or _scenario_digest(stored) == _scenario_digest(scenario):
         return None
     return f"another scenario is already bound to run {run_id}"
 
 
-async def scenario_problem(bus: Bus, submit: RunSubmit, started: bool = False) -> str | None:
+async def scenario_problem(bus: Bus, submit: RunSubmit, started: bool = False, replay: bool = False) -> str | None:
     """Store the submitted scenario for the run, create-only: the planner is its only writer, so a
     scripted run replays what was submitted with it, and nothing changes it afterwards. What is wrong
     with it (None: bound): a scenario that does not match its digest, does not parse, or differs from
     one already bound, or one for a run already ``started`` without a scenario (a live run is never
-    made scripted)."""
+    made scripted). ``replay``: it came on an operator's replay subject, and is bound so (``Scenario.replay``:
+    replayed by the scripted providers even where scripted runs are off)."""
     if submit.scenario_digest != digest_of(submit.scenario):
         return "the submitted scenario does not match its scenario_digest"
     try:
         scenario = parse_scenario(submit.scenario, f"scenario of {submit.run_id}")
     except ScenarioError as err:
         return str(err)
+    scenario = scenario.model_copy(update={"replay": replay})  # the subject says, never the scenario
     if started:  # a scripted run's scenario was bound before its state was stored
         stored, _ = await bus.kv_get(S.KV_SCENARIOS, submit.run_id, Scenario)
     else:
-        stored, _, created = await bus.create_or_get(S.KV_SCENARIOS, submit.run_id, scenario)
-        if created:
-            return None  # bound now: the submitted one
+        stored, _, _ = await bus.create_or_get(S.KV_SCENARIOS, submit.run_id, scenario)
     if stored is None:
         return f"run {submit.run_id} was started without a scenario"
     if _scenario_digest(stored) != _scenario_digest(scenario):  # bound before: the same one only
