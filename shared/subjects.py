@@ -420,7 +420,13 @@ def run_scoped(subject: str, run_id: str | None) -> str:
 
 
 def stem(subject: str) -> str:
-    """The subject without its run token (``lw.v1.evt.run.completed.<run>`` -> ``...run.completed``)."""
+    """The subject without its run token (``lw.v1.evt.run.completed.<run>`` -> ``...run.completed``), and a
+    submit as its client sent it (``...submit.<partition>.<tenant>`` -> ``...submit.<tenant>``)."""
+    if subject.startswith(RUN_SUBMIT_PREFIX + "."):
+        partition, _, tenant = subject[len(RUN_SUBMIT_PREFIX) + 1 :].partition(".")
+        if tenant and "." not in tenant and partition.isdigit() and int(partition) < SUBMIT_PARTITIONS:
+            return f"{RUN_SUBMIT_PREFIX}.{tenant}"
+        return subject
     return (
         subject.rsplit(".", 1)[0] if is_run_scoped(subject) and subject.count(".") + 1 in RUN_EVENT_DEPTHS else subject
     )

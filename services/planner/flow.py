@@ -27,6 +27,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import get_args
 
 from pydantic import ValidationError
 
@@ -53,7 +54,7 @@ from shared.flow import (
     take_at_once,
     verdict,
 )
-from shared.messages import FINAL_STATUSES, FlowTicket, Refusal
+from shared.messages import FINAL_STATUSES, FlowTicket, Quota, Refusal
 from shared.settings import Settings
 from shared.telemetry import Telemetry
 from shared.tenancy import Policy
@@ -115,6 +116,8 @@ class Flow(FlowReads):
         self.waited = meter.create_histogram(
             M.FLOW_WAIT, unit="s", description="time a run waited for its tenant's share of the fleet"
         )
+        for quota in (*get_args(Quota), "admission"):  # a refusal's series exist before the first one (dashboards)
+            self.refused.add(0, {"tenant": S.DEFAULT_TENANT, "quota": quota})
         bus.on_stop.append(self.stop)
 
     # --- lifecycle -------------------------------------------------------------------------------------------
@@ -247,6 +250,9 @@ class Flow(FlowReads):
                 self.finished.add(1, {"tenant": self.tenant_label(op.tenant)})
             if op.decided is not None and not op.decided.done():
                 op.decided.set_result(result.decisions.get(op, (None, False)))
+                if result.decisions.get(op, (None, False))[1]:  # admitted at once: it waited for nothing
+                    self.admitted.add(1, {"tenant": self.tenant_label(op.tenant)})
+                    self.waited.record(0.0, {"tenant": self.tenant_label(op.tenant)})
                 if stored is not None and op.policy is not None and op.outside is not None:
                     self.note_usage(op.policy, stored, op.outside)
         await self._take(result)
