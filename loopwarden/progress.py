@@ -26,6 +26,7 @@ from shared.messages import (
     RunEvent,
     RunFinished,
     SimulatedCall,
+    Stalled,
     Started,
     ToolAttempt,
     ToolBlocked,
@@ -33,6 +34,7 @@ from shared.messages import (
     ToolFailed,
     ToolOutcome,
     ToolSucceeded,
+    Unstalled,
     VerdictIgnored,
 )
 
@@ -117,6 +119,10 @@ def run_line(ev: AnyRunEvent) -> str | None:
             return f"{tag} ■ model stopped ({d.stop_reason}): {ev.summary}"
         case Delegated(detail=d):
             return f"{tag} ⇢ sub-agent {d.child_run_id} (~${d.estimated_cost_usd:.4f})"
+        case Stalled():
+            return f"{tag} ‖ stalled: {ev.summary}"
+        case Unstalled():
+            return f"{tag} ▷ {ev.summary}"
         case VerdictIgnored() | GuardTripped() | NotJudged():
             return None  # shown through the events that follow them
         case _:

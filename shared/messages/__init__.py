@@ -93,6 +93,8 @@ from shared.messages.events import (
     RunEventHead,
     RunFinished,
     SimulatedCall,
+    Stalled,
+    StalledDetail,
     Started,
     StartedDetail,
     ToolBlocked,
@@ -101,6 +103,7 @@ from shared.messages.events import (
     ToolFailedDetail,
     ToolSucceeded,
     ToolSucceededDetail,
+    Unstalled,
     VerdictIgnored,
 )
 from shared.messages.judge import (
@@ -115,7 +118,9 @@ from shared.messages.judge import (
 from shared.messages.operations import (
     DeadLetter,
     ErrorReply,
+    LetterHandled,
     McpServerStatus,
+    ReplicaRecord,
     Requeue,
 )
 from shared.messages.runs import (
@@ -136,6 +141,7 @@ from shared.messages.snapshots import (
     RunRead,
     RunReadReply,
     RunSnapshot,
+    StallView,
     StoredItem,
 )
 from shared.messages.tools import (
@@ -202,6 +208,8 @@ WIRE_MODELS: tuple[type[BaseModel], ...] = (
     AgentRecord,
     RunRead,
     RunReadReply,
+    LetterHandled,
+    ReplicaRecord,
 )
 
 
@@ -280,6 +288,7 @@ __all__ = [
     "JudgeRequested",
     "Judged",
     "JudgedDetail",
+    "LetterHandled",
     "LoopDetail",
     "LoopDetected",
     "McpServerStatus",
@@ -293,6 +302,7 @@ __all__ = [
     "NotJudgedDetail",
     "ReasonDetail",
     "RepairRule",
+    "ReplicaRecord",
     "RequestedCall",
     "Requeue",
     "Resumed",
@@ -314,6 +324,9 @@ __all__ = [
     "SectionTokens",
     "SimulatedCall",
     "SlaAction",
+    "StallView",
+    "Stalled",
+    "StalledDetail",
     "Started",
     "StartedDetail",
     "StoredItem",
@@ -331,6 +344,7 @@ __all__ = [
     "ToolSucceeded",
     "ToolSucceededDetail",
     "ToolUseBlock",
+    "Unstalled",
     "Usage",
     "Verdict",
     "VerdictIgnored",
