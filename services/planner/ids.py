@@ -109,6 +109,24 @@ def resolution(escalation_id: str) -> str:
     return f"resolution.{escalation_id}"
 
 
+def letter(seq: int) -> str:
+    """A dead letter of the run (its LW_DLQ number): the run is stalled on it."""
+    return f"letter.{seq}"
+
+
+def letter_handled(seq: int) -> str:
+    """The letter was handed back and handled."""
+    return f"handled.{seq}"
+
+
+def missing_replica(events_published: int) -> str:
+    """The planner's sweep found the run waiting on a service with no live replica (once per run state seen)."""
+    return f"missing.{events_published}"
+
+
+REFUSED = "refused"
+
+
 # --- ids the planner names things by -------------------------------------------------------------------
 
 
@@ -150,3 +168,8 @@ def loop_escalation(run_id: str, iteration: int) -> str:
 
 def spawn_escalation(run_id: str, iteration: int, call_id: str) -> str:
     return S.kv_key(f"esc-{run_id}-spawn-{iteration}-{call_id}")
+
+
+def stalled_escalation(run_id: str, letter: int) -> str:
+    """A stalled run's queue item, about its dead letter ``letter``."""
+    return S.kv_key(f"esc-{run_id}-stalled-{letter}")
