@@ -35,11 +35,14 @@ class NotRequeueable(ValueError):
     """The letter cannot be handed back to its service; the message says why."""
 
 
+_RUN_FIELD = re.compile(r'"run_id"\s*:\s*"([A-Za-z0-9_-]{1,64})"')
+
+
 def letter_json(letter: DeadLetter) -> dict[str, Any]:
-    """The letter's body as a JSON object ({} when it is not one: malformed, cut, or not JSON)."""
+    """The letter's body as a JSON object ({} when it is not one: malformed, cut, nested past reading)."""
     try:
         data = json.loads(letter.body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -66,6 +69,9 @@ def submitted_run(letter: DeadLetter) -> tuple[str, str] | None:
     if not S.matches(f"{S.RUN_SUBMIT_PREFIX}.*", letter.subject):
         return None
     run_id = _run_id(letter_json(letter).get("run_id")) or _run_id(letter.headers.get(RUN_HEADER))
+    if run_id is None:  # a body that is not JSON (or is cut) may still name it
+        found = _RUN_FIELD.search(letter.body[:4096])
+        run_id = found.group(1) if found else None
     return (run_id, letter.subject.rsplit(".", 1)[-1]) if run_id else None
 
 

@@ -117,7 +117,7 @@ class StallWatch:
         except ValidationError:  # a tenant token that is not a name: no one's to tell
             return
         config = resolve_config(submit, self.settings, {})
-        out = stalls.refused(run_id, tenant, submit.task, f"refused: {letter.reason}", config)
+        out = stalls.refused(run_id, tenant, submit.task, letter.reason, config)
         try:
             await self.planner.store.create(out.state)
         except CasConflict:

@@ -268,7 +268,7 @@ def submitted_task(letter: DeadLetter) -> str:
     """The task a refused submit's letter names (what its record shows), or a note that it could not be read."""
     try:
         body: Any = json.loads(letter.body)
-    except ValueError:
+    except (ValueError, RecursionError):
         body = None
     task = body.get("task") if isinstance(body, dict) else None
     return _cut(task, 2000) if isinstance(task, str) and task else "(the submit could not be read)"
