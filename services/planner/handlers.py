@@ -44,6 +44,7 @@ from shared.messages import (
     ToolOutcome,
     Verdict,
 )
+from shared.payloads import PayloadTooLarge
 from shared.providers.select import provider_name
 from shared.settings import Settings
 from shared.telemetry import LW_ITERATION, LW_RUN_ID, Telemetry, current_traceparent, record_invoke_agent
@@ -221,7 +222,10 @@ class Planner:
         try:
             submit = admit(submit, subject, self.settings)
             if submit.agent is not None:  # a registered agent's run: its definition as of now
-                record, _ = await self.bus.kv_get(S.KV_AGENTS, submit.agent, AgentRecord)
+                try:
+                    record, _ = await self.bus.kv_get(S.KV_AGENTS, submit.agent, AgentRecord)
+                except PayloadTooLarge as err:  # refused unread (LW_VALUE_MAX_BYTES): never fetched, never retried
+                    raise Refused(f"agent {submit.agent} cannot be read: {err}") from None
                 submit = resolve_agent(submit, record, provider_name(self.settings, "planner"))
                 check_limits(submit, self.settings)  # the agent's limits are capped like a submit's
         except Refused as err:
