@@ -33,6 +33,7 @@ from shared.bus.errors import (
 )
 from shared.bus.infra import (
     KV_HISTORY,
+    BoundTooSmall,
     KV_MAX_AGE_S,
     ConsumerSpec,
     consumer_config,
@@ -84,6 +85,7 @@ __all__ = [
     "SCAN_BATCH",
     "SCAN_MAX_BYTES",
     "WRONG_LAST_SEQUENCE",
+    "BoundTooSmall",
     "Bus",
     "CasConflict",
     "ConsumerSpec",
