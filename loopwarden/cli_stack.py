@@ -231,7 +231,7 @@ async def cmd_bootstrap(args: argparse.Namespace) -> int:
     try:
         report = await bootstrap(cfg)
     except BoundTooSmall as err:  # nothing was lowered below what a stream holds
-        raise UserError(f"bootstrap: {err}", FAILED) from None
+        raise UserError(str(err), FAILED) from None
     for line in report.changed:
         say(line)
     say(

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import nats
 import pytest
 from nats.js.api import DiscardPolicy, StreamConfig
 
@@ -49,8 +50,9 @@ def cli_bootstrap(url: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 
 async def test_bootstrap_bounds_the_streams_and_buckets_an_earlier_release_made(server: str) -> None:
-    async with Client(Settings(nats_url=server, manage_streams=False)) as client:
-        js = client.bus.js
+    nc = await nats.connect(server)
+    try:
+        js = nc.jetstream()
         for name in (S.STREAM_SUBMIT, S.STREAM_DLQ):  # as the release before made them: no bound
             await js.add_stream(StreamConfig(name=name, subjects=S.STREAM_SUBJECTS[name], allow_direct=True))
         await bootstrap(Settings(nats_url=server))
@@ -62,6 +64,8 @@ async def test_bootstrap_bounds_the_streams_and_buckets_an_earlier_release_made(
         assert runs.max_bytes == 1024 * MIB
         replicas = (await js.stream_info(f"KV_{S.KV_REPLICAS}")).config
         assert replicas.max_age == 30.0  # LW_REPLICA_TTL_S: a replica that stops writing is gone
+    finally:
+        await nc.close()
 
 
 async def test_bootstrap_never_lowers_a_bound_below_what_a_stream_holds(server: str) -> None:
@@ -73,7 +77,7 @@ async def test_bootstrap_never_lowers_a_bound_below_what_a_stream_holds(server: 
     done = cli_bootstrap(server, LW_STREAM_MAX_BYTES=json.dumps({"LW_DLQ": 2 * MIB}))
     assert done.returncode == 1, done.stdout + done.stderr
     (line,) = done.stderr.strip().splitlines()
-    assert line.startswith(f"bootstrap: stream {S.STREAM_DLQ} holds {held.bytes} bytes in 12 messages"), line
+    assert line.startswith(f"loopwarden bootstrap: stream {S.STREAM_DLQ} holds {held.bytes} bytes in 12 messages"), line
     assert "LW_STREAM_MAX_BYTES" in line and "Traceback" not in done.stderr
     async with Client(Settings(nats_url=server, manage_streams=False)) as client:
         after = await client.bus.js.stream_info(S.STREAM_DLQ)
