@@ -227,7 +227,7 @@ async def cmd_status(args: argparse.Namespace) -> int:
     if state.awaiting is not None:
         say(f"waiting on:  escalation {state.awaiting.escalation_id} ({state.awaiting.kind})")
     if state.stall is not None:
-        from loopwarden.runtree.tree import stall_line
+        from loopwarden.runtree import stall_line
 
         say(f"stalled:     {plain(stall_line(state.stall.model_dump(mode='json')) or state.stall.reason)}")
     for warning in state.warnings:

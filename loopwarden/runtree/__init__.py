@@ -18,7 +18,7 @@ The tree is built in ``runtree.tree``; a step is opened in ``runtree.detail``; b
 from __future__ import annotations
 
 from loopwarden.runtree.detail import Section, step_detail, system_prompt
-from loopwarden.runtree.tree import ELLIPSIS, RunTree, Step, StepKind, StepStatus, build, clip
+from loopwarden.runtree.tree import ELLIPSIS, RunTree, Step, StepKind, StepStatus, build, clip, stall_line
 
 __all__ = [
     "ELLIPSIS",
@@ -29,6 +29,7 @@ __all__ = [
     "StepStatus",
     "build",
     "clip",
+    "stall_line",
     "step_detail",
     "system_prompt",
 ]

@@ -98,6 +98,7 @@ def held_up_by(
     out = Outbox(state)
     known = before.letters if before else []
     superseded = [n for n in known if n == letter.requeued_from]
+    withdrawn = [n for n in (before.asked if before else []) if n in superseded]
     letters = [*(n for n in known if n not in superseded), seq]
     reason = _cut(f"{letter.service} gave up on {S.stem(letter.subject)} (dead letter {seq}): {letter.reason}")
     if requeue_to is None:
@@ -105,15 +106,19 @@ def held_up_by(
     handed = {n: to for n, to in (before.requeue_to if before else {}).items() if n in letters}
     if requeue_to is not None:
         handed[seq] = requeue_to
-    _withdraw(out, superseded, f"dead letter {letter.requeued_from} was handed back and failed again as {seq}")
-    raised = _raise_item(out, reason, seq, letter)
+    _withdraw(out, withdrawn, f"dead letter {letter.requeued_from} was handed back and failed again as {seq}")
+    # The queue's own letter (a raise, a withdraw it could not take) asks it for nothing more: an item it fails
+    # on too would be one more letter, for ever. ``loopwarden dlq requeue`` hands such a letter back.
+    raised = _raise_item(out, reason, seq, letter) if letter.service != "escalation" else None
+    asked = [n for n in (before.asked if before else []) if n in letters] + ([seq] if raised else [])
     state.stall = Stall(
         reason=reason,
         letters=letters,
         missing=before.missing if before else None,
-        escalation_id=raised.escalation_id,
+        escalation_id=raised.escalation_id if raised else None,
         since=before.since if before else now,
         requeue_to=handed,
+        asked=asked,
     )
     _stalled_event(
         out,
@@ -123,7 +128,7 @@ def held_up_by(
             letter=seq,
             service=letter.service[:64],
             subject=letter.subject[:512],
-            escalation_id=raised.escalation_id,
+            escalation_id=raised.escalation_id if raised else None,
         ),
     )
     return out
@@ -137,17 +142,18 @@ def letter_handled(state: RunState, handled: LetterHandled) -> Outbox | None:
     out = Outbox(state)
     letters = [n for n in before.letters if n != handled.letter]
     said = f"dead letter {handled.letter} was handed back to {handled.service} and handled"
-    _withdraw(out, [handled.letter], said)
+    _withdraw(out, [n for n in before.asked if n == handled.letter], said)
     if not letters and before.missing is None:
         state.stall = None
         out.event(Unstalled(**out.head(f"moving again: {said}"), detail=ReasonDetail(reason=said)))
         return out
-    newest = ids.stalled_escalation(state.run_id, letters[-1]) if letters else None
+    asked = [n for n in before.asked if n in letters]
     state.stall = before.model_copy(
         update={
             "letters": letters,
-            "escalation_id": newest,
+            "escalation_id": ids.stalled_escalation(state.run_id, asked[-1]) if asked else None,
             "requeue_to": {n: to for n, to in before.requeue_to.items() if n in letters},
+            "asked": asked,
         }
     )
     return out
@@ -166,25 +172,23 @@ def apply_stall_resolution(state: RunState, res: EscalationResolution) -> Outbox
     who = f"the SLA ({res.note})" if res.by_sla else res.resolved_by
     if res.action == "abort":
         state.stall = None
-        _withdraw(out, [n for n in stall.letters if n != seq], f"the run was aborted by {who}")
+        _withdraw(out, [n for n in stall.asked if n != seq], f"the run was aborted by {who}")
         finish(out, "stopped", f"aborted by {who}: {res.note or stall.reason}")
         return out
     if res.action != "requeue":
         return out  # the queue offers a stalled item nothing else
+    requeue_to = stall.requeue_to.get(seq)
+    if requeue_to is None:  # nothing can move it on: it ends, saying why, rather than stay stalled for ever
+        state.stall = None
+        _withdraw(out, [n for n in stall.asked if n != seq], f"dead letter {seq} cannot be handed back")
+        finish(out, "failed", f"{stall.reason}; {who} asked to requeue it, but it cannot be handed back")
+        return out
     out.event(
         Resumed(
             **{**out.head(f"human {res.resolved_by}: requeue dead letter {seq}"), "status": "stalled"},
             detail=ResumedDetail(action="requeue", escalation_id=res.escalation_id),
         )
     )
-    requeue_to = stall.requeue_to.get(seq)
-    if requeue_to is None:
-        _stalled_event(
-            out,
-            f"dead letter {seq} cannot be handed back: abort the run",
-            StalledDetail(reason=stall.reason, letter=seq, escalation_id=res.escalation_id),
-        )
-        return out
     out.add(requeue_to, requeue_command(seq), requeue_msg_id(seq))  # as `loopwarden dlq requeue N` sends it
     return out
 
@@ -251,7 +255,7 @@ def moved(state: RunState, out: Outbox, before: Stall | None) -> None:
         return  # not stalled, or a stall rule's own change
     if state.done:
         state.stall = None
-        _withdraw(out, before.letters, f"the run ended ({state.status})")
+        _withdraw(out, before.asked, f"the run ended ({state.status})")
         return
     if before.missing is None:
         return  # it waits on its letters: handed back and handled, they end it

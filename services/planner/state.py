@@ -115,6 +115,7 @@ class Stall(StallView):
     requeue_to: dict[int, str] = Field(
         default_factory=dict, description="letter -> where it is handed back (a letter not here cannot be)"
     )
+    asked: list[int] = Field(default_factory=list, description="the letters a queue item was raised for")
 
 
 class DecisionRecord(_State):

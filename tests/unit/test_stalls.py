@@ -95,6 +95,13 @@ def test_a_letter_known_or_of_an_ended_run_changes_nothing() -> None:
     assert ended.done and stalls.held_up_by(ended, 8, letter(), requeue_to=None, now=NOW) is None
 
 
+def test_the_queues_own_letter_stalls_the_run_without_asking_the_queue_again() -> None:
+    state = new_run()
+    out = stalled_on(state, 7, subject=S.ESCALATION_RAISE, service="escalation", requeue_to=S.requeue("escalation"))
+    assert state.stall is not None and state.stall.letters == [7] and state.stall.escalation_id is None
+    assert kinds(out) == ["stalled"] and of(out, EscalationRaise) == []  # an item it failed on would be a letter too
+
+
 def test_a_letter_requeued_and_failed_again_replaces_the_one_it_came_from() -> None:
     state = new_run()
     stalled_on(state, 7)
@@ -150,6 +157,16 @@ def test_the_item_requeue_hands_the_letter_back_and_abort_stops_the_run() -> Non
     out = apply_resolution(stopped, res)
     assert stopped.status == "stopped" and stopped.stall is None and stopped.final_reason == "aborted by bob: gone"
     assert kinds(out) == ["stopped"]
+
+
+def test_a_requeue_of_a_letter_that_cannot_be_handed_back_ends_the_run_saying_why() -> None:
+    state = new_run()
+    out = stalls.held_up_by(state, 7, letter(), requeue_to=None, now=NOW)
+    assert out is not None and state.stall is not None and state.stall.reason.endswith("it cannot be handed back")
+    item = ids.stalled_escalation("r1", 7)
+    apply_resolution(state, EscalationResolution(escalation_id=item, run_id="r1", action="requeue", resolved_by="al"))
+    assert state.status == "failed" and state.stall is None
+    assert (state.final_reason or "").endswith("al asked to requeue it, but it cannot be handed back")
 
 
 def test_a_run_that_ends_is_stalled_no_more_and_its_items_are_withdrawn() -> None:
