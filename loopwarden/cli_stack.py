@@ -223,7 +223,6 @@ async def cmd_bootstrap(args: argparse.Namespace) -> int:
     """Create or update streams, buckets and every service's durable consumers (admin user)."""
     from loopwarden.infra import bootstrap
     from shared import subjects as S
-
     from shared.bus import BoundTooSmall
 
     cfg = settings()

@@ -33,8 +33,8 @@ from shared.bus.errors import (
 )
 from shared.bus.infra import (
     KV_HISTORY,
-    BoundTooSmall,
     KV_MAX_AGE_S,
+    BoundTooSmall,
     ConsumerSpec,
     consumer_config,
     consumer_drift,
