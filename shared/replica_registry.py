@@ -58,16 +58,14 @@ class Registration:
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        self.record = self.record.model_copy(
-            update={"durables": sorted({spec.durable for spec in self.bus.consumer_specs})}
-        )
         self._task = asyncio.create_task(self._beat(), name=f"heartbeat {self.key}")
 
     async def _beat(self) -> None:
         failing = False
         while True:
-            try:
-                self.record = self.record.model_copy(update={"seen_at": utcnow()})
+            try:  # the durables as of now: a tool mounted after start (an MCP server) is pulled too
+                durables = sorted({spec.durable for spec in self.bus.consumer_specs})
+                self.record = self.record.model_copy(update={"seen_at": utcnow(), "durables": durables})
                 await self.bus.kv_put(S.KV_REPLICAS, self.key, self.record)
                 failing = False
             except Exception as err:  # the bucket missing (bootstrap not run yet), NATS away: said once, tried on
