@@ -34,13 +34,15 @@ def current_deliveries() -> int:
 
 
 _SUBJECT: contextvars.ContextVar[str] = contextvars.ContextVar("lw_subject", default="")
-_SEQ: contextvars.ContextVar[int] = contextvars.ContextVar("lw_seq", default=0)
+_MSG: contextvars.ContextVar[Msg | None] = contextvars.ContextVar("lw_msg", default=None)
 
 
 def current_seq() -> int:
     """The stream sequence of the message the running handler works on (a letter's number, for a consumer of
-    LW_DLQ); 0 for a dead letter handed back (its command's sequence is not the message's)."""
-    return _SEQ.get()
+    LW_DLQ); 0 for a dead letter handed back (its command's sequence is not the message's). Read from its
+    reply subject when asked, not on every delivery."""
+    msg = _MSG.get()
+    return _stream_seq(msg) if msg is not None else 0
 
 
 def current_subject() -> str:
@@ -151,7 +153,7 @@ class Consuming(Letters):
             return False
         token = _DELIVERIES.set(earlier + deliveries)
         subject_token = _SUBJECT.set(msg.subject)
-        seq_token = _SEQ.set(_stream_seq(msg) if requeued_from is None else 0)
+        msg_token = _MSG.set(msg if requeued_from is None else None)
         waited: TryLater | None = None
         started = time.monotonic()
         try:
@@ -187,7 +189,7 @@ class Consuming(Letters):
         finally:
             _DELIVERIES.reset(token)
             _SUBJECT.reset(subject_token)
-            _SEQ.reset(seq_token)
+            _MSG.reset(msg_token)
         if waited is None:
             await msg.ack()
             return True
