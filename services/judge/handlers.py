@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 
 from services.judge import scoring
+from shared import metrics as M
 from shared import subjects as S
 from shared import telemetry as T
 from shared.backoff import BackoffPolicy
@@ -28,7 +29,7 @@ class Judge:
         self.tracer = telemetry.tracer("loopwarden.judge")
         self.gen_ai = telemetry.gen_ai
         meter = telemetry.meter("loopwarden.judge")
-        self.verdicts = meter.create_counter("loopwarden.judge.verdicts", description="verdicts by status")
+        self.verdicts = meter.create_counter(M.JUDGE_VERDICTS, description="verdicts by status")
 
     def register(self) -> None:
         self.bus.consumer(durable=S.DURABLE_JUDGE, filter_subjects=[S.JUDGE_SCORE], model=JudgeRequest)(self.on_request)

@@ -123,7 +123,7 @@ class StallWatch:
         except CasConflict:
             return
         await self.planner.publish(out.items, run_id)
-        self.planner.runs_finished.add(1, {"status": "refused"})
+        self.planner.runs.finished("refused", tenant, None, seconds=0.0, cost_usd=0.0, input_tokens=0, output_tokens=0)
         log.warning("planner: submit of %s refused before it started: %s", run_id, letter.reason[:200])
 
     # --- runs waiting on a service with no live replica -------------------------------------------------------

@@ -62,4 +62,6 @@ class Letters(Publishing):
         # with the run it holds up as its run (``Lw-Run-Id``): the planner, which marks that run stalled, takes
         # the letter in turn with the run's other messages
         await self.publish(S.dead_letter(self.service), letter, msg_id=msg_id, run_id=run_of(letter))
+        if self.bus_metrics is not None:
+            self.bus_metrics.dead_lettered(raw.subject)
         log.error("%s: dead-lettered %s: %s", self.service, raw.subject, reason)
