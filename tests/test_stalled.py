@@ -258,3 +258,22 @@ def test_submit_wait_of_a_submit_the_planner_refuses_exits_1_with_the_reason(url
     assert len(lines) == 2 and lines[0].startswith("run-"), done.stdout
     assert lines[1] == "refused: scenario: scripted runs are not allowed here (LW_ALLOW_SCRIPTED=false)", lines[1]
     assert "Traceback" not in done.stderr and "timed out" not in done.stderr, done.stderr
+
+
+async def test_a_replay_the_planner_refuses_ends_at_once_with_the_reason(
+    url: str, client: Client, fake_model: FakeModel
+) -> None:
+    from loopwarden.records import collect
+    from loopwarden.replay import replay
+
+    run_id = await submit_live(client, fake_model, [ANSWER])
+    assert (await client.wait(run_id, timeout=bound(30))).status == "completed"
+    async with Client(as_user(url, "admin"), identity="admin") as admin:
+        record = await collect(admin.bus, run_id)
+    started = asyncio.get_running_loop().time()
+    report = await replay(client, record, timeout=bound(60))  # a replay is a scripted run: refused here
+    assert report.status == "refused", report
+    assert report.mismatches == [
+        "the replay was refused: scenario: scripted runs are not allowed here (LW_ALLOW_SCRIPTED=false)"
+    ]
+    assert asyncio.get_running_loop().time() - started < bound(20)  # not the 60 s it may wait
