@@ -173,7 +173,7 @@ async def test_an_operators_huge_agent_value_is_refused_unfetched_and_the_planne
     for run_id in heavy:
         state = await client.wait(run_id, timeout=bound(30))
         assert state.status == "refused", (state.status, state.final_reason)
-        assert f"agent {name} cannot be read" in (state.final_reason or ""), state.final_reason
+        assert f"agent {name!r} is stored but cannot be read" in (state.final_reason or ""), state.final_reason
         assert "LW_VALUE_MAX_BYTES" in (state.final_reason or ""), state.final_reason
     assert sent_to(monitor, "planner") - before < FETCHED_AT_MOST  # 40 MB x 4 were never fetched
     assert took < bound(10), took

@@ -127,6 +127,16 @@ def missing_replica(events_published: int) -> str:
 REFUSED = "refused"
 
 
+def stall_requeue(letter: int, escalation_id: str, resolved_by: str, resolved_at: str) -> str:
+    """The requeue a person's resolution of a stalled run's item sends: the same for a redelivered resolution,
+    and not one a client could send first on LW_SUBMIT (where message ids are de-duplicated) to make it a silent
+    duplicate (as ``dead_letters.requeue_msg_id``'s random tail keeps the CLI's; security review 4, N4)."""
+    import hashlib
+
+    digest = hashlib.sha256(f"{escalation_id}|{resolved_by}|{resolved_at}".encode()).hexdigest()[:32]
+    return f"requeue-{letter}-{digest}"
+
+
 # --- ids the planner names things by -------------------------------------------------------------------
 
 

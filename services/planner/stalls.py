@@ -29,7 +29,7 @@ from services.planner.delegation import DELEGATE
 from services.planner.outbox import Outbox, finish
 from services.planner.state import Iteration, RunConfig, RunState, Stall
 from shared import subjects as S
-from shared.dead_letters import requeue_command, requeue_msg_id
+from shared.dead_letters import requeue_command
 from shared.messages import (
     DeadLetter,
     EscalationDetails,
@@ -189,7 +189,8 @@ def apply_stall_resolution(state: RunState, res: EscalationResolution) -> Outbox
             detail=ResumedDetail(action="requeue", escalation_id=res.escalation_id),
         )
     )
-    out.add(requeue_to, requeue_command(seq), requeue_msg_id(seq))  # as `loopwarden dlq requeue N` sends it
+    msg_id = ids.stall_requeue(seq, res.escalation_id, res.resolved_by, res.resolved_at.isoformat())
+    out.add(requeue_to, requeue_command(seq), msg_id)  # as `loopwarden dlq requeue N` sends it
     return out
 
 

@@ -34,6 +34,13 @@ from shared.messages.budget import (
     BudgetRequest,
     SectionTokens,
 )
+from shared.messages.config import (
+    AGENT_RIGHTS,
+    AccessRecord,
+    AgentRight,
+    ConsoleUsers,
+    OperatorEntry,
+)
 from shared.messages.conversation import (
     Block,
     ChatMessage,
@@ -128,6 +135,8 @@ from shared.messages.runs import (
     FINAL_STATUSES,
     Agent,
     AgentRecord,
+    AgentRegister,
+    AgentRegisterReply,
     FinalStatus,
     RunAdvance,
     RunLimits,
@@ -210,11 +219,16 @@ WIRE_MODELS: tuple[type[BaseModel], ...] = (
     RunReadReply,
     LetterHandled,
     ReplicaRecord,
+    AccessRecord,
+    ConsoleUsers,
+    AgentRegister,
+    AgentRegisterReply,
 )
 
 
 __all__ = [
     "AGENT_INSTRUCTIONS_MAX_CHARS",
+    "AGENT_RIGHTS",
     "ATTEMPT_ID_PATTERN",
     "CALL_FAILURES",
     "CALL_ID_PATTERN",
@@ -232,8 +246,12 @@ __all__ = [
     "TASK_MAX_CHARS",
     "TOOL_FAILURES",
     "WIRE_MODELS",
+    "AccessRecord",
     "Agent",
     "AgentRecord",
+    "AgentRegister",
+    "AgentRegisterReply",
+    "AgentRight",
     "AnyRunEvent",
     "AttemptId",
     "AwaitingView",
@@ -250,6 +268,7 @@ __all__ = [
     "Candidate",
     "CandidateDetail",
     "ChatMessage",
+    "ConsoleUsers",
     "Corrected",
     "CorrectedDetail",
     "Criterion",
@@ -300,6 +319,7 @@ __all__ = [
     "NoDetail",
     "NotJudged",
     "NotJudgedDetail",
+    "OperatorEntry",
     "ReasonDetail",
     "RepairRule",
     "ReplicaRecord",

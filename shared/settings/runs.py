@@ -39,6 +39,7 @@ BODY_MAX_BYTES: dict[str, int] = {
     "EscalationRaise": 1 * MIB,  # arguments, the error the model read (bounded in the run state), a candidate
     "DeadLetter": 1 * MIB,  # a letter keeps at most 256 KiB of its message's body
     "RunEvent": 4 * MIB,  # a final answer (the governor reads the run's final event)
+    "AgentRegister": 1 * MIB,  # an agent: 20,000 characters of instructions, at most 1,024 tools and tenants
     "*": 1 * MIB,
 }
 # Types that carry a tool's output (or a person's result in its place): LW_TOOL_OUTPUT_MAX_BYTES and room for

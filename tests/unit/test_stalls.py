@@ -145,11 +145,10 @@ def test_the_item_requeue_hands_the_letter_back_and_abort_stops_the_run() -> Non
     res = EscalationResolution(escalation_id=item, run_id="r1", action="requeue", resolved_by="alice")
     out = apply_resolution(state, res)
     (sent,) = [i for i in out.items if i.model == "Requeue"]
-    assert (sent.subject, sent.msg_id, Requeue.model_validate_json(sent.payload).letter) == (
-        S.requeue("planner"),
-        "requeue-7",  # the id `loopwarden dlq requeue 7` uses: sending both runs it once
-        7,
-    )
+    assert (sent.subject, Requeue.model_validate_json(sent.payload).letter) == (S.requeue("planner"), 7)
+    # its own id: the same for a redelivered resolution, not one a client could guess and send first
+    assert sent.msg_id == ids.stall_requeue(7, item, "alice", res.resolved_at.isoformat())
+    assert sent.msg_id.startswith("requeue-7-") and len(sent.msg_id) == len("requeue-7-") + 32
     assert state.stall is not None  # until the letter is handled
     stopped = new_run()
     stalled_on(stopped, 7)
