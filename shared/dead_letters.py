@@ -66,13 +66,17 @@ def submitted_run(letter: DeadLetter) -> tuple[str, str] | None:
     """(run id, tenant) of a submit the bus or the planner refused (``cmd.run.submit.<tenant>``): the run id
     its body names (its header when the body is a reference or unreadable), the tenant the server let its
     sender publish for; None for any other letter or an id that is not one."""
-    if not S.matches(f"{S.RUN_SUBMIT_PREFIX}.*", letter.subject):
-        return None
+    if not (
+        S.matches(f"{S.RUN_SUBMIT_PREFIX}.*", letter.subject)
+        or S.matches(f"{S.RUN_SUBMIT_PREFIX}.*.{S.REPLAY}", letter.subject)
+    ):
+        return None  # a submit (``cmd.run.submit.<tenant>``) or an operator's replay (``...<tenant>.replay``)
     run_id = _run_id(letter_json(letter).get("run_id")) or _run_id(letter.headers.get(RUN_HEADER))
     if run_id is None:  # a body that is not JSON (or is cut) may still name it
         found = _RUN_FIELD.search(letter.body[:4096])
         run_id = found.group(1) if found else None
-    return (run_id, letter.subject.rsplit(".", 1)[-1]) if run_id else None
+    tenant = letter.subject[len(S.RUN_SUBMIT_PREFIX) + 1 :].split(".", 1)[0]
+    return (run_id, tenant) if run_id else None
 
 
 def letter_body(data: bytes) -> str:

@@ -19,7 +19,7 @@ from typing import Literal
 from pydantic import ValidationError
 
 from services.planner import ids, submission
-from services.planner.admission import Refused, admit, check_limits, resolve_agent, with_agent
+from services.planner.admission import Refused, admit, check_limits, is_replay, resolve_agent, with_agent
 from services.planner.catalogue import Catalogue
 from services.planner.escalations import apply_resolution
 from services.planner.judging import apply_verdict
@@ -104,9 +104,11 @@ class Planner:
 
     def register(self) -> None:
         b = self.bus
-        b.consumer(durable=S.DURABLE_PLANNER_SUBMIT, filter_subjects=[f"{S.RUN_SUBMIT_PREFIX}.*"], model=RunSubmit)(
-            self.on_submit
-        )
+        b.consumer(  # a tenant's submits, and the operators' replays (``S.run_replay``)
+            durable=S.DURABLE_PLANNER_SUBMIT,
+            filter_subjects=[f"{S.RUN_SUBMIT_PREFIX}.*", f"{S.RUN_SUBMIT_PREFIX}.*.{S.REPLAY}"],
+            model=RunSubmit,
+        )(self.on_submit)
         b.consumer(durable=S.DURABLE_PLANNER_SPAWN, filter_subjects=[S.RUN_SPAWN], model=RunSubmit)(self.on_submit)
         b.consumer(durable=S.DURABLE_PLANNER_ADVANCE, filter_subjects=[S.RUN_ADVANCE], model=RunAdvance)(
             self.on_advance
@@ -337,7 +339,9 @@ class Planner:
             return
         existing = await self.store.load(submit.run_id, fresh=True)
         if submit.scenario is not None:
-            problem = await submission.scenario_problem(self.bus, submit, started=existing is not None)
+            problem = await submission.scenario_problem(
+                self.bus, submit, started=existing is not None, replay=is_replay(subject)
+            )
             if problem is not None:
                 await submission.refuse(self.bus, submit, subject, problem, ids.refused_scenario(submit.run_id))
                 return

@@ -28,7 +28,8 @@ BODY_MAX_BYTES: dict[str, int] = {
     "RunSubmit": 5 * MIB,  # a task (at most 100,000 characters) and a scenario (LW_SCENARIO_MAX_BYTES)
     "RunAdvance": 4 * KIB,  # a run id and a turn
     "Requeue": 4 * KIB,  # a letter's number
-    "RunRead": 2 * KIB,  # a run id, a filter of at most 256 characters, three numbers
+    "RunRead": 2 * KIB,  # a run id, a filter and a key of at most 256 characters each, a bucket, three numbers
+    "RunQuery": 2 * KIB,  # a tenant's listing: a status, an agent, three numbers
     "EscalationQuery": 2 * KIB,
     "EscalationClaim": 2 * KIB,
     "BudgetRequest": 8 * KIB,  # token counts and usage

@@ -32,7 +32,13 @@ def test_every_type_a_service_reads_has_its_own_limit() -> None:
 def test_requests_are_limited_near_their_real_size() -> None:
     settings = Settings()
     largest_read = RunRead(
-        run_id="r" * 64, start=2**62, end=2**62, last=2**40, subjects="lw.v1.evt." + ".".join(["x" * 120] * 2)
+        run_id="r" * 64,
+        start=2**62,
+        end=2**62,
+        last=2**40,
+        subjects="lw.v1.evt." + ".".join(["x" * 120] * 2),
+        bucket="lw_model_calls",
+        key="k" * 256,
     )
     assert len(largest_read.model_dump_json()) < 1024 < settings.body_limit("RunRead") <= 4096
     assert settings.body_limit("EscalationQuery") <= 4096 and settings.body_limit("BudgetRequest") <= 16 * 1024

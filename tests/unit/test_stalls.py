@@ -224,6 +224,8 @@ def test_a_refused_submit_names_its_run_and_the_tenant_the_server_let_it_submit_
     bad = letter(S.run_submit("acme"), body='{"run_id": "run-x", "task": ' + "[" * 5000, headers={})
     assert submitted_run(bad) == ("run-x", "acme")
     assert submitted_run(letter(S.run_submit("acme"), body="not json", headers={})) is None
+    replayed = letter(S.run_replay("acme"), body='{"run_id": "run-y", "task": 1}', headers={})
+    assert submitted_run(replayed) == ("run-y", "acme")  # an operator's replay of one of acme's runs
     config = resolve_config(RunSubmit(run_id="run-x", task="t", tenant="acme"), Settings(), {})
     out = stalls.refused("run-x", "acme", "t", "does not match contract RunSubmit", config)
     assert out.state.status == "refused" and out.state.done and kinds(out) == ["refused"]
