@@ -79,8 +79,8 @@ GRANTS: dict[str, Grant] = {
         # a tenant-bound client's reads of its own runs (``services/planner/reads.py``): it answers them
         # (``answers``: the tenant clients, filled in by ``grants()``) from the runs' records and events
         subscribe=(f"{S.RUN_READ_PREFIX}.>",),
-        # scenarios: bound at submit; history: the runs' conversations
-        kv_write=(S.KV_RUNS, S.KV_MODEL_CALLS, S.KV_LESSONS, S.KV_SCENARIOS, S.KV_HISTORY),
+        # scenarios: bound at submit; history: the runs' conversations; rate limits: its model calls' keys
+        kv_write=(S.KV_RUNS, S.KV_MODEL_CALLS, S.KV_LESSONS, S.KV_SCENARIOS, S.KV_HISTORY, S.KV_RATE_LIMITS),
         kv_read=(S.KV_CONTRACTS, S.KV_AGENTS),  # agents: resolved at submit (``RunSubmit.agent``)
         read_streams=(S.STREAM_EVT,),
         consumers=(
@@ -107,7 +107,7 @@ GRANTS: dict[str, Grant] = {
     ),
     "judge": Grant(
         publish=published("judge"),
-        kv_write=(S.KV_VERDICTS,),
+        kv_write=(S.KV_VERDICTS, S.KV_RATE_LIMITS),  # rate limits: the judge's model calls share its key's
         kv_read=(S.KV_SCENARIOS,),
         consumers=((S.STREAM_CMD, S.DURABLE_JUDGE), (S.STREAM_SUBMIT, S.requeue_durable("judge"))),
     ),
@@ -145,7 +145,8 @@ GRANTS: dict[str, Grant] = {
         # no scenario writes: the scenario travels in the submit. Agents: read (list, show, run by name), never
         # written: a client changing an agent would change what every other tenant's runs of it do. The
         # contracts say which tools the stack hosts (`submit`, `check-scenario --against-stack`)
-        kv_read=(S.KV_RUNS, S.KV_HISTORY, S.KV_AGENTS, S.KV_CONTRACTS),
+        # and the providers' rate limits per key (limits and what is left: no key, no run)
+        kv_read=(S.KV_RUNS, S.KV_HISTORY, S.KV_AGENTS, S.KV_CONTRACTS, S.KV_RATE_LIMITS),
         read_streams=(S.STREAM_EVT,),  # not LW_DLQ: other tenants' arguments and results (operators read it)
     ),
 }
@@ -158,7 +159,15 @@ GRANTS["console"] = Grant(
     subscribe=(f"{S.P}.evt.>",),  # the live view: events as they are published, history by direct get
     # the run view opens every step: model turns, tool attempts and raw outputs, verdicts, the tools' contracts
     # (read only, by direct get; operators see the same in the queue)
-    kv_read=(S.KV_RUNS, S.KV_HISTORY, S.KV_MODEL_CALLS, S.KV_TOOL_LEDGER, S.KV_VERDICTS, S.KV_CONTRACTS),
+    kv_read=(
+        S.KV_RUNS,
+        S.KV_HISTORY,
+        S.KV_MODEL_CALLS,
+        S.KV_TOOL_LEDGER,
+        S.KV_VERDICTS,
+        S.KV_CONTRACTS,
+        S.KV_RATE_LIMITS,  # the fleet view: the providers' limits per key
+    ),
     kv_write=(S.KV_CONSOLE_SESSIONS,),  # a logout revokes the session on every replica
     read_streams=(S.STREAM_EVT,),
 )
@@ -198,6 +207,7 @@ def operator_grant(name: str) -> Grant:
         publish=published(name),
         read_streams=(S.STREAM_DLQ,),
         kv_write=(S.KV_AGENTS,),
+        kv_read=(S.KV_RATE_LIMITS,),  # loopwarden fleet: the providers' limits per key
     )
 
 

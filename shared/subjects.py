@@ -147,6 +147,9 @@ KV_HISTORY = "lw_history"  # planner: a run's conversation, one key per message 
 KV_CONSOLE_SESSIONS = "lw_console_sessions"  # console: revoked sessions, shared by every replica
 KV_REQUEUES = "lw_requeues"  # every consuming service: <service>.<letter> once it took that letter back
 KV_AGENTS = "lw_agents"  # operators (and the admin): registered agent definitions, one key per agent name
+# planner and judge: one record per provider key, <provider>.<account> (the key's hash), shared by every replica:
+# its limits learned or set, the pace (a theoretical arrival time per dimension), a 429's pause
+KV_RATE_LIMITS = "lw_ratelimits"
 ALL_BUCKETS = (
     KV_RUNS,
     KV_MODEL_CALLS,
@@ -165,6 +168,7 @@ ALL_BUCKETS = (
     KV_CONSOLE_SESSIONS,
     KV_REQUEUES,
     KV_AGENTS,
+    KV_RATE_LIMITS,
 )
 
 _TOKEN_OK = re.compile(r"[^A-Za-z0-9_-]")

@@ -190,6 +190,12 @@ def reserve(
 
 
 # --- what an answer teaches ------------------------------------------------------------------------
+def charged_input(provider: str, input_tokens: int, cache_read_tokens: int) -> int:
+    """A call's input tokens as its provider's input limit counts them: Anthropic's does not count the
+    prompt cache's reads (our ``Usage.input_tokens`` is the whole prompt, reads included); OpenAI's counts all."""
+    return input_tokens - cache_read_tokens if provider == "anthropic" else input_tokens
+
+
 @dataclass(frozen=True)
 class Used:
     """What a call was charged by the provider: input tokens as its input limit counts them (the prompt
