@@ -13,7 +13,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(prog="bench")
     parser.add_argument("--quick", action="store_true", help="short measurements (used by the test suite)")
     parser.add_argument(
-        "--only", choices=["validation", "e2e", "throughput", "durability", "chaos", "mcp", "storage", "cost"]
+        "--only",
+        choices=["validation", "e2e", "throughput", "durability", "chaos", "mcp", "storage", "cost", "ratelimit"],
+    )
+    parser.add_argument(
+        "--before", action="store_true", help="ratelimit: also run with LW_RATE_LIMIT_FLEET=false, for comparison"
     )
     args = parser.parse_args()
     if args.only in (None, "validation"):
@@ -45,6 +49,13 @@ def main() -> int:
         from bench import cost
 
         print("\n".join(cost.report(cost.run(steps=24 if args.quick else 80))), flush=True)
+    if args.only in (None, "ratelimit"):  # the provider's rate limit, fleet-wide (issue 34)
+        from bench import ratelimit
+
+        result = ratelimit.run(runs=20 if args.quick else 200)
+        print("\n".join(ratelimit.report(result)), flush=True)
+        if args.before:
+            print("\n".join(ratelimit.report(ratelimit.run(runs=20 if args.quick else 200, fleet=False))), flush=True)
     if args.only in (None, "chaos"):
         result = chaos.run(runs=12, kills=8) if args.quick else chaos.run()
         print("\n".join(chaos.report(result)), flush=True)

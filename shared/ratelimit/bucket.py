@@ -176,8 +176,8 @@ def reserve(
         grant, reason = record.paused_until, "paused"
     for dim in limits:
         earliest = record.tat.get(dim, 0.0) - burst_s
-        if earliest > grant:
-            grant, reason, binding = earliest, "capacity", dim
+        if earliest > grant:  # behind a pause, the calls queued after it: still the pause's doing
+            grant, binding = earliest, dim
     if grant - now > bound_s:
         return TooLong(grant - now, reason, binding), None
     new = record.model_copy(deep=True)

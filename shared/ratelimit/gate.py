@@ -282,9 +282,10 @@ class Gate:
                     break
                 case TooLong(wait_s=wait, reason=reason, dimension=dim):
                     lim.gave_up.add(1, self.attrs)
+                    what = reason if reason != "capacity" else dim
                     raise RateLimitWait(
                         f"the {self.provider} key {self.account} would make this call wait {wait + self.waited_s:.0f}s "
-                        f"for its rate limit ({dim or reason}), past the bound of {self.max_wait_s:g}s "
+                        f"for its rate limit ({what}), past the bound of {self.max_wait_s:g}s "
                         "(LW_RATE_LIMIT_MAX_WAIT_S, or the run's limits.max_rate_limit_wait_s)"
                     )
                 case AwaitProbe(until=until):
@@ -315,6 +316,14 @@ class Gate:
         return ticket
 
     async def tell(self, wait_s: float, until: float, reason: WaitReason, dim: Dimension | None) -> None:
+        log.info(
+            "waiting %.1fs for the rate limit of %s key %s (%s, %s call)",
+            wait_s,
+            self.provider,
+            self.account,
+            reason if reason != "capacity" else dim,
+            self.purpose,
+        )
         if self.notice is None:
             return
         try:

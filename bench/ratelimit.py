@@ -1,0 +1,140 @@
+"""The provider's rate limit, fleet-wide (issue 34, item 3): many runs on two planner replicas against a
+Messages-API stand-in that enforces a rate limit, with no rate-limit setting.
+
+The stand-in (``loopwarden fake-model``'s ``FakeModel`` with a ``RateLimit``) allows 10 requests and 20,000
+input tokens a second, each a token bucket of one second's capacity; beyond it a request is answered 429
+with ``retry-after``; every answer announces the limits in Anthropic's headers. Each run is three model
+turns of the stand-in's default agent (it calls ``search``, then ``exchange_rate``, then ``submit_result``). The
+planners learn the limits from the headers and pace every call fleet-wide.
+
+Figures: the share of requests answered 429 (target <= 2 %), the achieved rate against the limit
+(requests and input tokens a second, from the first request to the last; target >= 85 % of the limit
+that binds), the runs' outcomes (target: all completed, none waiting for a person), and the waits.
+``fleet=False`` runs the same with ``LW_RATE_LIMIT_FLEET=false`` (each call retries its own 429s): the
+behaviour before, for comparison.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import tempfile
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from loopwarden.client import Client
+from loopwarden.fake_model import FakeModel, RateLimit
+from loopwarden.stack import LocalStack
+from shared.messages import RunLimits, RunSnapshot, RunSubmit
+from shared.settings import Settings
+
+REQUESTS_PER_S = 10.0
+INPUT_TOKENS_PER_S = 20_000.0
+TURNS = 3
+SERVICES = ("planner", "planner", "executor", "validator", "judge", "governor", "escalation")
+
+
+def stack_env(fake: FakeModel, fleet: bool) -> dict[str, str]:
+    return {
+        "LW_LOG_LEVEL": "WARNING",
+        "ANTHROPIC_BASE_URL": fake.base_url,
+        "ANTHROPIC_API_KEY": f"bench-{uuid.uuid4().hex[:8]}",
+        "LW_PLANNER_PROVIDER": "anthropic",
+        "LW_RATE_LIMIT_FLEET": "true" if fleet else "false",
+    }
+
+
+async def _runs(client: Client, runs: int, timeout: float) -> tuple[list[RunSnapshot], float]:
+    tag = uuid.uuid4().hex[:6]
+    ids = [f"rl-{tag}-{i}" for i in range(runs)]
+    started = time.monotonic()
+    await asyncio.gather(
+        *(
+            client.submit(
+                RunSubmit(
+                    run_id=run_id,
+                    task="Look up JetStream de-duplication and the euro's rate, then submit what you found.",
+                    tools=["search", "exchange_rate"],
+                    limits=RunLimits(max_iterations=TURNS + 2),
+                )
+            )
+            for run_id in ids
+        )
+    )
+    done = await asyncio.gather(*(client.wait(run_id, timeout=timeout, history=False) for run_id in ids))
+    return list(done), time.monotonic() - started
+
+
+def run(runs: int = 200, fleet: bool = True, timeout: float = 900.0) -> dict[str, Any]:
+    fake = FakeModel(rate_limit=RateLimit(REQUESTS_PER_S, INPUT_TOKENS_PER_S)).start()
+    stack = LocalStack(
+        state_dir=Path(tempfile.mkdtemp(prefix="lw-bench-ratelimit-")), env=stack_env(fake, fleet), services=SERVICES
+    )
+    stack.start()
+    try:
+
+        async def main() -> tuple[list[RunSnapshot], float]:
+            async with Client(Settings(nats_url=stack.nats_url)) as client:
+                return await _runs(client, runs, timeout)
+
+        snapshots, wall_s = asyncio.run(main())
+    finally:
+        stack.stop()
+        fake.stop()
+    arrivals = sorted(fake.arrivals)
+    answered = [t for t, status in arrivals if status == 200]
+    span = (arrivals[-1][0] - arrivals[0][0]) if len(arrivals) > 1 else 0.0
+    tokens = sum(_charged(body) for bodies in fake.requests.values() for body in bodies)
+    statuses = Counter(s.status for s in snapshots)
+    waited = [s.rate_limited_s for s in snapshots]
+    return {
+        "runs": runs,
+        "fleet": fleet,
+        "requests": len(arrivals),
+        "answered": len(answered),
+        "rejected": sum(1 for _, status in arrivals if status == 429),
+        "span_s": span,
+        "wall_s": wall_s,
+        "request_rate": (len(answered) - 1) / span if span else 0.0,
+        "sent_tokens_rate": tokens / span if span else 0.0,
+        "statuses": dict(statuses),
+        "turns": sum(s.model_calls for s in snapshots),
+        "waited_p50_s": statistics.median(waited) if waited else 0.0,
+        "waited_max_s": max(waited, default=0.0),
+        "reasons": Counter((s.final_reason or "")[:80] for s in snapshots if s.status != "completed"),
+    }
+
+
+def _charged(body: dict[str, Any]) -> int:
+    """Roughly what the stand-in charged a request (every request it saw, answered or not): its tokens
+    as JSON. Only a figure for the report: the stand-in enforces its own exact count."""
+    import json
+
+    from shared import tokens
+
+    return tokens.count(json.dumps(body))
+
+
+def report(r: dict[str, Any]) -> list[str]:
+    share = r["rejected"] / r["requests"] if r["requests"] else 0.0
+    of_limit = r["request_rate"] / REQUESTS_PER_S
+    mode = "fleet-wide limit (no setting)" if r["fleet"] else "LW_RATE_LIMIT_FLEET=false (each call retries alone)"
+    outcomes = ", ".join(f"{n} {status}" for status, n in sorted(r["statuses"].items()))
+    lines = [
+        f"ratelimit: {r['runs']} runs x {TURNS} turns on 2 planner replicas against a stand-in enforcing "
+        f"{REQUESTS_PER_S:g} requests/s and {INPUT_TOKENS_PER_S:,.0f} input tokens/s; {mode}:",
+        f"  requests sent           {r['requests']:>6}   for {r['turns']} turns taken",
+        f"  answered 429            {r['rejected']:>6}   {share:6.2%} of requests   (target <= 2%)",
+        f"  achieved rate           {r['request_rate']:6.2f} requests/s   {of_limit:6.1%} of the limit   "
+        f"(target >= 85%; first request to last, {r['span_s']:.1f}s)",
+        f"  input tokens sent       {r['sent_tokens_rate']:8,.0f} /s (as JSON, ~)   "
+        f"{r['sent_tokens_rate'] / INPUT_TOKENS_PER_S:6.1%} of the token limit",
+        f"  run outcomes            {outcomes}   (target: all completed, none waiting for a person)",
+        f"  waited for the limit    p50 {r['waited_p50_s']:.1f}s, max {r['waited_max_s']:.1f}s per run; "
+        f"all runs done in {r['wall_s']:.1f}s",
+    ]
+    lines += [f"  not completed: {n} x {reason}" for reason, n in r["reasons"].most_common(5)]
+    return lines
