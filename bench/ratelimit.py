@@ -105,7 +105,18 @@ def run(runs: int = 200, fleet: bool = True, timeout: float = 900.0) -> dict[str
         "waited_p50_s": statistics.median(waited) if waited else 0.0,
         "waited_max_s": max(waited, default=0.0),
         "reasons": Counter((s.final_reason or "")[:80] for s in snapshots if s.status != "completed"),
+        # when the 429s came, in tenths of the span (first request to last)
+        "rejected_by_tenth": _tenths([t for t, status in arrivals if status == 429], arrivals[0][0], span)
+        if arrivals
+        else [],
     }
+
+
+def _tenths(times: list[float], start: float, span: float) -> list[int]:
+    out = [0] * 10
+    for t in times:
+        out[min(9, int((t - start) / span * 10)) if span else 0] += 1
+    return out
 
 
 def _charged(body: dict[str, Any]) -> int:
@@ -136,5 +147,7 @@ def report(r: dict[str, Any]) -> list[str]:
         f"  waited for the limit    p50 {r['waited_p50_s']:.1f}s, max {r['waited_max_s']:.1f}s per run; "
         f"all runs done in {r['wall_s']:.1f}s",
     ]
+    if r["rejected"]:
+        lines.append(f"  429s by tenth of the span  {' '.join(str(n) for n in r['rejected_by_tenth'])}")
     lines += [f"  not completed: {n} x {reason}" for reason, n in r["reasons"].most_common(5)]
     return lines

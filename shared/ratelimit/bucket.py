@@ -136,9 +136,11 @@ class Wait:
 
 @dataclass(frozen=True)
 class AwaitProbe:
-    """Another call is learning the key's limits: nothing reserved, ask again (by ``until`` at the latest)."""
+    """The key's limits are not known yet and another call is learning them (or a 429 paused the key
+    before they were learned): nothing reserved, ask again (by ``until`` at the latest)."""
 
     until: float
+    reason: WaitReason = "first_contact"
 
 
 @dataclass(frozen=True)
@@ -165,6 +167,10 @@ def reserve(
 ) -> tuple[Decision, KeyRecord | None]:
     """When the call may be sent, and the record with its slot reserved (None: nothing to write)."""
     if not limits and not record.headerless and not record.announced:
+        if record.paused_until > now:  # paused before anything was learned: then one call probes again
+            if record.paused_until - now > bound_s:
+                return TooLong(record.paused_until - now, "paused"), None
+            return AwaitProbe(record.paused_until, "paused"), None
         if record.probing_until > now:  # the caller asks again shortly; its own bound counts the time
             return AwaitProbe(record.probing_until), None
         probing = record.model_copy(deep=True)
@@ -205,13 +211,14 @@ class Used:
     output_tokens: int
 
 
-def learn(record: KeyRecord, now: float, said: Announced) -> None:
-    """Take the limits an answer announced (in place). An answer with no rate-limit header at all, on a key
-    that never announced one, marks the key headerless: it is not limited unless a setting says so."""
+def learn(record: KeyRecord, now: float, said: Announced, answered: bool) -> None:
+    """Take the limits an answer announced (in place). A successful answer (``answered``) with no rate-limit
+    header at all, on a key that never announced one, marks the key headerless: it is not limited unless a
+    setting says so (an error's answer may just lack them)."""
     if said.readings:
         record.announced.update(said.readings)
         record.seen_at, record.headerless = now, False
-    elif not record.announced:
+    elif answered and not record.announced:
         record.headerless = True
 
 
@@ -231,7 +238,7 @@ def settle(
     says is spent held until one more call's worth has come back."""
     new = record.model_copy(deep=True)
     new.probing_until, new.updated_at = 0.0, now
-    learn(new, now, said)
+    learn(new, now, said, answered=used is not None)
     limits = limits_of(new, configured)
     if used is not None:
         spent: dict[Dimension, float] = {
@@ -269,7 +276,7 @@ def pause(record: KeyRecord, now: float, said: Announced, retry_after_s: float |
     spent dimension's reset, else ``DEFAULT_PAUSE_S``), and no slot is given out before then."""
     new = record.model_copy(deep=True)
     new.probing_until, new.updated_at = 0.0, now
-    learn(new, now, said)
+    learn(new, now, said, answered=False)
     wait = retry_after_s if retry_after_s is not None else said.retry_after_s
     if wait is None:
         resets = [

@@ -59,6 +59,7 @@ R = TypeVar("R")
 PROBE_POLL_S = 0.25  # while another call learns a new key's limits, look again this often
 Purpose = Literal["plan", "summarize", "judge"]
 MAX_REJECTIONS = 50  # 429s one call takes through the gate; past that it is an ordinary transient error
+LATE_S = 0.25  # a call woken this long after its slot takes a new one (once): late calls must not go together
 
 
 def estimate_input(request: ModelRequest) -> int:
@@ -258,7 +259,7 @@ class Gate:
         """Wait for the call's slot (reserved fleet-wide), then let it go."""
         lim, s = self.limiter, self.limiter.settings
         raw = estimate_input(request)
-        waited, reason_waited = 0.0, "none"
+        waited, reason_waited, woke_late = 0.0, "none", False
         while True:
             started = lim.clock()
 
@@ -288,28 +289,33 @@ class Gate:
                         f"for its rate limit ({what}), past the bound of {self.max_wait_s:g}s "
                         "(LW_RATE_LIMIT_MAX_WAIT_S, or the run's limits.max_rate_limit_wait_s)"
                     )
-                case AwaitProbe(until=until):
+                case AwaitProbe(until=until, reason=reason):
                     if self.waited_s >= self.max_wait_s:
                         raise RateLimitWait(
                             f"the {self.provider} key {self.account}'s limits were still being learned after "
                             f"{self.waited_s:.0f}s, the bound (LW_RATE_LIMIT_MAX_WAIT_S)"
                         )
-                    if waited == 0 and until - started >= s.rate_limit_notice_s:
-                        await self.tell(until - started, until, "first_contact", None)
+                    if reason != reason_waited and until - started >= s.rate_limit_notice_s:
+                        await self.tell(until - started, until, reason, None)
                     await asyncio.sleep(min(PROBE_POLL_S, max(0.0, until - lim.clock())))
-                    reason_waited = "first_contact"
+                    reason_waited = reason
                 case Wait(until=until, reason=reason, dimension=dim):
                     wait = until - lim.clock()
                     if wait >= s.rate_limit_notice_s:
                         await self.tell(wait, until, reason, dim)
                     await asyncio.sleep(max(0.0, wait))
                     reason_waited = reason
+                    late = lim.clock() - until
                     record = await lim.read(self.provider, self.account)
-                    if record is None or record.paused_until <= lim.clock():
+                    paused = record is not None and record.paused_until > lim.clock()
+                    if not paused and (late <= LATE_S or woke_late):
                         waited += lim.clock() - started
                         self.waited_s += lim.clock() - started
                         break
-                    # a 429 paused the key while this call waited: its slot is gone, it takes another
+                    # a 429 paused the key while this call waited, or this process woke it late (a busy or
+                    # starved event loop): its slot is gone, it takes another rather than go at once
+                    # together with the other late ones (a burst the provider would answer 429)
+                    woke_late = woke_late or not paused
             waited += lim.clock() - started
             self.waited_s += lim.clock() - started
         lim.waits.record(waited, {**self.attrs, "reason": reason_waited})

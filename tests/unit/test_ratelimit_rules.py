@@ -229,3 +229,23 @@ def test_an_account_names_the_endpoint_and_the_key_never_the_key_itself() -> Non
     assert a == account_of("https://api.anthropic.com/", "sk-ant-secret")
     assert a != account_of("http://127.0.0.1:8765", "sk-ant-secret")
     assert a != account_of("https://api.anthropic.com", "sk-ant-other")
+
+
+def test_a_429_before_any_limit_is_known_holds_every_call_then_one_probes_again() -> None:
+    blank = KeyRecord(provider="anthropic", account="e" * 12)
+    _, probing = reserve(blank, T0, SMALL, {}, burst_s=0, bound_s=600, probe_s=30)
+    assert probing is not None
+    paused = pause(probing, T0 + 0.1, Announced(retry_after_s=2.0), None)
+    assert not paused.headerless  # an error's answer without headers says nothing about the key
+    held, nothing = reserve(paused, T0 + 0.2, SMALL, {}, burst_s=0, bound_s=600, probe_s=30)
+    assert held == AwaitProbe(T0 + 2.1, "paused") and nothing is None
+    too_long, _ = reserve(paused, T0 + 0.2, SMALL, {}, burst_s=0, bound_s=1.0, probe_s=30)
+    assert isinstance(too_long, TooLong) and too_long.reason == "paused"
+    after, _ = reserve(paused, T0 + 2.2, SMALL, {}, burst_s=0, bound_s=600, probe_s=30)
+    assert after == Go(probe=True)
+
+
+def test_an_error_answer_without_headers_does_not_make_a_key_headerless() -> None:
+    blank = KeyRecord(provider="anthropic", account="f" * 12)
+    failed = settle(blank, T0, Announced(), {}, None, estimated=SMALL, raw_estimate=100, used=None)
+    assert not failed.headerless and failed.probing_until == 0
