@@ -278,3 +278,25 @@ async def test_a_call_that_would_wait_past_its_bound_is_refused_and_reserves_not
         assert key.wait_s <= 10.0  # the refused call took no slot: the next one is the first's 10 s after
     finally:
         api.stop()
+
+
+async def test_many_calls_from_two_replicas_stay_inside_a_limit_they_learned(buses: list[Bus]) -> None:
+    """The benchmark's short form (``python -m bench --only ratelimit``): concurrent calls from two replicas
+    against a stand-in enforcing 20 requests a second, with no setting."""
+    api = FakeModel(rate_limit=RateLimit(requests_per_s=20, input_tokens_per_s=400_000)).start()
+    try:
+        limiters = [RateLimiter(bus, Settings(), get_meter("test")) for bus in buses]
+        provider = AnthropicProvider("short-form-key", api.base_url, 10, prompt_caching=False)
+
+        async def call(n: int) -> None:
+            gate = limiters[n % 2].gate(provider, purpose="plan", max_wait_s=60)
+            await complete_with_retry(provider, request(n), POLICY, NoOpTracer(), gate=gate)
+
+        await asyncio.gather(*(call(n) for n in range(80)))
+        rejected = sum(1 for _, status in api.arrivals if status == 429)
+        answered = sorted(t for t, status in api.arrivals if status == 200)
+        rate = (len(answered) - 1) / (answered[-1] - answered[0])
+        assert len(answered) == 80 and rejected <= 0.02 * len(api.arrivals), (rejected, len(api.arrivals))
+        assert rate >= 0.8 * 20, rate  # the probe's round trip aside, the limit's pace
+    finally:
+        api.stop()

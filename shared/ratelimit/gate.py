@@ -59,7 +59,7 @@ R = TypeVar("R")
 PROBE_POLL_S = 0.25  # while another call learns a new key's limits, look again this often
 Purpose = Literal["plan", "summarize", "judge"]
 MAX_REJECTIONS = 50  # 429s one call takes through the gate; past that it is an ordinary transient error
-LATE_S = 0.25  # a call woken this long after its slot takes a new one (once): late calls must not go together
+LATE_S = 0.5  # a call woken this long after its slot takes a new one (once): late calls must not go together
 
 
 def estimate_input(request: ModelRequest) -> int:
@@ -152,6 +152,10 @@ class RateLimiter:
         )
         self.gave_up = meter.create_counter(
             "loopwarden.ratelimit.gave_up", description="model calls that would have waited past the bound"
+        )
+        self.late = meter.create_counter(
+            "loopwarden.ratelimit.late",
+            description="model calls woken well after their slot (a busy or starved event loop) that took another",
         )
         meter.create_observable_gauge(
             "loopwarden.ratelimit.remaining",
@@ -316,6 +320,11 @@ class Gate:
                     # starved event loop): its slot is gone, it takes another rather than go at once
                     # together with the other late ones (a burst the provider would answer 429)
                     woke_late = woke_late or not paused
+                    if not paused:
+                        lim.late.add(1, self.attrs)
+                        log.info(
+                            "woke %.2fs after its slot: %s key %s, taking another", late, self.provider, self.account
+                        )
             waited += lim.clock() - started
             self.waited_s += lim.clock() - started
         lim.waits.record(waited, {**self.attrs, "reason": reason_waited})
