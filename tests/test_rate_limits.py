@@ -229,7 +229,7 @@ async def buses(limited: LocalStack) -> AsyncIterator[list[Bus]]:
 
 
 def request(n: int) -> ModelRequest:
-    return ModelRequest(purpose="plan", model="claude-sonnet-4-5", system="s", messages=[ChatMessage.user(f"q{n}")])
+    return ModelRequest(purpose="plan", model="claude-haiku-4-5", system="s", messages=[ChatMessage.user(f"q{n}")])
 
 
 async def test_a_setting_caps_a_learned_limit_across_replicas(buses: list[Bus]) -> None:
