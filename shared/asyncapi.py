@@ -125,7 +125,8 @@ def declarations(service: str) -> list[Declared]:
     settings = _DefaultSettings()
     telemetry = setup_telemetry(service, settings)  # no exporter: nothing is sent
     bus = Bus(settings, service)
-    build = importlib.import_module(f"services.{service}.app").build
+    # "services" beside this package: "loopwarden.services" inside the wheel (a string its import rewrite misses)
+    build = importlib.import_module(f"{__package__.removesuffix('shared')}services.{service}.app").build
     build(bus, settings, telemetry)
     found: list[Declared] = []
     # what the bus registered (its own records: the handlers, the contracts it decodes them with)

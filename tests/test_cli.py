@@ -420,6 +420,32 @@ def test_the_wheel_installed_alone_runs_demo_lint_and_up(tmp_path) -> None:
     import loopwarden
 
     assert public.stdout.split() == ["[]", str(len(loopwarden.__all__))], public.stdout + public.stderr
+    # every module of the wheel imports, and every live provider builds from it: a module named in a string
+    # (which the wheel's import rewrite does not see) fails here
+    everything = subprocess.run(
+        [
+            str(python),
+            "-c",
+            "import asyncio, importlib, pkgutil, loopwarden\n"
+            "from loopwarden.shared.providers.select import PROVIDERS, run_provider\n"
+            "from loopwarden.shared.settings import Settings\n"
+            "names = [m.name for m in pkgutil.walk_packages(loopwarden.__path__, 'loopwarden.')\n"
+            "         if not m.name.endswith('__main__')]\n"
+            "for name in names: importlib.import_module(name)\n"
+            "for name, row in PROVIDERS.items():\n"
+            "    if row.live:\n"
+            "        s = Settings(planner_provider=name, anthropic_api_key='x', openai_api_key='x')\n"
+            "        print(name, type(asyncio.run(run_provider(None, s, 'planner', 'r'))).__name__)\n"
+            "print(len(names), 'modules')",
+        ],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=bound(120),
+    )
+    assert everything.returncode == 0, everything.stdout + everything.stderr
+    assert "anthropic AnthropicProvider" in everything.stdout, everything.stdout
     lint, ours = run("lint"), _lw("lint", env=_clean_env())
     assert lint.returncode == 0, lint.stdout + lint.stderr
     assert lint.stdout.splitlines()[-1] == ours.stdout.splitlines()[-1]  # every shipped contract registers

@@ -78,7 +78,7 @@ PROVIDERS: dict[ProviderName, ProviderEntry] = {
         key=lambda s: s.anthropic_api_key,
         base_url=lambda s: s.anthropic_base_url,
         build=_anthropic,
-        module="shared.providers.anthropic",
+        module=f"{__package__}.anthropic",  # a string the wheel's import rewrite would not see
     ),
     "openai": ProviderEntry(
         live=True,
@@ -87,7 +87,7 @@ PROVIDERS: dict[ProviderName, ProviderEntry] = {
         base_url=lambda s: s.openai_base_url,
         build=_openai,
         needs_key=False,
-        module="shared.providers.openai",
+        module=f"{__package__}.openai",
     ),
 }
 if set(PROVIDERS) != set(get_args(ProviderName)):
