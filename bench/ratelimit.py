@@ -17,6 +17,7 @@ behaviour before, for comparison.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import statistics
 import tempfile
 import time
@@ -101,6 +102,7 @@ def run(runs: int = 200, fleet: bool = True, timeout: float = 900.0) -> dict[str
         "span_s": span,
         "wall_s": wall_s,
         "request_rate": (len(answered) - 1) / span if span else 0.0,
+        "steady_rate": _steady(answered),
         "sent_tokens_rate": tokens / span if span else 0.0,
         "statuses": dict(statuses),
         "turns": sum(s.model_calls for s in snapshots),
@@ -112,7 +114,18 @@ def run(runs: int = 200, fleet: bool = True, timeout: float = 900.0) -> dict[str
         "rejected_by_tenth": _tenths([t for t, status in arrivals if status == 429], arrivals[0][0], span)
         if arrivals
         else [],
+        "sent_by_tenth": _tenths([t for t, _ in arrivals], arrivals[0][0], span) if arrivals else [],
+        "gaps_s": sum(b - a - 1 / REQUESTS_PER_S for a, b in itertools.pairwise(t for t, _ in arrivals) if b - a > 0.3),
     }
+
+
+def _steady(times: list[float]) -> float:
+    """The rate between the 10th and the 90th percentile answer: without the ramp (the first turns of 200
+    runs being started) and the tail (the last runs' last turns)."""
+    if len(times) < 10:
+        return 0.0
+    lo, hi = len(times) // 10, len(times) * 9 // 10
+    return (hi - lo) / (times[hi] - times[lo]) if times[hi] > times[lo] else 0.0
 
 
 def _tenths(times: list[float], start: float, span: float) -> list[int]:
@@ -134,7 +147,7 @@ def _charged(body: dict[str, Any]) -> int:
 
 def report(r: dict[str, Any]) -> list[str]:
     share = r["rejected"] / r["requests"] if r["requests"] else 0.0
-    of_limit = r["request_rate"] / REQUESTS_PER_S
+    of_limit, steady = r["request_rate"] / REQUESTS_PER_S, r["steady_rate"] / REQUESTS_PER_S
     mode = "fleet-wide limit (no setting)" if r["fleet"] else "LW_RATE_LIMIT_FLEET=false (each call retries alone)"
     outcomes = ", ".join(f"{n} {status}" for status, n in sorted(r["statuses"].items()))
     lines = [
@@ -144,6 +157,8 @@ def report(r: dict[str, Any]) -> list[str]:
         f"  answered 429            {r['rejected']:>6}   {share:6.2%} of requests   (target <= 2%)",
         f"  achieved rate           {r['request_rate']:6.2f} requests/s   {of_limit:6.1%} of the limit   "
         f"(target >= 85%; first request to last, {r['span_s']:.1f}s)",
+        f"  steady rate             {r['steady_rate']:6.2f} requests/s   {steady:6.1%} of the limit   "
+        "(10th to 90th percentile answer)",
         f"  input tokens sent       {r['sent_tokens_rate']:8,.0f} /s (as JSON, ~)   "
         f"{r['sent_tokens_rate'] / INPUT_TOKENS_PER_S:6.1%} of the token limit",
         f"  run outcomes            {outcomes}   (target: all completed, none waiting for a person)",
@@ -151,7 +166,11 @@ def report(r: dict[str, Any]) -> list[str]:
         f"all runs done in {r['wall_s']:.1f}s",
         f"  calls woken late        {r['late']:>6}   (> 0.5 s after their slot: each took another)",
     ]
+    lines.append(
+        f"  requests by tenth       {' '.join(str(n) for n in r['sent_by_tenth'])}   (the span in ten parts; "
+        f"{r['gaps_s']:.1f}s lost in gaps over 0.3 s)"
+    )
     if r["rejected"]:
-        lines.append(f"  429s by tenth of the span  {' '.join(str(n) for n in r['rejected_by_tenth'])}")
+        lines.append(f"  429s by tenth           {' '.join(str(n) for n in r['rejected_by_tenth'])}")
     lines += [f"  not completed: {n} x {reason}" for reason, n in r["reasons"].most_common(5)]
     return lines

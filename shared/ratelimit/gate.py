@@ -144,6 +144,7 @@ class RateLimiter:
         self._known: dict[str, tuple[KeyRecord, int]] = {}  # per key: what this replica last stored or read
         self._seen: dict[str, KeyRecord] = {}  # per key: the latest record seen (the gauges read it)
         self._settling: set[asyncio.Task[None]] = set()
+        self._probe_waits: dict[str, asyncio.Lock] = {}
         self.waits = meter.create_histogram(
             "loopwarden.ratelimit.wait", unit="s", description="a model call's wait for its provider key's rate limit"
         )
@@ -201,6 +202,10 @@ class RateLimiter:
                 self._seen[key] = record
 
         return saved
+
+    def probe_wait(self, provider: str, account: str) -> asyncio.Lock:
+        """Held by the one caller per key that watches for a probe's answer (``Gate.await_probe``)."""
+        return self._probe_waits.setdefault(S.kv_key(provider, account), asyncio.Lock())
 
     async def read(self, provider: str, account: str) -> KeyRecord | None:
         key = S.kv_key(provider, account)
@@ -301,16 +306,16 @@ class Gate:
                         )
                     if reason != reason_waited and until - started >= s.rate_limit_notice_s:
                         await self.tell(until - started, until, reason, None)
-                    await asyncio.sleep(min(PROBE_POLL_S, max(0.0, until - lim.clock())))
                     reason_waited = reason
+                    await self.await_probe(ticket)
                 case Wait(until=until, reason=reason, dimension=dim):
                     wait = until - lim.clock()
                     if wait >= s.rate_limit_notice_s:
                         await self.tell(wait, until, reason, dim)
                     await asyncio.sleep(max(0.0, wait))
                     reason_waited = reason
-                    late = lim.clock() - until
                     record = await lim.read(self.provider, self.account)
+                    late = lim.clock() - until  # about to be sent this long after its slot
                     paused = record is not None and record.paused_until > lim.clock()
                     if not paused and (late <= LATE_S or woke_late):
                         waited += lim.clock() - started
@@ -329,6 +334,29 @@ class Gate:
             self.waited_s += lim.clock() - started
         lim.waits.record(waited, {**self.attrs, "reason": reason_waited})
         return ticket
+
+    async def await_probe(self, ticket: Ticket) -> None:
+        """Until the key's limits are learned (or its probe's time is up): one caller per key in this replica
+        watches the record, the others wait their turn behind it and then find the limits known."""
+        lim, s = self.limiter, self.limiter.settings
+        async with lim.probe_wait(self.provider, self.account):
+            started = lim.clock()
+            while self.waited_s + lim.clock() - started < self.max_wait_s:
+                record = await lim.read(self.provider, self.account)
+                if record is None:
+                    return
+                decision, _ = reserve(
+                    record,
+                    lim.clock(),
+                    ticket.cost,
+                    limits_of(record, self.configured),
+                    burst_s=s.rate_limit_burst_s,
+                    bound_s=self.max_wait_s,
+                    probe_s=s.model_timeout_s,
+                )
+                if not isinstance(decision, AwaitProbe):
+                    return
+                await asyncio.sleep(min(PROBE_POLL_S, max(0.0, decision.until - lim.clock())))
 
     async def tell(self, wait_s: float, until: float, reason: WaitReason, dim: Dimension | None) -> None:
         log.info(
