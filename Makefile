@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-loaded test-unit bench lint typecheck schemas release-snapshot install browser up down clean help
+.PHONY: run test test-loaded test-unit bench lint typecheck schemas release-snapshot install browser prometheus up down clean help
 
 help:
 	@echo "make run     start NATS + the six services, run the demo agent, stop everything"
@@ -35,6 +35,17 @@ browser:
 	            "apt-get update && apt-get install -y chromium-headless-shell" >&2; exit 1; }; }
 	@test -x $(CHROMIUM) || { echo "error: $(CHROMIUM) still missing after the install" >&2; exit 1; }
 
+# The alert rules' tests (promtool test rules) and the real-Prometheus test run Debian's prometheus package.
+PROMETHEUS ?= /usr/bin/prometheus
+PROMTOOL ?= /usr/bin/promtool
+prometheus:
+	@test -x $(PROMETHEUS) -a -x $(PROMTOOL) || { \
+	  echo "installing prometheus (Debian) for the alert rules' tests and the scrape test ..."; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus) >/dev/null \
+	  || { echo "error: $(PROMETHEUS) or $(PROMTOOL) is missing and could not be installed; run as root:" \
+	            "apt-get update && apt-get install -y prometheus" >&2; exit 1; }; }
+	@test -x $(PROMETHEUS) -a -x $(PROMTOOL) || { echo "error: $(PROMETHEUS) or $(PROMTOOL) still missing after the install" >&2; exit 1; }
+
 run: $(STAMP)
 	$(VENV)/bin/loopwarden demo $(ARGS)
 
@@ -44,13 +55,13 @@ run: $(STAMP)
 LW_TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 1)
 PYTEST_WORKERS = $(if $(filter 0 1,$(LW_TEST_WORKERS)),-p no:xdist,-n $(LW_TEST_WORKERS) --dist loadfile)
 
-test: $(STAMP) browser
+test: $(STAMP) browser prometheus
 	$(PY) -m pytest -q $(PYTEST_WORKERS) $(ARGS)
 
 # The same while 2 x cores CPU burners (stress-ng, else busy Python loops) load the machine, at a time
 # scale of 3 unless LW_TEST_TIME_SCALE says otherwise; prints the processes of this checkout before and
 # after and fails if any was left running. ARGS narrows it, e.g. ARGS=tests/test_cli.py.
-test-loaded: $(STAMP) browser
+test-loaded: $(STAMP) browser prometheus
 	LW_TEST_TIME_SCALE=$${LW_TEST_TIME_SCALE:-3} $(PY) -m tests.support.loaded -- $(PY) -m pytest -q $(PYTEST_WORKERS) $(ARGS)
 
 # The fast inner loop: domain rules as plain functions, no server and no processes.

@@ -196,6 +196,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     stack.save(path)
     say(f"up: {redact_url(stack.nats_url or '')}; logs in {stack.state_dir / 'logs'}; `loopwarden down` stops it")
     say(_console_line(stack))
+    say(
+        "metrics (Prometheus text, docs/observability.md): "
+        + ", ".join(f"{n} {u}" for n, u in stack.metrics_urls().items())
+    )
     return OK
 
 

@@ -88,6 +88,7 @@ class Proc:
     log: Path
     service: str = ""
     log_start: int = 0  # where this process's output begins in an appended log
+    health_port: int | None = None  # its /livez, /readyz and /metrics (LW_HEALTH_PORT)
 
 
 @dataclass
@@ -171,7 +172,12 @@ class LocalStack:
         label = label or name
         log = self.state_dir / "logs" / f"{label}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
+        own = {**self.env, **self.env_per_service.get(name, {}), **(extra_env or {})}
         env = self.service_env({**self.env_per_service.get(name, {}), **(extra_env or {})})
+        health_port = None
+        if name != "console":  # every service its own health port (/livez, /readyz, /metrics), unless one is given
+            health_port = int(own["LW_HEALTH_PORT"]) if own.get("LW_HEALTH_PORT") else free_port()
+            env["LW_HEALTH_PORT"] = str(health_port)
         if name == "console":  # a port, and operator passwords when none are configured
             from services.console.local import console_env
 
@@ -187,9 +193,18 @@ class LocalStack:
             start_new_session=self.detach,
         )
         stdout.close()  # the child holds its own descriptor
-        proc = Proc(label, popen, log, service=name, log_start=start)
+        proc = Proc(label, popen, log, service=name, log_start=start, health_port=health_port)
         self.procs.append(proc)
         return proc
+
+    def metrics_urls(self) -> dict[str, str]:
+        """Where each running process serves its metrics (label -> URL): a service's health port, the console's."""
+        running = [p for p in self.procs if p.popen.poll() is None]
+        urls = {p.name: f"http://127.0.0.1:{p.health_port}/metrics" for p in running if p.health_port}
+        console = next((p for p in running if p.service == "console"), None)
+        if console is not None and self.console_url:
+            urls[console.name] = f"{self.console_url.rstrip('/')}/metrics"
+        return urls
 
     def start_retention(self) -> Proc:
         """The retention sweep (``loopwarden retention --every``): finished runs' records are archived
@@ -293,6 +308,7 @@ class LocalStack:
                     "pids": {p.name: p.popen.pid for p in self.procs},
                     "started": {p.name: process_start(p.popen.pid) for p in self.procs},
                     "console_url": self.console_url,
+                    "metrics": self.metrics_urls(),
                     "started_nats": any(p.name == "nats-server" for p in self.procs),
                 },
                 indent=2,

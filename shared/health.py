@@ -5,8 +5,10 @@ With ``LW_HEALTH_PORT`` set, every ``python -m services.<name>`` serves (before 
 * ``GET /livez``  - 200 while the process's event loop answers (a hung loop never does);
 * ``GET /readyz`` - 200 once it is connected to NATS and consuming, 503 before and while the
   connection is lost (the body says why);
+* ``GET /metrics`` - its metrics in the Prometheus text format (``shared/telemetry.py``; what each
+  means: docs/observability.md);
 
-both with a small JSON body naming the service and its release (``version``). Kubernetes probes
+the first two with a small JSON body naming the service and its release (``version``). Kubernetes probes
 call them with ``httpGet``; the compose health checks (the image has no curl) run
 ``python -m shared.health [--live] [--port N] [--url URL]``, which exits 0 when the endpoint
 answers 200 and 1 otherwise, printing the answer.
@@ -29,14 +31,19 @@ from shared.version import package_version
 
 log = logging.getLogger("loopwarden.health")
 Readiness = Callable[[], tuple[bool, str]]
+Metrics = Callable[[], bytes]  # the Prometheus text of the process's metrics
 MAX_REQUEST = 8192
+JSON = "application/json"
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class HealthServer:
-    """``/livez`` and ``/readyz`` on ``host:port`` for one process (asyncio, no framework)."""
+    """``/livez``, ``/readyz`` and ``/metrics`` on ``host:port`` for one process (asyncio, no framework)."""
 
-    def __init__(self, service: str, ready: Readiness, host: str = "127.0.0.1", port: int = 0) -> None:
-        self.service, self.ready, self.host, self.port = service, ready, host, port
+    def __init__(
+        self, service: str, ready: Readiness, host: str = "127.0.0.1", port: int = 0, metrics: Metrics | None = None
+    ) -> None:
+        self.service, self.ready, self.host, self.port, self.metrics = service, ready, host, port, metrics
         self._server: asyncio.Server | None = None
 
     async def start(self) -> int:
@@ -66,22 +73,37 @@ class HealthServer:
                 ok, detail = False, f"readiness check failed: {err!r}"
             body = {"service": self.service, "version": package_version(), "ready": ok, "detail": detail}
             return (200 if ok else 503), body
-        return 404, {"error": f"no such endpoint {path}; try /livez or /readyz"}
+        return 404, {"error": f"no such endpoint {path}; try /livez, /readyz or /metrics"}
+
+    def respond(self, path: str) -> tuple[int, bytes, str]:
+        """(status, body, content type) of ``GET path``."""
+        if path == "/metrics" and self.metrics is not None:
+            try:
+                return 200, self.metrics(), METRICS_CONTENT_TYPE
+            except Exception as err:  # a collection that fails says so; it never takes the endpoint down
+                log.exception("%s: collecting the metrics failed", self.service)
+                return 500, json.dumps({"error": f"collecting the metrics failed: {err!r}"}).encode(), JSON
+        status, body = self.answer(path)
+        return status, json.dumps(body).encode(), JSON
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
             parts = head[:MAX_REQUEST].split(b"\r\n", 1)[0].decode("latin-1").split()
             method, path = (parts[0], parts[1].split("?", 1)[0]) if len(parts) >= 2 else ("", "")
-            body: dict[str, object]
             if method not in ("GET", "HEAD"):
-                status, body = 405, {"error": "GET only"}
+                status, data, content_type = 405, json.dumps({"error": "GET only"}).encode(), JSON
             else:
-                status, body = self.answer(path)
-            data = json.dumps(body).encode()
-            reason = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}[status]
+                status, data, content_type = self.respond(path)
+            reason = {
+                200: "OK",
+                404: "Not Found",
+                405: "Method Not Allowed",
+                500: "Internal Server Error",
+                503: "Service Unavailable",
+            }[status]
             writer.write(
-                f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+                f"HTTP/1.1 {status} {reason}\r\ncontent-type: {content_type}\r\n"
                 f"content-length: {len(data)}\r\nconnection: close\r\n\r\n".encode()
                 + (data if method != "HEAD" else b"")
             )

@@ -17,8 +17,10 @@ from typing import Any
 
 import uvloop
 
+from shared import metrics as M
 from shared.bus import Bus
 from shared.health import HealthServer
+from shared.jetstream_gauges import JetStreamGauges, reported_streams
 from shared.settings import Settings, load_settings
 from shared.telemetry import Telemetry, setup_telemetry
 from shared.urls import redact_url
@@ -68,8 +70,24 @@ async def serve(service: str, build: Build, settings: Settings | None = None) ->
 
     health = None
     if settings.health_port is not None:  # before connecting: liveness answers while start-up waits
-        health = HealthServer(service, ready, settings.health_host, settings.health_port)
+        health = HealthServer(
+            service, ready, settings.health_host, settings.health_port, metrics=telemetry.prometheus_text
+        )
         await health.start()
+    M.computed_gauge(
+        telemetry.meter("loopwarden.service"),
+        M.SERVICE_READY,
+        lambda: [({}, 1.0 if ready()[0] else 0.0)],
+        description="1 while the service is connected to NATS and consuming (/readyz answers 200), else 0",
+    )
+    # backlog of this service's durables and the store of its streams, polled in the background (/metrics)
+    gauges = JetStreamGauges(
+        lambda: bus.js,
+        lambda: bus.consumer_specs,
+        reported_streams(service),
+        telemetry.meter("loopwarden.jetstream"),
+        settings.metrics_poll_s,
+    )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
@@ -80,6 +98,8 @@ async def serve(service: str, build: Build, settings: Settings | None = None) ->
         if after_connect is not None:
             await after_connect()
         await bus.start()
+        if telemetry.registry is not None or settings.otel_exporter_otlp_endpoint:  # someone reads them
+            gauges.start()
         logging.getLogger("loopwarden").info("%s ready on %s", service, redact_url(settings.nats_url))
         started.set()
         print(f"loopwarden-{service} ready", flush=True)
@@ -104,6 +124,7 @@ async def serve(service: str, build: Build, settings: Settings | None = None) ->
     finally:
         stopping.cancel()
         lost.cancel()
+        await gauges.stop()
         try:
             async with asyncio.timeout(settings.ack_wait_s + 5):
                 await bus.stop()  # drains in-flight handlers; unacked messages go to a peer

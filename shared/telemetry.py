@@ -7,28 +7,33 @@ The resource honours the standard variables: ``OTEL_SERVICE_NAME`` and
 ``OTEL_RESOURCE_ATTRIBUTES`` (read by the SDK's resource detectors, and winning over our
 defaults), ``OTEL_EXPERIMENTAL_RESOURCE_DETECTORS``; every process gets its own
 ``service.instance.id`` (a UUID: replicas in containers all run as pid 1).
+
+Metrics go out two ways at once, from the same instruments: OTLP (pushed every 5 s, when an endpoint is
+configured) and Prometheus text on the health port's ``/metrics`` (the SDK's ``PrometheusMetricReader``
+registered with a registry of this process's own, served by ``shared/health.py``; no second HTTP port).
+Metric names are constants in ``shared/metrics.py``.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from opentelemetry import metrics as otel_metrics
 from opentelemetry import propagate
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
-from opentelemetry.semconv._incubating.metrics.gen_ai_metrics import (
-    create_gen_ai_client_operation_duration,
-    create_gen_ai_client_token_usage,
-)
 from opentelemetry.trace import NoOpTracer, SpanKind, Status, StatusCode, Tracer
+from prometheus_client import CollectorRegistry, generate_latest
 
+from shared import metrics as M
 from shared.settings import Settings
 from shared.version import package_version
 
@@ -61,8 +66,8 @@ OP_INVOKE_AGENT = "invoke_agent"
 OP_EXECUTE_TOOL = "execute_tool"
 AGENT_NAME = "loopwarden"
 # GenAI semantic-convention metrics (histograms)
-METRIC_TOKEN_USAGE = "gen_ai.client.token.usage"
-METRIC_OPERATION_DURATION = "gen_ai.client.operation.duration"
+METRIC_TOKEN_USAGE = M.GEN_AI_TOKEN_USAGE
+METRIC_OPERATION_DURATION = M.GEN_AI_OPERATION_DURATION
 
 # Loopwarden's own attributes
 LW_RUN_ID = "loopwarden.run.id"
@@ -86,8 +91,19 @@ class GenAiMetrics:
     gen_ai.request.model, gen_ai.response.model, gen_ai.token.type, error.type)."""
 
     def __init__(self, meter: otel_metrics.Meter) -> None:
-        self.token_usage = create_gen_ai_client_token_usage(meter)
-        self.duration = create_gen_ai_client_operation_duration(meter)
+        # the conventions' names, units and descriptions, with the bucket boundaries they recommend
+        self.token_usage = meter.create_histogram(
+            M.GEN_AI_TOKEN_USAGE,
+            unit="{token}",
+            description="Number of input and output tokens used.",
+            explicit_bucket_boundaries_advisory=M.TOKEN_BUCKETS,
+        )
+        self.duration = meter.create_histogram(
+            M.GEN_AI_OPERATION_DURATION,
+            unit="s",
+            description="GenAI operation duration.",
+            explicit_bucket_boundaries_advisory=M.DURATION_BUCKETS_S,
+        )
 
     def record(
         self,
@@ -177,12 +193,32 @@ def service_resource(service: str) -> Resource:
     return Resource.create(defaults).merge(OTELResourceDetector().detect())
 
 
+SCRAPE_MIN_INTERVAL_S = 1.0  # scrapes closer together than this get the last answer again (no new collection)
+# On every series: which service it comes from (Prometheus adds the job and instance of the scrape)
+PROMETHEUS_RESOURCE_LABELS = frozenset({"service.name"})
+
+
 @dataclass
 class Telemetry:
     tracer_provider: TracerProvider
     meter_provider: MeterProvider
     exporting: bool = True  # False: no span goes anywhere, so none is made (no-op tracers)
     _gen_ai: GenAiMetrics | None = field(default=None, repr=False)
+    registry: CollectorRegistry | None = field(default=None, repr=False)  # the Prometheus reader's, when there is one
+    _scraped: tuple[float, bytes] = field(default=(0.0, b""), repr=False)
+
+    def prometheus_text(self) -> bytes:
+        """Every metric of this process in the Prometheus text format (``/metrics``). A scrape storm costs one
+        collection per ``SCRAPE_MIN_INTERVAL_S``; what is collected is what the process holds in memory (the
+        JetStream figures are polled in the background, ``shared/jetstream_gauges.py``)."""
+        if self.registry is None:
+            return b""
+        at, text = self._scraped
+        now = time.monotonic()
+        if not text or now - at >= SCRAPE_MIN_INTERVAL_S:
+            text = generate_latest(self.registry)
+            self._scraped = (now, text)
+        return text
 
     @property
     def gen_ai(self) -> GenAiMetrics:
@@ -218,8 +254,10 @@ def setup_telemetry(
     *,
     span_exporter: SpanExporter | None = None,
     metric_reader: MetricReader | None = None,
+    prometheus: bool | None = None,
 ) -> Telemetry:
-    """Build providers for ``service``; export OTLP/HTTP when an endpoint is configured.
+    """Build providers for ``service``; export OTLP/HTTP when an endpoint is configured, and keep the
+    Prometheus text of its metrics when ``prometheus`` (default: when a health port will serve it).
 
     Providers are passed explicitly to the bus and to our own spans rather than installed
     globally, so tests can build several in one process. With no exporter configured no span
@@ -228,6 +266,16 @@ def setup_telemetry(
     resource = service_resource(service)
     tracer_provider = TracerProvider(resource=resource)
     readers: list[MetricReader] = [metric_reader] if metric_reader else []
+    registry = None
+    if prometheus if prometheus is not None else settings.health_port is not None:
+        registry = CollectorRegistry(auto_describe=False)  # this process's own, not the module-global REGISTRY
+        readers.append(
+            PrometheusMetricReader(
+                scope_info_enabled=False,  # no otel_scope_* labels: a metric's name says where it comes from
+                resource_attribute_filter=PROMETHEUS_RESOURCE_LABELS.__contains__,
+                registry=registry,
+            )
+        )
     endpoint = settings.otel_exporter_otlp_endpoint
     if endpoint:
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
@@ -241,4 +289,5 @@ def setup_telemetry(
     if span_exporter is not None:
         tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter, schedule_delay_millis=200))
     meter_provider = MeterProvider(resource=resource, metric_readers=readers)
-    return Telemetry(tracer_provider, meter_provider, exporting=bool(endpoint) or span_exporter is not None)
+    exporting = bool(endpoint) or span_exporter is not None
+    return Telemetry(tracer_provider, meter_provider, exporting=exporting, registry=registry)

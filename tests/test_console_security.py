@@ -231,6 +231,28 @@ async def test_sixteen_concurrent_failed_logins_leave_healthz_answering_at_once_
     assert right.status == 429 and right.cookie() is None, right.status
 
 
+def logins_counted(metrics: str, result: str) -> float:
+    found = re.search(
+        rf'^loopwarden_console_logins_total\{{[^}}]*result="{result}"[^}}]*\}} (\S+)$', metrics, flags=re.M
+    )
+    return float(found.group(1)) if found else 0.0
+
+
+async def test_the_console_serves_its_metrics_with_logins_by_result(consoles: Consoles) -> None:
+    """``/metrics`` beside ``/healthz`` (docs/observability.md): a failed login is counted as one."""
+    first = await asyncio.to_thread(request, consoles.b, "GET", "/metrics")
+    assert first.status == 200 and first.headers["content-type"].startswith("text/plain; version=0.0.4")
+    failed = logins_counted(first.body, "failed")
+    answer = await asyncio.to_thread(login, consoles.b, "erin", "not-her-password", "127.0.0.31")
+    assert answer.status == 401
+
+    async def counted() -> bool:  # a scrape within a second of the last gets the same answer
+        now = await asyncio.to_thread(request, consoles.b, "GET", "/metrics")
+        return logins_counted(now.body, "failed") == failed + 1
+
+    await eventually(counted, what="the failed login on /metrics", within=bound(10), every=0.3)
+
+
 # --- D11: CSRF -----------------------------------------------------------------------------------
 
 

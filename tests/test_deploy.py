@@ -16,6 +16,7 @@ import re
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
@@ -122,6 +123,7 @@ def test_compose_refuses_to_start_without_every_nats_password_and_publishes_on_t
     assert {"ADMIN", "CLIENT", "ALICE", "BOB", "PLANNER"} <= set(users)
     full = {f"LW_NATS_PASSWORD_{u}": f"pw-{u.lower()}" for u in users}
     full |= {"LW_NATS_ROUTE_PASSWORD": "pw-route", "LW_CONSOLE_SECRET": "s", "LW_CONSOLE_USERS": "{}"}
+    full |= {"LW_GRAFANA_PASSWORD": "pw-grafana"}
     for missing in sorted(full):
         with pytest.raises(LookupError, match=f"required variable {missing} is missing"):
             interpolate(compose(), {k: v for k, v in full.items() if k != missing})
@@ -131,10 +133,12 @@ def test_compose_refuses_to_start_without_every_nats_password_and_publishes_on_t
     # NATS (and Jaeger, whose UI has no login) on this host only, unless LW_PUBLISH_HOST says otherwise
     published = {name: s.get("ports", []) for name, s in services.items()}
     assert published["nats-1"] == ["127.0.0.1:4222:4222"]
-    assert all(p.startswith("127.0.0.1:") for p in published["jaeger"]), published["jaeger"]
+    for name in ("jaeger", "prometheus", "grafana"):  # no login (Prometheus), or one password (Grafana)
+        assert published[name] and all(p.startswith("127.0.0.1:") for p in published[name]), published[name]
     anywhere = interpolate(compose(), {**full, "LW_PUBLISH_HOST": "0.0.0.0"})["services"]
     assert anywhere["nats-1"]["ports"] == ["0.0.0.0:4222:4222"]
-    assert not any(ports for name, ports in published.items() if name not in ("nats-1", "jaeger", "console"))
+    public = ("nats-1", "jaeger", "console", "prometheus", "grafana")
+    assert not any(ports for name, ports in published.items() if name not in public)
 
 
 # --- what the schemas cannot say -----------------------------------------------------------------------
@@ -202,6 +206,119 @@ def test_containers_run_as_a_non_root_user() -> None:
         assert "service.instance.id=$(POD_UID)" in env["OTEL_RESOURCE_ATTRIBUTES"]["value"]
         names = list(env)
         assert names.index("POD_UID") < names.index("OTEL_RESOURCE_ATTRIBUTES")  # $(VAR) needs it defined first
+
+
+# --- monitoring and scaling (docs/observability.md) ------------------------------------------------------
+
+PROMETHEUS_DIR = ROOT / "deploy" / "prometheus"
+GRAFANA_DIR = ROOT / "deploy" / "grafana"
+SCALING = ROOT / "deploy" / "k8s" / "scaling.yaml"
+MONITORING = ROOT / "deploy" / "k8s" / "monitoring.yaml"
+SCALABLE = ("planner", "executor", "validator", "judge")
+
+
+def custom_resources() -> list[dict[str, Any]]:
+    return [m for f in (SCALING, MONITORING) for m in yaml.safe_load_all(f.read_text()) if m]
+
+
+def test_compose_runs_prometheus_on_every_replica_with_the_rules_and_grafana_with_the_dashboard() -> None:
+    services = compose()["services"]
+    prom = services["prometheus"]
+    assert "./deploy/prometheus:/etc/prometheus:ro" in prom["volumes"]
+    assert "--config.file=/etc/prometheus/prometheus.yml" in prom["command"]
+    checked = subprocess.run(
+        ["promtool", "check", "config", str(PROMETHEUS_DIR / "prometheus.yml")],
+        capture_output=True,
+        text=True,
+        timeout=bound(60),
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr  # the rules file beside it loads too
+    config = yaml.safe_load((PROMETHEUS_DIR / "prometheus.yml").read_text())
+    jobs = {j["job_name"]: j["dns_sd_configs"][0] for j in config["scrape_configs"]}
+    health_port = int(re.findall(r"LW_HEALTH_PORT=(\d+)", DOCKERFILE.read_text())[0])
+    console_port = int(services["console"]["environment"]["LW_CONSOLE_PORT"])
+    assert set(jobs) == {f"loopwarden-{s}" for s in (*SERVICES, "console")}
+    for name in (*SERVICES, "console"):  # each replica by compose's DNS, on the port its /metrics is on
+        sd = jobs[f"loopwarden-{name}"]
+        assert sd["names"] == [name] and name in services and sd["type"] == "A"
+        assert sd["port"] == (console_port if name == "console" else health_port)
+    grafana = services["grafana"]
+    mounts = dict(v.rsplit(":", 1)[0].split(":", 1) for v in grafana["volumes"])
+    assert mounts["./deploy/grafana/loopwarden.json"].startswith("/var/lib/grafana/dashboards/")
+    provider = yaml.safe_load((GRAFANA_DIR / "provisioning" / "dashboards" / "loopwarden.yml").read_text())
+    assert provider["providers"][0]["options"]["path"] == "/var/lib/grafana/dashboards"
+    source = yaml.safe_load((GRAFANA_DIR / "provisioning" / "datasources" / "prometheus.yml").read_text())
+    assert source["datasources"][0]["url"] == "http://prometheus:9090" and source["datasources"][0]["isDefault"]
+    assert json.loads((GRAFANA_DIR / "loopwarden.json").read_text())["uid"] == "loopwarden"
+
+
+def test_every_pod_is_annotated_for_scraping_on_its_metrics_port() -> None:
+    pods = {m["metadata"]["name"]: m["spec"]["template"] for m in manifests() if m["kind"] == "Deployment"}
+    for name in (*SERVICES, "console"):
+        template = pods[f"loopwarden-{name}"]
+        notes = template["metadata"]["annotations"]
+        ports = {p["name"]: p["containerPort"] for p in template["spec"]["containers"][0]["ports"]}
+        assert notes["prometheus.io/scrape"] == "true" and notes["prometheus.io/path"] == "/metrics", name
+        assert int(notes["prometheus.io/port"]) == ports["http" if name == "console" else "health"], name
+
+
+def test_keda_and_prometheus_operator_objects_validate_against_their_documented_fields() -> None:
+    """Not in the Kubernetes schemas: validated against tests/support/crd_schemas.py (from KEDA's and the
+    Operator's documented fields, strict), then what a schema cannot say."""
+    from tests.support.crd_schemas import SCHEMAS
+
+    objects = custom_resources()
+    for obj in objects:
+        schema = SCHEMAS[obj["kind"]]
+        errors = [
+            f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
+            for e in jsonschema.Draft202012Validator(schema).iter_errors(obj)
+        ]
+        assert not errors, f"{obj['kind']} {obj['metadata']['name']}:\n" + "\n".join(errors)
+    # the schemas refuse what the cluster would not take: a misspelt field, a trigger without its consumer
+    scaled = next(o for o in objects if o["kind"] == "ScaledObject")
+    bad = json.loads(json.dumps(scaled))
+    bad["spec"]["minReplicaCont"] = bad["spec"].pop("minReplicaCount")
+    assert list(jsonschema.Draft202012Validator(SCHEMAS["ScaledObject"]).iter_errors(bad))
+    bad = json.loads(json.dumps(scaled))
+    del bad["spec"]["triggers"][0]["metadata"]["consumer"]
+    assert list(jsonschema.Draft202012Validator(SCHEMAS["ScaledObject"]).iter_errors(bad))
+    monitor = next(o for o in objects if o["kind"] == "PodMonitor")
+    bad = json.loads(json.dumps(monitor))
+    bad["spec"]["podMetricsEndpoints"][0]["paht"] = "/metrics"
+    assert list(jsonschema.Draft202012Validator(SCHEMAS["PodMonitor"]).iter_errors(bad))
+
+
+def test_each_scalable_service_scales_on_the_backlog_of_durables_it_reads() -> None:
+    from shared import subjects as S
+    from shared.permissions import GRANTS, grants
+
+    deployments = {m["metadata"]["name"] for m in manifests() if m["kind"] == "Deployment"}
+    scaled = {o["spec"]["scaleTargetRef"]["name"]: o for o in custom_resources() if o["kind"] == "ScaledObject"}
+    assert set(scaled) == {f"loopwarden-{s}" for s in SCALABLE} and set(scaled) <= deployments
+    account = re.search(r"^accounts \{\s*(\w+) \{", (ROOT / "deploy" / "nats" / "auth.conf").read_text(), re.M)
+    assert account is not None
+    durables = grants(["search", "calculator"])
+    for service in SCALABLE:
+        obj = scaled[f"loopwarden-{service}"]
+        assert obj["metadata"]["namespace"] == "loopwarden" and obj["spec"]["minReplicaCount"] >= 2
+        reads = set(durables[service].consumers)
+        for trigger in obj["spec"]["triggers"]:
+            meta = trigger["metadata"]
+            assert trigger["type"] == "nats-jetstream"
+            assert (meta["stream"], meta["consumer"]) in reads, (service, meta)
+            assert meta["account"] == account.group(1)
+    assert (S.STREAM_SUBMIT, S.DURABLE_PLANNER_SUBMIT) in {
+        (t["metadata"]["stream"], t["metadata"]["consumer"]) for t in scaled["loopwarden-planner"]["spec"]["triggers"]
+    }
+    assert GRANTS["judge"].consumers[0] == (S.STREAM_CMD, S.DURABLE_JUDGE)
+    # the PodMonitor selects every Loopwarden pod, on ports the pods have
+    monitor = next(o for o in custom_resources() if o["kind"] == "PodMonitor")
+    selected = set(monitor["spec"]["selector"]["matchExpressions"][0]["values"])
+    apps = {m["spec"]["template"]["metadata"]["labels"]["app"] for m in manifests() if m["kind"] == "Deployment"}
+    assert selected == apps
+    ports = {p["name"] for spec in pod_specs().values() for c in spec["containers"] for p in c.get("ports", [])}
+    assert {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]} <= ports
 
 
 # --- the health endpoint, end to end ---------------------------------------------------------------------
@@ -290,13 +407,26 @@ def test_a_service_is_live_at_once_ready_once_consuming_and_not_ready_without_na
         assert "loopwarden-governor ready" in log.read_text()
         done = health_command(port)
         assert done.returncode == 0 and json.loads(done.stdout)["ready"] is True, done.stdout + done.stderr
-        assert check(f"{base}/nope") == (False, '{"error": "no such endpoint /nope; try /livez or /readyz"}')
+        assert check(f"{base}/nope") == (False, '{"error": "no such endpoint /nope; try /livez, /readyz or /metrics"}')
+        # its metrics on the same port: ready, and the backlog of its own durable
+        metrics = urllib.request.urlopen(f"{base}/metrics", timeout=bound(5)).read().decode()
+        assert 'loopwarden_service_ready{service_name="loopwarden-governor"} 1.0' in metrics
+        assert re.search(r'^loopwarden_consumer_pending\{durable="governor_run_finished",.*\} 0\.0$', metrics, re.M)
 
         # 3. the server dies: still live (it reconnects), not ready, and the check fails
         server.kill()
         server.wait(timeout=bound(10))
         wait_until(lambda: not check(f"{base}/readyz")[0], bound(30), "still ready with NATS gone", log)
         assert json.loads(check(f"{base}/readyz")[1])["detail"] == "NATS connection lost; reconnecting"
+        wait_until(
+            lambda: (
+                'loopwarden_service_ready{service_name="loopwarden-governor"} 0.0'
+                in urllib.request.urlopen(f"{base}/metrics", timeout=bound(5)).read().decode()
+            ),
+            bound(10),
+            "/metrics still says ready with NATS gone",
+            log,
+        )
         assert check(f"{base}/livez")[0]
         assert health_command(port).returncode == 1
     finally:

@@ -28,9 +28,10 @@ async def serve(settings: Settings) -> None:
         log.warning("operator passwords for this console are in %s", settings.console_passwords_file)
     if not settings.console_users:
         log.warning("LW_CONSOLE_USERS is not set: nobody can log in to the console")
-    telemetry = setup_telemetry("console", settings)
+    telemetry = setup_telemetry("console", settings, prometheus=True)  # /metrics beside /healthz
     async with Client(settings, telemetry=telemetry, identity="console") as client:
         app, console = create_app(settings, client)
+        console.observed(telemetry)
         await console.live.start()
         config = uvicorn.Config(
             app,

@@ -27,6 +27,7 @@ from urllib.parse import quote, urlencode
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from nats.js.errors import KeyNotFoundError
+from opentelemetry.metrics import Counter
 from starlette.applications import Starlette
 from starlette.datastructures import MutableHeaders
 from starlette.middleware import Middleware
@@ -47,10 +48,13 @@ from services.console.throttle import LoginThrottle
 from shared import subjects as S
 from shared.contracts.catalogue import ContractCatalogue
 from shared.escalation_actions import ACTIONS, KINDS, parse_action
+from shared.health import METRICS_CONTENT_TYPE
 from shared.messages import EscalationAction, EscalationReply, utcnow
+from shared.metrics import CONSOLE_LOGINS
 from shared.records import TERMINAL, scenario_from_record
 from shared.scenario import ScenarioError, parse_scenario
 from shared.settings import Settings
+from shared.telemetry import Telemetry
 
 log = logging.getLogger("loopwarden.console")
 TEMPLATES = Path(__file__).parent / "templates"
@@ -124,6 +128,21 @@ class Console:
         self.catalogue = ContractCatalogue(client.bus)  # the tools' output schemas, beside the provide-result box
         self.env = _env()
         self.roster: dict[str, list[str]] | None = json.loads(settings.operators) if settings.operators else None
+        self.metrics: Callable[[], bytes] | None = None  # the process's Prometheus text (``/metrics``), when served
+        self.logins: Counter | None = None
+
+    def observed(self, telemetry: Telemetry) -> None:
+        """Serve the process's metrics on ``/metrics`` and count logins by result (docs/observability.md)."""
+        self.metrics = telemetry.prometheus_text
+        self.logins = telemetry.meter("loopwarden.console").create_counter(
+            CONSOLE_LOGINS, description="console logins by result: ok, failed, throttled"
+        )
+        for result in ("ok", "failed", "throttled"):  # at 0 from the start: the first of each is an increase
+            self.logins.add(0, {"result": result})
+
+    def count_login(self, result: str) -> None:
+        if self.logins is not None:
+            self.logins.add(1, {"result": result})
 
     # --- plumbing ---------------------------------------------------------------------------------
     def render(self, request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
@@ -172,6 +191,7 @@ class Console:
         p = self.page
         return [
             Route("/healthz", self.healthz),
+            Route("/metrics", self.metrics_text),
             Route("/asyncapi.json", asyncapi_document),
             Route("/login", self.login_form, methods=["GET"]),
             Route("/login", self.login, methods=["POST"]),
@@ -198,6 +218,12 @@ class Console:
     async def healthz(self, request: Request) -> Response:
         return PlainTextResponse("ok")
 
+    async def metrics_text(self, request: Request) -> Response:
+        """The console process's metrics in the Prometheus text format (docs/observability.md)."""
+        if self.metrics is None:
+            return PlainTextResponse("no metrics here", status_code=404)
+        return Response(self.metrics(), media_type=METRICS_CONTENT_TYPE)
+
     async def login_form(self, request: Request) -> Response:
         nxt = request.query_params.get("next", "/queue")
         return self.render(request, "login.html", next=nxt, error=None, operator=None)
@@ -222,6 +248,7 @@ class Console:
         if throttled is not None:
             who = self.sessions.who(name)
             log.warning("console: login for %s from %s not tried: %s", who, address, throttled.message)
+            self.count_login("throttled")
             return refuse(429, throttled.message, {"Retry-After": str(max(1, round(throttled.wait_s)))})
         try:
             token = await self.sessions.login(name, password)
@@ -229,9 +256,11 @@ class Console:
             return refuse(400, str(err))
         if token is None:
             log.warning("console: failed login for %s from %s", self.sessions.who(name), address)
+            self.count_login("failed")
             return refuse(401, "unknown operator or wrong password")
         self.throttle.succeeded(address, name)
         log.info("console: %s logged in", name)
+        self.count_login("ok")
         response = RedirectResponse(target, status_code=303)
         secure = self.settings.console_secure_cookie or request.url.scheme == "https"
         response.set_cookie(

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from datetime import datetime
@@ -29,6 +30,7 @@ from pydantic import ValidationError
 
 from services.escalation import queue as Q
 from shared import history
+from shared import metrics as M
 from shared import subjects as S
 from shared import telemetry as T
 from shared.bus import Bus, CasConflict, Unchanged
@@ -77,11 +79,36 @@ class EscalationQueue:
         self.bus = bus
         self.settings = settings or bus.settings
         meter = telemetry.meter("loopwarden.escalation")
-        self.raised = meter.create_counter("loopwarden.escalations.raised", description="escalations by kind")
+        self.raised = meter.create_counter(M.ESCALATIONS_RAISED, description="escalations by kind")
         self.refused = meter.create_counter(
-            "loopwarden.escalations.refused", description="claims and resolutions refused, by verb"
+            M.ESCALATIONS_REFUSED, description="claims and resolutions refused, by verb"
+        )
+        self.sla_breaches = meter.create_counter(
+            M.SLA_BREACHES, description="items nobody resolved within their SLA: its default action applied"
+        )
+        # the queue as this replica's cache holds it, computed at collection (no I/O)
+        M.computed_gauge(
+            meter,
+            M.QUEUE_ITEMS,
+            lambda: [({"kind": k, "status": st}, n) for (k, st), n in self.figures().items.items()],
+            description="unresolved items by kind and status (open, claimed)",
+        )
+        M.computed_gauge(
+            meter,
+            M.QUEUE_OLDEST_AGE,
+            lambda: [({"kind": k}, age) for k, age in self.figures().oldest_age_s.items()],
+            unit="s",
+            description="age of the oldest unresolved item, by kind (0: none)",
+        )
+        M.computed_gauge(
+            meter,
+            M.QUEUE_PAST_SLA,
+            lambda: [({"kind": k}, n) for k, n in self.figures().past_sla.items()],
+            description="unresolved items past their SLA deadline, by kind (the sweeper applies their default action)",
         )
         self.slas = Q.sla_rules(json.loads(self.settings.escalation_slas) if self.settings.escalation_slas else None)
+        for kind, rule in self.slas.items():  # at 0 from the start: the first breach is an increase
+            self.sla_breaches.add(0, {"kind": kind, "action": rule.action})
         self.roster: dict[str, list[str]] | None = (
             json.loads(self.settings.operators) if self.settings.operators else None
         )
@@ -89,7 +116,15 @@ class EscalationQueue:
         self.catalogue = ContractCatalogue(bus)  # the tools' output contracts, for a hand-made result
         self.unreadable: dict[str, str] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self._figures: tuple[float, Q.Figures] | None = None
         bus.on_stop.append(self.stop)
+
+    def figures(self) -> Q.Figures:
+        """The queue's figures, computed at most once a second (a collection asks for three gauges)."""
+        now = time.monotonic()
+        if self._figures is None or now - self._figures[0] >= 1.0:
+            self._figures = (now, Q.figures(list(self.items.values()), utcnow()))
+        return self._figures[1]
 
     def register(self) -> None:
         b = self.bus
@@ -196,6 +231,9 @@ class EscalationQueue:
         event, resolution = outcome
         await self._event(event)
         if resolution is not None:
+            item = self.items.get(escalation_id)
+            if item is not None and item.sla_action is not None:
+                self.sla_breaches.add(1, {"kind": item.kind, "action": item.sla_action})
             log.warning("escalation %s: SLA applied %s", escalation_id, resolution.action)
             await self._publish_resolution(escalation_id, resolution)
 

@@ -395,3 +395,30 @@ def due(items: list[Escalation], now: datetime) -> list[Escalation]:
             or (i.sla_deadline is not None and i.sla_deadline <= now)
         )
     ]
+
+
+# --- the queue's figures (loopwarden.queue.*: docs/observability.md) -------------------------------------
+
+
+@dataclass(frozen=True)
+class Figures:
+    """Unresolved items per (kind, status), the age of the oldest unresolved item per kind (s), and how many
+    are past their SLA deadline per kind; every kind is named, with zeros where it has nothing."""
+
+    items: dict[tuple[str, str], int]
+    oldest_age_s: dict[str, float]
+    past_sla: dict[str, int]
+
+
+def figures(items: list[Escalation], now: datetime) -> Figures:
+    counts: dict[tuple[str, str], int] = {(kind, status): 0 for kind in KINDS for status in ("open", "claimed")}
+    oldest: dict[str, float] = dict.fromkeys(KINDS, 0.0)
+    past: dict[str, int] = dict.fromkeys(KINDS, 0)
+    for item in items:
+        if item.status == "resolved":
+            continue
+        counts[(item.kind, item.status)] = counts.get((item.kind, item.status), 0) + 1
+        oldest[item.kind] = max(oldest.get(item.kind, 0.0), (now - item.created_at).total_seconds())
+        if item.sla_deadline is not None and item.sla_deadline <= now:
+            past[item.kind] = past.get(item.kind, 0) + 1
+    return Figures(counts, oldest, past)

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any, assert_never
 
-from opentelemetry.metrics import Counter
+from opentelemetry.metrics import Counter, Histogram
 from opentelemetry.trace import Status, StatusCode, Tracer
 
 from services.executor.finishing import Finisher
@@ -55,9 +55,11 @@ class Attempts:
         fault: Callable[[FaultPoint], None],
         ownership: Ownership,
         finisher: Finisher,
+        durations: Histogram | None = None,
     ) -> None:
         self.bus, self.settings, self.tracer, self.attempts, self.fault = bus, settings, tracer, attempts, fault
         self.ownership, self.finisher = ownership, finisher
+        self.durations = durations  # loopwarden.tool.duration: each attempt, by tool and result
 
     async def run_attempts(
         self, call: ToolCall, hosted: HostedTool, entry: LedgerEntry, revision: int, stripped: list[str]
@@ -84,14 +86,19 @@ class Attempts:
                 f"tool attempt {call.tool}",
                 attributes={T.GEN_AI_TOOL_NAME: call.tool, T.LW_ATTEMPT: n, T.LW_RUN_ID: call.run_id},
             ) as span:
+                began = time.monotonic()
                 result = await self.attempt(call, hosted, n)
+                took = time.monotonic() - began
                 delay = retry_delay(contract, result, n, time.monotonic() - started)
                 if not result.ok:
                     span.set_attribute(T.LW_FAILURE_TYPE, result.failure_type or "")
                     span.set_status(Status(StatusCode.ERROR, result.error or ""))
                 if delay is not None:
                     span.set_attribute(T.LW_BACKOFF_S, round(delay, 4))
-                self.attempts.add(1, {"tool": call.tool, "result": "ok" if result.ok else result.failure_type or ""})
+                tried = {"tool": call.tool, "result": "ok" if result.ok else result.failure_type or ""}
+                self.attempts.add(1, tried)
+                if self.durations is not None:
+                    self.durations.record(took, tried)
                 if not result.ok:  # a successful attempt is told by the call's outcome (its ``attempts``)
                     await self.bus.publish(
                         S.tool_attempt(call.tool),

@@ -25,6 +25,7 @@ from services.executor.finishing import Finisher
 from services.executor.ledger import claim
 from services.executor.ownership import Ownership
 from services.executor.registry import ToolRegistry
+from shared import metrics as M
 from shared import subjects as S
 from shared import telemetry as T
 from shared.bus import Bus, CasConflict, current_deliveries
@@ -46,9 +47,15 @@ class Executor:
         self.bus, self.settings, self.registry = bus, settings, registry
         self.tracer = telemetry.tracer("loopwarden.executor")
         meter = telemetry.meter("loopwarden.executor")
-        self.attempts = meter.create_counter("loopwarden.tool.attempts", description="tool attempts by result")
+        self.attempts = meter.create_counter(M.TOOL_ATTEMPTS, description="tool attempts by result")
+        durations = meter.create_histogram(
+            M.TOOL_DURATION,
+            unit="s",
+            description="tool attempts' duration, by tool and result",
+            explicit_bucket_boundaries_advisory=M.DURATION_BUCKETS_S,
+        )
         self.undeclared = meter.create_counter(
-            "loopwarden.tool.undeclared_fields", description="tool calls that carried undeclared input fields"
+            M.TOOL_UNDECLARED, description="tool calls that carried undeclared input fields"
         )
         self._consuming: set[str] = set()
         self.mounts: list[Any] = []
@@ -58,7 +65,9 @@ class Executor:
         self.replica = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.finisher = Finisher(bus, settings, self.replica, self.fault)
         self.ownership = Ownership(bus, settings, self.replica, self.finisher)
-        self.calls = Attempts(bus, settings, self.tracer, self.attempts, self.fault, self.ownership, self.finisher)
+        self.calls = Attempts(
+            bus, settings, self.tracer, self.attempts, self.fault, self.ownership, self.finisher, durations
+        )
         if self.fault_point is not None:
             log.warning("TEST FAULT INJECTION: this executor exits at %s of every tool call", self.fault_point)
 

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from pydantic import BaseModel, Field
 
 from services.governor.budget import BudgetLedger, evaluate, observe, updated_ratio
+from shared import metrics as M
 from shared import subjects as S
 from shared import telemetry as T
 from shared.bus import Bus, Unchanged
@@ -83,12 +84,23 @@ class Governor:
         self.bus, self.settings = bus, settings
         self.tracer = telemetry.tracer("loopwarden.governor")
         meter = telemetry.meter("loopwarden.governor")
-        self.decisions = meter.create_counter("loopwarden.budget.decisions", description="budget decisions by action")
+        self.decisions = meter.create_counter(M.BUDGET_DECISIONS, description="budget decisions by action")
         self.estimated_cost = meter.create_counter(
-            "loopwarden.budget.estimated_cost", unit="USD", description="estimated cost of allowed calls (cache rates)"
+            M.BUDGET_ESTIMATED_COST, unit="USD", description="estimated cost of allowed calls (cache rates)"
         )
-        self.tenant_spend = meter.create_counter(
-            "loopwarden.tenant.cost", unit="USD", description="spend accounted to tenants"
+        self.tenant_spend = meter.create_counter(M.TENANT_COST, unit="USD", description="spend accounted to tenants")
+        # each tenant's UTC day against its ceiling, as this replica last accounted it (read at collection)
+        self.spent_today: dict[str, tuple[str, float]] = {}  # tenant -> (day, spent)
+        self._tenant_label = M.Bounded()
+        M.computed_gauge(
+            meter, M.TENANT_SPENT_TODAY, self.spent_rows, unit="USD", description="a tenant's spend today (UTC)"
+        )
+        M.computed_gauge(
+            meter,
+            M.TENANT_DAILY_CEILING,
+            self.ceiling_rows,
+            unit="USD",
+            description="what a tenant may spend per UTC day",
         )
 
         # The ledger this replica last stored per run, with its revision: tried first under CAS
@@ -163,6 +175,27 @@ class Governor:
                 log.warning("governor: could not share the calibration: %r", err)
 
     # --- tenants -----------------------------------------------------------------------------------
+    def spent(self, tenant: str, day: str, total: float) -> float:
+        """Remember ``tenant``'s total of ``day`` for ``loopwarden.tenant.spent_today``; returns it."""
+        if tenant in self.spent_today or len(self.spent_today) < M.MAX_LABEL_VALUES:
+            self.spent_today[tenant] = (day, total)
+        return total
+
+    def spent_rows(self) -> list[tuple[dict[str, str], float]]:
+        day = today()
+        return [({"tenant": t}, v) for t, (d, v) in list(self.spent_today.items()) if d == day]
+
+    def ceiling_rows(self) -> list[tuple[dict[str, str], float]]:
+        """The ceiling of every tenant the settings name and every tenant seen today (the default tenant's too)."""
+        s = self.settings
+        tenants = dict.fromkeys([S.DEFAULT_TENANT, *s.tenants, *s.tenant_ceilings, *self.spent_today])
+        rows = []
+        for tenant in tenants:
+            ceiling = s.tenant_policy(tenant).daily_ceiling_usd
+            if ceiling is not None:
+                rows.append(({"tenant": self._tenant_label(tenant)}, ceiling))
+        return rows
+
     def tenant_ceiling(self, tenant: str | None) -> float | None:
         """A run without a tenant belongs to the default one, and meets its ceiling."""
         return self.settings.tenant_ceilings.get(tenant or S.DEFAULT_TENANT, self.settings.tenant_daily_ceiling_usd)
@@ -178,7 +211,8 @@ class Governor:
             record.runs[run_id] = spent_usd
             return record, record.spent_usd
 
-        return await self.bus.update(S.KV_BUDGETS, tenant_key(tenant, day), TenantDay, change)
+        total = await self.bus.update(S.KV_BUDGETS, tenant_key(tenant, day), TenantDay, change)
+        return self.spent(tenant, day, total)
 
     async def on_run_finished(self, event: RunEvent) -> None:
         """A run's final usage reaches its tenant's day (the last call was never asked about)."""

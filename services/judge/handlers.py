@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 
 from services.judge import scoring
+from shared import metrics as M
 from shared import subjects as S
 from shared import telemetry as T
 from shared.backoff import BackoffPolicy
@@ -29,7 +30,7 @@ class Judge:
         self.tracer = telemetry.tracer("loopwarden.judge")
         self.gen_ai = telemetry.gen_ai
         meter = telemetry.meter("loopwarden.judge")
-        self.verdicts = meter.create_counter("loopwarden.judge.verdicts", description="verdicts by status")
+        self.verdicts = meter.create_counter(M.JUDGE_VERDICTS, description="verdicts by status")
         # the judge's provider key (perhaps not the planner's) is rate limited fleet-wide like the planner's
         self.limiter = RateLimiter(bus, settings, telemetry.meter("loopwarden.ratelimit"))
 

@@ -27,6 +27,7 @@ from services.planner.state import PublishRecord, RunState
 from services.planner.store import RunStore
 from services.planner.transaction import Applied, Change, apply_message
 from services.planner.turns import apply_turn, resolve_config, start_run
+from shared import metrics as M
 from shared import subjects as S
 from shared.bounded import bounded_outcome
 from shared.bus import Bus, CasConflict, TryLater, Unchanged, current_deliveries, current_subject
@@ -42,6 +43,7 @@ from shared.messages import (
     ToolContract,
     ToolOutcome,
     Verdict,
+    utcnow,
 )
 from shared.providers.select import provider_name
 from shared.ratelimit.gate import RateLimiter
@@ -58,11 +60,11 @@ class Planner:
         self.tracer = telemetry.tracer("loopwarden.planner")
         self.tracing = telemetry.exporting
         meter = telemetry.meter("loopwarden.planner")
-        self.runs_finished = meter.create_counter("loopwarden.runs.finished", description="runs by final status")
-        self.decisions = meter.create_counter("loopwarden.decide.decisions", description="Decide outcomes by row")
-        cost = meter.create_counter("loopwarden.model.cost", unit="USD", description="billed model cost")
+        self.runs = M.RunMetrics(meter)  # started, finished by status, duration, cost and tokens; by tenant and agent
+        self.decisions = meter.create_counter(M.DECIDE_DECISIONS, description="Decide outcomes by row")
+        cost = meter.create_counter(M.MODEL_COST, unit="USD", description="billed model cost")
         self.corrections = meter.create_counter(
-            "loopwarden.tool.corrections", description="schema-failure streaks by outcome: recovered, escalated"
+            M.TOOL_CORRECTIONS, description="schema-failure streaks by outcome: recovered, escalated"
         )
         self.catalogue = Catalogue(bus)
         # Runs: the record and its history, and what this replica last stored or read of each
@@ -209,7 +211,16 @@ class Planner:
                 case EscalationRaise(kind="schema_cap", tool=tool):
                     self.corrections.add(1, {"tool": str(tool), "outcome": "escalated"})
         if state.done:
-            self.runs_finished.add(1, {"status": state.status})
+            used, delegated = state.usage, state.delegated_usage  # its sub-agents' runs count their own
+            self.runs.finished(
+                state.status,
+                state.tenant or S.DEFAULT_TENANT,
+                state.agent,
+                seconds=(utcnow() - state.created_at).total_seconds(),
+                cost_usd=round(used.cost_usd - delegated.cost_usd, 8),
+                input_tokens=used.input_tokens - delegated.input_tokens,
+                output_tokens=used.output_tokens - delegated.output_tokens,
+            )
 
     # --- handlers -------------------------------------------------------------------------------
     async def on_submit(self, submit: RunSubmit) -> None:
@@ -252,6 +263,7 @@ class Planner:
             if existing is not None:
                 await self.publish(existing.outbox.get(ids.SUBMIT, []), submit.run_id)
             return
+        self.runs.started(submit.tenant or S.DEFAULT_TENANT, config.agent)
         await asyncio.gather(self.publish(out.items, submit.run_id), self.store.store_tail(out.state))
         out.state.published(ids.SUBMIT, out.items)
 

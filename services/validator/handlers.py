@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from services.validator.checking import outcome_of
+from shared import metrics as M
 from shared import subjects as S
 from shared import telemetry as T
 from shared.bus import Bus, TryLater
@@ -21,7 +22,7 @@ class Validator:
         self.tracer = telemetry.tracer("loopwarden.validator")
         meter = telemetry.meter("loopwarden.validator")
         self.outputs = meter.create_counter(
-            "loopwarden.tool.outputs",
+            M.TOOL_OUTPUTS,
             description="validated tool outputs by result: valid, repaired, invalid, unparseable",
         )
         self.catalogue = ContractCatalogue(bus)

@@ -39,6 +39,7 @@ from shared.bus.pulls import _Pull, _RunLocks
 from shared.bus.replies import _Replies
 from shared.bus.requests import Requests, _Responder
 from shared.bus.requeue import Requeueing
+from shared.metrics import FAILURES, BusMetrics
 from shared.payloads import PayloadStore
 from shared.permissions import streams_seen
 from shared.settings import Settings
@@ -63,11 +64,13 @@ class Bus(Requeueing, Requests):
         self.payloads = PayloadStore(self.settings, self.service)  # bodies stored under this user's name
         self._failures = (
             self.meter_provider.get_meter("loopwarden.bus").create_counter(
-                "loopwarden.failures", description="failure events by type and tool (every service, one metric)"
+                FAILURES, description="failure events by type and tool (every service, one metric)"
             )
             if self.meter_provider
             else None
         )
+        # redeliveries and dead letters (docs/observability.md)
+        self.bus_metrics = BusMetrics(self.meter_provider.get_meter("loopwarden.bus")) if self.meter_provider else None
         self._tracer: Tracer | None = (
             self.tracer_provider.get_tracer("loopwarden.bus") if self.tracer_provider is not None else None
         )

@@ -19,7 +19,7 @@ from shared.bus.errors import TryLater, Undecodable
 from shared.bus.infra import ConsumerSpec, consumer_config, consumer_drift
 from shared.bus.letters import Letters
 from shared.bus.pulls import Handler, _Pull, _Requeue
-from shared.bus.wire import num_delivered
+from shared.bus.wire import ack_consumer, num_delivered
 
 log = logging.getLogger("loopwarden.bus")
 M = TypeVar("M", bound=BaseModel)
@@ -126,6 +126,8 @@ class Consuming(Letters):
         before it was dead-lettered, so its handler sees a redelivery, and the limits count this life's."""
         deliveries = num_delivered(msg.reply)
         limit = self.settings.max_deliver
+        if deliveries > 1 and self.bus_metrics is not None:
+            self.bus_metrics.redelivered(ack_consumer(msg.reply), msg.subject)
 
         async def give_up(reason: str) -> None:
             await self.dead_letter(msg, reason, earlier + deliveries, requeued_from=requeued_from)

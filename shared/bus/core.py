@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from shared.bus.pulls import Handler, _Pull, _RunLocks
     from shared.bus.replies import _Replies
     from shared.bus.requests import _Responder
+    from shared.metrics import BusMetrics
 
 log = logging.getLogger("loopwarden.bus")
 M = TypeVar("M", bound=BaseModel)
@@ -57,6 +58,7 @@ class BusBase:
     _kv: dict[str, KeyValue]
     _connected: bool
     _failures: Any
+    bus_metrics: BusMetrics | None
     _tracer: Tracer | None
     _pulls: list[_Pull]
     _requeue_to: dict[str, str]

@@ -60,4 +60,6 @@ class Letters(Publishing):
         else:
             msg_id = f"dlq-{self.service}-{uuid.uuid4().hex}"
         await self.publish(S.dead_letter(self.service), letter, msg_id=msg_id)
+        if self.bus_metrics is not None:
+            self.bus_metrics.dead_lettered(raw.subject)
         log.error("%s: dead-lettered %s: %s", self.service, raw.subject, reason)

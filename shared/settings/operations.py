@@ -17,6 +17,13 @@ class OperationSettings(BaseModel):
         None, ge=0, le=65535, description="serve /livez and /readyz on this port (probes; shared/health.py); unset: off"
     )
     health_host: str = Field("127.0.0.1", description="where the health endpoint listens (0.0.0.0 in containers)")
+    metrics_poll_s: float = Field(
+        15.0,
+        ge=0.2,
+        le=3600,
+        description="how often a service asks JetStream for its consumers' backlog and its streams' store "
+        "(/metrics reads the last answer; docs/observability.md)",
+    )
 
     # --- the command line (loopwarden) ---------------------------------------------------------
     state_dir: str | None = Field(
