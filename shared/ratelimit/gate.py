@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
+from shared import metrics as M
 from shared import subjects as S
 from shared import telemetry as T
 from shared import tokens
@@ -146,25 +147,28 @@ class RateLimiter:
         self._settling: set[asyncio.Task[None]] = set()
         self._probe_waits: dict[str, asyncio.Lock] = {}
         self.waits = meter.create_histogram(
-            "loopwarden.ratelimit.wait", unit="s", description="a model call's wait for its provider key's rate limit"
+            M.RATELIMIT_WAIT,
+            unit="s",
+            description="a model call's wait for its provider key's rate limit",
+            explicit_bucket_boundaries_advisory=M.WAIT_BUCKETS_S,
         )
         self.rejections = meter.create_counter(
-            "loopwarden.ratelimit.rejections", description="429s answered by a provider (each pauses its key)"
+            M.RATELIMIT_REJECTIONS, description="429s answered by a provider (each pauses its key)"
         )
         self.gave_up = meter.create_counter(
-            "loopwarden.ratelimit.gave_up", description="model calls that would have waited past the bound"
+            M.RATELIMIT_GAVE_UP, description="model calls that would have waited past the bound"
         )
         self.late = meter.create_counter(
-            "loopwarden.ratelimit.late",
+            M.RATELIMIT_LATE,
             description="model calls woken well after their slot (a busy or starved event loop) that took another",
         )
         meter.create_observable_gauge(
-            "loopwarden.ratelimit.remaining",
+            M.RATELIMIT_REMAINING,
             callbacks=[self._remaining],
             description="what the provider last announced is left, per key and dimension",
         )
         meter.create_observable_gauge(
-            "loopwarden.ratelimit.limit",
+            M.RATELIMIT_LIMIT,
             callbacks=[self._limits],
             description="the per-minute limit in force (learned or set), per key and dimension",
         )
