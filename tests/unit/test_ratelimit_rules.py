@@ -249,3 +249,25 @@ def test_an_error_answer_without_headers_does_not_make_a_key_headerless() -> Non
     blank = KeyRecord(provider="anthropic", account="f" * 12)
     failed = settle(blank, T0, Announced(), {}, None, estimated=SMALL, raw_estimate=100, used=None)
     assert not failed.headerless and failed.probing_until == 0
+
+
+# --- the setting -------------------------------------------------------------------------------------------
+
+
+def test_the_setting_names_a_provider_or_one_of_its_keys_and_a_bad_entry_by_its_path() -> None:
+    from pydantic import ValidationError
+
+    from shared.settings import Settings, describe_settings_error
+
+    s = Settings(rate_limits={"anthropic": {"requests": 50}, "anthropic.0123456789ab": {"requests": 5}})
+    assert s.rate_limit_for("anthropic", "0123456789ab") == Configured(requests=5)
+    assert s.rate_limit_for("anthropic", "ffffffffffff") == Configured(requests=50)
+    assert s.rate_limit_for("openai", "ffffffffffff") is None
+    for bad, said in [
+        ({"anthropic": {"requests": -5}}, "LW_RATE_LIMITS at anthropic.requests: Input should be greater than 0"),
+        ({"gemini": {"requests": 5}}, "gemini: expected a live provider (anthropic, openai)"),
+        ({"anthropic.KEY": {"requests": 5}}, "anthropic.KEY: expected a live provider"),
+    ]:
+        with pytest.raises(ValidationError) as refused:
+            Settings(rate_limits=bad)
+        assert said in describe_settings_error(refused.value)
