@@ -58,6 +58,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("loopwarden.ratelimit")
 R = TypeVar("R")
 PROBE_POLL_S = 0.25  # while another call learns a new key's limits, look again this often
+PROBE_MAX_S = 30.0  # a probe not answered by then (its replica died?) lets another call probe
 Purpose = Literal["plan", "summarize", "judge"]
 MAX_REJECTIONS = 50  # 429s one call takes through the gate; past that it is an ordinary transient error
 LATE_S = 0.5  # a call woken this long after its slot takes a new one (once): late calls must not go together
@@ -286,7 +287,7 @@ class Gate:
                     limits,
                     burst_s=s.rate_limit_burst_s,
                     bound_s=max(0.0, self.max_wait_s - self.waited_s),
-                    probe_s=s.model_timeout_s,
+                    probe_s=min(s.model_timeout_s, PROBE_MAX_S),
                 )
                 return new, (decision, Ticket(cost, raw, limits))
 
@@ -356,7 +357,7 @@ class Gate:
                     limits_of(record, self.configured),
                     burst_s=s.rate_limit_burst_s,
                     bound_s=self.max_wait_s,
-                    probe_s=s.model_timeout_s,
+                    probe_s=min(s.model_timeout_s, PROBE_MAX_S),
                 )
                 if not isinstance(decision, AwaitProbe):
                     return
