@@ -1,7 +1,7 @@
 """The provider's rate limit, fleet-wide (issue 34, item 3): many runs on two planner replicas against a
 Messages-API stand-in that enforces a rate limit, with no rate-limit setting.
 
-The stand-in (``loopwarden fake-model``'s ``FakeModel`` with a ``RateLimit``) allows 10 requests and 20,000
+The stand-in (``loopwarden fake-model --requests-per-s 10``, a process of its own) allows 10 requests and 20,000
 input tokens a second, each a token bucket of one second's capacity; beyond it a request is answered 429
 with ``retry-after``; every answer announces the limits in Anthropic's headers. Each run is three model
 turns of the stand-in's default agent (it calls ``search``, then ``exchange_rate``, then ``submit_result``). The
@@ -18,16 +18,20 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
+import re
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+import urllib.request
 import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from loopwarden.client import Client
-from loopwarden.fake_model import FakeModel, RateLimit
 from loopwarden.stack import LocalStack
 from shared.messages import RunLimits, RunSnapshot, RunSubmit
 from shared.settings import Settings
@@ -38,14 +42,58 @@ TURNS = 3
 SERVICES = ("planner", "planner", "executor", "validator", "judge", "governor", "escalation")
 
 
-def stack_env(fake: FakeModel, fleet: bool) -> dict[str, str]:
+def stack_env(base_url: str, fleet: bool) -> dict[str, str]:
     return {
         "LW_LOG_LEVEL": "INFO",  # the planners' logs count the calls woken late
-        "ANTHROPIC_BASE_URL": fake.base_url,
+        "ANTHROPIC_BASE_URL": base_url,
         "ANTHROPIC_API_KEY": f"bench-{uuid.uuid4().hex[:8]}",
         "LW_PLANNER_PROVIDER": "anthropic",
         "LW_RATE_LIMIT_FLEET": "true" if fleet else "false",
     }
+
+
+class StandIn:
+    """``loopwarden fake-model`` with the rate limit, as a process of its own (not sharing this process's
+    interpreter with the client's 200 waits: its arrival times are when requests came, not when a busy
+    process got round to them); ``stats()`` reads what it answered (``GET /stats``)."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "loopwarden.cli",
+                "fake-model",
+                "--port",
+                "0",
+                "--requests-per-s",
+                f"{REQUESTS_PER_S:g}",
+                "--input-tokens-per-s",
+                f"{INPUT_TOKENS_PER_S:g}",
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        first = self.proc.stdout.readline()
+        found = re.search(r"on (http://\S+)", first)
+        if found is None:
+            self.stop()
+            raise RuntimeError(f"fake-model did not start: {first!r}")
+        self.base_url = found.group(1)
+
+    def stats(self) -> dict[str, Any]:
+        with urllib.request.urlopen(f"{self.base_url}/stats", timeout=30) as answer:  # loopback only
+            stats: dict[str, Any] = json.load(answer)
+            return stats
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 async def _runs(client: Client, runs: int, timeout: float) -> tuple[list[RunSnapshot], float]:
@@ -70,27 +118,29 @@ async def _runs(client: Client, runs: int, timeout: float) -> tuple[list[RunSnap
 
 
 def run(runs: int = 200, fleet: bool = True, timeout: float = 900.0) -> dict[str, Any]:
-    fake = FakeModel(rate_limit=RateLimit(REQUESTS_PER_S, INPUT_TOKENS_PER_S)).start()
+    fake = StandIn()
     stack = LocalStack(
-        state_dir=Path(tempfile.mkdtemp(prefix="lw-bench-ratelimit-")), env=stack_env(fake, fleet), services=SERVICES
+        state_dir=Path(tempfile.mkdtemp(prefix="lw-bench-ratelimit-")),
+        env=stack_env(fake.base_url, fleet),
+        services=SERVICES,
     )
-    stack.start()
     try:
+        stack.start()
 
         async def main() -> tuple[list[RunSnapshot], float]:
             async with Client(Settings(nats_url=stack.nats_url)) as client:
                 return await _runs(client, runs, timeout)
 
         snapshots, wall_s = asyncio.run(main())
+        stats = fake.stats()
     finally:
         stack.stop()
         fake.stop()
     logs = [p.log.read_text(errors="replace") for p in stack.procs if p.service == "planner"]
     late = sum(text.count("after its slot") for text in logs)
-    arrivals = sorted(fake.arrivals)
+    arrivals = sorted((float(t), int(status)) for t, status in stats["arrivals"])
     answered = [t for t, status in arrivals if status == 200]
     span = (arrivals[-1][0] - arrivals[0][0]) if len(arrivals) > 1 else 0.0
-    tokens = sum(_charged(body) for bodies in fake.requests.values() for body in bodies)
     statuses = Counter(s.status for s in snapshots)
     waited = [s.rate_limited_s for s in snapshots]
     return {
@@ -103,7 +153,7 @@ def run(runs: int = 200, fleet: bool = True, timeout: float = 900.0) -> dict[str
         "wall_s": wall_s,
         "request_rate": (len(answered) - 1) / span if span else 0.0,
         "steady_rate": _steady(answered),
-        "sent_tokens_rate": tokens / span if span else 0.0,
+        "tokens_rate": stats["charged_input_tokens"] / span if span else 0.0,
         "statuses": dict(statuses),
         "turns": sum(s.model_calls for s in snapshots),
         "waited_p50_s": statistics.median(waited) if waited else 0.0,
@@ -135,16 +185,6 @@ def _tenths(times: list[float], start: float, span: float) -> list[int]:
     return out
 
 
-def _charged(body: dict[str, Any]) -> int:
-    """Roughly what the stand-in charged a request (every request it saw, answered or not): its tokens
-    as JSON. Only a figure for the report: the stand-in enforces its own exact count."""
-    import json
-
-    from shared import tokens
-
-    return tokens.count(json.dumps(body))
-
-
 def report(r: dict[str, Any]) -> list[str]:
     share = r["rejected"] / r["requests"] if r["requests"] else 0.0
     of_limit, steady = r["request_rate"] / REQUESTS_PER_S, r["steady_rate"] / REQUESTS_PER_S
@@ -159,8 +199,8 @@ def report(r: dict[str, Any]) -> list[str]:
         f"(target >= 85%; first request to last, {r['span_s']:.1f}s)",
         f"  steady rate             {r['steady_rate']:6.2f} requests/s   {steady:6.1%} of the limit   "
         "(10th to 90th percentile answer)",
-        f"  input tokens sent       {r['sent_tokens_rate']:8,.0f} /s (as JSON, ~)   "
-        f"{r['sent_tokens_rate'] / INPUT_TOKENS_PER_S:6.1%} of the token limit",
+        f"  input tokens charged    {r['tokens_rate']:8,.0f} /s   "
+        f"{r['tokens_rate'] / INPUT_TOKENS_PER_S:6.1%} of the token limit (answered requests, as the stand-in counts)",
         f"  run outcomes            {outcomes}   (target: all completed, none waiting for a person)",
         f"  waited for the limit    p50 {r['waited_p50_s']:.1f}s, max {r['waited_max_s']:.1f}s per run; "
         f"all runs done in {r['wall_s']:.1f}s",

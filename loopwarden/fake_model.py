@@ -24,7 +24,8 @@ a request costing one request and its input tokens (the prompt cache's reads not
 either is answered 429 with ``retry-after`` (seconds until it would fit). Every answer announces the limits
 in Anthropic's headers (per minute, as the API states them), what is left and when the bucket is full again
 (``anthropic-ratelimit-requests-*``, ``anthropic-ratelimit-input-tokens-*``). ``answered`` and ``rejected``
-count its answers and ``arrivals`` records each request's time and status.
+count its answers and ``arrivals`` records each request's time and status; ``GET /stats`` answers them as
+JSON (with the input tokens the limit charged), for a benchmark that runs it as a process of its own.
 """
 
 from __future__ import annotations
@@ -127,6 +128,7 @@ class FakeModel:
         self.answered = 0  # 200s
         self.rejected = 0  # 429s the rate limit answered (a scripted 429 is counted as scripted: ``arrivals``)
         self.arrivals: list[tuple[float, int]] = []  # (epoch seconds, status) of every /v1/messages request
+        self.charged_tokens = 0  # input tokens the rate limit charged the answered requests
         self._lock = threading.Lock()
         # imported here: the SDK's types are heavy, and every `loopwarden` command imports this module
         from shared.providers.prompt_cache import PromptCache
@@ -137,6 +139,18 @@ class FakeModel:
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args: Any) -> None:
                 pass
+
+            def do_GET(self) -> None:
+                """``/stats``: what it answered (for a benchmark that runs it as its own process)."""
+                if self.path.rstrip("/") != "/stats":
+                    self.send_error(404)
+                    return
+                data = json.dumps(api.stats()).encode()
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
 
             def do_POST(self) -> None:
                 raw = self.rfile.read(int(self.headers.get("content-length", 0)))
@@ -174,6 +188,16 @@ class FakeModel:
         self.server.shutdown()
         self.server.server_close()
 
+    def stats(self) -> dict[str, Any]:
+        """What it answered: 200s, the rate limit's 429s, each request's (time, status), the tokens charged."""
+        with self._lock:
+            return {
+                "answered": self.answered,
+                "rejected": self.rejected,
+                "charged_input_tokens": self.charged_tokens,
+                "arrivals": list(self.arrivals),
+            }
+
     def script(self, key: str, replies: list[dict[str, Any]]) -> None:
         """Replies for the requests that mention ``[script:<key>]``, one each, in order."""
         with self._lock:
@@ -182,9 +206,11 @@ class FakeModel:
     def answer(self, path: str, body: dict[str, Any], headers: dict[str, str]) -> tuple[int, dict[str, str], Any]:
         if not path.endswith("/v1/messages"):
             return 404, {}, _error("not_found_error", path)
+        arrived = time.time()
         match = MARKER.search(json.dumps(body))
         key = match.group(1) if match else DEFAULT_KEY
         cached = None
+        charged = 0
         limits: dict[str, str] = {}
         if self.rate_limit is not None:  # charged before anything is answered, as the API does
             cached = self.cache.answer(body.get("model", "fake-model"), _blocks(body))
@@ -195,7 +221,7 @@ class FakeModel:
                 limits = self.rate_limit.headers(now, wall)
                 if wait > 0:
                     self.rejected += 1
-                    self.arrivals.append((wall, 429))
+                    self.arrivals.append((arrived, 429))
                     self.requests[key].append(body)
                     self.headers[key].append(headers)
                     retry = {"retry-after": f"{wait:.3f}", **limits}
@@ -207,13 +233,14 @@ class FakeModel:
                 queue = self.scripts.get(key, [])
                 reply = queue.pop(0) if queue else None
                 if reply is None:
-                    self.arrivals.append((time.time(), 500))
+                    self.arrivals.append((arrived, 500))
                     return 500, limits, _error("api_error", f"script {key} exhausted")
             else:
                 reply = self.default_script.pop(0) if self.default_script else default_reply(body)
             status = int(reply.get("status", 200))
-            self.arrivals.append((time.time(), status))
+            self.arrivals.append((arrived, status))
             self.answered += status == 200
+            self.charged_tokens += charged if status == 200 else 0
         if reply.get("delay_s"):  # a slow reply, for client timeouts (the server is threaded)
             time.sleep(float(reply["delay_s"]))
         if "status" in reply:
