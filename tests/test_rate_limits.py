@@ -247,8 +247,9 @@ async def test_a_setting_caps_a_learned_limit_across_replicas(buses: list[Bus]) 
 
         await asyncio.gather(*(call(n) for n in range(1, 6)))
         times = sorted(t for t, status in api.arrivals if status == 200)
-        gaps = [b - a for a, b in itertools.pairwise(times)]
-        assert len(times) == 6 and min(gaps) >= 0.45, gaps  # 2 a second, not the 10 the stand-in allows
+        # 2 a second, not the 10 the stand-in allows: the 6 calls' slots span 2.5 s (0.5 s at 10 a second); no call
+        # goes before its slot, the first may go up to 0.5 s after its own (a busy machine)
+        assert len(times) == 6 and times[-1] - times[0] >= 2.0, [round(b - a, 2) for a, b in itertools.pairwise(times)]
         [key] = [k for k in await provider_keys(buses[0], settings) if k.account == provider.account]
         requests = key.dimensions["requests"]
         assert (requests.limit_per_minute, requests.source) == (120, "capped")
@@ -295,8 +296,8 @@ async def test_many_calls_from_two_replicas_stay_inside_a_limit_they_learned(bus
         await asyncio.gather(*(call(n) for n in range(80)))
         rejected = sum(1 for _, status in api.arrivals if status == 429)
         answered = sorted(t for t, status in api.arrivals if status == 200)
-        rate = (len(answered) - 1) / (answered[-1] - answered[0])
+        rate = (len(answered) - 2) / (answered[-1] - answered[1])  # after the first call (it learned the limit)
         assert len(answered) == 80 and rejected <= 0.02 * len(api.arrivals), (rejected, len(api.arrivals))
-        assert rate >= 0.8 * 20, rate  # the probe's round trip aside, the limit's pace
+        assert rate >= 0.85 * 20, rate
     finally:
         api.stop()

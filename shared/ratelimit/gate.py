@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
@@ -37,6 +37,7 @@ from shared.providers.base import ModelRequest, ModelResponse, ProviderError
 from shared.ratelimit.bucket import (
     AwaitProbe,
     Cost,
+    Decision,
     Go,
     KeyRecord,
     TooLong,
@@ -135,6 +136,7 @@ class Ticket:
     cost: Cost
     raw_estimate: int
     limits: dict[Dimension, float]
+    probe: bool = False  # the key's first call: the fleet waits for what its answer teaches
 
 
 class RateLimiter:
@@ -208,6 +210,11 @@ class RateLimiter:
 
         return saved
 
+    def kept(self, provider: str, account: str) -> KeyRecord | None:
+        """The key's record as this replica last stored or read it (it may be behind: for a hint only)."""
+        known = self._known.get(S.kv_key(provider, account))
+        return known[0] if known is not None else None
+
     def probe_wait(self, provider: str, account: str) -> asyncio.Lock:
         """Held by the one caller per key that watches for a probe's answer (``Gate.await_probe``)."""
         return self._probe_waits.setdefault(S.kv_key(provider, account), asyncio.Lock())
@@ -276,22 +283,16 @@ class Gate:
         waited, reason_waited, woke_late = 0.0, "none", False
         while True:
             started = lim.clock()
+            kept = lim.kept(self.provider, self.account)
+            decision, _, ticket = self.decide(kept, raw) if kept is not None else (None, None, None)
+            if not isinstance(decision, AwaitProbe):  # a probe this replica knows is out needs no write to wait
 
-            def take(record: KeyRecord) -> tuple[KeyRecord | None, tuple[Any, Ticket]]:
-                limits = limits_of(record, self.configured)
-                cost = Cost(input_tokens=raw * record.calibration)
-                decision, new = reserve(
-                    record,
-                    lim.clock(),
-                    cost,
-                    limits,
-                    burst_s=s.rate_limit_burst_s,
-                    bound_s=max(0.0, self.max_wait_s - self.waited_s),
-                    probe_s=min(s.model_timeout_s, PROBE_MAX_S),
-                )
-                return new, (decision, Ticket(cost, raw, limits))
+                def take(record: KeyRecord) -> tuple[KeyRecord | None, tuple[Decision, Ticket]]:
+                    decision, new, ticket = self.decide(record, raw)
+                    return new, (decision, ticket)
 
-            decision, ticket = await lim.update(self.provider, self.account, take)
+                decision, ticket = await lim.update(self.provider, self.account, take)
+            assert ticket is not None
             match decision:
                 case Go():
                     break
@@ -340,25 +341,36 @@ class Gate:
         lim.waits.record(waited, {**self.attrs, "reason": reason_waited})
         return ticket
 
+    def decide(self, record: KeyRecord, raw: int) -> tuple[Decision, KeyRecord | None, Ticket]:
+        """``bucket.reserve`` for this call on ``record``: the decision, the record to write, the ticket."""
+        s = self.limiter.settings
+        limits = limits_of(record, self.configured)
+        cost = Cost(input_tokens=raw * record.calibration)
+        decision, new = reserve(
+            record,
+            self.limiter.clock(),
+            cost,
+            limits,
+            burst_s=s.rate_limit_burst_s,
+            bound_s=max(0.0, self.max_wait_s - self.waited_s),
+            probe_s=min(s.model_timeout_s, PROBE_MAX_S),
+        )
+        return decision, new, Ticket(cost, raw, limits, probe=isinstance(decision, Go) and decision.probe)
+
     async def await_probe(self, ticket: Ticket) -> None:
         """Until the key's limits are learned (or its probe's time is up): one caller per key in this replica
         watches the record, the others wait their turn behind it and then find the limits known."""
-        lim, s = self.limiter, self.limiter.settings
+        lim = self.limiter
         async with lim.probe_wait(self.provider, self.account):
             started = lim.clock()
             while self.waited_s + lim.clock() - started < self.max_wait_s:
+                kept = lim.kept(self.provider, self.account)  # what the one before in this replica read last
+                if kept is not None and not isinstance(self.decide(kept, ticket.raw_estimate)[0], AwaitProbe):
+                    return
                 record = await lim.read(self.provider, self.account)
                 if record is None:
                     return
-                decision, _ = reserve(
-                    record,
-                    lim.clock(),
-                    ticket.cost,
-                    limits_of(record, self.configured),
-                    burst_s=s.rate_limit_burst_s,
-                    bound_s=self.max_wait_s,
-                    probe_s=min(s.model_timeout_s, PROBE_MAX_S),
-                )
+                decision, _, _ = self.decide(record, ticket.raw_estimate)
                 if not isinstance(decision, AwaitProbe):
                     return
                 await asyncio.sleep(min(PROBE_POLL_S, max(0.0, decision.until - lim.clock())))
@@ -415,5 +427,8 @@ class Gate:
             )
             return new, None
 
-        lim.background(lim.update(self.provider, self.account, settled), f"settle {self.provider}.{self.account}")
+        if ticket.probe:  # the fleet waits for what this answer teaches: told at once
+            await lim.update(self.provider, self.account, settled)
+        else:
+            lim.background(lim.update(self.provider, self.account, settled), f"settle {self.provider}.{self.account}")
         return False
