@@ -9,6 +9,7 @@ The commands live by audience; a new command goes in the module of the people wh
 - ``cli_queue``   operators on the human queue: escalations ...
 - ``cli_records`` keeping and reproducing runs: export, replay, retention
 - ``cli_offline`` checks that need no stack: lint, check-contract, check-scenario
+- ``cli_config``  the admin: config check|apply|show|hash (tenants and operators), cluster-config
 - ``cli_common``  the conventions they share: exit codes, UserError, bounded connect, output
 """
 
@@ -20,7 +21,7 @@ import contextlib
 import inspect
 import sys
 
-from loopwarden import cli_agents, cli_offline, cli_queue, cli_records, cli_runs, cli_stack, fake_model
+from loopwarden import cli_agents, cli_config, cli_offline, cli_queue, cli_records, cli_runs, cli_stack, fake_model
 from loopwarden.cli_common import EXIT_CODES_HELP, INTERRUPTED, OK, UserError, bus_failure, env_nats_url, say
 from shared.version import package_version
 
@@ -31,6 +32,7 @@ AUDIENCES = (
     cli_queue,
     cli_records,
     cli_offline,
+    cli_config,
     fake_model,
 )  # fake_model: live runs offline
 

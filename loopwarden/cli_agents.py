@@ -106,6 +106,7 @@ def _agent_json(record: Any) -> dict[str, Any]:
         "version": record.version,
         "digest": record.digest,
         "registered_at": record.registered_at.isoformat(),
+        "registered_by": record.registered_by,
         "definition": record.agent.model_dump(mode="json", exclude_defaults=True),
     }
 
@@ -116,7 +117,7 @@ def _connected_as_user() -> Any:
 
 
 async def cmd_register(args: argparse.Namespace) -> int:
-    from loopwarden.client import NotAllowed
+    from loopwarden.client import NotAllowed, UnreadableAgent
     from shared.agents import AgentError, load_agent
 
     try:
@@ -124,7 +125,10 @@ async def cmd_register(args: argparse.Namespace) -> int:
     except AgentError as err:
         raise UserError(str(err), USAGE) from None
     async with _connected_as_user() as client:
-        before = await client.agent(agent.name)
+        try:
+            before = await client.agent(agent.name)
+        except UnreadableAgent:
+            before = None  # registering over it is the roster's decision (the escalation service's)
         try:
             record = await client.register(agent)
         except NotAllowed as err:
@@ -141,6 +145,8 @@ async def cmd_register(args: argparse.Namespace) -> int:
 async def cmd_list(args: argparse.Namespace) -> int:
     async with _connected_as_user() as client:
         records = await client.agents()
+    for key, why in records.unreadable.items():  # named, never hiding the others
+        say(plain(f"lw_agents/{key}: stored but unreadable, not listed ({why})"), err=True)
     if args.json:
         emit_json([_agent_json(r) for r in records])
         return OK
@@ -158,14 +164,20 @@ async def cmd_list(args: argparse.Namespace) -> int:
 async def cmd_show(args: argparse.Namespace) -> int:
     import yaml
 
+    from loopwarden.client import UnreadableAgent
+
     async with _connected_as_user() as client:
-        record = await client.agent(args.name)
+        try:
+            record = await client.agent(args.name)
+        except UnreadableAgent as err:
+            raise UserError(str(err), FAILED) from None
     if record is None:
         raise UserError(f"no agent {args.name!r} (`loopwarden agents list` shows those registered)", FAILED)
     if args.json:
         emit_json(_agent_json(record))
         return OK
-    say(f"# {record.agent.name} version {record.version}, registered {record.registered_at:%Y-%m-%d %H:%M:%S}Z")
+    by = f" by {record.registered_by}" if record.registered_by else ""
+    say(f"# {record.agent.name} version {record.version}, registered {record.registered_at:%Y-%m-%d %H:%M:%S}Z{by}")
     say(plain(yaml.safe_dump(record.agent.model_dump(mode="json", exclude_defaults=True), sort_keys=False).rstrip()))
     return OK
 

@@ -394,11 +394,7 @@ async def cmd_requeue(args: argparse.Namespace) -> int:
                     f"hand letters back (LW_NATS_USER is {user})",
                     FAILED,
                 ) from None
-            if r.duplicate:
-                say(
-                    f"letter {r.seq} was handed back to {r.service} already (within the de-duplication window): "
-                    "not sent again; if it was dead-lettered again, requeue the newer letter"
-                )
-            else:
-                say(f"letter {r.seq} handed back to {r.service} ({r.subject})")
+            except NotRequeueable as err:  # the server stored nothing: said, never "sent before"
+                raise UserError(str(err), FAILED) from None
+            say(f"letter {r.seq} handed back to {r.service} ({r.subject})")
     return OK

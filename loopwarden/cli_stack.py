@@ -17,6 +17,7 @@ from loopwarden.cli_common import (
     OK,
     TIMED_OUT,
     UNREACHABLE,
+    USAGE,
     UserError,
     connected,
     env_nats_url,
@@ -30,6 +31,7 @@ from loopwarden.cli_common import (
     state_dir,
 )
 from loopwarden.stack import LocalStack, StackError, saved_alive, stop_saved
+from loopwarden.supervise import SUPERVISED, spawn_supervisor, supervised_metrics
 from shared.urls import redact_url
 
 DEFAULT_PORT = 4222  # the README's: `up` starts nats-server here unless told otherwise
@@ -64,12 +66,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     p = sub.add_parser(
         "up",
-        help="start nats-server and the six services in the background",
+        help="start nats-server and the six services in the background (--locked: as production runs them)",
         description=f"Start nats-server on 127.0.0.1:{DEFAULT_PORT} (or --port; with NATS_URL/LW_NATS_URL set, use "
-        "that server instead), the six services and the console, detached. The stack is recorded in the state "
-        "directory, so `loopwarden down` stops it from any folder.",
+        "that server instead), the six services and the console, detached, under a supervisor that starts again "
+        "any of them that exits (with a backoff, logged in logs/supervisor.log, at most 5 times in 10 minutes). "
+        "--locked runs the production mode: nats-server with the auth.conf generated from an access file (the "
+        "example unless --access), bootstrap as the admin, every service as its own NATS user with its own "
+        "password; scripted runs follow LW_ALLOW_SCRIPTED. The stack is recorded in the state directory, so "
+        "`loopwarden down` stops it from any folder.",
     )
     p.add_argument("--port", type=int, help=f"start nats-server on this port (default: {DEFAULT_PORT})")
+    p.add_argument("--locked", action="store_true", help="the production mode: auth.conf, a NATS user per service")
+    p.add_argument("--access", metavar="FILE", help="with --locked: the access file (default: the example)")
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser(
@@ -177,14 +185,30 @@ def cmd_up(args: argparse.Namespace) -> int:
     nats_url = env_nats_url()
     if nats_url and args.port:
         raise UserError("--port starts a nats-server; NATS_URL/LW_NATS_URL names an existing one: give one of them")
+    if args.locked and nats_url:
+        raise UserError("--locked starts its own nats-server with the generated auth.conf: unset NATS_URL/LW_NATS_URL")
+    if args.access and not args.locked:
+        raise UserError("--access goes with --locked")
     if nats_url:
         asyncio.run(probe(settings(nats_url)))  # an existing server must answer
+    root = state_dir() / "stack"
+    locked = _locked_setup(root, args.access) if args.locked else None
     stack = LocalStack(
-        state_dir=state_dir() / "stack", nats_url=nats_url, nats_port=args.port or DEFAULT_PORT, detach=True
+        state_dir=root,
+        nats_url=nats_url,
+        nats_port=args.port or DEFAULT_PORT,
+        detach=True,
+        locked=locked,
+        env_per_service=locked.service_env() if locked else {},
     )
     try:
-        stack.start()
-        stack.start_retention()
+        if stack.nats_url is None:
+            stack.start_nats()
+        if locked is not None:
+            for line in asyncio.run(locked.bootstrap_and_apply(stack.nats_url or "")):
+                say(line)
+        spawn_supervisor(stack)
+        stack.console_url = _console_url(stack) or stack.console_url
     except StackError as err:
         stack.stop()
         say(f"could not start the stack: {err}", err=True)
@@ -193,14 +217,39 @@ def cmd_up(args: argparse.Namespace) -> int:
         stack.stop()
         say("\ninterrupted: stopped what had started", err=True)
         return INTERRUPTED
-    stack.save(path)
+    metrics = supervised_metrics(stack.state_dir)
+    stack.save(path, {"locked": locked.record(stack) if locked is not None else None, "metrics": metrics})
     say(f"up: {redact_url(stack.nats_url or '')}; logs in {stack.state_dir / 'logs'}; `loopwarden down` stops it")
-    say(_console_line(stack))
-    say(
-        "metrics (Prometheus text, docs/observability.md): "
-        + ", ".join(f"{n} {u}" for n, u in stack.metrics_urls().items())
-    )
+    say(f"supervised: a process that exits is started again (logs/supervisor.log, {stack.state_dir / SUPERVISED})")
+    if locked is not None:
+        for line in locked.how_to_connect(stack.nats_url or ""):
+            say(line)
+        allowed = settings().allow_scripted
+        say(f"  scripted runs: {'allowed' if allowed else 'refused'} (LW_ALLOW_SCRIPTED={str(allowed).lower()})")
+        if stack.console_url:
+            say(f"console: {stack.console_url}")
+    else:
+        say(_console_line(stack))
+    say("metrics (Prometheus text, docs/observability.md): " + ", ".join(f"{n} {u}" for n, u in metrics.items()))
     return OK
+
+
+def _console_url(stack: LocalStack) -> str | None:
+    """The address the supervised console says it listens on (its ready line)."""
+    from services.console.local import url_from_log
+
+    log = stack.state_dir / "logs" / "console.log"
+    return url_from_log(log.read_text(errors="replace")) if log.exists() else None
+
+
+def _locked_setup(root: Path, access: str | None) -> Any:
+    from loopwarden.locked import LockedSetup
+    from shared.access import AccessError
+
+    try:
+        return LockedSetup.prepare(root, Path(access) if access else None)
+    except AccessError as err:
+        raise UserError(str(err), USAGE) from None
 
 
 def cmd_down(args: argparse.Namespace) -> int:

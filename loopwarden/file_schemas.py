@@ -1,5 +1,6 @@
 """Generate the JSON Schemas of the files a user writes, from their models: ``schemas/scenario.json``
-(``Scenario``) and ``schemas/agent.json`` (``Agent``).
+(``Scenario``), ``schemas/agent.json`` (``Agent``) and ``schemas/access.json`` (``AccessFile``, the tenants and
+operators an admin applies).
 
 Editors that speak yaml-language-server validate a file against its schema (the shipped scenarios name
 it on their first line: ``# yaml-language-server: $schema=../schemas/scenario.json``; ``.vscode/
@@ -17,7 +18,11 @@ from typing import Any
 
 from loopwarden.data import schemas_dir
 
-TITLES = {"scenario.json": "Loopwarden scenario", "agent.json": "Loopwarden agent"}
+TITLES = {
+    "scenario.json": "Loopwarden scenario",
+    "agent.json": "Loopwarden agent",
+    "access.json": "Loopwarden access file (tenants and operators)",
+}
 
 
 def _model(name: str) -> Any:
@@ -25,13 +30,17 @@ def _model(name: str) -> Any:
         from shared.scenario import Scenario
 
         return Scenario
+    if name == "access.json":
+        from shared.access import AccessFile
+
+        return AccessFile
     from shared.messages import Agent
 
     return Agent
 
 
 def render(name: str) -> str:
-    """The schema file ``name`` (``scenario.json`` or ``agent.json``) as ``make schemas`` writes it."""
+    """The schema file ``name`` (a key of ``TITLES``) as ``make schemas`` writes it."""
     schema: dict[str, Any] = _model(name).model_json_schema(by_alias=True, mode="validation")
     schema = {
         "$schema": "https://json-schema.org/draft/2020-12/schema",

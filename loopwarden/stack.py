@@ -20,9 +20,12 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from shared.settings import sync_interval
+
+if TYPE_CHECKING:
+    from loopwarden.locked import LockedSetup
 
 SERVICES = ("planner", "executor", "validator", "judge", "governor", "escalation", "console")
 
@@ -106,6 +109,7 @@ class LocalStack:
     console_url: str | None = None
     console_passwords: str | None = None  # file with generated operator passwords (when none were configured)
     ready_timeout_s: float | None = None  # how long start() waits for readiness (default: LW_STACK_READY_TIMEOUT_S)
+    locked: LockedSetup | None = None  # nats-server with the generated auth.conf (``loopwarden up --locked``)
 
     # --- nats ---------------------------------------------------------------------------------
     def start_nats(self) -> str:
@@ -114,24 +118,21 @@ class LocalStack:
             raise StackError(f"port {port} is in use (another nats-server?); pick another port or point NATS_URL at it")
         store = self.state_dir / "jetstream"
         store.mkdir(parents=True, exist_ok=True)
-        config = self.nats_config()
         log = self.state_dir / "logs" / "nats-server.log"
         log.parent.mkdir(parents=True, exist_ok=True)
+        env = None
+        if self.locked is not None:  # one config file, flags none: nothing overrides what it says
+            conf = self.locked.server_config(port, store, f"lw-local-{port}", self.sync_value())
+            argv = [nats_server_binary(), "-c", str(conf)]
+            env = {**os.environ, **self.locked.server_env()}
+        else:
+            config = self.nats_config()
+            argv = [nats_server_binary(), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(store)]
+            argv += ["--server_name", f"lw-local-{port}", *config]
         stdout = open_log(log)
         popen = subprocess.Popen(
-            [
-                nats_server_binary(),
-                "-js",
-                "-a",
-                "127.0.0.1",
-                "-p",
-                str(port),
-                "-sd",
-                str(store),
-                "--server_name",
-                f"lw-local-{port}",
-                *config,
-            ],
+            argv,
+            env=env,
             stdout=stdout,
             stderr=subprocess.STDOUT,
             start_new_session=self.detach,
@@ -148,16 +149,22 @@ class LocalStack:
     def nats_config(self) -> list[str]:
         """The config file with what only a config sets: JetStream's fsync (``LW_NATS_SYNC_INTERVAL``, from the
         stack's env or this process's; docs/operations.md, Durability), or no file and the server's defaults."""
-        value = {**os.environ, **self.env}.get("LW_NATS_SYNC_INTERVAL", "").strip()
-        if not value:
+        sync = self.sync_value()
+        if sync is None:
             return []
-        try:
-            sync = sync_interval(value)
-        except ValueError as err:
-            raise StackError(f"LW_NATS_SYNC_INTERVAL: {err}") from None
         conf = self.state_dir / "nats.conf"
         conf.write_text(f'jetstream {{ sync_interval: "{sync}" }}\n')
         return ["-c", str(conf)]
+
+    def sync_value(self) -> str | None:
+        """``LW_NATS_SYNC_INTERVAL`` (the stack's env or this process's) as nats-server reads it; None: unset."""
+        value = {**os.environ, **self.env}.get("LW_NATS_SYNC_INTERVAL", "").strip()
+        if not value:
+            return None
+        try:
+            return sync_interval(value)
+        except ValueError as err:
+            raise StackError(f"LW_NATS_SYNC_INTERVAL: {err}") from None
 
     # --- services -----------------------------------------------------------------------------
     def service_env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -214,7 +221,7 @@ class LocalStack:
         stdout = open_log(log)
         popen = subprocess.Popen(
             [sys.executable, "-m", "loopwarden.cli", "retention", "--every"],
-            env=self.service_env(),
+            env=self.service_env(self.env_per_service.get("retention")),
             stdout=stdout,
             stderr=subprocess.STDOUT,
             start_new_session=self.detach,
@@ -298,7 +305,7 @@ class LocalStack:
         self.stop()
 
     # --- detached (loopwarden up/down) -----------------------------------------------------------
-    def save(self, path: Path) -> None:
+    def save(self, path: Path, extra: dict[str, object] | None = None) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(
             json.dumps(
@@ -310,6 +317,7 @@ class LocalStack:
                     "console_url": self.console_url,
                     "metrics": self.metrics_urls(),
                     "started_nats": any(p.name == "nats-server" for p in self.procs),
+                    **(extra or {}),  # over the above: what ``up`` knows that this process does not
                 },
                 indent=2,
             )
@@ -390,12 +398,23 @@ def stop_saved(path: Path, timeout: float = 10.0) -> list[str]:
     info = json.loads(path.read_text())
     started = info.get("started", {})
     running = [(name, pid) for name, pid in info["pids"].items() if alive(pid, started.get(name))]
-    stopped = []
-    for group in ([p for p in running if p[0] != "nats-server"], [p for p in running if p[0] == "nats-server"]):
+    # what the supervisor started (``loopwarden/supervise.py``): it stops them itself on SIGTERM; any it left
+    # running (it was killed) is stopped here with the rest
+    supervised = path.parent / "stack" / "supervised.json"
+    if supervised.exists():
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            children = json.loads(supervised.read_text())
+            started |= children.get("started", {})
+            running += [(name, pid) for name, pid in children["pids"].items() if alive(pid, started.get(name))]
+    stopped = [name for name, _ in running]
+    supervisor = [p for p in running if p[0] == "supervisor"]  # first: it must not start again what stops
+    rest = [p for p in running if p[0] not in ("supervisor", "nats-server")]
+    for group in (supervisor, rest, [p for p in running if p[0] == "nats-server"]):
         for name, pid in group:
+            if not alive(pid, started.get(name)):  # the supervisor stopped it already
+                continue
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
-                stopped.append(name)
         deadline = time.monotonic() + timeout
         while any(alive(pid, started.get(name)) for name, pid in group) and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -27,6 +27,7 @@ from shared import subjects as S
 from shared.messages import (
     PLANNER_FAILURES,
     TOOL_FAILURES,
+    AgentRegister,
     BudgetRequest,
     DeadLetter,
     Escalation,
@@ -257,6 +258,15 @@ CHANNELS: tuple[Channel, ...] = (
         "request",
         "an operator acts ({verb}) on the human queue as themselves",
         values={"verb": ("resolve",)},
+        pinned=("operator",),
+    ),
+    Channel(
+        f"{S.AGENT_REGISTER_PREFIX}.{{operator}}",
+        AgentRegister,
+        ("operator",),
+        ("escalation",),
+        "request",
+        "an operator registers an agent as themselves (the roster decides; the record says who)",
         pinned=("operator",),
     ),
     # --- JetStream API reads that are part of the topology ----------------------------------------------

@@ -97,8 +97,14 @@ def requeue_command(seq: int) -> Requeue:
 
 
 def requeue_msg_id(seq: int) -> str:
-    """One requeue per letter within the de-duplication window: sending it twice runs it once."""
-    return f"requeue-{seq}"
+    """A requeue's message id: unpredictable (``requeue-<letter>-<random>``). Clients publish their submits on
+    the same stream (``LW_SUBMIT``), which de-duplicates by message id, so an id a client could guess is one it
+    could send first and make the operator's requeue a silent duplicate (security review 4, N4). A letter is
+    still taken back once: its service claims ``lw_requeues/<service>.<letter>``, which the operator's CLI
+    reads before sending."""
+    import secrets
+
+    return f"requeue-{seq}-{secrets.token_hex(16)}"
 
 
 def taker(consumers: Iterable[tuple[str, tuple[str, ...]]], subject: str) -> str | None:

@@ -101,7 +101,7 @@ class PayloadStore:
 
     def __init__(self, settings: Settings, owner: str = "") -> None:
         self.settings = settings
-        self.owner = S.token(owner or settings.nats_user or "anonymous")
+        self.owner = S.payload_owner(owner or settings.nats_user or "anonymous")
 
     def too_big(self, nc: NatsClient, size: int) -> bool:
         return size > inline_limit(self.settings, nc.max_payload)
@@ -140,7 +140,7 @@ class PayloadStore:
     async def get(self, nc: NatsClient, ref: PayloadRef) -> bytes:
         if ref.name != f"sha256-{ref.sha256}":
             raise PayloadError(f"referenced body {ref.name} does not match its digest")
-        owner = S.token(ref.owner or self.owner)
+        owner = S.payload_owner(ref.owner or self.owner)
         parts = await asyncio.gather(
             *(self._get_chunk(nc, S.payload_subject(owner, ref.sha256, i), ref) for i in range(chunks(ref.size)))
         )

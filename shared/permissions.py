@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shared import subjects as S
+from shared.access import EXAMPLE, AccessFile
 from shared.channels import SERVICES, publish_patterns
 
 
@@ -34,51 +35,59 @@ class Grant:
     consumers: tuple[tuple[str, str], ...] = ()  # (stream, durable name or prefix*)
     read_streams: tuple[str, ...] = ()  # history by direct get (batched: ``Bus.scan``), no consumer
     answers: tuple[str, ...] = ()  # the users whose requests this one answers (publish on their inboxes)
+    answers_people: tuple[str, ...] = ()  # the roles (``tenant``, ``operator``) whose people it answers, all of them
+    config_keys: tuple[str, ...] = ()  # the keys of ``lw_config`` it reads (the applied access file)
     bodies_of: tuple[str, ...] | None = None  # whose claim-check bodies it reads (None: anyone's)
     bodies_for: tuple[str, ...] = ()  # other owners it stores bodies as (the planner: each tenant's reads)
     sees: tuple[str, ...] | None = None  # the streams whose info (and subject index) it may read (None: every one)
+    tenant: str | None = None  # a client bound to this tenant (its inbox is ``_INBOX_tenant.<user>``)
 
 
-# Operators: one NATS user each, allowed to publish only their own claim/renew/resolve subjects.
-# The value is the kinds each may act on (the escalation service's LW_OPERATORS roster; '*' = all).
-OPERATORS: dict[str, tuple[str, ...]] = {
-    "alice": ("*",),
-    "bob": ("not_judged", "approval", "spawn"),
-}
-
-# Clients bound to a tenant: one NATS user each, allowed to submit only on its own tenant's subject
-# (``cmd.run.submit.<tenant>``), so the tenant a run pays from is the one the server authenticated, and to
-# read only its own tenant's runs, through the planner (``rpc.runs.<verb>.<tenant>``).
-# ``client`` is the default tenant's, the single-tenant deployment's client that reads everything (its grant
-# above); the value is the tenant.
+# The people (tenant-bound clients and operators) are configuration: the access file an admin applies
+# (``shared/access.py``; ``loopwarden config apply``). Nothing here names one: a responder to them publishes on
+# the inboxes of their role (``S.people_inboxes``), the planner stores a tenant's read bodies under
+# ``lw.v1.payload.tenant.>``, so adding one changes no service's grant. ``EXAMPLE`` is the shipped example
+# (``deploy/access.yaml``), from which ``deploy/nats/auth.conf`` is generated.
 DEFAULT_CLIENT = "client"
-TENANT_CLIENTS: dict[str, str] = {
-    "client": S.DEFAULT_TENANT,
-    "client_acme": "acme",
-}
+OPERATORS: dict[str, tuple[str, ...]] = {name: tuple(kinds) for name, kinds in EXAMPLE.roster().items()}
+TENANT_CLIENTS: dict[str, str] = {DEFAULT_CLIENT: S.DEFAULT_TENANT, **EXAMPLE.tenant_users()}
 
 
-def published(user: str) -> tuple[str, ...]:
+def published(user: str, access: AccessFile = EXAMPLE) -> tuple[str, ...]:
     """What ``user`` may publish: its rows of the channel table (``shared/channels.py``), with the params the
-    server pins to it (a service's own dead letters, a client's own tenant, an operator's own name)."""
-    if user in OPERATORS:
-        return publish_patterns(user, ("operator",), {"operator": user})
-    if user in TENANT_CLIENTS:
-        groups = () if user == DEFAULT_CLIENT else ("tenant_client",)
-        return publish_patterns(user, groups, {"tenant": TENANT_CLIENTS[user]})
+    server pins to it (a service's own dead letters, a client's own tenant, an operator's own name). A person
+    is one of ``access`` (the example's by default)."""
+    if user == DEFAULT_CLIENT:
+        return publish_patterns(user, (), {"tenant": S.DEFAULT_TENANT})
     if user in SERVICES:
         return publish_patterns(user, ("all",), {"service": user})
     if user == "console":  # a replay from the run page is submitted on the default tenant's subject
         return publish_patterns(user, (), {"tenant": S.DEFAULT_TENANT})
+    if user in access.operators:
+        return published_by_person(user, None)
+    if user in access.tenant_users():
+        return published_by_person(user, access.tenant_users()[user])
     return publish_patterns(user, (), {})
+
+
+def published_by_person(user: str, tenant: str | None) -> tuple[str, ...]:
+    """What a person may publish: a client bound to ``tenant`` its own tenant's subjects, an operator
+    (``tenant`` None) its own name's."""
+    if tenant is not None:
+        return publish_patterns(user, ("tenant_client",), {"tenant": tenant})
+    return publish_patterns(user, ("operator",), {"operator": user})
 
 
 GRANTS: dict[str, Grant] = {
     "planner": Grant(
         publish=published("planner"),
-        # a tenant-bound client's reads of its own runs (``services/planner/reads.py``): it answers them
-        # (``answers``: the tenant clients, filled in by ``grants()``) from the runs' records and events
+        # a tenant-bound client's reads of its own runs (``services/planner/reads.py``): it answers every
+        # tenant's clients (their inboxes: ``_INBOX_tenant.<user>``) from the runs' records and events, and
+        # stores a large answer under the tenant's bodies (``lw.v1.payload.tenant.<tenant>``)
         subscribe=(f"{S.RUN_READ_PREFIX}.>",),
+        answers_people=(S.TENANT_ROLE,),
+        bodies_for=(S.TENANT_ROLE,),
+        config_keys=(S.CONFIG_ACCESS,),  # the tenants' policies
         # scenarios: bound at submit; history: the runs' conversations; rate limits: its model calls' keys
         kv_write=(S.KV_RUNS, S.KV_MODEL_CALLS, S.KV_LESSONS, S.KV_SCENARIOS, S.KV_HISTORY, S.KV_RATE_LIMITS),
         kv_read=(S.KV_CONTRACTS, S.KV_AGENTS),  # agents: resolved at submit (``RunSubmit.agent``)
@@ -116,6 +125,7 @@ GRANTS: dict[str, Grant] = {
         subscribe=(S.BUDGET_RESERVE,),
         kv_write=(S.KV_BUDGETS,),
         answers=("planner", "admin"),
+        config_keys=(S.CONFIG_ACCESS,),  # the tenants' policies (daily ceilings)
         consumers=(
             (S.STREAM_EVT, S.DURABLE_GOVERNOR_RUN_FINISHED),  # a run's final usage reaches its tenant's day
             (S.STREAM_SUBMIT, S.requeue_durable("governor")),
@@ -123,8 +133,9 @@ GRANTS: dict[str, Grant] = {
     ),
     "escalation": Grant(
         publish=published("escalation"),
-        subscribe=(f"{S.P}.rpc.escalation.>",),
-        kv_write=(S.KV_ESCALATIONS,),
+        # the queue's requests, and the operators' agent registrations (it holds the roster that decides them)
+        subscribe=(f"{S.P}.rpc.escalation.>", f"{S.AGENT_REGISTER_PREFIX}.>"),
+        kv_write=(S.KV_ESCALATIONS, S.KV_AGENTS),
         # the run's last turns; provided results meet the tool's contract
         kv_read=(S.KV_RUNS, S.KV_CONTRACTS, S.KV_HISTORY),
         consumers=(
@@ -133,7 +144,9 @@ GRANTS: dict[str, Grant] = {
             (S.STREAM_EVT, S.DURABLE_ESCALATION_FAILURES),
             (S.STREAM_SUBMIT, S.requeue_durable("escalation")),
         ),
-        answers=("client", "console", "admin"),  # and every operator: ``grants()``
+        answers=("client", "console", "admin"),
+        answers_people=(S.OPERATOR_ROLE,),  # every operator, as themselves
+        config_keys=(S.CONFIG_ACCESS,),  # the roster
     ),
     # The single-tenant deployment's client (the default tenant's): submits runs and reads every run and the
     # queue; it cannot claim or resolve (operators have their own users). A deployment with several tenants
@@ -170,80 +183,73 @@ GRANTS["console"] = Grant(
     ),
     kv_write=(S.KV_CONSOLE_SESSIONS,),  # a logout revokes the session on every replica
     read_streams=(S.STREAM_EVT,),
+    config_keys=(S.CONFIG_ACCESS, S.CONFIG_CONSOLE),  # the roster, and the logins (bcrypt hashes: its own read)
 )
 
 
-def tenant_client_grant(tenant: str) -> Grant:
-    """A client bound to ``tenant``: submits on its own tenant's subject and reads its own runs through the
-    planner (``rpc.runs.<verb>.<tenant>``, answered for that tenant's runs only). No read right on the
+def tenant_client_grant(user: str, tenant: str) -> Grant:
+    """``user``, a client bound to ``tenant``: submits on its own tenant's subject and reads its own runs through
+    the planner (``rpc.runs.<verb>.<tenant>``, answered for that tenant's runs only). No read right on the
     buckets, stream or live events of runs, nor on the human queue: they hold every tenant's runs (and
     arguments), and no grant can filter a direct get or a bucket by tenant."""
     return Grant(
-        publish=published(user_of(tenant)),
+        publish=published_by_person(user, tenant),
         # the bodies of its own submits, and those the planner stores for its tenant's reads: not anyone's
         # (other tenants' answers and tool results are there)
-        bodies_of=(S.token(user_of(tenant)), S.tenant_bodies(tenant)),
+        bodies_of=(S.token(user), S.tenant_bodies(tenant)),
         # the stream it submits to: not the subject index of the others (LW_EVT's names every run and what it did)
         sees=(S.STREAM_SUBMIT,),
+        tenant=tenant,
     )
 
 
 def user_of(tenant: str) -> str:
-    """The tenant-bound client user of ``tenant``."""
+    """The example's tenant-bound client user of ``tenant`` (``client_acme``)."""
     return next(user for user, t in TENANT_CLIENTS.items() if t == tenant)
 
 
-def streams_seen(user: str) -> tuple[str, ...]:
-    """The streams ``user`` may read the info of (and so waits for at start, ``Bus.connect``)."""
-    grant = GRANTS.get(user) or (tenant_client_grant(TENANT_CLIENTS[user]) if user in TENANT_CLIENTS else None)
+def streams_seen(user: str, tenant: str | None = None) -> tuple[str, ...]:
+    """The streams ``user`` may read the info of (and so waits for at start, ``Bus.connect``): a person's
+    user is a tenant-bound client when ``tenant`` is set and not the default one (``S.inbox_prefix``)."""
+    grant = GRANTS.get(user)
+    if grant is None and user not in S.BUILT_IN_USERS and tenant and tenant != S.DEFAULT_TENANT:
+        grant = tenant_client_grant(user, tenant)
     return tuple(S.STREAM_SUBJECTS) if grant is None or grant.sees is None else grant.sees
 
 
 def operator_grant(name: str) -> Grant:
     """An operator works the human queue as themselves, reads the dead letters and hands them back
-    to their services (``loopwarden dlq``, ``loopwarden dlq requeue``), and registers the agents every
-    tenant runs (``loopwarden agents register``: ``lw_agents``, which clients only read)."""
+    to their services (``loopwarden dlq``, ``loopwarden dlq requeue``; it reads ``lw_requeues`` to tell a
+    letter taken back already), reads the agents every tenant runs and registers them through the escalation
+    service (``loopwarden agents register``: ``rpc.agents.register.<operator>``, decided by the roster and
+    recorded with the operator's name), never by writing ``lw_agents`` itself."""
     return Grant(
-        publish=published(name),
+        publish=published_by_person(name, None),
         read_streams=(S.STREAM_DLQ,),
-        kv_write=(S.KV_AGENTS,),
-        kv_read=(S.KV_RATE_LIMITS,),  # loopwarden fleet: the providers' limits per key
+        kv_read=(S.KV_AGENTS, S.KV_REQUEUES, S.KV_RATE_LIMITS),  # rate limits: loopwarden fleet's providers
     )
 
 
-def operator_roster() -> str:
-    """``LW_OPERATORS`` for the escalation service, from the same roster the users are generated from."""
+def operator_roster(access: AccessFile = EXAMPLE) -> str:
+    """``LW_OPERATORS`` for the escalation service, from the same file the users are generated from."""
     import json
 
-    return json.dumps({name: list(kinds) for name, kinds in OPERATORS.items()})
+    return json.dumps(access.roster())
 
 
-def grants(tools: list[str]) -> dict[str, Grant]:
+def grants(tools: list[str], access: AccessFile = EXAMPLE) -> dict[str, Grant]:
     """The grants, with the executor's per-tool durables for ``tools`` (NATS wildcards match whole
-    tokens only). The tool list is the caller's: ``loopwarden.auth_conf`` reads the tool registry."""
+    tokens only) and a user per person of ``access`` (the access file). The tool list is the caller's:
+    ``loopwarden.auth_conf`` reads the tool registry. No service's grant depends on ``access``."""
     executor = GRANTS["executor"]
     durables = tuple(
         pair
         for t in tools
         for pair in ((S.STREAM_CMD, S.executor_durable(t)), (S.STREAM_SUBMIT, S.requeue_durable("executor", t)))
     )
-    operators = {name: operator_grant(name) for name in OPERATORS}
-    clients = {user: tenant_client_grant(tenant) for user, tenant in TENANT_CLIENTS.items() if user not in GRANTS}
-    escalation, planner = GRANTS["escalation"], GRANTS["planner"]
-    return {
-        **GRANTS,
-        "planner": Grant(
-            **{
-                **planner.__dict__,
-                "answers": (*planner.answers, *clients),
-                "bodies_for": tuple(S.tenant_bodies(TENANT_CLIENTS[user]) for user in clients),
-            }
-        ),
-        "executor": Grant(**{**executor.__dict__, "consumers": durables}),
-        "escalation": Grant(**{**escalation.__dict__, "answers": (*escalation.answers, *OPERATORS)}),
-        **clients,
-        **operators,
-    }
+    clients = {user: tenant_client_grant(user, tenant) for user, tenant in access.tenant_users().items()}
+    operators = {name: operator_grant(name) for name in access.operators}
+    return {**GRANTS, "executor": Grant(**{**executor.__dict__, "consumers": durables}), **clients, **operators}
 
 
 def _quote(items: list[str]) -> str:
@@ -253,10 +259,11 @@ def _quote(items: list[str]) -> str:
 def rights(service: str, grant: Grant) -> tuple[list[str], list[str]]:
     """The (publish, subscribe) allow lists a service's user gets."""
     pub = list(grant.publish)
-    sub = [f"{S.inbox_prefix(service)}.>", *grant.subscribe]
+    sub = [f"{S.inbox_prefix(service, grant.tenant)}.>", *grant.subscribe]
     # Answers go to the inboxes of the users it serves, and nowhere else (no ``allow_responses``: with it
     # a requester names any subject as its reply - a KV key, a command - and the responder writes there).
     pub += [f"{S.inbox_prefix(user)}.>" for user in grant.answers]
+    pub += [S.people_inboxes(role) for role in grant.answers_people]
     # Read and ack through its own durables only: no CONSUMER.CREATE / DURABLE.CREATE on a stream, so a
     # service can neither change its consumer's filter (and read every command) nor its limits;
     # `loopwarden bootstrap` (admin) creates them. Stream INFO lets it wait for bootstrap.
@@ -286,6 +293,9 @@ def rights(service: str, grant: Grant) -> tuple[list[str], list[str]]:
             "$JS.FC.>",
         ]
     pub += [f"$KV.{b}.>" for b in grant.kv_write]
+    if grant.config_keys:  # the applied access file, key by key (``lw_config/console`` holds password hashes)
+        pub.append(f"$JS.API.STREAM.INFO.KV_{S.KV_CONFIG}")
+        pub += [f"$JS.API.DIRECT.GET.KV_{S.KV_CONFIG}.$KV.{S.KV_CONFIG}.{key}" for key in grant.config_keys]
     for stream in grant.read_streams:
         # History by (batched) direct get: a read, never a consumer. ``MSG.GET`` reads one message by its
         # number (``loopwarden dlq requeue N``).
@@ -321,20 +331,34 @@ def payload_rights(user: str, bodies_of: tuple[str, ...] | None = None) -> list[
     return [f"{S.PAYLOAD_PREFIX}.{S.token(user)}.>", *reads]
 
 
-def render(tools: list[str]) -> str:
+def password(user: str, hashes: dict[str, str]) -> str:
+    """A user's password in auth.conf: the bcrypt hash the access file gives it (quoted: no variable), else
+    ``$LW_NATS_PASSWORD_<USER>`` from the server's environment."""
+    found = hashes.get(user)
+    return f'"{found}"' if found else f"${password_env(user)}"
+
+
+def password_env(user: str) -> str:
+    """The environment variable a user's password comes from where the access file gives no hash."""
+    return f"LW_NATS_PASSWORD_{S.token(user).upper().replace('-', '_')}"
+
+
+def render(tools: list[str], access: AccessFile = EXAMPLE, source: str = "deploy/access.yaml") -> str:
+    hashes = access.password_hashes()
     lines = [
-        "# GENERATED from shared/channels.py and shared/permissions.py by `make schemas` — do not edit by hand.",
-        "# One user per service; passwords come from the environment (LW_NATS_PASSWORD_<SERVICE>).",
+        f"# GENERATED from {source}, shared/channels.py and shared/permissions.py (`loopwarden config apply`,",
+        "# `make schemas`) - do not edit by hand. One user per service and per person; a password is the access",
+        "# file's bcrypt hash, else it comes from the environment (LW_NATS_PASSWORD_<USER>).",
         "accounts {",
         "  LOOPWARDEN {",
         "    jetstream: enabled",
         "    users: [",
-        '      { user: "admin", password: $LW_NATS_PASSWORD_ADMIN }',
+        f'      {{ user: "admin", password: {password("admin", hashes)} }}',
     ]
-    for service, grant in grants(tools).items():
+    for service, grant in grants(tools, access).items():
         pub, sub = rights(service, grant)
         lines += [
-            f'      {{ user: "{service}", password: $LW_NATS_PASSWORD_{service.upper()}',
+            f'      {{ user: "{service}", password: {password(service, hashes)}',
             "        permissions: {",
             f"          publish: {{ allow: {_quote(pub)} }}",
             f"          subscribe: {{ allow: {_quote(sub)} }}",

@@ -54,6 +54,10 @@ CATALOGUE: dict[str, str] = {
     f"kv {S.KV_MCP_SERVERS}": "McpServerStatus",
     f"kv {S.KV_RUNS}": "RunSnapshot",
     f"kv {S.KV_HISTORY} (<run>.<seq>)": "ChatMessage",
+    f"{S.AGENT_REGISTER_PREFIX}.<operator> (request/reply)": "AgentRegister -> AgentRegisterReply",
+    f"kv {S.KV_AGENTS}": "AgentRecord",
+    f"kv {S.KV_CONFIG} (access)": "AccessRecord",
+    f"kv {S.KV_CONFIG} (console)": "ConsoleUsers",
 }
 
 

@@ -66,7 +66,10 @@ async def serve(service: str, build: Build, settings: Settings | None = None) ->
             connected = bus.nc.is_connected
         except Exception:
             connected = False
-        return (True, "connected and consuming") if connected else (False, "NATS connection lost; reconnecting")
+        if not connected:
+            return False, "NATS connection lost; reconnecting"
+        missing = bus.missing_consumers()
+        return (False, "; ".join(missing)) if missing else (True, "connected and consuming")
 
     health = None
     if settings.health_port is not None:  # before connecting: liveness answers while start-up waits

@@ -46,6 +46,8 @@ ESCALATION_RESOLVE = f"{P}.rpc.escalation.resolve"
 # a tenant-bound client reads its runs through the planner (``services/planner/reads.py``):
 # ``<prefix>.<verb>.<tenant>``, and the server lets each such client publish only its own tenant's
 RUN_READ_PREFIX = f"{P}.rpc.runs"
+# an operator (or the admin) registers an agent as itself: ``<prefix>.<user>``, answered by the escalation service
+AGENT_REGISTER_PREFIX = f"{P}.rpc.agents.register"
 RUN_READ_VERBS = ("state", "history", "events")
 
 # --- events (JetStream stream LW_EVT) ------------------------------------------------------
@@ -147,6 +149,8 @@ KV_HISTORY = "lw_history"  # planner: a run's conversation, one key per message 
 KV_CONSOLE_SESSIONS = "lw_console_sessions"  # console: revoked sessions, shared by every replica
 KV_REQUEUES = "lw_requeues"  # every consuming service: <service>.<letter> once it took that letter back
 KV_AGENTS = "lw_agents"  # operators (and the admin): registered agent definitions, one key per agent name
+KV_CONFIG = "lw_config"  # the admin: the access file applied (``loopwarden config apply``), read live by services
+CONFIG_ACCESS, CONFIG_CONSOLE = "access", "console"  # its keys (``shared/messages/config.py``)
 # planner and judge: one record per provider key, <provider>.<account> (the key's hash), shared by every replica:
 # its limits learned or set, the pace (a theoretical arrival time per dimension), a 429's pause
 KV_RATE_LIMITS = "lw_ratelimits"
@@ -168,6 +172,7 @@ ALL_BUCKETS = (
     KV_CONSOLE_SESSIONS,
     KV_REQUEUES,
     KV_AGENTS,
+    KV_CONFIG,
     KV_RATE_LIMITS,
 )
 
@@ -193,9 +198,29 @@ def token(value: str) -> str:
     return _bounded(cleaned, MAX_TOKEN) or "_"
 
 
-def inbox_prefix(service: str) -> str:
-    """The reply-inbox prefix of a service's connection (its grant lets it read only its own)."""
-    return f"_INBOX_{token(service)}"
+# The users every deployment has: the admin, the services, the default tenant's client and the console. Every
+# other user is a person's, named in the access file an admin applies (``shared/access.py``): a tenant-bound
+# client or an operator. Their names are reserved there, with the first token of the people's inboxes and
+# stored bodies (``tenant``, ``operator``), so no person's own inbox or bodies can cover another's.
+BUILT_IN_USERS = ("admin", "planner", "executor", "validator", "judge", "governor", "escalation", "client", "console")
+TENANT_ROLE, OPERATOR_ROLE = "tenant", "operator"
+
+
+def inbox_prefix(user: str, tenant: str | None = None) -> str:
+    """The reply-inbox prefix of ``user``'s connection (its grant lets it read only its own): ``_INBOX_<user>``
+    for a built-in user; a person's is under its role, ``_INBOX_tenant.<user>`` for a client bound to a tenant
+    (``tenant`` set and not the default one) and ``_INBOX_operator.<user>`` otherwise, so a responder's grant
+    names every person of a role with one wildcard (``people_inboxes``): adding a tenant or an operator
+    changes no service's grant."""
+    if user in BUILT_IN_USERS:
+        return f"_INBOX_{token(user)}"
+    role = TENANT_ROLE if tenant and tenant != DEFAULT_TENANT else OPERATOR_ROLE
+    return f"_INBOX_{role}.{token(user)}"
+
+
+def people_inboxes(role: str) -> str:
+    """Every inbox of the people of ``role`` (``tenant`` or ``operator``): what a responder to them publishes on."""
+    return f"_INBOX_{token(role)}.>"
 
 
 def kv_key(*parts: str) -> str:
@@ -213,10 +238,24 @@ def run_read(verb: str, tenant: str) -> str:
     return f"{RUN_READ_PREFIX}.{token(verb)}.{token(tenant)}"
 
 
+def agent_register(user: str) -> str:
+    """The subject ``user`` registers an agent on (the server lets only that user publish it)."""
+    return f"{AGENT_REGISTER_PREFIX}.{token(user)}"
+
+
 def tenant_bodies(tenant: str) -> str:
     """The claim-check owner (``lw.v1.payload.<it>.>``) of the large bodies the planner hands a tenant-bound
-    client in its reads (``run_read``): that tenant's client may read these and its own, no one else's."""
-    return f"tenant_{token(tenant)}"
+    client in its reads (``run_read``): that tenant's client may read these and its own, no one else's. Two
+    tokens, ``tenant.<tenant>``: the planner's grant covers every tenant's with ``lw.v1.payload.tenant.>``."""
+    return f"{TENANT_ROLE}.{token(tenant)}"
+
+
+def payload_owner(owner: str) -> str:
+    """The owner part of a stored body's subject: one token (a user), or ``tenant.<tenant>`` (``tenant_bodies``)."""
+    role, dot, rest = owner.partition(".")
+    if dot and role == TENANT_ROLE:
+        return f"{TENANT_ROLE}.{token(rest)}"
+    return token(owner)
 
 
 def tool_execute(tool: str) -> str:
@@ -249,7 +288,7 @@ def dead_letter(service: str) -> str:
 
 def payload_subject(user: str, digest: str, chunk: int) -> str:
     """Where chunk ``chunk`` of a body stored by ``user`` lives (``shared/payloads.py``)."""
-    return f"{PAYLOAD_PREFIX}.{token(user)}.{token(digest)}.{chunk}"
+    return f"{PAYLOAD_PREFIX}.{payload_owner(user)}.{token(digest)}.{chunk}"
 
 
 def stream_for(subject: str) -> str | None:

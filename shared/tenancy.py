@@ -12,15 +12,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
-from pydantic import Field
-
-from shared.messages.wire import Wire
+from pydantic import BaseModel, ConfigDict, Field
 
 T = TypeVar("T")
 
 
-class TenantPolicy(Wire):
-    """One tenant's share of the fleet and its quotas; a field left out takes the fleet's default."""
+class TenantPolicy(BaseModel):
+    """One tenant's share of the fleet and its quotas; a field left out takes the fleet's default. (A wire
+    model, as ``shared.messages.Wire`` makes them, without importing the contracts: ``lw_config``'s record,
+    ``shared/messages/config.py``, holds it.)"""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
     weight: float | None = Field(
         None, gt=0, le=1000, description="its share of the fleet while tenants compete for it (default 1)"

@@ -9,11 +9,14 @@ turn left the old answer and its score in place.
 
 from __future__ import annotations
 
+import json
+import uuid
 from typing import Any
 
 from loopwarden.client import Client
+from loopwarden.fake_model import FakeModel
 from shared import subjects as S
-from shared.messages import RunSnapshot, Verdict
+from shared.messages import RunSnapshot, RunSubmit, Verdict
 from tests.conftest import escalations_of, run_scenario
 from tests.support.runs import GOOD_SEARCH, submit, tool_results
 from tests.support.timing import bound
@@ -365,42 +368,61 @@ async def test_judge_model_is_configured_apart_from_the_planner(client: Client) 
     assert verdict.judge_model == "claude-haiku-4-5" and state.model == "claude-sonnet-4-5"
 
 
-async def test_lessons_from_earlier_runs_are_opt_in(client: Client) -> None:
-    task = "Explain JetStream dedupe (lessons test)."
-    base = {
-        "name": "lessons",
-        "task": task,
-        "answer_mode": "text",
-        "rubric": RUBRIC,
-        "limits": {"max_judge_retries": 0},
-    }
-    first = await run_scenario(
-        client,
-        {
-            **base,
-            "planner": [{"text": "vague"}],
-            "judge": [
-                {"scores": {"accurate": 0.2, "cites a source": 0.0}, "reasons": {"cites a source": "names no URL"}}
-            ],
-        },
+async def test_lessons_from_earlier_runs_are_opt_in(client: Client, messages_api: FakeModel) -> None:
+    """A live judge's reasons are a lesson for the tenant's later runs of the task (opt-in); a scripted run's
+    verdicts are what its submitter wrote, and never one (security review 4, N3)."""
+    key = f"lessons{uuid.uuid4().hex[:8]}"
+    task = f"Explain JetStream dedupe (lessons test). [script:{key}]"
+    messages_api.script(
+        key,
+        [
+            {"content": [{"type": "text", "text": "vague"}]},
+            {"content": [{"type": "text", "text": judge_reply(0.2, 0.0, "names no URL")}]},
+            {"content": [{"type": "text", "text": "x"}]},
+            {"content": [{"type": "text", "text": judge_reply(1.0, 1.0)}]},
+            {"content": [{"type": "text", "text": "precise, with a URL"}]},
+            {"content": [{"type": "text", "text": judge_reply(1.0, 1.0)}]},
+        ],
     )
+    live = {"task": task, "answer_mode": "text", "rubric": RUBRIC, "limits": {"max_judge_retries": 0}, "tools": []}
+    first = await submit_live(client, live)
     assert first.first_draft_passed is False
-    without: RunSnapshot = await run_scenario(
-        client, {**base, "planner": [{"text": "x"}], "judge": [{"scores": {"accurate": 1, "cites a source": 1}}]}
-    )
+    without = await submit_live(client, live)
     assert "Lessons" not in without.messages[0].text()
-    second = await run_scenario(
+    second = await submit_live(client, {**live, "lessons": True})
+    opening = second.messages[0].text()
+    assert "Lessons from earlier attempts" in opening and "cites a source: names no URL" in opening
+    assert second.first_draft_passed is True and second.retry_count == 0
+    # a scripted run's failing verdict: its reason reaches no later run
+    scripted_task = "Explain JetStream dedupe (scripted lessons test)."
+    base = {"name": "lessons", "task": scripted_task, "answer_mode": "text", "rubric": RUBRIC}
+    judged = {"scores": {"accurate": 0.2, "cites a source": 0.0}, "reasons": {"cites a source": "SUBMITTER-WORDS"}}
+    failed = await run_scenario(
+        client, {**base, "limits": {"max_judge_retries": 0}, "planner": [{"text": "vague"}], "judge": [judged]}
+    )
+    assert failed.first_draft_passed is False
+    after = await run_scenario(
         client,
         {
             **base,
             "lessons": True,
-            "planner": [{"text": "precise, with a URL"}],
-            "judge": [{"scores": {"accurate": 1.0, "cites a source": 1.0}}],
+            "planner": [{"text": "y"}],
+            "judge": [{"scores": {"accurate": 1, "cites a source": 1}}],
         },
     )
-    opening = second.messages[0].text()
-    assert "Lessons from earlier attempts" in opening and "cites a source: names no URL" in opening
-    assert second.first_draft_passed is True and second.retry_count == 0
+    assert "SUBMITTER-WORDS" not in after.messages[0].text() and "Lessons" not in after.messages[0].text()
+
+
+def judge_reply(accurate: float, source: float, why: str = "") -> str:
+    return json.dumps({"scores": {"accurate": accurate, "cites a source": source}, "reasons": {"cites a source": why}})
+
+
+async def submit_live(client: Client, fields: dict[str, Any]) -> RunSnapshot:
+    run_id = f"run-{uuid.uuid4().hex[:16]}"
+    await client.submit(RunSubmit(run_id=run_id, **fields))
+    state = await client.wait(run_id, timeout=bound(60))
+    assert state.status == "completed", state.final_reason
+    return state
 
 
 async def test_answer_modes_text_submission_or_either(client: Client) -> None:

@@ -120,7 +120,8 @@ async def test_a_turn_dead_lettered_while_the_governor_was_gone_completes_once_i
             assert any(s.name.startswith("chat ") for s in otlp.trace(root.trace_id)), otlp.trace(root.trace_id)
 
             again = await run_cli(url, tmp_path, "dlq", "requeue", str(numbered.seq))
-            assert again.returncode == 0 and "already" in again.stdout, again.stdout + again.stderr
+            assert again.returncode == 1 and "already" in again.stderr, again.stdout + again.stderr  # not sent
+            assert "nothing was sent" in again.stderr
             await asyncio.sleep(bound(1.0))
             assert Counter(e.kind for e in await client.events(run_id)) == kinds
             assert [n for n in await letters_of(client, run_id, count=2, timeout=bound(1))] == [numbered]  # not again
@@ -158,7 +159,11 @@ async def test_a_turn_dead_lettered_while_the_governor_was_gone_completes_once_i
             assert f"letter {request[0].seq} is a request on {S.BUDGET_RESERVE}" in refused.stderr
             unknown = await run_cli(url, tmp_path, "dlq", "requeue", str(numbered.seq), "999999")
             assert unknown.returncode == 1, unknown.stdout + unknown.stderr
-            assert "no dead letter numbered 999999 in LW_DLQ; nothing was requeued" in unknown.stderr
+            # the first letter that cannot be: handed back already (its claim in lw_requeues), then 999999
+            assert f"letter {numbered.seq} was handed back to planner already" in unknown.stderr
+            assert unknown.stderr.strip().endswith("nothing was requeued")
+            unknown = await run_cli(url, tmp_path, "dlq", "requeue", "999999")
+            assert "no dead letter numbered 999999 in LW_DLQ" in unknown.stderr and unknown.returncode == 1
             for done in (refused, unknown):
                 assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr, done.stderr
                 assert done.stdout == ""  # checked before any was sent

@@ -94,7 +94,7 @@ CALC: list[dict[str, Any]] = [
 async def raw_read(url: str, verb: str, read: RunRead, tenant: str = "acme") -> bytes:
     """The planner's answer as client_acme receives it, byte for byte."""
     nc = await nats.connect(
-        url, user="client_acme", password=L.PASSWORDS["client_acme"], inbox_prefix="_INBOX_client_acme"
+        url, user="client_acme", password=L.PASSWORDS["client_acme"], inbox_prefix=L.inbox_of("client_acme")
     )
     try:
         return (await nc.request(S.run_read(verb, tenant), read.model_dump_json().encode(), timeout=bound(3))).data
@@ -194,7 +194,7 @@ async def acme_connection(url: str, errors: list[str]) -> NatsClient:
         user="client_acme",
         password=L.PASSWORDS["client_acme"],
         error_cb=on_error,
-        inbox_prefix="_INBOX_client_acme",
+        inbox_prefix=L.inbox_of("client_acme"),
     )
 
 
@@ -310,11 +310,11 @@ def test_only_the_default_tenants_client_reads_runs_directly() -> None:
             assert direct and f"{S.P}.evt.>" in sub
             continue
         assert [p for p in direct if not p.startswith("$JS.API.STREAM.INFO.")] == [], (user, direct)
-        assert sub == [f"{S.inbox_prefix(user)}.>"], (user, sub)
+        assert sub == [f"{S.inbox_prefix(user, tenant)}.>"], (user, sub)
         assert S.ESCALATION_LIST not in pub and S.ESCALATION_SHOW not in pub, user
         assert [p for p in pub if p.startswith(S.RUN_READ_PREFIX)] == [S.run_read(v, tenant) for v in S.RUN_READ_VERBS]
         planner_pub, _ = rights("planner", all_grants["planner"])
-        assert f"{S.inbox_prefix(user)}.>" in planner_pub
+        assert S.people_inboxes(S.TENANT_ROLE) in planner_pub
 
 
 # --- the rules, as functions ----------------------------------------------------------------------------------------

@@ -77,7 +77,7 @@ async def admin(url: str) -> AsyncIterator[Client]:
 @contextlib.asynccontextmanager
 async def raw(url: str, user: str) -> AsyncIterator[nats.NATS]:
     """A bare nats-py connection as ``user`` (what an attacker holding that password has)."""
-    nc = await nats.connect(url, user=user, password=L.PASSWORDS[user], inbox_prefix=f"_INBOX_{user}")
+    nc = await nats.connect(url, user=user, password=L.PASSWORDS[user], inbox_prefix=L.inbox_of(user))
     try:
         yield nc
     finally:
@@ -381,16 +381,18 @@ def test_every_generated_grant_keeps_the_rules() -> None:
         for p in pub:
             if p.startswith("$JS.API.CONSUMER.CREATE.KV_"):
                 assert p.split(".")[4].removeprefix("KV_") in grant.kv_write, (user, p)
-        # replies only to named inboxes: no allow_responses; the governor answers the planner only
-        assert all(
-            not p.startswith("_INBOX_") or p.split(".")[0] in {S.inbox_prefix(u) for u in grant.answers} for p in pub
-        )
+        # replies only to named inboxes: no allow_responses; the governor answers the planner only; the people
+        # of a role (tenants' clients, operators) under that role's inboxes, never a built-in user's
+        answered = {f"{S.inbox_prefix(u)}.>" for u in grant.answers} | {
+            S.people_inboxes(r) for r in grant.answers_people
+        }
+        assert all(not p.startswith("_INBOX_") or p in answered for p in pub), user
         # only the planner starts a sub-agent run
         if user != "planner":
             assert not any(S.matches(p, f"{S.P}.cmd.run.spawn") for p in pub), user
         # claim-check bodies: only under one's own name; dead letters: operators (and admin) only
         # (and the planner under each tenant's, for that tenant's reads: ``S.tenant_bodies``)
-        own_bodies = [S.token(user), *(S.tenant_bodies(t) for t in TENANT_BOUND.values() if user == "planner")]
+        own_bodies = [S.token(user), *([S.TENANT_ROLE] if user == "planner" else [])]
         assert [p for p in pub if p.startswith(S.PAYLOAD_PREFIX)] == [f"{S.PAYLOAD_PREFIX}.{o}.>" for o in own_bodies]
         if user in ("client", "console"):
             reads = ("DIRECT.GET", "MSG.GET", "CONSUMER.")  # its stream info (counts) is no letter
@@ -405,7 +407,7 @@ def test_every_generated_grant_keeps_the_rules() -> None:
             reads = [p for p in pub if ".GET." in p or p.endswith(".GET") or p.startswith("$KV.")]
             bodies = (user, S.tenant_bodies(TENANT_BOUND[user]))  # its own, and its tenant's reads'
             assert reads == [f"$JS.API.DIRECT.GET.{S.STREAM_PAYLOADS}.{S.PAYLOAD_PREFIX}.{o}.>" for o in bodies], reads
-            assert sub == [f"{S.inbox_prefix(user)}.>"], (user, sub)
+            assert sub == [f"{L.inbox_of(user)}.>"], (user, sub)
             # no subject index but its submit stream's (LW_EVT's names every run, LW_PAYLOADS' every body)
             assert [p for p in pub if p.startswith("$JS.API.STREAM.INFO.")] == [
                 f"$JS.API.STREAM.INFO.{S.STREAM_SUBMIT}"
@@ -415,16 +417,19 @@ def test_every_generated_grant_keeps_the_rules() -> None:
             assert [p for p in pub if p.startswith(S.RUN_READ_PREFIX)] == own, user
         elif user != "planner":
             assert not any(S.RUN_READ_PREFIX in p for p in (*pub, *sub)), user  # the planner alone answers them
-        assert f"{S.inbox_prefix(user)}.>" in sub
+        assert f"{L.inbox_of(user)}.>" in sub
     planner = rights("planner", grants["planner"])
-    assert {p for p in planner[0] if p.startswith("_INBOX_")} == {f"{S.inbox_prefix(u)}.>" for u in TENANT_BOUND}
+    assert {p for p in planner[0] if p.startswith("_INBOX_")} == {S.people_inboxes(S.TENANT_ROLE)}
     assert f"{S.RUN_READ_PREFIX}.>" in planner[1]
-    assert not {f"{S.inbox_prefix(u)}.>" for u in TENANT_BOUND} & set(rights("escalation", grants["escalation"])[0])
+    # no tenant's client inbox is under another role's, nor any service's: the escalation service answers none
+    assert all(L.inbox_of(u).startswith("_INBOX_tenant.") for u in TENANT_BOUND)
+    assert not {p for p in rights("escalation", grants["escalation"])[0] if p.startswith("_INBOX_tenant")}
     assert {p for p in rights("governor", grants["governor"])[0] if p.startswith("_INBOX_")} == {
         f"{S.inbox_prefix(u)}.>" for u in ("planner", "admin")
     }
     escalation = set(rights("escalation", grants["escalation"])[0])
-    assert {f"{S.inbox_prefix(u)}.>" for u in ("client", "console", *OPERATORS)} <= escalation
+    assert {f"{S.inbox_prefix(u)}.>" for u in ("client", "console")} | {S.people_inboxes(S.OPERATOR_ROLE)} <= escalation
+    assert all(L.inbox_of(u).startswith("_INBOX_operator.") for u in OPERATORS)
     assert "allow_responses" not in (Path(__file__).parents[1] / "deploy" / "nats" / "auth.conf").read_text()
 
 

@@ -13,7 +13,15 @@ from loopwarden.client.connecting import READY_TIMEOUT_S, Unreachable, probe, re
 from loopwarden.client.events import Event, Watch, tool_metrics, tool_outcomes
 from loopwarden.client.letters import Letters, NumberedLetter, Requeued
 from loopwarden.client.reads import TENANT_POLL_S
-from loopwarden.client.runs import NotAllowed, RunResult, UnknownAgent, new_run_id, select_runs
+from loopwarden.client.runs import (
+    AgentList,
+    NotAllowed,
+    RunResult,
+    UnknownAgent,
+    UnreadableAgent,
+    new_run_id,
+    select_runs,
+)
 from loopwarden.client.scenarios import Scenarios
 from loopwarden.client.waiting import PROGRESS_STEMS
 
@@ -21,6 +29,7 @@ __all__ = [
     "PROGRESS_STEMS",
     "READY_TIMEOUT_S",
     "TENANT_POLL_S",
+    "AgentList",
     "Client",
     "Event",
     "NotAllowed",
@@ -29,6 +38,7 @@ __all__ = [
     "RunResult",
     "UnknownAgent",
     "Unreachable",
+    "UnreadableAgent",
     "Watch",
     "new_run_id",
     "probe",

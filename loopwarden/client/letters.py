@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from loopwarden.client.reads import Reads
 from shared import subjects as S
 from shared.bus import RUN_ID_HEADER
+from shared.bus.requeue import RequeueClaim
 from shared.dead_letters import NotRequeueable, not_ours, requeue_command, requeue_msg_id, superseded
 from shared.messages import (
     DeadLetter,
@@ -23,13 +24,12 @@ class NumberedLetter:
 
 @dataclass(frozen=True)
 class Requeued:
-    """A letter handed back to its service; ``duplicate``: it had been handed back already within the
-    de-duplication window (``LW_DUPLICATE_WINDOW_S``), so the server kept the first one only."""
+    """A letter handed back to its service."""
 
     seq: int
     service: str
     subject: str
-    duplicate: bool
+    duplicate: bool = False  # never True: a requeue the server took for a duplicate raises ``NotRequeueable``
 
 
 class Letters(Reads):
@@ -52,22 +52,41 @@ class Letters(Reads):
         )
         if why is not None:
             raise NotRequeueable(why)
+        claim = await self.taken_back(seq, letter.service)
+        if claim is not None:
+            raise NotRequeueable(
+                f"letter {seq} was handed back to {letter.service} already (requeue #{claim.requeue_seq}); "
+                "a letter is requeued once: nothing was sent"
+            )
         return letter
+
+    async def taken_back(self, seq: int, service: str) -> RequeueClaim | None:
+        """The requeue that took letter ``seq`` back to ``service`` (``lw_requeues``), or None."""
+        claim, _ = await self.bus.kv_get(S.KV_REQUEUES, S.kv_key(service, str(seq)), RequeueClaim)
+        return claim
 
     async def requeue(self, seq: int, letter: DeadLetter | None = None) -> Requeued:
         """Hand dead letter ``seq`` back to the service that gave up on it: that service runs it through
         the consumer that takes its subject, as a redelivery (its handlers are idempotent), and nothing is
         published on the message's own subject again (an event stays once in the runs' history). A second
-        requeue of the same letter within the de-duplication window is dropped by the server (``duplicate``).
+        requeue of a letter its service took back already is refused here (``NotRequeueable``), and the service
+        refuses it too. A PubAck saying "duplicate" means this requeue was not stored (another message holds its
+        id): ``NotRequeueable`` saying so, never "handed back before".
         ``letter``: what ``requeueable(seq)`` returned (else it is asked here)."""
         if letter is None:
             letter = await self.requeueable(seq)
         assert letter.requeue_to is not None  # ``refusal`` refuses a letter without one
+        msg_id = requeue_msg_id(seq)
         ack = await self.bus.publish(
             letter.requeue_to,
             requeue_command(seq),
-            msg_id=requeue_msg_id(seq),
+            msg_id=msg_id,
             run_id=letter.headers.get(RUN_ID_HEADER),
             traceparent=letter.headers.get("traceparent"),
         )
-        return Requeued(seq, letter.service, letter.subject, ack.duplicate)
+        if ack.duplicate:
+            raise NotRequeueable(
+                f"letter {seq}: not sent - the server holds another message with this requeue's id "
+                f"({msg_id}) and stored nothing; `loopwarden dlq` shows whether the letter was taken back"
+            )
+        return Requeued(seq, letter.service, letter.subject)

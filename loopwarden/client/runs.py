@@ -10,21 +10,26 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from opentelemetry.trace import SpanKind
+from pydantic import ValidationError
 
 from loopwarden.client.waiting import Waiting
 from shared import subjects as S
-from shared.agents import load_agent, next_record
-from shared.bus import CasConflict
+from shared.agents import load_agent
+from shared.bus import kv_scan
 from shared.canonical import digest_of
+from shared.describe import describe
 from shared.messages import (
     FINAL_STATUSES,
     Agent,
     AgentRecord,
+    AgentRegister,
+    AgentRegisterReply,
     RunLimits,
     RunSnapshot,
     RunSubmit,
     utcnow,
 )
+from shared.payloads import PayloadError
 from shared.scenario import Scenario
 from shared.telemetry import LW_RUN_ID
 
@@ -39,6 +44,20 @@ class UnknownAgent(LookupError):
 
 class NotAllowed(PermissionError):
     """The server did not let this client's NATS user do it (registering agents is for operators)."""
+
+
+class UnreadableAgent(ValueError):
+    """What is stored under an agent's name does not read as an agent (another release's, a raw write)."""
+
+
+class AgentList(list[AgentRecord]):
+    """The registered agents, by name; ``unreadable``: the keys whose value does not read as one, and why."""
+
+    unreadable: dict[str, str]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unreadable = {}
 
 
 @dataclass(frozen=True)
@@ -143,37 +162,47 @@ class Runs(Waiting):
         Only operators and the admin may (``NotAllowed`` otherwise): an agent is what every tenant's runs
         of it do. Raises ``AgentError`` for a file that is not a valid agent."""
         agent = agent if isinstance(agent, Agent) else load_agent(agent)
+        subject = S.agent_register(self.identity)  # as this client's own user: the server lets no one else
         try:
             async with asyncio.timeout(timeout):
-                while True:
-                    stored, revision = await self.bus.kv_get(S.KV_AGENTS, agent.name, AgentRecord)
-                    record = next_record(stored, agent)
-                    if record is None:
-                        assert stored is not None
-                        return stored
-                    try:
-                        await self.bus.kv_put(S.KV_AGENTS, agent.name, record, revision=revision)
-                    except CasConflict:  # registered meanwhile: on top of that one
-                        continue
-                    return record
+                reply = await self.bus.request(subject, AgentRegister(agent=agent), AgentRegisterReply)
         except TimeoutError:
             user = self.settings.nats_user or "(no user)"
             raise NotAllowed(
-                f"agent {agent.name!r} was not registered in {timeout:.0f}s: NATS user {user} may not write "
-                f"{S.KV_AGENTS} (only operators and the admin register agents)"
+                f"agent {agent.name!r} was not registered in {timeout:.0f}s: NATS user {user} may not publish "
+                f"{subject} (only operators and the admin register agents)"
             ) from None
+        if not reply.ok or reply.record is None:
+            raise NotAllowed(f"agent {agent.name!r} was not registered: {reply.error or 'no record came back'}")
+        return reply.record
 
     async def agent(self, name: str) -> AgentRecord | None:
-        """The registered agent of that name (its definition, version and digest), or None."""
-        record, _ = await self.bus.kv_get(S.KV_AGENTS, name, AgentRecord)
+        """The registered agent of that name (its definition, version and digest), or None; ``UnreadableAgent``
+        when what is stored under the name does not read as an agent."""
+        try:
+            record, _ = await self.bus.kv_get(S.KV_AGENTS, name, AgentRecord)
+        except (ValidationError, PayloadError) as err:
+            why = describe(err) if isinstance(err, ValidationError) else str(err)
+            raise UnreadableAgent(f"agent {name!r} is stored but cannot be read: {why}") from None
         return record
 
-    async def agents(self) -> list[AgentRecord]:
-        """Every registered agent, by name."""
-        return sorted(
-            [AgentRecord.model_validate_json(v) for v in await self._values(S.KV_AGENTS)],
-            key=lambda r: r.agent.name,
-        )
+    async def agents(self) -> AgentList:
+        """Every registered agent, by name; a stored value that does not read as one is left out and named
+        in ``unreadable`` (key -> why), never hiding the others."""
+        await self.bus.kv(S.KV_AGENTS)
+        found, _ = await kv_scan(self.bus.nc, S.KV_AGENTS)
+        listed, unreadable = AgentList(), {}
+        for key, stored in sorted(found.items()):
+            if stored is None or not stored.data:
+                continue
+            try:
+                value = await self.bus.payloads.inflate_value(self.bus.nc, stored.data)
+                listed.append(AgentRecord.model_validate_json(value))
+            except (ValidationError, PayloadError) as err:
+                unreadable[key] = describe(err) if isinstance(err, ValidationError) else str(err)
+        listed.sort(key=lambda r: r.agent.name)
+        listed.unreadable = unreadable
+        return listed
 
     async def submit_agent(
         self,

@@ -49,6 +49,7 @@ from shared import subjects as S
 from shared.contracts.catalogue import ContractCatalogue
 from shared.escalation_actions import ACTIONS, KINDS, parse_action
 from shared.health import METRICS_CONTENT_TYPE
+from shared.live_config import ConfigUnreadable, LiveConfig
 from shared.messages import EscalationAction, EscalationReply, utcnow
 from shared.metrics import CONSOLE_LOGINS
 from shared.records import TERMINAL, scenario_from_record
@@ -128,8 +129,18 @@ class Console:
         self.catalogue = ContractCatalogue(client.bus)  # the tools' output schemas, beside the provide-result box
         self.env = _env()
         self.roster: dict[str, list[str]] | None = json.loads(settings.operators) if settings.operators else None
+        # the logins and the roster as applied (lw_config), else LW_CONSOLE_USERS / LW_OPERATORS: ``sync_people``
+        self.people = LiveConfig(client.bus)
+        self.configured_users = dict(sessions.users)
         self.metrics: Callable[[], bytes] | None = None  # the process's Prometheus text (``/metrics``), when served
         self.logins: Counter | None = None
+
+    async def sync_people(self) -> None:
+        """The logins and the roster as an admin applied them (at most ``LW_CONFIG_REFRESH_S`` old): an operator
+        added can log in, one removed cannot (and its sessions end), without a restart."""
+        applied = await self.people.console_users()
+        self.sessions.users = applied if applied is not None else self.configured_users
+        self.roster = await self.people.roster()
 
     def observed(self, telemetry: Telemetry) -> None:
         """Serve the process's metrics on ``/metrics`` and count logins by result (docs/observability.md)."""
@@ -165,6 +176,7 @@ class Console:
     ) -> Page:
         async def guarded(request: Request) -> Response:
             try:
+                await self.sync_people()
                 session = await self.sessions.session(request.cookies.get(SESSION_COOKIE))
             except Exception as err:  # the shared store is unreachable: nobody is let in meanwhile
                 log.warning("console: cannot check the session store: %s", err)
@@ -250,6 +262,11 @@ class Console:
             log.warning("console: login for %s from %s not tried: %s", who, address, throttled.message)
             self.count_login("throttled")
             return refuse(429, throttled.message, {"Retry-After": str(max(1, round(throttled.wait_s)))})
+        try:
+            await self.sync_people()
+        except ConfigUnreadable as err:
+            log.warning("console: cannot read the logins: %s", err)
+            return refuse(503, "the console cannot check logins right now")
         try:
             token = await self.sessions.login(name, password)
         except PasswordTooLong as err:

@@ -39,6 +39,7 @@ from shared.contracts.registration import validator_for
 from shared.describe import describe
 from shared.failures import HUMAN_FAILURES
 from shared.history import HistoryMissing
+from shared.live_config import ConfigUnreadable, LiveConfig
 from shared.messages import (
     ChatMessage,
     Escalation,
@@ -107,6 +108,8 @@ class EscalationQueue:
             description="unresolved items past their SLA deadline, by kind (the sweeper applies their default action)",
         )
         self.slas = Q.sla_rules(json.loads(self.settings.escalation_slas) if self.settings.escalation_slas else None)
+        # the roster: the applied access file's (lw_config), else LW_OPERATORS; read again before each action
+        self.live = LiveConfig(bus)
         for kind, rule in self.slas.items():  # at 0 from the start: the first breach is an increase
             self.sla_breaches.add(0, {"kind": kind, "action": rule.action})
         self.roster: dict[str, list[str]] | None = (
@@ -356,6 +359,10 @@ class EscalationQueue:
         step: Callable[[Escalation, Q.Actor, datetime], tuple[Escalation, Any]],
     ) -> EscalationReply:
         actor: Q.Actor | None = None
+        try:
+            self.roster = await self.live.roster()  # as applied now (LW_CONFIG_REFRESH_S at most old)
+        except ConfigUnreadable as err:  # never decided on a guess: no roster would let anyone act
+            return EscalationReply(ok=False, error=f"the operators' roster cannot be read right now: {err}")
         try:
             actor = Q.actor_from_subject(subject, S.ESCALATION_RPC_PREFIX, verb)
             who = actor

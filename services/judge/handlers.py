@@ -62,6 +62,8 @@ class Judge:
                 verdict = scoring.not_judged(req, f"judge call failed: {err}", model)
             else:
                 verdict = await self.ask(req, provider, model)
+                # which provider judged: a scenario's verdict is what its submitter wrote, never a lesson
+                verdict = verdict.model_copy(update={"judge_provider": provider.name})
             span.set_attribute(T.LW_VERDICT, verdict.status)
             if verdict.score is not None:
                 span.set_attribute(T.LW_SCORE, verdict.score)

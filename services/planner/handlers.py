@@ -14,6 +14,8 @@ import asyncio
 import logging
 import os
 
+from pydantic import ValidationError
+
 from services.planner import ids, submission
 from services.planner.admission import Refused, admit, check_limits, resolve_agent, with_agent
 from services.planner.catalogue import Catalogue
@@ -31,6 +33,7 @@ from shared import metrics as M
 from shared import subjects as S
 from shared.bounded import bounded_outcome
 from shared.bus import Bus, CasConflict, TryLater, Unchanged, current_deliveries, current_subject
+from shared.describe import describe
 from shared.messages import (
     TOOL_FAILURES,
     AgentRecord,
@@ -45,6 +48,7 @@ from shared.messages import (
     Verdict,
     utcnow,
 )
+from shared.payloads import PayloadError
 from shared.providers.select import provider_name
 from shared.ratelimit.gate import RateLimiter
 from shared.settings import Settings
@@ -84,6 +88,18 @@ class Planner:
 
     async def contracts(self, refresh: bool = False) -> dict[str, ToolContract]:
         return await self.catalogue.contracts(refresh)
+
+    async def stored_agent(self, name: str) -> AgentRecord | None:
+        """The registered agent ``name``; one whose stored value does not read as an agent is a refusal of the
+        submit (a letter saying so), not a failure retried until the delivery budget is spent (review 4, L2)."""
+        try:
+            record, _ = await self.bus.kv_get(S.KV_AGENTS, name, AgentRecord)
+        except (ValidationError, PayloadError) as err:
+            why = describe(err) if isinstance(err, ValidationError) else str(err)
+            raise Refused(
+                f"agent {name!r} is stored but cannot be read ({why}); an operator registers it again"
+            ) from None
+        return record
 
     def register(self) -> None:
         b = self.bus
@@ -231,7 +247,7 @@ class Planner:
         try:
             submit = admit(submit, subject, self.settings)
             if submit.agent is not None:  # a registered agent's run: its definition as of now
-                record, _ = await self.bus.kv_get(S.KV_AGENTS, submit.agent, AgentRecord)
+                record = await self.stored_agent(submit.agent)
                 submit = resolve_agent(submit, record, provider_name(self.settings, "planner"))
                 check_limits(submit, self.settings)  # the agent's limits are capped like a submit's
         except Refused as err:

@@ -32,6 +32,7 @@ from shared.messages import (
     Verdict,
     VerdictIgnored,
 )
+from shared.providers.select import AUTO_ORDER as LIVE_JUDGES  # the live providers (a judge that is not scripted)
 
 
 def finish_iteration(out: Outbox) -> None:
@@ -102,7 +103,7 @@ def apply_verdict(state: RunState, verdict: Verdict) -> Outbox:
     if not state.first_draft_judged:  # the run's first candidate is its first draft, judged or not
         state.first_draft_judged = True
         state.first_draft_passed = None if verdict.status == "not_judged" else verdict.status == "passed"
-    if verdict.status == "failed":
+    if verdict.status == "failed" and verdict.judge_provider in LIVE_JUDGES:  # a live judge's reasons only: lessons
         state.judge_failures.extend(
             f"{c.name}: {c.reason}" if c.reason else f"{c.name} scored {c.score:.2f}"
             for c in verdict.criteria

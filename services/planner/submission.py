@@ -25,19 +25,25 @@ class Lessons(Wire):
     reasons: list[str] = Field(default_factory=list)
 
 
-def lessons_key(task: str) -> str:
-    return "task-" + hashlib.sha256(task.strip().lower().encode()).hexdigest()[:24]
+def lessons_key(task: str, tenant: str | None, agent: str | None) -> str:
+    """Lessons are a tenant's own, per agent: a judge's reasons quote the answers it judged, and they go into
+    the next run's prompt, so no tenant reads another's or writes into another's (``<tenant>.<agent>.task-…``)."""
+    digest = "task-" + hashlib.sha256(task.strip().lower().encode()).hexdigest()[:24]
+    return S.kv_key(tenant or S.DEFAULT_TENANT, agent or "-", digest)
 
 
 async def lessons(bus: Bus, submit: RunSubmit) -> list[str]:
-    """What judges rejected earlier answers to this task for (only when the submit asks for lessons)."""
+    """What judges rejected this tenant's earlier answers to this task (of this agent) for, when the submit
+    asks for lessons."""
     if not submit.lessons:
         return []
-    stored, _ = await bus.kv_get(S.KV_LESSONS, lessons_key(submit.task), Lessons)
+    stored, _ = await bus.kv_get(S.KV_LESSONS, lessons_key(submit.task, submit.tenant, submit.agent), Lessons)
     return stored.reasons if stored else []
 
 
 async def record_lessons(bus: Bus, state: RunState) -> None:
+    """Keep a finished run's judge reasons for the tenant's later runs of the task: only a live judge's
+    (``Verdict.judge_provider``: a scripted run's verdicts are what its submitter wrote)."""
     if not state.judge_failures:
         return
 
@@ -45,7 +51,7 @@ async def record_lessons(bus: Bus, state: RunState) -> None:
         known = stored.reasons if stored else []
         return Lessons(reasons=list(dict.fromkeys([*known, *state.judge_failures]))[-10:]), None
 
-    await bus.update(S.KV_LESSONS, lessons_key(state.task), Lessons, merge)
+    await bus.update(S.KV_LESSONS, lessons_key(state.task, state.tenant, state.agent), Lessons, merge)
 
 
 async def scenario_problem(bus: Bus, submit: RunSubmit, started: bool = False) -> str | None:

@@ -146,7 +146,8 @@ class Bus(Requeueing, Requests):
         if self.settings.manage_streams:
             await self.until_ready("streams", lambda: ensure_streams(self.js, self.settings))
         else:
-            for stream in streams_seen(self.service):  # a tenant-bound client: the one it submits to
+            # a tenant-bound client: the one it submits to
+            for stream in streams_seen(self.service, self.settings.tenant):
                 await self.until_ready(f"stream {stream}", functools.partial(self.js.stream_info, stream))
             for bucket in needed_buckets(self.service):
                 self._kv[bucket] = await self.until_ready(

@@ -48,6 +48,10 @@ class Consuming(Letters):
         """The durable consumers this process declared (what bootstrap creates for it)."""
         return list(self._consumers)
 
+    def missing_consumers(self) -> list[str]:
+        """Why each durable this replica consumes from is not there (deleted under it): empty when all are."""
+        return [p.missing for p in self._pulls if p.missing]
+
     async def reconcile_consumers(self) -> None:
         for spec in self._consumers:
             await self._reconcile_consumer(spec)

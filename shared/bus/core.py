@@ -86,7 +86,7 @@ class BusBase:
     # --- lifecycle ---------------------------------------------------------------------------
     @property
     def inbox_prefix(self) -> str:
-        return S.inbox_prefix(self.service)
+        return S.inbox_prefix(self.service, self.settings.tenant)  # a person's under its role (tenant, operator)
 
     @property
     def nc(self) -> NatsClient:

@@ -77,6 +77,9 @@ class _Pull:
         self.stopping = False
         self.sub: Subscription | None = None
         self.loop_task: asyncio.Task[None] | None = None
+        # why this durable is not consuming (it was deleted: ``/readyz`` names it), or None
+        self.missing: str | None = None
+        self._verifying: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         nc = self.bus.nc
@@ -96,6 +99,13 @@ class _Pull:
         if status:
             if status == "100":  # idle heartbeat
                 return
+            if status in ("409", "503") and self._verifying is None:
+                # 409 "Consumer Deleted" on a waiting pull, 503 "no responders" on a new one: is it gone?
+                self._verifying = asyncio.create_task(
+                    self.verify(f"{status} {(msg.headers or {}).get('Description', '')}")
+                )
+            elif status in ("404", "408"):  # no messages / the pull expired: the durable is there
+                self.missing = None
             left = msg.headers.get("Nats-Pending-Messages") if msg.headers else None
             self.pending = max(0, self.pending - int(left)) if left and left.isdigit() else 0
             if self.requests:
@@ -103,6 +113,7 @@ class _Pull:
             self.wake.set()
             return
         self.pending = max(0, self.pending - 1)
+        self.missing = None
         if self.stopping:  # shutting down: hand it back at once
             with contextlib.suppress(Exception):
                 await msg.nak()
@@ -111,6 +122,26 @@ class _Pull:
         task = asyncio.create_task(self.run(msg))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+
+    async def verify(self, status: str) -> None:
+        """After a pull was answered ``status``: whether the durable still exists (a consumer deleted under a
+        running replica - by hand, or a release that dropped it - makes it consume nothing, silently)."""
+        from nats.js.errors import NotFoundError
+
+        try:
+            await self.bus.js.consumer_info(self.spec.stream, self.spec.durable)
+            self.missing = None
+        except NotFoundError:
+            self.missing = (
+                f"consumer {self.spec.stream}/{self.spec.durable} is gone (deleted under this replica): "
+                "run `loopwarden bootstrap` as the admin"
+            )
+            log.error("%s: %s", self.bus.service, self.missing)
+        except Exception as err:  # JetStream not answering: said by the connection's own state
+            log.warning("%s: pull on %s answered %s; checking it failed: %r", self.bus.service, self.spec.durable,
+                        status.strip(), err)  # fmt: skip
+        finally:
+            self._verifying = None
 
     async def run(self, msg: Msg) -> None:
         try:
@@ -165,6 +196,9 @@ class _Pull:
                     await asyncio.sleep(0.5)
                     continue
             self.wake.clear()
+            if self.missing is not None:  # no durable to pull from: ask again now and then, not in a loop
+                await asyncio.sleep(PULL_EXPIRES_S / 2)
+                continue
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(PULL_EXPIRES_S / 2):
                     await self.wake.wait()

@@ -34,6 +34,13 @@ from shared.messages.budget import (
     BudgetRequest,
     SectionTokens,
 )
+from shared.messages.config import (
+    AGENT_RIGHTS,
+    AccessRecord,
+    AgentRight,
+    ConsoleUsers,
+    OperatorEntry,
+)
 from shared.messages.conversation import (
     Block,
     ChatMessage,
@@ -125,6 +132,8 @@ from shared.messages.runs import (
     FINAL_STATUSES,
     Agent,
     AgentRecord,
+    AgentRegister,
+    AgentRegisterReply,
     FinalStatus,
     RunAdvance,
     RunLimits,
@@ -204,11 +213,16 @@ WIRE_MODELS: tuple[type[BaseModel], ...] = (
     AgentRecord,
     RunRead,
     RunReadReply,
+    AccessRecord,
+    ConsoleUsers,
+    AgentRegister,
+    AgentRegisterReply,
 )
 
 
 __all__ = [
     "AGENT_INSTRUCTIONS_MAX_CHARS",
+    "AGENT_RIGHTS",
     "ATTEMPT_ID_PATTERN",
     "CALL_FAILURES",
     "CALL_ID_PATTERN",
@@ -226,8 +240,12 @@ __all__ = [
     "TASK_MAX_CHARS",
     "TOOL_FAILURES",
     "WIRE_MODELS",
+    "AccessRecord",
     "Agent",
     "AgentRecord",
+    "AgentRegister",
+    "AgentRegisterReply",
+    "AgentRight",
     "AnyRunEvent",
     "AttemptId",
     "AwaitingView",
@@ -244,6 +262,7 @@ __all__ = [
     "Candidate",
     "CandidateDetail",
     "ChatMessage",
+    "ConsoleUsers",
     "Corrected",
     "CorrectedDetail",
     "Criterion",
@@ -293,6 +312,7 @@ __all__ = [
     "NoDetail",
     "NotJudged",
     "NotJudgedDetail",
+    "OperatorEntry",
     "RateLimited",
     "RateLimitedDetail",
     "ReasonDetail",

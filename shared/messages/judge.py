@@ -81,6 +81,12 @@ class Verdict(Wire):
     not_judged_reason: str | None = None
     judge_model: str = ""
     usage: Usage = Field(default_factory=Usage)
+    judge_provider: str = Field(
+        "",
+        max_length=64,
+        description="the provider that judged (anthropic, openai, scripted: a scenario's replay); lessons are kept "
+        "from a live provider's reasons only ('': a judge that does not say)",
+    )
 
     @model_validator(mode="after")
     def _no_score_when_not_judged(self) -> Verdict:

@@ -126,6 +126,28 @@ class AgentRecord(Wire):
     version: int = Field(ge=1)
     digest: str = Field(pattern=DIGEST_PATTERN)
     registered_at: datetime = Field(default_factory=utcnow)
+    registered_by: str | None = Field(
+        None,
+        max_length=64,
+        description="the NATS user that registered this version, as the server authenticated it (the subject of "
+        "its registration: rpc.agents.register.<user>); None: written before registrations were recorded",
+    )
+
+
+class AgentRegister(Wire):
+    """An agent to register, sent by an operator (or the admin) on ``lw.v1.rpc.agents.register.<user>`` - a
+    subject the server lets only that user publish - and answered by the escalation service, which holds the
+    roster: whether this user may register it, or replace the agent already stored under its name, is the
+    roster's decision (``OperatorEntry.agents``), and the record says who registered it."""
+
+    agent: Agent
+
+
+class AgentRegisterReply(Wire):
+    ok: bool
+    record: AgentRecord | None = None
+    unchanged: bool = Field(False, description="the stored definition is this one already: nothing was written")
+    error: str | None = Field(None, max_length=2000)
 
 
 RunStatus = Literal["running", "awaiting_human", "completed", "stopped", "failed"]

@@ -54,6 +54,13 @@ class PeopleSettings(BaseModel):
         None, description="without LW_CONSOLE_USERS: write a fresh password per operator here (local stack)"
     )
     jaeger_url: str = Field("http://127.0.0.1:16686", description="Jaeger UI base; runs link to <url>/trace/<id>")
+    config_refresh_s: float = Field(
+        5.0,
+        gt=0,
+        le=3600,
+        description="how old the applied access file (lw_config: roster, console logins, tenant policies) a "
+        "service acts on may be: a `loopwarden config apply` takes effect within this",
+    )
 
     @field_validator("escalation_slas")
     @classmethod

@@ -15,12 +15,18 @@ import nats
 from loopwarden.auth_conf import OUT
 from loopwarden.infra import bootstrap
 from loopwarden.stack import LocalStack, free_port, nats_server_binary, wait_for_port
-from shared.permissions import grants
+from shared import subjects as S
+from shared.permissions import TENANT_CLIENTS, grants
 from shared.settings import Settings
 from tests.support.timing import bound, polls
 
 USERS = ("admin", *grants([]))  # every user auth.conf declares
 PASSWORDS = {u: f"pw-{u}-{i}" for i, u in enumerate(USERS)}
+
+
+def inbox_of(user: str) -> str:
+    """``user``'s inbox prefix (a tenant-bound client's and an operator's are under their role)."""
+    return S.inbox_prefix(user, TENANT_CLIENTS.get(user))
 
 
 def password_env() -> dict[str, str]:
@@ -100,7 +106,7 @@ async def publish_refusals(url: str, user: str, subject: str, payload: bytes = b
     async def on_error(err: Exception) -> None:
         errors.append(str(err))
 
-    nc = await nats.connect(url, user=user, password=PASSWORDS[user], error_cb=on_error, inbox_prefix=f"_INBOX_{user}")
+    nc = await nats.connect(url, user=user, password=PASSWORDS[user], error_cb=on_error, inbox_prefix=inbox_of(user))
     try:
         await nc.publish(subject, payload)
         await nc.flush()
