@@ -68,7 +68,14 @@ test-loaded: $(STAMP) browser prometheus
 test-unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit -m "not slow" $(ARGS)
 
-bench: $(STAMP)
+# The side-by-side contenders (LangGraph, PydanticAI: pyproject's `bench` extra) are installed for the
+# benchmarks only; `make test` never installs them.
+BENCH_STAMP := $(VENV)/.bench-installed
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check -c requirements.lock -e '.[dev,bench]'
+	@touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
 	$(PY) -m bench $(ARGS)
 
 lint: $(STAMP)

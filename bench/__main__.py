@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from pathlib import Path
 
-from bench import chaos, e2e, throughput, validation
+from bench import chaos, e2e, guard, throughput, validation
 
 
 def main() -> int:
@@ -14,12 +15,25 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="short measurements (used by the test suite)")
     parser.add_argument(
         "--only",
-        choices=["validation", "e2e", "throughput", "durability", "chaos", "mcp", "storage", "cost", "ratelimit"],
+        choices=[
+            "validation",
+            "e2e",
+            "throughput",
+            "step",
+            "durability",
+            "chaos",
+            "mcp",
+            "storage",
+            "cost",
+            "ratelimit",
+        ],
     )
     parser.add_argument(
         "--before", action="store_true", help="ratelimit: also run with LW_RATE_LIMIT_FLEET=false, for comparison"
     )
+    parser.add_argument("--profile", metavar="DIR", help="with --only step: py-spy the services, stacks kept in DIR")
     args = parser.parse_args()
+    measured: dict[str, float] = {}  # the headline figures, for the regression guard (bench/guard.py)
     if args.only in (None, "validation"):
         print("\n".join(validation.report(validation.run(seconds=0.3 if args.quick else 2.0))), flush=True)
     if args.only in (None, "e2e"):
@@ -31,7 +45,15 @@ def main() -> int:
         loop = mcp.loop(calls=5 if args.quick else 10, runs=2 if args.quick else 5)
         print("\n".join(mcp.report(client, loop)), flush=True)
     if args.only in (None, "throughput"):
-        print("\n".join(throughput.report(throughput.run(quick=args.quick))), flush=True)
+        result_t = throughput.run(quick=args.quick)
+        print("\n".join(throughput.report(result_t)), flush=True)
+        measured.update(guard.from_throughput(result_t))
+    if args.only in (None, "step"):  # what a step costs, counted by service and kind (issue 36)
+        from bench import step
+
+        result_s = step.run(quick=args.quick, profile_dir=Path(args.profile) if args.profile else None)
+        print("\n".join(step.report(result_s)), flush=True)
+        measured.update(guard.from_step(result_s))
     if args.only in (None, "durability"):  # a step with JetStream's fsync on every write vs the default (issue 28)
         from bench import durability
 
@@ -39,11 +61,12 @@ def main() -> int:
     if args.only in (None, "storage"):  # bytes per run, retention, soak (issue 15)
         from bench import storage
 
+        kept = storage.run(runs=40, batch=20) if args.quick else storage.run(runs=1000, batch=50)
+        print("\n".join(storage.report(kept)), flush=True)
+        measured["stored_bytes"] = sum(b for b, _ in kept.per_run.values())
         if args.quick:
-            print("\n".join(storage.report(storage.run(runs=40, batch=20))), flush=True)
             print("\n".join(storage.report(storage.run(runs=40, batch=20, sweep=True))), flush=True)
         else:
-            print("\n".join(storage.report(storage.run(runs=1000, batch=50))), flush=True)
             print("\n".join(storage.report(storage.run(runs=storage.soak_runs(), batch=50, sweep=True))), flush=True)
     if args.only in (None, "cost"):  # cost as the bill says it (issue 11)
         from bench import cost
@@ -52,16 +75,18 @@ def main() -> int:
     if args.only in (None, "ratelimit"):  # the provider's rate limit, fleet-wide (issue 34)
         from bench import ratelimit
 
-        result = ratelimit.run(runs=20 if args.quick else 200)
-        print("\n".join(ratelimit.report(result)), flush=True)
+        limited = ratelimit.run(runs=20 if args.quick else 200)
+        print("\n".join(ratelimit.report(limited)), flush=True)
         if args.before:
             print("\n".join(ratelimit.report(ratelimit.run(runs=20 if args.quick else 200, fleet=False))), flush=True)
+    ok = True
     if args.only in (None, "chaos"):
         result = chaos.run(runs=12, kills=8) if args.quick else chaos.run()
         print("\n".join(chaos.report(result)), flush=True)
-        if not result.ok:
-            return 1
-    return 0
+        ok = result.ok
+    if measured:
+        print("\n".join(guard.report(measured)), flush=True)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
         Event,
         NotAllowed,
         NumberedLetter,
+        PermissionDenied,
         Requeued,
         RunResult,
         UnknownAgent,
@@ -75,6 +76,7 @@ __all__ = [  # noqa: RUF022 - grouped by what a user does, not sorted
     "RunResult",
     "UnknownAgent",
     "NotAllowed",
+    "PermissionDenied",
     # scenarios (scripted runs with their expectations) and rubrics
     "Scenario",
     "ScenarioError",
@@ -144,6 +146,7 @@ _HOME = {
             "Event",
             "NotAllowed",
             "NumberedLetter",
+            "PermissionDenied",
             "Requeued",
             "RunResult",
             "UnknownAgent",

@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import contextlib
 import inspect
+import os
 import sys
 
 from loopwarden import cli_agents, cli_config, cli_offline, cli_queue, cli_records, cli_runs, cli_stack, fake_model
@@ -75,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         say(f"loopwarden {args.command}: {err}", err=True)
         return err.code
+    except BrokenPipeError:  # `loopwarden runs --json | head`: the reader is gone, and that is all
+        quiet_stdout()
+        return OK
     except Exception as err:  # a failure talking to NATS mid-command is a line too; anything else is a bug
         failure = bus_failure(err, env_nats_url())
         if failure is None:
@@ -84,10 +88,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         say("interrupted", err=True)
         return INTERRUPTED
-    except BrokenPipeError:  # `loopwarden events RUN | head`
-        with contextlib.suppress(Exception):
-            sys.stdout = open("/dev/null", "w")  # nothing more can be written
-        return OK
+
+
+def quiet_stdout() -> None:
+    """Nothing more can be written: standard output goes to /dev/null, so the interpreter's last flush of what
+    was buffered for the gone reader is not a second BrokenPipeError."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
 
 
 if __name__ == "__main__":

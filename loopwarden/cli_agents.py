@@ -112,8 +112,7 @@ def _agent_json(record: Any) -> dict[str, Any]:
 
 
 def _connected_as_user() -> Any:
-    cfg = settings()
-    return connected(cfg, identity=cfg.nats_user or "client")
+    return connected(settings())  # as LW_NATS_USER: registering takes an operator's or the admin's user
 
 
 async def cmd_register(args: argparse.Namespace) -> int:

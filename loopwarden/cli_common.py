@@ -20,15 +20,14 @@ The conventions (one of each):
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import os
 import re
 import sys
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, TextIO
 
 from shared.urls import redact_url
 
@@ -36,7 +35,6 @@ if TYPE_CHECKING:
     from loopwarden.client import Client
     from shared.settings import Settings
 
-T = TypeVar("T")
 
 # --- exit codes (documented in the README and in `loopwarden --help`) ----------------------------
 OK = 0
@@ -253,18 +251,24 @@ async def probe(cfg: Settings) -> None:
 
 @contextlib.asynccontextmanager
 async def connected(
-    cfg: Settings | None = None, *, identity: str = "client", ready_timeout: float = 15.0
+    cfg: Settings | None = None, *, identity: str | None = None, ready_timeout: float = 15.0
 ) -> AsyncIterator[Client]:
     """A connected :class:`Client` whose connect is bounded: probed first, then ready (streams in
-    place) within ``ready_timeout`` or a :class:`UserError` naming the URL."""
-    from loopwarden.client import Client, Unreachable
+    place) within ``ready_timeout`` or a :class:`UserError` naming the URL. It connects as the user
+    ``LW_NATS_USER`` names (``identity``: another), and what the server refuses that user, then or while
+    the command runs, is one line, exit 1 ("user client_acme may not read lw_escalations: permission denied")."""
+    from loopwarden.client import Client, PermissionDenied, Unreachable
 
     try:
         client = await Client(cfg or settings(), identity=identity, ready_timeout=ready_timeout).connect()
     except Unreachable as err:
         raise UserError(str(err), UNREACHABLE) from None
+    except PermissionDenied as err:
+        raise UserError(str(err), FAILED) from None
     try:
         yield client
+    except PermissionDenied as err:
+        raise UserError(str(err), FAILED) from None
     finally:
         await client.close()
 
@@ -274,9 +278,12 @@ def bus_failure(err: BaseException, url: str | None = None) -> UserError | None:
     from nats.errors import Error as NatsError
     from nats.errors import NoRespondersError
 
+    from loopwarden.client import PermissionDenied
     from shared.bus import RequestRefused
 
     where = f" at {redact_url(url)}" if url else ""
+    if isinstance(err, PermissionDenied):
+        return UserError(str(err), FAILED)
     if isinstance(err, RequestRefused):
         return UserError(f"refused: {err}", FAILED)
     if isinstance(err, NoRespondersError):
@@ -286,40 +293,3 @@ def bus_failure(err: BaseException, url: str | None = None) -> UserError | None:
     if isinstance(err, NatsError):
         return UserError(f"NATS{where} failed: {type(err).__name__}: {err}", UNREACHABLE)
     return None
-
-
-async def unless_refused(client: Client, subject: str, request: Awaitable[T]) -> T:
-    """``request``'s answer, or at once a :class:`UserError` (exit 1) when the server refuses this user
-    publishing on ``subject``: a request outside the user's grant is dropped by the server, which tells
-    only the sender (an asynchronous ``-ERR``), so without this the command would wait for its timeout
-    and report NATS unreachable."""
-    from shared.bus import natsx
-
-    nc = client.bus.nc
-    refused: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-    previous = natsx.error_callback(nc)
-
-    async def on_error(err: Exception) -> None:
-        said = str(err)
-        if "permissions violation" in said.lower() and f'"{subject.lower()}"' in said.lower() and not refused.done():
-            refused.set_result(said)
-        await previous(err)
-
-    natsx.set_error_callback(nc, on_error)
-    answer = asyncio.ensure_future(request)
-    try:
-        either: set[asyncio.Future[Any]] = {answer, refused}
-        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        natsx.set_error_callback(nc, previous)
-    if answer.done():
-        return answer.result()
-    answer.cancel()
-    with contextlib.suppress(BaseException):
-        await answer
-    user = client.settings.nats_user or "(none: LW_NATS_USER is not set)"
-    raise UserError(
-        f"refused by the server: NATS user {user} may not publish on {subject} (no such permission in its grant; "
-        "LW_NATS_USER and LW_NATS_PASSWORD say who you are)",
-        FAILED,
-    )

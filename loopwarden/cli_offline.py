@@ -201,7 +201,7 @@ async def _missing_per_file(checked: list[tuple[str, Any]]) -> list[tuple[str, l
     found = []
     async with connected() as client:
         for path, scenario in checked:
-            if missing := await missing_tools(client, scenario.called_tools()):
+            if missing := await client.guard(missing_tools(client, scenario.called_tools())):
                 found.append((path, missing))
     return found
 

@@ -20,10 +20,10 @@ from loopwarden.cli_common import (
     plain,
     say,
     settings,
-    unless_refused,
 )
 from shared import subjects as S
 from shared.escalation_actions import ACTIONS, KINDS
+from shared.messages import ToolContract
 
 _NEEDS_FLAG = {"json": "--result", "text": "--answer", "note": "--note"}
 
@@ -94,7 +94,8 @@ async def cmd_escalations(args: argparse.Namespace) -> int:
             result = args.answer
     cfg = settings()
     who = getattr(args, "who", None) or cfg.nats_user or os.environ.get("USER", "operator")
-    async with connected(cfg, identity=cfg.nats_user or "client") as client:
+    hidden, no_contract = 0, False
+    async with connected(cfg) as client:
         if args.action == "list":
             reply = await client.escalations(
                 args.status,
@@ -104,18 +105,28 @@ async def cmd_escalations(args: argparse.Namespace) -> int:
                 older_than_s=args.older_than,
                 newer_than_s=args.newer_than,
             )
+            if args.status == "open" and not args.json and reply.ok:  # what the default leaves out, said once
+                claimed = await client.escalations(
+                    "claimed",
+                    args.run,
+                    kind=args.kind,
+                    tool=args.tool,
+                    older_than_s=args.older_than,
+                    newer_than_s=args.newer_than,
+                )
+                hidden = len(claimed.escalations)
         elif args.action == "show":
             reply = await client.show(args.id)
-        else:  # a verb the server lets only `who`'s own user publish: refused at once if this user may not
-            subject = S.escalation_rpc(args.action, who)
-            if args.action == "claim":
-                reply = await unless_refused(client, subject, client.claim(args.id, who))
-            elif args.action == "renew":
-                reply = await unless_refused(client, subject, client.renew(args.id, who))
-            else:
-                reply = await unless_refused(
-                    client, subject, client.resolve(args.id, who, args.decision, args.note, result)
-                )
+            item = reply.escalations[0] if reply.ok and reply.escalations else None
+            if item is not None and item.tool and "provide_result" in item.allowed_actions and not args.json:
+                contract, _ = await client.guard(client.bus.kv_get(S.KV_CONTRACTS, item.tool, ToolContract))
+                no_contract = contract is None
+        elif args.action == "claim":  # verbs the server lets only `who`'s own user publish: refused at once
+            reply = await client.claim(args.id, who)
+        elif args.action == "renew":
+            reply = await client.renew(args.id, who)
+        else:
+            reply = await client.resolve(args.id, who, args.decision, args.note, result)
     if not reply.ok:
         if args.json:
             emit_json(reply.model_dump(mode="json"))
@@ -127,7 +138,7 @@ async def cmd_escalations(args: argparse.Namespace) -> int:
     if args.action == "show":  # the console's item page as text (JSON with --json)
         from loopwarden.runtext import escalation_lines
 
-        for line in escalation_lines(reply.escalations[0]):
+        for line in escalation_lines(reply.escalations[0], no_contract=no_contract):
             say(plain(line))
         return OK
     for item in reply.escalations:
@@ -135,10 +146,13 @@ async def cmd_escalations(args: argparse.Namespace) -> int:
         holder = f" by {item.claimed_by}" if item.claimed_by else ""
         say(
             f"{item.escalation_id}  {item.status + holder:16}  {item.kind:15}  tool {item.tool or '-':14}  "
-            f"run {item.run_id}  {item.reason[:80]}{lease}"
+            f"run {item.run_id}  tenant {item.tenant or '-'}  {item.reason[:80]}{lease}"
         )
     for key in reply.unreadable:
         say(f"{key}  UNREADABLE (the record does not parse; `escalations show {key}` says why)", err=True)
+    if hidden:
+        items = "item is" if hidden == 1 else "items are"
+        say(f"({hidden} claimed {items} not shown: `loopwarden escalations list --status claimed` lists them)")
     return OK
 
 

@@ -62,14 +62,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 async def cmd_export(args: argparse.Namespace) -> int:
-    from loopwarden.records import RecordNotFound, export_run
+    from loopwarden.records import RecordNotFound
 
     if args.output and not Path(args.output).resolve().parent.is_dir():  # noqa: ASYNC240 (checked before connecting)
         raise UserError(f"--output {args.output}: no such folder")
-    cfg = settings()
-    async with connected(cfg) as client:
+    async with connected() as client:
         try:
-            record = await export_run(client.bus, cfg, args.run)
+            record = await client.export(args.run)
         except RecordNotFound as err:
             raise UserError(str(err), FAILED) from None
     body = record.model_dump_json(by_alias=True, indent=2)

@@ -172,11 +172,11 @@ async def cmd_submit(args: argparse.Namespace) -> int:
 async def refuse_missing_tools(client: Client, scenario: Scenario | None, args: argparse.Namespace) -> None:
     """A scenario calling tools no executor of the running stack hosts is refused before anything is published
     (``--allow-missing-tools`` submits it anyway: each such call is then an ``unknown_tool`` failure)."""
-    if scenario is None or args.allow_missing_tools:
-        return
+    if scenario is None or args.allow_missing_tools or client.tenant_bound:
+        return  # a tenant's client may not read which tools the stack hosts (the contracts are every tenant's)
     from loopwarden.cli_offline import missing_tools
 
-    if missing := await missing_tools(client, scenario.called_tools()):
+    if missing := await client.guard(missing_tools(client, scenario.called_tools())):
         raise UserError(
             f"refused: {args.scenario} calls {', '.join(missing)}, which no executor of the running stack "
             "hosts (`loopwarden check-scenario --against-stack` names them; --allow-missing-tools submits "
@@ -349,8 +349,7 @@ async def cmd_metrics(args: argparse.Namespace) -> int:
 
 
 async def cmd_dlq(args: argparse.Namespace) -> int:
-    cfg = settings()  # as the user LW_NATS_USER names (an operator reads the letters they may hand back)
-    async with connected(cfg, identity=cfg.nats_user or "client") as client:
+    async with connected() as client:  # as LW_NATS_USER: an operator reads the letters they may hand back
         letters = await client.letters()
     if args.json:
         emit_json([{"seq": n.seq, **n.letter.model_dump(mode="json")} for n in letters])
@@ -380,7 +379,7 @@ async def cmd_requeue(args: argparse.Namespace) -> int:
     seqs = list(dict.fromkeys(letter_number(v) for v in args.seqs))  # before connecting
     cfg = settings()
     user = cfg.nats_user or "client"
-    async with connected(cfg, identity=user) as client:
+    async with connected(cfg) as client:
         try:  # every letter checked before any is handed back
             letters = [await client.requeueable(seq) for seq in seqs]
         except (NoSuchLetter, NotRequeueable) as err:
@@ -388,11 +387,9 @@ async def cmd_requeue(args: argparse.Namespace) -> int:
         for seq, letter in zip(seqs, letters, strict=True):
             try:
                 r = await client.requeue(seq, letter)
-            except (NatsTimeoutError, TimeoutError):  # a publish outside the user's grant gets no PubAck
+            except (NatsTimeoutError, TimeoutError):  # no PubAck in time
                 raise UserError(
-                    f"letter {seq}: no answer to the requeue on {letter.requeue_to}; only operators and admin may "
-                    f"hand letters back (LW_NATS_USER is {user})",
-                    FAILED,
+                    f"letter {seq}: no answer to the requeue on {letter.requeue_to} (LW_NATS_USER is {user})", FAILED
                 ) from None
             except NotRequeueable as err:  # the server stored nothing: said, never "sent before"
                 raise UserError(str(err), FAILED) from None

@@ -7,7 +7,7 @@ import argparse
 
 from loopwarden import records as R
 from loopwarden import runtree as T
-from loopwarden.cli_common import FAILED, OK, UserError, add_json_flag, connected, emit_json, plain, say, settings
+from loopwarden.cli_common import FAILED, OK, UserError, add_json_flag, connected, emit_json, plain, say
 from loopwarden.runtext import step_lines, tree_lines
 from shared.records import RunRecord
 
@@ -27,10 +27,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 async def _record(run_id: str) -> RunRecord:
-    cfg = settings()
-    async with connected(cfg) as client:
+    async with connected() as client:
         try:
-            return await R.export_run(client.bus, cfg, run_id)
+            return await client.export(run_id)
         except R.RecordNotFound as err:
             raise UserError(str(err), FAILED) from None
 

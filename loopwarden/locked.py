@@ -33,6 +33,13 @@ SERVER_CONF, AUTH_CONF, PASSWORDS, ACCESS = "nats/server.conf", "nats/auth.conf"
 CONSOLE_COST = 10  # bcrypt work of the generated console logins (a local stack: fast logins)
 
 
+def new_password() -> str:
+    """A fresh password that nats-server reads from its environment as a string: one starting with ``-`` or a
+    digit and a ``-`` (``4-y``, ``-ab``; ``secrets.token_urlsafe`` makes both) is parsed as a number there
+    ("Expected a digit but got ...") and the server does not start. A letter first keeps it a string."""
+    return "p" + secrets.token_urlsafe(18)
+
+
 def write_private(path: Path, text: str, mode: int = 0o600) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.touch(mode=mode, exist_ok=True)
@@ -77,7 +84,7 @@ class LockedSetup:
         for user in ("admin", *S.BUILT_IN_USERS[1:], *access.tenant_users(), *access.operators):
             if user in hashed:
                 continue
-            passwords[user] = known.get(password_env(user)) or secrets.token_urlsafe(18)
+            passwords[user] = known.get(password_env(user)) or new_password()
         write_private(passwords_path, "".join(f"{password_env(u)}={p}\n" for u, p in passwords.items()))
         return cls(root, access, passwords)
 

@@ -20,6 +20,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -27,15 +28,16 @@ from typing import Any
 
 from nats.js.api import ObjectStoreConfig, StorageType
 from nats.js.client import JetStreamContext
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError, ObjectNotFoundError
-from nats.js.kv import KeyValue
+from nats.js.errors import BucketNotFoundError, NotFoundError, ObjectNotFoundError
 from nats.js.object_store import ObjectStore
 
+from loopwarden.record_sources import Direct, RunSource, run_id_ok
+from loopwarden.record_sources import prefixed_values as prefixed_values  # where readers found it
+from loopwarden.record_sources import run_events as run_events  # where readers found it
 from shared import subjects as S
-from shared.bus import RUN_ID_HEADER, Bus, kv_keys, kv_scan, scan_all
-from shared.messages import call_attempts, utcnow
+from shared.bus import Bus, kv_keys
+from shared.messages import ESCALATION_ID_PATTERN, call_attempts, utcnow
 from shared.records import (
-    EventRecord,
     ModelCallRecord,
     RunRecord,
     ToolAttemptRecord,
@@ -67,65 +69,13 @@ class RecordNotFound(LookupError):
 # --- reading ---------------------------------------------------------------------------------------
 
 
-async def run_events(bus: Bus, run_id: str) -> tuple[list[EventRecord], str | None]:
-    """The run's events, oldest first (a server-side filter on the run token, read by batched direct gets:
-    no consumer), and its trace id."""
-    out: list[EventRecord] = []
-    trace_id: str | None = None
-    for m in await scan_all(bus.nc, S.STREAM_EVT, S.run_filters(run_id)):
-        headers = m.headers
-        if headers.get(RUN_ID_HEADER, run_id) != run_id:
-            continue
-        body = await bus.payloads.inflate(bus.nc, m.data, headers)
-        try:
-            payload = json.loads(body)
-        except ValueError:
-            payload = {"raw": body.decode(errors="replace")}
-        out.append(
-            EventRecord(
-                subject=m.subject,
-                kind=S.stem(m.subject).removeprefix(f"{S.EVENT_PREFIX}."),
-                seq=m.seq,
-                time=m.time,
-                payload=payload if isinstance(payload, dict) else {"value": payload},
-            )
-        )
-        tp = headers.get("traceparent")
-        if trace_id is None and tp and tp.count("-") >= 3:
-            trace_id = tp.split("-")[1]
-    return out, trace_id
-
-
-async def _value(bus: Bus, kv: KeyValue, key: str) -> dict[str, Any] | None:
-    try:
-        entry = await kv.get(key)
-    except (KeyNotFoundError, NotFoundError):
-        return None
-    if entry.value is None or entry.operation in ("DEL", "PURGE"):
-        return None
-    data = json.loads(await bus.payloads.inflate_value(bus.nc, entry.value))
-    return data if isinstance(data, dict) else {"value": data}
-
-
-async def prefixed_values(bus: Bus, bucket: str, prefix: str) -> dict[str, dict[str, Any]]:
-    """Every current value under ``<prefix>.>`` (a server-side filter, batched direct gets), by key."""
-    await bus.kv(bucket)  # created if missing (unmanaged), else it must exist
-    found, _ = await kv_scan(bus.nc, bucket, f"{prefix}.>")
-    out: dict[str, dict[str, Any]] = {}
-    for key, m in found.items():
-        if m is not None and m.data:
-            data = json.loads(await bus.payloads.inflate_value(bus.nc, m.data))
-            out[key] = data if isinstance(data, dict) else {"value": data}
-    return out
-
-
-async def conversation(bus: Bus, run_id: str, state: dict[str, Any]) -> list[dict[str, Any]]:
+async def conversation(source: RunSource, run_id: str, state: dict[str, Any]) -> list[dict[str, Any]]:
     """The whole conversation: in the run state, or (where the record keeps only a tail) every message
     stored under ``<run>.<seq>`` in the history bucket, then the record's tail."""
     if state.get("messages") or HISTORY_BUCKET is None or "tail" not in state:
         return list(state.get("messages") or [])
     by_seq: dict[int, dict[str, Any]] = {}
-    for key, message in (await prefixed_values(bus, HISTORY_BUCKET, run_id)).items():
+    for key, message in (await source.prefixed(HISTORY_BUCKET, run_id)).items():
         with contextlib.suppress(ValueError):
             by_seq[int(key.rsplit(".", 1)[-1])] = message
     for i, message in enumerate(state.get("tail") or []):
@@ -133,15 +83,17 @@ async def conversation(bus: Bus, run_id: str, state: dict[str, Any]) -> list[dic
     return [by_seq[k] for k in sorted(by_seq)]
 
 
-async def collect(bus: Bus, run_id: str) -> RunRecord:
-    """Everything the run left on the server, as one record."""
-    state = await _value(bus, await bus.kv(S.KV_RUNS), run_id)
+async def collect(reader: Bus | RunSource, run_id: str) -> RunRecord:
+    """Everything the run left on the server, as one record (``reader``: a bus to read it directly, or a
+    ``RunSource``)."""
+    source: RunSource = Direct(reader) if isinstance(reader, Bus) else reader
+    state = await source.value(S.KV_RUNS, run_id, run_id) if run_id_ok(run_id) else None
     if state is None:
-        raise RecordNotFound(f"run {run_id}: no run state (never submitted, or its records expired)")
-    events, trace_id = await run_events(bus, run_id)
-    model_raw = await prefixed_values(bus, S.KV_MODEL_CALLS, run_id)
-    ledger = await prefixed_values(bus, S.KV_TOOL_LEDGER, run_id)
-    messages = await conversation(bus, run_id, state)
+        raise RecordNotFound(f"run {run_id[:80]}: no run state (never submitted, or its records expired)")
+    events, trace_id = await source.events(run_id)
+    model_raw = await source.prefixed(S.KV_MODEL_CALLS, run_id)
+    ledger = await source.prefixed(S.KV_TOOL_LEDGER, run_id)
+    messages = await conversation(source, run_id, state)
 
     calls: list[ModelCallRecord] = []
     assistant_at = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
@@ -198,17 +150,21 @@ async def collect(bus: Bus, run_id: str) -> RunRecord:
     verdict_ids = [
         str(e.payload["candidate_id"]) for e in events if e.kind == "judge.verdict" and e.payload.get("candidate_id")
     ]
-    verdicts_kv = await bus.kv(S.KV_VERDICTS)
-    verdicts = [v for cid in dict.fromkeys(verdict_ids) if (v := await _value(bus, verdicts_kv, S.kv_key(cid)))]
+    verdicts = [
+        v for cid in dict.fromkeys(verdict_ids) if (v := await source.value(S.KV_VERDICTS, S.kv_key(cid), run_id))
+    ]
     esc_ids = [
         str(e.payload.get("escalation_id") or (e.payload.get("detail") or {}).get("escalation_id") or "")
         for e in events
         if e.kind.startswith("escalation.") or e.kind == "run.escalated"
     ]
-    esc_kv = await bus.kv(S.KV_ESCALATIONS)
-    escalations = [x for eid in dict.fromkeys(i for i in esc_ids if i) if (x := await _value(bus, esc_kv, eid))]
-    budget = await _value(bus, await bus.kv(S.KV_BUDGETS), S.kv_key(run_id))
-    scenario = await _value(bus, await bus.kv(S.KV_SCENARIOS), run_id)
+    escalations = [
+        x
+        for eid in dict.fromkeys(i for i in esc_ids if re.fullmatch(ESCALATION_ID_PATTERN, i))
+        if (x := await source.value(S.KV_ESCALATIONS, eid, run_id))
+    ]
+    budget = await source.value(S.KV_BUDGETS, S.kv_key(run_id), run_id)
+    scenario = await source.value(S.KV_SCENARIOS, run_id, run_id)
     config = dict(state.get("config") or {})
     return RunRecord(
         run_id=run_id,
@@ -320,6 +276,8 @@ async def archive(bus: Bus, settings: Settings, record: RunRecord) -> list[str]:
 
 async def export_run(bus: Bus, settings: Settings, run_id: str) -> RunRecord:
     """The run's record: from the server while its records are there, else from the archive."""
+    if not run_id_ok(run_id):  # names no run, and never a key, a subject or an archive file
+        raise RecordNotFound(f"run {run_id[:80]}: not a run id")
     try:
         return await collect(bus, run_id)
     except RecordNotFound:
@@ -412,12 +370,12 @@ async def sweep(bus: Bus, settings: Settings, now: datetime | None = None, only:
     """One retention pass over every run and queue item (``only``: just these runs' records)."""
     now = now or utcnow()
     report = SweepReport()
-    runs_kv = await bus.kv(S.KV_RUNS)
     esc_kv = await bus.kv(S.KV_ESCALATIONS)
+    direct = Direct(bus)
 
     items: dict[str, dict[str, Any]] = {}
     for key in await _keys(bus, S.KV_ESCALATIONS):
-        item = await _value(bus, esc_kv, key)
+        item = await direct.value(S.KV_ESCALATIONS, key, "")
         if item is not None:
             items[key] = item
     open_runs = {str(i.get("run_id")) for i in items.values()}
@@ -428,7 +386,7 @@ async def sweep(bus: Bus, settings: Settings, now: datetime | None = None, only:
             continue
         report.runs_seen += 1
         try:
-            state = await _value(bus, runs_kv, key)
+            state = await direct.value(S.KV_RUNS, key, key)
             if state is None:
                 continue
             status = str(state.get("status", ""))

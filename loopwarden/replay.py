@@ -20,6 +20,7 @@ file in ``scenarios/``.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,11 +28,14 @@ from typing import Any
 
 import yaml
 
-from loopwarden.client import Client
-from loopwarden.records import run_events
+from loopwarden.client import Client, PermissionDenied, TenantSource, new_run_id
+from loopwarden.record_sources import Direct
 from shared.messages import RETRIED_FAILURES
 from shared.records import TERMINAL, EventRecord, RunRecord, Step, divergences, scenario_from_record, trajectory
 from shared.scenario import Scenario, parse_scenario
+from shared.subjects import DEFAULT_TENANT
+
+log = logging.getLogger("loopwarden.replay")
 
 
 @dataclass
@@ -141,8 +145,9 @@ def scenario_yaml(record: RunRecord, name: str | None = None, allow_live_tools: 
 async def settled_events(client: Client, run_id: str, status: str, wait_s: float = 10.0) -> list[EventRecord]:
     """The run's events once its final event is stored (events follow the state they come from)."""
     deadline = time.monotonic() + wait_s
+    source = TenantSource(client) if client.tenant_bound else Direct(client.bus)
     while True:
-        events, _ = await run_events(client.bus, run_id)
+        events, _ = await source.events(run_id)
         kind = "run.escalated" if status == "awaiting_human" else f"run.{status}"
         if any(e.kind == kind for e in events) or time.monotonic() > deadline:
             return events
@@ -156,6 +161,25 @@ def replay_scenario(record: RunRecord, allow_live_tools: bool = False) -> Scenar
         raise LiveToolsRefused(calls)
     data = scenario_from_record(record) if allow_live_tools else dry_scenario(record)
     return parse_scenario(data, f"export of {record.run_id}")
+
+
+def recorded_tenant(record: RunRecord) -> str:
+    """The tenant the recorded run was of: a replay of it is charged to that tenant's day."""
+    tenant = record.config.get("tenant") or (record.state or {}).get("tenant")
+    return str(tenant) if tenant else DEFAULT_TENANT
+
+
+async def start_replay(client: Client, record: RunRecord, scenario: Scenario) -> str:
+    """Submit the replay: on the operators' replay subject (``S.run_replay``), which the planner takes whatever
+    ``LW_ALLOW_SCRIPTED`` says, charged to the recorded run's tenant. A client of a tenant - or any user the
+    server refuses that subject - submits it as a scripted run of its own tenant instead, which needs scripted
+    runs allowed (``LW_ALLOW_SCRIPTED``, a staging stack)."""
+    if not client.tenant_bound:
+        try:
+            return await client.submit_replay(scenario, recorded_tenant(record), new_run_id())
+        except PermissionDenied:
+            log.info("replay: %s may not use the replay subject; a scripted run instead", client.identity)
+    return await client.submit_scenario(scenario)
 
 
 def compare(
@@ -180,7 +204,7 @@ async def replay(
 ) -> ReplayReport:
     """Replay ``record`` on the stack; a dry run unless ``allow_live_tools`` (:class:`LiveToolsRefused`)."""
     scenario = replay_scenario(record, allow_live_tools)
-    run_id = await client.submit_scenario(scenario)
+    run_id = await start_replay(client, record, scenario)
     # a person's answer is not played back: a replay of a run a person resolved stops where the person was
     state = await client.wait(run_id, timeout=timeout, until=(*TERMINAL, "awaiting_human"))
     mismatches = await client.check(scenario, state)

@@ -80,8 +80,9 @@ def _hms(at: datetime | None) -> str:
     return at.astimezone(UTC).strftime("%H:%M:%S") if at else ""
 
 
-def escalation_lines(item: Escalation, now: datetime | None = None) -> list[str]:
-    """A queue item as the console's item page shows it."""
+def escalation_lines(item: Escalation, now: datetime | None = None, no_contract: bool = False) -> list[str]:
+    """A queue item as the console's item page shows it (``no_contract``: its tool has no output contract, so a
+    provided result could only be refused: ``provide_result`` is not offered)."""
     now = now or datetime.now(UTC)
     details: Mapping[str, Any] = item.details
     state: str = item.status
@@ -92,7 +93,7 @@ def escalation_lines(item: Escalation, now: datetime | None = None) -> list[str]
         )
     lines = [
         f"escalation: {item.escalation_id}",
-        f"run:        {item.run_id}",
+        f"run:        {item.run_id}" + (f"   tenant: {item.tenant}" if item.tenant else ""),
         f"kind:       {item.kind}"
         + (f"   tool: {item.tool}" if item.tool else "")
         + (f"   failure: {details['failure_type']}" if details.get("failure_type") else ""),
@@ -102,7 +103,10 @@ def escalation_lines(item: Escalation, now: datetime | None = None) -> list[str]
         lines.append(
             f"SLA:        {item.sla_action} at {_hms(item.sla_deadline)} ({countdown(item.sla_deadline, now)})"
         )
-    lines.append(f"allowed:    {', '.join(item.allowed_actions)}")
+    offered = [a for a in item.allowed_actions if not (no_contract and a == "provide_result")]
+    lines.append(f"allowed:    {', '.join(offered)}")
+    if len(offered) < len(item.allowed_actions):
+        lines.append(f"            (provide_result is not offered: no output contract is registered for '{item.tool}')")
     if item.resolution is not None:
         r = item.resolution
         by = "the SLA" if r.by_sla else r.resolved_by

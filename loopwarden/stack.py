@@ -101,6 +101,7 @@ class LocalStack:
     state_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="loopwarden-")))
     nats_url: str | None = None
     nats_port: int | None = None  # start nats-server on this port (default: a free one)
+    monitor_port: int | None = None  # nats-server's monitoring endpoint (/varz, /connz) on this port; None: off
     env: dict[str, str] = field(default_factory=dict)
     env_per_service: dict[str, dict[str, str]] = field(default_factory=dict)
     services: tuple[str, ...] = SERVICES
@@ -129,6 +130,8 @@ class LocalStack:
             config = self.nats_config()
             argv = [nats_server_binary(), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(store)]
             argv += ["--server_name", f"lw-local-{port}", *config]
+            if self.monitor_port:  # /varz, /connz (the benchmarks read what each connection sent)
+                argv += ["-m", str(self.monitor_port)]
         stdout = open_log(log)
         popen = subprocess.Popen(
             argv,

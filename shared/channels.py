@@ -43,6 +43,7 @@ from shared.messages import (
     Requeue,
     RunAdvance,
     RunEvent,
+    RunQuery,
     RunRead,
     RunSubmit,
     ToolAttempt,
@@ -118,12 +119,22 @@ CHANNELS: tuple[Channel, ...] = (
     Channel(
         f"{S.RUN_SUBMIT_PREFIX}.{{tenant}}",
         RunSubmit,
-        ("client", "tenant_client", "console"),
+        ("client", "tenant_client"),
         ("planner",),
         "command",
-        "a run to start (loopwarden submit, the demo, a replay from the console's run page), on the tenant's "
-        "own subject: the server lets each client user publish only its tenant's",
+        "a run to start (loopwarden submit, the demo), on the tenant's own subject: the server lets each client "
+        "user publish only its tenant's",
         pinned=("tenant",),
+    ),
+    Channel(
+        f"{S.RUN_SUBMIT_PREFIX}.{{tenant}}.{S.REPLAY}",
+        RunSubmit,
+        ("operator", "console"),
+        ("planner",),
+        "command",
+        "a replay of a recorded run (loopwarden replay as an operator, the console's Replay), charged to the "
+        "replayed run's tenant: its scenario is taken whatever LW_ALLOW_SCRIPTED says",
+        free="*",
     ),
     Channel(
         S.RUN_SPAWN,
@@ -194,6 +205,15 @@ CHANNELS: tuple[Channel, ...] = (
         "request",
         "a tenant-bound client reads one of its own runs ({verb})",
         values={"verb": S.RUN_READ_VERBS},
+        pinned=("tenant",),
+    ),
+    Channel(
+        f"{S.RUN_READ_PREFIX}.{S.RUN_LIST}.{{tenant}}",
+        RunQuery,
+        ("tenant_client",),
+        ("planner",),
+        "request",
+        "a tenant-bound client lists its own runs, a page at a time",
         pinned=("tenant",),
     ),
     Channel(

@@ -29,6 +29,7 @@ from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfi
 from nats.js.errors import APIError
 from pydantic import BaseModel, Field
 
+from shared import opcounts
 from shared import subjects as S
 from shared.settings import Settings
 
@@ -121,6 +122,7 @@ class PayloadStore:
 
     async def _put_chunk(self, nc: NatsClient, subject: str, data: bytes) -> None:
         headers = {"Nats-Expected-Stream": STREAM}
+        opcounts.count("payload_put")
         reply = await nc.request(subject, data, timeout=self.settings.js_timeout_s, headers=headers)
         status = reply.headers.get("Status") if reply.headers else None
         if not reply.data and status == "503":
@@ -150,6 +152,7 @@ class PayloadStore:
         return body
 
     async def _get_chunk(self, nc: NatsClient, subject: str, ref: PayloadRef) -> bytes:
+        opcounts.count("payload_fetch")
         reply = await nc.request(f"$JS.API.DIRECT.GET.{STREAM}.{subject}", b"", timeout=self.settings.js_timeout_s)
         status = reply.headers.get("Status") if reply.headers else None
         if status:

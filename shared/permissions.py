@@ -53,6 +53,21 @@ OPERATORS: dict[str, tuple[str, ...]] = {name: tuple(kinds) for name, kinds in E
 TENANT_CLIENTS: dict[str, str] = {DEFAULT_CLIENT: S.DEFAULT_TENANT, **EXAMPLE.tenant_users()}
 
 
+# What a run's export reads (``loopwarden/records.py``): its record, conversation, model calls, tool ledger,
+# verdicts, queue items, budget ledger and scenario. Those who read every run directly read these; a tenant-bound
+# client asks the planner, which reads them for it (``rpc.runs.values``).
+RECORD_READS: tuple[str, ...] = (
+    S.KV_RUNS,
+    S.KV_HISTORY,
+    S.KV_MODEL_CALLS,
+    S.KV_TOOL_LEDGER,
+    S.KV_VERDICTS,
+    S.KV_ESCALATIONS,
+    S.KV_BUDGETS,
+    S.KV_SCENARIOS,
+)
+
+
 def published(user: str, access: AccessFile = EXAMPLE) -> tuple[str, ...]:
     """What ``user`` may publish: its rows of the channel table (``shared/channels.py``), with the params the
     server pins to it (a service's own dead letters, a client's own tenant, an operator's own name). A person
@@ -61,8 +76,8 @@ def published(user: str, access: AccessFile = EXAMPLE) -> tuple[str, ...]:
         return publish_patterns(user, (), {"tenant": S.DEFAULT_TENANT})
     if user in SERVICES:
         return publish_patterns(user, ("all",), {"service": user})
-    if user == "console":  # a replay from the run page is submitted on the default tenant's subject
-        return publish_patterns(user, (), {"tenant": S.DEFAULT_TENANT})
+    if user == "console":  # a replay from the run page: the operators' replay subject, any tenant's
+        return publish_patterns(user, (), {})
     if user in access.operators:
         return published_by_person(user, None)
     if user in access.tenant_users():
@@ -90,7 +105,8 @@ GRANTS: dict[str, Grant] = {
         config_keys=(S.CONFIG_ACCESS,),  # the tenants' policies
         # scenarios: bound at submit; history: the runs' conversations; rate limits: its model calls' keys
         kv_write=(S.KV_RUNS, S.KV_MODEL_CALLS, S.KV_LESSONS, S.KV_SCENARIOS, S.KV_HISTORY, S.KV_RATE_LIMITS),
-        kv_read=(S.KV_CONTRACTS, S.KV_AGENTS),  # agents: resolved at submit (``RunSubmit.agent``)
+        # agents: resolved at submit (``RunSubmit.agent``); the rest: a tenant's export of its own run (``values``)
+        kv_read=(S.KV_CONTRACTS, S.KV_AGENTS, S.KV_TOOL_LEDGER, S.KV_VERDICTS, S.KV_ESCALATIONS, S.KV_BUDGETS),
         read_streams=(S.STREAM_EVT,),
         consumers=(
             (S.STREAM_SUBMIT, S.DURABLE_PLANNER_SUBMIT),
@@ -157,9 +173,9 @@ GRANTS: dict[str, Grant] = {
         subscribe=(f"{S.P}.evt.>",),
         # no scenario writes: the scenario travels in the submit. Agents: read (list, show, run by name), never
         # written: a client changing an agent would change what every other tenant's runs of it do. The
-        # contracts say which tools the stack hosts (`submit`, `check-scenario --against-stack`)
-        # and the providers' rate limits per key (limits and what is left: no key, no run)
-        kv_read=(S.KV_RUNS, S.KV_HISTORY, S.KV_AGENTS, S.KV_CONTRACTS, S.KV_RATE_LIMITS),
+        # contracts say which tools the stack hosts (`submit`, `check-scenario --against-stack`); the rest is
+        # what `export` and `show` read of a run (``RECORD_READS``), and the providers' rate limits per key
+        kv_read=(*RECORD_READS, S.KV_AGENTS, S.KV_CONTRACTS, S.KV_RATE_LIMITS),
         read_streams=(S.STREAM_EVT,),  # not LW_DLQ: other tenants' arguments and results (operators read it)
     ),
 }
@@ -170,17 +186,9 @@ GRANTS: dict[str, Grant] = {
 GRANTS["console"] = Grant(
     publish=published("console"),
     subscribe=(f"{S.P}.evt.>",),  # the live view: events as they are published, history by direct get
-    # the run view opens every step: model turns, tool attempts and raw outputs, verdicts, the tools' contracts
-    # (read only, by direct get; operators see the same in the queue)
-    kv_read=(
-        S.KV_RUNS,
-        S.KV_HISTORY,
-        S.KV_MODEL_CALLS,
-        S.KV_TOOL_LEDGER,
-        S.KV_VERDICTS,
-        S.KV_CONTRACTS,
-        S.KV_RATE_LIMITS,  # the fleet view: the providers' limits per key
-    ),
+    # the run view opens every step: model turns, tool attempts and raw outputs, verdicts, queue items, the
+    # tools' contracts; export and Replay read the whole record (read only, by direct get; operators see the same)
+    kv_read=(*RECORD_READS, S.KV_CONTRACTS, S.KV_RATE_LIMITS),  # and the fleet view: the providers' rate limits
     kv_write=(S.KV_CONSOLE_SESSIONS,),  # a logout revokes the session on every replica
     read_streams=(S.STREAM_EVT,),
     config_keys=(S.CONFIG_ACCESS, S.CONFIG_CONSOLE),  # the roster, and the logins (bcrypt hashes: its own read)
@@ -194,6 +202,7 @@ def tenant_client_grant(user: str, tenant: str) -> Grant:
     arguments), and no grant can filter a direct get or a bucket by tenant."""
     return Grant(
         publish=published_by_person(user, tenant),
+        kv_read=(S.KV_AGENTS,),  # list, show and run agents by name: an agent is the same for every tenant
         # the bodies of its own submits, and those the planner stores for its tenant's reads: not anyone's
         # (other tenants' answers and tool results are there)
         bodies_of=(S.token(user), S.tenant_bodies(tenant)),
@@ -222,11 +231,15 @@ def operator_grant(name: str) -> Grant:
     to their services (``loopwarden dlq``, ``loopwarden dlq requeue``; it reads ``lw_requeues`` to tell a
     letter taken back already), reads the agents every tenant runs and registers them through the escalation
     service (``loopwarden agents register``: ``rpc.agents.register.<operator>``, decided by the roster and
-    recorded with the operator's name), never by writing ``lw_agents`` itself."""
+    recorded with the operator's name), never by writing ``lw_agents`` itself. It reads every tenant's runs as
+    the console does (``runs``, ``status``, ``events``, ``show``, ``export``, ``metrics``, and ``wait``'s live
+    events): by direct get and core subscription, never a consumer; and replays a run on the replay subject
+    (``S.run_replay``), charged to the replayed run's tenant."""
     return Grant(
         publish=published_by_person(name, None),
-        read_streams=(S.STREAM_DLQ,),
-        kv_read=(S.KV_AGENTS, S.KV_REQUEUES, S.KV_RATE_LIMITS),  # rate limits: loopwarden fleet's providers
+        subscribe=(f"{S.P}.evt.>",),
+        read_streams=(S.STREAM_DLQ, S.STREAM_EVT),
+        kv_read=(*RECORD_READS, S.KV_CONTRACTS, S.KV_AGENTS, S.KV_REQUEUES, S.KV_RATE_LIMITS),
     )
 
 

@@ -269,6 +269,11 @@ class Scenario(_Strict):
     allowed_tools: list[str] | None = None
     lessons: bool = False
     expect: Expectation | None = None
+    replay: bool = Field(
+        False,
+        description="set by the planner, never by a file: the scenario came on an operator's replay subject, so "
+        "the scripted providers replay it even where scripted runs are off (LW_ALLOW_SCRIPTED=false)",
+    )
 
     def effective_rubric(self) -> Rubric | None:
         """The rubric, or — when the scenario scripts judge replies but no rubric — one criterion per

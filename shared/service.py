@@ -18,6 +18,7 @@ from typing import Any
 import uvloop
 
 from shared import metrics as M
+from shared import opcounts
 from shared.bus import Bus
 from shared.health import HealthServer
 from shared.jetstream_gauges import JetStreamGauges, reported_streams
@@ -95,6 +96,10 @@ async def serve(service: str, build: Build, settings: Settings | None = None) ->
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
+    if settings.op_counts_dir:  # a benchmark reads what this process sent, by kind (shared/opcounts.py)
+        counts_dir = settings.op_counts_dir
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(signal.SIGUSR1, lambda: opcounts.dump(counts_dir, service))
 
     async def startup() -> None:
         await bus.connect()

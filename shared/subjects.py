@@ -48,7 +48,12 @@ ESCALATION_RESOLVE = f"{P}.rpc.escalation.resolve"
 RUN_READ_PREFIX = f"{P}.rpc.runs"
 # an operator (or the admin) registers an agent as itself: ``<prefix>.<user>``, answered by the escalation service
 AGENT_REGISTER_PREFIX = f"{P}.rpc.agents.register"
-RUN_READ_VERBS = ("state", "history", "events")
+RUN_READ_VERBS = ("state", "history", "events", "values")  # one run (``RunRead``)
+RUN_LIST = "list"  # a tenant's runs, a page at a time (``RunQuery``): ``<prefix>.list.<tenant>``
+# a replay an operator (or the console for one, or the admin) starts: ``<submit prefix>.<tenant>.replay``, the
+# tenant the replayed run was of (it pays). The planner takes its scenario whatever LW_ALLOW_SCRIPTED says, and
+# no client user may publish it (each publishes its own tenant's submit subject only).
+REPLAY = "replay"
 
 # --- events (JetStream stream LW_EVT) ------------------------------------------------------
 RUN_EVENT_PREFIX = f"{P}.evt.run"
@@ -231,6 +236,16 @@ def kv_key(*parts: str) -> str:
 def run_submit(tenant: str | None = None) -> str:
     """The subject a run of ``tenant`` (the default tenant when None) is submitted on."""
     return f"{RUN_SUBMIT_PREFIX}.{token(tenant or DEFAULT_TENANT)}"
+
+
+def run_replay(tenant: str | None = None) -> str:
+    """The subject an operator replays a run of ``tenant`` on (the default tenant when None)."""
+    return f"{run_submit(tenant)}.{REPLAY}"
+
+
+def run_list(tenant: str) -> str:
+    """The subject a client of ``tenant`` lists its runs on."""
+    return f"{RUN_READ_PREFIX}.{RUN_LIST}.{token(tenant)}"
 
 
 def run_read(verb: str, tenant: str) -> str:

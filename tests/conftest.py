@@ -26,6 +26,7 @@ from shared.scenario import parse_scenario
 from shared.settings import Settings
 from shared.telemetry import Telemetry, setup_telemetry
 from tests.support import stragglers
+from tests.support.locked import Deployment, locked_deployment
 from tests.support.otlp_collector import OtlpCollector
 from tests.support.stragglers import pytest_sessionfinish, pytest_terminal_summary  # noqa: F401 (hooks)
 from tests.support.timing import bound, eventually, scale_test_timeout
@@ -99,6 +100,15 @@ def stack(
             env_per_service={"executor": {"LW_MCP_SERVERS": json.dumps([MCP_ORDERS])}},
         )
     )
+
+
+@pytest.fixture(scope="session")
+def locked(tmp_path_factory: pytest.TempPathFactory, messages_api: FakeModel) -> Iterator[Deployment]:
+    """The locked deployment, as production runs it (``tests/support/locked.py``): every service and the console
+    as its own NATS user, scripted runs off, the model the session's Messages API; people act as their users."""
+    env = {**TEST_ENV, "LW_TENANT_CEILINGS": '{"default": 1000, "acme": 1000}'}
+    with locked_deployment(tmp_path_factory.mktemp("locked"), env, messages_api.base_url) as deployment:
+        yield deployment
 
 
 @pytest.fixture(scope="session")

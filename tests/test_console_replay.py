@@ -1,5 +1,6 @@
 """The console's NATS user may start a replay where the server enforces the grants (``deploy/nats/auth.conf``):
-it submits on the default tenant's subject, as the single-tenant client does, and on no other tenant's."""
+on the operators' replay subject of the replayed run's tenant (``S.run_replay``), and on no tenant's own submit
+subject (a replay is not a client's run)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield url
 
 
-async def test_the_consoles_user_submits_a_replay_on_the_default_tenants_subject_and_on_no_other(url: str) -> None:
+async def test_the_consoles_user_submits_a_replay_on_the_replay_subject_and_no_tenants_submit(url: str) -> None:
     await L.bootstrap_as_admin(url)
     recorded = RunRecord.model_validate(
         {
@@ -37,9 +38,10 @@ async def test_the_consoles_user_submits_a_replay_on_the_default_tenants_subject
         }
     )
     settings = L.as_user(url, "console", manage_streams=False, rpc_timeout_s=3)
-    async with Client(settings, identity="console") as console:
-        run_id = await console.submit_scenario(replay_scenario(recorded))  # acknowledged by LW_SUBMIT
+    async with Client(settings, identity="console") as console:  # acknowledged by LW_SUBMIT
+        run_id = await console.submit_replay(replay_scenario(recorded), "acme", "run-replayed1")
     async with Client(L.as_user(url, "admin"), identity="admin") as admin:
-        stored = await admin.bus.js.get_last_msg(S.STREAM_SUBMIT, S.run_submit(S.DEFAULT_TENANT))
+        stored = await admin.bus.js.get_last_msg(S.STREAM_SUBMIT, S.run_replay("acme"))
         assert stored.data is not None and run_id.encode() in stored.data
     assert await L.publish_refusals(url, "console", S.run_submit("acme"))
+    assert await L.publish_refusals(url, "console", S.run_submit(S.DEFAULT_TENANT))

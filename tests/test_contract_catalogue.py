@@ -20,6 +20,7 @@ from shared.contracts.catalogue import ContractCatalogue
 from shared.messages import ToolContract
 from shared.telemetry import setup_telemetry
 from tests.conftest import settings_for
+from tests.support.timing import polls
 
 FRESH_S = 0.3  # the rule under test, short so the test waits it out
 
@@ -73,3 +74,26 @@ async def test_a_tool_nobody_registered_reads_as_absent_and_the_validator_hands_
     validator = Validator(bus, setup_telemetry("validator-under-test", bus.settings))
     with pytest.raises(TryLater, match=f"no contract registered for tool '{name}'"):
         await validator.contract(name)
+
+
+async def test_a_read_past_half_its_freshness_is_served_and_read_again_in_the_background(bus: Bus) -> None:
+    """A reader that keeps handling steps never waits for the catalogue: past ``FRESH_S / 2`` it is served
+    what it read and reads again beside it, so the re-registered contract is there for the next step."""
+    name = f"cat_ahead_{uuid.uuid4().hex[:8]}"
+    await bus.kv_put(S.KV_CONTRACTS, S.kv_key(name), contract(name, "first"))
+    try:
+        readers = ContractCatalogue(bus)
+        assert (await readers.get(name)).description == "first"  # type: ignore[union-attr]
+        assert (await readers.all())[name].description == "first"
+        await bus.kv_put(S.KV_CONTRACTS, S.kv_key(name), contract(name, "second"))
+        await asyncio.sleep(FRESH_S * 0.6)
+        assert (await readers.get(name)).description == "first"  # type: ignore[union-attr]  # served at once
+        assert (await readers.all())[name].description == "first"
+        for _ in range(polls(50)):  # the reads ahead land
+            await asyncio.sleep(0.02)
+            if readers.cached() is not None and readers.cached()[name].description == "second":  # type: ignore[index]
+                break
+        assert (await readers.all())[name].description == "second"
+        assert (await readers.get(name)).description == "second"  # type: ignore[union-attr]
+    finally:
+        await (await bus.kv(S.KV_CONTRACTS)).purge(S.kv_key(name))

@@ -232,7 +232,7 @@ async def test_a_verb_the_server_does_not_grant_is_refused_at_once_naming_the_pe
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 1, (user, args, done.returncode, done.stderr)
         assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
-        assert f"NATS user {user} may not publish on lw.v1.rpc.escalation.{subject}" in lines[0], lines[0]
+        assert f"user {user} may not ask lw.v1.rpc.escalation.{subject}: permission denied" in lines[0], lines[0]
         assert "unreachable" not in lines[0] and "did not answer" not in lines[0]
     assert (await admin.show(esc_id)).escalations[0].status == "open"
     # the same command as the operator it names is answered as before

@@ -41,10 +41,11 @@ async def test_a_planner_dying_after_a_model_answer_is_stored_never_asks_the_mod
     """Planners that exit as soon as a turn's new model answer is stored, before the run's record is
     saved (``LW_FAULT_INJECT=after_model_answered``): the first dies in the run's first turn (taken
     from the submit's advance), the second reuses that answer from the redelivered advance, runs the
-    tool step, and dies in the second turn (taken inline, where the tool's outcome is applied). A
-    healthy planner takes over, first the advance to turn 2 as a planner of the previous version
-    re-publishes it with the outcome's stored outbox (a first delivery), then the redelivered outcome:
-    the outcome is not applied twice, the second turn reuses its stored answer, and the run completes.
+    tool step, and dies in the second turn (taken inline, where the tool's outcome is applied, which is
+    saved with that turn, so the record is still at turn 1). A healthy planner takes over, first the
+    advance to turn 2 as a planner of the previous version would re-publish it (a first delivery: the run
+    is not at that turn, it is dropped), then the redelivered outcome: applied once, the second turn
+    reuses its stored answer, and the run completes.
     Every turn's answer was stored once (the model was asked once per turn) and the tool ran once."""
     async with Client(Settings(nats_url=no_planner.nats_url)) as client:
         async with Wire(client, S.RUN_ADVANCE, f"$KV.{S.KV_MODEL_CALLS}.>") as wire:
@@ -52,7 +53,8 @@ async def test_a_planner_dying_after_a_model_answer_is_stored_never_asks_the_mod
             for label in ("planner-dies-turn-1", "planner-dies-turn-2"):
                 await planner_dies(no_planner, "after_model_answered", label)
             snap = await client.state(run_id)
-            assert snap is not None and snap.iteration.n == 2 and snap.model_calls == 1, snap
+            # the outcome is saved together with the turn it schedules: the record is still at turn 1
+            assert snap is not None and snap.iteration.n == 1 and snap.model_calls == 1, snap
             # a planner of the previous version, handed the redelivered outcome, re-publishes its whole
             # outbox: the advance to turn 2 then arrives as a first delivery, before the outcome again
             again = RunAdvance(run_id=run_id, iteration=2)

@@ -27,12 +27,12 @@ async def test_a_save_no_longer_carries_what_the_previous_one_published(one_clie
         state = await client.wait(run_id, timeout=bound(30))
     assert state.status == "completed", state.final_reason
     saves = [json.loads(m.data) for m in wire.seen if m.subject == f"$KV.{S.KV_RUNS}.{run_id}" and m.data]
-    assert len(saves) >= 2 * 8, len(saves)  # an outcome's save and its turn's save per step
+    assert len(saves) >= 8, len(saves)  # a step's save: the outcome and the turn it scheduled, in one write
     for before, after in itertools.pairwise(saves):
         carried = {i["msg_id"] for items in before["outbox"].values() for i in items}
         again = [i for items in after["outbox"].values() for i in items if i["msg_id"] in carried]
         # only an advance whose turn was taken in place (never published) is carried on
         assert all(i["model"] == "RunAdvance" for i in again), again
-        # beside advances, only the outbox of the message this save applied
+        # beside advances, only the outboxes of what this save applied: a message and the turn it scheduled
         full = [k for k, items in after["outbox"].items() if any(i["model"] != "RunAdvance" for i in items)]
-        assert len(full) <= 1, full  # (without dropping what was published: up to MAX_OUTBOX of them)
+        assert len(full) <= 2, full  # (without dropping what was published: up to MAX_OUTBOX of them)

@@ -11,12 +11,14 @@ calibration, which it still does.
 
 from __future__ import annotations
 
+import asyncio
+
 from loopwarden.client import Client
 from services.governor.handlers import CALIBRATION_KEY, Calibration
 from shared import subjects as S
 from shared.scenario import parse_scenario
 from tests.support.runs import calculator_steps
-from tests.support.timing import bound
+from tests.support.timing import bound, polls
 from tests.support.wire import Seen, Wire
 
 CREATE_HEADER = "Nats-Expected-Last-Subject-Sequence"
@@ -93,9 +95,13 @@ async def test_a_budget_answer_does_not_wait_for_the_shared_calibration(one_clie
         shared_key,
         f"$JS.API.DIRECT.GET.KV_{S.KV_BUDGETS}.{shared_key}",
     ) as wire:
-        # 12 turns: the governor shares its ratios at least every 8 samples
+        # 12 turns: the governor shares its ratios after 8 samples (at most once a second: waited for here)
         run_id = await client.submit_scenario(parse_scenario(calculator_steps("calibration-aside", 11)))
         state = await client.wait(run_id, timeout=bound(30))
+        for _ in range(polls(40)):
+            if any(m.subject == shared_key for m in wire.seen):
+                break
+            await asyncio.sleep(0.1)
     assert state.status == "completed", state.final_reason
     asked = {m.reply: i for i, m in enumerate(wire.seen) if m.subject == S.BUDGET_RESERVE and run_id.encode() in m.data}
     answered = {m.subject: i for i, m in enumerate(wire.seen) if m.subject in asked}

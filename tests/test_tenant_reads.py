@@ -45,7 +45,7 @@ STACK_ENV = {
     "LW_COST_CEILING_USD": "100",
 }
 MAX_PAYLOAD = 300 * 1024  # the smallest that holds a claim-check chunk (256 KiB): pages come soon
-SERVICES = ("planner", "executor", "validator", "governor")
+SERVICES = ("planner", "executor", "validator", "governor", "escalation")
 
 
 @pytest.fixture(scope="module")
@@ -156,6 +156,36 @@ async def test_a_tenant_clients_watch_sees_its_runs_events_as_they_come(acme: Cl
             assert event is not None, seen
             seen.append(event.kind)
     assert "tool.succeeded.calculator" in seen, seen
+
+
+async def test_a_tenant_client_checks_a_scenarios_expectations_from_its_runs_own_escalation_events(
+    acme: Client,
+) -> None:
+    """It does not read the queue (every tenant's arguments are there): the items its run raised come from the
+    run's own escalation events, so ``run_and_check`` and ``submit --wait`` of a scenario work for it too."""
+    from shared.scenario import load_scenario
+    from tests.conftest import ROOT
+
+    state, mismatches = await acme.run_and_check(load_scenario(ROOT / "scenarios" / "correction-escalates.yaml"))
+    assert state.status == "awaiting_human" and mismatches == [], mismatches
+    assert state.awaiting is not None and [i.kind for i in await acme._items_of(state.run_id)] == ["schema_cap"]
+
+
+async def test_a_tenant_client_exports_and_replays_its_own_run(acme: Client) -> None:
+    """Where scripted runs are allowed (this stack), a tenant's client replays its own export as a scripted run
+    of its own tenant: read through the planner, compared from its own run's events."""
+    from loopwarden.replay import replay
+
+    mine = run_id("acme")
+    await acme.submit(scripted(mine, CALC))
+    assert (await acme.wait(mine, timeout=bound(60))).status == "completed"
+    record = await acme.export(mine)
+    assert record.config["tenant"] == "acme" and [t.tool for t in record.tool_calls] == ["calculator"]
+    assert record.tool_calls[0].has_output and len(record.model_calls) == 2 and record.scenario is not None
+    report = await replay(acme, record, timeout=bound(60))
+    assert report.same and report.status == "completed", report.lines()
+    again = await acme.state(report.replay_run)
+    assert again is not None and again.tenant == "acme"
 
 
 # --- another tenant's run: the same answer as a run that does not exist ------------------------------------------
@@ -312,7 +342,8 @@ def test_only_the_default_tenants_client_reads_runs_directly() -> None:
         assert [p for p in direct if not p.startswith("$JS.API.STREAM.INFO.")] == [], (user, direct)
         assert sub == [f"{S.inbox_prefix(user, tenant)}.>"], (user, sub)
         assert S.ESCALATION_LIST not in pub and S.ESCALATION_SHOW not in pub, user
-        assert [p for p in pub if p.startswith(S.RUN_READ_PREFIX)] == [S.run_read(v, tenant) for v in S.RUN_READ_VERBS]
+        reads = [S.run_read(v, tenant) for v in S.RUN_READ_VERBS]
+        assert [p for p in pub if p.startswith(S.RUN_READ_PREFIX)] == [*reads, S.run_list(tenant)]
         planner_pub, _ = rights("planner", all_grants["planner"])
         assert S.people_inboxes(S.TENANT_ROLE) in planner_pub
 

@@ -406,15 +406,22 @@ def test_every_generated_grant_keeps_the_rules() -> None:
         if user in TENANT_BOUND:
             reads = [p for p in pub if ".GET." in p or p.endswith(".GET") or p.startswith("$KV.")]
             bodies = (user, S.tenant_bodies(TENANT_BOUND[user]))  # its own, and its tenant's reads'
-            assert reads == [f"$JS.API.DIRECT.GET.{S.STREAM_PAYLOADS}.{S.PAYLOAD_PREFIX}.{o}.>" for o in bodies], reads
+            agents = f"KV_{S.KV_AGENTS}"  # the agents it runs by name: the same for every tenant
+            assert reads == [
+                f"$JS.API.DIRECT.GET.{agents}",
+                f"$JS.API.DIRECT.GET.{agents}.>",
+                f"$JS.API.STREAM.MSG.GET.{agents}",
+                *(f"$JS.API.DIRECT.GET.{S.STREAM_PAYLOADS}.{S.PAYLOAD_PREFIX}.{o}.>" for o in bodies),
+            ], reads
             assert sub == [f"{L.inbox_of(user)}.>"], (user, sub)
             # no subject index but its submit stream's (LW_EVT's names every run, LW_PAYLOADS' every body)
             assert [p for p in pub if p.startswith("$JS.API.STREAM.INFO.")] == [
-                f"$JS.API.STREAM.INFO.{S.STREAM_SUBMIT}"
+                f"$JS.API.STREAM.INFO.{S.STREAM_SUBMIT}",
+                f"$JS.API.STREAM.INFO.{agents}",
             ]
             assert not any(p.startswith(S.ESCALATION_RPC_PREFIX) for p in pub), user
             own = [S.run_read(verb, TENANT_BOUND[user]) for verb in S.RUN_READ_VERBS]
-            assert [p for p in pub if p.startswith(S.RUN_READ_PREFIX)] == own, user
+            assert [p for p in pub if p.startswith(S.RUN_READ_PREFIX)] == [*own, S.run_list(TENANT_BOUND[user])], user
         elif user != "planner":
             assert not any(S.RUN_READ_PREFIX in p for p in (*pub, *sub)), user  # the planner alone answers them
         assert f"{L.inbox_of(user)}.>" in sub

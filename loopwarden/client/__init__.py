@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from loopwarden.client.connecting import READY_TIMEOUT_S, Unreachable, probe, resolve_settings
 from loopwarden.client.events import Event, Watch, tool_metrics, tool_outcomes
+from loopwarden.client.exports import Exports, TenantSource
 from loopwarden.client.letters import Letters, NumberedLetter, Requeued
 from loopwarden.client.reads import TENANT_POLL_S
+from loopwarden.client.refusals import PermissionDenied, Refusals, Violation, guarded, violation, what_of
 from loopwarden.client.runs import (
     AgentList,
     NotAllowed,
@@ -20,6 +22,7 @@ from loopwarden.client.runs import (
     UnknownAgent,
     UnreadableAgent,
     new_run_id,
+    scenario_submit,
     select_runs,
 )
 from loopwarden.client.scenarios import Scenarios
@@ -34,32 +37,43 @@ __all__ = [
     "Event",
     "NotAllowed",
     "NumberedLetter",
+    "PermissionDenied",
+    "Refusals",
     "Requeued",
     "RunResult",
+    "TenantSource",
     "UnknownAgent",
     "Unreachable",
     "UnreadableAgent",
+    "Violation",
     "Watch",
+    "guarded",
     "new_run_id",
     "probe",
     "resolve_settings",
+    "scenario_submit",
     "select_runs",
     "tool_metrics",
     "tool_outcomes",
+    "violation",
+    "what_of",
 ]
 
 
-class Client(Scenarios, Letters):
+class Client(Scenarios, Letters, Exports):
     """A connection to a running Loopwarden stack: submit runs and wait for them, read and watch their
     events, work the escalation queue.
 
     ``async with Client() as client: ...`` finds the server as the ``loopwarden`` CLI does (``settings``'
     URL, else ``LW_NATS_URL``/``NATS_URL``, else the stack ``loopwarden up`` recorded, else the default) and
     connects within ``connect_timeout`` seconds (default ``LW_CLI_CONNECT_TIMEOUT_S``, 3) or raises
-    :class:`Unreachable` naming the URL. ``ready_timeout`` bounds the wait for JetStream's streams once the
-    server answers; by default 30 s, and no limit on a managed cluster (``LW_MANAGE_STREAMS=false``), where
-    a client started before ``loopwarden bootstrap`` waits for it as the services do (logged, naming what is
-    missing). Once connected, a lost server is reconnected to without limit."""
+    :class:`Unreachable` naming the URL. It connects as the NATS user its settings name (``LW_NATS_USER``, its
+    replies on ``_INBOX_<user>``; ``identity`` names another), and waits for what that user may see:
+    ``ready_timeout`` (30 s; None: no limit, a client started before ``loopwarden bootstrap``) bounds the wait
+    for JetStream once the server answers. What the server refuses that user is :class:`PermissionDenied` at
+    once ("user client_acme may not read lw_escalations: permission denied"), never a timeout. A client of a
+    tenant (``LW_TENANT``) reads its own runs through the planner. Once connected, a lost server is
+    reconnected to without limit."""
 
     # --- tool metrics (derived from the event history) -------------------------------------------
     async def tool_metrics(self) -> dict[str, dict[str, float]]:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from typing import Any, Self
+from collections.abc import Awaitable
+from typing import Any, Self, TypeVar
 
+from loopwarden.client.refusals import Refusals
 from loopwarden.stack import StackError, recorded_nats_url
 from shared import subjects as S
-from shared.bus import Bus, kv_scan
+from shared.bus import Bus, kv_scan, natsx
 from shared.messages import (
     RunRead,
     RunReadReply,
@@ -17,6 +19,8 @@ from shared.messages import (
 from shared.settings import Settings
 from shared.telemetry import Telemetry, setup_telemetry
 from shared.urls import redact_url
+
+_T = TypeVar("_T")
 
 
 class Unreachable(ConnectionError):
@@ -84,51 +88,82 @@ async def probe(settings: Settings, timeout: float, origin: str = "") -> None:
 
 
 READY_TIMEOUT_S = 30.0  # JetStream answers within it, or it will not (the streams are created here)
+_ADMIN = "admin"  # the one user that creates streams, buckets and consumers on a locked deployment
 
 
 class Connection:
-    """A client's connection and what its parts share: the settings, the bus, the telemetry, and the
-    tenant-bound reads through the planner. ``Client`` is this plus its parts (runs, reads, waits, the
-    queue, dead letters)."""
+    """A client's connection and what its parts share: the settings, the bus, the telemetry, the refusals
+    the server reported, and the tenant-bound reads through the planner. ``Client`` is this plus its parts
+    (runs, reads, waits, the queue, dead letters)."""
 
     def __init__(
         self,
         settings: Settings | None = None,
         telemetry: Telemetry | None = None,
-        identity: str = "client",  # the NATS user this client is (an operator's name, "console", ...): its inbox
+        identity: str | None = None,  # the NATS user this client is: by default LW_NATS_USER (else "client")
         *,
         connect_timeout: float | None = None,
-        ready_timeout: float | None = None,
+        ready_timeout: float | None = READY_TIMEOUT_S,
     ) -> None:
-        self.settings, self._origin = resolve_settings(settings)
-        self.identity = identity
+        settings, self._origin = resolve_settings(settings)
+        # Its inbox is that user's (``_INBOX_<user>``, a person's under its role): its grant reads replies there.
+        self.identity = identity or settings.nats_user or "client"
+        if settings.manage_streams and settings.nats_user not in (None, _ADMIN):
+            # a user of a locked deployment creates nothing (only the admin may): it waits for what it uses
+            settings = settings.model_copy(update={"manage_streams": False})
+        self.settings = settings
         self.connect_timeout = connect_timeout if connect_timeout is not None else self.settings.cli_connect_timeout_s
-        self.ready_timeout = (
-            READY_TIMEOUT_S if ready_timeout is None and self.settings.manage_streams else ready_timeout
-        )
+        self.ready_timeout = ready_timeout  # None: wait without limit (a client started before bootstrap)
         self._waiters: dict[str, set[asyncio.Event]] = {}
         self._run_events: dict[str, list[Any]] = {}  # run id -> subscriptions to its run events
         self.telemetry: Telemetry | None = telemetry or setup_telemetry(self.identity, self.settings)
         self.bus = Bus(self.settings, self.identity, self.telemetry.bus_tracer_provider)
+        self.refusals = Refusals(self.identity, self.bus.inbox_prefix, self.settings.tenant)
 
     async def connect(self) -> Self:
-        """Connect (bounded, see ``Client``) and make sure the streams this client reads exist."""
+        """Connect (bounded, see ``Client``) and wait for what this client uses: where it may create streams
+        (an open stack, or the admin), they are made; else the stream it submits to (``LW_SUBMIT``, which
+        every client user may look up) must exist. A permissions violation meanwhile is ``PermissionDenied``."""
         await probe(self.settings, self.connect_timeout, self._origin)
         try:
             async with asyncio.timeout(self.ready_timeout):
-                await self.bus.connect()
+                nc = await self.bus.broker.connect()
+                self.refusals.previous = natsx.error_callback(nc)
+                natsx.set_error_callback(nc, self.refusals.on_error)
+                if self.settings.manage_streams:
+                    await self.guard(self.bus.connect())
+                else:
+                    js = self.bus.js
+                    await self.guard(
+                        self.bus.until_ready(f"stream {S.STREAM_SUBMIT}", lambda: js.stream_info(S.STREAM_SUBMIT))
+                    )
         except TimeoutError:
             with contextlib.suppress(Exception):
                 await self.bus.broker.stop()
             url = redact_url(self.settings.nats_url)
             raise Unreachable(
-                f"NATS at {url}{self._origin} answered but JetStream was not ready in {self.ready_timeout:.0f}s", url
+                f"NATS at {url}{self._origin} answered but JetStream was not ready in {self.ready_timeout:.0f}s "
+                "(has `loopwarden bootstrap` run?)",
+                url,
             ) from None
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self.bus.broker.stop()
+            raise
         return self
+
+    async def guard(self, work: Awaitable[_T]) -> _T:
+        """``work``'s result, or ``PermissionDenied`` (naming this user and what it may not do) as soon as the
+        server refuses something meanwhile, instead of waiting for an answer that will not come."""
+        return await self.refusals.guard(work)
 
     async def close(self) -> None:
         """Disconnect (and flush this client's spans)."""
-        await self.bus.broker.stop()
+        if self.bus.closed_for_good.is_set():  # nothing to drain: the server closed it
+            with contextlib.suppress(Exception):
+                await self.bus.broker.stop()
+        else:
+            await self.bus.broker.stop()
         if self.telemetry is not None:
             self.telemetry.tracer_provider.force_flush()
 
@@ -146,7 +181,7 @@ class Connection:
         return self.settings.tenant != S.DEFAULT_TENANT
 
     async def _read(self, verb: str, read: RunRead) -> RunReadReply:
-        return await self.bus.request(S.run_read(verb, self.settings.tenant), read, RunReadReply)
+        return await self.guard(self.bus.request(S.run_read(verb, self.settings.tenant), read, RunReadReply))
 
     async def _value(self, value: Any) -> bytes:
         """A value a ``RunReadReply`` carries, its body fetched when it travelled by reference."""

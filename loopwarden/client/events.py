@@ -7,6 +7,7 @@ import contextlib
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from shared import subjects as S
@@ -28,6 +29,7 @@ class Event:
     run_id: str
     headers: dict[str, str] = field(default_factory=dict)  # as published (``traceparent``: the run's trace)
     seq: int = 0  # its sequence in the stream it was read from
+    time: datetime | None = None  # when it was stored (stored events)
 
     @property
     def kind(self) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from loopwarden.client.reads import Reads
+from loopwarden.client.refusals import guarded
 from shared import subjects as S
 from shared.bus import RUN_ID_HEADER
 from shared.bus.requeue import RequeueClaim
@@ -38,11 +39,13 @@ class Letters(Reads):
     async def dead_letters(self) -> list[DeadLetter]:
         return [n.letter for n in await self.letters()]
 
+    @guarded
     async def letters(self) -> list[NumberedLetter]:
         """Every dead letter with its number, oldest first."""
         events = await self.events(subjects=f"{S.DLQ_PREFIX}.>")
         return [NumberedLetter(e.seq, DeadLetter.model_validate(e.payload)) for e in events]
 
+    @guarded
     async def requeueable(self, seq: int) -> DeadLetter:
         """Dead letter ``seq`` if it can be handed back; else ``NoSuchLetter``, or ``NotRequeueable`` naming
         why (a request/reply letter: its caller is gone; a letter that failed again as a later one)."""
@@ -65,6 +68,7 @@ class Letters(Reads):
         claim, _ = await self.bus.kv_get(S.KV_REQUEUES, S.kv_key(service, str(seq)), RequeueClaim)
         return claim
 
+    @guarded
     async def requeue(self, seq: int, letter: DeadLetter | None = None) -> Requeued:
         """Hand dead letter ``seq`` back to the service that gave up on it: that service runs it through
         the consumer that takes its subject, as a redelivery (its handlers are idempotent), and nothing is

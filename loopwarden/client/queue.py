@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from loopwarden.client.connecting import Connection
+from loopwarden.client.refusals import guarded
 from shared import subjects as S
 from shared.messages import (
     EscalationAction,
@@ -22,6 +23,7 @@ class Queue(Connection):
     ``...claim.console.<who>`` when the console acts for them): with per-operator NATS users the
     server lets only that operator publish there, so ``who`` must be the user this client is."""
 
+    @guarded
     async def escalations(
         self,
         status: str = "open",
@@ -47,22 +49,26 @@ class Queue(Connection):
             EscalationReply,
         )
 
+    @guarded
     async def show(self, escalation_id: str) -> EscalationReply:
         """One item (``.escalations[0]``) with its context: arguments, last turns, allowed actions."""
         return await self.bus.request(S.ESCALATION_SHOW, EscalationQuery(escalation_id=escalation_id), EscalationReply)
 
+    @guarded
     async def claim(self, escalation_id: str, who: str, via: str | None = None) -> EscalationReply:
         """Claim an item for ``who`` under a lease (``.ok`` false and ``.error`` say why not)."""
         return await self.bus.request(
             S.escalation_rpc("claim", who, via), EscalationClaim(escalation_id=escalation_id), EscalationReply
         )
 
+    @guarded
     async def renew(self, escalation_id: str, who: str, via: str | None = None) -> EscalationReply:
         """Extend ``who``'s lease on an item they claimed."""
         return await self.bus.request(
             S.escalation_rpc("renew", who, via), EscalationClaim(escalation_id=escalation_id), EscalationReply
         )
 
+    @guarded
     async def resolve(
         self,
         escalation_id: str,

@@ -9,6 +9,8 @@ from typing import Any
 
 from loopwarden.client.connecting import Connection
 from loopwarden.client.events import Event, Watch, _json, _Polled
+from loopwarden.client.refusals import PermissionDenied, guarded
+from loopwarden.record_sources import run_id_ok
 from shared import history as H
 from shared import subjects as S
 from shared.bus import RUN_ID_HEADER, Stored, scan_all
@@ -25,10 +27,23 @@ TENANT_POLL_S = 0.2  # how often a tenant-bound client asks again (it reads no l
 class Reads(Connection):
     """A run's state, history and events, stored and live."""
 
+    def not_for_tenants(self, what: str) -> PermissionDenied:
+        """A read only those who read every run may make, asked of a client bound to a tenant (``LW_TENANT``)."""
+        tenant = self.settings.tenant
+        return PermissionDenied(
+            self.identity,
+            what,
+            f"a client of tenant {tenant} (LW_TENANT={tenant}) reads its own runs, one at a time; "
+            "an operator reads every run and the dead letters, with LW_TENANT unset",
+        )
+
+    @guarded
     async def state(self, run_id: str, history: bool = False) -> RunSnapshot | None:
         """The run as the planner publishes it (``RunSnapshot``); with ``history``, its
         ``messages`` are read too (from ``lw_history`` and the record's tail)."""
         if self.tenant_bound:
+            if not run_id_ok(run_id):  # names no run (and is never sent)
+                return None
             reply = await self._read("state", RunRead(run_id=run_id))
             snap = RunSnapshot.model_validate_json(await self._value(reply.record)) if reply.found else None
         else:
@@ -37,6 +52,7 @@ class Reads(Connection):
             snap.messages = await self.history(snap)
         return snap
 
+    @guarded
     async def history(self, run: str | RunSnapshot, last: int | None = None) -> list[ChatMessage]:
         """The run's live conversation (or its ``last`` messages), oldest first."""
         if not self.tenant_bound:
@@ -45,6 +61,8 @@ class Reads(Connection):
         if isinstance(run, RunSnapshot):  # the messages that snapshot names
             start = run.history_start if last is None else max(run.history_start, run.history_len - last)
             read = RunRead(run_id=run.run_id, start=start, end=run.history_len)
+        elif not run_id_ok(run):
+            return []
         else:
             read = RunRead(run_id=run, last=last)
         out: list[ChatMessage] = []
@@ -57,6 +75,7 @@ class Reads(Connection):
                 return out
             read = RunRead(run_id=read.run_id, start=reply.next, end=reply.end)
 
+    @guarded
     async def events(
         self, run_id: str | None = None, subjects: str = f"{S.P}.evt.>", timeout: float = 2.0
     ) -> list[Event]:
@@ -82,15 +101,20 @@ class Reads(Connection):
 
     async def _run_events_read(self, run_id: str | None, subjects: str, start: int = 1) -> list[Event]:
         if run_id is None:
-            raise ValueError("a client bound to a tenant reads one run's events at a time (name the run)")
+            what = (
+                "read the dead letters (LW_DLQ)"
+                if S.stream_for(subjects) == S.STREAM_DLQ
+                else "read every run's events"
+            )
+            raise self.not_for_tenants(what)
         out: list[Event] = []
-        read: int | None = start
+        read: int | None = start if run_id_ok(run_id) else None
         while read is not None:
             reply = await self._read("events", RunRead(run_id=run_id, start=read, subjects=subjects))
             if not reply.found:
                 break
             for i in reply.items:
-                out.append(await self.event(Stored(i.subject, i.seq, None, i.headers, json.dumps(i.body).encode())))
+                out.append(await self.event(Stored(i.subject, i.seq, i.time, i.headers, json.dumps(i.body).encode())))
             read = reply.next
         return out
 
@@ -101,9 +125,11 @@ class Reads(Connection):
         data = msg.data
         with contextlib.suppress(PayloadError):
             data = await self.bus.payloads.inflate(self.bus.nc, data, headers)
-        seq = getattr(msg, "seq", 0) if isinstance(msg, Stored) else 0  # a core NATS message (``watch``): none
-        return Event(msg.subject, _json(data), headers.get(RUN_ID_HEADER, ""), headers, seq)
+        stored = isinstance(msg, Stored)  # else a core NATS message (``watch``): no sequence, no time
+        seq, at = (msg.seq, msg.time) if stored else (0, None)
+        return Event(msg.subject, _json(data), headers.get(RUN_ID_HEADER, ""), headers, seq, at)
 
+    @guarded
     async def watch(self, run_id: str) -> Watch:
         """Live events of a run as they are published. Subscribed when this returns (the server has
         the subscription: flushed), so a run submitted after it misses nothing:

@@ -12,6 +12,7 @@ from pathlib import Path
 from opentelemetry.trace import SpanKind
 from pydantic import ValidationError
 
+from loopwarden.client.refusals import PermissionDenied, guarded
 from loopwarden.client.waiting import Waiting
 from shared import subjects as S
 from shared.agents import load_agent
@@ -20,11 +21,14 @@ from shared.canonical import digest_of
 from shared.describe import describe
 from shared.messages import (
     FINAL_STATUSES,
+    RUN_LIST_MAX,
     Agent,
     AgentRecord,
     AgentRegister,
     AgentRegisterReply,
     RunLimits,
+    RunList,
+    RunQuery,
     RunSnapshot,
     RunSubmit,
     utcnow,
@@ -36,6 +40,23 @@ from shared.telemetry import LW_RUN_ID
 
 def new_run_id() -> str:
     return f"run-{uuid.uuid4().hex[:20]}"
+
+
+def scenario_submit(scenario: Scenario, run_id: str, limits: RunLimits | None = None) -> RunSubmit:
+    """The submit of ``scenario``'s task with the scenario bound to it (replayed by scripted providers)."""
+    data = scenario.model_dump(mode="json", by_alias=True)
+    return RunSubmit(
+        run_id=run_id,
+        task=scenario.task,
+        rubric=scenario.effective_rubric(),
+        limits=limits or scenario.limits or RunLimits(),
+        answer_mode=scenario.answer_mode,
+        terminal_tools=scenario.terminal_tools,
+        tools=scenario.allowed_tools,
+        lessons=scenario.lessons,
+        scenario=data,
+        scenario_digest=digest_of(data),
+    )
 
 
 class UnknownAgent(LookupError):
@@ -120,6 +141,7 @@ def select_runs(
 class Runs(Waiting):
     """Submitting runs and agents, running one to its end, listing runs."""
 
+    @guarded
     async def submit(self, submit: RunSubmit) -> str:
         assert self.telemetry is not None
         tracer = self.telemetry.tracer("loopwarden.client")
@@ -140,19 +162,7 @@ class Runs(Waiting):
         The scenario travels in the submit message (by reference when large) with its digest; only the
         planner stores it, so no client can write another run's scenario."""
         run_id = run_id or new_run_id()
-        data = scenario.model_dump(mode="json", by_alias=True)
-        submit = RunSubmit(
-            run_id=run_id,
-            task=scenario.task,
-            rubric=scenario.effective_rubric(),
-            limits=limits or scenario.limits or RunLimits(),
-            answer_mode=scenario.answer_mode,
-            terminal_tools=scenario.terminal_tools,
-            tools=scenario.allowed_tools,
-            lessons=scenario.lessons,
-            scenario=data,
-            scenario_digest=digest_of(data),
-        )
+        submit = scenario_submit(scenario, run_id, limits)
         await self.submit(submit)
         return run_id
 
@@ -163,19 +173,21 @@ class Runs(Waiting):
         of it do. Raises ``AgentError`` for a file that is not a valid agent."""
         agent = agent if isinstance(agent, Agent) else load_agent(agent)
         subject = S.agent_register(self.identity)  # as this client's own user: the server lets no one else
+        user = self.settings.nats_user or "(no user)"
         try:
             async with asyncio.timeout(timeout):
-                reply = await self.bus.request(subject, AgentRegister(agent=agent), AgentRegisterReply)
-        except TimeoutError:
-            user = self.settings.nats_user or "(no user)"
+                request = self.bus.request(subject, AgentRegister(agent=agent), AgentRegisterReply)
+                reply = await self.guard(request)
+        except (TimeoutError, PermissionDenied):
             raise NotAllowed(
-                f"agent {agent.name!r} was not registered in {timeout:.0f}s: NATS user {user} may not publish "
-                f"{subject} (only operators and the admin register agents)"
+                f"agent {agent.name!r} was not registered: NATS user {user} may not publish {subject}: "
+                "permission denied (only operators and the admin register agents)"
             ) from None
         if not reply.ok or reply.record is None:
             raise NotAllowed(f"agent {agent.name!r} was not registered: {reply.error or 'no record came back'}")
         return reply.record
 
+    @guarded
     async def agent(self, name: str) -> AgentRecord | None:
         """The registered agent of that name (its definition, version and digest), or None; ``UnreadableAgent``
         when what is stored under the name does not read as an agent."""
@@ -186,6 +198,7 @@ class Runs(Waiting):
             raise UnreadableAgent(f"agent {name!r} is stored but cannot be read: {why}") from None
         return record
 
+    @guarded
     async def agents(self) -> AgentList:
         """Every registered agent, by name; a stored value that does not read as one is left out and named
         in ``unreadable`` (key -> why), never hiding the others."""
@@ -204,6 +217,7 @@ class Runs(Waiting):
         listed.unreadable = unreadable
         return listed
 
+    @guarded
     async def submit_agent(
         self,
         agent: str,
@@ -213,9 +227,8 @@ class Runs(Waiting):
         run_id: str | None = None,
     ) -> str:
         """Start a run of the registered ``agent`` on ``task`` (live), or scripted by ``scenario`` (its task
-        unless ``task`` is given): the run id. ``UnknownAgent`` when no agent has that name (a tenant's client,
-        which may not read the agents, learns it from the planner's dead letter instead: the run never starts)."""
-        if not self.tenant_bound and await self.agent(agent) is None:
+        unless ``task`` is given): the run id. ``UnknownAgent`` when no agent has that name."""
+        if await self.agent(agent) is None:
             raise UnknownAgent(f"agent {agent!r} is not registered (`loopwarden agents list` shows those that are)")
         if task is None and scenario is None:
             raise ValueError("a run needs a task (or a scenario, whose task it takes)")
@@ -249,6 +262,7 @@ class Runs(Waiting):
         snap = await self.wait(run_id, timeout=timeout, until=(*FINAL_STATUSES, "awaiting_human"), history=False)
         return RunResult.of(snap)
 
+    @guarded
     async def runs(
         self,
         *,
@@ -259,9 +273,33 @@ class Runs(Waiting):
         limit: int | None = 50,
         offset: int = 0,
     ) -> list[RunSnapshot]:
-        """The runs the planner keeps (``lw_runs``), newest first, filtered (see ``select_runs``)."""
+        """The runs the planner keeps (``lw_runs``), newest first, filtered (see ``select_runs``). A client bound
+        to a tenant asks the planner for its own runs (``rpc.runs.list.<tenant>``), a page at a time."""
+        if self.tenant_bound:
+            if tenant is not None and tenant != self.settings.tenant:
+                return []  # a client of one tenant sees no other's runs
+            return await self._listed(status, agent, since, limit, offset)
         snaps = []
         for value in await self._values(S.KV_RUNS):
             with contextlib.suppress(ValueError):  # a record this version cannot read is left out
                 snaps.append(RunSnapshot.model_validate_json(value))
         return select_runs(snaps, status=status, agent=agent, tenant=tenant, since=since, limit=limit, offset=offset)
+
+    async def _listed(
+        self, status: str | None, agent: str | None, since: timedelta | None, limit: int | None, offset: int
+    ) -> list[RunSnapshot]:
+        out: list[RunSnapshot] = []
+        at: int | None = offset
+        while at is not None and (limit is None or len(out) < limit):
+            page = RUN_LIST_MAX if limit is None else min(RUN_LIST_MAX, limit - len(out))
+            query = RunQuery(
+                status=status,
+                agent=agent,
+                since_s=since.total_seconds() if since is not None else None,
+                limit=page,
+                offset=at,
+            )
+            reply = await self.guard(self.bus.request(S.run_list(self.settings.tenant), query, RunList))
+            out += [RunSnapshot.model_validate_json(await self._value(r)) for r in reply.runs]
+            at = reply.next
+        return out

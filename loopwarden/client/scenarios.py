@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
 from loopwarden.client.events import tool_outcomes
 from loopwarden.client.runs import Runs
+from shared import subjects as S
 from shared.messages import (
     FINAL_STATUSES,
+    Escalation,
+    EscalationResolution,
     RunLimits,
     RunSnapshot,
 )
@@ -38,6 +42,23 @@ class Scenarios(Runs):
         state = await self.wait(run_id, timeout=timeout, until=until)
         return state, await self.check(scenario, state)
 
+    async def _items_of(self, run_id: str) -> list[Escalation]:
+        """The run's queue items: asked of the queue, or - by a client bound to a tenant, which does not read
+        the queue (it holds every tenant's arguments) - from its run's own escalation events."""
+        if not self.tenant_bound:
+            return (await self.escalations(status="all", run_id=run_id)).escalations
+        items: dict[str, Escalation] = {}
+        for e in await self.events(run_id, subjects=f"{S.ESCALATION_EVENT_PREFIX}.>"):
+            with contextlib.suppress(ValueError):
+                if e.kind.startswith("escalation.raised"):
+                    item = Escalation.model_validate(e.payload)
+                    items.setdefault(item.escalation_id, item)
+                elif e.kind.startswith("escalation.resolved"):
+                    resolution = EscalationResolution.model_validate(e.payload)
+                    if resolution.escalation_id in items:
+                        items[resolution.escalation_id].resolution = resolution
+        return list(items.values())
+
     async def check(self, scenario: Scenario, state: RunSnapshot) -> list[str]:
         """How the run in ``state`` differs from what ``scenario.expect`` says, one line each (none: as expected,
         or no ``expect``)."""
@@ -48,7 +69,7 @@ class Scenarios(Runs):
         escalations: list[Any] = []
         deadline = time.monotonic() + 10
         while True:  # queue items are created by the escalation service a moment after the state says so
-            escalations = (await self.escalations(status="all", run_id=run_id)).escalations
+            escalations = await self._items_of(run_id)
             if expect.escalations is None or len(escalations) >= expect.escalations or time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.05)

@@ -9,6 +9,7 @@ from typing import Any
 
 from loopwarden.client.queue import Queue
 from loopwarden.client.reads import TENANT_POLL_S, Reads
+from loopwarden.client.refusals import guarded
 from shared import subjects as S
 from shared.messages import (
     FINAL_STATUSES,
@@ -22,6 +23,7 @@ PROGRESS_STEMS = frozenset(S.run_event(e.model_fields["kind"].default) for e in 
 class Waiting(Reads, Queue):
     """``wait`` and what it needs: a subscription to the run's events shared by the waits on it."""
 
+    @guarded
     async def wait(
         self,
         run_id: str,
@@ -49,8 +51,8 @@ class Waiting(Reads, Queue):
                 if state is not None and state.status in until:
                     if state.done:
                         await self._settled(run_id, state.status, deadline, changed)
-                    elif state.awaiting is not None and not self.tenant_bound:  # its user does not read the queue
-                        await self._filed(state.awaiting.escalation_id, deadline)
+                    elif state.awaiting is not None:
+                        await self._filed(run_id, state.awaiting.escalation_id, deadline)
                     if history:
                         state.messages = await self.history(state)
                     return state
@@ -93,12 +95,19 @@ class Waiting(Reads, Queue):
                 with contextlib.suppress(Exception):
                     await sub.unsubscribe()
 
-    async def _filed(self, escalation_id: str, deadline: float) -> None:
+    async def _filed(self, run_id: str, escalation_id: str, deadline: float) -> None:
         """Wait until the queue has the item a waiting run names: the escalation service files it a moment
-        after the planner's state says the run waits, and whoever was told "waits for a human" looks it up next."""
+        after the planner's state says the run waits, and whoever was told "waits for a human" looks it up next
+        (an operator, told by the run's client). A client bound to a tenant, which does not read the queue, waits
+        for the run's own event saying the item was filed (``escalation.raised``)."""
         from nats.errors import NoRespondersError
 
-        while time.monotonic() < deadline:
+        while self.tenant_bound and time.monotonic() < deadline:
+            raised = await self.events(run_id, subjects=S.ESCALATION_RAISED, timeout=0.2)
+            if any(e.payload.get("escalation_id") == escalation_id for e in raised):
+                return
+            await asyncio.sleep(TENANT_POLL_S)
+        while not self.tenant_bound and time.monotonic() < deadline:
             try:
                 if (await self.show(escalation_id)).ok:
                     return

@@ -17,7 +17,7 @@ The tree is built in ``runtree.tree``; a step is opened in ``runtree.detail``; b
 
 from __future__ import annotations
 
-from loopwarden.runtree.detail import Section, step_detail, system_prompt
+from loopwarden.runtree.detail import Section, by_reference, output_size, size_text, step_detail, system_prompt
 from loopwarden.runtree.tree import ELLIPSIS, RunTree, Step, StepKind, StepStatus, build, clip
 
 __all__ = [
@@ -28,7 +28,10 @@ __all__ = [
     "StepKind",
     "StepStatus",
     "build",
+    "by_reference",
     "clip",
+    "output_size",
+    "size_text",
     "step_detail",
     "system_prompt",
 ]

@@ -141,12 +141,14 @@ def _tool_sections(record: RunRecord, step_id: str) -> list[Section]:
         )
     out.append(Section("attempts", "Attempts", rows))
     if export is not None and export.has_output:
+        raw = export.raw_output if not export.output_is_text else str(export.raw_output)
+        ref = by_reference(raw)
         out.append(
             Section(
                 "raw-output",
-                "Raw output (before validation)",
-                export.raw_output if not export.output_is_text else str(export.raw_output),
-                as_json=not export.output_is_text,
+                f"Raw output (before validation, {size_text(output_size(raw))})",
+                raw if ref is None else f"stored by reference: {size_text(ref[0])}, sha256 {ref[1]}; not read here",
+                as_json=not export.output_is_text and ref is None,
             )
         )
     elif final is not None and final.get("failure_type") == "output_invalid":
@@ -174,6 +176,30 @@ def _tool_sections(record: RunRecord, step_id: str) -> list[Section]:
             Section("correction", "Corrected by the model", [e.payload.get("summary") for e in later], as_json=True)
         )
     return out
+
+
+def by_reference(value: Any) -> tuple[int, str] | None:
+    """(size, sha256) of a claim-check reference left in place of a body (one that could not be fetched)."""
+    if isinstance(value, dict) and "$lw_payload_ref" in value:
+        value = value["$lw_payload_ref"]
+    if isinstance(value, dict) and {"name", "size", "sha256"} <= set(value) and isinstance(value["size"], int):
+        return value["size"], str(value["sha256"])
+    return None
+
+
+def output_size(value: Any) -> int:
+    """A tool output's size in bytes, as it travelled (text as UTF-8, anything else as compact JSON)."""
+    ref = by_reference(value)
+    if ref is not None:
+        return ref[0]
+    text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"), default=str)
+    return len(text.encode())
+
+
+def size_text(n: int) -> str:
+    if n < 1024:
+        return f"{n} bytes"
+    return f"{n / 1024:.1f} KB" if n < 1024 * 1024 else f"{n / 1024 / 1024:.1f} MB"
 
 
 def _tool_result_seen(record: RunRecord, call_id: str) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from pathlib import Path
 
@@ -51,9 +52,18 @@ async def serve(settings: Settings) -> None:
         port = server.servers[0].sockets[0].getsockname()[1] if server.servers else settings.console_port
         log.info("console on http://%s:%d", settings.console_host, port)
         print(f"loopwarden-console ready on http://{settings.console_host}:{port}", flush=True)
+        lost = asyncio.create_task(client.bus.closed_for_good.wait())  # nats-py will not reconnect
         try:
-            await task
+            await asyncio.wait({task, lost}, return_when=asyncio.FIRST_COMPLETED)
+            if lost.done() and not task.done():  # /healthz says so meanwhile; exit non-zero to be restarted
+                server.should_exit = True
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(5):
+                        await task
+                raise SystemExit("console: the NATS connection was closed for good; exiting to be restarted")
+            task.result()
         finally:
+            lost.cancel()
             await console.live.stop()
             telemetry.shutdown()
 

@@ -39,7 +39,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from loopwarden import records as R
 from loopwarden import replay as RP
 from loopwarden import runtree as T
-from loopwarden.client import Client
+from loopwarden.client import Client, PermissionDenied
 from services.console import board as B
 from services.console import guard as G
 from services.console.auth import SESSION_COOKIE, PasswordTooLong, Session, Sessions
@@ -128,6 +128,7 @@ class Console:
         self.live = LiveView(client, settings)
         self.catalogue = ContractCatalogue(client.bus)  # the tools' output schemas, beside the provide-result box
         self.env = _env()
+        self.env.globals["tenant_of"] = lambda run_id: row.tenant if (row := self.live.runs.get(run_id)) else ""
         self.roster: dict[str, list[str]] | None = json.loads(settings.operators) if settings.operators else None
         # the logins and the roster as applied (lw_config), else LW_CONSOLE_USERS / LW_OPERATORS: ``sync_people``
         self.people = LiveConfig(client.bus)
@@ -195,6 +196,10 @@ class Console:
                     log.warning("console: %s %s %s", session.operator, request.url.path, refused)
                     return PlainTextResponse(refused, status_code=403)
             request.state.session = session
+            bad = G.bad_path_id(request.path_params)
+            if bad is not None:
+                what = bad.removesuffix("_id").replace("_", " ")
+                return PlainTextResponse(f"no such {what}", status_code=404)
             return await handler(request, session.operator)
 
         return guarded
@@ -228,6 +233,10 @@ class Console:
 
     # --- login ------------------------------------------------------------------------------------
     async def healthz(self, request: Request) -> Response:
+        """200 while the console can reach NATS (or is reconnecting); 503 once its connection is closed for good
+        (nats-py does not reconnect then): the process exits non-zero too, for its supervisor to restart it."""
+        if self.client.bus.closed_for_good.is_set():
+            return PlainTextResponse("the NATS connection is closed for good; restarting", status_code=503)
         return PlainTextResponse("ok")
 
     async def metrics_text(self, request: Request) -> Response:
@@ -389,6 +398,12 @@ class Console:
         record, note = await self.live.record(run_id)
         if record is None:
             return PlainTextResponse(note or "no such run", status_code=404)
+        if note is not None:  # only part of the record could be read: never handed out as if it were whole
+            return PlainTextResponse(
+                f"the export of {run_id} is incomplete, so it is not offered: {note} (the console's NATS user "
+                "needs read on every bucket of a run: deploy/nats/auth.conf)",
+                status_code=503,
+            )
         headers = {"Content-Disposition": f'attachment; filename="{run_id}.json"'}
         return Response(record.model_dump_json(indent=2, by_alias=True), media_type="application/json", headers=headers)
 
@@ -426,7 +441,10 @@ class Console:
             )
         except ScenarioError as err:
             return refused(f"replay: the run does not make a replayable scenario: {err}")
-        replay_id = await self.client.submit_scenario(scenario)
+        try:  # on the operators' replay subject, charged to the recorded run's tenant
+            replay_id = await RP.start_replay(self.client, record, scenario)
+        except PermissionDenied as err:
+            return refused(f"replay: {err}")
         log.info("console: %s replays %s as %s%s", operator, run_id, replay_id, " (live tools)" if live_tools else "")
         query = {"replay": replay_id, **({"live": "1"} if live_tools else {})}
         return RedirectResponse(f"{back}?{urlencode(query)}#replay", status_code=303)
@@ -534,8 +552,12 @@ class Console:
         status = 200 if reply.ok else 404
         item = reply.escalations[0] if reply.ok else None
         schema, schema_note = (None, None)
-        if item is not None and "provide_result" in item.allowed_actions and item.status != "resolved":
+        offered = list(item.allowed_actions) if item is not None else []
+        if item is not None and "provide_result" in offered and item.status != "resolved":
             schema, schema_note = await self._output_schema(item.tool)
+            if schema is None and schema_note is not None and schema_note.startswith("no output contract"):
+                offered.remove("provide_result")  # a result is checked against the contract: always refused
+                schema_note = f"provide result is not offered: {schema_note}"
         return self.render(
             request,
             "item.html",
@@ -546,6 +568,7 @@ class Console:
             controls=self._controls(item, operator),
             output_schema=schema,
             schema_note=schema_note,
+            offered=offered,
             example=B.example_of(schema) if schema is not None else None,
             escalation_id=escalation_id,
             message=request.query_params.get("message"),

@@ -1,5 +1,6 @@
 """What the console's responses promise the browser, and which posts it takes (pure: no HTTP objects).
 
+Every id a URL carries is matched against its pattern before anything uses it (``bad_path_id``).
 A form that changes something is taken only from the console's own pages: the browser's ``Origin``
 (or, when a browser sends none, the ``Referer``) must be the console's own origin, and the form must
 carry the session's token. Pages run only the console's own nonce'd script and style, may not be framed,
@@ -8,7 +9,11 @@ and are not sniffed into another type.
 
 from __future__ import annotations
 
+import re
+from typing import Any
 from urllib.parse import urlsplit
+
+from shared.messages import ESCALATION_ID_PATTERN, RUN_ID_PATTERN
 
 
 def own_origin(scheme: str, host: str, public_url: str | None) -> str:
@@ -57,3 +62,23 @@ def security_headers(nonce: str) -> dict[str, str]:
         "Referrer-Policy": "same-origin",
         "Cache-Control": "no-store",
     }
+
+
+# Every id a URL carries is matched before it reaches a subject, a key or a file (anything else: 404): an
+# over-long one would pass nats-server's control line, which closes the console's connection for good.
+PATH_IDS = {
+    "run_id": re.compile(RUN_ID_PATTERN),
+    "replay_id": re.compile(RUN_ID_PATTERN),
+    "escalation_id": re.compile(ESCALATION_ID_PATTERN),
+    "step_id": re.compile(r"^[A-Za-z0-9_.:=/-]{1,600}$"),
+    "verb": re.compile(r"^[a-z]{1,16}$"),
+}
+
+
+def bad_path_id(params: dict[str, Any]) -> str | None:
+    """The first path parameter that is not an id of its kind (None: all are)."""
+    for name, value in params.items():
+        pattern = PATH_IDS.get(name)
+        if pattern is None or not isinstance(value, str) or pattern.fullmatch(value) is None:
+            return name
+    return None

@@ -249,8 +249,9 @@ class EscalationQueue:
         if existing is not None:  # already queued: publish the same event again (deduplicated)
             await self.bus.publish(S.ESCALATION_RAISED, existing, msg_id=f"raised.{req.escalation_id}")
             return
-        req, context = await self._with_context(req)
+        context, tenant = await self._with_context(req)
         item = Q.raise_item(req, current_traceparent(), sla=self.slas.get(req.kind), context=context)
+        item.tenant = tenant
         item, _, created = await self.bus.create_or_get(S.KV_ESCALATIONS, req.escalation_id, item)
         if created:
             self.raised.add(1, {"kind": req.kind})
@@ -275,22 +276,23 @@ class EscalationQueue:
             log.warning("escalation %s withdrawn: %s", req.escalation_id, req.reason)
             await self._publish_resolution(req.escalation_id, item.resolution, item.traceparent)
 
-    async def _with_context(self, req: EscalationRaise) -> tuple[EscalationRaise, list[ChatMessage]]:
+    async def _with_context(self, req: EscalationRaise) -> tuple[list[ChatMessage], str | None]:
         """The run's last turns (what a call's escalation says about the call, its arguments and error, the
-        raiser put in its typed details: the planner's record is read only as the published ``RunSnapshot``)."""
-        turns = self.settings.escalation_context_turns
-        if not turns:
-            return req, []
+        raiser put in its typed details: the planner's record is read only as the published ``RunSnapshot``),
+        and the run's tenant (shown with the item)."""
         try:
             snap, _ = await self.bus.kv_get(S.KV_RUNS, req.run_id, RunSnapshot)
         except (ValidationError, PayloadError) as err:  # unreadable: the item is still worth raising
             log.warning("escalation %s: no context, the run's record is unreadable: %s", req.escalation_id, err)
-            return req, []
+            return [], None
         if snap is None:  # no record yet
-            return req, []
-        with contextlib.suppress(HistoryMissing, ValidationError):
-            return req, await history.messages(self.bus, snap, last=turns)
-        return req, []
+            return [], None
+        tenant = snap.tenant or S.DEFAULT_TENANT
+        turns = self.settings.escalation_context_turns
+        if turns:
+            with contextlib.suppress(HistoryMissing, ValidationError):
+                return await history.messages(self.bus, snap, last=turns), tenant
+        return [], tenant
 
     # --- reading -------------------------------------------------------------------------------------
     async def on_list(self, query: EscalationQuery) -> EscalationReply:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections import OrderedDict
 from datetime import UTC, datetime
 
@@ -39,6 +40,7 @@ log = logging.getLogger("loopwarden.governor")
 KEEP_DECISIONS = 8  # recent turns whose decision a redelivered request gets again
 CALIBRATION_KEY = "calibration.models"
 PERSIST_EVERY = 8  # calibration samples between writes of the shared ratios
+SHARE_EVERY_S = 1.0  # and at most one such write (a read and a compare-and-swap) this often
 
 
 class Calibration(BaseModel):
@@ -108,6 +110,7 @@ class Governor:
         self._ledgers: OrderedDict[str, tuple[BudgetLedger, int]] = OrderedDict()
         self.calibration: Calibration | None = None
         self._unsaved = 0
+        self._shared_at = -SHARE_EVERY_S
         self._share_due = False
         self._sharing: asyncio.Task[None] | None = None
 
@@ -149,8 +152,9 @@ class Governor:
         return ratio if ratio is not None else 1.0
 
     def learn(self, model: str, sample: float) -> None:
-        """Count a sample in this replica's ratios now; share them through the bucket every few samples,
-        in the background (the shared ratios only seed other replicas and restarts: a budget answer
+        """Count a sample in this replica's ratios now; share them through the bucket every few samples (at
+        most once every ``SHARE_EVERY_S``: at a few hundred turns a second, one read and write in hundreds of
+        turns), in the background (the shared ratios only seed other replicas and restarts: a budget answer
         never waits for them)."""
         cal = self.calibration or Calibration()
         self.calibration = cal
@@ -165,9 +169,12 @@ class Governor:
 
     async def share_calibration(self) -> None:
         """Merge this replica's ratios into the shared ones, again while more became due meanwhile
-        (one write in flight at a time)."""
+        (one write in flight at a time), at most one every ``SHARE_EVERY_S``."""
         while self._share_due and self.calibration is not None:
-            self._share_due = False
+            wait = self._shared_at + SHARE_EVERY_S - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            self._share_due, self._shared_at = False, time.monotonic()
             mine = self.calibration.model_copy(deep=True)
             try:
                 await self.bus.update(S.KV_BUDGETS, CALIBRATION_KEY, Calibration, functools.partial(share, mine))

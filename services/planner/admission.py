@@ -1,7 +1,9 @@
 """What a run accepts before anything is built from it (pure): who submitted it, what it may set.
 
 A client submits on ``cmd.run.submit.<tenant>``; the server lets each client user publish only its own
-tenant's subject, so the tenant is the subject's last token, never the body's word. Only the planner
+tenant's subject, so the tenant is the subject's token, never the body's word. An operator replays a recorded
+run on ``cmd.run.submit.<tenant>.replay`` (the replayed run's tenant pays): its scenario is accepted whatever
+``LW_ALLOW_SCRIPTED`` says, since no client user may publish there. Only the planner
 starts a child run (``cmd.run.spawn``, which no client may publish): the ``parent_*`` fields and a depth
 are accepted there only. Per-run limits are capped by settings, and a scenario (a scripted run) is
 accepted only where scripted runs are allowed, and only up to its size limit.
@@ -35,13 +37,27 @@ class Refused(Exception):
     """A submit the planner does not start (the reason is one line, for the dead letter)."""
 
 
-def tenant_of(subject: str) -> str:
-    """The tenant a submit subject names (``lw.v1.cmd.run.submit.<tenant>``)."""
+def submitted_on(subject: str) -> tuple[str, bool]:
+    """The tenant a submit subject names, and whether it is an operator's replay: ``lw.v1.cmd.run.submit.<tenant>``
+    or ``lw.v1.cmd.run.submit.<tenant>.replay`` (``S.run_replay``, which no client user may publish)."""
     prefix = S.RUN_SUBMIT_PREFIX + "."
-    tenant = subject[len(prefix) :] if subject.startswith(prefix) else ""
-    if not _TENANT.match(tenant):
+    tenant, _, tail = (subject[len(prefix) :] if subject.startswith(prefix) else "").partition(".")
+    if (tail and tail != S.REPLAY) or not _TENANT.match(tenant):
         raise Refused(f"not a submit subject of a tenant: {subject[:200]}")
-    return tenant
+    return tenant, tail == S.REPLAY
+
+
+def tenant_of(subject: str) -> str:
+    """The tenant a submit subject names (``lw.v1.cmd.run.submit.<tenant>[.replay]``)."""
+    return submitted_on(subject)[0]
+
+
+def is_replay(subject: str) -> bool:
+    """Whether a submit came on the operators' replay subject."""
+    try:
+        return submitted_on(subject)[1]
+    except Refused:
+        return False
 
 
 def admit(submit: RunSubmit, subject: str, settings: Settings) -> RunSubmit:
@@ -49,7 +65,9 @@ def admit(submit: RunSubmit, subject: str, settings: Settings) -> RunSubmit:
     if subject == S.RUN_SPAWN:  # the planner's own: a child run, its limits derived from its parent's
         check_scenario(submit, settings)
         return submit
-    tenant = tenant_of(subject)
+    tenant, replay = submitted_on(subject)
+    if replay and submit.scenario is None:
+        raise Refused("a replay carries the recorded run's scenario (loopwarden replay, the console's Replay)")
     if submit.tenant is not None and submit.tenant != tenant:
         raise Refused(f"tenant {submit.tenant!r} is not the submitter's: this subject submits for {tenant!r}")
     spawned = {
@@ -62,7 +80,7 @@ def admit(submit: RunSubmit, subject: str, settings: Settings) -> RunSubmit:
     if named:
         raise Refused(f"{', '.join(named)}: only the planner starts a sub-agent run (cmd.run.spawn)")
     check_limits(submit, settings)
-    check_scenario(submit, settings)
+    check_scenario(submit, settings, replay=replay)
     return submit.model_copy(update={"tenant": tenant})
 
 
@@ -74,11 +92,12 @@ def check_limits(submit: RunSubmit, settings: Settings) -> None:
             raise Refused(f"limits.{field} {value:g} is over the cap {cap:g} (LW_RUN_LIMIT_CAPS)")
 
 
-def check_scenario(submit: RunSubmit, settings: Settings) -> None:
-    """A scenario only where scripted runs are allowed, and no larger than ``LW_SCENARIO_MAX_BYTES``."""
+def check_scenario(submit: RunSubmit, settings: Settings, *, replay: bool = False) -> None:
+    """A scenario only where scripted runs are allowed or on an operator's replay (``replay``), and no larger
+    than ``LW_SCENARIO_MAX_BYTES``."""
     if submit.scenario is None:
         return
-    if not settings.allow_scripted:
+    if not settings.allow_scripted and not replay:
         raise Refused("scenario: scripted runs are not allowed here (LW_ALLOW_SCRIPTED=false)")
     size = len(json.dumps(submit.scenario, separators=(",", ":"), ensure_ascii=False).encode())
     if size > settings.scenario_max_bytes:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from nats.js.errors import NotFoundError
 
+from shared import opcounts
 from shared import subjects as S
 from shared.bus import Bus
 from shared.contracts.catalogue import ContractCatalogue
@@ -27,6 +28,7 @@ class Catalogue:
     async def hosted(self, tool: str) -> bool | None:
         """Whether a running executor replica takes ``tool``'s calls (its durable has a waiting pull request
         or a message in hand); None when the server cannot say now."""
+        opcounts.count("js_api")
         try:
             info = await self.bus.js.consumer_info(S.STREAM_CMD, S.executor_durable(tool), timeout=2)
         except NotFoundError:

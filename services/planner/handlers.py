@@ -11,13 +11,15 @@ handler takes it (``model_turns``), and applies what the turn decided as one mor
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+from typing import Literal
 
 from pydantic import ValidationError
 
 from services.planner import ids, submission
-from services.planner.admission import Refused, admit, check_limits, resolve_agent, with_agent
+from services.planner.admission import Refused, admit, check_limits, is_replay, resolve_agent, with_agent
 from services.planner.catalogue import Catalogue
 from services.planner.escalations import apply_resolution
 from services.planner.judging import apply_verdict
@@ -28,7 +30,7 @@ from services.planner.reads import RunReads
 from services.planner.state import PublishRecord, RunState
 from services.planner.store import RunStore
 from services.planner.transaction import Applied, Change, apply_message
-from services.planner.turns import apply_turn, resolve_config, start_run
+from services.planner.turns import Answered, apply_turn, resolve_config, start_run
 from shared import metrics as M
 from shared import subjects as S
 from shared.bounded import bounded_outcome
@@ -103,9 +105,11 @@ class Planner:
 
     def register(self) -> None:
         b = self.bus
-        b.consumer(durable=S.DURABLE_PLANNER_SUBMIT, filter_subjects=[f"{S.RUN_SUBMIT_PREFIX}.*"], model=RunSubmit)(
-            self.on_submit
-        )
+        b.consumer(  # a tenant's submits, and the operators' replays (``S.run_replay``)
+            durable=S.DURABLE_PLANNER_SUBMIT,
+            filter_subjects=[f"{S.RUN_SUBMIT_PREFIX}.*", f"{S.RUN_SUBMIT_PREFIX}.*.{S.REPLAY}"],
+            model=RunSubmit,
+        )(self.on_submit)
         b.consumer(durable=S.DURABLE_PLANNER_SPAWN, filter_subjects=[S.RUN_SPAWN], model=RunSubmit)(self.on_submit)
         b.consumer(durable=S.DURABLE_PLANNER_ADVANCE, filter_subjects=[S.RUN_ADVANCE], model=RunAdvance)(
             self.on_advance
@@ -162,22 +166,99 @@ class Planner:
         if not applied.was_done:
             self.turns.prefetch_saved(applied.state)
         items, turn = applied.scheduled() if take_turn else (applied.items, None)
-        # the next step's work goes out while the step's messages are appended to the history
-        await asyncio.gather(self.publish(items, run_id), self.store.store_tail(applied.state))
-        applied.state.published(msg_id, items)  # the next save stops carrying them
-        if not applied.was_done:
-            self.count(applied.items, applied.state)
-            if applied.state.done:
-                if self.tracing:
-                    self.agent_span(applied.state)
-                await submission.record_lessons(self.bus, applied.state)
+        await self.committed(run_id, [(msg_id, applied, items)])
         return turn
 
+    async def committed(self, run_id: str, done: list[tuple[str, Applied, list[PublishRecord]]]) -> None:
+        """After the save that carried them: each applied message's ``items`` published (in order, acks
+        awaited together) while the step's messages are appended to the history; then counted."""
+        state = done[-1][1].state
+        items = [i for _, _, some in done for i in some]
+        # the next step's work goes out while the step's messages are appended to the history
+        await asyncio.gather(self.publish(items, run_id), self.store.store_tail(state))
+        for msg_id, _, some in done:
+            state.published(msg_id, some)  # the next save stops carrying them
+        for _, applied, _ in done:
+            if not applied.was_done:
+                self.count(applied.items)
+        if any(not applied.was_done for _, applied, _ in done) and state.done:
+            self.finished(state)
+            if self.tracing:
+                self.agent_span(state)
+            await submission.record_lessons(self.bus, state)
+            await self.settle(state)
+
+    async def settle(self, state: RunState) -> None:
+        """The run ended and its last outbox is published: its record is saved once more, without what only a
+        running run reads (``RunState.settle``): a finished run keeps about half the bytes. Best effort: a
+        record another replica moved on meanwhile keeps what it has."""
+        revision = self.store.revision(state)
+        if revision is None:
+            return
+        state.settle()
+        with contextlib.suppress(CasConflict):
+            await self.store.save(state, revision)
+
     async def handle(self, run_id: str, msg_id: str, change: Change) -> None:
-        """A message that may schedule the run's next model turn: applied, then that turn taken here."""
+        """A message that may schedule the run's next model turn: applied, then that turn taken here.
+        When this replica holds the run's record, the message and the turn it schedules are saved
+        together, in one write (``with_turn``); otherwise, or when that write loses its compare-and-swap,
+        the message is saved first and the turn taken after it."""
+        together = await self.with_turn(run_id, msg_id, change)
+        if together == "saved":
+            return
         turn = await self.transact(run_id, msg_id, change, take_turn=True)
-        if turn is not None:
-            await self.on_advance(turn, inline=True)
+        if turn is not None:  # a turn taken already (``taken``) has its answer stored: reused, not paid twice
+            await self.on_advance(turn, inline=True, stored=together == "taken")
+
+    async def with_turn(self, run_id: str, msg_id: str, change: Change) -> Literal["saved", "taken", "no"]:
+        """Apply ``msg_id`` to the run as this replica holds it and, when that schedules the run's next
+        model turn, take the turn and save both in one compare-and-swap, then publish what both produced
+        (one write of the record per step instead of two). Nothing is published before that save, so a crash
+        anywhere before it leaves the stored record as it was: the redelivered message is applied again and
+        the turn taken again, reusing the model's stored answer. A message that schedules no turn is saved
+        alone, as ``transact`` would. "no": nothing was saved (the run is not held by this replica, the message
+        changed nothing, or its save lost its compare-and-swap): the caller goes the usual way; "taken": the
+        turn was taken but not saved (the save lost its compare-and-swap, or the turn compacted the history,
+        which is applied to the record as stored): the caller saves the message the usual way and takes the
+        turn again with the stored answer."""
+        kept = self.store.kept(run_id)
+        if kept is None or self.tracing:  # traced: a span per applied message, as the usual way makes
+            return "no"
+        state, revision = kept
+        if state.seen(msg_id):
+            return "no"
+        self.store.forget(run_id)  # changed below in memory: until it is saved, the next read is the record's
+        applied = apply_message(state, msg_id, change)
+        if applied is None or not applied.changed:
+            return "no"
+        items, turn = applied.scheduled()
+        if turn is None or applied.was_done or not self.takes(state, turn):
+            try:  # nothing to take here: saved alone
+                await self.store.save(state, revision)
+            except CasConflict:
+                return "no"
+            self.saved()
+            await self.committed(run_id, [(msg_id, applied, items)])
+            return "saved"
+        advanced = ids.advanced(turn.iteration)
+        taken = await self.turns.take(state, turn, current_deliveries() > 1)
+        try:
+            if isinstance(taken.result, Answered) and taken.result.compaction is not None:
+                return "taken"  # ``take`` compacted ``state`` for the request: the record as stored gets it
+            turned = apply_message(state, advanced, lambda s: apply_turn(s, taken.result))
+            if turned is None:
+                return "taken"
+            try:
+                await self.store.save(state, revision)
+            except CasConflict:
+                return "taken"  # another replica moved the run: the usual way applies the message to it
+            self.saved()
+            await self.committed(run_id, [(msg_id, applied, items), (advanced, turned, turned.items)])
+        finally:
+            if taken.storing is not None:
+                await taken.storing
+        return "saved"
 
     def traced(self, run_id: str, msg_id: str, change: Change) -> Change:
         """``change`` inside a span per applied message, when spans are exported."""
@@ -216,7 +297,7 @@ class Planner:
             if i.run_id is not None:  # another run's message (a sub-agent's answer to its parent)
                 await self.bus.publish(i.subject, i.payload.encode(), msg_id=i.msg_id, run_id=i.run_id)
 
-    def count(self, items: list[PublishRecord], state: RunState) -> None:
+    def count(self, items: list[PublishRecord]) -> None:
         """Metrics of a message applied now, from the typed messages it produced."""
         for item in items:
             match item.message:
@@ -226,17 +307,19 @@ class Planner:
                     self.corrections.add(1, {"tool": corrected.tool, "outcome": "recovered"})
                 case EscalationRaise(kind="schema_cap", tool=tool):
                     self.corrections.add(1, {"tool": str(tool), "outcome": "escalated"})
-        if state.done:
-            used, delegated = state.usage, state.delegated_usage  # its sub-agents' runs count their own
-            self.runs.finished(
-                state.status,
-                state.tenant or S.DEFAULT_TENANT,
-                state.agent,
-                seconds=(utcnow() - state.created_at).total_seconds(),
-                cost_usd=round(used.cost_usd - delegated.cost_usd, 8),
-                input_tokens=used.input_tokens - delegated.input_tokens,
-                output_tokens=used.output_tokens - delegated.output_tokens,
-            )
+
+    def finished(self, state: RunState) -> None:
+        """Metrics of a run that ended with the message applied now."""
+        used, delegated = state.usage, state.delegated_usage  # its sub-agents' runs count their own
+        self.runs.finished(
+            state.status,
+            state.tenant or S.DEFAULT_TENANT,
+            state.agent,
+            seconds=(utcnow() - state.created_at).total_seconds(),
+            cost_usd=round(used.cost_usd - delegated.cost_usd, 8),
+            input_tokens=used.input_tokens - delegated.input_tokens,
+            output_tokens=used.output_tokens - delegated.output_tokens,
+        )
 
     # --- handlers -------------------------------------------------------------------------------
     async def on_submit(self, submit: RunSubmit) -> None:
@@ -255,7 +338,9 @@ class Planner:
             return
         existing = await self.store.load(submit.run_id, fresh=True)
         if submit.scenario is not None:
-            problem = await submission.scenario_problem(self.bus, submit, started=existing is not None)
+            problem = await submission.scenario_problem(
+                self.bus, submit, started=existing is not None, replay=is_replay(subject)
+            )
             if problem is not None:
                 await submission.refuse(self.bus, submit, subject, problem, ids.refused_scenario(submit.run_id))
                 return
@@ -305,13 +390,13 @@ class Planner:
         """Whether the run is (still) at the turn ``ev`` asks for."""
         return not state.done and state.iteration.n == ev.iteration and state.status == "running"
 
-    async def on_advance(self, ev: RunAdvance, inline: bool = False) -> None:
+    async def on_advance(self, ev: RunAdvance, inline: bool = False, stored: bool = False) -> None:
         """Take the run's turn ``ev`` names: from the advance consumer, or ``inline`` where the message
         that scheduled it is handled (``handle``). What the turn decided is applied as one transaction."""
         msg_id = ids.advanced(ev.iteration)
         # A later turn comes through the advance consumer only when a planner of an earlier version
         # re-published the advance of a message whose inline turn may have stored its answer.
-        stored = current_deliveries() > 1 or (not inline and ev.iteration > 1)
+        stored = stored or current_deliveries() > 1 or (not inline and ev.iteration > 1)
         state = await self.store.load(ev.run_id)
         if state is not None and not state.seen(msg_id) and not self.takes(state, ev):
             state = await self.store.load(ev.run_id, fresh=True)  # what this replica kept may be behind

@@ -222,6 +222,18 @@ class RunState(RunSnapshot):
                 del self.outbox[key]
         self.updated_at = utcnow()
 
+    def settle(self) -> None:
+        """A finished run whose last outbox is published: what only a running run reads leaves its record
+        (the last iteration's calls, candidate and verdict - the events and the export hold them -, the
+        answer a final output was written from, outboxes left with an advance only: no turn of a finished
+        run is taken). What readers of a finished run use stays: the snapshot, the applied ids (a late
+        redelivery is still recognised), the tools it called, its config."""
+        self.iteration = Iteration(n=self.iteration.n, kind=self.iteration.kind)
+        self.last_text = self.last_answer = ""
+        self.last_submission = None
+        self.error_history, self.schema_streak = [], {}
+        self.outbox = {k: v for k, v in self.outbox.items() if not all(is_own_advance(i) for i in v)}
+
     def published(self, msg_id: str, items: list[PublishRecord]) -> None:
         """This replica has every PubAck of ``items`` (of ``msg_id``'s outbox): they are in the streams,
         so the record's next save stops carrying them (a redelivery would only re-publish copies the

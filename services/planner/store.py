@@ -50,6 +50,19 @@ class RunStore:
         kept = self._states.get(state.run_id)
         return kept[1] if kept is not None and kept[0] is state else None
 
+    def kept(self, run_id: str) -> tuple[RunState, int] | None:
+        """The run's state and revision as this replica last stored or read them (None: not held)."""
+        return self._states.get(run_id)
+
+    async def save(self, state: RunState, revision: int) -> int:
+        """Store ``state`` over ``revision`` (compare-and-swap; ``CasConflict`` when the record moved on)."""
+        if not state.tail_stored:  # this save drops the tail the record carries: it must be stored first
+            await self.store_tail(state)
+        state.seal()
+        revision = await self.bus.kv_put(S.KV_RUNS, state.run_id, state, revision=revision)
+        self.keep(state, revision)
+        return revision
+
     def forget(self, run_id: str) -> None:
         """The kept state was changed outside a transaction: the next one reads the record again."""
         self._states.pop(run_id, None)
@@ -96,14 +109,10 @@ class RunStore:
                     self.keep(state, revision)
                 return outcome.result
             new, result = outcome
-            if not new.tail_stored:  # this save drops the tail the record carries: it must be stored first
-                await self.store_tail(new)
-            new.seal()
             try:
-                revision = await self.bus.kv_put(S.KV_RUNS, run_id, new, revision=revision)
+                await self.save(new, revision)
             except CasConflict:
                 continue
-            self.keep(new, revision)
             return result
         raise CasConflict(f"{S.KV_RUNS}/{run_id}: still contended after 20 attempts")
 

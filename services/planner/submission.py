@@ -54,18 +54,20 @@ async def record_lessons(bus: Bus, state: RunState) -> None:
     await bus.update(S.KV_LESSONS, lessons_key(state.task, state.tenant, state.agent), Lessons, merge)
 
 
-async def scenario_problem(bus: Bus, submit: RunSubmit, started: bool = False) -> str | None:
+async def scenario_problem(bus: Bus, submit: RunSubmit, started: bool = False, replay: bool = False) -> str | None:
     """Store the submitted scenario for the run, create-only: the planner is its only writer, so a
     scripted run replays what was submitted with it, and nothing changes it afterwards. What is wrong
     with it (None: bound): a scenario that does not match its digest, does not parse, or differs from
     one already bound, or one for a run already ``started`` without a scenario (a live run is never
-    made scripted)."""
+    made scripted). ``replay``: it came on an operator's replay subject, and is bound so (``Scenario.replay``:
+    replayed by the scripted providers even where scripted runs are off)."""
     if submit.scenario_digest != digest_of(submit.scenario):
         return "the submitted scenario does not match its scenario_digest"
     try:
         scenario = parse_scenario(submit.scenario, f"scenario of {submit.run_id}")
     except ScenarioError as err:
         return str(err)
+    scenario = scenario.model_copy(update={"replay": replay})  # the subject says, never the scenario
     if started:  # a scripted run's scenario was bound before its state was stored
         stored, _ = await bus.kv_get(S.KV_SCENARIOS, submit.run_id, Scenario)
     else:

@@ -22,6 +22,7 @@ from nats.js.errors import (
 from nats.js.kv import KeyValue
 from pydantic import BaseModel
 
+from shared import opcounts
 from shared.bus import natsx
 from shared.bus.errors import CasConflict
 from shared.bus.infra import ensure_buckets
@@ -216,6 +217,7 @@ async def kv_keys(nc: NatsClient, bucket: str, timeout: float = 5.0) -> list[str
     prefix = f"$KV.{bucket}."
     keys: list[str] = []
     while True:
+        opcounts.count("js_api")
         request = json.dumps({"subjects_filter": f"{prefix}>", "offset": len(keys)}).encode()
         reply = await nc.request(f"$JS.API.STREAM.INFO.KV_{bucket}", request, timeout=timeout)
         info = json.loads(reply.data)

@@ -62,7 +62,7 @@ class Publishing(BusBase):
     ) -> tuple[str, str, bytes, dict[str, str]]:
         """(stem, subject, body, headers) of a message to publish: the run-scoped subject, the body
         (by reference when large), the message id and run id headers, and who sent it (service, version)."""
-        headers = {"content-type": "application/json", **version_headers(self.service)}
+        headers = {**version_headers(self.service)}  # a copy: the cached dict is shared
         if msg_id:
             headers[MSG_ID_HEADER] = msg_id
         run_id = run_id or getattr(payload, "run_id", None)

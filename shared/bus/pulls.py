@@ -17,6 +17,7 @@ from nats.aio.subscription import Subscription
 from opentelemetry.trace import SpanKind
 from pydantic import BaseModel
 
+from shared import opcounts
 from shared import subjects as S
 from shared.bus.infra import ConsumerSpec
 from shared.bus.wire import RUN_ID_HEADER
@@ -144,6 +145,7 @@ class _Pull:
             self._verifying = None
 
     async def run(self, msg: Msg) -> None:
+        opcounts.count("delivered")
         try:
             run_id = self.run_of(msg)
             locks = self.bus._run_locks
@@ -189,6 +191,7 @@ class _Pull:
                 req = {"batch": free, "expires": int(PULL_EXPIRES_S * 1e9)}
                 try:
                     await nc.publish(self.next_subject, json.dumps(req).encode(), reply=self.inbox)
+                    opcounts.count("pull")
                     self.pending += free
                     self.requests.append(now + PULL_EXPIRES_S)
                 except Exception as err:  # disconnected: try again shortly

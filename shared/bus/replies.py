@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
 
+from shared import opcounts
 from shared.bus.wire import publish_raw
 
 if TYPE_CHECKING:
@@ -85,6 +86,7 @@ class _Replies:
         self.waiting[token] = (fut, loop.time() + self.bus.settings.js_timeout_s)
         try:
             await publish_raw(self.bus.nc, subject, body, self.prefix + token, headers)
+            opcounts.note(subject)
         except BaseException:
             self.waiting.pop(token, None)
             fut.cancel()

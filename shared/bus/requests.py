@@ -14,6 +14,7 @@ from opentelemetry import propagate
 from opentelemetry.trace import SpanKind
 from pydantic import BaseModel, ValidationError
 
+from shared import opcounts
 from shared import subjects as S
 from shared.bus.errors import RequestRefused, Undecodable
 from shared.bus.letters import Letters
@@ -116,6 +117,7 @@ class Requests(Letters):
         """Core-NATS request/reply (queue-grouped service), decoded into ``reply``; an
         ``ErrorReply`` from the service raises ``RequestRefused`` with its reason."""
         check_subject(subject)
+        opcounts.count("rpc")
         headers = {"content-type": "application/json", **version_headers(self.service)}
         data = await self.payloads.offload(self.nc, payload.model_dump_json(by_alias=True).encode(), headers)
         if self._tracer is not None:

@@ -141,9 +141,13 @@ from shared.messages.runs import (
     RunSubmit,
 )
 from shared.messages.snapshots import (
+    BUCKET_PATTERN,
     EVENT_FILTER_PATTERN,
+    RUN_LIST_MAX,
     AwaitingView,
     IterationView,
+    RunList,
+    RunQuery,
     RunRead,
     RunReadReply,
     RunSnapshot,
@@ -217,6 +221,8 @@ WIRE_MODELS: tuple[type[BaseModel], ...] = (
     ConsoleUsers,
     AgentRegister,
     AgentRegisterReply,
+    RunQuery,
+    RunList,
 )
 
 
@@ -224,6 +230,7 @@ __all__ = [
     "AGENT_INSTRUCTIONS_MAX_CHARS",
     "AGENT_RIGHTS",
     "ATTEMPT_ID_PATTERN",
+    "BUCKET_PATTERN",
     "CALL_FAILURES",
     "CALL_ID_PATTERN",
     "DIGEST_PATTERN",
@@ -236,6 +243,7 @@ __all__ = [
     "PROGRESS_EVENTS",
     "RETRIED_FAILURES",
     "RUN_ID_PATTERN",
+    "RUN_LIST_MAX",
     "SCHEMA_FAILURES",
     "TASK_MAX_CHARS",
     "TOOL_FAILURES",
@@ -329,6 +337,8 @@ __all__ = [
     "RunFinished",
     "RunId",
     "RunLimits",
+    "RunList",
+    "RunQuery",
     "RunRead",
     "RunReadReply",
     "RunSnapshot",

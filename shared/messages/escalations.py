@@ -62,6 +62,7 @@ class Escalation(EscalationRaise):
     allowed_actions: list[EscalationAction] = Field(default_factory=list)
     context: list[ChatMessage] = Field(default_factory=list, description="the run's last turns when it was raised")
     trail: list[EscalationEvent] = Field(default_factory=list, description="claims, renewals, expiries, refusals")
+    tenant: Name | None = Field(None, description="the tenant of the item's run (its record's, when it was filed)")
 
 
 class EscalationResolution(Wire):

@@ -78,14 +78,18 @@ class RunSnapshot(Wire):
 
 
 # --- a tenant-bound client's reads of its own runs (``lw.v1.rpc.runs.<verb>.<tenant>``) ------------------------
+BUCKET_PATTERN = r"^lw_[a-z_]{1,61}$"
+RUN_LIST_MAX = 200  # runs in one page of a tenant's list
 EVENT_FILTER_PATTERN = r"^lw\.v1\.evt(\.([A-Za-z0-9_-]{1,128}|\*))*(\.>)?$"  # a stem or stem pattern of events
 
 
 class RunRead(Wire):
     """A client bound to a tenant asks the planner for one of its runs (``services/planner/reads.py``):
-    ``state`` (the ``RunSnapshot``), ``history`` (its messages) or ``events`` (its stored events). The
-    planner answers only for runs of the subject's tenant, and any other run exactly as a missing one.
-    A long read comes in pages that each fit in one NATS message: ask again with ``start`` = ``next``."""
+    ``state`` (the ``RunSnapshot``), ``history`` (its messages), ``events`` (its stored events) or ``values``
+    (what the run left in one of its buckets, for its export: ``bucket``, and ``key`` where the bucket keys
+    the run's records by another id). The planner answers only for runs of the subject's tenant, and any
+    other run exactly as a missing one. A long read comes in pages that each fit in one NATS message: ask
+    again with ``start`` = ``next``."""
 
     run_id: RunId
     start: int | None = Field(
@@ -101,6 +105,39 @@ class RunRead(Wire):
     subjects: str = Field(
         "lw.v1.evt.>", max_length=256, pattern=EVENT_FILTER_PATTERN, description="events: a stem or stem pattern"
     )
+    bucket: str | None = Field(
+        None,
+        max_length=64,
+        pattern=BUCKET_PATTERN,
+        description="values: the bucket (lw_runs, lw_model_calls, lw_tool_ledger, lw_history, lw_budgets, "
+        "lw_scenarios, lw_verdicts, lw_escalations)",
+    )
+    key: str | None = Field(
+        None,
+        max_length=256,
+        pattern=r"^[A-Za-z0-9_.:=/-]{1,256}$",
+        description="values: the key, in lw_verdicts (a candidate) and lw_escalations (an item) - of this run only",
+    )
+
+
+class RunQuery(Wire):
+    """A client bound to a tenant lists its own runs (``lw.v1.rpc.runs.list.<tenant>``), newest first, filtered,
+    a page at a time (``offset``, at most ``limit``); the planner answers with that tenant's runs only."""
+
+    status: str | None = Field(None, max_length=32, pattern=r"^[a-z_]{1,32}$")
+    agent: str | None = Field(None, pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    since_s: float | None = Field(None, ge=0, le=10 * 365 * 86400, description="created at most this long ago")
+    limit: int = Field(50, ge=1, le=RUN_LIST_MAX)
+    offset: int = Field(0, ge=0, le=1_000_000)
+
+
+class RunList(Wire):
+    """The planner's answer to a ``RunQuery``: one page of the tenant's runs (each a ``RunSnapshot``, by reference
+    when large), how many match, and the offset of the next page (none: that was the last)."""
+
+    runs: list[Any] = Field(default_factory=list)
+    total: int = 0
+    next: int | None = None
 
 
 class StoredItem(Wire):
@@ -109,6 +146,7 @@ class StoredItem(Wire):
 
     subject: str = ""
     seq: int = 0
+    time: datetime | None = Field(None, description="events: when it was stored")
     headers: dict[str, str] = Field(default_factory=dict)
     body: Any = None
 

@@ -155,8 +155,7 @@ def provider_for(settings: Settings, which: Role, scenario: Scenario | None) -> 
 async def run_provider(bus: Bus, settings: Settings, which: Role, run_id: str) -> ModelProvider:
     """The provider serving ``run_id``: ``provider_for`` with the scenario bound to the run, if any.
     A storage error reading the binding is raised (the caller's message is redelivered)."""
-    scripted = settings.allow_scripted and not pinned_live(settings, which)
-    scenario = await bound_scenario(bus, run_id) if scripted else None
+    scenario = None if pinned_live(settings, which) else await scripted_by(bus, settings, run_id)
     module = PROVIDERS[provider_name(settings, which)].module
     if scenario is None and module is not None and module not in sys.modules:
         await asyncio.to_thread(importlib.import_module, module)  # the first live call: the loop keeps running
@@ -167,6 +166,13 @@ async def scripted_tools(bus: Bus, settings: Settings, run_id: str) -> Scenario 
     """The scenario whose tool behaviour applies to ``run_id``'s tool calls: only a run submitted with one
     and replayed as scripted (a live run never consults a scenario: the planner removes one stored before a
     live run starts), so none where scripted runs are not allowed or the planner is pinned to a live model."""
-    if not settings.allow_scripted or pinned_live(settings, "planner"):
+    if pinned_live(settings, "planner"):
         return None
-    return await bound_scenario(bus, run_id)
+    return await scripted_by(bus, settings, run_id)
+
+
+async def scripted_by(bus: Bus, settings: Settings, run_id: str) -> Scenario | None:
+    """The scenario bound to ``run_id`` where it is replayed: where scripted runs are allowed, or an operator's
+    replay (bound by the planner from the replay subject, ``Scenario.replay``) anywhere."""
+    scenario = await bound_scenario(bus, run_id)
+    return scenario if scenario is not None and (settings.allow_scripted or scenario.replay) else None

@@ -24,6 +24,11 @@ class OperationSettings(BaseModel):
         description="how often a service asks JetStream for its consumers' backlog and its streams' store "
         "(/metrics reads the last answer; docs/observability.md)",
     )
+    op_counts_dir: str | None = Field(
+        None,
+        description="benchmarks: on SIGUSR1 a service writes how many NATS operations of each kind it made "
+        "(shared/opcounts.py) to <dir>/<service>-<pid>.json; unset: the signal is not handled",
+    )
 
     # --- the command line (loopwarden) ---------------------------------------------------------
     state_dir: str | None = Field(

@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
 import subprocess
+import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import nats
@@ -19,6 +23,8 @@ from shared import subjects as S
 from shared.permissions import TENANT_CLIENTS, grants
 from shared.settings import Settings
 from tests.support.timing import bound, polls
+
+ROOT = Path(__file__).resolve().parents[2]
 
 USERS = ("admin", *grants([]))  # every user auth.conf declares
 PASSWORDS = {u: f"pw-{u}-{i}" for i, u in enumerate(USERS)}
@@ -117,3 +123,91 @@ async def publish_refusals(url: str, user: str, subject: str, payload: bytes = b
     finally:
         await nc.close()
     return [e for e in errors if "permissions violation" in e.lower() and subject.lower() in e.lower()]
+
+
+# --- a locked deployment, as production runs it: the session's (``tests/conftest.py``: ``locked``) -------------
+# Every service and the console as its own user, bootstrapped by the admin, scripted runs off, the model a local
+# Messages API (``loopwarden fake-model``); people act as their own users: the tenant-bound client ``client_acme``,
+# the default tenant's ``client``, the operators ``alice`` (every kind) and ``bob`` (three), the admin. One place
+# builds it: when ``loopwarden up --locked`` lands, ``locked_deployment`` starts that instead.
+PRODUCTION = ("planner", "executor", "validator", "judge", "governor", "escalation", "console")
+CONSOLE_PASSWORDS = {"alice": "alice-pw-1", "bob": "bob-pw-1", "carol": "carol-pw-1"}  # carol: not on the roster
+CONSOLE_SECRET = "the-locked-consoles-secret"
+TENANT_OF = {"client_acme": "acme"}  # the tenant-bound users the tests act as, and their tenants
+
+
+@dataclass
+class Deployment:
+    url: str
+    stack: LocalStack
+    home: Path  # a folder of its own for what people write (exports, state)
+    model_url: str
+
+    @property
+    def console(self) -> str:
+        assert self.stack.console_url, "the deployment runs no console"
+        return self.stack.console_url
+
+    def env(self, user: str) -> dict[str, str]:
+        """What a person exports to act as ``user`` (docs/locked.md): the server, the user and its password, and
+        for a tenant-bound user its tenant."""
+        env = {"LW_NATS_URL": self.url, "LW_NATS_USER": user, "LW_NATS_PASSWORD": PASSWORDS[user]}
+        if user in TENANT_OF:
+            env["LW_TENANT"] = TENANT_OF[user]
+        return env
+
+    def settings(self, user: str, **overrides: object) -> Settings:
+        return as_user(self.url, user, tenant=TENANT_OF.get(user, "default"), **overrides)
+
+    def cli(self, user: str, *args: str, timeout: float = 120.0, **env: str) -> subprocess.CompletedProcess[str]:
+        """``loopwarden ARGS`` as ``user``, from the repository root, in a clean environment."""
+        return run_cli(args, {**self.env(user), **env}, self.home, timeout)
+
+    def logs(self) -> str:
+        return "".join(p.log.read_text(errors="replace") for p in self.stack.procs)
+
+
+def clean_env(home: Path) -> dict[str, str]:
+    """This process's environment without what names a server, a user or a tenant; state under ``home``."""
+    drop = ("NATS_URL", "LW_NATS_URL", "LW_NATS_USER", "LW_NATS_PASSWORD", "LW_TENANT", "ANTHROPIC_API_KEY")
+    env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("LW_NATS_PASSWORD_")}
+    env["LW_STATE_DIR"] = str(home / "state")
+    return env
+
+
+def run_cli(args: tuple[str, ...], env: dict[str, str], home: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "loopwarden.cli", *args],
+        cwd=ROOT,
+        env={**clean_env(home), **env},
+        capture_output=True,
+        text=True,
+        timeout=bound(timeout),
+    )
+
+
+def console_users() -> str:
+    import bcrypt
+
+    return json.dumps({u: bcrypt.hashpw(p.encode(), bcrypt.gensalt(4)).decode() for u, p in CONSOLE_PASSWORDS.items()})
+
+
+@contextlib.contextmanager
+def locked_deployment(
+    tmp: Path, env: dict[str, str], model_url: str, name: str = "locked", services: tuple[str, ...] = PRODUCTION
+) -> Iterator[Deployment]:
+    """The locked deployment (``env``: every service's environment; ``model_url``: the Messages API). Scripted
+    runs are off, as in the deploy manifests; the admin bootstraps; no service may log a permissions violation."""
+    from shared.permissions import operator_roster
+
+    roster = operator_roster()
+    service_env = {
+        **env,
+        "LW_ALLOW_SCRIPTED": "false",
+        "ANTHROPIC_BASE_URL": model_url,
+        "ANTHROPIC_API_KEY": "fake-key",
+        "LW_OPERATORS": roster,
+    }
+    console = {"LW_CONSOLE_USERS": console_users(), "LW_CONSOLE_SECRET": CONSOLE_SECRET, "LW_CONSOLE_PORT": "0"}
+    with locked_stack(tmp, name, services, service_env, {"console": console}) as (url, stack):
+        yield Deployment(url, stack, tmp, model_url)

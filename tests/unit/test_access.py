@@ -47,7 +47,8 @@ def test_adding_tenants_and_operators_changes_no_services_grant() -> None:
     assert f"$JS.API.DIRECT.GET.{S.STREAM_PAYLOADS}.{S.PAYLOAD_PREFIX}.tenant.globex.>" in pub
     assert not any("tenant.acme" in p for p in pub)
     pub, sub = rights("carol", after["carol"])
-    assert sub == ["_INBOX_operator.carol.>"] and S.escalation_rpc("claim", "carol") in pub
+    # an operator reads every run's live events as well (``wait``), as the console does
+    assert sub == ["_INBOX_operator.carol.>", f"{S.P}.evt.>"] and S.escalation_rpc("claim", "carol") in pub
 
 
 def test_a_password_hash_in_the_file_is_the_users_password_else_the_environment() -> None:
@@ -149,3 +150,12 @@ def test_only_the_console_reads_the_console_logins_and_no_person_reads_lw_config
         else:
             assert not reads and not any(S.KV_CONFIG in p for p in pub), user
     assert "admin" not in GRANTS  # the admin's rights are the whole account's (it applies the file)
+
+
+def test_a_generated_password_is_read_by_nats_server_as_a_string() -> None:
+    """``up --locked`` hands its passwords to nats-server by environment: one starting with ``-`` (or a digit and
+    ``-``) is parsed as a number there and the server does not start (seen: "Expected a digit but got 'y'")."""
+    from loopwarden.locked import new_password
+
+    made = [new_password() for _ in range(2000)]
+    assert all(p[0].isalpha() and len(p) >= 24 for p in made) and len(set(made)) == len(made)

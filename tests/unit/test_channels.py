@@ -35,7 +35,12 @@ def test_a_tenant_bound_client_publishes_its_own_submits_and_reads_only() -> Non
     assert set(permissions.published(user)) == {
         S.run_submit("acme"),
         *(S.run_read(verb, "acme") for verb in S.RUN_READ_VERBS),
+        S.run_list("acme"),
     }
+    assert not any(p.endswith(f".{S.REPLAY}") for p in permissions.published(user))  # replays: the operators'
+    replays = f"{S.RUN_SUBMIT_PREFIX}.*.{S.REPLAY}"  # any tenant's: the replayed run's pays
+    assert replays in permissions.published("alice") and replays in permissions.published("console")
+    assert S.run_submit(S.DEFAULT_TENANT) not in permissions.published("console")
     # the default tenant's client reads the queue and the consumers, but no one else's submits or reads
     default = permissions.published("client")
     assert S.run_submit(S.DEFAULT_TENANT) in default and S.ESCALATION_LIST in default

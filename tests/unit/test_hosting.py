@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from services.planner.hosting import Hosting
 
 
@@ -55,3 +57,25 @@ async def test_a_tool_still_unhosted_after_the_grace_is_unhosted() -> None:
     hosting = Hosting(probe, recheck_s=0.01, grace_s=0.1)
     assert await hosting.unhosted(["gone"]) == {"gone"}
     assert len(asked) >= 3
+
+
+async def test_a_tool_seen_hosted_is_asked_again_in_the_background_and_a_gone_one_is_asked_inline() -> None:
+    """Past half its TTL a hosted tool's next call is dispatched at once while the lookup runs beside it;
+    a lookup that finds nobody pulling makes the call after it ask first (and find it unhosted)."""
+    answers = [True, False, False, False]
+    asked = asyncio.Event()
+
+    async def probe(tool: str) -> bool | None:
+        asked.set()
+        return answers.pop(0)
+
+    hosting = Hosting(probe, ttl_s=0.2, recheck_s=0)
+    assert await hosting.unhosted(["t"]) == set() and len(answers) == 3
+    await asyncio.sleep(0.12)  # past half the TTL
+    asked.clear()
+    assert await hosting.unhosted(["t"]) == set()  # served from what was seen, not waited for
+    assert not asked.is_set() and len(answers) == 3
+    await asyncio.sleep(0.01)  # the background lookup ran: nobody pulls
+    assert asked.is_set() and len(answers) == 2
+    assert await hosting.unhosted(["t"]) == {"t"}  # asked before dispatch, twice (the grace's recheck)
+    assert answers == []

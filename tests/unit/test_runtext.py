@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -46,8 +47,17 @@ def test_a_step_is_printed_whole() -> None:
     step = tree.find("i1.tool.toolu_001_01")
     assert step is not None
     text = "\n".join(step_lines(step, T.step_detail(rec, step.id)))
-    assert "── Raw output (before validation) ──" in text and '"score": 0.7' in text
+    assert re.search(r"── Raw output \(before validation, \d+ bytes\) ──", text) and '"score": 0.7' in text
     assert "Schema:" in text  # what the model saw, not cut
+
+
+def test_a_tool_output_left_by_reference_shows_its_size() -> None:
+    from loopwarden.runtree.detail import by_reference, output_size, size_text
+
+    ref = {"name": "sha256-ab", "size": 5 * 1024 * 1024, "sha256": "ab", "owner": "executor"}
+    assert by_reference(ref) == (5 * 1024 * 1024, "ab") and by_reference({"$lw_payload_ref": ref}) is not None
+    assert output_size(ref) == 5 * 1024 * 1024 and size_text(output_size(ref)) == "5.0 MB"
+    assert by_reference({"size": 3}) is None and output_size("héllo") == 6 and output_size({"a": 1}) == 7
 
 
 def test_an_item_reads_as_the_console_shows_it() -> None:
@@ -60,3 +70,15 @@ def test_an_item_reads_as_the_console_shows_it() -> None:
     assert "── Arguments ──" in lines and '  "expr": "1+1"' in lines
     assert any(line.startswith("assistant: → calculator") for line in lines)
     assert datetime.now(UTC) > item.created_at
+
+
+def test_an_item_whose_tool_has_no_contract_does_not_offer_a_provided_result() -> None:
+    rec = record("correction-escalates")
+    item = Escalation.model_validate(rec.escalations[0])
+    assert "provide_result" in item.allowed_actions
+    offered = next(line for line in escalation_lines(item) if line.startswith("allowed:"))
+    assert "provide_result" in offered
+    lines = escalation_lines(item, no_contract=True)
+    offered = next(line for line in lines if line.startswith("allowed:"))
+    assert "provide_result" not in offered and "resume" in offered
+    assert "(provide_result is not offered: no output contract is registered for 'calculator')" in "\n".join(lines)

@@ -1,0 +1,259 @@
+"""What one step costs, counted (issue 36): NATS operations per step by service and kind, messages
+into nats-server per step, CPU per step by process - from the difference between a long and a short
+run of the same scenario, so the run's start and end cancel out.
+
+The services count what their bus sends (``shared/opcounts.py``) and write it on SIGUSR1
+(``LW_OP_COUNTS_DIR``); nats-server's monitoring endpoint (``/varz``, ``/connz``) says what every
+connection sent it. ``python -m bench --only step``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import statistics
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench import contenders
+from bench.throughput import ONE_EACH, floor_steps, run_many, sched_cpu_s, steps_scenario
+from loopwarden.client import Client
+from loopwarden.stack import LocalStack, free_port
+from shared.opcounts import DELIVERIES, ROUND_TRIPS
+from shared.settings import Settings
+
+SERVICES = ("planner", "executor", "validator", "governor")  # on a step's path (judge, escalation: idle)
+
+
+@dataclass
+class Snapshot:
+    """Everything counted at one moment: per service its operations by kind, per process its CPU
+    seconds, per connection (by name) the messages it sent nats-server, and the server's total."""
+
+    ops: dict[str, dict[str, int]] = field(default_factory=dict)
+    cpu: dict[str, float] = field(default_factory=dict)
+    conn_msgs: dict[str, int] = field(default_factory=dict)
+    server_in: int = 0
+
+    def minus(self, other: Snapshot) -> Snapshot:
+        ops = {
+            svc: {k: v - other.ops.get(svc, {}).get(k, 0) for k, v in counts.items()}
+            for svc, counts in self.ops.items()
+        }
+        cpu = {p: v - other.cpu.get(p, 0.0) for p, v in self.cpu.items()}
+        conns = {c: v - other.conn_msgs.get(c, 0) for c, v in self.conn_msgs.items()}
+        return Snapshot(ops, cpu, conns, self.server_in - other.server_in)
+
+    def scaled(self, by: float) -> dict[str, Any]:
+        return {
+            "ops": {s: {k: v / by for k, v in c.items()} for s, c in self.ops.items()},
+            "cpu_ms": {p: v / by * 1000 for p, v in self.cpu.items()},
+            "conn_msgs": {c: v / by for c, v in self.conn_msgs.items()},
+            "server_in": self.server_in / by,
+        }
+
+
+class Counter:
+    def __init__(self, stack: LocalStack, counts_dir: Path, monitor_port: int) -> None:
+        self.stack, self.dir, self.monitor = stack, counts_dir, monitor_port
+
+    def monitoring(self, path: str) -> dict[str, Any]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.monitor}{path}", timeout=5) as resp:
+            data: dict[str, Any] = json.loads(resp.read())
+            return data
+
+    async def snapshot(self) -> Snapshot:
+        procs = [p for p in self.stack.procs if p.service]
+        asked = time.time()
+        for p in procs:
+            os.kill(p.popen.pid, signal.SIGUSR1)
+        files = [self.dir / f"{p.service}-{p.popen.pid}.json" for p in procs]
+        deadline = time.monotonic() + 10
+        while any(not f.exists() or f.stat().st_mtime < asked for f in files):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no operation counts from {[str(f) for f in files if not f.exists()]}")
+            await asyncio.sleep(0.02)
+        snap = Snapshot()
+        for p, f in zip(procs, files, strict=True):
+            counts = json.loads(f.read_text())["counts"]
+            mine = snap.ops.setdefault(p.service or p.name, {})
+            for k, v in counts.items():
+                mine[k] = mine.get(k, 0) + v
+        snap.cpu = {p.name: sched_cpu_s(p.popen.pid) for p in self.stack.procs}
+        conns = self.monitoring("/connz?limit=4096")
+        for c in conns.get("connections", []):
+            name = str(c.get("name") or "?").removeprefix("loopwarden-")
+            snap.conn_msgs[name] = snap.conn_msgs.get(name, 0) + int(c.get("in_msgs", 0))
+        snap.server_in = int(self.monitoring("/varz").get("in_msgs", 0))
+        return snap
+
+
+async def per_step(counter: Counter, client: Client, short: int, long: int, rounds: int) -> dict[str, Any]:
+    """The difference between a ``long``-step and a ``short``-step run, per step, summed over ``rounds``
+    pairs (a pair after another, one run at a time)."""
+    total: Snapshot | None = None
+    for _ in range(rounds):
+        a = await counter.snapshot()
+        await run_many(client, [steps_scenario(short)])
+        b = await counter.snapshot()
+        await run_many(client, [steps_scenario(long)])
+        c = await counter.snapshot()
+        d = c.minus(b).minus(b.minus(a))  # (long run) - (short run)
+        total = d if total is None else _add(total, d)
+    assert total is not None
+    return total.scaled((long - short) * rounds)
+
+
+def _add(a: Snapshot, b: Snapshot) -> Snapshot:
+    return a.minus(
+        Snapshot(
+            {s: {k: -v for k, v in c.items()} for s, c in b.ops.items()},
+            {p: -v for p, v in b.cpu.items()},
+            {c: -v for c, v in b.conn_msgs.items()},
+            -b.server_in,
+        )
+    )
+
+
+async def profiled(stack: LocalStack, client: Client, out: Path, seconds: float) -> dict[str, float]:
+    """Steps of 16 runs at once for ``seconds`` under py-spy (``bench.profile``): CPU ms per step by process."""
+    from bench import profile
+
+    procs = {p.name: p.popen.pid for p in stack.procs if p.service in SERVICES}
+    spies = profile.start(procs, seconds, out)
+    before = {n: sched_cpu_s(pid) for n, pid in procs.items()}
+    steps, t0 = 0, time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        await run_many(client, [steps_scenario(20) for _ in range(16)])
+        steps += 16 * 20
+    cpu = {n: (sched_cpu_s(pid) - before[n]) / steps * 1000 for n, pid in procs.items()}
+    for spy in spies:
+        await asyncio.to_thread(spy.wait, 60)
+    return cpu
+
+
+def run(quick: bool = False, profile_dir: Path | None = None) -> dict[str, Any]:
+    counts_dir = Path(tempfile.mkdtemp(prefix="lw-opcounts-"))
+    monitor = free_port()
+    env = {"LW_LOG_LEVEL": "WARNING", "LW_OP_COUNTS_DIR": str(counts_dir)}
+    stack = LocalStack(
+        state_dir=Path(tempfile.mkdtemp(prefix="lw-bench-")), env=env, services=ONE_EACH, monitor_port=monitor
+    )
+    stack.start()
+    try:
+
+        async def main() -> dict[str, Any]:
+            async with Client(Settings(nats_url=stack.nats_url)) as client:
+                await run_many(client, [steps_scenario(3) for _ in range(4)])  # warm-up
+                counter = Counter(stack, counts_dir, monitor)
+                short, long = (4, 12) if quick else (10, 40)
+                r = await per_step(counter, client, short, long, rounds=1 if quick else 3)
+                r["load"] = os.getloadavg()[0]
+
+                async def loopwarden(runs: int, steps: int) -> float:
+                    wall, _ = await run_many(client, [steps_scenario(steps) for _ in range(runs)])
+                    return wall / (runs * steps) * 1000
+
+                r["side"] = await contenders.measure(loopwarden, rounds=1 if quick else 5)
+                r["load_after"] = os.getloadavg()[0]
+                if profile_dir is not None:
+                    r["profile_cpu_ms"] = await profiled(stack, client, profile_dir, 8 if quick else 20)
+                    r["profile_dir"] = profile_dir
+                return r
+
+        r = asyncio.run(main())
+    finally:
+        stack.stop()
+    own = asyncio.run(floor_steps(1 if quick else 5, 40))
+    r["own_floor_ms"] = statistics.median(own) * 1000
+    return r
+
+
+def side_by_side(r: dict[str, Any]) -> list[str]:
+    side: dict[str, dict[tuple[int, int], float]] = r["side"]
+    shapes = contenders.SHAPES
+    lines = [
+        f"side by side (issue 36; instant model and tool, ms per step = a run's wall time / its steps, interleaved "
+        f"rounds, medians; load {r['load']:.1f} -> {r['load_after']:.1f})",
+        "  "
+        + f"{'':54}"
+        + "".join(f"{f'{n} run, {s} steps' if n == 1 else f'{n} runs at once':>18}" for n, s in shapes),
+    ]
+    for name, by in side.items():
+        lines.append("  " + f"{contenders.label(name):54}" + "".join(f"{by[s]:18.2f}" for s in shapes))
+    lines.append(
+        f"  {'Loopwarden domain code in one process (no bus)':54}{r['own_floor_ms']:18.2f}"
+        "   (a step's p50, bench.throughput)"
+    )
+    lw = side["loopwarden"]
+    if "pydanticai" in side:
+        floor, what = side["pydanticai"], "PydanticAI in one process"
+    else:
+        floor, what = (
+            {s: r["own_floor_ms"] for s in shapes},
+            "Loopwarden's own loop in one process (no contender installed)",
+        )
+    ratio = lw[shapes[0]] / floor[shapes[0]]
+    lines.append(
+        f"  a step at one run / the in-process loop ({what}): {ratio:.2f}x   target <= 2.0x: "
+        f"{'met' if ratio <= 2.0 else 'MISSED'}"
+        f" (40 steps {lw[shapes[1]] / floor[shapes[1]]:.2f}x, 16 runs {lw[shapes[2]] / floor[shapes[2]]:.2f}x)"
+    )
+    if "langgraph" in side:
+        lg = side["langgraph"]
+        a, b = lg[shapes[0]] / lw[shapes[0]], lg[shapes[1]] / lw[shapes[1]]
+        lines.append(
+            f"  LangGraph + SQLite / Loopwarden: 10 steps {a:.2f}x, 40 steps {b:.2f}x   target >= 1.5x both: "
+            f"{'met' if min(a, b) >= 1.5 else 'MISSED'}"
+        )
+    else:
+        lines.append("  LangGraph + SQLite: not installed (pip install -e '.[bench]')")
+    return lines
+
+
+def round_trips(ops: dict[str, dict[str, float]]) -> float:
+    return sum(v for counts in ops.values() for k, v in counts.items() if k in ROUND_TRIPS)
+
+
+def report(r: dict[str, Any]) -> list[str]:
+    ops: dict[str, dict[str, float]] = r["ops"]
+    kinds = [k for k in (*ROUND_TRIPS, *DELIVERIES) if any(c.get(k, 0) >= 0.05 for c in ops.values())]
+    shown = [s for s in (*SERVICES, *sorted(set(ops) - set(SERVICES))) if s in ops]
+    lines = [
+        f"operations per step, by service and kind (a 40-step run less a 10-step one; load {r['load']:.1f})",
+        "  " + f"{'':12}" + "".join(f"{k:>14}" for k in kinds) + f"{'round trips':>14}",
+    ]
+    for s in shown:
+        c = ops[s]
+        rts = sum(v for k, v in c.items() if k in ROUND_TRIPS)
+        if rts < 0.05 and sum(c.values()) < 0.05:
+            continue
+        lines.append("  " + f"{s:12}" + "".join(f"{c.get(k, 0):14.2f}" for k in kinds) + f"{rts:14.2f}")
+    total = round_trips(ops)
+    lines.append(
+        f"  round trips per step (publish with ack, KV get/put, direct get, request/reply, payload): {total:.1f}"
+        f"   target <= 12: {'met' if total <= 12 else 'MISSED'}"
+    )
+    conns = r["conn_msgs"]
+    lines.append(
+        f"  messages into nats-server per step: {r['server_in']:.1f} ("
+        + ", ".join(f"{c} {v:.1f}" for c, v in sorted(conns.items(), key=lambda kv: -kv[1]) if v >= 0.05)
+        + ")"
+    )
+    cpu = r["cpu_ms"]
+    lines.append(
+        f"  CPU per step by process (schedstat): {sum(cpu.values()):.2f} ms = "
+        + ", ".join(f"{p} {v:.2f}" for p, v in sorted(cpu.items(), key=lambda kv: -kv[1]) if v >= 0.01)
+    )
+    lines += side_by_side(r)
+    if "profile_dir" in r:
+        from bench import profile
+
+        lines += profile.report(r["profile_dir"], r["profile_cpu_ms"])
+    return lines
