@@ -22,6 +22,7 @@ from shared.messages import (
     ModelCalled,
     ModelStopped,
     NotJudged,
+    RateLimited,
     Resumed,
     RunEvent,
     RunFinished,
@@ -117,6 +118,11 @@ def run_line(ev: AnyRunEvent) -> str | None:
             return f"{tag} ■ model stopped ({d.stop_reason}): {ev.summary}"
         case Delegated(detail=d):
             return f"{tag} ⇢ sub-agent {d.child_run_id} (~${d.estimated_cost_usd:.4f})"
+        case RateLimited(detail=d):
+            return (
+                f"{tag} ⏳ waiting for the rate limit: {d.wait_s:.1f}s until {d.until.astimezone():%H:%M:%S} "
+                f"({d.purpose} call, {d.provider} key {d.account}, {d.cause})"
+            )
         case VerdictIgnored() | GuardTripped() | NotJudged():
             return None  # shown through the events that follow them
         case _:

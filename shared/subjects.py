@@ -156,6 +156,9 @@ KV_REQUEUES = "lw_requeues"  # every consuming service: <service>.<letter> once 
 KV_AGENTS = "lw_agents"  # operators (and the admin): registered agent definitions, one key per agent name
 KV_CONFIG = "lw_config"  # the admin: the access file applied (``loopwarden config apply``), read live by services
 CONFIG_ACCESS, CONFIG_CONSOLE = "access", "console"  # its keys (``shared/messages/config.py``)
+# planner and judge: one record per provider key, <provider>.<account> (the key's hash), shared by every replica:
+# its limits learned or set, the pace (a theoretical arrival time per dimension), a 429's pause
+KV_RATE_LIMITS = "lw_ratelimits"
 ALL_BUCKETS = (
     KV_RUNS,
     KV_MODEL_CALLS,
@@ -175,6 +178,7 @@ ALL_BUCKETS = (
     KV_REQUEUES,
     KV_AGENTS,
     KV_CONFIG,
+    KV_RATE_LIMITS,
 )
 
 _TOKEN_OK = re.compile(r"[^A-Za-z0-9_-]")
