@@ -22,6 +22,7 @@ from shared.messages import (
     ModelCalled,
     ModelStopped,
     NotJudged,
+    RateLimited,
     Resumed,
     RunEvent,
     RunFinished,
@@ -123,6 +124,11 @@ def run_line(ev: AnyRunEvent) -> str | None:
             return f"{tag} ‖ stalled: {ev.summary}"
         case Unstalled():
             return f"{tag} ▷ {ev.summary}"
+        case RateLimited(detail=d):
+            return (
+                f"{tag} ⏳ waiting for the rate limit: {d.wait_s:.1f}s until {d.until.astimezone():%H:%M:%S} "
+                f"({d.purpose} call, {d.provider} key {d.account}, {d.cause})"
+            )
         case VerdictIgnored() | GuardTripped() | NotJudged():
             return None  # shown through the events that follow them
         case _:

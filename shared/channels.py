@@ -311,6 +311,14 @@ CHANNELS: tuple[Channel, ...] = (
         "the run's progress, one event per step",
     ),
     Channel(
+        S.run_event("rate_limited"),
+        RunEvent,
+        ("judge",),
+        (),
+        "event",
+        "the judge's model call for a run waits for its provider key's rate limit (the planner's own: above)",
+    ),
+    Channel(
         f"{F}.{{type}}.{{tool}}",
         RunEvent,
         ("planner",),

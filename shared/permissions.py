@@ -103,8 +103,8 @@ GRANTS: dict[str, Grant] = {
         answers_people=(S.TENANT_ROLE,),
         bodies_for=(S.TENANT_ROLE,),
         config_keys=(S.CONFIG_ACCESS,),  # the tenants' policies
-        # scenarios: bound at submit; history: the runs' conversations
-        kv_write=(S.KV_RUNS, S.KV_MODEL_CALLS, S.KV_LESSONS, S.KV_SCENARIOS, S.KV_HISTORY),
+        # scenarios: bound at submit; history: the runs' conversations; rate limits: its model calls' keys
+        kv_write=(S.KV_RUNS, S.KV_MODEL_CALLS, S.KV_LESSONS, S.KV_SCENARIOS, S.KV_HISTORY, S.KV_RATE_LIMITS),
         # agents: resolved at submit (``RunSubmit.agent``); the rest: a tenant's export of its own run (``values``)
         kv_read=(S.KV_CONTRACTS, S.KV_AGENTS, S.KV_TOOL_LEDGER, S.KV_VERDICTS, S.KV_ESCALATIONS, S.KV_BUDGETS),
         read_streams=(S.STREAM_EVT,),
@@ -135,7 +135,7 @@ GRANTS: dict[str, Grant] = {
     ),
     "judge": Grant(
         publish=published("judge"),
-        kv_write=(S.KV_VERDICTS,),
+        kv_write=(S.KV_VERDICTS, S.KV_RATE_LIMITS),  # rate limits: the judge's model calls share its key's
         kv_read=(S.KV_SCENARIOS,),
         consumers=((S.STREAM_CMD, S.DURABLE_JUDGE), (S.STREAM_SUBMIT, S.requeue_durable("judge"))),
     ),
@@ -177,8 +177,8 @@ GRANTS: dict[str, Grant] = {
         # no scenario writes: the scenario travels in the submit. Agents: read (list, show, run by name), never
         # written: a client changing an agent would change what every other tenant's runs of it do. The
         # contracts say which tools the stack hosts (`submit`, `check-scenario --against-stack`); the rest is
-        # what `export` and `show` read of a run (``RECORD_READS``)
-        kv_read=(*RECORD_READS, S.KV_AGENTS, S.KV_CONTRACTS),
+        # what `export` and `show` read of a run (``RECORD_READS``), and the providers' rate limits per key
+        kv_read=(*RECORD_READS, S.KV_AGENTS, S.KV_CONTRACTS, S.KV_RATE_LIMITS),
         read_streams=(S.STREAM_EVT,),  # not LW_DLQ: other tenants' arguments and results (operators read it)
     ),
 }
@@ -191,7 +191,7 @@ GRANTS["console"] = Grant(
     subscribe=(f"{S.P}.evt.>",),  # the live view: events as they are published, history by direct get
     # the run view opens every step: model turns, tool attempts and raw outputs, verdicts, queue items, the
     # tools' contracts; export and Replay read the whole record (read only, by direct get; operators see the same)
-    kv_read=(*RECORD_READS, S.KV_CONTRACTS),
+    kv_read=(*RECORD_READS, S.KV_CONTRACTS, S.KV_RATE_LIMITS),  # and the fleet view: the providers' rate limits
     kv_write=(S.KV_CONSOLE_SESSIONS,),  # a logout revokes the session on every replica
     read_streams=(S.STREAM_EVT,),
     config_keys=(S.CONFIG_ACCESS, S.CONFIG_CONSOLE),  # the roster, and the logins (bcrypt hashes: its own read)
@@ -243,7 +243,7 @@ def operator_grant(name: str) -> Grant:
         subscribe=(f"{S.P}.evt.>",),
         read_streams=(S.STREAM_DLQ, S.STREAM_EVT),
         # lw_replicas: which replicas (and versions) are alive, the fleet view
-        kv_read=(*RECORD_READS, S.KV_CONTRACTS, S.KV_AGENTS, S.KV_REQUEUES, S.KV_REPLICAS),
+        kv_read=(*RECORD_READS, S.KV_CONTRACTS, S.KV_AGENTS, S.KV_REQUEUES, S.KV_RATE_LIMITS, S.KV_REPLICAS),
     )
 
 

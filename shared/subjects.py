@@ -162,6 +162,9 @@ KV_AGENTS = "lw_agents"  # operators (and the admin): registered agent definitio
 KV_REPLICAS = "lw_replicas"  # every service replica: <service>.<instance> heartbeats (entries expire), the fleet
 KV_CONFIG = "lw_config"  # the admin: the access file applied (``loopwarden config apply``), read live by services
 CONFIG_ACCESS, CONFIG_CONSOLE = "access", "console"  # its keys (``shared/messages/config.py``)
+# planner and judge: one record per provider key, <provider>.<account> (the key's hash), shared by every replica:
+# its limits learned or set, the pace (a theoretical arrival time per dimension), a 429's pause
+KV_RATE_LIMITS = "lw_ratelimits"
 ALL_BUCKETS = (
     KV_RUNS,
     KV_MODEL_CALLS,
@@ -182,6 +185,7 @@ ALL_BUCKETS = (
     KV_AGENTS,
     KV_REPLICAS,
     KV_CONFIG,
+    KV_RATE_LIMITS,
 )
 
 _TOKEN_OK = re.compile(r"[^A-Za-z0-9_-]")

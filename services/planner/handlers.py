@@ -53,6 +53,7 @@ from shared.messages import (
 )
 from shared.payloads import PayloadError
 from shared.providers.select import provider_name
+from shared.ratelimit.gate import RateLimiter
 from shared.settings import Settings
 from shared.telemetry import LW_ITERATION, LW_RUN_ID, Telemetry, current_traceparent, record_invoke_agent
 
@@ -77,7 +78,8 @@ class Planner:
         # (a transaction tries its CAS on that without reading first; a conflict re-reads).
         self.store = RunStore(bus)
         # gen_ai.client.token.usage / .operation.duration are recorded per model call
-        self.turns = ModelTurns(bus, settings, self.store, self.catalogue, self.tracer, telemetry.gen_ai, cost)
+        limiter = RateLimiter(bus, settings, telemetry.meter("loopwarden.ratelimit"))
+        self.turns = ModelTurns(bus, settings, self.store, self.catalogue, self.tracer, telemetry.gen_ai, cost, limiter)
         self.fault = settings.fault_inject  # TEST ONLY (tests/test_run_history.py, tests/test_inline_turns.py)
         if self.fault is not None:
             log.warning("TEST FAULT INJECTION: this planner exits at %s", self.fault)

@@ -80,6 +80,7 @@ class RunConfig(_State):
     agent: str | None = None  # a run of a registered agent (services/planner/admission.with_agent)
     agent_version: int | None = None
     instructions: str = ""  # the agent's system prompt, ahead of the loop's rules
+    max_rate_limit_wait_s: float | None = None  # a model call's longest wait for its rate limit (None: the setting)
 
 
 CallStatus = Literal["dispatched", "succeeded", "failed", "skipped", "blocked", "awaiting_human", "resolved_by_human"]

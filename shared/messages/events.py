@@ -68,6 +68,7 @@ class ModelCalledDetail(Wire):
         None, description="the system prompt's text, on the run's first model turn only: later turns name its hash"
     )
     tools_offered: list[str] | None = Field(None, description="the names of the tools the turn offered the model")
+    rate_limit_wait_s: float = Field(0.0, description="how long the turn waited for its provider key's rate limit")
     calls: list[RequestedCall] = Field(
         default_factory=list,
         description="the tool calls the model made: each is dispatched to its tool (no event of its own), "
@@ -78,6 +79,38 @@ class ModelCalledDetail(Wire):
 class ModelCalled(RunEventHead):
     kind: Literal["model_called"] = "model_called"
     detail: ModelCalledDetail
+
+
+class RateLimitedDetail(Wire):
+    provider: str = Field(max_length=64)
+    account: str = Field(
+        max_length=64, description="the provider key, as the fleet names it: a short hash of its endpoint and key"
+    )
+    purpose: Literal["plan", "summarize", "judge"]
+    wait_s: float = Field(ge=0, description="how long the call waits from now")
+    until: datetime = Field(description="when it is sent")
+    reason: Literal["capacity", "paused", "first_contact"] = Field(
+        description="capacity: the key's pace across the fleet; paused: a 429 paused the key until its retry-after; "
+        "first_contact: the key's limits are being learned by its first call"
+    )
+    dimension: Literal["requests", "input_tokens", "output_tokens", "tokens"] | None = Field(
+        None, description="the limit that sets the pace (capacity)"
+    )
+
+    @property
+    def cause(self) -> str:
+        """Why, in a few words: the limit that sets the pace, a 429's pause, or a key's limits being learned."""
+        if self.reason == "paused":
+            return "paused by a 429"
+        return "learning its limits" if self.reason == "first_contact" else (self.dimension or "its pace")
+
+
+class RateLimited(RunEventHead):
+    """A model call of the run waits for its provider key's rate limit, shared by every replica (no delivery
+    is spent waiting; docs/rate-limits.md)."""
+
+    kind: Literal["rate_limited"] = "rate_limited"
+    detail: RateLimitedDetail
 
 
 class ModelStoppedDetail(Wire):
@@ -332,7 +365,8 @@ AnyRunEvent = Annotated[
     | ModelStopped
     | Delegated
     | Stalled
-    | Unstalled,
+    | Unstalled
+    | RateLimited,
     Field(discriminator="kind"),
 ]
 
@@ -352,6 +386,7 @@ PROGRESS_EVENTS: tuple[type[RunEventHead], ...] = (
     VerdictIgnored,
     Decided,
     Delegated,
+    RateLimited,
 )
 
 

@@ -32,6 +32,9 @@ class RunLimits(Wire):
     not_judged_policy: Literal["escalate", "retry", "accept", "fail"] | None = None
     loop_policy: Literal["stop", "escalate"] | None = None
     loop_repeat_threshold: int | None = Field(None, ge=2)
+    max_rate_limit_wait_s: float | None = Field(
+        None, gt=0, description="the longest one model call of the run waits for its provider key's rate limit"
+    )
 
 
 class RunSubmit(Wire):

@@ -64,6 +64,9 @@ class RunSnapshot(Wire):
     retry_count: int = 0
     judge_seq: int = Field(0, description="judge requests sent")
     usage: Usage = Field(default_factory=Usage)
+    rate_limited_s: float = Field(
+        0.0, description="how long the run's model turns waited for their provider keys' rate limits, in total"
+    )
     compactions: int = 0
     summary: str | None = None
     corrections: dict[str, dict[str, int]] = Field(default_factory=dict, description="per tool: failures, recovered")

@@ -19,6 +19,7 @@ RUN_LIMIT_CAPS: dict[str, float] = {
     "run_token_budget": 100_000_000,
     "context_budget_tokens": 10_000_000,
     "loop_repeat_threshold": 1000,
+    "max_rate_limit_wait_s": 3600.0,
 }
 KIB, MIB = 1024, 1024 * 1024
 # The largest body a service reads per message type (``LW_BODY_MAX_BYTES`` overrides an entry), near what the
