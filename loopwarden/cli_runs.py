@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from shared.messages import RunSnapshot
     from shared.scenario import Scenario
 
-ENDED = ("completed", "stopped", "failed")
+ENDED = ("completed", "stopped", "failed", "refused")  # shared.messages.FINAL_STATUSES
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -132,6 +132,7 @@ def _summary(state: Any) -> dict[str, Any]:
         "passed": state.passed,
         "first_draft_passed": state.first_draft_passed,
         "awaiting": state.awaiting.model_dump(mode="json") if state.awaiting else None,
+        "stall": state.stall.model_dump(mode="json") if state.stall else None,
         "warnings": state.warnings,
         "final_output": state.final_output,
         "rate_limited_s": state.rate_limited_s,
@@ -246,6 +247,10 @@ async def cmd_status(args: argparse.Namespace) -> int:
         say(f"judged:      {'passed' if state.passed else 'not passed'}")
     if state.awaiting is not None:
         say(f"waiting on:  escalation {state.awaiting.escalation_id} ({state.awaiting.kind})")
+    if state.stall is not None:
+        from loopwarden.runtree import stall_line
+
+        say(f"stalled:     {plain(stall_line(state.stall.model_dump(mode='json')) or state.stall.reason)}")
     if waiting is not None:
         d = waiting.detail
         left = max(0.0, (d.until - datetime.now(UTC)).total_seconds())

@@ -27,6 +27,7 @@ from shared.messages import (
     RunEvent,
     RunFinished,
     SimulatedCall,
+    Stalled,
     Started,
     ToolAttempt,
     ToolBlocked,
@@ -34,6 +35,7 @@ from shared.messages import (
     ToolFailed,
     ToolOutcome,
     ToolSucceeded,
+    Unstalled,
     VerdictIgnored,
 )
 
@@ -118,6 +120,10 @@ def run_line(ev: AnyRunEvent) -> str | None:
             return f"{tag} ■ model stopped ({d.stop_reason}): {ev.summary}"
         case Delegated(detail=d):
             return f"{tag} ⇢ sub-agent {d.child_run_id} (~${d.estimated_cost_usd:.4f})"
+        case Stalled():
+            return f"{tag} ‖ stalled: {ev.summary}"
+        case Unstalled():
+            return f"{tag} ▷ {ev.summary}"
         case RateLimited(detail=d):
             return (
                 f"{tag} ⏳ waiting for the rate limit: {d.wait_s:.1f}s until {d.until.astimezone():%H:%M:%S} "

@@ -39,6 +39,7 @@ from shared.messages import (
     EscalationResolve,
     EscalationWithdraw,
     JudgeRequest,
+    LetterHandled,
     McpServerStatus,
     Requeue,
     RunAdvance,
@@ -183,15 +184,16 @@ CHANNELS: tuple[Channel, ...] = (
     Channel(
         f"{S.REQUEUE_PREFIX}.{{service}}",
         Requeue,
-        ("operator",),
+        ("operator", "planner"),
         tuple(s for s in SERVICES if s != "executor"),
         "command",
-        "a dead letter handed back to the service that gave up on it (loopwarden dlq requeue)",
+        "a dead letter handed back to the service that gave up on it (loopwarden dlq requeue; the planner: a "
+        "person's requeue of a stalled run's queue item)",
     ),
     Channel(
         f"{S.REQUEUE_PREFIX}.executor.{{tool}}",
         Requeue,
-        ("operator",),
+        ("operator", "planner"),
         ("executor",),
         "command",
         "a dead letter handed back to the executor replicas hosting its tool (loopwarden dlq requeue)",
@@ -361,6 +363,14 @@ CHANNELS: tuple[Channel, ...] = (
         values={"type": tuple(t for t in TOOL_FAILURES if t != "output_invalid")},  # output_invalid: the validator's
     ),
     Channel(
+        S.LETTER_HANDLED,
+        LetterHandled,
+        ("all",),
+        ("planner",),
+        "event",
+        "a dead letter handed back was handled: the run it held up moves on",
+    ),
+    Channel(
         f"{S.MCP_SERVER_EVENT_PREFIX}.{{server}}",
         McpServerStatus,
         ("executor",),
@@ -406,9 +416,9 @@ CHANNELS: tuple[Channel, ...] = (
         f"{S.DLQ_PREFIX}.{{service}}",
         DeadLetter,
         ("all",),
-        (),
+        ("planner",),
         "dead_letter",
-        "a message that could not be handled, with the reason",
+        "a message that could not be handled, with the reason (the planner marks the run it held up stalled)",
         pinned=("service",),
     ),
 )

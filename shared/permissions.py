@@ -116,6 +116,9 @@ GRANTS: dict[str, Grant] = {
             (S.STREAM_EVT, S.DURABLE_PLANNER_VERDICTS),
             (S.STREAM_EVT, S.DURABLE_PLANNER_RESOLUTIONS),
             (S.STREAM_SUBMIT, S.requeue_durable("planner")),
+            # every dead letter (a run it held up is marked stalled), and a handed-back letter handled
+            (S.STREAM_DLQ, S.DURABLE_PLANNER_LETTERS),
+            (S.STREAM_EVT, S.DURABLE_PLANNER_HANDLED),
         ),
     ),
     "executor": Grant(
@@ -239,7 +242,8 @@ def operator_grant(name: str) -> Grant:
         publish=published_by_person(name, None),
         subscribe=(f"{S.P}.evt.>",),
         read_streams=(S.STREAM_DLQ, S.STREAM_EVT),
-        kv_read=(*RECORD_READS, S.KV_CONTRACTS, S.KV_AGENTS, S.KV_REQUEUES, S.KV_RATE_LIMITS),
+        # lw_replicas: which replicas (and versions) are alive, the fleet view
+        kv_read=(*RECORD_READS, S.KV_CONTRACTS, S.KV_AGENTS, S.KV_REQUEUES, S.KV_RATE_LIMITS, S.KV_REPLICAS),
     )
 
 
@@ -292,6 +296,10 @@ def rights(service: str, grant: Grant) -> tuple[list[str], list[str]]:
         # (``<service>.<letter>`` in ``lw_requeues``, created with compare-and-swap: its own keys only).
         pub.append(f"$JS.API.STREAM.MSG.GET.{S.STREAM_DLQ}")
         pub += [*_kv_read_rights(S.KV_REQUEUES), f"$KV.{S.KV_REQUEUES}.{S.token(service)}.>"]
+    if service in SERVICES:
+        # Each replica heartbeats into the replica registry under its own service's keys only (no service can
+        # pass for another's replica), and reads the others' (the planner: which services have one alive).
+        pub += [*_kv_read_rights(S.KV_REPLICAS), f"$KV.{S.KV_REPLICAS}.{S.token(service)}.>"]
     for bucket in (*grant.kv_write, *grant.kv_read):
         pub += _kv_read_rights(bucket)
     for bucket in grant.kv_write:

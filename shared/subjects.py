@@ -67,6 +67,8 @@ ESCALATION_RAISED = f"{ESCALATION_EVENT_PREFIX}.raised"
 ESCALATION_CLAIMED = f"{ESCALATION_EVENT_PREFIX}.claimed"
 ESCALATION_RESOLVED = f"{ESCALATION_EVENT_PREFIX}.resolved"
 MCP_SERVER_EVENT_PREFIX = f"{P}.evt.mcp.server"  # executor: an MCP server started, failed, died, restarted
+# any consuming service: a dead letter handed back was handled (the planner moves the run it held up on)
+LETTER_HANDLED = f"{P}.evt.letter.handled"
 
 # --- dead letters (JetStream stream LW_DLQ) --------------------------------------------------
 DLQ_PREFIX = f"{P}.dlq"
@@ -100,7 +102,8 @@ STREAM_SUBJECTS: dict[str, list[str]] = {
     STREAM_DLQ: [f"{P}.dlq.>"],
     STREAM_PAYLOADS: [f"{PAYLOAD_PREFIX}.>"],
 }
-STREAMS_WITH_DURABLES = (STREAM_CMD, STREAM_SUBMIT, STREAM_EVT)  # where the services' durable consumers live
+# where the services' durable consumers live (LW_DLQ: the planner's, which marks runs held up by a letter)
+STREAMS_WITH_DURABLES = (STREAM_CMD, STREAM_SUBMIT, STREAM_EVT, STREAM_DLQ)
 
 # --- durable consumers (a command's is shared by the replicas of its service; an event's is the
 # consuming service's own) -----------------------------------------------------------------------
@@ -110,6 +113,8 @@ DURABLE_PLANNER_ADVANCE = "planner_advance"
 DURABLE_PLANNER_OUTCOMES = "planner_outcomes"
 DURABLE_PLANNER_VERDICTS = "planner_verdicts"
 DURABLE_PLANNER_RESOLUTIONS = "planner_resolutions"
+DURABLE_PLANNER_LETTERS = "planner_letters"  # LW_DLQ: a run held up by a dead letter is marked stalled
+DURABLE_PLANNER_HANDLED = "planner_handled"  # LW_EVT: a letter handed back was handled, the run moves on
 DURABLE_VALIDATOR = "validator"
 DURABLE_JUDGE = "judge"
 DURABLE_ESCALATION_RAISE = "escalation_raise"
@@ -154,6 +159,7 @@ KV_HISTORY = "lw_history"  # planner: a run's conversation, one key per message 
 KV_CONSOLE_SESSIONS = "lw_console_sessions"  # console: revoked sessions, shared by every replica
 KV_REQUEUES = "lw_requeues"  # every consuming service: <service>.<letter> once it took that letter back
 KV_AGENTS = "lw_agents"  # operators (and the admin): registered agent definitions, one key per agent name
+KV_REPLICAS = "lw_replicas"  # every service replica: <service>.<instance> heartbeats (entries expire), the fleet
 KV_CONFIG = "lw_config"  # the admin: the access file applied (``loopwarden config apply``), read live by services
 CONFIG_ACCESS, CONFIG_CONSOLE = "access", "console"  # its keys (``shared/messages/config.py``)
 # planner and judge: one record per provider key, <provider>.<account> (the key's hash), shared by every replica:
@@ -177,6 +183,7 @@ ALL_BUCKETS = (
     KV_CONSOLE_SESSIONS,
     KV_REQUEUES,
     KV_AGENTS,
+    KV_REPLICAS,
     KV_CONFIG,
     KV_RATE_LIMITS,
 )

@@ -109,14 +109,21 @@ async def letter_for(admin: Client, run_id: str, timeout: float = bound(20.0)) -
 async def settled(admin: Client, run_id: str, timeout: float = bound(30.0)) -> DeadLetter | RunSnapshot:
     """What became of a submit: its dead letter (refused) or, if it was started, the run once it ended."""
     for _ in range(int(timeout / 0.2)):
-        state = await admin.state(run_id)
-        if state is not None and state.done:
-            return state
         letters = [d for d in await admin.dead_letters() if d.service == "planner" and run_id in d.body]
         if letters:
             return letters[0]
+        state = await admin.state(run_id)
+        if state is not None and state.done and state.status != "refused":
+            return state
         await asyncio.sleep(0.2)
     raise AssertionError(f"{run_id} was neither refused nor finished")
+
+
+async def never_started(client: Client, run_id: str) -> RunSnapshot:
+    """A refused submit: its record says so (its submitter's wait ends), and nothing of it ran."""
+    state = await client.wait(run_id, timeout=bound(30))
+    assert state.status == "refused" and state.model_calls == 0 and state.iteration.n == 0, state
+    return state
 
 
 async def still_serving(client: Client, timeout: float = bound(20.0)) -> RunSnapshot:
@@ -173,7 +180,7 @@ async def test_a_client_cannot_answer_another_runs_tool_call_as_its_child(
     # refused, with the reason: never started, so it never answers anyone
     assert isinstance(forgery, DeadLetter), forgery.status
     assert "only the planner starts a sub-agent run" in forgery.reason, forgery.reason
-    assert await acme.state(forger) is None
+    await never_started(acme, forger)
 
 
 async def test_the_planner_still_starts_a_child_run_and_takes_its_answer(client: Client) -> None:
@@ -208,7 +215,7 @@ async def test_an_over_long_parent_id_is_refused_and_the_planner_keeps_serving(c
 
     letter = await letter_for(admin, run_id)
     assert "does not match contract RunSubmit" in letter.reason and "parent_run_id" in letter.reason, letter.reason
-    assert await client.state(run_id) is None
+    await never_started(client, run_id)
     await still_serving(client)
 
 
@@ -218,7 +225,7 @@ async def test_an_over_long_escalation_id_is_refused_and_the_queue_keeps_answeri
     raw = await nc.request(S.ESCALATION_SHOW, json.dumps({"escalation_id": "a" * 5000}).encode(), timeout=bound(5))
     reply = EscalationReply.model_validate_json(raw.data)
     assert not reply.ok and "does not match contract EscalationQuery" in (reply.error or ""), reply.error
-    assert "escalation_id" in (reply.error or "")
+    assert "over the limit of 2048 (LW_BODY_MAX_BYTES)" in (reply.error or "")  # a query is small: never read
     for _ in range(3):  # still on the bus: later requests are answered
         assert (await client.escalations()).ok
 
@@ -250,7 +257,7 @@ async def test_a_client_cannot_spend_another_tenants_day_nor_set_limits_past_the
     assert await tenant_spent(admin, "acme") < CEILING
     assert isinstance(refused, DeadLetter), refused.status
     assert "tenant 'acme' is not the submitter's" in refused.reason, refused.reason
-    assert await client.state(spender) is None
+    await never_started(client, spender)
     # and acme's subject is acme's users' only
     refusals = await L.publish_refusals(locked[0], "client", S.run_submit("acme"), attack.model_dump_json().encode())
     assert refusals, "the default tenant's client published on acme's submit subject"
@@ -259,7 +266,7 @@ async def test_a_client_cannot_spend_another_tenants_day_nor_set_limits_past_the
     await client.submit(scripted(greedy, says(greedy, "x"), limits={"cost_ceiling_usd": 1e9}))
     letter = await letter_for(admin, greedy)
     assert "limits.cost_ceiling_usd 1e+09 is over the cap 10000" in letter.reason, letter.reason
-    assert await client.state(greedy) is None
+    await never_started(client, greedy)
 
 
 # --- D17: a run's task, its scenario and a body sent by reference are bounded ----------------------------
@@ -272,7 +279,7 @@ async def test_a_30_mb_task_is_refused_before_it_is_read_and_other_runs_go_on(cl
     await client.bus.publish(S.run_submit(), json.dumps(body).encode(), msg_id=f"submit.{run_id}", run_id=run_id)
     letter = await letter_for(admin, run_id, timeout=bound(30))
     assert "over the limit of 5242880 (LW_BODY_MAX_BYTES)" in letter.reason, letter.reason
-    assert await client.state(run_id) is None
+    await never_started(client, run_id)
     await still_serving(client, timeout=bound(15))
 
     inline = f"run-long-task-{key()}"  # under the body limit, over the task's
@@ -281,7 +288,7 @@ async def test_a_30_mb_task_is_refused_before_it_is_read_and_other_runs_go_on(cl
     )
     letter = await letter_for(admin, inline)
     assert "task" in letter.reason and "at most 100000 characters" in letter.reason, letter.reason
-    assert await client.state(inline) is None
+    await never_started(client, inline)
 
 
 async def test_a_run_submitted_without_a_tenant_meets_the_default_tenants_ceiling(
@@ -321,7 +328,7 @@ async def test_without_scripted_runs_a_scenario_is_refused_and_no_tool_plays_one
     await client.submit(scripted(run_id, says(run_id, "scripted")))
     letter = await letter_for(admin, run_id)
     assert "scripted runs are not allowed here (LW_ALLOW_SCRIPTED=false)" in letter.reason, letter.reason
-    assert await client.state(run_id) is None
+    await never_started(client, run_id)
 
     # a scenario stored under a run's id (as an admin could) plays no tool: the real calculator answers
     trapped = f"run-trapped-{key()}"

@@ -70,6 +70,7 @@ class RunTree:
     cost_usd: float
     trace_id: str | None
     steps: list[Step] = field(default_factory=list)
+    stall: str | None = None  # why a stalled run waits and what moves it on (status ``stalled``)
 
     def walk(self) -> Iterator[tuple[int, Step]]:
         """Every step, depth first, with its depth (0: an iteration or an escalation at the top)."""
@@ -114,6 +115,21 @@ def _iteration_of(e: EventRecord) -> int:
         return 0
 
 
+def stall_line(stall: Any) -> str | None:
+    """A stalled run's reason and what moves it on, in one line (``RunSnapshot.stall``)."""
+    if not isinstance(stall, dict):
+        return None
+    line = str(stall.get("reason") or "stalled")
+    letters = [str(n) for n in stall.get("letters") or []]
+    if letters:
+        line += f"; hand it back: loopwarden dlq requeue {' '.join(letters)}"
+        if stall.get("escalation_id"):
+            line += f", or resolve {stall['escalation_id']} in the queue"
+    elif stall.get("missing"):
+        line += "; it moves on by itself once one is back"
+    return line
+
+
 def build(record: RunRecord) -> RunTree:
     """The run's steps on one time axis, from its events (and, where stored, its other records)."""
     events = sorted(record.events, key=lambda e: e.seq)
@@ -132,6 +148,7 @@ def build(record: RunRecord) -> RunTree:
         output_tokens=int(usage.get("output_tokens") or 0),
         cost_usd=float(usage.get("cost_usd") or 0.0),
         trace_id=record.trace_id,
+        stall=stall_line((record.state or {}).get("stall")) if record.status == "stalled" else None,
     )
     iterations: dict[int, Step] = {}
     tools: dict[str, Step] = {}

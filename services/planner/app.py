@@ -10,5 +10,10 @@ from shared.telemetry import Telemetry
 
 
 def build(bus: Bus, settings: Settings, telemetry: Telemetry) -> AfterConnect:
-    Planner(bus, settings, telemetry).register()
-    return None
+    planner = Planner(bus, settings, telemetry)
+    planner.register()
+
+    async def after_connect() -> None:
+        planner.watch.start()  # the sweep for runs waiting on a service with no live replica
+
+    return after_connect

@@ -27,6 +27,7 @@ from services.planner.model_turns import ModelTurns
 from services.planner.outbox import Outbox
 from services.planner.outcomes import apply_outcome
 from services.planner.reads import RunReads
+from services.planner.stall_watch import StallWatch
 from services.planner.state import PublishRecord, RunState
 from services.planner.store import RunStore
 from services.planner.transaction import Applied, Change, apply_message
@@ -133,6 +134,8 @@ class Planner:
             model=EscalationResolution,
         )(self.on_resolution)
         RunReads(b).register()  # a tenant-bound client's reads of its own runs (``rpc.runs.<verb>.<tenant>``)
+        self.watch = StallWatch(self)  # dead letters and missing replicas: runs marked stalled (``stalls.py``)
+        self.watch.register()
 
     # --- the transaction -----------------------------------------------------------------------
     async def transact(self, run_id: str, msg_id: str, change: Change, take_turn: bool = False) -> RunAdvance | None:
@@ -330,7 +333,7 @@ class Planner:
         try:
             submit = admit(submit, subject, self.settings)
             if submit.agent is not None:  # a registered agent's run: its definition as of now
-                record = await self.stored_agent(submit.agent)
+                record = await self.stored_agent(submit.agent)  # one over LW_VALUE_MAX_BYTES: refused unread
                 submit = resolve_agent(submit, record, provider_name(self.settings, "planner"))
                 check_limits(submit, self.settings)  # the agent's limits are capped like a submit's
         except Refused as err:

@@ -102,6 +102,8 @@ from shared.messages.events import (
     RunEventHead,
     RunFinished,
     SimulatedCall,
+    Stalled,
+    StalledDetail,
     Started,
     StartedDetail,
     ToolBlocked,
@@ -110,6 +112,7 @@ from shared.messages.events import (
     ToolFailedDetail,
     ToolSucceeded,
     ToolSucceededDetail,
+    Unstalled,
     VerdictIgnored,
 )
 from shared.messages.judge import (
@@ -124,7 +127,9 @@ from shared.messages.judge import (
 from shared.messages.operations import (
     DeadLetter,
     ErrorReply,
+    LetterHandled,
     McpServerStatus,
+    ReplicaRecord,
     Requeue,
 )
 from shared.messages.runs import (
@@ -151,6 +156,7 @@ from shared.messages.snapshots import (
     RunRead,
     RunReadReply,
     RunSnapshot,
+    StallView,
     StoredItem,
 )
 from shared.messages.tools import (
@@ -217,6 +223,8 @@ WIRE_MODELS: tuple[type[BaseModel], ...] = (
     AgentRecord,
     RunRead,
     RunReadReply,
+    LetterHandled,
+    ReplicaRecord,
     AccessRecord,
     ConsoleUsers,
     AgentRegister,
@@ -309,6 +317,7 @@ __all__ = [
     "JudgeRequested",
     "Judged",
     "JudgedDetail",
+    "LetterHandled",
     "LoopDetail",
     "LoopDetected",
     "McpServerStatus",
@@ -325,6 +334,7 @@ __all__ = [
     "RateLimitedDetail",
     "ReasonDetail",
     "RepairRule",
+    "ReplicaRecord",
     "RequestedCall",
     "Requeue",
     "Resumed",
@@ -348,6 +358,9 @@ __all__ = [
     "SectionTokens",
     "SimulatedCall",
     "SlaAction",
+    "StallView",
+    "Stalled",
+    "StalledDetail",
     "Started",
     "StartedDetail",
     "StoredItem",
@@ -365,6 +378,7 @@ __all__ = [
     "ToolSucceeded",
     "ToolSucceededDetail",
     "ToolUseBlock",
+    "Unstalled",
     "Usage",
     "Verdict",
     "VerdictIgnored",

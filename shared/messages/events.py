@@ -256,6 +256,22 @@ class Resumed(RunEventHead):
     detail: ResumedDetail
 
 
+class StalledDetail(Wire):
+    reason: str = Field(max_length=2000)
+    letter: int | None = Field(None, description="the dead letter (LW_DLQ number) the run waits on")
+    service: str | None = Field(None, max_length=64, description="who dead-lettered it, or the service missing")
+    subject: str | None = Field(None, max_length=512, description="the dead-lettered message's subject")
+    escalation_id: EscalationId | None = Field(None, description="the queue item raised for it")
+
+
+class Stalled(RunEventHead):
+    """The run stopped moving: a message of it was dead-lettered, or a service it needs has no live replica.
+    Not final: a requeue of the letter, a person (the queue item) or the replica coming back moves it on."""
+
+    kind: Literal["stalled"] = "stalled"
+    detail: StalledDetail
+
+
 class FinishedDetail(Wire):
     final_output: str = ""
     submitted: bool = False
@@ -289,6 +305,13 @@ class LoopDetected(RunEventHead):
 
 class ReasonDetail(Wire):
     reason: str
+
+
+class Unstalled(RunEventHead):
+    """The run moves again (its letter was handed back and handled, or the work it waited on moved)."""
+
+    kind: Literal["unstalled"] = "unstalled"
+    detail: ReasonDetail
 
 
 class GuardTripped(RunEventHead):
@@ -341,6 +364,8 @@ AnyRunEvent = Annotated[
     | BudgetThreshold
     | ModelStopped
     | Delegated
+    | Stalled
+    | Unstalled
     | RateLimited,
     Field(discriminator="kind"),
 ]

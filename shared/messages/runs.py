@@ -150,9 +150,12 @@ class AgentRegisterReply(Wire):
     error: str | None = Field(None, max_length=2000)
 
 
-RunStatus = Literal["running", "awaiting_human", "completed", "stopped", "failed"]
-FinalStatus = Literal["completed", "stopped", "failed"]
-FINAL_STATUSES: tuple[FinalStatus, ...] = ("completed", "stopped", "failed")
+RunStatus = Literal["running", "awaiting_human", "completed", "stopped", "failed", "refused", "stalled"]
+"""``refused``: a submit that was not started (final, with the reason); ``stalled``: a message of the run was
+dead-lettered or a service it needs has no live replica (not final: a requeue, a person or the replica coming
+back moves it on; ``RunSnapshot.stall`` says why)."""
+FinalStatus = Literal["completed", "stopped", "failed", "refused"]
+FINAL_STATUSES: tuple[FinalStatus, ...] = ("completed", "stopped", "failed", "refused")
 """A run in one of these statuses is over: nothing moves it again."""
 
 
