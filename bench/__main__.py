@@ -27,7 +27,11 @@ def main() -> int:
             "cost",
             "fairness",
             "overload",
+            "ratelimit",
         ],
+    )
+    parser.add_argument(
+        "--before", action="store_true", help="ratelimit: also run with LW_RATE_LIMIT_FLEET=false, for comparison"
     )
     parser.add_argument("--profile", metavar="DIR", help="with --only step: py-spy the services, stacks kept in DIR")
     args = parser.parse_args()
@@ -70,6 +74,13 @@ def main() -> int:
         from bench import cost
 
         print("\n".join(cost.report(cost.run(steps=24 if args.quick else 80))), flush=True)
+    if args.only in (None, "ratelimit"):  # the provider's rate limit, fleet-wide (issue 34)
+        from bench import ratelimit
+
+        limited = ratelimit.run(runs=20 if args.quick else 200)
+        print("\n".join(ratelimit.report(limited)), flush=True)
+        if args.before:
+            print("\n".join(ratelimit.report(ratelimit.run(runs=20 if args.quick else 200, fleet=False))), flush=True)
     ok = True
     if args.only in (None, "fairness"):  # fair share between tenants (issue 34)
         from bench import fairness

@@ -26,7 +26,7 @@ from loopwarden.cli_common import (
 if TYPE_CHECKING:
     from shared.messages import RunSnapshot
 
-STATUSES = ("running", "awaiting_human", "completed", "stopped", "failed")
+STATUSES = ("running", "awaiting_human", "stalled", "completed", "stopped", "failed", "refused")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNIT_S = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 

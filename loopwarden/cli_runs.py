@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from loopwarden.cli_common import (
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from shared.messages import RunSnapshot
     from shared.scenario import Scenario
 
-ENDED = ("completed", "stopped", "failed")
+ENDED = ("completed", "stopped", "failed", "refused")  # shared.messages.FINAL_STATUSES
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -137,9 +138,28 @@ def _summary(state: Any) -> dict[str, Any]:
         "passed": state.passed,
         "first_draft_passed": state.first_draft_passed,
         "awaiting": state.awaiting.model_dump(mode="json") if state.awaiting else None,
+        "stall": state.stall.model_dump(mode="json") if state.stall else None,
         "warnings": state.warnings,
         "final_output": state.final_output,
+        "rate_limited_s": state.rate_limited_s,
     }
+
+
+async def _rate_limit_wait(client: Any, run_id: str) -> Any:
+    """The run's current wait for a rate limit (``RateLimited``), from its run events, or None."""
+    from pydantic import ValidationError
+
+    from shared import subjects as S
+    from shared.messages import RunEvent
+    from shared.ratelimit.fleet import current_wait
+
+    typed = []
+    for e in await client.events(run_id, subjects=f"{S.RUN_EVENT_PREFIX}.>"):
+        try:
+            typed.append(RunEvent.model_validate(e.payload).root)
+        except ValidationError:  # a kind this version does not know
+            continue
+    return current_wait(typed, datetime.now(UTC))
 
 
 async def cmd_submit(args: argparse.Namespace) -> int:
@@ -214,9 +234,11 @@ async def report_run(
 async def cmd_status(args: argparse.Namespace) -> int:
     async with connected() as client:
         state = await client.state(args.run_id)
+        waiting = await _rate_limit_wait(client, args.run_id) if state is not None and not state.done else None
     if state is None:
         raise UserError(f"no run {args.run_id}", FAILED)
     summary = _summary(state)
+    summary["rate_limit_wait"] = waiting.detail.model_dump(mode="json") if waiting is not None else None
     if args.json:
         emit_json(summary)
         return OK
@@ -243,6 +265,19 @@ async def cmd_status(args: argparse.Namespace) -> int:
         say(f"judged:      {'passed' if state.passed else 'not passed'}")
     if state.awaiting is not None:
         say(f"waiting on:  escalation {state.awaiting.escalation_id} ({state.awaiting.kind})")
+    if state.stall is not None:
+        from loopwarden.runtree import stall_line
+
+        say(f"stalled:     {plain(stall_line(state.stall.model_dump(mode='json')) or state.stall.reason)}")
+    if waiting is not None:
+        d = waiting.detail
+        left = max(0.0, (d.until - datetime.now(UTC)).total_seconds())
+        say(
+            f"waiting on:  the rate limit of {d.provider} key {d.account} ({d.cause}), {left:.1f}s more "
+            f"(until {d.until.astimezone():%H:%M:%S}, its {d.purpose} call)"
+        )
+    if state.rate_limited_s:
+        say(f"rate limits: waited {state.rate_limited_s:.1f}s in total")
     for warning in state.warnings:
         say(f"warning:     {warning}")
     if state.final_output is not None:

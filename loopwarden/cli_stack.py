@@ -276,10 +276,14 @@ async def cmd_bootstrap(args: argparse.Namespace) -> int:
     """Create or update streams, buckets and every service's durable consumers (admin user)."""
     from loopwarden.infra import bootstrap
     from shared import subjects as S
+    from shared.bus import BoundTooSmall
 
     cfg = settings()
     await probe(cfg)
-    report = await bootstrap(cfg)
+    try:
+        report = await bootstrap(cfg)
+    except BoundTooSmall as err:  # nothing was lowered below what a stream holds
+        raise UserError(str(err), FAILED) from None
     for line in report.changed:
         say(line)
     say(

@@ -17,18 +17,30 @@ with no key and no network. What it answers:
 
 Usage (tokens) is counted from the request, with prompt caching answered as the API bills it.
 Every request body is recorded per script key (``requests``) for tests to assert on.
+
+**With a rate limit** (``RateLimit``, ``--requests-per-s``/``--input-tokens-per-s``) it enforces it the way
+Anthropic describes its own: a token bucket per limit (one second's worth of capacity, refilled continuously),
+a request costing one request and its input tokens (the prompt cache's reads not counted); a request beyond
+either is answered 429 with ``retry-after`` (seconds until it would fit). Every answer announces the limits
+in Anthropic's headers (per minute, as the API states them), what is left and when the bucket is full again
+(``anthropic-ratelimit-requests-*``, ``anthropic-ratelimit-input-tokens-*``). ``answered`` and ``rejected``
+count its answers and ``arrivals`` records each request's time and status; ``GET /stats`` answers them as
+JSON (with the input tokens the limit charged), for a benchmark that runs it as a process of its own.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 import threading
 import time
 import uuid
 from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Self
@@ -40,14 +52,83 @@ _CRITERION = re.compile(r"^- (.+?)(?:: .*?)?(?: \(required\))?$")
 TERMINAL = "submit_result"
 
 
+@dataclass
+class Bucket:
+    """One limit as a token bucket: ``rate`` a second, ``capacity`` at most (what a burst may take)."""
+
+    rate: float
+    capacity: float
+    level: float = -1.0  # -1: full, at first use
+    at: float = 0.0
+
+    def refill(self, now: float) -> None:
+        self.level = self.capacity if self.level < 0 else min(self.capacity, self.level + (now - self.at) * self.rate)
+        self.at = now
+
+    def short_by(self, cost: float) -> float:
+        """Seconds until ``cost`` fits (a cost above the capacity fits a full bucket)."""
+        return max(0.0, min(cost, self.capacity) - self.level) / self.rate
+
+
+@dataclass
+class RateLimit:
+    """What the stand-in enforces: requests and input tokens a second, each a bucket of ``burst_s`` seconds."""
+
+    requests_per_s: float = 10.0
+    input_tokens_per_s: float = 20_000.0
+    burst_s: float = 1.0
+    buckets: dict[str, Bucket] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.buckets = {
+            "requests": Bucket(self.requests_per_s, self.requests_per_s * self.burst_s),
+            "input-tokens": Bucket(self.input_tokens_per_s, self.input_tokens_per_s * self.burst_s),
+        }
+
+    def take(self, now: float, input_tokens: float) -> float:
+        """Charge one request of ``input_tokens`` now: 0.0 if it fits (taken), else seconds until it would."""
+        costs = {"requests": 1.0, "input-tokens": input_tokens}
+        for bucket in self.buckets.values():
+            bucket.refill(now)
+        wait = max(self.buckets[name].short_by(cost) for name, cost in costs.items())
+        if wait > 0:
+            return wait
+        for name, cost in costs.items():
+            self.buckets[name].level -= cost
+        return 0.0
+
+    def headers(self, now: float, wall: float) -> dict[str, str]:
+        """The limits as Anthropic announces them: per minute, what is left now, when the bucket is full."""
+        out: dict[str, str] = {}
+        for name, bucket in self.buckets.items():
+            bucket.refill(now)
+            full_in = (bucket.capacity - bucket.level) / bucket.rate
+            reset = datetime.fromtimestamp(wall + full_in, UTC).isoformat(timespec="milliseconds")
+            out[f"anthropic-ratelimit-{name}-limit"] = str(round(bucket.rate * 60))
+            out[f"anthropic-ratelimit-{name}-remaining"] = str(max(0, math.floor(bucket.level)))
+            out[f"anthropic-ratelimit-{name}-reset"] = reset.replace("+00:00", "Z")
+        return out
+
+
 class FakeModel:
     """The Messages API server: ``start()`` serves it from a thread on ``host:port`` (0: a free port)."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, script: list[dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        script: list[dict[str, Any]] | None = None,
+        rate_limit: RateLimit | None = None,
+    ) -> None:
         self.scripts: dict[str, list[dict[str, Any]]] = {}
         self.default_script: list[dict[str, Any]] = list(script or [])
         self.requests: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self.headers: dict[str, list[dict[str, str]]] = defaultdict(list)
+        self.rate_limit = rate_limit
+        self.answered = 0  # 200s
+        self.rejected = 0  # 429s the rate limit answered (a scripted 429 is counted as scripted: ``arrivals``)
+        self.arrivals: list[tuple[float, int]] = []  # (epoch seconds, status) of every /v1/messages request
+        self.charged_tokens = 0  # input tokens the rate limit charged the answered requests
         self._lock = threading.Lock()
         # imported here: the SDK's types are heavy, and every `loopwarden` command imports this module
         from shared.providers.prompt_cache import PromptCache
@@ -58,6 +139,18 @@ class FakeModel:
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args: Any) -> None:
                 pass
+
+            def do_GET(self) -> None:
+                """``/stats``: what it answered (for a benchmark that runs it as its own process)."""
+                if self.path.rstrip("/") != "/stats":
+                    self.send_error(404)
+                    return
+                data = json.dumps(api.stats()).encode()
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
 
             def do_POST(self) -> None:
                 raw = self.rfile.read(int(self.headers.get("content-length", 0)))
@@ -95,6 +188,16 @@ class FakeModel:
         self.server.shutdown()
         self.server.server_close()
 
+    def stats(self) -> dict[str, Any]:
+        """What it answered: 200s, the rate limit's 429s, each request's (time, status), the tokens charged."""
+        with self._lock:
+            return {
+                "answered": self.answered,
+                "rejected": self.rejected,
+                "charged_input_tokens": self.charged_tokens,
+                "arrivals": list(self.arrivals),
+            }
+
     def script(self, key: str, replies: list[dict[str, Any]]) -> None:
         """Replies for the requests that mention ``[script:<key>]``, one each, in order."""
         with self._lock:
@@ -103,8 +206,26 @@ class FakeModel:
     def answer(self, path: str, body: dict[str, Any], headers: dict[str, str]) -> tuple[int, dict[str, str], Any]:
         if not path.endswith("/v1/messages"):
             return 404, {}, _error("not_found_error", path)
+        arrived = time.time()
         match = MARKER.search(json.dumps(body))
         key = match.group(1) if match else DEFAULT_KEY
+        cached = None
+        charged = 0
+        limits: dict[str, str] = {}
+        if self.rate_limit is not None:  # charged before anything is answered, as the API does
+            cached = self.cache.answer(body.get("model", "fake-model"), _blocks(body))
+            charged = max(cached.total, _count(json.dumps(body))) - cached.read  # cache reads do not count
+            with self._lock:
+                now, wall = time.monotonic(), time.time()
+                wait = self.rate_limit.take(now, charged)
+                limits = self.rate_limit.headers(now, wall)
+                if wait > 0:
+                    self.rejected += 1
+                    self.arrivals.append((arrived, 429))
+                    self.requests[key].append(body)
+                    self.headers[key].append(headers)
+                    retry = {"retry-after": f"{wait:.3f}", **limits}
+                    return 429, retry, _error("rate_limit_error", "rate limited by the fake model's limit")
         with self._lock:
             self.requests[key].append(body)
             self.headers[key].append(headers)
@@ -112,20 +233,25 @@ class FakeModel:
                 queue = self.scripts.get(key, [])
                 reply = queue.pop(0) if queue else None
                 if reply is None:
-                    return 500, {}, _error("api_error", f"script {key} exhausted")
+                    self.arrivals.append((arrived, 500))
+                    return 500, limits, _error("api_error", f"script {key} exhausted")
             else:
                 reply = self.default_script.pop(0) if self.default_script else default_reply(body)
+            status = int(reply.get("status", 200))
+            self.arrivals.append((arrived, status))
+            self.answered += status == 200
+            self.charged_tokens += charged if status == 200 else 0
         if reply.get("delay_s"):  # a slow reply, for client timeouts (the server is threaded)
             time.sleep(float(reply["delay_s"]))
         if "status" in reply:
             err = reply.get("error", {"type": "rate_limit_error", "message": "slow down"})
-            return int(reply["status"]), dict(reply.get("headers", {})), {"type": "error", "error": err}
+            return int(reply["status"]), {**limits, **reply.get("headers", {})}, {"type": "error", "error": err}
         content = reply["content"]
         stop = reply.get("stop_reason") or ("tool_use" if any(b["type"] == "tool_use" for b in content) else "end_turn")
-        usage = reply.get("usage") or self.usage(body, content, float(reply.get("input_scale", 1.0)))
+        usage = reply.get("usage") or self.usage(body, content, float(reply.get("input_scale", 1.0)), cached)
         return (
             200,
-            {},
+            limits,
             {
                 "id": f"msg_{uuid.uuid4().hex[:24]}",
                 "type": "message",
@@ -138,19 +264,31 @@ class FakeModel:
             },
         )
 
-    def usage(self, body: dict[str, Any], content: list[dict[str, Any]], scale: float = 1.0) -> dict[str, Any]:
-        """Usage counted from the request; ``scale`` stands for a provider whose tokenizer counts more."""
-        from shared import tokens
-        from shared.providers.prompt_cache import blocks_of
-
-        answer = self.cache.answer(body.get("model", "fake-model"), blocks_of(body))
-        total = round(max(answer.total, tokens.count(json.dumps(body))) * scale)
+    def usage(
+        self, body: dict[str, Any], content: list[dict[str, Any]], scale: float = 1.0, cached: Any = None
+    ) -> dict[str, Any]:
+        """Usage counted from the request; ``scale`` stands for a provider whose tokenizer counts more;
+        ``cached``: the prompt cache's answer for this request, if the rate limit asked it already."""
+        answer = cached if cached is not None else self.cache.answer(body.get("model", "fake-model"), _blocks(body))
+        total = round(max(answer.total, _count(json.dumps(body))) * scale)
         return {
             "input_tokens": total - answer.read - answer.written,  # the API's input_tokens excludes the cache
             "cache_read_input_tokens": answer.read,
             "cache_creation_input_tokens": answer.written,
-            "output_tokens": tokens.count(json.dumps(content)),
+            "output_tokens": _count(json.dumps(content)),
         }
+
+
+def _blocks(body: dict[str, Any]) -> Any:
+    from shared.providers.prompt_cache import blocks_of
+
+    return blocks_of(body)
+
+
+def _count(text: str) -> int:
+    from shared import tokens
+
+    return tokens.count(text)
 
 
 def _error(kind: str, message: str) -> dict[str, Any]:
@@ -289,6 +427,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--port", type=int, default=8765, help="port to listen on (0: a free one; default 8765)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--script", metavar="FILE", help="scripted replies (JSON or YAML; see docs/tools.md)")
+    p.add_argument(
+        "--requests-per-s",
+        type=float,
+        metavar="N",
+        help="enforce a rate limit: N requests a second (429 with retry-after beyond; docs/rate-limits.md)",
+    )
+    p.add_argument(
+        "--input-tokens-per-s",
+        type=float,
+        metavar="N",
+        help="enforce a rate limit: N input tokens a second (with --requests-per-s; default 20000)",
+    )
     p.set_defaults(func=cmd_fake_model)
 
 
@@ -302,13 +452,21 @@ def cmd_fake_model(args: argparse.Namespace) -> int:
             default, keyed = load_script(args.script)
         except (OSError, ValueError) as err:
             raise UserError(f"--script: {err}") from err
+    limit = None
+    if args.requests_per_s is not None or args.input_tokens_per_s is not None:
+        requests, tokens = args.requests_per_s or 10.0, args.input_tokens_per_s or 20_000.0
+        if requests <= 0 or tokens <= 0:
+            raise UserError("--requests-per-s and --input-tokens-per-s must be above 0")
+        limit = RateLimit(requests_per_s=requests, input_tokens_per_s=tokens)
     try:
-        model = FakeModel(args.host, args.port, default)
+        model = FakeModel(args.host, args.port, default, rate_limit=limit)
     except OSError as err:
         raise UserError(f"cannot listen on {args.host}:{args.port}: {err.strerror or err}; try --port 0") from err
     for key, replies in keyed.items():
         model.script(key, replies)
     say(f"fake Messages API on {model.base_url}")
+    if limit is not None:
+        say(f"  rate limit: {limit.requests_per_s:g} requests/s, {limit.input_tokens_per_s:g} input tokens/s")
     say(f"  export ANTHROPIC_BASE_URL={model.base_url} ANTHROPIC_API_KEY=fake  (then `loopwarden up`)")
     say("  Ctrl-C stops it")
     sys.stdout.flush()

@@ -23,11 +23,12 @@ from shared.messages import (
     ModelStopped,
     NotJudged,
     Queued,
+    RateLimited,
     Resumed,
     RunEvent,
     RunFinished,
-    RunRefused,
     SimulatedCall,
+    Stalled,
     Started,
     ToolAttempt,
     ToolBlocked,
@@ -35,6 +36,7 @@ from shared.messages import (
     ToolFailed,
     ToolOutcome,
     ToolSucceeded,
+    Unstalled,
     VerdictIgnored,
 )
 
@@ -119,10 +121,17 @@ def run_line(ev: AnyRunEvent) -> str | None:
             return f"{tag} ■ model stopped ({d.stop_reason}): {ev.summary}"
         case Delegated(detail=d):
             return f"{tag} ⇢ sub-agent {d.child_run_id} (~${d.estimated_cost_usd:.4f})"
+        case Stalled():
+            return f"{tag} ‖ stalled: {ev.summary}"
+        case Unstalled():
+            return f"{tag} ▷ {ev.summary}"
+        case RateLimited(detail=d):
+            return (
+                f"{tag} ⏳ waiting for the rate limit: {d.wait_s:.1f}s until {d.until.astimezone():%H:%M:%S} "
+                f"({d.purpose} call, {d.provider} key {d.account}, {d.cause})"
+            )
         case Queued(detail=d):
             return f"  ⧗ queued for tenant {d.tenant}'s share of the fleet (priority {d.priority})"
-        case RunRefused(detail=d):
-            return f"■ refused: {d.reason}"
         case VerdictIgnored() | GuardTripped() | NotJudged():
             return None  # shown through the events that follow them
         case _:

@@ -206,7 +206,11 @@ async def replay(
     scenario = replay_scenario(record, allow_live_tools)
     run_id = await start_replay(client, record, scenario)
     # a person's answer is not played back: a replay of a run a person resolved stops where the person was
-    state = await client.wait(run_id, timeout=timeout, until=(*TERMINAL, "awaiting_human"))
-    mismatches = await client.check(scenario, state)
+    # a replay the planner refused (scripted runs off) ends at once with the reason (``refused``)
+    state = await client.wait(run_id, timeout=timeout, until=(*TERMINAL, "refused", "awaiting_human"))
+    if state.status == "refused":
+        mismatches = [f"the replay was refused: {state.final_reason}"]
+    else:
+        mismatches = await client.check(scenario, state)
     events = await settled_events(client, state.run_id, state.status)
     return compare(record, state.run_id, state.status, events, mismatches)

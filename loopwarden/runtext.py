@@ -32,6 +32,8 @@ def _usage(step: Step) -> str:
 
 def head_lines(tree: RunTree) -> list[str]:
     ended = tree.end_reason or ("waiting for a person" if tree.status == "awaiting_human" else "still running")
+    if tree.stall:
+        ended = f"stalled: {tree.stall}"
     lines = [
         f"run:      {tree.run_id}",
         f"status:   {tree.status}",

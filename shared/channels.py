@@ -41,6 +41,7 @@ from shared.messages import (
     FlowQuery,
     FlowTicket,
     JudgeRequest,
+    LetterHandled,
     McpServerStatus,
     Requeue,
     RunAdvance,
@@ -195,15 +196,16 @@ CHANNELS: tuple[Channel, ...] = (
     Channel(
         f"{S.REQUEUE_PREFIX}.{{service}}",
         Requeue,
-        ("operator",),
+        ("operator", "planner"),
         tuple(s for s in SERVICES if s != "executor"),
         "command",
-        "a dead letter handed back to the service that gave up on it (loopwarden dlq requeue)",
+        "a dead letter handed back to the service that gave up on it (loopwarden dlq requeue; the planner: a "
+        "person's requeue of a stalled run's queue item)",
     ),
     Channel(
         f"{S.REQUEUE_PREFIX}.executor.{{tool}}",
         Requeue,
-        ("operator",),
+        ("operator", "planner"),
         ("executor",),
         "command",
         "a dead letter handed back to the executor replicas hosting its tool (loopwarden dlq requeue)",
@@ -347,6 +349,14 @@ CHANNELS: tuple[Channel, ...] = (
         "the run's progress, one event per step",
     ),
     Channel(
+        S.run_event("rate_limited"),
+        RunEvent,
+        ("judge",),
+        (),
+        "event",
+        "the judge's model call for a run waits for its provider key's rate limit (the planner's own: above)",
+    ),
+    Channel(
         f"{F}.{{type}}.{{tool}}",
         RunEvent,
         ("planner",),
@@ -389,6 +399,14 @@ CHANNELS: tuple[Channel, ...] = (
         "event",
         "a tool call failed ({type})",
         values={"type": tuple(t for t in TOOL_FAILURES if t != "output_invalid")},  # output_invalid: the validator's
+    ),
+    Channel(
+        S.LETTER_HANDLED,
+        LetterHandled,
+        ("all",),
+        ("planner",),
+        "event",
+        "a dead letter handed back was handled: the run it held up moves on",
     ),
     Channel(
         f"{S.MCP_SERVER_EVENT_PREFIX}.{{server}}",
@@ -436,9 +454,9 @@ CHANNELS: tuple[Channel, ...] = (
         f"{S.DLQ_PREFIX}.{{service}}",
         DeadLetter,
         ("all",),
-        (),
+        ("planner",),
         "dead_letter",
-        "a message that could not be handled, with the reason",
+        "a message that could not be handled, with the reason (the planner marks the run it held up stalled)",
         pinned=("service",),
     ),
 )

@@ -7,15 +7,24 @@ it sends the requeue.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable
+from typing import Any
 
 from shared import subjects as S
-from shared.messages import DeadLetter, Requeue
+from shared.messages import RUN_ID_PATTERN, DeadLetter, Requeue
 
 BODY_LIMIT = 256 * 1024  # bytes of a dead-lettered body kept in its letter
 _CUT = re.compile(r"\.\.\. \[(\d+) bytes, cut to (\d+)\]\Z")
 REQUEUEABLE_STREAMS = (S.STREAM_CMD, S.STREAM_SUBMIT, S.STREAM_EVT)  # LW_SUBMIT: submits (and requeues)
+
+
+RUN_HEADER = "Lw-Run-Id"  # shared.bus.RUN_ID_HEADER (the bus imports this module, not the other way round)
+_RUN_ID = re.compile(RUN_ID_PATTERN)
+# Where only a service publishes (the server's grants): a letter of such a message names its run truly. What a
+# person may publish (submits, requeues: LW_SUBMIT) carries whatever run id its sender wrote.
+SERVICE_STREAMS = (S.STREAM_CMD, S.STREAM_EVT)
 
 
 class NoSuchLetter(LookupError):
@@ -24,6 +33,51 @@ class NoSuchLetter(LookupError):
 
 class NotRequeueable(ValueError):
     """The letter cannot be handed back to its service; the message says why."""
+
+
+_RUN_FIELD = re.compile(r'"run_id"\s*:\s*"([A-Za-z0-9_-]{1,64})"')
+
+
+def letter_json(letter: DeadLetter) -> dict[str, Any]:
+    """The letter's body as a JSON object ({} when it is not one: malformed, cut, nested past reading)."""
+    try:
+        data = json.loads(letter.body)
+    except (ValueError, RecursionError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _run_id(value: object) -> str | None:
+    return value if isinstance(value, str) and _RUN_ID.match(value) else None
+
+
+def run_of(letter: DeadLetter) -> str | None:
+    """The run whose progress a letter holds up, or None: the message's run (its header, else its body's
+    ``run_id``); for a sub-agent run that never started (``cmd.run.spawn``), the parent waiting for it. Only
+    for messages a service published (``SERVICE_STREAMS``): anything else names the run its sender chose."""
+    if S.stream_for(letter.subject) not in SERVICE_STREAMS:
+        return None
+    if S.matches(S.RUN_SPAWN, letter.subject):
+        return _run_id(letter_json(letter).get("parent_run_id"))
+    return _run_id(letter.headers.get(RUN_HEADER)) or _run_id(letter_json(letter).get("run_id"))
+
+
+def submitted_run(letter: DeadLetter) -> tuple[str, str] | None:
+    """(run id, tenant) of a submit the bus or the planner refused (``cmd.run.submit.<tenant>``): the run id
+    its body names (its header when the body is a reference or unreadable), the tenant the server let its
+    sender publish for; None for any other letter or an id that is not one. ``LW_SUBMIT`` stores a submit under
+    its partition of the door (``S.SUBMIT_TRANSFORM``): the letter's subject is read as its client sent it."""
+    subject = S.stem(letter.subject)
+    if not (
+        S.matches(f"{S.RUN_SUBMIT_PREFIX}.*", subject) or S.matches(f"{S.RUN_SUBMIT_PREFIX}.*.{S.REPLAY}", subject)
+    ):
+        return None  # a submit (``cmd.run.submit.<tenant>``) or an operator's replay (``...<tenant>.replay``)
+    run_id = _run_id(letter_json(letter).get("run_id")) or _run_id(letter.headers.get(RUN_HEADER))
+    if run_id is None:  # a body that is not JSON (or is cut) may still name it
+        found = _RUN_FIELD.search(letter.body[:4096])
+        run_id = found.group(1) if found else None
+    tenant = subject[len(S.RUN_SUBMIT_PREFIX) + 1 :].split(".", 1)[0]
+    return (run_id, tenant) if run_id else None
 
 
 def letter_body(data: bytes) -> str:

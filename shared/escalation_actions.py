@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 EscalationKind = Literal[
-    "fatal", "unknown_outcome", "schema_cap", "ask_human", "not_judged", "loop", "approval", "spawn"
-]  # "spawn": the sub-agent spawn gate (services/planner/delegation.py)
+    "fatal", "unknown_outcome", "schema_cap", "ask_human", "not_judged", "loop", "approval", "spawn", "stalled"
+]  # "spawn": the sub-agent spawn gate (services/planner/delegation.py); "stalled": a message of the run was
+# dead-lettered (services/planner/stalls.py)
 
 EscalationAction = Literal[
     "resume",  # continue with the note as the human's word on the failure
@@ -27,6 +28,7 @@ EscalationAction = Literal[
     "reject",  # not_judged: revise with the note; approval / spawn: no
     "final_answer",  # end the run completed with this answer (``result`` is the text)
     "retry",  # the model tries again with the note as its instruction
+    "requeue",  # stalled: hand the run's dead letter back to the service that gave up on it
 ]
 SlaAction = Literal["abort", "deny", "accept_if_judged", "fall_back"]
 Needs = Literal["nothing", "json", "text", "note"]
@@ -68,6 +70,10 @@ ACTIONS: dict[EscalationAction, ActionSpec] = {
     "reject": ActionSpec("no: revise with the note, or the gate stays shut"),
     "final_answer": ActionSpec("end the run completed with this answer", needs="text"),
     "retry": ActionSpec("the model tries again with the note as its instruction", needs="note"),
+    "requeue": ActionSpec(
+        "hand the run's dead letter back to the service that gave up on it (as `loopwarden dlq requeue N`)",
+        only="'requeue' applies to a run stalled on a dead letter",
+    ),
 }
 
 _CALL: tuple[EscalationAction, ...] = ("provide_result", "retry", "resume", "final_answer", "abort")
@@ -81,6 +87,8 @@ KINDS: dict[EscalationKind, KindSpec] = {
     "loop": KindSpec(("retry", "resume", "final_answer", "abort"), SlaRule(HOUR, "abort")),
     "approval": KindSpec(_GATE, SlaRule(HOUR, "deny")),
     "spawn": KindSpec(_GATE, SlaRule(HOUR, "deny")),
+    # a day, not an hour: an outage that dead-lettered many runs' messages is requeued once it is over
+    "stalled": KindSpec(("requeue", "abort"), SlaRule(24 * HOUR, "abort")),
 }
 if set(ACTIONS) != set(get_args(EscalationAction)) or set(KINDS) != set(get_args(EscalationKind)):
     raise RuntimeError("shared/escalation_actions.py: every EscalationAction and EscalationKind needs its row")

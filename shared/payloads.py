@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import weakref
 
 from nats.aio.client import Client as NatsClient
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
@@ -40,6 +41,21 @@ _KV_REF_PREFIX = b'{"' + KV_REF_KEY.encode() + b'"'
 HEADER_ROOM = 16 * 1024  # headers (trace context, ids) travel beside the body within max_payload
 CHUNK_BYTES = 256 * 1024  # fixed, so a body is always cut the same way (a re-publish writes the same chunks)
 MAX_CONSUMERS = 8  # nothing consumes this stream (reads are direct gets): room for an admin's tools only
+# Chunks one connection fetches or stores at once, whatever the number of bodies in flight: at most 4 MiB of
+# answers pending on it (nats-server cuts a connection off as a slow consumer past its 64 MiB ``max_pending``;
+# a body of 254 chunks fetched all at once did, and every request and message the service held then failed).
+CHUNKS_IN_FLIGHT = 16
+_SLOTS: weakref.WeakKeyDictionary[NatsClient, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+
+
+def chunk_slots(nc: NatsClient) -> asyncio.Semaphore:
+    """The chunk fetches and stores ``nc`` may have in flight (shared by every store on that connection)."""
+    slots = _SLOTS.get(nc)
+    if slots is None:
+        slots = _SLOTS[nc] = asyncio.Semaphore(CHUNKS_IN_FLIGHT)
+    return slots
+
+
 # How JetStream refuses a publish on a subject that holds its one message already (its err_code, 10077, is
 # the one of every store refusal - "maximum bytes exceeded" too - so the description tells them apart)
 SUBJECT_FULL = "maximum messages per subject exceeded"
@@ -123,7 +139,8 @@ class PayloadStore:
     async def _put_chunk(self, nc: NatsClient, subject: str, data: bytes) -> None:
         headers = {"Nats-Expected-Stream": STREAM}
         opcounts.count("payload_put")
-        reply = await nc.request(subject, data, timeout=self.settings.js_timeout_s, headers=headers)
+        async with chunk_slots(nc):
+            reply = await nc.request(subject, data, timeout=self.settings.js_timeout_s, headers=headers)
         status = reply.headers.get("Status") if reply.headers else None
         if not reply.data and status == "503":
             raise PayloadError(f"{STREAM} is not there (has `loopwarden bootstrap` run?)")
@@ -153,7 +170,8 @@ class PayloadStore:
 
     async def _get_chunk(self, nc: NatsClient, subject: str, ref: PayloadRef) -> bytes:
         opcounts.count("payload_fetch")
-        reply = await nc.request(f"$JS.API.DIRECT.GET.{STREAM}.{subject}", b"", timeout=self.settings.js_timeout_s)
+        async with chunk_slots(nc):
+            reply = await nc.request(f"$JS.API.DIRECT.GET.{STREAM}.{subject}", b"", timeout=self.settings.js_timeout_s)
         status = reply.headers.get("Status") if reply.headers else None
         if status:
             raise PayloadError(f"referenced body {ref.name} ({ref.size} bytes) is not in {STREAM} ({status})")
@@ -173,10 +191,14 @@ class PayloadStore:
     async def inflate(
         self, nc: NatsClient, data: bytes, headers: dict[str, str] | None, max_bytes: int | None = None
     ) -> bytes:
-        """The body a message stands for (fetched when it is a reference); a reference to a body over
-        ``max_bytes`` is refused by its declared size before anything is fetched (the chunks read follow from
-        that size, and each is at most ``CHUNK_BYTES``: what is read is bounded by it)."""
+        """The body a message stands for (fetched when it is a reference); a body over ``max_bytes`` is refused,
+        a reference by its declared size before anything is fetched (the chunks read follow from that size, and
+        each is at most ``CHUNK_BYTES``: what is read is bounded by it)."""
         if not headers or REF_HEADER not in headers:
+            if max_bytes is not None and len(data) > max_bytes:
+                raise PayloadTooLarge(
+                    f"the body is {len(data)} bytes, over the limit of {max_bytes} (LW_BODY_MAX_BYTES)"
+                )
             return data
         try:
             ref = PayloadRef.model_validate_json(data)
@@ -198,11 +220,18 @@ class PayloadStore:
         ref = await self.put(nc, value)
         return json.dumps({KV_REF_KEY: ref.model_dump()}, separators=(",", ":")).encode()
 
-    async def inflate_value(self, nc: NatsClient, value: bytes) -> bytes:
+    async def inflate_value(self, nc: NatsClient, value: bytes, max_bytes: int | None = None) -> bytes:
+        """The value a KV entry stands for (fetched when it is a reference); a reference to a value over
+        ``max_bytes`` is refused by its declared size before anything is fetched (``LW_VALUE_MAX_BYTES``)."""
         if not value.startswith(_KV_REF_PREFIX):
             return value
         try:
             ref = PayloadRef.model_validate(json.loads(value)[KV_REF_KEY])
         except (ValueError, KeyError, TypeError) as err:
             raise PayloadError("a KV value looks like a payload reference but is not one") from err
-        return await self.get(nc, ref)
+        if max_bytes is not None and ref.size > max_bytes:
+            raise PayloadTooLarge(f"the value is {ref.size} bytes, over the limit of {max_bytes} (LW_VALUE_MAX_BYTES)")
+        body = await self.get(nc, ref)
+        if len(body) != ref.size:
+            raise PayloadError(f"referenced value {ref.name} is {len(body)} bytes, not the {ref.size} it declared")
+        return body

@@ -107,8 +107,17 @@ GRANTS: dict[str, Grant] = {
         answers_people=(S.TENANT_ROLE, S.OPERATOR_ROLE),  # (operators: the fleet's view only)
         bodies_for=(S.TENANT_ROLE,),
         config_keys=(S.CONFIG_ACCESS,),  # the tenants' policies
-        # scenarios: bound at submit; history: the runs' conversations; flow: the fleet's admission record
-        kv_write=(S.KV_RUNS, S.KV_MODEL_CALLS, S.KV_LESSONS, S.KV_SCENARIOS, S.KV_HISTORY, S.KV_FLOW),
+        # scenarios: bound at submit; history: the runs' conversations; rate limits: its model calls' keys;
+        # flow: the fleet's admission record
+        kv_write=(
+            S.KV_RUNS,
+            S.KV_MODEL_CALLS,
+            S.KV_LESSONS,
+            S.KV_SCENARIOS,
+            S.KV_HISTORY,
+            S.KV_RATE_LIMITS,
+            S.KV_FLOW,
+        ),
         # agents: resolved at submit (``RunSubmit.agent``); the rest: a tenant's export of its own run (``values``);
         # budgets also: a tenant's day (its daily ceiling at submit); human counts: each tenant's open items in
         # the human queue (its quota)
@@ -132,6 +141,9 @@ GRANTS: dict[str, Grant] = {
             (S.STREAM_EVT, S.DURABLE_PLANNER_VERDICTS),
             (S.STREAM_EVT, S.DURABLE_PLANNER_RESOLUTIONS),
             (S.STREAM_SUBMIT, S.requeue_durable("planner")),
+            # every dead letter (a run it held up is marked stalled), and a handed-back letter handled
+            (S.STREAM_DLQ, S.DURABLE_PLANNER_LETTERS),
+            (S.STREAM_EVT, S.DURABLE_PLANNER_HANDLED),
         ),
     ),
     "executor": Grant(
@@ -148,7 +160,7 @@ GRANTS: dict[str, Grant] = {
     ),
     "judge": Grant(
         publish=published("judge"),
-        kv_write=(S.KV_VERDICTS,),
+        kv_write=(S.KV_VERDICTS, S.KV_RATE_LIMITS),  # rate limits: the judge's model calls share its key's
         kv_read=(S.KV_SCENARIOS,),
         consumers=((S.STREAM_CMD, S.DURABLE_JUDGE), (S.STREAM_SUBMIT, S.requeue_durable("judge"))),
     ),
@@ -190,8 +202,8 @@ GRANTS: dict[str, Grant] = {
         # no scenario writes: the scenario travels in the submit. Agents: read (list, show, run by name), never
         # written: a client changing an agent would change what every other tenant's runs of it do. The
         # contracts say which tools the stack hosts (`submit`, `check-scenario --against-stack`); the rest is
-        # what `export` and `show` read of a run (``RECORD_READS``)
-        kv_read=(*RECORD_READS, S.KV_AGENTS, S.KV_CONTRACTS),
+        # what `export` and `show` read of a run (``RECORD_READS``), and the providers' rate limits per key
+        kv_read=(*RECORD_READS, S.KV_AGENTS, S.KV_CONTRACTS, S.KV_RATE_LIMITS),
         read_streams=(S.STREAM_EVT,),  # not LW_DLQ: other tenants' arguments and results (operators read it)
     ),
 }
@@ -204,7 +216,7 @@ GRANTS["console"] = Grant(
     subscribe=(f"{S.P}.evt.>",),  # the live view: events as they are published, history by direct get
     # the run view opens every step: model turns, tool attempts and raw outputs, verdicts, queue items, the
     # tools' contracts; export and Replay read the whole record (read only, by direct get; operators see the same)
-    kv_read=(*RECORD_READS, S.KV_CONTRACTS),
+    kv_read=(*RECORD_READS, S.KV_CONTRACTS, S.KV_RATE_LIMITS),  # and the fleet view: the providers' rate limits
     kv_write=(S.KV_CONSOLE_SESSIONS,),  # a logout revokes the session on every replica
     read_streams=(S.STREAM_EVT,),
     config_keys=(S.CONFIG_ACCESS, S.CONFIG_CONSOLE),  # the roster, and the logins (bcrypt hashes: its own read)
@@ -255,7 +267,8 @@ def operator_grant(name: str) -> Grant:
         publish=published_by_person(name, None),
         subscribe=(f"{S.P}.evt.>",),
         read_streams=(S.STREAM_DLQ, S.STREAM_EVT),
-        kv_read=(*RECORD_READS, S.KV_CONTRACTS, S.KV_AGENTS, S.KV_REQUEUES),
+        # lw_replicas: which replicas (and versions) are alive, the fleet view
+        kv_read=(*RECORD_READS, S.KV_CONTRACTS, S.KV_AGENTS, S.KV_REQUEUES, S.KV_RATE_LIMITS, S.KV_REPLICAS),
     )
 
 
@@ -308,6 +321,10 @@ def rights(service: str, grant: Grant) -> tuple[list[str], list[str]]:
         # (``<service>.<letter>`` in ``lw_requeues``, created with compare-and-swap: its own keys only).
         pub.append(f"$JS.API.STREAM.MSG.GET.{S.STREAM_DLQ}")
         pub += [*_kv_read_rights(S.KV_REQUEUES), f"$KV.{S.KV_REQUEUES}.{S.token(service)}.>"]
+    if service in SERVICES:
+        # Each replica heartbeats into the replica registry under its own service's keys only (no service can
+        # pass for another's replica), and reads the others' (the planner: which services have one alive).
+        pub += [*_kv_read_rights(S.KV_REPLICAS), f"$KV.{S.KV_REPLICAS}.{S.token(service)}.>"]
     for bucket in (*grant.kv_write, *grant.kv_read):
         pub += _kv_read_rights(bucket)
     for bucket in grant.kv_write:

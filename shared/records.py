@@ -28,7 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from shared.failures import SCRIPTED_FAILURES
 
 FORMAT = "loopwarden.run-record"
-TERMINAL = ("completed", "stopped", "failed")
+TERMINAL = ("completed", "stopped", "failed")  # a run that ran and ended (a replay can play it back)
+RETIRED = (*TERMINAL, "refused")  # and a submit that never started: retention takes both
 
 
 class _Rec(BaseModel):
@@ -110,7 +111,7 @@ def is_record(data: Any) -> bool:
 def run_expired(status: str, updated_at: datetime, now: datetime, retention_s: float) -> bool:
     """A run's records may go only when the run is finished and has been for ``retention_s``.
     A running run, or one waiting on a human, never expires, however old."""
-    return status in TERMINAL and now - updated_at >= timedelta(seconds=retention_s)
+    return status in RETIRED and now - updated_at >= timedelta(seconds=retention_s)
 
 
 def escalation_expired(item: dict[str, Any], now: datetime, retention_s: float) -> bool:

@@ -22,6 +22,7 @@ from shared import opcounts
 from shared.bus import Bus
 from shared.health import HealthServer
 from shared.jetstream_gauges import JetStreamGauges, reported_streams
+from shared.replica_registry import Registration
 from shared.settings import Settings, load_settings
 from shared.telemetry import Telemetry, setup_telemetry
 from shared.urls import redact_url
@@ -54,6 +55,7 @@ async def serve(service: str, build: Build, settings: Settings | None = None) ->
     telemetry = setup_telemetry(service, settings)
     bus = Bus(settings, service, telemetry.bus_tracer_provider, telemetry.meter_provider)
     after_connect = build(bus, settings, telemetry)
+    registration = Registration(bus, service)  # this replica in lw_replicas while it runs (shared/replicas.py)
     gc.collect()
     gc.freeze()  # the modules, settings and handlers built so far: out of every later collection
     gc.set_threshold(*GC_THRESHOLDS)
@@ -106,6 +108,7 @@ async def serve(service: str, build: Build, settings: Settings | None = None) ->
         if after_connect is not None:
             await after_connect()
         await bus.start()
+        registration.start()
         if telemetry.registry is not None or settings.otel_exporter_otlp_endpoint:  # someone reads them
             gauges.start()
         logging.getLogger("loopwarden").info("%s ready on %s", service, redact_url(settings.nats_url))
@@ -132,6 +135,7 @@ async def serve(service: str, build: Build, settings: Settings | None = None) ->
     finally:
         stopping.cancel()
         lost.cancel()
+        await registration.stop()  # gone from the registry at once: runs that need this service see it
         await gauges.stop()
         try:
             async with asyncio.timeout(settings.ack_wait_s + 5):

@@ -75,6 +75,8 @@ ESCALATION_RAISED = f"{ESCALATION_EVENT_PREFIX}.raised"
 ESCALATION_CLAIMED = f"{ESCALATION_EVENT_PREFIX}.claimed"
 ESCALATION_RESOLVED = f"{ESCALATION_EVENT_PREFIX}.resolved"
 MCP_SERVER_EVENT_PREFIX = f"{P}.evt.mcp.server"  # executor: an MCP server started, failed, died, restarted
+# any consuming service: a dead letter handed back was handled (the planner moves the run it held up on)
+LETTER_HANDLED = f"{P}.evt.letter.handled"
 
 # --- dead letters (JetStream stream LW_DLQ) --------------------------------------------------
 DLQ_PREFIX = f"{P}.dlq"
@@ -116,7 +118,8 @@ STREAM_SUBJECTS: dict[str, list[str]] = {
     STREAM_PAYLOADS: [f"{PAYLOAD_PREFIX}.>"],
     STREAM_FLOW: [f"{P}.flow.>"],
 }
-STREAMS_WITH_DURABLES = (STREAM_CMD, STREAM_SUBMIT, STREAM_EVT)  # where the services' durable consumers live
+# where the services' durable consumers live (LW_DLQ: the planner's, which marks runs held up by a letter)
+STREAMS_WITH_DURABLES = (STREAM_CMD, STREAM_SUBMIT, STREAM_EVT, STREAM_DLQ)
 
 # --- durable consumers (a command's is shared by the replicas of its service; an event's is the
 # consuming service's own) -----------------------------------------------------------------------
@@ -142,6 +145,8 @@ DURABLE_PLANNER_ADVANCE = "planner_advance"
 DURABLE_PLANNER_OUTCOMES = "planner_outcomes"
 DURABLE_PLANNER_VERDICTS = "planner_verdicts"
 DURABLE_PLANNER_RESOLUTIONS = "planner_resolutions"
+DURABLE_PLANNER_LETTERS = "planner_letters"  # LW_DLQ: a run held up by a dead letter is marked stalled
+DURABLE_PLANNER_HANDLED = "planner_handled"  # LW_EVT: a letter handed back was handled, the run moves on
 DURABLE_VALIDATOR = "validator"
 DURABLE_JUDGE = "judge"
 DURABLE_ESCALATION_RAISE = "escalation_raise"
@@ -188,8 +193,12 @@ KV_REQUEUES = "lw_requeues"  # every consuming service: <service>.<letter> once 
 KV_AGENTS = "lw_agents"  # operators (and the admin): registered agent definitions, one key per agent name
 KV_FLOW = "lw_flow"  # planner: the fleet's admission record (``fleet``: each tenant's runs in flight, ...)
 KV_HUMAN_COUNTS = "lw_human_counts"  # escalation: each tenant's open items in the human queue (key ``open``)
+KV_REPLICAS = "lw_replicas"  # every service replica: <service>.<instance> heartbeats (entries expire), the fleet
 KV_CONFIG = "lw_config"  # the admin: the access file applied (``loopwarden config apply``), read live by services
 CONFIG_ACCESS, CONFIG_CONSOLE = "access", "console"  # its keys (``shared/messages/config.py``)
+# planner and judge: one record per provider key, <provider>.<account> (the key's hash), shared by every replica:
+# its limits learned or set, the pace (a theoretical arrival time per dimension), a 429's pause
+KV_RATE_LIMITS = "lw_ratelimits"
 ALL_BUCKETS = (
     KV_RUNS,
     KV_MODEL_CALLS,
@@ -210,7 +219,9 @@ ALL_BUCKETS = (
     KV_AGENTS,
     KV_FLOW,
     KV_HUMAN_COUNTS,
+    KV_REPLICAS,
     KV_CONFIG,
+    KV_RATE_LIMITS,
 )
 
 _TOKEN_OK = re.compile(r"[^A-Za-z0-9_-]")

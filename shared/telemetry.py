@@ -81,6 +81,8 @@ LW_UNDECLARED_OUTCOME = "loopwarden.tool.undeclared_outcome"  # refused, strippe
 LW_VERDICT = "loopwarden.judge.status"
 LW_SCORE = "loopwarden.judge.score"
 LW_BUDGET_ACTION = "loopwarden.budget.action"
+LW_RATELIMIT_WAIT_S = "loopwarden.ratelimit.wait_s"  # a model call's wait for its key's rate limit, so far
+LW_RATELIMIT_ACCOUNT = "loopwarden.ratelimit.account"  # a provider key, as a short hash (never the key)
 
 
 class GenAiMetrics:

@@ -152,7 +152,8 @@ async def test_an_unknown_agent_is_one_line_exit_1_and_a_dead_letter_naming_it(
             break
         await asyncio.sleep(0.1)
     assert letters and letters[0].reason.startswith(f"agent '{name}' is not registered"), letters
-    assert await client.state(run_id) is None
+    refused = await client.wait(run_id, timeout=bound(30))  # never started, and its submitter is told why
+    assert refused.status == "refused" and refused.final_reason == letters[0].reason, refused
 
 
 async def test_an_agent_for_other_tenants_is_refused_for_this_one(client: Client) -> None:
@@ -166,7 +167,8 @@ async def test_an_agent_for_other_tenants_is_refused_for_this_one(client: Client
             break
         await asyncio.sleep(0.1)
     assert letters and f"agent '{name}' is not for tenant 'default'" in letters[0].reason
-    assert await client.state(run_id) is None
+    refused = await client.wait(run_id, timeout=bound(30))
+    assert refused.status == "refused" and refused.final_reason == letters[0].reason, refused
 
 
 async def test_runs_lists_by_agent_status_and_age_newest_first(client: Client, stack: LocalStack) -> None:

@@ -6,6 +6,7 @@ the CLI."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -28,6 +29,7 @@ from shared.settings import Settings
 from tests.conftest import TEST_ENV, running
 from tests.support.timing import bound, eventually
 
+FULL_AT = 100  # the submit stream's message bound in the small stack (the least LW_STREAM_MAX_MSGS allows)
 TWO_PLANNERS = ("planner", "planner", "executor", "executor", "validator", "judge", "governor", "escalation")
 ONE_EACH = ("planner", "executor", "validator", "judge", "governor", "escalation")
 
@@ -117,7 +119,7 @@ def cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def small_submit_stream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
-    env = {**TEST_ENV, "LW_SUBMIT_MAX_MSGS": "3"}
+    env = {**TEST_ENV, "LW_STREAM_MAX_MSGS": json.dumps({"LW_SUBMIT": FULL_AT})}
     yield from running(LocalStack(state_dir=tmp_path_factory.mktemp("full"), env=env, services=ONE_EACH))
 
 
@@ -126,18 +128,19 @@ async def test_a_full_submit_stream_refuses_the_submit_at_once_and_typed(
 ) -> None:
     url = small_submit_stream.nats_url or ""
     async with Client(Settings(nats_url=url)) as client:
-        accepted = [await client.submit(two_turns(0.0)) for _ in range(3)]
+        # the stream keeps handled submits until retention purges them: FULL_AT fill it
+        accepted = await asyncio.gather(*(client.submit(two_turns(0.0), accepted=False) for _ in range(FULL_AT)))
         with pytest.raises(QuotaExceeded) as full:
             await client.submit(two_turns(0.0))
-        assert (full.value.quota, full.value.limit, full.value.current) == ("submit_stream", 3, 3)
+        assert (full.value.quota, full.value.limit, full.value.current) == ("submit_stream", FULL_AT, FULL_AT)
         assert "LW_SUBMIT" in full.value.reason and "was not stored" in full.value.reason
         assert await client.state(full.value.run_id) is None  # nothing of it was stored
         for run_id in accepted:  # nothing accepted was dropped
-            assert (await client.wait(run_id, timeout=bound(30))).status == "completed"
+            assert (await client.wait(run_id, timeout=bound(60))).status == "completed"
     path = tmp_path / "s.yaml"
     path.write_text("name: s\ntask: t\nplanner: [{text: done}]\n")
     proc = cli(url, "submit", "--scenario", str(path))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "the submit stream (LW_SUBMIT) is full" in lines[0], proc.stderr
-    assert "(quota submit_stream: limit 3, current 3)" in lines[0]
+    assert f"(quota submit_stream: limit {FULL_AT}, current {FULL_AT})" in lines[0]

@@ -179,7 +179,8 @@ async def test_a_bound_scenario_is_immutable_and_must_match_its_digest(client: C
         await asyncio.sleep(0.1)
     assert "another scenario is already bound" in reasons.get(run_id, "")
     assert "does not match its scenario_digest" in reasons.get(fresh, "")
-    assert await client.state(fresh) is None  # refused: never started
+    refused = await client.wait(fresh, timeout=bound(30))  # refused: never started, and its submitter hears it
+    assert refused.status == "refused" and refused.model_calls == 0, refused
     state = await client.wait(run_id, timeout=bound(60))
     assert state.final_output == "1"  # the bound scenario is the one replayed
 

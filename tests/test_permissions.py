@@ -87,7 +87,7 @@ async def test_every_service_as_its_own_user_completes_a_run(locked_server: str,
         ("planner", "lw.v1.cmd.run.submit.x"),
         ("client", "lw.v1.cmd.requeue.planner"),  # only operators (and the admin) hand dead letters back
         ("console", "lw.v1.cmd.requeue.planner"),
-        ("planner", "lw.v1.cmd.requeue.executor"),
+        ("planner", "lw.v1.dlq.executor"),  # the planner hands letters back, but writes only its own
         ("alice", "lw.v1.dlq.planner"),  # an operator hands letters back, but cannot write one a service would run
     ],
 )

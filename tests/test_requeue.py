@@ -20,13 +20,13 @@ from pathlib import Path
 from loopwarden.client import Client, Event, NumberedLetter
 from loopwarden.stack import LocalStack
 from shared import subjects as S
-from shared.messages import Requeue
+from shared.messages import BudgetRequest, Requeue, RunSnapshot, SectionTokens, Usage
 from shared.scenario import parse_scenario
 from shared.settings import Settings
 from shared.telemetry import Telemetry
 from tests.conftest import ROOT, TEST_ENV
 from tests.support.otlp_collector import OtlpCollector
-from tests.support.timing import bound, polls
+from tests.support.timing import bound, eventually, polls
 from tests.support.tracing import spans_of_run
 
 GIVES_UP_FAST = {**TEST_ENV, "LW_ACK_WAIT_S": "1", "LW_MAX_DELIVER": "2"}
@@ -61,6 +61,18 @@ async def letters_of(client: Client, run_id: str, count: int = 1, timeout: float
     return found
 
 
+async def stalled_on(client: Client, run_id: str, seq: int) -> RunSnapshot:
+    """The run's record once it says it is stalled on letter ``seq``."""
+
+    async def stalled() -> RunSnapshot | None:
+        state = await client.state(run_id)
+        return state if state is not None and state.stall is not None and seq in state.stall.letters else None
+
+    state = await eventually(stalled, what=f"run {run_id} stalled on letter {seq}", within=bound(15))
+    assert state.status == "stalled", state.status
+    return state
+
+
 def duplicated(events: list[Event]) -> list[str]:
     """Events stored more than once (same subject, same body)."""
     seen = Counter((e.subject, json.dumps(e.payload, sort_keys=True)) for e in events)
@@ -88,7 +100,9 @@ async def test_a_turn_dead_lettered_while_the_governor_was_gone_completes_once_i
             letter = numbered.letter
             assert letter.service == "planner" and letter.subject == S.RUN_ADVANCE, letter
             assert "still not ready after 2 deliveries" in letter.reason and "governor" in letter.reason
-            assert (await client.state(run_id)).status == "running"  # type: ignore[union-attr]
+            # not left `running`: stalled on the letter, which the record names (tests/test_stalled.py)
+            stalled = await stalled_on(client, run_id, numbered.seq)
+            assert stalled.stall is not None and "governor" in stalled.stall.reason
 
             # the operator's view: every letter with its number, in text and JSON
             listed = await run_cli(url, tmp_path, "dlq", "--json")
@@ -146,8 +160,21 @@ async def test_a_turn_dead_lettered_while_the_governor_was_gone_completes_once_i
             ], refused_requeues
             assert Counter(e.kind for e in await client.events(run_id)) == kinds
 
-            # a request the governor refused is a letter too, but its caller is gone: not requeued, said why
-            await client.bus.nc.request(S.BUDGET_RESERVE, b"{not a budget request", timeout=bound(5))
+            # a request whose handler failed is a letter too, but its caller is gone: not requeued, said why (the
+            # governor cannot read this run's ledger; a malformed request is answered and not dead-lettered)
+            ledger = f"ledger-{run_id}"
+            await (await client.bus.kv(S.KV_BUDGETS)).put(S.kv_key(ledger), b"{not a budget ledger")
+            budget = BudgetRequest(
+                run_id=ledger,
+                turn=1,
+                model="m",
+                sections=SectionTokens(),
+                spent=Usage(),
+                context_budget_tokens=1000,
+                run_token_budget=1000,
+                cost_ceiling_usd=1.0,
+            )
+            await client.bus.nc.request(S.BUDGET_RESERVE, budget.model_dump_json().encode(), timeout=bound(5))
             request = [n for n in await client.letters() if n.letter.subject == S.BUDGET_RESERVE]
             for _ in range(polls(20)):
                 if request:
@@ -204,7 +231,7 @@ async def test_an_event_the_planner_gave_up_on_is_handed_back_without_a_second_c
             assert letter.service == "planner", letter
             assert letter.subject == f"{S.tool_succeeded('calculator')}.{run_id}", letter.subject
             assert "governor did not answer" in letter.reason, letter.reason
-            assert (await client.state(run_id)).status == "running"  # type: ignore[union-attr]
+            await stalled_on(client, run_id, numbered.seq)
 
             stack.wait_ready([stack.start_service("governor", label="governor-again")])
             requeued = await client.requeue(numbered.seq)

@@ -14,7 +14,7 @@ from shared.messages import DeadLetter, RunSubmit
 from shared.scenario import parse_scenario
 from shared.settings import Settings
 from tests.conftest import TEST_ENV
-from tests.support.timing import bound, polls
+from tests.support.timing import bound, eventually, polls
 
 
 async def test_killing_the_planner_mid_model_call_loses_nothing(tmp_path: Path) -> None:
@@ -145,6 +145,14 @@ async def test_a_dependency_that_never_comes_back_dead_letters_the_turn_with_its
             (letter,) = letters
             assert letter.service == "planner" and letter.deliveries == 2, letter
             assert "still not ready after 2 deliveries" in letter.reason and "governor" in letter.reason, letter.reason
-            assert (await client.state(run_id)).status == "running"  # type: ignore[union-attr]
+            stalled = await eventually(
+                lambda: client.state(run_id), what="the run's record", within=bound(10), every=0.2
+            )
+            for _ in range(polls(50)):  # not left `running`: stalled on its letter (tests/test_stalled.py)
+                if stalled is not None and stalled.status == "stalled":
+                    break
+                await asyncio.sleep(0.2)
+                stalled = await client.state(run_id)
+            assert stalled is not None and stalled.status == "stalled", stalled
     finally:
         stack.stop()

@@ -23,7 +23,7 @@ from shared import subjects as S
 from shared.canonical import digest_of
 from shared.flow import TenantDay, today
 from shared.flow import day_key as tenant_key
-from shared.messages import DeadLetter, EscalationReply, RunSnapshot, RunSubmit, ToolCall
+from shared.messages import FINAL_STATUSES, DeadLetter, EscalationReply, RunSnapshot, RunSubmit, ToolCall
 from shared.permissions import TENANT_CLIENTS, grants, operator_roster, rights
 from shared.scenario import parse_scenario
 from shared.settings import Settings
@@ -111,14 +111,21 @@ async def settled(admin: Client, run_id: str, timeout: float = bound(30.0)) -> D
     """What became of a submit: its dead letter (refused at the door: the letter is the operators' record of
     it) or, if it was started, the run once it ended."""
     for _ in range(int(timeout / 0.2)):
-        state = await admin.state(run_id)
-        if state is not None and state.done and state.status != "refused":
-            return state
         letters = [d for d in await admin.dead_letters() if d.service == "planner" and run_id in d.body]
         if letters:
             return letters[0]
+        state = await admin.state(run_id)
+        if state is not None and state.done and state.status != "refused":
+            return state
         await asyncio.sleep(0.2)
     raise AssertionError(f"{run_id} was neither refused nor finished")
+
+
+async def never_started(client: Client, run_id: str) -> RunSnapshot:
+    """A refused submit: its record says so (its submitter's wait ends), and nothing of it ran."""
+    state = await client.wait(run_id, timeout=bound(30), until=FINAL_STATUSES)  # a refused record: no raise
+    assert state.status == "refused" and state.model_calls == 0 and state.iteration.n == 0, state
+    return state
 
 
 async def still_serving(client: Client, timeout: float = bound(20.0)) -> RunSnapshot:
@@ -177,8 +184,7 @@ async def test_a_client_cannot_answer_another_runs_tool_call_as_its_child(
     # refused, with the reason: never started, so it never answers anyone (its record says refused)
     assert isinstance(forgery, DeadLetter), forgery.status
     assert "only the planner starts a sub-agent run" in forgery.reason, forgery.reason
-    record = await acme.state(forger)
-    assert record is not None and record.status == "refused" and record.model_calls == 0
+    await never_started(acme, forger)
 
 
 async def test_the_planner_still_starts_a_child_run_and_takes_its_answer(client: Client) -> None:
@@ -213,7 +219,7 @@ async def test_an_over_long_parent_id_is_refused_and_the_planner_keeps_serving(c
 
     letter = await letter_for(admin, run_id)
     assert "does not match contract RunSubmit" in letter.reason and "parent_run_id" in letter.reason, letter.reason
-    assert await client.state(run_id) is None
+    await never_started(client, run_id)
     await still_serving(client)
 
 
@@ -223,7 +229,7 @@ async def test_an_over_long_escalation_id_is_refused_and_the_queue_keeps_answeri
     raw = await nc.request(S.ESCALATION_SHOW, json.dumps({"escalation_id": "a" * 5000}).encode(), timeout=bound(5))
     reply = EscalationReply.model_validate_json(raw.data)
     assert not reply.ok and "does not match contract EscalationQuery" in (reply.error or ""), reply.error
-    assert "escalation_id" in (reply.error or "")
+    assert "over the limit of 2048 (LW_BODY_MAX_BYTES)" in (reply.error or "")  # a query is small: never read
     for _ in range(3):  # still on the bus: later requests are answered
         assert (await client.escalations()).ok
 
@@ -255,9 +261,8 @@ async def test_a_client_cannot_spend_another_tenants_day_nor_set_limits_past_the
     assert await tenant_spent(admin, "acme") < CEILING
     assert isinstance(refused, DeadLetter), refused.status
     assert "tenant 'acme' is not the submitter's" in refused.reason, refused.reason
-    record = await client.state(spender)  # the submitter's own tenant's record: refused, nothing spent
-    assert record is not None and record.status == "refused" and record.tenant == S.DEFAULT_TENANT
-    assert record.usage.cost_usd == 0
+    record = await never_started(client, spender)  # the submitter's own tenant's record: nothing spent
+    assert record.tenant == S.DEFAULT_TENANT and record.usage.cost_usd == 0
     # and acme's subject is acme's users' only
     refusals = await L.publish_refusals(locked[0], "client", S.run_submit("acme"), attack.model_dump_json().encode())
     assert refusals, "the default tenant's client published on acme's submit subject"
@@ -268,7 +273,7 @@ async def test_a_client_cannot_spend_another_tenants_day_nor_set_limits_past_the
     assert "limits.cost_ceiling_usd 1e+09 is over the cap 10000" in capped.value.reason
     letter = await letter_for(admin, greedy)
     assert "limits.cost_ceiling_usd 1e+09 is over the cap 10000" in letter.reason, letter.reason
-    assert (await client.state(greedy)).status == "refused"  # type: ignore[union-attr]
+    await never_started(client, greedy)
 
 
 # --- D17: a run's task, its scenario and a body sent by reference are bounded ----------------------------
@@ -281,7 +286,7 @@ async def test_a_30_mb_task_is_refused_before_it_is_read_and_other_runs_go_on(cl
     await client.bus.publish(S.run_submit(), json.dumps(body).encode(), msg_id=f"submit.{run_id}", run_id=run_id)
     letter = await letter_for(admin, run_id, timeout=bound(30))
     assert "over the limit of 5242880 (LW_BODY_MAX_BYTES)" in letter.reason, letter.reason
-    assert await client.state(run_id) is None
+    await never_started(client, run_id)
     await still_serving(client, timeout=bound(15))
 
     inline = f"run-long-task-{key()}"  # under the body limit, over the task's
@@ -290,7 +295,7 @@ async def test_a_30_mb_task_is_refused_before_it_is_read_and_other_runs_go_on(cl
     )
     letter = await letter_for(admin, inline)
     assert "task" in letter.reason and "at most 100000 characters" in letter.reason, letter.reason
-    assert await client.state(inline) is None
+    await never_started(client, inline)
 
 
 async def test_a_run_submitted_without_a_tenant_meets_the_default_tenants_ceiling(
@@ -332,7 +337,7 @@ async def test_without_scripted_runs_a_scenario_is_refused_and_no_tool_plays_one
     assert "scripted runs are not allowed here (LW_ALLOW_SCRIPTED=false)" in refused.value.reason
     letter = await letter_for(admin, run_id)
     assert "scripted runs are not allowed here (LW_ALLOW_SCRIPTED=false)" in letter.reason, letter.reason
-    assert (await client.state(run_id)).status == "refused"  # type: ignore[union-attr]
+    await never_started(client, run_id)
 
     # a scenario stored under a run's id (as an admin could) plays no tool: the real calculator answers
     trapped = f"run-trapped-{key()}"

@@ -145,16 +145,16 @@ async def test_deeply_nested_json_is_dead_lettered_at_once(client: Client) -> No
     assert "RunSubmit" in letter.reason and letter.deliveries == 1, letter.reason
 
 
-async def test_a_malformed_request_is_answered_and_dead_lettered(client: Client) -> None:
+async def test_a_malformed_request_is_answered_with_the_reason_and_not_dead_lettered(client: Client) -> None:
+    """The requester reads why; no letter is written (a request cannot be handed back, and a letter per bad
+    request would let any requester push the operators' letters out of the bounded LW_DLQ)."""
     marker = "badreq-" + os.urandom(4).hex()
     resp = await client.bus.nc.request(
         S.BUDGET_RESERVE, f'{{"run_id": "{marker}", "turn": "x"}}'.encode(), timeout=bound(5)
     )
     reply = ErrorReply.model_validate_json(resp.data)  # typed: the planner can read it
     assert reply.ok is False and "BudgetRequest" in reply.error
-    letters = await letters_where(client, marker)
-    assert [(d.service, d.subject) for d in letters] == [("governor", S.BUDGET_RESERVE)]
-    assert "BudgetRequest" in letters[0].reason
+    assert await letters_where(client, marker, timeout=bound(1.0)) == []
 
     nested = b'{"run_id": "' + marker.encode() + b'-deep", "sections": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     resp = await client.bus.nc.request(S.BUDGET_RESERVE, nested, timeout=bound(5))

@@ -18,7 +18,7 @@ The tree is built in ``runtree.tree``; a step is opened in ``runtree.detail``; b
 from __future__ import annotations
 
 from loopwarden.runtree.detail import Section, by_reference, output_size, size_text, step_detail, system_prompt
-from loopwarden.runtree.tree import ELLIPSIS, RunTree, Step, StepKind, StepStatus, build, clip
+from loopwarden.runtree.tree import ELLIPSIS, RunTree, Step, StepKind, StepStatus, build, clip, stall_line
 
 __all__ = [
     "ELLIPSIS",
@@ -32,6 +32,7 @@ __all__ = [
     "clip",
     "output_size",
     "size_text",
+    "stall_line",
     "step_detail",
     "system_prompt",
 ]

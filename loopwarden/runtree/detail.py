@@ -314,6 +314,11 @@ def step_detail(record: RunRecord, step_id: str) -> list[Section]:
                 )
             )
         return out
+    if rest.startswith("wait"):
+        waits = [e for e in record.events if e.kind == "run.rate_limited" and _iteration_of(e) == n]
+        k = int(rest.removeprefix("wait") or 0)
+        e = waits[k - 1] if 0 < k <= len(waits) else None
+        return [Section("rate_limit", "Waiting for the rate limit", e.payload.get("detail") if e else None)]
     if rest == "decide":
         e = next((e for e in reversed(record.events) if e.kind == "run.decided" and _iteration_of(e) == n), None)
         return [Section("decide", "Decide", e.payload if e else None)]

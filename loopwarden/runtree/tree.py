@@ -8,11 +8,15 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
+from pydantic import ValidationError
+
+from shared.messages import RateLimitedDetail
 from shared.records import EventRecord, RunRecord
 
 StepKind = Literal["iteration", "model", "tool", "attempt", "validation", "judge", "decide", "escalation", "end"]
 StepStatus = Literal["ok", "failed", "retried", "escalated", "running", "waiting", "repaired"]
 ELLIPSIS = "…"
+_FINAL_KINDS = ("run.completed", "run.stopped", "run.failed")
 
 
 def clip(text: str, limit: int) -> str:
@@ -66,6 +70,7 @@ class RunTree:
     cost_usd: float
     trace_id: str | None
     steps: list[Step] = field(default_factory=list)
+    stall: str | None = None  # why a stalled run waits and what moves it on (status ``stalled``)
 
     def walk(self) -> Iterator[tuple[int, Step]]:
         """Every step, depth first, with its depth (0: an iteration or an escalation at the top)."""
@@ -96,11 +101,33 @@ def _detail(e: EventRecord) -> dict[str, Any]:
     return d if isinstance(d, dict) else {}
 
 
+def _cause(d: dict[str, Any]) -> str:
+    try:
+        return RateLimitedDetail.model_validate(d).cause
+    except ValidationError:  # a newer writer's detail: the fields above say enough
+        return ""
+
+
 def _iteration_of(e: EventRecord) -> int:
     try:
         return int(e.payload.get("iteration") or 0)
     except (TypeError, ValueError):
         return 0
+
+
+def stall_line(stall: Any) -> str | None:
+    """A stalled run's reason and what moves it on, in one line (``RunSnapshot.stall``)."""
+    if not isinstance(stall, dict):
+        return None
+    line = str(stall.get("reason") or "stalled")
+    letters = [str(n) for n in stall.get("letters") or []]
+    if letters:
+        line += f"; hand it back: loopwarden dlq requeue {' '.join(letters)}"
+        if stall.get("escalation_id"):
+            line += f", or resolve {stall['escalation_id']} in the queue"
+    elif stall.get("missing"):
+        line += "; it moves on by itself once one is back"
+    return line
 
 
 def build(record: RunRecord) -> RunTree:
@@ -121,6 +148,7 @@ def build(record: RunRecord) -> RunTree:
         output_tokens=int(usage.get("output_tokens") or 0),
         cost_usd=float(usage.get("cost_usd") or 0.0),
         trace_id=record.trace_id,
+        stall=stall_line((record.state or {}).get("stall")) if record.status == "stalled" else None,
     )
     iterations: dict[int, Step] = {}
     tools: dict[str, Step] = {}
@@ -128,6 +156,7 @@ def build(record: RunRecord) -> RunTree:
     escalations: dict[str, Step] = {}
     prev_at = 0.0
     last_iteration = 1
+    waits_seen: list[Step] = []
 
     def iteration(n: int, at: float) -> Step:
         n = n or last_iteration
@@ -184,6 +213,20 @@ def build(record: RunRecord) -> RunTree:
                     cost_usd=float(d.get("cost_usd") or 0.0),
                 )
             )
+        elif k == "run.rate_limited":  # a model call held for its provider key's rate limit
+            it = iteration(n, at)
+            waiting = Step(
+                f"i{n}.wait{len(waits_seen) + 1}",
+                "model",
+                "waiting for the rate limit" + (" (judge)" if d.get("purpose") == "judge" else ""),
+                "waiting",
+                at,
+                at + float(d.get("wait_s") or 0.0),
+                summary=f"{float(d.get('wait_s') or 0.0):.1f}s · {d.get('provider')} key {d.get('account')} · "
+                + _cause(d),
+            )
+            waits_seen.append(waiting)
+            it.children.append(waiting)
         elif k.startswith("tool.attempt."):
             step = _tool_step(tools, iterations, tree, p, at, record.run_id)
             ok = bool(p.get("ok"))
@@ -259,7 +302,10 @@ def build(record: RunRecord) -> RunTree:
             ended: StepStatus = "ok" if k == "run.completed" else "failed"
             end = Step("end", "end", k.removeprefix("run."), ended, at, at, clip(str(p.get("summary") or ""), 200))
             tree.steps.append(end)
-        if k.startswith("run.") or k == "judge.verdict":
+        if k in ("run.model_called", "run.model_stopped", "judge.verdict") or k in _FINAL_KINDS:
+            for w in waits_seen:  # the call it held went (or the run ended): no longer waiting
+                w.status = "ok" if w.status == "waiting" else w.status
+        if (k.startswith("run.") and k != "run.rate_limited") or k == "judge.verdict":
             prev_at = at
         if k == "run.started" or k == "run.resumed":
             prev_at = at

@@ -82,7 +82,7 @@ def _epoch(value: Any) -> float:
 
 # --- the runs list: filters and pages ------------------------------------------------------------------
 
-RUN_STATUSES = ("queued", "running", "awaiting_human", "completed", "stopped", "failed", "refused")
+RUN_STATUSES = ("queued", "running", "awaiting_human", "stalled", "completed", "stopped", "failed", "refused")
 PER_PAGE = 50
 
 

@@ -193,7 +193,9 @@ class EscalationQueue:
             self.unreadable.pop(key, None)
             return
         try:  # a large item is stored by reference (claim-check): follow it, as Bus.kv_get does
-            value = await self.bus.payloads.inflate_value(self.bus.broker.connection, entry.value)
+            value = await self.bus.payloads.inflate_value(
+                self.bus.broker.connection, entry.value, max_bytes=self.settings.value_limit(S.KV_ESCALATIONS)
+            )
             self.items[key] = Escalation.model_validate_json(value)
             self.unreadable.pop(key, None)
         except (ValidationError, PayloadError) as err:

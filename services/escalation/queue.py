@@ -290,7 +290,12 @@ def withdraw(
     because the item is resolved already (a person's resolution, or an earlier withdrawal, stands)."""
     now = now or utcnow()
     if item is None:
-        filed = failure_raise(req.unknown).model_copy(update={"escalation_id": req.escalation_id})
+        if req.unknown is not None:
+            filed = failure_raise(req.unknown).model_copy(update={"escalation_id": req.escalation_id})
+        elif req.raised is not None and req.raised.escalation_id == req.escalation_id:
+            filed = req.raised
+        else:
+            return None  # nothing to file it from: an item raised later is the raiser's to withdraw again
         item = raise_item(filed, None, now=now)
     if item.status == "resolved":
         return None

@@ -19,7 +19,7 @@ from shared import telemetry as T
 from shared.bus import Bus, Unchanged
 from shared.flow import Policies, TenantDay, day_key, today
 from shared.messages import (
-    FINISHED_STATUSES,
+    FINAL_STATUSES,
     BudgetDecision,
     BudgetRequest,
     BudgetThreshold,
@@ -166,7 +166,7 @@ class Governor:
         self.bus.consumer(
             durable=S.DURABLE_GOVERNOR_RUN_FINISHED,
             stream=S.STREAM_EVT,
-            filter_subjects=[S.any_run(S.run_event(status)) for status in FINISHED_STATUSES],
+            filter_subjects=[S.any_run(S.run_event(status)) for status in FINAL_STATUSES],
             model=RunEvent,
         )(self.on_run_finished)
 

@@ -18,6 +18,7 @@ from shared.bus import Bus
 from shared.messages import ChatMessage, JudgeRequest, Verdict
 from shared.providers.base import ModelProvider, ModelRequest, ProviderError, complete_with_retry
 from shared.providers.select import run_provider
+from shared.ratelimit.gate import RateLimiter, shown_on
 from shared.settings import Settings
 
 log = logging.getLogger("loopwarden.judge")
@@ -30,6 +31,8 @@ class Judge:
         self.gen_ai = telemetry.gen_ai
         meter = telemetry.meter("loopwarden.judge")
         self.verdicts = meter.create_counter(M.JUDGE_VERDICTS, description="verdicts by status")
+        # the judge's provider key (perhaps not the planner's) is rate limited fleet-wide like the planner's
+        self.limiter = RateLimiter(bus, settings, telemetry.meter("loopwarden.ratelimit"))
 
     def register(self) -> None:
         self.bus.consumer(durable=S.DURABLE_JUDGE, filter_subjects=[S.JUDGE_SCORE], model=JudgeRequest)(self.on_request)
@@ -84,7 +87,13 @@ class Judge:
                 self.settings.model_retry_max_s,
                 self.settings.model_timeout_s,
             )
-            response = await complete_with_retry(provider, request, policy, self.tracer, self.gen_ai)
+            gate = self.limiter.gate(
+                provider,
+                purpose="judge",
+                max_wait_s=self.settings.rate_limit_max_wait_s,
+                notice=shown_on(self.bus, req.run_id, lambda: req.candidate.iteration),
+            )
+            response = await complete_with_retry(provider, request, policy, self.tracer, self.gen_ai, gate=gate)
         except ProviderError as err:
             verdict = scoring.not_judged(req, f"judge call failed: {err}", model)
         except Exception as err:  # a judge exception is "not judged", never a default score

@@ -12,4 +12,9 @@ from shared.telemetry import Telemetry
 def build(bus: Bus, settings: Settings, telemetry: Telemetry) -> AfterConnect:
     planner = Planner(bus, settings, telemetry)
     planner.register()
-    return planner.flow.start  # admission runs once the bus is connected
+
+    async def after_connect() -> None:
+        planner.watch.start()  # the sweep for runs waiting on a service with no live replica
+        await planner.flow.start()  # admission to the fleet: the admitter and its sweep
+
+    return after_connect

@@ -14,11 +14,14 @@ from services.planner import context as C
 from services.planner import delegation, ids
 from services.planner.judging import decide_next, finish_iteration
 from services.planner.outbox import Outbox, finish
+from services.planner.stalls import apply_stall_resolution
 from services.planner.state import Awaiting, RunState
 from shared.messages import Candidate, EscalationResolution, Resumed, ResumedDetail
 
 
 def apply_resolution(state: RunState, res: EscalationResolution) -> Outbox:
+    if state.stall is not None and (state.awaiting is None or state.awaiting.escalation_id != res.escalation_id):
+        return apply_stall_resolution(state, res)  # a stalled run's item: requeue its letter, or abort
     out = Outbox(state)
     if state.awaiting is None or state.awaiting.escalation_id != res.escalation_id or state.done:
         return out
@@ -45,6 +48,8 @@ def apply_resolution(state: RunState, res: EscalationResolution) -> Outbox:
             return out
         case "approve" | "accept" | "reject" | "resume" | "provide_result" | "retry":
             _decide(out, awaiting, res)  # what it means depends on the kind of question
+        case "requeue":  # only a stalled run's item offers it (above)
+            pass
         case _:
             assert_never(res.action)
     return out
@@ -94,7 +99,7 @@ def _decide(out: Outbox, awaiting: Awaiting, res: EscalationResolution) -> None:
             case "retry":  # the call stays failed; the model gets the human's instruction
                 record.result_text = C.human_retry(record.result_text, res.note)
                 record.is_error = True
-            case "resume" | "approve" | "accept" | "reject" | "abort" | "final_answer":
+            case "resume" | "approve" | "accept" | "reject" | "abort" | "final_answer" | "requeue":
                 record.result_text = C.human_review(record.result_text, res.note)
             case _:
                 assert_never(res.action)

@@ -29,6 +29,7 @@ from services.planner.model_turns import ModelTurns
 from services.planner.outbox import Outbox
 from services.planner.outcomes import apply_outcome
 from services.planner.reads import RunReads
+from services.planner.stall_watch import StallWatch
 from services.planner.state import PublishRecord, RunState
 from services.planner.store import RunStore
 from services.planner.transaction import Applied, Change, apply_message
@@ -57,6 +58,7 @@ from shared.messages import (
 )
 from shared.payloads import PayloadError
 from shared.providers.select import provider_name
+from shared.ratelimit.gate import RateLimiter
 from shared.settings import Settings
 from shared.telemetry import LW_ITERATION, LW_RUN_ID, Telemetry, current_traceparent, record_invoke_agent
 
@@ -81,7 +83,8 @@ class Planner:
         # (a transaction tries its CAS on that without reading first; a conflict re-reads).
         self.store = RunStore(bus)
         # gen_ai.client.token.usage / .operation.duration are recorded per model call
-        self.turns = ModelTurns(bus, settings, self.store, self.catalogue, self.tracer, telemetry.gen_ai, cost)
+        limiter = RateLimiter(bus, settings, telemetry.meter("loopwarden.ratelimit"))
+        self.turns = ModelTurns(bus, settings, self.store, self.catalogue, self.tracer, telemetry.gen_ai, cost, limiter)
         self.fault = settings.fault_inject  # TEST ONLY (tests/test_run_history.py, tests/test_inline_turns.py)
         if self.fault is not None:
             log.warning("TEST FAULT INJECTION: this planner exits at %s", self.fault)
@@ -150,6 +153,8 @@ class Planner:
             b.subject_responder(subject=subject, model=FlowQuery, reply=lambda reason: ErrorReply(error=reason))(
                 self.on_flow_view
             )
+        self.watch = StallWatch(self)  # dead letters and missing replicas: runs marked stalled (``stalls.py``)
+        self.watch.register()
 
     def traceparent(self) -> str:
         return current_traceparent() if self.tracing else ""
@@ -365,7 +370,7 @@ class Planner:
         try:
             submit = admit(submit, subject, self.settings)
             if submit.agent is not None:  # a registered agent's run: its definition as of now
-                record = await self.stored_agent(submit.agent)
+                record = await self.stored_agent(submit.agent)  # one over LW_VALUE_MAX_BYTES: refused unread
                 submit = resolve_agent(submit, record, provider_name(self.settings, "planner"))
                 check_limits(submit, self.settings)  # the agent's limits are capped like a submit's
         except Refused as err:

@@ -120,6 +120,34 @@ def resolution(escalation_id: str) -> str:
     return f"resolution.{escalation_id}"
 
 
+def letter(seq: int) -> str:
+    """A dead letter of the run (its LW_DLQ number): the run is stalled on it."""
+    return f"letter.{seq}"
+
+
+def letter_handled(seq: int) -> str:
+    """The letter was handed back and handled."""
+    return f"handled.{seq}"
+
+
+def missing_replica(events_published: int) -> str:
+    """The planner's sweep found the run waiting on a service with no live replica (once per run state seen)."""
+    return f"missing.{events_published}"
+
+
+REFUSED = "refused"
+
+
+def stall_requeue(letter: int, escalation_id: str, resolved_by: str, resolved_at: str) -> str:
+    """The requeue a person's resolution of a stalled run's item sends: the same for a redelivered resolution,
+    and not one a client could send first on LW_SUBMIT (where message ids are de-duplicated) to make it a silent
+    duplicate (as ``dead_letters.requeue_msg_id``'s random tail keeps the CLI's; security review 4, N4)."""
+    import hashlib
+
+    digest = hashlib.sha256(f"{escalation_id}|{resolved_by}|{resolved_at}".encode()).hexdigest()[:32]
+    return f"requeue-{letter}-{digest}"
+
+
 # --- ids the planner names things by -------------------------------------------------------------------
 
 
@@ -161,3 +189,8 @@ def loop_escalation(run_id: str, iteration: int) -> str:
 
 def spawn_escalation(run_id: str, iteration: int, call_id: str) -> str:
     return S.kv_key(f"esc-{run_id}-spawn-{iteration}-{call_id}")
+
+
+def stalled_escalation(run_id: str, letter: int) -> str:
+    """A stalled run's queue item, about its dead letter ``letter``."""
+    return S.kv_key(f"esc-{run_id}-stalled-{letter}")

@@ -38,6 +38,7 @@ from shared.bus import Bus, RequestRefused, TryLater
 from shared.messages import BudgetDecision, BudgetRequest, ChatMessage, RunAdvance, ToolContract, Usage
 from shared.providers.base import ModelRequest, ModelResponse, ProviderError, StopReasonError, complete_with_retry
 from shared.providers.select import run_provider
+from shared.ratelimit.gate import Gate, Purpose, RateLimiter, RateLimitWait, shown_on
 from shared.settings import Settings
 from shared.telemetry import GenAiMetrics
 
@@ -93,9 +94,11 @@ class ModelTurns:
         tracer: Tracer,
         gen_ai: GenAiMetrics,
         cost: Counter,
+        limiter: RateLimiter,
     ) -> None:
         self.bus, self.settings, self.store, self.catalogue = bus, settings, store, catalogue
         self.tracer, self.gen_ai, self.cost = tracer, gen_ai, cost
+        self.limiter = limiter  # the providers' rate limits, shared by every replica (lw_ratelimits)
         # a called tool no running executor replica hosts (through the grace): unknown_tool
         self.hosting = Hosting(catalogue.hosted, grace_s=settings.tool_host_grace_s)
         self.prefetched: OrderedDict[str, Prefetched] = OrderedDict()  # per run: its next turn's budget decision
@@ -132,7 +135,10 @@ class ModelTurns:
             planned = self.request(state, contracts, decision.model, decision.max_output_tokens, wrap_up=wrap)
         compaction = None
         if not wrap and decision.action == "compact":
-            compaction = await self.compact(state, provider, decision.model)
+            try:
+                compaction = await self.compact(state, provider, decision.model)
+            except RateLimitWait as err:  # waited past the bound: a typed end, not a redelivery
+                return Taken(ProviderFailed(f"compaction failed: {err}"))
             if compaction is not None:
                 self.store.forget(ev.run_id)  # changed here for the request only: re-read to apply
                 apply_compaction(state, compaction.older_count, compaction.summary, compaction.usage)
@@ -232,6 +238,7 @@ class ModelTurns:
             if cached is not None:
                 return cached, None
         req = planned.model_copy(update={"model": decision.model, "max_tokens": decision.max_output_tokens})
+        gate = self.gate(state, provider, "plan")
         response = await complete_with_retry(
             provider,  # type: ignore[arg-type]
             req,
@@ -239,7 +246,10 @@ class ModelTurns:
             self.tracer,
             self.gen_ai,
             more_room_tokens=self.settings.more_room_output_tokens,
+            gate=gate,
         )
+        if gate is not None and gate.waited_s:
+            response = response.model_copy(update={"rate_limit_wait_s": round(gate.waited_s, 3)})
         storing = asyncio.create_task(self.bus.kv_put(S.KV_MODEL_CALLS, key, response))
         if self.fault == "after_model_answered":
             await storing
@@ -263,6 +273,14 @@ class ModelTurns:
                 messages=[ChatMessage.user(f"Task: {state.task}\n\nSummarize this history:\n{C.transcript(older)}")],
                 max_tokens=800,
             )
-            response = await complete_with_retry(provider, req, self.policy(), self.tracer, self.gen_ai)  # type: ignore[arg-type]
+            gate = self.gate(state, provider, "summarize")
+            response = await complete_with_retry(provider, req, self.policy(), self.tracer, self.gen_ai, gate=gate)  # type: ignore[arg-type]
             await self.bus.kv_put(S.KV_MODEL_CALLS, key, response)
         return Compaction(len(older), response.text, response.usage)
+
+    # --- the provider's rate limit -----------------------------------------------------------------
+    def gate(self, state: RunState, provider: object, purpose: Purpose) -> Gate | None:
+        """The turn's passage through its provider key's rate limit, shown on the run while it waits."""
+        bound = state.config.max_rate_limit_wait_s or self.settings.rate_limit_max_wait_s
+        show = shown_on(self.bus, state.run_id, lambda: state.iteration.n)
+        return self.limiter.gate(provider, purpose=purpose, max_wait_s=bound, notice=show)

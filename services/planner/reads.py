@@ -28,6 +28,7 @@ from shared.payloads import HEADER_ROOM, REF_HEADER, PayloadError, PayloadStore
 
 NOT_FOUND = RunReadReply(found=False)  # a missing run and another tenant's: the same answer
 ENVELOPE = 1024  # the reply's own fields around its items
+MAX_SEQ = 2**63 - 1  # the largest stream sequence JetStream reads (a uint64 it parses as a signed number)
 # What a run's export reads (``values``), per bucket: its one key (the run id), every key under ``<run>.``, or
 # keys named by its events whose stored value must name the run (``run_id``).
 RECORD_BUCKETS: dict[str, str] = {
@@ -203,7 +204,7 @@ class RunReads:
     async def on_events(self, read: RunRead, subject: str) -> RunReadReply:
         if await self._run(read, subject) is None:
             return NOT_FOUND
-        nc, start = self.bus.nc, read.start or 1
+        nc, start = self.bus.nc, min(read.start or 1, MAX_SEQ)  # past it JetStream fails the read: nothing there
         filters = S.run_filters(read.run_id, read.subjects)
         pages = [await scan_page(nc, S.STREAM_EVT, f, start, max_bytes=self.budget) for f in filters]
         stored, after = merge_pages(pages)

@@ -18,7 +18,6 @@ from shared.messages import (
     Queued,
     QueuedDetail,
     Refusal,
-    RunRefused,
     RunSubmit,
     Started,
     StartedDetail,
@@ -66,6 +65,7 @@ def resolve_config(submit: RunSubmit, settings: Settings, contracts: dict[str, T
         child_ceiling_usd=settings.delegate_ceiling_usd,
         child_max_iterations=settings.delegate_max_iterations,
         spawn_gate_usd=settings.spawn_gate_usd,
+        max_rate_limit_wait_s=lim.max_rate_limit_wait_s,
     )
 
 
@@ -148,23 +148,18 @@ def begin_run(state: RunState, lessons: list[str], at: datetime, problem: str | 
 
 
 def refuse_run(submit: RunSubmit, refusal: Refusal, config: RunConfig) -> Outbox:
-    """The record of a submit refused at the door (status ``refused``, final): nothing of it starts."""
+    """The record of a submit refused at the door (status ``refused``, final, with the typed ``refusal``) and its
+    final event (``run.refused``, the refusal in its detail): nothing of it starts."""
     state = RunState(
         run_id=submit.run_id,
         task=submit.task,
-        status="refused",
         config=config,
         iteration=Iteration(n=0),
         tenant=submit.tenant,
         priority=submit.priority if submit.priority is not None else DEFAULT_PRIORITY,
         agent=submit.agent,
         refusal=refusal,
-        final_reason=f"refused: {refusal.reason}",
     )
     out = Outbox(state)
-    out.add(
-        S.run_event("refused"),
-        RunRefused(**out.head(f"refused: {refusal.reason[:300]}"), detail=refusal),
-        ids.refused(submit.run_id),
-    )
+    finish(out, "refused", refusal.reason)
     return out

@@ -6,9 +6,17 @@ does the I/O). The pure state machine sees ``messages`` as one list; ``seal`` fo
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SerializerFunctionWrapHandler,
+    field_serializer,
+    model_validator,
+)
 
 from shared.messages import (
     AwaitingView,
@@ -19,6 +27,8 @@ from shared.messages import (
     Rubric,
     RunAdvance,
     RunSnapshot,
+    RunStatus,
+    StallView,
     ToolOutcome,
     Usage,
     Verdict,
@@ -70,6 +80,7 @@ class RunConfig(_State):
     agent: str | None = None  # a run of a registered agent (services/planner/admission.with_agent)
     agent_version: int | None = None
     instructions: str = ""  # the agent's system prompt, ahead of the loop's rules
+    max_rate_limit_wait_s: float | None = None  # a model call's longest wait for its rate limit (None: the setting)
 
 
 CallStatus = Literal["dispatched", "succeeded", "failed", "skipped", "blocked", "awaiting_human", "resolved_by_human"]
@@ -94,6 +105,18 @@ class ToolCallRecord(_State):
 
 class Awaiting(AwaitingView):
     kind: EscalationKind
+
+
+class Stall(StallView):
+    """Why the run is stalled (``services/planner/stalls.py``), as the planner keeps it. In memory the run keeps
+    its own status (``running``, ``awaiting_human``) and every rule reads that; the record says ``stalled`` and
+    keeps that status in ``was`` (``RunState`` writes and reads it so)."""
+
+    was: RunStatus = "running"
+    requeue_to: dict[int, str] = Field(
+        default_factory=dict, description="letter -> where it is handed back (a letter not here cannot be)"
+    )
+    asked: list[int] = Field(default_factory=list, description="the letters a queue item was raised for")
 
 
 class DecisionRecord(_State):
@@ -172,6 +195,7 @@ class RunState(RunSnapshot):
     config: RunConfig
     iteration: Iteration
     awaiting: Awaiting | None = None
+    stall: Stall | None = None
     messages: list[ChatMessage] = Field(default_factory=list, exclude=True, description="live history (lw_history)")
     tool_history: list[tuple[str, str]] = Field(
         default_factory=list, description="(tool, signature) of the latest calls (loop detection)"
@@ -207,6 +231,24 @@ class RunState(RunSnapshot):
     # What ``context.model_messages`` last built from ``messages`` (a ``context.Sent``): the next
     # turn's request merges only the messages appended since, and sends the same merged objects.
     _sent: Any = PrivateAttr(default=None)
+
+    # --- stalled: the record says so, the rules read the status underneath -----------------------------
+    @field_serializer("status")
+    def _stored_status(self, status: RunStatus) -> RunStatus:
+        return "stalled" if self.stall is not None and not self.done else status
+
+    @field_serializer("stall", mode="wrap")
+    def _stored_stall(self, stall: Stall | None, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(stall)
+        if isinstance(data, dict):
+            data["was"] = self.status
+        return data
+
+    @model_validator(mode="after")
+    def _status_underneath(self) -> Self:
+        if self.status == "stalled":  # a stored record: the status the run has under its stall
+            self.status = self.stall.was if self.stall is not None else "running"
+        return self
 
     def seen(self, msg_id: str) -> bool:
         return msg_id in self.applied

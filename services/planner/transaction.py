@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from services.planner import stalls
 from services.planner.outbox import Outbox
 from services.planner.state import PublishRecord, RunState
 from shared.messages import RunAdvance
@@ -48,8 +49,10 @@ def apply_message(state: RunState, msg_id: str, change: Change) -> Applied | Non
     if state.seen(msg_id):
         return Applied(state, state.outbox.get(msg_id, []), was_done=True, changed=False)
     was_done = state.done
+    stall = state.stall
     out = change(state)
     if out is None:
         return None
+    stalls.moved(state, out, stall)  # the run moved: a stall on a missing replica ends, an ended run's too
     state.remember(msg_id, out.items)
     return Applied(state, out.items, was_done)

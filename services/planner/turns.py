@@ -75,6 +75,7 @@ def apply_wrap_up(state: RunState, response: ModelResponse, reason: str, offered
     request = sent(state, offered)
     state.model_calls += 1
     state.usage = state.usage + response.usage
+    state.rate_limited_s = round(state.rate_limited_s + response.rate_limit_wait_s, 3)
     text = (response.text or "").strip()
     state.messages.append(ChatMessage.user(C.wrap_up_note(reason)))
     state.messages.append(ChatMessage(role="assistant", content=[TextBlock(text=text)]))
@@ -89,6 +90,7 @@ def apply_wrap_up(state: RunState, response: ModelResponse, reason: str, offered
                 chars=len(text),
                 cache_read_input_tokens=response.usage.cache_read_input_tokens,
                 cache_creation_input_tokens=response.usage.cache_creation_input_tokens,
+                rate_limit_wait_s=round(response.rate_limit_wait_s, 3),
                 wrap_up=True,
                 **request,
             ),
@@ -163,6 +165,7 @@ def apply_model_response(
     request = sent(state, offered)
     state.model_calls += 1
     state.usage = state.usage + response.usage
+    state.rate_limited_s = round(state.rate_limited_s + response.rate_limit_wait_s, 3)
     text = response.text or ""
     if text.strip():
         state.last_text = text
@@ -184,6 +187,7 @@ def apply_model_response(
                 chars=len(text),
                 cache_read_input_tokens=response.usage.cache_read_input_tokens,
                 cache_creation_input_tokens=response.usage.cache_creation_input_tokens,
+                rate_limit_wait_s=round(response.rate_limit_wait_s, 3),
                 **request,
                 calls=[
                     RequestedCall(

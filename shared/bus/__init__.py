@@ -21,7 +21,7 @@ The parts, one concept each (laid out as ``temporalio/converter`` is, re-exporte
 from __future__ import annotations
 
 from shared.bus.connection import Bus
-from shared.bus.consuming import MIN_RETRY_S, current_deliveries, current_subject
+from shared.bus.consuming import MIN_RETRY_S, current_deliveries, current_seq, current_subject
 from shared.bus.errors import (
     CasConflict,
     InfrastructureNotReady,
@@ -35,6 +35,7 @@ from shared.bus.errors import (
 from shared.bus.infra import (
     KV_HISTORY,
     KV_MAX_AGE_S,
+    BoundTooSmall,
     ConsumerSpec,
     consumer_config,
     consumer_drift,
@@ -85,6 +86,7 @@ __all__ = [
     "SCAN_BATCH",
     "SCAN_MAX_BYTES",
     "WRONG_LAST_SEQUENCE",
+    "BoundTooSmall",
     "Bus",
     "CasConflict",
     "ConsumerSpec",
@@ -103,6 +105,7 @@ __all__ = [
     "consumer_config",
     "consumer_drift",
     "current_deliveries",
+    "current_seq",
     "current_subject",
     "decode",
     "describe_nats_error",

@@ -79,6 +79,7 @@ class Bus(Requeueing, Requests):
         self._stopping = False  # set by ``stop``: a handler waiting for a dependency hands its message back
         self._responders: list[_Responder] = []
         self.dropped_requests = 0  # requests not handled: not from a requester, or no inbox to answer
+        self.refused_requests = 0  # requests answered with a refusal: malformed, too large, body not fetched
         # Set when the connection is closed for good while this process did not ask for it (nats-server
         # closes a connection for a protocol error, and nats-py does not reconnect then): ``serve`` exits
         # non-zero so a supervisor restarts the service instead of leaving it up and off the bus.

@@ -19,7 +19,7 @@ from shared.bus.errors import TryLater, Undecodable
 from shared.bus.infra import ConsumerSpec, consumer_config, consumer_drift
 from shared.bus.letters import Letters
 from shared.bus.pulls import Handler, _Pull, _Requeue
-from shared.bus.wire import ack_consumer, num_delivered
+from shared.bus.wire import _stream_seq, ack_consumer, num_delivered
 
 log = logging.getLogger("loopwarden.bus")
 M = TypeVar("M", bound=BaseModel)
@@ -34,6 +34,15 @@ def current_deliveries() -> int:
 
 
 _SUBJECT: contextvars.ContextVar[str] = contextvars.ContextVar("lw_subject", default="")
+_MSG: contextvars.ContextVar[Msg | None] = contextvars.ContextVar("lw_msg", default=None)
+
+
+def current_seq() -> int:
+    """The stream sequence of the message the running handler works on (a letter's number, for a consumer of
+    LW_DLQ); 0 for a dead letter handed back (its command's sequence is not the message's). Read from its
+    reply subject when asked, not on every delivery."""
+    msg = _MSG.get()
+    return _stream_seq(msg) if msg is not None else 0
 
 
 def current_subject() -> str:
@@ -124,10 +133,11 @@ class Consuming(Letters):
 
     async def _deliver(
         self, msg: Msg, model: type[M], handler: Handler[M], *, earlier: int = 0, requeued_from: int | None = None
-    ) -> None:
+    ) -> bool:
         """Decode, run the handler, then ack; dead-letter what cannot be delivered, with its reason.
         A requeued letter (``requeued_from``) comes through here too: ``earlier`` deliveries happened
-        before it was dead-lettered, so its handler sees a redelivery, and the limits count this life's."""
+        before it was dead-lettered, so its handler sees a redelivery, and the limits count this life's.
+        True when the handler ran through and the message was acked."""
         deliveries = num_delivered(msg.reply)
         limit = self.settings.max_deliver
         if deliveries > 1 and self.bus_metrics is not None:
@@ -141,14 +151,15 @@ class Consuming(Letters):
             # It never completed: the handler crashed its process (or hung) on every delivery.
             # Dead-letter it *before* running the handler again.
             await give_up(f"not completed after {deliveries - 1} deliveries (the handler crashed or hung)")
-            return
+            return False
         try:
             payload = await self._decode(model, msg)
         except Undecodable as err:
             await give_up(str(err))
-            return
+            return False
         token = _DELIVERIES.set(earlier + deliveries)
         subject_token = _SUBJECT.set(msg.subject)
+        msg_token = _MSG.set(msg if requeued_from is None else None)
         waited: TryLater | None = None
         started = time.monotonic()
         try:
@@ -177,22 +188,25 @@ class Consuming(Letters):
             if deliveries >= limit:
                 log.exception("%s: giving up on %s after %d deliveries", self.service, msg.subject, deliveries)
                 await give_up(f"handler failed {deliveries} times: {err!r}")
-                return
+                return False
             log.warning("%s: handler failed on %s (delivery %d): %r", self.service, msg.subject, deliveries, err)
             await msg.nak(delay=self.settings.redeliver_delay_s * 2 ** (deliveries - 1))
-            return
+            return False
         finally:
             _DELIVERIES.reset(token)
             _SUBJECT.reset(subject_token)
+            _MSG.reset(msg_token)
         if waited is None:
             await msg.ack()
-        elif deliveries >= limit:  # not ready through every delivery: say so, not "crashed"
+            return True
+        if deliveries >= limit:  # not ready through every delivery: say so, not "crashed"
             log.error("%s: giving up on %s: %s", self.service, msg.subject, waited)
             held = time.monotonic() - started
             await give_up(f"still not ready after {deliveries} deliveries ({held:.0f}s on the last): {waited}")
         else:
             log.info("%s: retry later, handed back (%s)", self.service, waited)
             await msg.nak(delay=waited.delay)
+        return False
 
     async def _heartbeats(self) -> None:
         interval = max(0.2, self.settings.ack_wait_s / 3)

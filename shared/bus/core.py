@@ -65,6 +65,7 @@ class BusBase:
     _stopping: bool
     _responders: list[_Responder]
     dropped_requests: int
+    refused_requests: int
     closed_for_good: asyncio.Event
     _subs: list[Subscription]
     _background: set[asyncio.Task[Any]]
@@ -77,7 +78,7 @@ class BusBase:
     # What a pull consumer hands its messages to (``pulls``): defined by ``Consuming`` and ``Requeueing``.
     async def _deliver(
         self, msg: Msg, model: type[Any], handler: Handler[Any], *, earlier: int = 0, requeued_from: int | None = None
-    ) -> None:
+    ) -> bool:
         raise NotImplementedError
 
     async def _requeue(self, msg: Msg) -> None:

@@ -8,7 +8,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -111,16 +111,21 @@ async def until_ready(service: str, what: str, attempt: Callable[[], Awaitable[R
         delay = min(delay * 2, 2.0)
 
 
+# What a full stream does (docs/operations.md, "Bounds"). LW_SUBMIT refuses a new submit (its client is told;
+# an accepted one is never dropped), LW_FLOW a new ticket (its submit is retried), LW_CMD and LW_EVT a new
+# command or event (its service's publish fails and is retried, then dead-lettered: never a run's message
+# dropped in silence). LW_DLQ drops its oldest letters: a new failure is kept, and its stream cannot stop a
+# service from giving up on a message.
+DISCARD_OLD = (S.STREAM_DLQ,)
+
+
+class BoundTooSmall(RuntimeError):
+    """A declared bound is below what the stream or bucket holds now, or does not fit the server's store."""
+
+
 def stream_config(name: str, settings: Settings) -> StreamConfig:
     if name == S.STREAM_PAYLOADS:
         return payload_stream_config(settings)
-    bounds: dict[str, object] = {}
-    if name == S.STREAM_SUBMIT:  # full: a new submit is refused (the client says so), nothing accepted is dropped
-        bounds = {"max_msgs": settings.submit_max_msgs, "max_bytes": settings.submit_max_bytes}
-        # the door partitioned by tenant (``S.SUBMIT_TRANSFORM``): a submit is stored under its tenant's partition
-        bounds["subject_transform"] = SubjectTransform(src=S.SUBMIT_TRANSFORM[0], dest=S.SUBMIT_TRANSFORM[1])
-    elif name == S.STREAM_FLOW:  # the tickets of waiting runs: never dropped, never aged out
-        bounds = {"max_bytes": settings.flow_max_bytes}
     return StreamConfig(
         name=name,
         subjects=S.STREAM_SUBJECTS[name],
@@ -132,6 +137,7 @@ def stream_config(name: str, settings: Settings) -> StreamConfig:
         duplicate_window=(
             settings.duplicate_window_s if name in (S.STREAM_SUBMIT, S.STREAM_FLOW) else settings.redelivery_dedupe_s
         ),
+        # a waiting run's ticket never ages out (its run would wait for nothing)
         max_age=(
             0
             if name == S.STREAM_FLOW
@@ -139,11 +145,34 @@ def stream_config(name: str, settings: Settings) -> StreamConfig:
             if name == S.STREAM_EVT
             else settings.stream_max_age_s
         ),
+        # the door partitioned by tenant (``S.SUBMIT_TRANSFORM``): a submit is stored under its tenant's partition
+        subject_transform=(
+            SubjectTransform(src=S.SUBMIT_TRANSFORM[0], dest=S.SUBMIT_TRANSFORM[1]) if name == S.STREAM_SUBMIT else None
+        ),
+        max_bytes=settings.stream_bytes(name) or -1,
+        max_msgs=settings.stream_msgs(name) or -1,
+        discard=DiscardPolicy.OLD if name in DISCARD_OLD else DiscardPolicy.NEW,
         num_replicas=settings.stream_replicas,
         allow_direct=True,
-        discard=DiscardPolicy.NEW if bounds else None,
-        **bounds,  # type: ignore[arg-type]
     )
+
+
+def _fits(what: str, setting: str, held_bytes: int, held_msgs: int, max_bytes: int, max_msgs: int) -> None:
+    """Bootstrap never lowers a bound below what is held: nats-server would drop the oldest messages to fit."""
+    if 0 <= max_bytes < held_bytes or 0 <= max_msgs < held_msgs:
+        raise BoundTooSmall(
+            f"{what} holds {held_bytes} bytes in {held_msgs} messages, more than its bound "
+            f"({max_bytes} bytes, {max_msgs} messages; {setting}): raise the bound, or let retention purge first"
+        )
+
+
+def _no_room(err: APIError, what: str, setting: str) -> BoundTooSmall | APIError:
+    if err.err_code == 10047:  # insufficient storage resources: every bound is reserved in the server's store
+        return BoundTooSmall(
+            f"{what}: its bound does not fit the JetStream storage the server offers (max_file_store): lower "
+            f"{setting}, or give the server more ({err.description})"
+        )
+    return err
 
 
 async def ensure_streams(js: JetStreamContext, settings: Settings, *, update: bool = False) -> list[str]:
@@ -162,28 +191,39 @@ async def ensure_streams(js: JetStreamContext, settings: Settings, *, update: bo
             missing.append(cfg)
             continue
         if update and _stream_differs(info.config, cfg):
-            await js.update_stream(cfg)
-            changed.append(f"updated stream {name} (replicas {info.config.num_replicas} -> {cfg.num_replicas})")
+            setting = _bound_setting(name)
+            _fits(
+                f"stream {name}",
+                setting,
+                info.state.bytes,
+                info.state.messages,
+                cfg.max_bytes or -1,
+                cfg.max_msgs or -1,
+            )
+            try:
+                await js.update_stream(cfg)
+            except APIError as err:
+                raise _no_room(err, f"stream {name}", setting) from err
+            changed.append(
+                f"updated stream {name} (replicas {info.config.num_replicas} -> {cfg.num_replicas}, "
+                f"max_bytes {cfg.max_bytes}, max_msgs {cfg.max_msgs}, discard {_discard(cfg)})"
+            )
     for cfg in missing:
         try:
             await js.add_stream(cfg)
-            changed.append(f"created stream {cfg.name} (replicas {cfg.num_replicas})")
+            changed.append(f"created stream {cfg.name} (replicas {cfg.num_replicas}, max_bytes {cfg.max_bytes})")
         except APIError as err:  # another process created it in between
             if "already in use" not in str(err):
-                raise
+                raise _no_room(err, f"stream {cfg.name}", _bound_setting(cfg.name or "")) from err
     return changed
 
 
-STREAM_FIELDS = (
-    "subjects",
-    "duplicate_window",
-    "max_age",
-    "num_replicas",
-    "allow_direct",
-    "max_bytes",
-    "max_msgs",
-    "discard",
-)
+def _bound_setting(stream: str) -> str:
+    return "LW_PAYLOAD_MAX_BYTES" if stream == S.STREAM_PAYLOADS else "LW_STREAM_MAX_BYTES / LW_STREAM_MAX_MSGS"
+
+
+def _discard(cfg: StreamConfig) -> str:
+    return str(getattr(cfg.discard, "value", cfg.discard))
 
 
 def _stream_differs(actual: StreamConfig, wanted: StreamConfig) -> bool:
@@ -198,6 +238,7 @@ def _stream_differs(actual: StreamConfig, wanted: StreamConfig) -> bool:
             "max_bytes",
             "max_msgs",
             "discard",
+            "subject_transform",
         )
         if getattr(wanted, f) is not None  # not declared: the server's default stands
     )
@@ -213,8 +254,15 @@ def kv_history(bucket: str) -> int:
 
 
 # Buckets whose entries expire (seconds; the others keep theirs). A console revocation need outlive only the
-# longest session it revokes (``console_session_s`` is capped at this).
+# longest session it revokes (``console_session_s`` is capped at this). A replica's entry in ``lw_replicas``
+# lives ``LW_REPLICA_TTL_S`` unless rewritten (``kv_max_age``).
 KV_MAX_AGE_S: dict[str, float] = {S.KV_CONSOLE_SESSIONS: 24 * 3600.0}
+
+
+def kv_max_age(bucket: str, settings: Settings) -> float | None:
+    if bucket == S.KV_REPLICAS:
+        return settings.replica_ttl_s
+    return KV_MAX_AGE_S.get(bucket)
 
 
 async def ensure_buckets(
@@ -232,7 +280,8 @@ async def ensure_buckets(
                     KeyValueConfig(
                         bucket=bucket,
                         history=kv_history(bucket),
-                        ttl=KV_MAX_AGE_S.get(bucket),
+                        ttl=kv_max_age(bucket, settings),
+                        max_bytes=settings.bucket_bytes(bucket),
                         storage=StorageType.FILE,
                         replicas=settings.kv_replicas,
                         direct=True,
@@ -241,9 +290,11 @@ async def ensure_buckets(
                 changed.append(f"created bucket {bucket} (replicas {settings.kv_replicas})")
             except APIError as err:  # another process created it in between
                 if "already in use" not in str(err):
-                    raise
+                    raise _no_room(err, f"bucket {bucket}", "LW_BUCKET_MAX_BYTES") from err
             continue
         if update:
+            info = await js.stream_info(f"KV_{bucket}")
+            changed += await _bound_bucket(js, bucket, settings, info)
             info = await js.stream_info(f"KV_{bucket}")
             if info.config.num_replicas != settings.kv_replicas:
                 before = info.config.num_replicas
@@ -255,6 +306,21 @@ async def ensure_buckets(
                 await js.update_stream(info.config.evolve(max_msgs_per_subject=kv_history(bucket)))
                 changed.append(f"updated bucket {bucket} (history {before} -> {kv_history(bucket)})")
     return changed
+
+
+async def _bound_bucket(js: JetStreamContext, bucket: str, settings: Settings, info: Any) -> list[str]:
+    """Bootstrap: a bucket's byte bound (and a replica registry's age limit) as declared."""
+    max_bytes, max_age = settings.bucket_bytes(bucket), kv_max_age(bucket, settings)
+    cfg = info.config
+    want_age = max_age if max_age is not None else cfg.max_age
+    if cfg.max_bytes == max_bytes and (cfg.max_age or 0) == (want_age or 0):
+        return []
+    _fits(f"bucket {bucket}", "LW_BUCKET_MAX_BYTES", info.state.bytes, 0, max_bytes, -1)
+    try:
+        await js.update_stream(cfg.evolve(max_bytes=max_bytes, max_age=want_age))
+    except APIError as err:
+        raise _no_room(err, f"bucket {bucket}", "LW_BUCKET_MAX_BYTES") from err
+    return [f"updated bucket {bucket} (max_bytes {cfg.max_bytes} -> {max_bytes})"]
 
 
 async def ensure_consumers(js: JetStreamContext, settings: Settings, specs: list[ConsumerSpec]) -> list[str]:

@@ -64,7 +64,9 @@ class Buckets(Publishing):
             return None, 0
         if value is None:
             return None, revision
-        value = await self.payloads.inflate_value(self.broker.connection, value)
+        value = await self.payloads.inflate_value(
+            self.broker.connection, value, max_bytes=self.settings.value_limit(bucket)
+        )
         return model.model_validate_json(value), revision
 
     async def _kv_read(self, kv: KeyValue, key: str) -> tuple[bytes | None, int]:

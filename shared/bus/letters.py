@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from shared import subjects as S
 from shared.bus.publishing import Publishing
 from shared.bus.wire import _stream_seq, ack_consumer
-from shared.dead_letters import NoSuchLetter, NotRequeueable, letter_body
+from shared.dead_letters import NoSuchLetter, NotRequeueable, letter_body, run_of
 from shared.describe import describe
 from shared.messages import DeadLetter
 from shared.payloads import PayloadError
@@ -59,7 +59,9 @@ class Letters(Publishing):
             msg_id = f"dlq-{self.service}-{raw.subject}-{seq}"
         else:
             msg_id = f"dlq-{self.service}-{uuid.uuid4().hex}"
-        await self.publish(S.dead_letter(self.service), letter, msg_id=msg_id)
+        # with the run it holds up as its run (``Lw-Run-Id``): the planner, which marks that run stalled, takes
+        # the letter in turn with the run's other messages
+        await self.publish(S.dead_letter(self.service), letter, msg_id=msg_id, run_id=run_of(letter))
         if self.bus_metrics is not None:
             self.bus_metrics.dead_lettered(raw.subject)
         log.error("%s: dead-lettered %s: %s", self.service, raw.subject, reason)

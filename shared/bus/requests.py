@@ -43,9 +43,9 @@ class Requests(Letters):
         model: type[M],
         reply: Callable[[str], BaseModel],
     ) -> Callable[[Callable[[M], Awaitable[BaseModel]]], Callable[[M], Awaitable[BaseModel]]]:
-        """Register a queue-grouped request/reply handler. Every request gets an answer: a
-        malformed one (or one whose handler fails) is dead-lettered with its reason and answered
-        with ``reply(reason)`` instead of hanging the caller."""
+        """Register a queue-grouped request/reply handler. Every request gets an answer: a malformed
+        one (or one over its type's body limit, or whose body could not be fetched) is answered with
+        ``reply(reason)`` and counted; one whose handler fails is answered so and dead-lettered."""
 
         def register(handler: Callable[[M], Awaitable[BaseModel]]) -> Callable[[M], Awaitable[BaseModel]]:
             self._responders.append(_Responder(subject, model, handler, reply))
@@ -94,11 +94,14 @@ class Requests(Letters):
             with self._span(f"{msg.subject} process", SpanKind.SERVER, ctx, msg.headers):
                 try:
                     payload = await self._decode(r.model, msg)
-                except Undecodable as err:
-                    reason = str(err)
+                except Exception as err:  # malformed, over its type's limit, or its body not fetched in time
+                    # Answered, not dead-lettered: the requester gets the reason, a request cannot be handed back,
+                    # and a letter per bad request would let any requester flood LW_DLQ (its oldest letters go).
+                    reason = (
+                        str(err) if isinstance(err, Undecodable) else f"the request's body could not be read: {err!r}"
+                    )
                     out: BaseModel = r.reply(reason)
-                    with contextlib.suppress(Exception):
-                        await self.dead_letter(msg, reason, 1)
+                    self._refused_request(msg.subject, reason)
                 else:
                     try:
                         out = await (r.handler(payload, msg.subject) if r.with_subject else r.handler(payload))
@@ -112,6 +115,13 @@ class Requests(Letters):
                     with contextlib.suppress(Exception):
                         body = out.model_dump_json(by_alias=True).encode()
                         await self.nc.publish(msg.reply, body, headers=version_headers(self.service))
+
+    def _refused_request(self, subject: str, reason: str) -> None:
+        self.refused_requests += 1
+        if self.refused_requests in (1, 10, 100) or self.refused_requests % 1000 == 0:
+            log.warning(
+                "%s: request on %s refused (%d so far): %s", self.service, subject[:200], self.refused_requests, reason
+            )
 
     async def request(self, subject: str, payload: BaseModel, reply: type[M]) -> M:
         """Core-NATS request/reply (queue-grouped service), decoded into ``reply``; an

@@ -23,8 +23,8 @@ from shared.bus.errors import Undecodable, describe_nats_error
 from shared.bus.kv import Buckets
 from shared.bus.pulls import _Pull
 from shared.bus.wire import RUN_ID_HEADER, _stream_seq, num_delivered
-from shared.dead_letters import NoSuchLetter, NotRequeueable, carried_headers, not_ours, taker
-from shared.messages import DeadLetter, Requeue
+from shared.dead_letters import NoSuchLetter, NotRequeueable, carried_headers, not_ours, run_of, taker
+from shared.messages import DeadLetter, LetterHandled, Requeue
 
 log = logging.getLogger("loopwarden.bus")
 
@@ -121,9 +121,16 @@ class Requeueing(Consuming, Buckets):
         earlier = letter.deliveries
         deliver = self._deliver(original, pull.model, pull.handler, earlier=earlier, requeued_from=seq)
         if self._tracer is None or "traceparent" not in headers:
-            await deliver
-            return
-        # Processed in the trace the message belonged to (the run's), whoever requeued it and whether or
-        # not they traced: what the handler does now continues the run's trace.
-        with self._span(f"{S.stem(letter.subject)} process", SpanKind.CONSUMER, self._extract(headers), headers):
-            await deliver
+            handled = await deliver
+        else:
+            # Processed in the trace the message belonged to (the run's), whoever requeued it and whether or
+            # not they traced: what the handler does now continues the run's trace.
+            with self._span(f"{S.stem(letter.subject)} process", SpanKind.CONSUMER, self._extract(headers), headers):
+                handled = await deliver
+        if handled:  # the run it held up (stalled on it) moves on: the planner hears it
+            run_id = run_of(letter)
+            done = LetterHandled(letter=seq, service=self.service, subject=letter.subject[:512], run_id=run_id)
+            try:
+                await self.publish(S.LETTER_HANDLED, done, msg_id=f"handled-{self.service}-{seq}", run_id=run_id)
+            except Exception as err:  # the letter is handled; the run says stalled until a step of it moves
+                log.error("%s: letter %d handled, but not said so: %r", self.service, seq, err)

@@ -83,5 +83,5 @@ def submit_stream_refusal(description: str, limit: float | None, current: float 
         current=current,
         reason=f"the submit stream (LW_SUBMIT) is full ({description}: {what} limit "
         f"{'unknown' if limit is None else f'{limit:g}'}); the submit was not stored - submit again later "
-        "(operators: `loopwarden retention` purges handled submits; LW_SUBMIT_MAX_MSGS/LW_SUBMIT_MAX_BYTES)",
+        "(operators: `loopwarden retention` purges handled submits; LW_STREAM_MAX_MSGS/LW_STREAM_MAX_BYTES)",
     )

@@ -37,6 +37,9 @@ class EscalationDetails(TypedDict, total=False):
     cost_ceiling_usd: float | None
     max_iterations: int | None
     tools: list[str] | None
+    letter: int  # stalled: the dead letter (its LW_DLQ number) the run waits on
+    service: str  # stalled: the service that gave up on it
+    subject: str  # stalled: the dead-lettered message's subject
 
 
 class EscalationRaise(Wire):
@@ -97,14 +100,18 @@ class EscalationEvent(Wire):
 
 class EscalationWithdraw(Wire):
     """The raiser no longer needs a human for an item (``lw.v1.cmd.escalation.withdraw``): the planner took the
-    known result of a call it had escalated as ``unknown_outcome``. The service closes the item as resolved by
-    the system, unless a person resolved it first (their resolution stands)."""
+    known result of a call it had escalated as ``unknown_outcome``, or a stalled run moved on. The service closes
+    the item as resolved by the system, unless a person resolved it first (their resolution stands)."""
 
     escalation_id: EscalationId
     run_id: RunId
     reason: str = Field(description="why no human is needed any more (the item's trail shows it)")
-    unknown: ToolOutcome = Field(
-        description="the unknown_outcome failure the item is raised for: filed already closed if it is not queued yet"
+    unknown: ToolOutcome | None = Field(
+        None,
+        description="the unknown_outcome failure the item is raised for: filed already closed if it is not queued yet",
+    )
+    raised: EscalationRaise | None = Field(
+        None, description="the item as the planner raised it (a stalled run's): filed closed if not queued yet"
     )
 
 

@@ -52,13 +52,6 @@ class Queued(RunEventHead):
     detail: QueuedDetail
 
 
-class RunRefused(RunEventHead):
-    """The submit was refused at the door (``run.refused``): nothing of it started; its record says the same."""
-
-    kind: Literal["refused"] = "refused"
-    detail: Refusal
-
-
 class Started(RunEventHead):
     kind: Literal["started"] = "started"
     detail: StartedDetail
@@ -90,6 +83,7 @@ class ModelCalledDetail(Wire):
         None, description="the system prompt's text, on the run's first model turn only: later turns name its hash"
     )
     tools_offered: list[str] | None = Field(None, description="the names of the tools the turn offered the model")
+    rate_limit_wait_s: float = Field(0.0, description="how long the turn waited for its provider key's rate limit")
     calls: list[RequestedCall] = Field(
         default_factory=list,
         description="the tool calls the model made: each is dispatched to its tool (no event of its own), "
@@ -100,6 +94,38 @@ class ModelCalledDetail(Wire):
 class ModelCalled(RunEventHead):
     kind: Literal["model_called"] = "model_called"
     detail: ModelCalledDetail
+
+
+class RateLimitedDetail(Wire):
+    provider: str = Field(max_length=64)
+    account: str = Field(
+        max_length=64, description="the provider key, as the fleet names it: a short hash of its endpoint and key"
+    )
+    purpose: Literal["plan", "summarize", "judge"]
+    wait_s: float = Field(ge=0, description="how long the call waits from now")
+    until: datetime = Field(description="when it is sent")
+    reason: Literal["capacity", "paused", "first_contact"] = Field(
+        description="capacity: the key's pace across the fleet; paused: a 429 paused the key until its retry-after; "
+        "first_contact: the key's limits are being learned by its first call"
+    )
+    dimension: Literal["requests", "input_tokens", "output_tokens", "tokens"] | None = Field(
+        None, description="the limit that sets the pace (capacity)"
+    )
+
+    @property
+    def cause(self) -> str:
+        """Why, in a few words: the limit that sets the pace, a 429's pause, or a key's limits being learned."""
+        if self.reason == "paused":
+            return "paused by a 429"
+        return "learning its limits" if self.reason == "first_contact" else (self.dimension or "its pace")
+
+
+class RateLimited(RunEventHead):
+    """A model call of the run waits for its provider key's rate limit, shared by every replica (no delivery
+    is spent waiting; docs/rate-limits.md)."""
+
+    kind: Literal["rate_limited"] = "rate_limited"
+    detail: RateLimitedDetail
 
 
 class ModelStoppedDetail(Wire):
@@ -245,6 +271,22 @@ class Resumed(RunEventHead):
     detail: ResumedDetail
 
 
+class StalledDetail(Wire):
+    reason: str = Field(max_length=2000)
+    letter: int | None = Field(None, description="the dead letter (LW_DLQ number) the run waits on")
+    service: str | None = Field(None, max_length=64, description="who dead-lettered it, or the service missing")
+    subject: str | None = Field(None, max_length=512, description="the dead-lettered message's subject")
+    escalation_id: EscalationId | None = Field(None, description="the queue item raised for it")
+
+
+class Stalled(RunEventHead):
+    """The run stopped moving: a message of it was dead-lettered, or a service it needs has no live replica.
+    Not final: a requeue of the letter, a person (the queue item) or the replica coming back moves it on."""
+
+    kind: Literal["stalled"] = "stalled"
+    detail: StalledDetail
+
+
 class FinishedDetail(Wire):
     final_output: str = ""
     submitted: bool = False
@@ -254,6 +296,7 @@ class FinishedDetail(Wire):
     continues: int = 0
     retries: int = 0
     usage: Usage = Field(default_factory=lambda: Usage())
+    refusal: Refusal | None = Field(None, description="kind refused, at the door: the quota, its limit, the figure")
 
 
 class RunFinished(RunEventHead):
@@ -278,6 +321,13 @@ class LoopDetected(RunEventHead):
 
 class ReasonDetail(Wire):
     reason: str
+
+
+class Unstalled(RunEventHead):
+    """The run moves again (its letter was handed back and handled, or the work it waited on moved)."""
+
+    kind: Literal["unstalled"] = "unstalled"
+    detail: ReasonDetail
 
 
 class GuardTripped(RunEventHead):
@@ -330,8 +380,10 @@ AnyRunEvent = Annotated[
     | BudgetThreshold
     | ModelStopped
     | Delegated
-    | Queued
-    | RunRefused,
+    | Stalled
+    | Unstalled
+    | RateLimited
+    | Queued,
     Field(discriminator="kind"),
 ]
 
@@ -351,6 +403,7 @@ PROGRESS_EVENTS: tuple[type[RunEventHead], ...] = (
     VerdictIgnored,
     Decided,
     Delegated,
+    RateLimited,
 )
 
 

@@ -43,6 +43,30 @@ class Requeue(Wire):
     letter: int = Field(ge=1, description="the letter's number (its LW_DLQ sequence)")
 
 
+class LetterHandled(Wire):
+    """Event ``lw.v1.evt.letter.handled.<run>``: a dead letter handed back (``Requeue``) was run through its
+    consumer and handled (acknowledged, not dead-lettered again): the run it belonged to waits on it no more."""
+
+    letter: int = Field(ge=1, description="the letter's number (its LW_DLQ sequence)")
+    service: str = Field(max_length=64, description="the service that handled it")
+    subject: str = Field(max_length=512, description="the handled message's subject")
+    run_id: str | None = Field(None, max_length=64)
+
+
+class ReplicaRecord(Wire):
+    """A running service replica as it heartbeats into ``lw_replicas`` (key ``<service>.<instance>``): what it
+    is, since when, and which durables it pulls. A key not rewritten within ``LW_REPLICA_TTL_S`` expires with
+    the bucket's age limit (and readers ignore one older than that): its replica is gone."""
+
+    service: str = Field(max_length=64)
+    instance: str = Field(max_length=64, description="this process (a random id per start)")
+    version: str = Field("", max_length=64)
+    host: str = Field("", max_length=256, description="host:pid")
+    started_at: datetime = Field(default_factory=utcnow)
+    seen_at: datetime = Field(default_factory=utcnow, description="its last heartbeat")
+    durables: list[str] = Field(default_factory=list, max_length=4096, description="the durables it pulls")
+
+
 class ErrorReply(Wire):
     """The answer to a request a service could not serve (malformed, or its handler failed)."""
 

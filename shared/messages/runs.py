@@ -34,6 +34,9 @@ class RunLimits(Wire):
     not_judged_policy: Literal["escalate", "retry", "accept", "fail"] | None = None
     loop_policy: Literal["stop", "escalate"] | None = None
     loop_repeat_threshold: int | None = Field(None, ge=2)
+    max_rate_limit_wait_s: float | None = Field(
+        None, gt=0, description="the longest one model call of the run waits for its provider key's rate limit"
+    )
 
 
 class RunSubmit(Wire):
@@ -156,22 +159,25 @@ class AgentRegisterReply(Wire):
     error: str | None = Field(None, max_length=2000)
 
 
-RunStatus = Literal["queued", "running", "awaiting_human", "completed", "stopped", "failed", "refused"]
-FinalStatus = Literal["completed", "stopped", "failed"]
-"""How a run that started ends (``run.<status>``, ``RunFinished``)."""
+RunStatus = Literal["queued", "running", "awaiting_human", "completed", "stopped", "failed", "refused", "stalled"]
+"""``queued``: accepted, waiting for its tenant's share of the fleet; ``refused``: a submit that was not started
+(final, with the reason: ``RunSnapshot.refusal`` when refused at the door); ``stalled``: a message of the run was
+dead-lettered or a service it needs has no live replica (not final: a requeue, a person or the replica coming
+back moves it on; ``RunSnapshot.stall`` says why)."""
+FinalStatus = Literal["completed", "stopped", "failed", "refused"]
+FINAL_STATUSES: tuple[FinalStatus, ...] = ("completed", "stopped", "failed", "refused")
+"""A run in one of these statuses is over: nothing moves it again."""
 FINISHED_STATUSES: tuple[FinalStatus, ...] = ("completed", "stopped", "failed")
-FINAL_STATUSES: tuple[RunStatus, ...] = (*FINISHED_STATUSES, "refused")
-"""A run in one of these statuses is over: nothing moves it again. ``refused``: a submit that was not started
-(``RunSnapshot.refusal`` says why); ``queued``: accepted, waiting for its tenant's share of the fleet."""
+"""How a run that started ends (a refused one never started)."""
 
 Quota = Literal["max_runs", "max_human_items", "max_stored_bytes", "daily_ceiling_usd", "submit_stream"]
 """What a submit was refused against (``Refusal.quota``); docs/flow-control.md says what each means."""
 
 
 class Refusal(Wire):
-    """Why a submit was refused at the door (``RunSnapshot.refusal``, the ``run.refused`` event): the quota it
-    would pass (None: not a quota - a submit the planner does not start, e.g. scripted runs off), its limit and
-    the tenant's current figure, and one line for a person."""
+    """Why a submit was refused at the door (``RunSnapshot.refusal``, the ``run.refused`` event's detail): the
+    quota it would pass (None: not a quota - a submit the planner does not start, e.g. scripted runs off), its
+    limit and the tenant's current figure, and one line for a person."""
 
     quota: Quota | None = None
     limit: float | None = None

@@ -26,6 +26,22 @@ class AwaitingView(Wire):
     reason: str = ""
 
 
+class StallView(Wire):
+    """Why a run is ``stalled`` and what moves it on: a dead letter of the run (``loopwarden dlq requeue N``,
+    or the queue item raised for it), or a service it needs that has no live replica (it moves on once one
+    is back)."""
+
+    reason: str = Field(max_length=2000, description="one line: what the run waits on")
+    letters: list[int] = Field(
+        default_factory=list, description="the run's dead letters (LW_DLQ numbers) it waits on: requeue them"
+    )
+    missing: str | None = Field(
+        None, max_length=200, description="the service (or 'executor hosting <tool>') with no live replica"
+    )
+    escalation_id: EscalationId | None = Field(None, description="the queue item raised for the letter, if any")
+    since: datetime = Field(default_factory=utcnow)
+
+
 class RunSnapshot(Wire):
     """A run as the planner publishes it: its record in ``lw_runs`` (key: the run id, rewritten with
     compare-and-swap at every step; readers ignore the planner's private fields). The record stays
@@ -48,6 +64,9 @@ class RunSnapshot(Wire):
     retry_count: int = 0
     judge_seq: int = Field(0, description="judge requests sent")
     usage: Usage = Field(default_factory=Usage)
+    rate_limited_s: float = Field(
+        0.0, description="how long the run's model turns waited for their provider keys' rate limits, in total"
+    )
     compactions: int = 0
     summary: str | None = None
     corrections: dict[str, dict[str, int]] = Field(default_factory=dict, description="per tool: failures, recovered")
@@ -66,6 +85,7 @@ class RunSnapshot(Wire):
     passed: bool | None = None
     first_draft_passed: bool | None = None
     awaiting: AwaitingView | None = None
+    stall: StallView | None = Field(None, description="why the run is stalled (status ``stalled``), else none")
     history_start: int = Field(0, description="seq of the first live message (older ones were compacted)")
     history_len: int = Field(0, description="seq after the last message")
     tail_from: int = Field(0, description="seq of tail[0]")

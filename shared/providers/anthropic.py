@@ -14,16 +14,20 @@ the whole prompt, with cache reads and writes as parts of it, each billed at its
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from shared.messages import ChatMessage, TextBlock, ToolResultBlock, ToolUseBlock
 from shared.pricing import usage_for
 from shared.providers.base import ModelRequest, ModelResponse, ProviderError, StopReason, map_stop
+from shared.ratelimit.bucket import account_of
+from shared.ratelimit.headers import kept, retry_after
 
 if TYPE_CHECKING:  # the SDK is imported when a provider is built (it takes a second or more to import)
     import anthropic
 
 EPHEMERAL = {"type": "ephemeral"}
+DEFAULT_BASE_URL = "https://api.anthropic.com"
 TRANSIENT_STATUS = {408: "request_timeout", 409: "conflict"}
 # Every stop reason the Messages API documents, in our words (anything else maps to "unknown").
 STOP_MAP: dict[str, StopReason] = {
@@ -38,11 +42,13 @@ STOP_MAP: dict[str, StopReason] = {
 
 
 def _retry_after(err: anthropic.APIStatusError) -> float | None:
-    value = err.response.headers.get("retry-after") if err.response is not None else None
-    try:
-        return float(value) if value is not None else None
-    except ValueError:
-        return None
+    """The answer's ``retry-after`` (or ``retry-after-ms``) in seconds: a number or an HTTP date."""
+    return retry_after(_headers(err), time.time())
+
+
+def _headers(err: anthropic.APIStatusError) -> dict[str, str]:
+    """The rate-limit headers of an error's answer (a 429 says how long the key is paused)."""
+    return kept(err.response.headers) if err.response is not None else {}
 
 
 def to_api_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
@@ -102,19 +108,23 @@ class AnthropicProvider:
             api_key=api_key, base_url=base_url, max_retries=0, timeout=timeout_s, open_telemetry=False
         )
         self.prompt_caching = prompt_caching
+        self.account = account_of(base_url or DEFAULT_BASE_URL, api_key)  # the fleet's name for this key
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         import anthropic  # loaded by __init__: a lookup
 
         kwargs = api_body(request, self.prompt_caching)
         try:
-            message = await self._client.messages.create(**kwargs)
+            # the raw answer: its rate-limit headers teach the fleet the key's limits (docs/rate-limits.md)
+            raw = await self._client.messages.with_raw_response.create(**kwargs)
+            message = await raw.parse()
         except anthropic.RateLimitError as err:
             raise ProviderError(
                 f"rate limited by the model provider (HTTP 429): {err.message}",
                 transient=True,
                 retry_after_s=_retry_after(err),
                 kind="rate_limit",
+                headers=_headers(err),
             ) from err
         except anthropic.InternalServerError as err:  # 500, 503, 529 overloaded
             kind = "overloaded" if err.status_code == 529 else "server_error"
@@ -123,6 +133,7 @@ class AnthropicProvider:
                 transient=True,
                 retry_after_s=_retry_after(err),
                 kind=kind,
+                headers=_headers(err),
             ) from err
         except anthropic.APITimeoutError as err:
             raise ProviderError("model call timed out", transient=True, kind="timeout") from err
@@ -135,11 +146,13 @@ class AnthropicProvider:
                     transient=True,
                     retry_after_s=_retry_after(err),
                     kind=TRANSIENT_STATUS[err.status_code],
+                    headers=_headers(err),
                 ) from err
             raise ProviderError(
                 f"model provider refused the request (HTTP {err.status_code}): {err.message}",
                 transient=False,
                 kind=f"http_{err.status_code}",
+                headers=_headers(err),
             ) from err
         text_parts: list[str] = []
         calls: list[ToolUseBlock] = []
@@ -161,4 +174,5 @@ class AnthropicProvider:
             stop=map_stop(STOP_MAP, message.stop_reason),
             stop_reason=message.stop_reason or "",
             id=message.id or "",
+            headers=kept(raw.headers),
         )

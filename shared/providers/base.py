@@ -45,6 +45,10 @@ class ModelResponse(BaseModel):
     stop: StopReason = Field("answer", description="why the model stopped, in our words")
     stop_reason: str = Field("", description="the provider's own word for it, as it sent it (spans, events)")
     id: str = Field("", description="the provider's id for this response (gen_ai.response.id)")
+    rate_limit_wait_s: float = Field(0.0, description="how long the call waited for its key's rate limit")
+    headers: dict[str, str] = Field(
+        default_factory=dict, exclude=True, description="the answer's rate-limit headers (never stored)"
+    )
 
 
 class ProviderError(Exception):
@@ -52,12 +56,19 @@ class ProviderError(Exception):
     retried by ``complete_with_retry``; the rest fail the call at once."""
 
     def __init__(
-        self, message: str, *, transient: bool, retry_after_s: float | None = None, kind: str = "error"
+        self,
+        message: str,
+        *,
+        transient: bool,
+        retry_after_s: float | None = None,
+        kind: str = "error",
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.transient = transient
         self.retry_after_s = retry_after_s
         self.kind = kind
+        self.headers = headers or {}  # the answer's rate-limit headers, when there was an answer
 
 
 class StopReasonError(ProviderError):
@@ -96,6 +107,22 @@ class ModelProvider(Protocol):
     async def complete(self, request: ModelRequest) -> ModelResponse: ...
 
 
+class CallGate(Protocol):
+    """What a model call waits on before each attempt and reports to after it: the fleet's rate limit
+    for the provider's key (``shared/ratelimit/gate.py``). ``before`` returns a ticket for ``after`` (or
+    raises a non-transient ``ProviderError`` when the wait would pass its bound); ``after`` returns True
+    when the attempt's error was a 429 the gate paused the key for: the call is sent again through
+    ``before``, not retried with backoff."""
+
+    waited_s: float
+
+    async def before(self, request: ModelRequest) -> object: ...
+
+    async def after(
+        self, ticket: object, response: ModelResponse | None = None, error: ProviderError | None = None
+    ) -> bool: ...
+
+
 async def complete_with_retry(
     provider: ModelProvider,
     request: ModelRequest,
@@ -104,6 +131,7 @@ async def complete_with_retry(
     metrics: T.GenAiMetrics | None = None,
     *,
     more_room_tokens: int | None = None,
+    gate: CallGate | None = None,
 ) -> ModelResponse:
     """One model turn: ``call_with_retry``, with every stop reason handled explicitly.
 
@@ -113,8 +141,9 @@ async def complete_with_retry(
     * ``paused``: the partial turn is sent back so the model continues it (at most twice).
     * ``refusal``, ``context_full`` and ``unknown``: ``StopReasonError``.
     The usage of every call made is summed into the result (or the error): each was billed.
+    ``gate``: each attempt waits for the provider key's rate limit first (``CallGate``).
     """
-    response = await call_with_retry(provider, request, policy, tracer, metrics)
+    response = await call_with_retry(provider, request, policy, tracer, metrics, gate)
     spent = response.usage
     pauses = 0
     while True:
@@ -127,7 +156,7 @@ async def complete_with_retry(
                 room = max(more_room_tokens or 0, request.max_tokens * 2)
                 request = request.model_copy(update={"max_tokens": room})
                 # the cut-off reply (maybe a truncated tool call) is dropped, never executed
-                response = await call_with_retry(provider, request, policy, tracer, metrics)
+                response = await call_with_retry(provider, request, policy, tracer, metrics, gate)
                 spent = spent + response.usage
                 if response.stop == "length":
                     raise StopReasonError(
@@ -146,7 +175,7 @@ async def complete_with_retry(
                         update={"messages": [*request.messages, ChatMessage(role="assistant", content=partial)]}
                     )
                 previous = response
-                response = await call_with_retry(provider, request, policy, tracer, metrics)
+                response = await call_with_retry(provider, request, policy, tracer, metrics, gate)
                 spent = spent + response.usage
                 response = response.model_copy(
                     update={
@@ -186,6 +215,7 @@ async def call_with_retry(
     policy: BackoffPolicy,
     tracer: Tracer,
     metrics: T.GenAiMetrics | None = None,
+    gate: CallGate | None = None,
 ) -> ModelResponse:
     """Call the model, retrying transient provider errors with full-jitter backoff.
 
@@ -194,11 +224,18 @@ async def call_with_retry(
     cache's reads and writes), cost and the response id, and one point of the
     ``gen_ai.client.operation.duration`` / ``gen_ai.client.token.usage`` histograms when
     ``metrics`` is given.
+
+    With a ``gate`` each attempt first waits for the provider key's rate limit (outside the span and
+    the backoff's time budget), and a 429 pauses the key for every replica and is sent again through
+    the gate rather than retried here (its wait is bounded by the gate).
     """
     started = time.monotonic()
     attempt = 0
+    tries = 0
     while True:
+        ticket = await gate.before(request) if gate is not None else None
         attempt += 1
+        tries += 1
         with tracer.start_as_current_span(
             f"{'chat' if request.purpose != 'judge' else 'chat judge'} {request.model}",
             kind=SpanKind.CLIENT,
@@ -210,9 +247,11 @@ async def call_with_retry(
                 T.GEN_AI_CONVERSATION_ID: request.run_id,
                 T.LW_RUN_ID: request.run_id,
                 "loopwarden.model.purpose": request.purpose,
-                "loopwarden.model.attempt": attempt,
+                "loopwarden.model.attempt": tries,
             },
         ) as span:
+            if gate is not None:
+                span.set_attribute(T.LW_RATELIMIT_WAIT_S, gate.waited_s)
             began = time.monotonic()
             try:
                 response = await provider.complete(request)
@@ -226,9 +265,13 @@ async def call_with_retry(
                     )
                 span.set_attribute(T.ERROR_TYPE, err.kind)
                 span.set_status(Status(StatusCode.ERROR, str(err)))
+                if gate is not None and await gate.after(ticket, error=err):
+                    attempt -= 1  # a 429 the key is paused for: sent again once the gate lets it
+                    continue
                 if not err.transient:
                     raise
-                delay = next_delay(policy, attempt, time.monotonic() - started, err.retry_after_s)
+                elapsed = time.monotonic() - started - (gate.waited_s if gate is not None else 0.0)
+                delay = next_delay(policy, attempt, elapsed, err.retry_after_s)
                 if delay is None:
                     raise
                 span.set_attribute(T.LW_BACKOFF_S, delay)
@@ -243,6 +286,8 @@ async def call_with_retry(
                 span.set_attribute(T.GEN_AI_RESPONSE_FINISH_REASONS, [response.stop_reason or response.stop])
                 if response.id:
                     span.set_attribute(T.GEN_AI_RESPONSE_ID, response.id)
+                if gate is not None:
+                    await gate.after(ticket, response=response)
                 if metrics is not None:
                     metrics.record(
                         provider=provider.name,

@@ -19,11 +19,14 @@ OpenAI bills no cache writes.
 from __future__ import annotations
 
 import json
+import time
 from typing import TYPE_CHECKING, Any
 
 from shared.messages import ChatMessage, TextBlock, ToolResultBlock, ToolUseBlock
 from shared.pricing import usage_for
 from shared.providers.base import ModelRequest, ModelResponse, ProviderError, StopReason, map_stop
+from shared.ratelimit.bucket import account_of
+from shared.ratelimit.headers import kept, retry_after
 
 if TYPE_CHECKING:  # the SDK is imported when a provider is built (it takes a second or more to import)
     import openai
@@ -39,14 +42,17 @@ STOP_MAP: dict[str, StopReason] = {
 }
 # OpenAI-compatible servers without a key still need the SDK to send one.
 NO_KEY = "no-key"
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
 
 
 def _retry_after(err: openai.APIStatusError) -> float | None:
-    value = err.response.headers.get("retry-after") if err.response is not None else None
-    try:
-        return float(value) if value is not None else None
-    except ValueError:
-        return None
+    """The answer's ``retry-after`` (or ``retry-after-ms``) in seconds: a number or an HTTP date."""
+    return retry_after(_headers(err), time.time())
+
+
+def _headers(err: openai.APIStatusError) -> dict[str, str]:
+    """The rate-limit headers of an error's answer (a 429 says how long the key is paused)."""
+    return kept(err.response.headers) if err.response is not None else {}
 
 
 def to_api_messages(system: str, messages: list[ChatMessage]) -> list[dict[str, Any]]:
@@ -108,18 +114,22 @@ class OpenAIProvider:
         self._client = openai.AsyncOpenAI(
             api_key=api_key or NO_KEY, base_url=base_url, max_retries=0, timeout=timeout_s
         )
+        self.account = account_of(base_url or DEFAULT_BASE_URL, api_key)  # the fleet's name for this key
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         import openai  # loaded by __init__: a lookup
 
         try:
-            completion = await self._client.chat.completions.create(**api_body(request))
+            # the raw answer: its rate-limit headers teach the fleet the key's limits (docs/rate-limits.md)
+            raw = await self._client.chat.completions.with_raw_response.create(**api_body(request))
+            completion = raw.parse()
         except openai.RateLimitError as err:
             raise ProviderError(
                 f"rate limited by the model provider (HTTP 429): {err.message}",
                 transient=True,
                 retry_after_s=_retry_after(err),
                 kind="rate_limit",
+                headers=_headers(err),
             ) from err
         except openai.InternalServerError as err:  # 500, 502, 503, ...
             raise ProviderError(
@@ -127,6 +137,7 @@ class OpenAIProvider:
                 transient=True,
                 retry_after_s=_retry_after(err),
                 kind="server_error",
+                headers=_headers(err),
             ) from err
         except openai.APITimeoutError as err:
             raise ProviderError("model call timed out", transient=True, kind="timeout") from err
@@ -139,11 +150,13 @@ class OpenAIProvider:
                     transient=True,
                     retry_after_s=_retry_after(err),
                     kind=TRANSIENT_STATUS[err.status_code],
+                    headers=_headers(err),
                 ) from err
             raise ProviderError(
                 f"model provider refused the request (HTTP {err.status_code}): {err.message}",
                 transient=False,
                 kind=f"http_{err.status_code}",
+                headers=_headers(err),
             ) from err
         if not completion.choices:
             raise ProviderError("the model provider answered with no choice", transient=True, kind="empty_reply")
@@ -182,4 +195,5 @@ class OpenAIProvider:
             stop=stop,
             stop_reason=choice.finish_reason or "",
             id=completion.id or "",
+            headers=kept(raw.headers),
         )

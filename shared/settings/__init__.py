@@ -4,8 +4,8 @@ A bad value stops the process at start with the setting's environment name, so a
 operator sees ``LW_MAX_ITERATIONS`` rather than a traceback from deep inside a handler.
 
 ``Settings`` is one object; its fields are declared by concern, one module each (``bus``, ``models``,
-``runs``, ``tools``, ``people``, ``operations``, ``fleet``), and this face re-exports every name callers
-import (``from shared.settings import Settings``).
+``runs``, ``tools``, ``people``, ``operations``, ``fleet``, ``bounds``, ``liveness``), and this face re-exports
+every name callers import (``from shared.settings import Settings``).
 """
 
 from __future__ import annotations
@@ -15,12 +15,21 @@ import sys
 from pydantic import AliasChoices, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from shared.settings.bounds import BoundSettings
 from shared.settings.bus import BusSettings, sync_interval
 from shared.settings.fleet import FleetSettings
+from shared.settings.liveness import LivenessSettings
 from shared.settings.models import ModelSettings, ProviderName
 from shared.settings.operations import OperationSettings
 from shared.settings.people import PeopleSettings
-from shared.settings.runs import BODY_MAX_BYTES, RUN_LIMIT_CAPS, LoopPolicy, NotJudgedPolicy, RunSettings
+from shared.settings.runs import (
+    BODY_MAX_BYTES,
+    RUN_LIMIT_CAPS,
+    LoopPolicy,
+    NotJudgedPolicy,
+    RunSettings,
+    body_limit,
+)
 from shared.settings.tools import FaultPoint, McpServerSpec, ToolSettings
 
 __all__ = [
@@ -48,9 +57,15 @@ class Settings(
     PeopleSettings,
     OperationSettings,
     FleetSettings,
+    BoundSettings,
+    LivenessSettings,
     BaseSettings,
 ):
     model_config = SettingsConfigDict(env_prefix="LW_", extra="ignore", frozen=True)
+
+    def body_limit(self, message_type: str) -> int:
+        """The largest body of ``message_type`` a service reads (``LW_BODY_MAX_BYTES``, ``shared/settings/runs.py``)."""
+        return body_limit(self.body_max_bytes, message_type, self.tool_output_max_bytes)
 
 
 def env_name(field: str) -> str:

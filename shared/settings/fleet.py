@@ -60,15 +60,6 @@ class FleetSettings(BaseModel):
         description="an admitted run still not started after this long is started by a replica's sweep (its "
         "admitter died between admitting and starting it)",
     )
-    flow_max_bytes: int = Field(
-        256 * 1024**2, ge=1024**2, description="byte bound of LW_FLOW (the waiting runs' tickets; refuses when full)"
-    )
-    submit_max_msgs: int = Field(
-        200_000, ge=1, description="message bound of LW_SUBMIT: a full submit stream refuses new submits"
-    )
-    submit_max_bytes: int = Field(
-        1024**3, ge=1024**2, description="byte bound of LW_SUBMIT: a full submit stream refuses new submits"
-    )
     submit_answer_s: float = Field(
         30.0,
         gt=0,

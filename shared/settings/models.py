@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+from typing import Literal, get_args
 
-from pydantic import AliasChoices, BaseModel, Field, SecretStr
+from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator
 
 from shared.providers import ProviderName as Provider
+from shared.ratelimit.bucket import Configured
 
 ProviderName = Literal["auto"] | Provider  # auto: the first live provider whose key is set, else scripted
 
@@ -48,3 +50,50 @@ class ModelSettings(BaseModel):
     model_retry_attempts: int = Field(4, ge=1, description="attempts per model call on transient errors")
     model_retry_base_s: float = Field(0.5, ge=0)
     model_retry_max_s: float = Field(20.0, gt=0)
+
+    # --- the providers' rate limits, fleet-wide (issue 34; docs/rate-limits.md) --------------------------
+    rate_limit_fleet: bool = Field(
+        True,
+        description="model calls wait for their provider key's capacity, shared by every replica (lw_ratelimits), "
+        "and a 429 pauses the key for all of them; false: each call retries its own 429s with backoff",
+    )
+    rate_limits: dict[str, Configured] = Field(
+        default_factory=dict,
+        description="JSON: provider (or provider.account, one key) -> per-minute limits that cap what the answers "
+        'announce, or replace it with "mode": "override", e.g. {"anthropic": {"requests": 50, "input_tokens": 30000}}',
+    )
+    rate_limit_max_wait_s: float = Field(
+        600.0,
+        gt=0,
+        description="the longest one model call waits for its key's rate limit (a run may ask for less: "
+        "limits.max_rate_limit_wait_s); a longer wait ends the turn with a typed reason",
+    )
+    rate_limit_notice_s: float = Field(
+        1.0, ge=0, description="a rate-limit wait at least this long is shown on the run (event run.rate_limited)"
+    )
+    rate_limit_burst_s: float = Field(
+        0.0,
+        ge=0,
+        le=60,
+        description="how far ahead of the limit's pace calls may go at once (seconds of each limit): 0 paces them",
+    )
+
+    @field_validator("rate_limits")
+    @classmethod
+    def _rate_limits(cls, v: dict[str, Configured]) -> dict[str, Configured]:
+        live = [p for p in get_args(Provider) if p != "scripted"]
+        for key in v:
+            provider, _, account = key.partition(".")
+            if provider not in live or (account and not _ACCOUNT.match(account)):
+                raise ValueError(
+                    f"{key}: expected a live provider ({', '.join(live)}) or <provider>.<account> "
+                    "(the 12-hex-digit account loopwarden fleet shows)"
+                )
+        return v
+
+    def rate_limit_for(self, provider: str, account: str) -> Configured | None:
+        """The configured limits of one key: its own entry, else its provider's."""
+        return self.rate_limits.get(f"{provider}.{account}") or self.rate_limits.get(provider)
+
+
+_ACCOUNT = re.compile(r"^[0-9a-f]{12}$")

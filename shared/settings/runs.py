@@ -19,10 +19,46 @@ RUN_LIMIT_CAPS: dict[str, float] = {
     "run_token_budget": 100_000_000,
     "context_budget_tokens": 10_000_000,
     "loop_repeat_threshold": 1000,
+    "max_rate_limit_wait_s": 3600.0,
 }
-# The largest body a service reads per message type (``LW_BODY_MAX_BYTES`` overrides): a submit is a task
-# (at most 100 KB) and a scenario; a tool's result may be as large as LW_TOOL_OUTPUT_MAX_BYTES allows.
-BODY_MAX_BYTES: dict[str, int] = {"RunSubmit": 5 * 1024 * 1024, "*": 64 * 1024 * 1024}
+KIB, MIB = 1024, 1024 * 1024
+# The largest body a service reads per message type (``LW_BODY_MAX_BYTES`` overrides an entry), near what the
+# type really carries: a body over it is refused unread (by reference: before a chunk of it is fetched). Every
+# type a service consumes or answers has its row (``tests/unit/test_body_limits.py``); ``*`` is for the rest.
+BODY_MAX_BYTES: dict[str, int] = {
+    "RunSubmit": 5 * MIB,  # a task (at most 100,000 characters) and a scenario (LW_SCENARIO_MAX_BYTES)
+    "RunAdvance": 4 * KIB,  # a run id and a turn
+    "Requeue": 4 * KIB,  # a letter's number
+    "RunRead": 2 * KIB,  # a run id, a filter and a key of at most 256 characters each, a bucket, three numbers
+    "RunQuery": 2 * KIB,  # a tenant's listing: a status, an agent, three numbers
+    "FlowQuery": 1 * KIB,  # the fleet's view: a tenant name at most
+    "EscalationQuery": 2 * KIB,
+    "EscalationClaim": 2 * KIB,
+    "BudgetRequest": 8 * KIB,  # token counts and usage
+    "LetterHandled": 4 * KIB,
+    "ToolCall": 2 * MIB,  # arguments a model wrote (a turn's output is far below this)
+    "JudgeRequest": 4 * MIB,  # the task, a candidate answer, the rubric
+    "Verdict": 1 * MIB,
+    "EscalationRaise": 1 * MIB,  # arguments, the error the model read (bounded in the run state), a candidate
+    "DeadLetter": 1 * MIB,  # a letter keeps at most 256 KiB of its message's body
+    "RunEvent": 4 * MIB,  # a final answer (the governor reads the run's final event)
+    "AgentRegister": 1 * MIB,  # an agent: 20,000 characters of instructions, at most 1,024 tools and tenants
+    "*": 1 * MIB,
+}
+# Types that carry a tool's output (or a person's result in its place): LW_TOOL_OUTPUT_MAX_BYTES and room for
+# the call's arguments, unless LW_BODY_MAX_BYTES names them.
+TOOL_SIZED = ("ToolResultRaw", "ToolOutcome", "EscalationWithdraw", "EscalationResolve", "EscalationResolution")
+TOOL_SIZED_ROOM = 2 * MIB
+
+
+def body_limit(limits: dict[str, int], message_type: str, tool_output_max_bytes: int) -> int:
+    """The largest body of ``message_type`` a service reads: its entry in ``limits`` (``LW_BODY_MAX_BYTES``),
+    a tool output's size for the types that carry one, else the ``*`` entry."""
+    if message_type in limits:
+        return limits[message_type]
+    if message_type in TOOL_SIZED:
+        return tool_output_max_bytes + TOOL_SIZED_ROOM
+    return limits["*"]
 
 
 class RunSettings(BaseModel):
@@ -106,7 +142,8 @@ class RunSettings(BaseModel):
     body_max_bytes: dict[str, int] = Field(
         default_factory=lambda: dict(BODY_MAX_BYTES),
         description="JSON: message type -> the largest body of that type a service reads (a body sent by "
-        "reference over it is refused before it is fetched); '*' for every other type",
+        "reference over it is refused before it is fetched), over the defaults; '*' for every other type (the "
+        "types that carry a tool's output: LW_TOOL_OUTPUT_MAX_BYTES and 2 MiB, unless named)",
     )
 
     @field_validator("run_limit_caps")
@@ -130,7 +167,3 @@ class RunSettings(BaseModel):
         if self.warn_at >= 1.0 or self.compact_at >= 1.0:
             raise ValueError("thresholds must be below 1.0")
         return self
-
-    def body_limit(self, message_type: str) -> int:
-        """The largest body of ``message_type`` a service reads (``LW_BODY_MAX_BYTES``)."""
-        return self.body_max_bytes.get(message_type, self.body_max_bytes["*"])

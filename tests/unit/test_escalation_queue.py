@@ -141,7 +141,7 @@ def test_due_lists_lapsed_leases_and_passed_deadlines_only() -> None:
 
 def test_every_kind_has_a_deadline_and_a_default_action() -> None:
     assert set(Q.DEFAULT_SLAS) == {
-        "fatal", "unknown_outcome", "schema_cap", "ask_human", "not_judged", "loop", "approval", "spawn",
+        "fatal", "unknown_outcome", "schema_cap", "ask_human", "not_judged", "loop", "approval", "spawn", "stalled",
     }  # fmt: skip
     rules = Q.sla_rules({"ask_human": {"after_s": 5}, "spawn": {"action": "abort"}})
     assert rules["ask_human"] == Q.SlaRule(5.0, "fall_back") and rules["spawn"] == Q.SlaRule(3600.0, "abort")

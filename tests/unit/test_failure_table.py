@@ -90,6 +90,7 @@ def test_the_allowed_actions_per_kind_are_the_ones_the_surfaces_show() -> None:
         "loop": ["retry", "resume", "final_answer", "abort"],
         "approval": ["approve", "reject", "abort"],
         "spawn": ["approve", "reject", "abort"],
+        "stalled": ["requeue", "abort"],
     }
 
 

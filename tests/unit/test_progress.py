@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from loopwarden.client import Event
 from loopwarden.progress import render
 from shared.messages import (
@@ -10,6 +12,8 @@ from shared.messages import (
     DecidedDetail,
     ModelCalled,
     ModelCalledDetail,
+    RateLimited,
+    RateLimitedDetail,
     RequestedCall,
     Started,
     StartedDetail,
@@ -101,3 +105,21 @@ def test_a_decision_and_a_budget_threshold_are_shown() -> None:
 
 def test_an_event_kind_this_version_does_not_know_is_not_shown_and_does_not_break_the_watch() -> None:
     assert render(event("run.teleported", {"run_id": "r1", "kind": "teleported", "detail": {}})) is None
+
+
+def test_a_wait_for_the_rate_limit_is_shown_with_how_long_and_why() -> None:
+    until = datetime(2026, 3, 1, 12, 0, 3, tzinfo=UTC)
+    ev = RateLimited(
+        run_id="r1",
+        iteration=2,
+        summary="(a summary in some other wording)",
+        detail=RateLimitedDetail(
+            provider="anthropic", account="0123456789ab", purpose="plan", wait_s=3.4, until=until, reason="paused"
+        ),
+    )
+    line = render(event("run.rate_limited", ev.model_dump(mode="json")))
+    local = until.astimezone().strftime("%H:%M:%S")
+    assert line == (
+        f"[it 2] ⏳ waiting for the rate limit: 3.4s until {local} "
+        "(plan call, anthropic key 0123456789ab, paused by a 429)"
+    )

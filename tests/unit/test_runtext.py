@@ -72,6 +72,26 @@ def test_an_item_reads_as_the_console_shows_it() -> None:
     assert datetime.now(UTC) > item.created_at
 
 
+def test_a_stalled_run_says_why_and_how_it_moves_on() -> None:
+    rec = record("demo")
+    stall = {"reason": "planner gave up on lw.v1.cmd.run.advance (dead letter 7): HTTP 500", "letters": [7]}
+    stalled = rec.model_copy(
+        update={
+            "status": "stalled",
+            "final_reason": None,
+            "state": {**(rec.state or {}), "stall": {**stall, "escalation_id": "esc-1"}},
+        }
+    )
+    lines = tree_lines(T.build(stalled))
+    assert lines[1] == "status:   stalled"
+    assert lines[3] == (
+        "ended:    stalled: planner gave up on lw.v1.cmd.run.advance (dead letter 7): HTTP 500; hand it back: "
+        "loopwarden dlq requeue 7, or resolve esc-1 in the queue"
+    )
+    missing = {"reason": "no live validator replica", "letters": [], "missing": "validator"}
+    assert T.stall_line(missing) == "no live validator replica; it moves on by itself once one is back"
+
+
 def test_an_item_whose_tool_has_no_contract_does_not_offer_a_provided_result() -> None:
     rec = record("correction-escalates")
     item = Escalation.model_validate(rec.escalations[0])

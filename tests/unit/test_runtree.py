@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
 from loopwarden import runtree as T
-from shared.records import RunRecord
+from shared.messages import RateLimited, RateLimitedDetail
+from shared.records import EventRecord, RunRecord
 
 DATA = Path(__file__).parent / "data"
 
@@ -167,3 +169,51 @@ def test_an_unknown_step_opens_to_nothing() -> None:
 def test_text_is_cut_at_a_word_boundary_with_a_visible_ellipsis(text: str, limit: int, expected: str) -> None:
     assert T.clip(text, limit) == expected
     assert len(T.clip(text, limit)) <= limit
+
+
+# --- a wait for the provider's rate limit -------------------------------------------------------------------
+
+
+def with_wait(rec: RunRecord, until_model: bool) -> RunRecord:
+    """The demo run with its first turn held 0.2 s for the rate limit (and, unless ``until_model``, still
+    held: the run cut off before the turn's answer)."""
+    started = rec.events[0]
+    assert started.time is not None
+    detail = RateLimitedDetail(
+        provider="anthropic",
+        account="0123456789ab",
+        purpose="plan",
+        wait_s=0.2,
+        until=started.time + timedelta(seconds=0.25),
+        reason="capacity",
+        dimension="requests",
+    )
+    waited = RateLimited(run_id=rec.run_id, iteration=1, summary="waiting for the rate limit", detail=detail)
+    event = EventRecord(
+        subject=f"lw.v1.evt.run.rate_limited.{rec.run_id}",
+        kind="run.rate_limited",
+        seq=1,
+        time=started.time + timedelta(seconds=0.05),
+        payload=waited.model_dump(mode="json"),
+    )
+    later = [e.model_copy(update={"seq": e.seq + 1}) for e in rec.events[1:]]
+    events = [started, event, *(later if until_model else [])]
+    return rec.model_copy(update={"events": events, "status": "completed" if until_model else "running"})
+
+
+def test_a_wait_for_the_rate_limit_is_a_step_of_its_iteration_with_how_long_and_why() -> None:
+    tree = T.build(with_wait(record("demo"), until_model=True))
+    wait = tree.find("i1.wait1")
+    assert wait is not None and wait.title == "waiting for the rate limit" and wait.status == "ok"
+    assert wait.duration_s == pytest.approx(0.2)
+    assert wait.summary == "0.2s · anthropic key 0123456789ab · requests"
+    model = tree.find("i1.model")
+    assert model is not None and model.start_s == 0.0  # the turn still starts where the iteration did
+    detail = sections(with_wait(record("demo"), until_model=True), "i1.wait1")["rate_limit"]
+    assert isinstance(detail.body, dict) and detail.body["reason"] == "capacity"
+
+
+def test_a_wait_still_going_shows_as_waiting() -> None:
+    tree = T.build(with_wait(record("demo"), until_model=False))
+    wait = tree.find("i1.wait1")
+    assert wait is not None and wait.status == "waiting"
