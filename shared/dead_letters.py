@@ -67,7 +67,7 @@ def submitted_run(letter: DeadLetter) -> tuple[str, str] | None:
     its body names (its header when the body is a reference or unreadable), the tenant the server let its
     sender publish for; None for any other letter or an id that is not one. ``LW_SUBMIT`` stores a submit under
     its partition of the door (``S.SUBMIT_TRANSFORM``): the letter's subject is read as its client sent it."""
-    subject = S.stem(letter.subject)
+    subject = S.as_sent(letter.subject)  # a letter of a release that kept the partition
     if not (
         S.matches(f"{S.RUN_SUBMIT_PREFIX}.*", subject) or S.matches(f"{S.RUN_SUBMIT_PREFIX}.*.{S.REPLAY}", subject)
     ):

@@ -430,14 +430,21 @@ def run_scoped(subject: str, run_id: str | None) -> str:
     return f"{subject}.{token(run_id or NO_RUN)}" if is_run_scoped(subject) else subject
 
 
-def stem(subject: str) -> str:
-    """The subject without its run token (``lw.v1.evt.run.completed.<run>`` -> ``...run.completed``), and a
-    submit as its client sent it (``...submit.<partition>.<tenant>`` -> ``...submit.<tenant>``)."""
+def as_sent(subject: str) -> str:
+    """A subject as its publisher sent it: a submit stored under its partition of the door
+    (``...submit.<partition>.<tenant>``, ``SUBMIT_TRANSFORM``) -> ``...submit.<tenant>``; any other as it is."""
     if subject.startswith(RUN_SUBMIT_PREFIX + "."):
         partition, _, tenant = subject[len(RUN_SUBMIT_PREFIX) + 1 :].partition(".")
         if tenant and "." not in tenant and partition.isdigit() and int(partition) < SUBMIT_PARTITIONS:
             return f"{RUN_SUBMIT_PREFIX}.{tenant}"
-        return subject
+    return subject
+
+
+def stem(subject: str) -> str:
+    """The subject without its run token (``lw.v1.evt.run.completed.<run>`` -> ``...run.completed``), and a
+    submit as its client sent it (``...submit.<partition>.<tenant>`` -> ``...submit.<tenant>``)."""
+    if subject.startswith(RUN_SUBMIT_PREFIX + "."):
+        return as_sent(subject)
     return (
         subject.rsplit(".", 1)[0] if is_run_scoped(subject) and subject.count(".") + 1 in RUN_EVENT_DEPTHS else subject
     )

@@ -149,7 +149,9 @@ def begin_run(state: RunState, lessons: list[str], at: datetime, problem: str | 
 
 def refuse_run(submit: RunSubmit, refusal: Refusal, config: RunConfig) -> Outbox:
     """The record of a submit refused at the door (status ``refused``, final, with the typed ``refusal``) and its
-    final event (``run.refused``, the refusal in its detail): nothing of it starts."""
+    final event (``run.refused``, the refusal in its detail): nothing of it starts, and it answers no one (a
+    submit naming a parent is not that parent's child: only the planner starts one)."""
+    config = config.model_copy(update={"parent_run_id": None, "parent_call_id": None, "parent_iteration": 0})
     state = RunState(
         run_id=submit.run_id,
         task=submit.task,

@@ -118,7 +118,7 @@ def _scenario_digest(scenario: Scenario) -> str:
 async def refuse(bus: Bus, submit: RunSubmit, subject: str, reason: str, msg_id: str | None = None) -> None:
     """A submit the planner does not start: dead-lettered with the reason, nothing stored or published."""
     body = submit.model_dump_json(by_alias=True)
-    letter = DeadLetter(service="planner", subject=subject, reason=reason, body=body)
+    letter = DeadLetter(service="planner", subject=S.as_sent(subject), reason=reason, body=body)
     await bus.publish(
         S.dead_letter("planner"), letter, msg_id=msg_id or ids.refused_submit(submit.run_id, digest_of(body))
     )
