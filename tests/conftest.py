@@ -47,6 +47,7 @@ TEST_ENV = {
     "LW_TENANT_DAILY_CEILING_USD": "0.05",  # every tenant's (tests/test_cost.py) but the default one's:
     "LW_TENANT_CEILINGS": '{"default": 1000}',  # runs submitted without a tenant are the default tenant's
     "LW_METRICS_POLL_S": "5",  # the JetStream figures on /metrics (tests/test_prometheus_scrape.py)
+    "LW_CONSOLE_PORT": "0",  # any free port: two stacks starting at once both saw 8700 free, and one console failed
 }
 REPLICAS = ("planner", "planner", "executor", "executor", "validator", "judge", "governor", "escalation")
 ONE_EACH = ("planner", "executor", "validator", "judge", "governor", "escalation")
