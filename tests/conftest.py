@@ -34,7 +34,7 @@ from tests.support.timing import bound, eventually, scale_test_timeout
 ROOT = Path(__file__).resolve().parents[1]
 TEST_ENV = {
     "LW_ACK_WAIT_S": "3",
-    "LW_TOOL_HOST_GRACE_S": "2",  # a tool no replica pulls fails after 2 s here (15 s by default)
+    "LW_TOOL_HOST_GRACE_S": f"{bound(2):g}",  # a tool no replica pulls fails after 2 s here (15 s by default)
     # a killed executor's call is taken for abandoned 4 s after its last renewal (10 s by default), on the
     # suite's time scale: a loaded machine may delay a renewal
     "LW_TOOL_LEASE_S": f"{bound(4):g}",
