@@ -271,6 +271,7 @@ class Scenario(_Strict):
     expect: Expectation | None = None
     replay: bool = Field(
         False,
+        exclude_if=lambda replay: not replay,  # left out unless set: a release before it refuses the field
         description="set by the planner, never by a file: the scenario came on an operator's replay subject, so "
         "the scripted providers replay it even where scripted runs are off (LW_ALLOW_SCRIPTED=false)",
     )

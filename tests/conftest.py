@@ -34,7 +34,7 @@ from tests.support.timing import bound, eventually, scale_test_timeout
 ROOT = Path(__file__).resolve().parents[1]
 TEST_ENV = {
     "LW_ACK_WAIT_S": "3",
-    "LW_TOOL_HOST_GRACE_S": "2",  # a tool no replica pulls fails after 2 s here (15 s by default)
+    "LW_TOOL_HOST_GRACE_S": f"{bound(2):g}",  # a tool no replica pulls fails after 2 s here (15 s by default)
     # a killed executor's call is taken for abandoned 4 s after its last renewal (10 s by default), on the
     # suite's time scale: a loaded machine may delay a renewal
     "LW_TOOL_LEASE_S": f"{bound(4):g}",
@@ -47,6 +47,7 @@ TEST_ENV = {
     "LW_TENANT_DAILY_CEILING_USD": "0.05",  # every tenant's (tests/test_cost.py) but the default one's:
     "LW_TENANT_CEILINGS": '{"default": 1000}',  # runs submitted without a tenant are the default tenant's
     "LW_METRICS_POLL_S": "5",  # the JetStream figures on /metrics (tests/test_prometheus_scrape.py)
+    "LW_CONSOLE_PORT": "0",  # any free port: two stacks starting at once both saw 8700 free, and one console failed
 }
 REPLICAS = ("planner", "planner", "executor", "executor", "validator", "judge", "governor", "escalation")
 ONE_EACH = ("planner", "executor", "validator", "judge", "governor", "escalation")

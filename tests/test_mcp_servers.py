@@ -23,9 +23,9 @@ import pytest
 from loopwarden.client import Client
 from loopwarden.stack import LocalStack, Proc
 from shared import subjects as S
-from shared.messages import McpServerStatus, RunSnapshot
+from shared.messages import McpServerStatus, RunSnapshot, ToolContract
 from tests.conftest import escalations_of, run_scenario
-from tests.support.timing import bound
+from tests.support.timing import bound, polls
 
 TIME_TOOLS = ["get_current_time", "convert_time"]
 GIT_TOOLS = ["git_status", "git_add", "git_commit", "git_log", "git_show"]
@@ -318,6 +318,13 @@ async def test_a_server_that_failed_at_start_has_its_tools_hosted_once_it_comes_
     lab["gate"].write_text("go")  # the next restart completes its handshake
     events = await wait_for_state(client, "late", pid, "up", after=len(first))
     assert any("late_profile" in e.tools for e in events if e.state == "up")
+    # "up" is reported as its tools start being hosted; its contract is published once the executor consumes them
+    for _ in range(polls(200)):
+        contract, _ = await client.bus.kv_get(S.KV_CONTRACTS, S.kv_key("late_profile"), ToolContract)
+        if contract is not None:
+            break
+        await asyncio.sleep(0.1)
+    assert contract is not None, "late_profile was never published to the catalogue"
     state = await run_scenario(
         client,
         {"name": "mcp-lab-late", "task": "Whose profile?", "planner": [call("late_profile"), submit("Ada.")]},

@@ -142,7 +142,11 @@ async def test_a_model_outage_past_the_delivery_budget_stalls_the_run_and_a_requ
     events = await client.events(run_id)
     (said,) = [e for e in events if e.kind == "run.stalled"]
     assert said.payload["status"] == "stalled" and said.payload["detail"]["letter"] == seq
-    item = (await alice.show(stall.escalation_id or "")).escalations[0]
+
+    async def raised() -> list[Any]:  # the queue item is raised by the escalation service, a moment after the stall
+        return (await alice.show(stall.escalation_id or "")).escalations
+
+    (item,) = await eventually(raised, what=f"the queue item of {run_id}'s stall", within=bound(15), every=0.2)
     assert (item.kind, item.status, item.allowed_actions) == ("stalled", "open", ["requeue", "abort"])
     assert item.details["letter"] == seq and item.details["service"] == "planner"
     # the run view says so: `loopwarden status` (one line naming the letter and how to hand it back)
