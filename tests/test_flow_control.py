@@ -26,8 +26,10 @@ from loopwarden.client import Client, QuotaExceeded, Refused
 from loopwarden.stack import LocalStack
 from services.console.auth import hash_password
 from shared import subjects as S
+from shared.access import parse_access
 from shared.bus import RUN_ID_HEADER
 from shared.flow import TenantDay, day_key, today
+from shared.live_config import store_access
 from shared.messages import RunSubmit
 from shared.scenario import parse_scenario
 from shared.settings import Settings
@@ -52,6 +54,7 @@ ENV = {
     "LW_ESCALATION_SWEEP_S": "0.2",
     "LW_CONSOLE_USERS": json.dumps({"alice": hash_password(PASSWORD, rounds=4)}),
     "LW_CONSOLE_PORT": "0",
+    "LW_CONFIG_REFRESH_S": "0.2",  # an applied access file is read again this often
 }
 CORRECTION = yaml.safe_load((ROOT / "scenarios" / "correction-escalates.yaml").read_text())
 
@@ -307,3 +310,35 @@ async def test_the_console_shows_the_fleet_and_a_runs_priority_and_refusal(
         await browser.close()
     for run_id in (*holding, queued, first):
         assert (await client.wait(run_id, timeout=bound(60))).status == "completed"
+
+
+# --- tenants as configuration ----------------------------------------------------------------------------------
+async def test_a_tenants_policy_applied_in_the_access_file_holds_at_the_door_without_a_restart(
+    client: Client,
+) -> None:
+    # last in the module: the applied file is the stack's roster and console logins from here on
+    name = tenant("applied")
+    holding = await submit(client, slow(2.0), name)  # no quota for it yet
+    assert await submit(client, slow(0.1), name)
+    access = parse_access(
+        {
+            "tenants": {name: {"policy": {"max_runs": 1}}},
+            "operators": {"alice": {"console_password_hash": hash_password(PASSWORD, rounds=4)}},
+        }
+    )
+    await store_access(client.bus, access, applied_by="test")
+
+    async def refused() -> QuotaExceeded | None:
+        try:
+            run_id = await submit(client, slow(0.1), name)
+        except QuotaExceeded as err:
+            return err
+        await client.wait(run_id, timeout=bound(30))
+        return None
+
+    told = await eventually(refused, what="the applied quota", within=bound(15), every=0.3)
+    assert (told.quota, told.limit) == ("max_runs", 1), told
+    view = await client.fleet()
+    row = next(t for t in view.tenants if t.tenant == name)
+    assert any(q.quota == "max_runs" and q.limit == 1 for q in row.quotas), row.quotas
+    assert (await client.wait(holding, timeout=bound(30))).status == "completed"  # nothing accepted is dropped

@@ -18,6 +18,7 @@ from shared import subjects as S
 from shared import telemetry as T
 from shared.bus import Bus, Unchanged
 from shared.flow import Policies, TenantDay, day_key, today
+from shared.live_config import LiveConfig
 from shared.messages import (
     FINAL_STATUSES,
     BudgetDecision,
@@ -147,7 +148,8 @@ class Governor:
         self._share_due = False
         self._sharing: asyncio.Task[None] | None = None
         self.days = TenantDays(bus)
-        self.policies = Policies(settings)  # each tenant's daily ceiling: the one reader of tenants' policies
+        # each tenant's daily ceiling: the one reader of tenants' policies (LW_TENANTS and lw_config)
+        self.policies = Policies(settings, LiveConfig(bus).policies)
 
     def keep(self, key: str, ledger: BudgetLedger | None, revision: int) -> None:
         if ledger is None:
@@ -230,10 +232,11 @@ class Governor:
     def ceiling_rows(self) -> list[tuple[dict[str, str], float]]:
         """The ceiling of every tenant the settings name and every tenant seen today (the default tenant's too)."""
         s = self.settings
-        tenants = dict.fromkeys([S.DEFAULT_TENANT, *s.tenants, *s.tenant_ceilings, *self.spent_today])
+        configured = self.policies.last or {}
+        tenants = dict.fromkeys([S.DEFAULT_TENANT, *s.tenants, *configured, *s.tenant_ceilings, *self.spent_today])
         rows = []
         for tenant in tenants:
-            ceiling = s.tenant_policy(tenant).daily_ceiling_usd
+            ceiling = self.policies.known(tenant).daily_ceiling_usd
             if ceiling is not None:
                 rows.append(({"tenant": self._tenant_label(tenant)}, ceiling))
         return rows

@@ -27,6 +27,7 @@ from shared.flow import (
     today,
 )
 from shared.flow.view import quota_use
+from shared.live_config import LiveConfig
 from shared.messages import FleetView, FlowTicket, OpenItems
 from shared.settings import Settings
 from shared.telemetry import Telemetry
@@ -70,7 +71,7 @@ class FlowReads:
 
     def __init__(self, bus: Bus, settings: Settings, telemetry: Telemetry) -> None:
         self.bus, self.settings = bus, settings
-        self.policies = Policies(settings)
+        self.policies = Policies(settings, LiveConfig(bus).policies)
         self._kept: tuple[FleetRecord, int] | None = None
         self._records = Fresh(self._read_record)
         self._open = Fresh(self._read_open)
