@@ -79,6 +79,7 @@ FLOW_ADMITTED = "loopwarden.flow.admitted"  # counter {tenant}: runs admitted to
 FLOW_REFUSED = "loopwarden.flow.refused"  # counter {tenant, quota}: submits refused at the door
 FLOW_FINISHED = "loopwarden.flow.finished"  # counter {tenant}: admitted runs that ended
 FLOW_WAIT = "loopwarden.flow.wait"  # histogram, s {tenant}: a run's wait for its tenant's share
+FLOW_RATE_LIMITED = "loopwarden.flow.rate_limited"  # histogram, s {tenant}: an ended run's waits for rate limits
 # fleet-wide gauges: every planner replica reports the same figure (take one, not the sum)
 FLOW_QUEUED = "loopwarden.flow.queued"  # gauge {tenant}: runs waiting for their tenant's share
 FLOW_RUNNING = "loopwarden.flow.running"  # gauge {tenant}: runs in flight
@@ -300,6 +301,7 @@ CATALOGUE: dict[str, tuple[Kind, str, tuple[str, ...]]] = {
     FLOW_REFUSED: ("counter", "", ("planner",)),
     FLOW_FINISHED: ("counter", "", ("planner",)),
     FLOW_WAIT: ("histogram", "s", ("planner",)),
+    FLOW_RATE_LIMITED: ("histogram", "s", ("planner",)),
     FLOW_QUEUED: ("gauge", "", ("planner",)),
     FLOW_RUNNING: ("gauge", "", ("planner",)),
     FLOW_CAPACITY: ("gauge", "", ("planner",)),

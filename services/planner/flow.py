@@ -75,6 +75,7 @@ class Op:
     run_id: str = ""
     ended: bool = False
     stored_bytes: int = 0
+    rate_limited_s: float = 0.0
     priority: int = 0
     policy: Policy | None = None
     outside: Usage | None = None
@@ -113,6 +114,9 @@ class Flow(FlowReads):
             M.FLOW_REFUSED, description="submits refused at the door, by tenant and quota"
         )
         self.finished = meter.create_counter(M.FLOW_FINISHED, description="admitted runs that ended")
+        self.rate_limited = meter.create_histogram(
+            M.FLOW_RATE_LIMITED, unit="s", description="an ended run's time waiting for the providers' rate limits"
+        )
         self.waited = meter.create_histogram(
             M.FLOW_WAIT, unit="s", description="time a run waited for its tenant's share of the fleet"
         )
@@ -170,7 +174,16 @@ class Flow(FlowReads):
         tenant = state.tenant or S.DEFAULT_TENANT
         if after in FINAL_STATUSES or after == "awaiting_human":
             ended = after in FINAL_STATUSES
-            self._ops.append(Op("release", tenant, state.run_id, ended=ended, stored_bytes=stored_bytes(state)))
+            self._ops.append(
+                Op(
+                    "release",
+                    tenant,
+                    state.run_id,
+                    ended=ended,
+                    stored_bytes=stored_bytes(state),
+                    rate_limited_s=state.rate_limited_s,
+                )
+            )
         elif before == "awaiting_human" and after == "running":
             self._ops.append(Op("hold", tenant, state.run_id))
         else:
@@ -248,6 +261,7 @@ class Flow(FlowReads):
         for op in ops:
             if op.kind == "release" and op.ended:
                 self.finished.add(1, {"tenant": self.tenant_label(op.tenant)})
+                self.rate_limited.record(op.rate_limited_s, {"tenant": self.tenant_label(op.tenant)})
             if op.decided is not None and not op.decided.done():
                 op.decided.set_result(result.decisions.get(op, (None, False)))
                 if result.decisions.get(op, (None, False))[1]:  # admitted at once: it waited for nothing
@@ -390,7 +404,9 @@ def apply_op(record: FleetRecord, op: Op, now: float) -> bool:
         case "hold":
             return hold(record, op.tenant, op.run_id, now)
         case "release":
-            return release(record, op.run_id, now, ended=op.ended, stored_bytes=op.stored_bytes)
+            return release(
+                record, op.run_id, now, ended=op.ended, stored_bytes=op.stored_bytes, rate_limited_s=op.rate_limited_s
+            )
         case "enqueue":  # as if accepted, waiting (a draft's: the write decides it again)
             assert op.policy is not None and op.outside is not None
             return enqueue(record, op.policy, op.priority, op.outside) is None

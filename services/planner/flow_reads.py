@@ -29,6 +29,7 @@ from shared.flow import (
 from shared.flow.view import quota_use
 from shared.live_config import LiveConfig
 from shared.messages import FleetView, FlowTicket, OpenItems
+from shared.ratelimit.fleet import provider_keys
 from shared.settings import Settings
 from shared.telemetry import Telemetry
 from shared.tenancy import Policy
@@ -187,7 +188,8 @@ class FlowReads:
             if stamps:
                 oldest[t] = min(stamps)
         now = time.time()
-        return fleet_view(
+        keys = await provider_keys(self.bus, self.settings, now)
+        view = fleet_view(
             record,
             oldest,
             policies,
@@ -197,6 +199,8 @@ class FlowReads:
             capacity=self.capacity(record, now),
             planners=live_planners(record, now, self.ttl),
         )
+        view.providers = [key.model_dump(mode="json") for key in keys]
+        return view
 
     async def _oldest(self, tenant: str, priority: int) -> float | None:
         msgs, _ = await scan_page(self.bus.nc, S.STREAM_FLOW, S.flow_ticket(tenant, priority), batch=1)

@@ -31,6 +31,10 @@ class FleetRecord(BaseModel):
     waited: dict[str, dict[str, list[float]]] = Field(
         default_factory=dict, description="tenant -> minute -> [seconds waited, runs admitted]"
     )
+    rate_limited: dict[str, dict[str, list[float]]] = Field(
+        default_factory=dict,
+        description="tenant -> minute -> [seconds its runs that ended waited for the providers' rate limits, runs]",
+    )
     stored: dict[str, int] = Field(default_factory=dict, description="tenant -> bytes its ended runs keep stored")
 
     def running_of(self, tenant: str) -> int:
@@ -175,9 +179,12 @@ def hold(record: FleetRecord, tenant: str, run_id: str, now: float) -> bool:
     return admit(record, tenant, run_id, now)
 
 
-def release(record: FleetRecord, run_id: str, now: float, *, ended: bool, stored_bytes: int = 0) -> bool:
-    """``run_id`` gives its slot back: it ``ended`` (counted as finished, its ``stored_bytes`` to its tenant), or
-    waits for a person. A run holding no slot (a sub-agent, a run admitted before flow control) changes nothing
+def release(
+    record: FleetRecord, run_id: str, now: float, *, ended: bool, stored_bytes: int = 0, rate_limited_s: float = 0.0
+) -> bool:
+    """``run_id`` gives its slot back: it ``ended`` (counted as finished, its ``stored_bytes`` to its tenant, and
+    ``rate_limited_s``, the time it waited for the providers' rate limits, to the tenant's minute), or waits for a
+    person. A run holding no slot (a sub-agent, a run admitted before flow control) changes nothing
     but what it ended with."""
     tenant = record.tenant_of(run_id)
     if tenant is None:
@@ -189,6 +196,9 @@ def release(record: FleetRecord, run_id: str, now: float, *, ended: bool, stored
         per = record.finished.setdefault(tenant, {})
         per[_minute(now)] = per.get(_minute(now), 0) + 1
         _trim(record.finished, now)
+        cell = record.rate_limited.setdefault(tenant, {}).setdefault(_minute(now), [0.0, 0.0])
+        cell[0], cell[1] = round(cell[0] + max(0.0, rate_limited_s), 3), cell[1] + 1
+        _trim(record.rate_limited, now)
         if stored_bytes:
             record.stored[tenant] = record.stored.get(tenant, 0) + stored_bytes
     return True

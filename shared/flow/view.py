@@ -50,6 +50,8 @@ def fleet_view(
         ended = sum(n for m, n in record.finished.get(tenant, {}).items() if int(m) >= window_start)
         cells = [c for m, c in record.waited.get(tenant, {}).items() if int(m) >= window_start]
         admitted = sum(c[1] for c in cells)
+        limited = [c for m, c in record.rate_limited.get(tenant, {}).items() if int(m) >= window_start]
+        limited_runs = sum(c[1] for c in limited)
         rows.append(
             TenantFlow(
                 tenant=tenant,
@@ -62,6 +64,7 @@ def fleet_view(
                 finished_per_min=round(ended / minutes, 2),
                 waited_s=round(sum(c[0] for c in cells) / admitted, 3) if admitted else 0.0,
                 oldest_wait_s=round(max(0.0, now - oldest[tenant]), 3) if tenant in oldest else 0.0,
+                rate_limited_s=round(sum(c[0] for c in limited) / limited_runs, 3) if limited_runs else 0.0,
                 quotas=quota_use(policy, usage),
             )
         )

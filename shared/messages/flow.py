@@ -37,6 +37,9 @@ class TenantFlow(Wire):
     finished_per_min: float = Field(0.0, description="runs of it that ended, per minute, over the last minutes")
     waited_s: float = Field(0.0, description="mean time its runs admitted lately waited for their share")
     oldest_wait_s: float = Field(0.0, description="how long its oldest waiting run has waited so far")
+    rate_limited_s: float = Field(
+        0.0, description="mean time its runs that ended lately waited for the model providers' rate limits"
+    )
     quotas: list[QuotaUse] = Field(default_factory=list)
 
 
