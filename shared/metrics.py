@@ -94,7 +94,7 @@ RATELIMIT_GAVE_UP = "loopwarden.ratelimit.gave_up"  # counter: calls that would 
 RATELIMIT_REMAINING = "loopwarden.ratelimit.remaining"  # gauge: what the provider last announced is left
 RATELIMIT_LIMIT = "loopwarden.ratelimit.limit"  # gauge: the per-minute limit in force
 RATELIMIT_LATE = "loopwarden.ratelimit.late"  # counter: calls woken > 0.5 s after their slot, which took another
-AWAITED = frozenset(
+AWAITED = frozenset(  # the figures of a live provider's calls, and only of them
     {
         RATELIMIT_WAIT,
         RATELIMIT_REJECTIONS,
@@ -103,9 +103,8 @@ AWAITED = frozenset(
         RATELIMIT_LIMIT,
         RATELIMIT_LATE,
     }
-)  # until the rate-limit branch's figures are live: the dashboard test lets these be absent from a
-# live /metrics (the rate-limit ones stay absent until a live provider is called: the suite's scrape stack replays
-# scenarios)
+)  # the scrape test lets these be absent from its stack's /metrics (its runs replay scenarios and call
+# no live provider); tests/test_rate_limits.py checks the dashboard's rate-limit queries against its planners' /metrics
 
 # --- histogram buckets ------------------------------------------------------------------------------------
 # the GenAI semantic conventions' recommended boundaries (operation duration, token usage)

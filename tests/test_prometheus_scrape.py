@@ -282,7 +282,7 @@ async def test_every_dashboard_query_names_a_live_metric_and_runs(
     queries = dashboard_queries()
     assert len(queries) > 30
     used = {base_name(name) for q in queries for name in metric_names(q)}
-    awaited = {M.prometheus_name(n, *M.CATALOGUE[n][:2]) for n in M.AWAITED}  # issue 34's, until they land
+    awaited = {M.prometheus_name(n, *M.CATALOGUE[n][:2]) for n in M.AWAITED}  # a live provider's: test_rate_limits
     live: set[str] = set()
 
     def all_live() -> set[str]:

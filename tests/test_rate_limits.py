@@ -14,8 +14,10 @@ import asyncio
 import itertools
 import json
 import os
+import re
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -27,6 +29,7 @@ from opentelemetry.trace import NoOpTracer
 from loopwarden.client import Client
 from loopwarden.fake_model import FakeModel, RateLimit
 from loopwarden.stack import LocalStack
+from shared import metrics as M
 from shared.backoff import BackoffPolicy
 from shared.bus import Bus
 from shared.messages import ChatMessage, RunLimits, RunSnapshot, RunSubmit
@@ -36,6 +39,7 @@ from shared.ratelimit.fleet import provider_keys
 from shared.ratelimit.gate import RateLimiter, RateLimitWait
 from shared.settings import Settings
 from tests.conftest import TEST_ENV, running
+from tests.support.promql import base_name, metric_names
 from tests.support.timing import bound, eventually
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -222,6 +226,23 @@ async def test_a_wait_past_the_runs_bound_ends_its_turn_with_a_typed_reason(
     assert "for its rate limit (paused)" in reason and "past the bound of 1s" in reason, reason
     assert len(rejected_since(stand_in, armed)) == 1  # waited, not retried: one request for the run
     assert snapshot.awaiting is None  # no person is asked to wait for a rate limit
+
+
+def test_the_dashboards_rate_limit_queries_name_what_the_planners_export(limited: LocalStack) -> None:
+    # after the waits, pauses and the bound above: the figures the scrape test's scripted stack never makes
+    # (its runs call no live provider; shared/metrics.py AWAITED)
+    dashboard = json.loads((ROOT / "deploy" / "grafana" / "loopwarden.json").read_text())
+    queries = [t["expr"] for p in dashboard["panels"] if p["type"] != "row" for t in p["targets"]]
+    used = {base_name(n) for q in queries for n in metric_names(q) if n.startswith("loopwarden_ratelimit_")}
+    assert len(used) >= 4, used
+    live: set[str] = set()
+    for label, url in limited.metrics_urls().items():
+        if label in PLANNERS:
+            with urllib.request.urlopen(url, timeout=bound(5)) as resp:
+                live |= set(re.findall(r"^# TYPE (\S+) ", resp.read().decode(), flags=re.M))
+    assert used <= live, sorted(used - live)
+    awaited = {M.prometheus_name(n, *M.CATALOGUE[n][:2]) for n in M.AWAITED}
+    assert used <= awaited  # nothing else the dashboard reads may be absent from the scrape test's stack
 
 
 # --- settings, through the gate ----------------------------------------------------------------------------------
