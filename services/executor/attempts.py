@@ -20,7 +20,7 @@ from services.executor.ledger import LedgerEntry
 from services.executor.ownership import Ownership
 from services.executor.recovery import Attempted, Fail, Fallback, UseCached, model_error, retry_delay
 from services.executor.recovery import after_retries as recovery_after
-from services.executor.registry import HostedTool, ToolContext, ToolFailure
+from services.executor.registry import HostedTool
 from shared import subjects as S
 from shared import telemetry as T
 from shared.bus import Bus
@@ -30,6 +30,7 @@ from shared.messages import CachedToolResult, ToolCall, ToolResultRaw, Wire
 from shared.providers.select import scripted_tools
 from shared.scenario import ToolBehaviour
 from shared.settings import FaultPoint, Settings
+from shared.tools import ToolContext, ToolFailure
 
 log = logging.getLogger("loopwarden.executor")
 
