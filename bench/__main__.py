@@ -25,6 +25,8 @@ def main() -> int:
             "mcp",
             "storage",
             "cost",
+            "fairness",
+            "overload",
             "ratelimit",
         ],
     )
@@ -80,10 +82,21 @@ def main() -> int:
         if args.before:
             print("\n".join(ratelimit.report(ratelimit.run(runs=20 if args.quick else 200, fleet=False))), flush=True)
     ok = True
+    if args.only in (None, "fairness"):  # fair share between tenants (issue 34)
+        from bench import fairness
+
+        fair = fairness.run(burst=200, small=10) if args.quick else fairness.run()
+        print("\n".join(fairness.report(fair)), flush=True)
+    if args.only in (None, "overload"):  # far more runs than the fleet serves, in one burst (issue 34)
+        from bench import overload
+
+        over = overload.run(n=1000, quota=150) if args.quick else overload.run()
+        print("\n".join(overload.report(over)), flush=True)
+        ok = ok and not over["lost"] and not over["unanswered"]
     if args.only in (None, "chaos"):
         result = chaos.run(runs=12, kills=8) if args.quick else chaos.run()
         print("\n".join(chaos.report(result)), flush=True)
-        ok = result.ok
+        ok = ok and result.ok
     if measured:
         print("\n".join(guard.report(measured)), flush=True)
     return 0 if ok else 1

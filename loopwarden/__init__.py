@@ -18,9 +18,12 @@ if TYPE_CHECKING:
     from loopwarden.client import (
         Client,
         Event,
+        NotAccepted,
         NotAllowed,
         NumberedLetter,
         PermissionDenied,
+        QuotaExceeded,
+        Refused,
         Requeued,
         RunResult,
         UnknownAgent,
@@ -68,6 +71,10 @@ __all__ = [  # noqa: RUF022 - grouped by what a user does, not sorted
     "Event",
     "Watch",
     "new_run_id",
+    # a submit refused at the door (a quota, or one the planner does not start), or not answered
+    "Refused",
+    "QuotaExceeded",
+    "NotAccepted",
     # agents: defined in Python or a file, registered, run by name
     "Agent",
     "AgentRecord",
@@ -144,9 +151,12 @@ _HOME = {
         (
             "Client",
             "Event",
+            "NotAccepted",
             "NotAllowed",
             "NumberedLetter",
             "PermissionDenied",
+            "QuotaExceeded",
+            "Refused",
             "Requeued",
             "RunResult",
             "UnknownAgent",

@@ -5,6 +5,7 @@ The commands live by audience; a new command goes in the module of the people wh
 
 - ``cli_stack``   running the system on a machine: demo, up, down, bootstrap
 - ``cli_runs``    submitting and following runs: submit, status, events, trace, metrics, dlq
+- ``cli_fleet``   the fleet as flow control sees it: fleet
 - ``cli_agents``  agents a user names and runs: agents register|list|show, run AGENT, runs
 - ``cli_queue``   operators on the human queue: escalations ...
 - ``cli_records`` keeping and reproducing runs: export, replay, retention
@@ -22,13 +23,24 @@ import inspect
 import os
 import sys
 
-from loopwarden import cli_agents, cli_config, cli_offline, cli_queue, cli_records, cli_runs, cli_stack, fake_model
+from loopwarden import (
+    cli_agents,
+    cli_config,
+    cli_fleet,
+    cli_offline,
+    cli_queue,
+    cli_records,
+    cli_runs,
+    cli_stack,
+    fake_model,
+)
 from loopwarden.cli_common import EXIT_CODES_HELP, INTERRUPTED, OK, UserError, bus_failure, env_nats_url, say
 from shared.version import package_version
 
 AUDIENCES = (
     cli_stack,
     cli_runs,
+    cli_fleet,
     cli_agents,
     cli_queue,
     cli_records,

@@ -14,6 +14,7 @@ from loopwarden.cli_common import (
     USAGE,
     UserError,
     add_json_flag,
+    add_priority_flag,
     connected,
     emit_json,
     load_scenario_file,
@@ -70,11 +71,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Start a run of the agent and print its id. With --wait, wait until it ends or waits for a "
         "human and print how it ended (exit 0 completed or, with a scenario's expect, ended as expected; 1 failed, "
         "stopped or not as expected; 5 waiting for a human). A scenario calling tools the stack does not host is "
-        "refused first.",
+        "refused first; a submit refused at the door (a quota, the daily ceiling) prints why, exit 1.",
     )
     p.add_argument("agent", metavar="AGENT", help="the agent's name (`loopwarden agents list`)")
     p.add_argument("--task", metavar="TEXT", help="the task (a live run, by the planner's provider)")
     p.add_argument("--scenario", metavar="FILE", help="a scenario: the run is scripted by it (its task, unless --task)")
+    add_priority_flag(p)
     p.add_argument("--wait", action="store_true", help="wait until the run ends or waits for a human")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds --wait waits (default: 120)")
     p.add_argument(
@@ -192,7 +194,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
     async with connected() as client:
         await refuse_missing_tools(client, scenario, args)
         try:
-            run_id = await client.submit_agent(args.agent, args.task, scenario=scenario)
+            run_id = await client.submit_agent(args.agent, args.task, scenario=scenario, priority=args.priority)
         except UnknownAgent as err:
             raise UserError(str(err), FAILED) from None
         return await report_run(client, run_id, scenario, args, _cost_and_agent)
@@ -223,6 +225,7 @@ async def cmd_runs(args: argparse.Namespace) -> int:
                     "agent": r.agent,
                     "agent_version": r.agent_version,
                     "tenant": r.tenant,
+                    "priority": r.priority,
                     "created_at": r.created_at.isoformat(),
                     "updated_at": r.updated_at.isoformat(),
                     "cost_usd": r.usage.cost_usd,
@@ -242,7 +245,7 @@ async def cmd_runs(args: argparse.Namespace) -> int:
         say(
             plain(
                 f"{r.run_id}  {r.created_at:%Y-%m-%d %H:%M:%S}  {r.status:<14} {agent:<16} "
-                f"{r.tenant or '-':<10} ${r.usage.cost_usd:.4f}  {task}"
+                f"{r.tenant or '-':<10} p{r.priority} ${r.usage.cost_usd:.4f}  {task}"
             )
         )
     return OK

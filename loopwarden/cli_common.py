@@ -273,17 +273,35 @@ async def connected(
         await client.close()
 
 
+def add_priority_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--priority",
+        type=int,
+        choices=range(10),
+        metavar="0-9",
+        help="higher first among your tenant's runs waiting for the fleet (default: the agent's, else 5)",
+    )
+
+
 def bus_failure(err: BaseException, url: str | None = None) -> UserError | None:
-    """A failure talking to NATS in the middle of a command, as one line (None: not one of those)."""
+    """A failure talking to NATS in the middle of a command, as one line (None: not one of those); a run
+    refused at the door (a quota, the daily ceiling, a full submit stream) is one line too, exit 1."""
     from nats.errors import Error as NatsError
     from nats.errors import NoRespondersError
 
-    from loopwarden.client import PermissionDenied
+    from loopwarden.client import NotAccepted, PermissionDenied, Refused
     from shared.bus import RequestRefused
 
     where = f" at {redact_url(url)}" if url else ""
     if isinstance(err, PermissionDenied):
         return UserError(str(err), FAILED)
+    if isinstance(err, Refused):
+        figures = f" (quota {err.quota}: limit {err.limit:g}, current {err.current:g})" if err.quota else ""
+        if err.quota and (err.limit is None or err.current is None):
+            figures = f" (quota {err.quota})"
+        return UserError(f"{err}{figures}", FAILED)
+    if isinstance(err, NotAccepted):
+        return UserError(str(err), TIMED_OUT)
     if isinstance(err, RequestRefused):
         return UserError(f"refused: {err}", FAILED)
     if isinstance(err, NoRespondersError):

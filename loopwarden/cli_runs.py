@@ -16,6 +16,7 @@ from loopwarden.cli_common import (
     TIMED_OUT,
     UserError,
     add_json_flag,
+    add_priority_flag,
     connected,
     emit_json,
     json_text,
@@ -51,6 +52,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="submit a scenario even if it calls tools the stack does not host (each such call fails: unknown_tool)",
     )
+    add_priority_flag(p)
     add_json_flag(p)
     p.set_defaults(func=cmd_submit)
 
@@ -125,6 +127,10 @@ def _summary(state: Any) -> dict[str, Any]:
         "run_id": state.run_id,
         "status": state.status,
         "reason": state.final_reason,
+        "priority": state.priority,
+        "tenant": state.tenant,
+        "waited_s": round(state.waited_s, 3),
+        "refusal": state.refusal.model_dump(mode="json") if state.refusal else None,
         "iteration": state.iteration.n,
         "continues": state.continue_count,
         "retries": state.retry_count,
@@ -164,9 +170,9 @@ async def cmd_submit(args: argparse.Namespace) -> int:
     async with connected() as client:
         await refuse_missing_tools(client, scenario, args)
         if scenario is not None:
-            run_id = await client.submit_scenario(scenario)
+            run_id = await client.submit_scenario(scenario, priority=args.priority)
         else:
-            run_id = await client.submit(RunSubmit(run_id=new_run_id(), task=args.task))
+            run_id = await client.submit(RunSubmit(run_id=new_run_id(), task=args.task, priority=args.priority))
         return await report_run(client, run_id, scenario, args)
 
 
@@ -239,6 +245,18 @@ async def cmd_status(args: argparse.Namespace) -> int:
     u = state.usage
     say(f"run:         {state.run_id}")
     say(f"status:      {state.status}" + (f" ({state.final_reason})" if state.final_reason else ""))
+    say(f"priority:    {state.priority}" + (f" (tenant {state.tenant})" if state.tenant else ""))
+    if state.status == "queued":
+        say("waiting:     for its tenant's share of the fleet (`loopwarden fleet`)")
+    elif state.admitted_at is not None:
+        say(f"waited:      {state.waited_s:.1f}s for its tenant's share of the fleet")
+    if state.refusal is not None and state.refusal.quota is not None:
+        r = state.refusal
+        say(
+            f"refused by:  quota {r.quota}, limit {r.limit:g}, current {r.current:g}"
+            if r.limit is not None and r.current is not None
+            else f"refused by:  quota {r.quota}"
+        )
     say(f"iterations:  {state.iteration.n} (continues {state.continue_count}, retries {state.retry_count})")
     say(f"tokens:      in {u.input_tokens}, out {u.output_tokens}, cost ${u.cost_usd:.4f}")
     if state.first_draft_passed is not None:

@@ -55,7 +55,8 @@ def node_config(layout: Layout, n: int, route_password: str, auth_conf: Path, sy
         for m in range(1, layout.nodes + 1)
         if m != n
     ]
-    sync = f', sync_interval: "{sync_interval}"' if sync_interval else ""
+    from loopwarden.stack import jetstream_limits  # three nodes on one disk: each offers what a local stack does
+
     return "\n".join(
         [
             f"# node {n} of {layout.nodes} on one machine (docs/clustering.md): `loopwarden cluster-config --node {n}`",
@@ -63,7 +64,7 @@ def node_config(layout: Layout, n: int, route_password: str, auth_conf: Path, sy
             f'server_name: "lw-n{n}"',
             f'listen: "{layout.host}:{layout.client_port + n - 1}"',
             f'http: "127.0.0.1:{layout.http_port + n - 1}"',
-            f'jetstream {{ store_dir: "{here / "jetstream"}"{sync} }}',
+            f'jetstream {{ store_dir: "{here / "jetstream"}", {jetstream_limits(sync_interval or None)} }}',
             "cluster {",
             "  name: loopwarden",
             f'  listen: "{layout.host}:{layout.cluster_port + n - 1}"',

@@ -92,10 +92,11 @@ class LockedSetup:
     def server_config(self, port: int, store: Path, name: str, sync: str | None) -> Path:
         """``nats/server.conf`` (listen, JetStream, ``include ./auth.conf``) and ``nats/auth.conf``."""
         from loopwarden.auth_conf import hosted_tools
+        from loopwarden.stack import jetstream_limits
 
         conf = self.root / SERVER_CONF
         write_private(self.root / AUTH_CONF, render(hosted_tools(), self.access, ACCESS), 0o640)
-        jetstream = f'store_dir: "{store}"' + (f', sync_interval: "{sync}"' if sync else "")
+        jetstream = f'store_dir: "{store}", {jetstream_limits(sync)}'
         write_private(
             conf,
             f'# loopwarden up --locked (docs/access.md)\nlisten: "127.0.0.1:{port}"\nserver_name: "{name}"\n'

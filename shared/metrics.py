@@ -74,12 +74,18 @@ SLA_BREACHES = "loopwarden.queue.sla_breaches"  # counter {kind, action}: an SLA
 # --- the console ----------------------------------------------------------------------------------------
 CONSOLE_LOGINS = "loopwarden.console.logins"  # counter {result: ok | failed | throttled}
 
-# --- flow control: built by the fair-share and rate-limit work (issue 34); named here as those branches name
-# them, so the docs, the dashboard and the alerts agree with what they export ----------------------------------
+# --- flow control (planner; docs/flow-control.md) and rate limits (issue 34) ------------------------------------
 FLOW_ADMITTED = "loopwarden.flow.admitted"  # counter {tenant}: runs admitted to the fleet
 FLOW_REFUSED = "loopwarden.flow.refused"  # counter {tenant, quota}: submits refused at the door
 FLOW_FINISHED = "loopwarden.flow.finished"  # counter {tenant}: admitted runs that ended
 FLOW_WAIT = "loopwarden.flow.wait"  # histogram, s {tenant}: a run's wait for its tenant's share
+FLOW_RATE_LIMITED = "loopwarden.flow.rate_limited"  # histogram, s {tenant}: an ended run's waits for rate limits
+# fleet-wide gauges: every planner replica reports the same figure (take one, not the sum)
+FLOW_QUEUED = "loopwarden.flow.queued"  # gauge {tenant}: runs waiting for their tenant's share
+FLOW_RUNNING = "loopwarden.flow.running"  # gauge {tenant}: runs in flight
+FLOW_CAPACITY = "loopwarden.flow.capacity"  # gauge: runs the fleet admits at once
+FLOW_QUOTA_USED = "loopwarden.flow.quota.used"  # gauge {tenant, quota}: a quota's figure as last seen at the door
+FLOW_QUOTA_LIMIT = "loopwarden.flow.quota.limit"  # gauge {tenant, quota}: that quota's limit
 RATELIMIT_WAIT = (
     "loopwarden.ratelimit.wait"  # histogram, s {gen_ai.provider.name, loopwarden.ratelimit.account, reason}
 )
@@ -90,10 +96,6 @@ RATELIMIT_LIMIT = "loopwarden.ratelimit.limit"  # gauge: the per-minute limit in
 RATELIMIT_LATE = "loopwarden.ratelimit.late"  # counter: calls woken > 0.5 s after their slot, which took another
 AWAITED = frozenset(
     {
-        FLOW_ADMITTED,
-        FLOW_REFUSED,
-        FLOW_FINISHED,
-        FLOW_WAIT,
         RATELIMIT_WAIT,
         RATELIMIT_REJECTIONS,
         RATELIMIT_GAVE_UP,
@@ -101,8 +103,9 @@ AWAITED = frozenset(
         RATELIMIT_LIMIT,
         RATELIMIT_LATE,
     }
-)  # until issue 34's branches are merged: the dashboard test lets these be absent from a live /metrics (the
-# rate-limit ones stay absent until a live provider is called: the suite's scrape stack replays scenarios)
+)  # until the rate-limit branch's figures are live: the dashboard test lets these be absent from a
+# live /metrics (the rate-limit ones stay absent until a live provider is called: the suite's scrape stack replays
+# scenarios)
 
 # --- histogram buckets ------------------------------------------------------------------------------------
 # the GenAI semantic conventions' recommended boundaries (operation duration, token usage)
@@ -298,6 +301,12 @@ CATALOGUE: dict[str, tuple[Kind, str, tuple[str, ...]]] = {
     FLOW_REFUSED: ("counter", "", ("planner",)),
     FLOW_FINISHED: ("counter", "", ("planner",)),
     FLOW_WAIT: ("histogram", "s", ("planner",)),
+    FLOW_RATE_LIMITED: ("histogram", "s", ("planner",)),
+    FLOW_QUEUED: ("gauge", "", ("planner",)),
+    FLOW_RUNNING: ("gauge", "", ("planner",)),
+    FLOW_CAPACITY: ("gauge", "", ("planner",)),
+    FLOW_QUOTA_USED: ("gauge", "", ("planner",)),
+    FLOW_QUOTA_LIMIT: ("gauge", "", ("planner",)),
     RATELIMIT_WAIT: ("histogram", "s", ("planner", "judge")),
     RATELIMIT_REJECTIONS: ("counter", "", ("planner", "judge")),
     RATELIMIT_GAVE_UP: ("counter", "", ("planner", "judge")),

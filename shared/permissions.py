@@ -41,6 +41,7 @@ class Grant:
     bodies_for: tuple[str, ...] = ()  # other owners it stores bodies as (the planner: each tenant's reads)
     sees: tuple[str, ...] | None = None  # the streams whose info (and subject index) it may read (None: every one)
     tenant: str | None = None  # a client bound to this tenant (its inbox is ``_INBOX_tenant.<user>``)
+    takes_from: tuple[str, ...] = ()  # queues kept in a stream without a consumer it reads and purges (LW_FLOW)
 
 
 # The people (tenant-bound clients and operators) are configuration: the access file an admin applies
@@ -99,16 +100,40 @@ GRANTS: dict[str, Grant] = {
         # a tenant-bound client's reads of its own runs (``services/planner/reads.py``): it answers every
         # tenant's clients (their inboxes: ``_INBOX_tenant.<user>``) from the runs' records and events, and
         # stores a large answer under the tenant's bodies (``lw.v1.payload.tenant.<tenant>``)
-        subscribe=(f"{S.RUN_READ_PREFIX}.>",),
-        answers_people=(S.TENANT_ROLE,),
+        # and the fleet's view (``loopwarden fleet``: every tenant's for the client, the console, operators and the
+        # admin; a tenant's own row for its clients)
+        subscribe=(f"{S.RUN_READ_PREFIX}.>", S.FLOW_VIEW, f"{S.FLOW_VIEW}.*"),
+        answers=("client", "console", "admin"),  # the fleet's view
+        answers_people=(S.TENANT_ROLE, S.OPERATOR_ROLE),  # (operators: the fleet's view only)
         bodies_for=(S.TENANT_ROLE,),
         config_keys=(S.CONFIG_ACCESS,),  # the tenants' policies
-        # scenarios: bound at submit; history: the runs' conversations; rate limits: its model calls' keys
-        kv_write=(S.KV_RUNS, S.KV_MODEL_CALLS, S.KV_LESSONS, S.KV_SCENARIOS, S.KV_HISTORY, S.KV_RATE_LIMITS),
-        # agents: resolved at submit (``RunSubmit.agent``); the rest: a tenant's export of its own run (``values``)
-        kv_read=(S.KV_CONTRACTS, S.KV_AGENTS, S.KV_TOOL_LEDGER, S.KV_VERDICTS, S.KV_ESCALATIONS, S.KV_BUDGETS),
+        # scenarios: bound at submit; history: the runs' conversations; rate limits: its model calls' keys;
+        # flow: the fleet's admission record
+        kv_write=(
+            S.KV_RUNS,
+            S.KV_MODEL_CALLS,
+            S.KV_LESSONS,
+            S.KV_SCENARIOS,
+            S.KV_HISTORY,
+            S.KV_RATE_LIMITS,
+            S.KV_FLOW,
+        ),
+        # agents: resolved at submit (``RunSubmit.agent``); the rest: a tenant's export of its own run (``values``);
+        # budgets also: a tenant's day (its daily ceiling at submit); human counts: each tenant's open items in
+        # the human queue (its quota)
+        kv_read=(
+            S.KV_CONTRACTS,
+            S.KV_AGENTS,
+            S.KV_TOOL_LEDGER,
+            S.KV_VERDICTS,
+            S.KV_ESCALATIONS,
+            S.KV_BUDGETS,
+            S.KV_HUMAN_COUNTS,
+        ),
         read_streams=(S.STREAM_EVT,),
+        takes_from=(S.STREAM_FLOW,),  # the waiting runs' tickets
         consumers=(
+            *((S.STREAM_SUBMIT, S.submit_durable(k)) for k in range(S.SUBMIT_PARTITIONS)),
             (S.STREAM_SUBMIT, S.DURABLE_PLANNER_SUBMIT),
             (S.STREAM_CMD, S.DURABLE_PLANNER_SPAWN),
             (S.STREAM_CMD, S.DURABLE_PLANNER_ADVANCE),
@@ -154,7 +179,7 @@ GRANTS: dict[str, Grant] = {
         publish=published("escalation"),
         # the queue's requests, and the operators' agent registrations (it holds the roster that decides them)
         subscribe=(f"{S.P}.rpc.escalation.>", f"{S.AGENT_REGISTER_PREFIX}.>"),
-        kv_write=(S.KV_ESCALATIONS, S.KV_AGENTS),
+        kv_write=(S.KV_ESCALATIONS, S.KV_AGENTS, S.KV_HUMAN_COUNTS),  # and each tenant's open items (the planners')
         # the run's last turns; provided results meet the tool's contract
         kv_read=(S.KV_RUNS, S.KV_CONTRACTS, S.KV_HISTORY),
         consumers=(
@@ -321,6 +346,10 @@ def rights(service: str, grant: Grant) -> tuple[list[str], list[str]]:
         # History by (batched) direct get: a read, never a consumer. ``MSG.GET`` reads one message by its
         # number (``loopwarden dlq requeue N``).
         pub += [f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.DIRECT.GET.{stream}", f"$JS.API.STREAM.MSG.GET.{stream}"]
+    for stream in grant.takes_from:
+        # A queue kept in a stream without a consumer: the oldest messages of a subject by direct get, removed
+        # once taken (a purge of that subject up to a sequence), the subjects' counts by stream info.
+        pub += [f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.DIRECT.GET.{stream}", f"$JS.API.STREAM.PURGE.{stream}"]
     pub += payload_rights(service, grant.bodies_of)
     pub += [f"{S.PAYLOAD_PREFIX}.{owner}.>" for owner in grant.bodies_for]
     return list(dict.fromkeys(pub)), list(dict.fromkeys(sub))

@@ -27,6 +27,11 @@ P = f"lw.{VERSION}"
 # tenant's subject, so the planner takes the tenant from the subject, never from the body
 RUN_SUBMIT_PREFIX = f"{P}.cmd.run.submit"
 DEFAULT_TENANT = "default"
+# The door is partitioned by tenant so that one tenant's burst of submits does not sit in front of another's:
+# LW_SUBMIT stores ``<prefix>.<tenant>`` as ``<prefix>.<k>.<tenant>``, k a hash of the tenant in 0..N-1 (a subject
+# transform of the stream), and the planner takes each partition through its own durable (``submit_durable``).
+# Two tenants share a partition with odds 1/N: then their submits are taken in arrival order, as before.
+SUBMIT_PARTITIONS = 8
 RUN_SPAWN = f"{P}.cmd.run.spawn"  # planner -> planner: a sub-agent run (only the planner may start a child)
 RUN_ADVANCE = f"{P}.cmd.run.advance"  # planner -> planner: take the next model turn
 TOOL_EXECUTE_PREFIX = f"{P}.cmd.tool.execute"
@@ -46,6 +51,9 @@ ESCALATION_RESOLVE = f"{P}.rpc.escalation.resolve"
 # a tenant-bound client reads its runs through the planner (``services/planner/reads.py``):
 # ``<prefix>.<verb>.<tenant>``, and the server lets each such client publish only its own tenant's
 RUN_READ_PREFIX = f"{P}.rpc.runs"
+# the fleet as flow control sees it (``loopwarden fleet``), answered by any planner: every tenant's row, or
+# ``<it>.<tenant>`` for a tenant-bound client (its own row only; the server lets it publish only its own)
+FLOW_VIEW = f"{P}.rpc.flow.view"
 # an operator (or the admin) registers an agent as itself: ``<prefix>.<user>``, answered by the escalation service
 AGENT_REGISTER_PREFIX = f"{P}.rpc.agents.register"
 RUN_READ_VERBS = ("state", "history", "events", "values")  # one run (``RunRead``)
@@ -78,11 +86,18 @@ DLQ_PREFIX = f"{P}.dlq"
 # every subject holds one message, written once (the stream refuses a second: ``discard_new_per_subject``).
 PAYLOAD_PREFIX = f"{P}.payload"
 
+# --- flow control: the tickets of runs waiting for their tenant's share (JetStream stream LW_FLOW) -------------
+# ``lw.v1.flow.ticket.<tenant>.<priority>``: one message per waiting run, in the order they came; a planner
+# reads the oldest of a subject by direct get, takes it in the fleet's record (compare-and-swap) and removes the
+# tickets it took with a purge of the subject up to the last. Nothing consumes the stream.
+FLOW_TICKET_PREFIX = f"{P}.flow.ticket"
+
 STREAM_CMD = "LW_CMD"
 STREAM_SUBMIT = "LW_SUBMIT"
 STREAM_EVT = "LW_EVT"
 STREAM_DLQ = "LW_DLQ"
 STREAM_PAYLOADS = "LW_PAYLOADS"
+STREAM_FLOW = "LW_FLOW"
 # The subjects an untrusted user (a client, an operator) may publish live in a stream of their own:
 # JetStream de-duplicates by ``Nats-Msg-Id`` per stream, so a client's message id can never pre-claim
 # a service's (predictable) id on LW_CMD. LW_CMD lists the services' commands one by one.
@@ -101,13 +116,30 @@ STREAM_SUBJECTS: dict[str, list[str]] = {
     STREAM_EVT: [f"{P}.evt.>"],
     STREAM_DLQ: [f"{P}.dlq.>"],
     STREAM_PAYLOADS: [f"{PAYLOAD_PREFIX}.>"],
+    STREAM_FLOW: [f"{P}.flow.>"],
 }
 # where the services' durable consumers live (LW_DLQ: the planner's, which marks runs held up by a letter)
 STREAMS_WITH_DURABLES = (STREAM_CMD, STREAM_SUBMIT, STREAM_EVT, STREAM_DLQ)
 
 # --- durable consumers (a command's is shared by the replicas of its service; an event's is the
 # consuming service's own) -----------------------------------------------------------------------
-DURABLE_PLANNER_SUBMIT = "planner_submit"
+DURABLE_PLANNER_SUBMIT = "planner_submit"  # submits stored before the door was partitioned (``<prefix>.<tenant>``)
+
+
+def submit_durable(partition: int) -> str:
+    """The planner's durable of one partition of the door (``<prefix>.<partition>.*``)."""
+    return f"planner_submit_{partition}"
+
+
+def submit_partition(partition: int | str) -> str:
+    """The stored subjects of one partition of the door (``<prefix>.<partition>.<tenant>``)."""
+    return f"{RUN_SUBMIT_PREFIX}.{partition}.*"
+
+
+SUBMIT_TRANSFORM = (
+    f"{RUN_SUBMIT_PREFIX}.*",
+    f"{RUN_SUBMIT_PREFIX}.{{{{partition({SUBMIT_PARTITIONS},1)}}}}.{{{{wildcard(1)}}}}",
+)
 DURABLE_PLANNER_SPAWN = "planner_spawn"
 DURABLE_PLANNER_ADVANCE = "planner_advance"
 DURABLE_PLANNER_OUTCOMES = "planner_outcomes"
@@ -159,6 +191,8 @@ KV_HISTORY = "lw_history"  # planner: a run's conversation, one key per message 
 KV_CONSOLE_SESSIONS = "lw_console_sessions"  # console: revoked sessions, shared by every replica
 KV_REQUEUES = "lw_requeues"  # every consuming service: <service>.<letter> once it took that letter back
 KV_AGENTS = "lw_agents"  # operators (and the admin): registered agent definitions, one key per agent name
+KV_FLOW = "lw_flow"  # planner: the fleet's admission record (``fleet``: each tenant's runs in flight, ...)
+KV_HUMAN_COUNTS = "lw_human_counts"  # escalation: each tenant's open items in the human queue (key ``open``)
 KV_REPLICAS = "lw_replicas"  # every service replica: <service>.<instance> heartbeats (entries expire), the fleet
 KV_CONFIG = "lw_config"  # the admin: the access file applied (``loopwarden config apply``), read live by services
 CONFIG_ACCESS, CONFIG_CONSOLE = "access", "console"  # its keys (``shared/messages/config.py``)
@@ -183,6 +217,8 @@ ALL_BUCKETS = (
     KV_CONSOLE_SESSIONS,
     KV_REQUEUES,
     KV_AGENTS,
+    KV_FLOW,
+    KV_HUMAN_COUNTS,
     KV_REPLICAS,
     KV_CONFIG,
     KV_RATE_LIMITS,
@@ -258,6 +294,16 @@ def run_list(tenant: str) -> str:
 def run_read(verb: str, tenant: str) -> str:
     """The subject a client of ``tenant`` asks the planner for one of its runs (``verb``: ``RUN_READ_VERBS``)."""
     return f"{RUN_READ_PREFIX}.{token(verb)}.{token(tenant)}"
+
+
+def flow_view(tenant: str | None = None) -> str:
+    """Where the fleet's view is asked for: every tenant's (None), or one tenant's (a tenant-bound client)."""
+    return FLOW_VIEW if tenant is None else f"{FLOW_VIEW}.{token(tenant)}"
+
+
+def flow_ticket(tenant: str, priority: int | str) -> str:
+    """The subject of a waiting run's ticket: its tenant and priority (``*`` patterns allowed as arguments)."""
+    return f"{FLOW_TICKET_PREFIX}.{tenant if tenant == '*' else token(tenant)}.{priority}"
 
 
 def agent_register(user: str) -> str:
@@ -384,8 +430,21 @@ def run_scoped(subject: str, run_id: str | None) -> str:
     return f"{subject}.{token(run_id or NO_RUN)}" if is_run_scoped(subject) else subject
 
 
+def as_sent(subject: str) -> str:
+    """A subject as its publisher sent it: a submit stored under its partition of the door
+    (``...submit.<partition>.<tenant>``, ``SUBMIT_TRANSFORM``) -> ``...submit.<tenant>``; any other as it is."""
+    if subject.startswith(RUN_SUBMIT_PREFIX + "."):
+        partition, _, tenant = subject[len(RUN_SUBMIT_PREFIX) + 1 :].partition(".")
+        if tenant and "." not in tenant and partition.isdigit() and int(partition) < SUBMIT_PARTITIONS:
+            return f"{RUN_SUBMIT_PREFIX}.{tenant}"
+    return subject
+
+
 def stem(subject: str) -> str:
-    """The subject without its run token (``lw.v1.evt.run.completed.<run>`` -> ``...run.completed``)."""
+    """The subject without its run token (``lw.v1.evt.run.completed.<run>`` -> ``...run.completed``), and a
+    submit as its client sent it (``...submit.<partition>.<tenant>`` -> ``...submit.<tenant>``)."""
+    if subject.startswith(RUN_SUBMIT_PREFIX + "."):
+        return as_sent(subject)
     return (
         subject.rsplit(".", 1)[0] if is_run_scoped(subject) and subject.count(".") + 1 in RUN_EVENT_DEPTHS else subject
     )

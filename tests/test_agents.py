@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from loopwarden import Agent, Client, Criterion, Rubric, RunLimits, RunResult, UnknownAgent, parse_scenario
+from loopwarden import Agent, Client, Criterion, Refused, Rubric, RunLimits, RunResult, UnknownAgent, parse_scenario
 from loopwarden.fake_model import FakeModel
 from loopwarden.stack import LocalStack
-from shared.messages import RunSubmit
+from shared.messages import FINAL_STATUSES, RunSubmit
 from tests.conftest import ROOT
 from tests.support.timing import bound, polls
 
@@ -145,14 +145,16 @@ async def test_an_unknown_agent_is_one_line_exit_1_and_a_dead_letter_naming_it(
         await client.run(name, task="anything")
     # a submit that names it anyway (not through the client's check) is refused by the planner
     run_id = f"run-{name}"
-    await client.submit(RunSubmit(run_id=run_id, task="anything", agent=name))
+    with pytest.raises(Refused) as told:  # never started, and its submitter is told why at once
+        await client.submit(RunSubmit(run_id=run_id, task="anything", agent=name))
     for _ in range(polls(100)):
         letters = [d for d in await client.dead_letters() if d.service == "planner" and run_id in d.body]
         if letters:
             break
         await asyncio.sleep(0.1)
     assert letters and letters[0].reason.startswith(f"agent '{name}' is not registered"), letters
-    refused = await client.wait(run_id, timeout=bound(30))  # never started, and its submitter is told why
+    assert told.value.reason == letters[0].reason and told.value.quota is None
+    refused = await client.wait(run_id, timeout=bound(30), until=FINAL_STATUSES)
     assert refused.status == "refused" and refused.final_reason == letters[0].reason, refused
 
 
@@ -160,14 +162,16 @@ async def test_an_agent_for_other_tenants_is_refused_for_this_one(client: Client
     name = _name("acme-only")
     await client.register(Agent(name=name, tenants=["acme"]))
     run_id = f"run-{name}"
-    await client.submit(RunSubmit(run_id=run_id, task="anything", agent=name))  # the default tenant's subject
+    with pytest.raises(Refused) as told:  # the default tenant's subject
+        await client.submit(RunSubmit(run_id=run_id, task="anything", agent=name))
     for _ in range(polls(100)):
         letters = [d for d in await client.dead_letters() if d.service == "planner" and run_id in d.body]
         if letters:
             break
         await asyncio.sleep(0.1)
     assert letters and f"agent '{name}' is not for tenant 'default'" in letters[0].reason
-    refused = await client.wait(run_id, timeout=bound(30))
+    assert told.value.reason == letters[0].reason
+    refused = await client.wait(run_id, timeout=bound(30), until=FINAL_STATUSES)
     assert refused.status == "refused" and refused.final_reason == letters[0].reason, refused
 
 

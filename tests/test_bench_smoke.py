@@ -19,6 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
     [
         ("cost", ["cost: 24-step scripted run", "budget check at step 24", "tools section, 30 tools"]),
         ("storage", ["storage per run: 40 demo runs", "retention sweep after each batch"]),
+        # overload's short form: 1,000 runs at once, small quotas - every run completes or is refused with its reason
+        ("overload", ["overload: 1000 runs submitted at once", "lost 0", "target 0 lost: met", "peak resident memory"]),
     ],
 )
 def test_the_benchmark_runs_in_its_short_form(only: str, expected: list[str]) -> None:

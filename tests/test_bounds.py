@@ -23,7 +23,7 @@ from nats.js.api import DiscardPolicy
 from loopwarden.client import Client
 from loopwarden.stack import LocalStack, free_port
 from shared import subjects as S
-from shared.messages import Agent, AgentRecord, ErrorReply, EscalationQuery, RunRead, RunSubmit
+from shared.messages import FINAL_STATUSES, Agent, AgentRecord, ErrorReply, EscalationQuery, RunRead, RunSubmit
 from shared.payloads import KV_REF_KEY, REF_HEADER, PayloadStore
 from shared.permissions import operator_roster
 from shared.scenario import parse_scenario
@@ -170,10 +170,10 @@ async def test_a_huge_agent_value_is_refused_unfetched_and_the_planner_is_not_st
     before = sent_to(monitor, "planner")
     heavy = [f"run-heavy-{uuid.uuid4().hex[:8]}" for _ in range(4)]
     for run_id in heavy:
-        await client.submit(RunSubmit(run_id=run_id, task="Say hi.", agent=name))
+        await client.submit(RunSubmit(run_id=run_id, task="Say hi.", agent=name), accepted=False)
     took = await timed_run(client, "l4-other")  # another agent's run, meanwhile
     for run_id in heavy:
-        state = await client.wait(run_id, timeout=bound(30))
+        state = await client.wait(run_id, timeout=bound(30), until=FINAL_STATUSES)
         assert state.status == "refused", (state.status, state.final_reason)
         assert f"agent {name!r} is stored but cannot be read" in (state.final_reason or ""), state.final_reason
         assert "LW_VALUE_MAX_BYTES" in (state.final_reason or ""), state.final_reason

@@ -520,7 +520,7 @@ async def test_trace_prints_the_runs_timeline_and_the_trace_id_the_collector_has
     assert roots and shown["trace_id"] == roots[0].trace_id
     assert shown["jaeger"] == f"http://jaeger.example:16686/trace/{roots[0].trace_id}"
     timeline = shown["timeline"]
-    assert timeline[0]["t_s"] == 0 and "run started" in timeline[0]["line"]
+    assert timeline[0]["t_s"] == 0 and "run started" in timeline[0]["line"]  # an idle fleet: no wait, no queue
     assert timeline[-1]["subject"].startswith("lw.v1.evt.run.completed") and timeline[-1]["t_s"] > 0
 
 

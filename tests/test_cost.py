@@ -11,8 +11,9 @@ from typing import Any
 from loopwarden.client import Client
 from loopwarden.fake_model import FakeModel
 from services.governor.budget import BudgetLedger
-from services.governor.handlers import TenantDay, tenant_key, today
 from shared import subjects as S
+from shared.flow import TenantDay, today
+from shared.flow import day_key as tenant_key
 from shared.messages import RunLimits, RunSubmit
 from tests.conftest import run_scenario
 from tests.support.timing import bound

@@ -83,7 +83,10 @@ async def test_the_local_stack_starts_nats_server_syncing_every_write(always: Lo
     conf = args[args.index("-c") + 1]
     assert 'sync_interval: "always"' in Path(conf).read_text()  # noqa: ASYNC240 (a small local file)
     # the real server reads that config as an fsync on every write
-    assert jetstream_config([nats_server_binary(), "-js", "-c", conf], tmp_path).get("sync_always") is True
+    config = jetstream_config([nats_server_binary(), "-js", "-c", conf], tmp_path)
+    assert config.get("sync_always") is True
+    # it offers 1 TB for the bounds' reservations whatever the free disk (docs/operations.md, "Bounds")
+    assert config["max_storage"] == 1024**4, config
     assert "sync_always" not in jetstream_config([nats_server_binary(), "-js"], tmp_path / "default")
     # and the stack's server runs JetStream with it
     nc = await nats.connect(always.nats_url)

@@ -49,7 +49,8 @@ async def test_a_planner_dying_after_a_model_answer_is_stored_never_asks_the_mod
     Every turn's answer was stored once (the model was asked once per turn) and the tool ran once."""
     async with Client(Settings(nats_url=no_planner.nats_url)) as client:
         async with Wire(client, S.RUN_ADVANCE, f"$KV.{S.KV_MODEL_CALLS}.>") as wire:
-            run_id = await client.submit_scenario(parse_scenario(calculator_steps("dies-after-answer", 1)))
+            scenario = parse_scenario(calculator_steps("dies-after-answer", 1))
+            run_id = await client.submit_scenario(scenario, accepted=False)  # no planner runs yet
             for label in ("planner-dies-turn-1", "planner-dies-turn-2"):
                 await planner_dies(no_planner, "after_model_answered", label)
             snap = await client.state(run_id)

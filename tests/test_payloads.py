@@ -24,7 +24,7 @@ from shared import subjects as S
 from shared.bounded import bounded
 from shared.bus import Bus
 from shared.canonical import digest_of
-from shared.messages import RunSubmit
+from shared.messages import FINAL_STATUSES, RunSubmit
 from shared.payloads import KV_REF_KEY, PayloadError, PayloadRef
 from shared.payloads import stream_config as payload_stream
 from shared.scenario import Scenario, parse_scenario
@@ -179,7 +179,8 @@ async def test_a_bound_scenario_is_immutable_and_must_match_its_digest(client: C
         await asyncio.sleep(0.1)
     assert "another scenario is already bound" in reasons.get(run_id, "")
     assert "does not match its scenario_digest" in reasons.get(fresh, "")
-    refused = await client.wait(fresh, timeout=bound(30))  # refused: never started, and its submitter hears it
+    # refused: never started, and its submitter hears it (``wait`` raises it unless ``until`` names it)
+    refused = await client.wait(fresh, timeout=bound(30), until=FINAL_STATUSES)
     assert refused.status == "refused" and refused.model_calls == 0, refused
     state = await client.wait(run_id, timeout=bound(60))
     assert state.final_output == "1"  # the bound scenario is the one replayed

@@ -181,6 +181,16 @@ async def test_a_wait_is_shown_on_the_run_while_it_lasts(
     assert "⏳ waiting for the rate limit" in shown and "paused by a 429" in shown, shown
     after = await lw(env, "status", run_id)
     assert "waiting on:" not in after and "rate limits: waited" in after, after
+    # the fleet's view: the key's limits as learned from the stand-in's headers, and the tenant's wait
+    view = await client.fleet()
+    [key] = [k for k in view.providers if k["provider"] == "anthropic"]
+    assert key["dimensions"]["requests"]["source"] == "learned", key
+    assert key["dimensions"]["requests"]["limit_per_minute"] == pytest.approx(20 * 60), key
+    assert key["rejections"] >= 1, key
+    [row] = [t for t in view.tenants if t.tenant == "default"]
+    assert row.rate_limited_s > 0, row
+    fleet = await lw(env, "fleet")
+    assert f"anthropic key {key['account']}:" in fleet and "(learned)" in fleet, fleet
 
 
 async def lw(env: dict[str, str], *args: str) -> str:

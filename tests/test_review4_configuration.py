@@ -27,7 +27,7 @@ from typing import Any
 import nats
 import pytest
 
-from loopwarden.client import Client, NotAllowed
+from loopwarden.client import Client, NotAllowed, Refused
 from loopwarden.fake_model import FakeModel
 from shared import subjects as S
 from shared.access import EXAMPLE
@@ -268,7 +268,10 @@ async def test_l2_one_unreadable_agent_is_named_and_a_run_of_it_is_refused_at_on
         listed = await client.agents()
         assert "counter" in [r.agent.name for r in listed] and set(listed.unreadable) == {"broken"}
         before = max((n.seq for n in await _letters(review)), default=0)
-        run_id = await client.submit(RunSubmit(run_id=f"run-{uuid.uuid4().hex[:16]}", task="t", agent="broken"))
+        run_id = f"run-{uuid.uuid4().hex[:16]}"
+        with pytest.raises(Refused) as refused:  # at once, its submitter told why
+            await client.submit(RunSubmit(run_id=run_id, task="t", agent="broken"))
+        assert "agent 'broken' is stored but cannot be read" in refused.value.reason
     shown = await asyncio.to_thread(_cli, review, "client", "agents", "list")
     assert shown.returncode == 0 and "counter" in shown.stdout, shown.stdout + shown.stderr
     assert "lw_agents/broken: stored but unreadable" in shown.stderr

@@ -16,13 +16,14 @@ from typing import Any
 
 import pytest
 
-from loopwarden.client import Client
+from loopwarden.client import Client, QuotaExceeded, Refused
 from loopwarden.stack import LocalStack, tail
-from services.governor.handlers import TenantDay, tenant_key, today
 from services.planner.delegation import child_run_id
 from shared import subjects as S
 from shared.canonical import digest_of
-from shared.messages import DeadLetter, EscalationReply, RunSnapshot, RunSubmit, ToolCall
+from shared.flow import TenantDay, today
+from shared.flow import day_key as tenant_key
+from shared.messages import FINAL_STATUSES, DeadLetter, EscalationReply, RunSnapshot, RunSubmit, ToolCall
 from shared.permissions import TENANT_CLIENTS, grants, operator_roster, rights
 from shared.scenario import parse_scenario
 from shared.settings import Settings
@@ -107,7 +108,8 @@ async def letter_for(admin: Client, run_id: str, timeout: float = bound(20.0)) -
 
 
 async def settled(admin: Client, run_id: str, timeout: float = bound(30.0)) -> DeadLetter | RunSnapshot:
-    """What became of a submit: its dead letter (refused) or, if it was started, the run once it ended."""
+    """What became of a submit: its dead letter (refused at the door: the letter is the operators' record of
+    it) or, if it was started, the run once it ended."""
     for _ in range(int(timeout / 0.2)):
         letters = [d for d in await admin.dead_letters() if d.service == "planner" and run_id in d.body]
         if letters:
@@ -121,7 +123,7 @@ async def settled(admin: Client, run_id: str, timeout: float = bound(30.0)) -> D
 
 async def never_started(client: Client, run_id: str) -> RunSnapshot:
     """A refused submit: its record says so (its submitter's wait ends), and nothing of it ran."""
-    state = await client.wait(run_id, timeout=bound(30))
+    state = await client.wait(run_id, timeout=bound(30), until=FINAL_STATUSES)  # a refused record: no raise
     assert state.status == "refused" and state.model_calls == 0 and state.iteration.n == 0, state
     return state
 
@@ -168,7 +170,9 @@ async def test_a_client_cannot_answer_another_runs_tool_call_as_its_child(
         ],
         "answer_mode": "text",
     }
-    await acme.submit(scripted(forger, forged, parent_run_id=victim, parent_call_id="toolu_1", parent_iteration=1))
+    with pytest.raises(Refused) as refused:  # refused at the door: the forger reads why at once
+        await acme.submit(scripted(forger, forged, parent_run_id=victim, parent_call_id="toolu_1", parent_iteration=1))
+    assert "only the planner starts a sub-agent run" in refused.value.reason
 
     forgery = await settled(admin, forger)
     state = await client.wait(victim, timeout=bound(60))
@@ -177,7 +181,7 @@ async def test_a_client_cannot_answer_another_runs_tool_call_as_its_child(
     assert json.loads(result.content)["result"] == 42 and "FORGED" not in result.content, result.content
     assert "FORGED" not in json.dumps(state.model_dump(mode="json"))
     assert state.usage.cost_usd < 0.1, state.usage  # the forger's 2M scripted tokens ($6) never reached it
-    # refused, with the reason: never started, so it never answers anyone
+    # refused, with the reason: never started, so it never answers anyone (its record says refused)
     assert isinstance(forgery, DeadLetter), forgery.status
     assert "only the planner starts a sub-agent run" in forgery.reason, forgery.reason
     await never_started(acme, forger)
@@ -257,13 +261,16 @@ async def test_a_client_cannot_spend_another_tenants_day_nor_set_limits_past_the
     assert await tenant_spent(admin, "acme") < CEILING
     assert isinstance(refused, DeadLetter), refused.status
     assert "tenant 'acme' is not the submitter's" in refused.reason, refused.reason
-    await never_started(client, spender)
+    record = await never_started(client, spender)  # the submitter's own tenant's record: nothing spent
+    assert record.tenant == S.DEFAULT_TENANT and record.usage.cost_usd == 0
     # and acme's subject is acme's users' only
     refusals = await L.publish_refusals(locked[0], "client", S.run_submit("acme"), attack.model_dump_json().encode())
     assert refusals, "the default tenant's client published on acme's submit subject"
     # an over-the-cap limit is refused with the field and the cap
     greedy = f"run-greedy-{key()}"
-    await client.submit(scripted(greedy, says(greedy, "x"), limits={"cost_ceiling_usd": 1e9}))
+    with pytest.raises(Refused) as capped:
+        await client.submit(scripted(greedy, says(greedy, "x"), limits={"cost_ceiling_usd": 1e9}))
+    assert "limits.cost_ceiling_usd 1e+09 is over the cap 10000" in capped.value.reason
     letter = await letter_for(admin, greedy)
     assert "limits.cost_ceiling_usd 1e+09 is over the cap 10000" in letter.reason, letter.reason
     await never_started(client, greedy)
@@ -304,10 +311,10 @@ async def test_a_run_submitted_without_a_tenant_meets_the_default_tenants_ceilin
             break
         await asyncio.sleep(0.2)
     second = f"run-default-{key()}"
-    await client.submit(scripted(second, says(second, "too late")))
-    state = await client.wait(second, timeout=bound(30))
-    assert state.status == "stopped", (state.status, state.final_output)
-    assert f"tenant {S.DEFAULT_TENANT} daily cost ceiling" in (state.final_reason or ""), state.final_reason
+    with pytest.raises(QuotaExceeded) as ceiling:  # at its ceiling: refused at the door, not stopped later
+        await client.submit(scripted(second, says(second, "too late")))
+    assert ceiling.value.quota == "daily_ceiling_usd" and ceiling.value.limit == CEILING
+    assert f"tenant {S.DEFAULT_TENANT} reached its daily cost ceiling" in ceiling.value.reason
 
 
 # --- scripted runs only where allowed (last: it restarts the planner and the executor) --------------------
@@ -325,7 +332,9 @@ async def test_without_scripted_runs_a_scenario_is_refused_and_no_tool_plays_one
     await asyncio.to_thread(stack.wait_ready, procs)
 
     run_id = f"run-scripted-{key()}"
-    await client.submit(scripted(run_id, says(run_id, "scripted")))
+    with pytest.raises(Refused) as refused:
+        await client.submit(scripted(run_id, says(run_id, "scripted")))
+    assert "scripted runs are not allowed here (LW_ALLOW_SCRIPTED=false)" in refused.value.reason
     letter = await letter_for(admin, run_id)
     assert "scripted runs are not allowed here (LW_ALLOW_SCRIPTED=false)" in letter.reason, letter.reason
     await never_started(client, run_id)

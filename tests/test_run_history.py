@@ -140,12 +140,12 @@ async def test_replicas_read_back_what_they_did_not_see_and_a_dropped_tail_is_st
 
 
 async def test_a_planner_dying_after_saving_a_record_loses_no_message_of_the_history(no_planner: LocalStack) -> None:
-    """The only planner exits right after its first save (``LW_FAULT_INJECT=after_run_saved``): the
-    record carries the task message in its tail, nothing went to lw_history and nothing was published.
-    A healthy planner takes the redelivered submit over, re-publishes the stored outbox, and stores the
-    tail before its first save drops it from the record; the run's history is whole."""
+    """The only planner exits right after its first save (``LW_FAULT_INJECT=after_run_saved``; an idle fleet
+    starts the run at the door): the record carries the task message in its tail, nothing went to lw_history and
+    nothing was published. A healthy planner takes the redelivered submit over, re-publishes the stored outbox,
+    and stores the tail before its first save drops it from the record; the run's history is whole."""
     async with Client(Settings(nats_url=no_planner.nats_url)) as client:
-        run_id = await client.submit_scenario(parse_scenario(steps(3)))
+        run_id = await client.submit_scenario(parse_scenario(steps(3)), accepted=False)  # no planner yet
         await planner_dies(no_planner, "after_run_saved", "planner-dies")
         snap = await client.state(run_id)
         assert snap is not None and snap.status == "running" and snap.history_len == 1 and len(snap.tail) == 1

@@ -23,11 +23,11 @@ from typing import Any
 import pytest
 import yaml
 
-from loopwarden.client import Client, Event
+from loopwarden.client import Client, Event, Refused
 from loopwarden.fake_model import FakeModel
 from loopwarden.stack import LocalStack
 from shared import subjects as S
-from shared.messages import RunSnapshot, RunSubmit
+from shared.messages import FINAL_STATUSES, RunSnapshot, RunSubmit
 from shared.permissions import operator_roster
 from shared.settings import Settings
 from tests.conftest import ROOT, TEST_ENV
@@ -248,7 +248,11 @@ async def test_a_malformed_submit_whose_run_id_can_be_read_ends_refused_for_its_
     body = json.dumps({"run_id": run_id, "task": "", "limits": {"max_iterations": "many"}}).encode()
     async with Client(as_user(url, "client_acme", tenant="acme"), identity="client_acme") as acme:
         await acme.bus.publish(S.run_submit("acme"), body, msg_id=f"submit.{run_id}", run_id=run_id)
-        state = await acme.wait(run_id, timeout=bound(20))  # never a timeout: the reason comes back
+        # never a timeout: the reason comes back (``wait`` raises it unless ``until`` names ``refused``)
+        with pytest.raises(Refused) as told:
+            await acme.wait(run_id, timeout=bound(20))
+        state = await acme.wait(run_id, timeout=bound(20), until=FINAL_STATUSES)
+    assert told.value.reason == state.final_reason and told.value.quota is None
     assert state.status == "refused", state.status
     assert (state.final_reason or "").startswith("does not match contract RunSubmit"), state.final_reason
 
@@ -258,9 +262,10 @@ def test_submit_wait_of_a_submit_the_planner_refuses_exits_1_with_the_reason(url
     path.write_text(yaml.safe_dump({"name": "scripted", "task": "Say done.", "planner": [{"text": "done"}]}))
     done = lw(url, "client", "submit", "--scenario", str(path), "--wait", "--timeout", f"{bound(30):g}")
     assert done.returncode == 1, done.stdout + done.stderr
-    lines = done.stdout.strip().splitlines()
-    assert len(lines) == 2 and lines[0].startswith("run-"), done.stdout
-    assert lines[1] == "refused: scenario: scripted runs are not allowed here (LW_ALLOW_SCRIPTED=false)", lines[1]
+    # refused at the door: one line naming the run and the reason (the submit returns only once accepted)
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("loopwarden submit: run run-") and done.stdout == "", done.stdout + done.stderr
+    assert line.endswith(" refused: scenario: scripted runs are not allowed here (LW_ALLOW_SCRIPTED=false)"), line
     assert "Traceback" not in done.stderr and "timed out" not in done.stderr, done.stderr
 
 

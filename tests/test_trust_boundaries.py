@@ -426,7 +426,13 @@ def test_every_generated_grant_keeps_the_rules() -> None:
             assert not any(S.RUN_READ_PREFIX in p for p in (*pub, *sub)), user  # the planner alone answers them
         assert f"{L.inbox_of(user)}.>" in sub
     planner = rights("planner", grants["planner"])
-    assert {p for p in planner[0] if p.startswith("_INBOX_")} == {S.people_inboxes(S.TENANT_ROLE)}
+    # the planner answers the tenant-bound clients (their reads, their row of the fleet's view) and whoever may ask
+    # for the whole fleet's view (``loopwarden fleet``: the default client, the console, the operators, the admin)
+    assert {p for p in planner[0] if p.startswith("_INBOX_")} == {
+        S.people_inboxes(S.TENANT_ROLE),
+        S.people_inboxes(S.OPERATOR_ROLE),
+        *(f"{S.inbox_prefix(u)}.>" for u in ("client", "console", "admin")),
+    }
     assert f"{S.RUN_READ_PREFIX}.>" in planner[1]
     # no tenant's client inbox is under another role's, nor any service's: the escalation service answers none
     assert all(L.inbox_of(u).startswith("_INBOX_tenant.") for u in TENANT_BOUND)

@@ -10,6 +10,7 @@ run and its check), and ``events`` (``Event``, ``Watch`` and the tool figures co
 from __future__ import annotations
 
 from loopwarden.client.connecting import READY_TIMEOUT_S, Unreachable, probe, resolve_settings
+from loopwarden.client.door import NotAccepted, QuotaExceeded, Refused, refusal_error
 from loopwarden.client.events import Event, Watch, tool_metrics, tool_outcomes
 from loopwarden.client.exports import Exports, TenantSource
 from loopwarden.client.letters import Letters, NumberedLetter, Requeued
@@ -26,19 +27,23 @@ from loopwarden.client.runs import (
     select_runs,
 )
 from loopwarden.client.scenarios import Scenarios
-from loopwarden.client.waiting import PROGRESS_STEMS
+from loopwarden.client.waiting import ACCEPTED, PROGRESS_STEMS
 
 __all__ = [
+    "ACCEPTED",
     "PROGRESS_STEMS",
     "READY_TIMEOUT_S",
     "TENANT_POLL_S",
     "AgentList",
     "Client",
     "Event",
+    "NotAccepted",
     "NotAllowed",
     "NumberedLetter",
     "PermissionDenied",
+    "QuotaExceeded",
     "Refusals",
+    "Refused",
     "Requeued",
     "RunResult",
     "TenantSource",
@@ -50,6 +55,7 @@ __all__ = [
     "guarded",
     "new_run_id",
     "probe",
+    "refusal_error",
     "resolve_settings",
     "scenario_submit",
     "select_runs",

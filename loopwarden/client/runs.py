@@ -12,20 +12,24 @@ from pathlib import Path
 from opentelemetry.trace import SpanKind
 from pydantic import ValidationError
 
+from loopwarden.client.door import NotAccepted, QuotaExceeded
 from loopwarden.client.refusals import PermissionDenied, guarded
-from loopwarden.client.waiting import Waiting
+from loopwarden.client.waiting import ACCEPTED, Waiting
 from shared import subjects as S
 from shared.agents import load_agent
-from shared.bus import kv_scan
+from shared.bus import StreamFull, kv_scan
 from shared.canonical import digest_of
 from shared.describe import describe
+from shared.flow import submit_stream_refusal
 from shared.messages import (
-    FINAL_STATUSES,
+    FINISHED_STATUSES,
     RUN_LIST_MAX,
     Agent,
     AgentRecord,
     AgentRegister,
     AgentRegisterReply,
+    FleetView,
+    FlowQuery,
     RunLimits,
     RunList,
     RunQuery,
@@ -42,7 +46,9 @@ def new_run_id() -> str:
     return f"run-{uuid.uuid4().hex[:20]}"
 
 
-def scenario_submit(scenario: Scenario, run_id: str, limits: RunLimits | None = None) -> RunSubmit:
+def scenario_submit(
+    scenario: Scenario, run_id: str, limits: RunLimits | None = None, priority: int | None = None
+) -> RunSubmit:
     """The submit of ``scenario``'s task with the scenario bound to it (replayed by scripted providers)."""
     data = scenario.model_dump(mode="json", by_alias=True)
     return RunSubmit(
@@ -56,6 +62,7 @@ def scenario_submit(scenario: Scenario, run_id: str, limits: RunLimits | None = 
         lessons=scenario.lessons,
         scenario=data,
         scenario_digest=digest_of(data),
+        priority=priority,
     )
 
 
@@ -142,7 +149,20 @@ class Runs(Waiting):
     """Submitting runs and agents, running one to its end, listing runs."""
 
     @guarded
-    async def submit(self, submit: RunSubmit) -> str:
+    async def submit(self, submit: RunSubmit, *, timeout: float | None = None, accepted: bool = True) -> str:
+        """Submit a run; its id once a planner accepted it (``queued`` for its tenant's share of the fleet, or
+        started). ``Refused`` (``QuotaExceeded`` for a quota, its limit and the current figure) when it was refused
+        at the door, the submit stream being full included; ``NotAccepted`` when no planner answered within
+        ``timeout`` (default ``LW_SUBMIT_ANSWER_S``): the submit is stored and is taken once a planner runs.
+        ``accepted=False``: return once the submit is stored, without waiting for a planner's answer (``wait``
+        then raises a refusal)."""
+        await self.send(submit)
+        if accepted:
+            await self.accepted(submit.run_id, timeout if timeout is not None else self.settings.submit_answer_s)
+        return submit.run_id
+
+    async def send(self, submit: RunSubmit) -> None:
+        """Publish a submit (stored once JetStream acknowledges it), without waiting for a planner's answer."""
         assert self.telemetry is not None
         tracer = self.telemetry.tracer("loopwarden.client")
         # The root of the run's trace: every service's spans hang below it.
@@ -151,19 +171,48 @@ class Runs(Waiting):
         ):
             # on its tenant's subject: the server lets this client's user publish only its own tenant's
             subject = S.run_submit(submit.tenant or self.bus.settings.tenant)
-            await self.bus.publish(subject, submit, msg_id=f"submit.{submit.run_id}")
-        return submit.run_id
+            try:
+                await self.bus.publish(subject, submit, msg_id=f"submit.{submit.run_id}")
+            except StreamFull as err:
+                limit, current = await self._submit_bounds(err.description or "")
+                raise QuotaExceeded(
+                    submit.run_id, submit_stream_refusal(err.description or "stream full", limit, current)
+                ) from None
+
+    async def _submit_bounds(self, description: str) -> tuple[float | None, float | None]:
+        """The submit stream's bound that was hit and its current figure (None: this user may not read them)."""
+        try:
+            info = await self.bus.js.stream_info(S.STREAM_SUBMIT)
+        except Exception:
+            return None, None
+        if "bytes" in description:
+            return info.config.max_bytes, info.state.bytes
+        return info.config.max_msgs, info.state.messages
+
+    async def accepted(self, run_id: str, timeout: float) -> RunSnapshot:
+        """The run's record once a planner wrote it (accepted: queued or started), or ``Refused``; ``NotAccepted``
+        after ``timeout`` seconds."""
+        try:
+            return await self.wait(run_id, timeout=timeout, until=ACCEPTED, history=False)
+        except TimeoutError:
+            raise NotAccepted(run_id, timeout) from None
 
     async def submit_scenario(
-        self, scenario: Scenario, run_id: str | None = None, limits: RunLimits | None = None
+        self,
+        scenario: Scenario,
+        run_id: str | None = None,
+        limits: RunLimits | None = None,
+        *,
+        priority: int | None = None,
+        accepted: bool = True,
     ) -> str:
         """Submit a scenario's task with the scenario bound to it (replayed by scripted providers).
 
         The scenario travels in the submit message (by reference when large) with its digest; only the
         planner stores it, so no client can write another run's scenario."""
         run_id = run_id or new_run_id()
-        submit = scenario_submit(scenario, run_id, limits)
-        await self.submit(submit)
+        submit = scenario_submit(scenario, run_id, limits, priority)
+        await self.submit(submit, accepted=accepted)
         return run_id
 
     async def register(self, agent: Agent | str | Path, timeout: float = 10.0) -> AgentRecord:
@@ -225,6 +274,7 @@ class Runs(Waiting):
         *,
         scenario: Scenario | None = None,
         run_id: str | None = None,
+        priority: int | None = None,
     ) -> str:
         """Start a run of the registered ``agent`` on ``task`` (live), or scripted by ``scenario`` (its task
         unless ``task`` is given): the run id. ``UnknownAgent`` when no agent has that name."""
@@ -239,6 +289,7 @@ class Runs(Waiting):
             agent=agent,
             scenario=data,
             scenario_digest=digest_of(data) if data is not None else None,
+            priority=priority,
         )
         return await self.submit(submit)
 
@@ -259,8 +310,16 @@ class Runs(Waiting):
         A scripted run: ``scenario=load_scenario(FILE)``. ``TimeoutError`` (naming the run) past
         ``timeout`` seconds; ``UnknownAgent`` when no agent has that name."""
         run_id = await self.submit_agent(agent, task, scenario=scenario, run_id=run_id)
-        snap = await self.wait(run_id, timeout=timeout, until=(*FINAL_STATUSES, "awaiting_human"), history=False)
+        snap = await self.wait(run_id, timeout=timeout, until=(*FINISHED_STATUSES, "awaiting_human"), history=False)
         return RunResult.of(snap)
+
+    @guarded
+    async def fleet(self) -> FleetView:
+        """The fleet as flow control sees it (any planner answers): per tenant its runs queued, running and waiting
+        for a person, finished per minute, the time its runs waited for their share, and each quota's use; the
+        fleet's capacity and live planners. A tenant-bound client gets its own tenant's row only."""
+        subject = S.flow_view(self.settings.tenant) if self.tenant_bound else S.FLOW_VIEW
+        return await self.guard(self.bus.request(subject, FlowQuery(), FleetView))
 
     @guarded
     async def runs(

@@ -11,7 +11,7 @@ from loopwarden.client.events import tool_outcomes
 from loopwarden.client.runs import Runs
 from shared import subjects as S
 from shared.messages import (
-    FINAL_STATUSES,
+    FINISHED_STATUSES,
     Escalation,
     EscalationResolution,
     RunLimits,
@@ -31,13 +31,13 @@ class Scenarios(Runs):
         has its ``run_id``, ``status``, ``final_output``, ``final_reason``, ``usage`` and ``messages``; a run
         waiting for a human has ``awaiting.escalation_id``, an item already in the queue (``show`` has it)."""
         run_id = await self.submit_scenario(scenario, limits=limits)
-        return await self.wait(run_id, timeout=timeout, until=(*FINAL_STATUSES, "awaiting_human"))
+        return await self.wait(run_id, timeout=timeout, until=(*FINISHED_STATUSES, "awaiting_human"))
 
     async def run_and_check(self, scenario: Scenario, timeout: float = 120.0) -> tuple[RunSnapshot, list[str]]:
         """Run a scenario to its end (or to a human, if that is what it expects) and compare with ``expect``."""
         run_id = await self.submit_scenario(scenario)
         expect = scenario.expect
-        ended: tuple[str, ...] = FINAL_STATUSES
+        ended: tuple[str, ...] = FINISHED_STATUSES
         until = (*ended, "awaiting_human") if expect is not None and expect.status == "awaiting_human" else ended
         state = await self.wait(run_id, timeout=timeout, until=until)
         return state, await self.check(scenario, state)

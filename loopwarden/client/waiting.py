@@ -5,19 +5,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import Any
+from typing import Any, get_args
 
+from loopwarden.client.door import refusal_error
 from loopwarden.client.queue import Queue
 from loopwarden.client.reads import TENANT_POLL_S, Reads
 from loopwarden.client.refusals import guarded
 from shared import subjects as S
 from shared.messages import (
-    FINAL_STATUSES,
+    FINISHED_STATUSES,
     PROGRESS_EVENTS,
+    Refusal,
     RunSnapshot,
+    RunStatus,
 )
 
 PROGRESS_STEMS = frozenset(S.run_event(e.model_fields["kind"].default) for e in PROGRESS_EVENTS)
+ACCEPTED: tuple[str, ...] = tuple(s for s in get_args(RunStatus) if s != "refused")  # a planner took it in
 
 
 class Waiting(Reads, Queue):
@@ -28,12 +32,13 @@ class Waiting(Reads, Queue):
         self,
         run_id: str,
         timeout: float = 60.0,
-        until: tuple[str, ...] = FINAL_STATUSES,
+        until: tuple[str, ...] = FINISHED_STATUSES,
         history: bool = True,
     ) -> RunSnapshot:
         """The run's snapshot once its status is in ``until`` (with its ``messages`` unless
-        ``history`` is false). Reacts to the run's own events (a subscription to that run's subjects,
-        shared by waits on it) instead of polling; the state is read again only when one of the
+        ``history`` is false). A run refused at the door raises ``Refused`` (``QuotaExceeded`` for a
+        quota) at once, unless ``until`` names ``refused``. Reacts to the run's own events (a subscription
+        to that run's subjects, shared by waits on it) instead of polling; the state is read again only when one of the
         run's events that can change its status arrives (not on a step's progress events, see
         ``PROGRESS_EVENTS``), and once a second as a safety net. A run that waits for a human is
         returned once its queue item is there (``show(state.awaiting.escalation_id)`` has it)."""
@@ -48,6 +53,8 @@ class Waiting(Reads, Queue):
                     state = await self.state(run_id)
                 except TimeoutError:  # the server did not answer in time (an overloaded machine): ask again
                     continue
+                if state is not None and state.status == "refused" and "refused" not in until:
+                    raise refusal_error(run_id, state.refusal or Refusal(reason=state.final_reason or "refused"))
                 if state is not None and state.status in until:
                     if state.done:
                         await self._settled(run_id, state.status, deadline, changed)

@@ -224,6 +224,8 @@ class Console:
             Route("/runs/{run_id}/steps/{step_id}", p(self.run_step, fragment=True)),
             Route("/runs/{run_id}/replay", p(self.replay_run, changes=True), methods=["POST"]),
             Route("/runs/{run_id}/replays/{replay_id}", p(self.replay_result, fragment=True)),
+            Route("/fleet", p(self.fleet_page)),
+            Route("/fleet/rows", p(self.fleet_rows, fragment=True)),
             Route("/queue", p(self.queue_page)),
             Route("/queue/rows", p(self.queue_rows, fragment=True)),
             Route("/escalations/{escalation_id}", p(self.item_page)),
@@ -518,6 +520,13 @@ class Console:
         except ValueError as err:
             reply = EscalationReply(ok=False, error=str(err))
         return filters, reply
+
+    # --- the fleet (flow control) -----------------------------------------------------------------
+    async def fleet_page(self, request: Request, operator: str) -> Response:
+        return self.render(request, "fleet.html", operator=operator, **await B.fleet_context(self.client))
+
+    async def fleet_rows(self, request: Request, operator: str) -> Response:
+        return self.render(request, "fleet_rows.html", **await B.fleet_context(self.client))
 
     async def queue_page(self, request: Request, operator: str) -> Response:
         filters, reply = await self._queue(request)

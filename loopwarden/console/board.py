@@ -82,7 +82,7 @@ def _epoch(value: Any) -> float:
 
 # --- the runs list: filters and pages ------------------------------------------------------------------
 
-RUN_STATUSES = ("running", "awaiting_human", "stalled", "completed", "stopped", "failed", "refused")
+RUN_STATUSES = ("queued", "running", "awaiting_human", "stalled", "completed", "stopped", "failed", "refused")
 PER_PAGE = 50
 
 
@@ -309,3 +309,11 @@ def replay_refusal(operator: str, roster: Mapping[str, list[str]] | None, live_t
     if live_tools and "*" not in kinds:
         return f"replay: running real tools takes an operator of every kind ('*'); {operator} has {', '.join(kinds)}"
     return None
+
+
+async def fleet_context(client: Any) -> dict[str, Any]:
+    """The fleet's view from a planner for the /fleet page (``loopwarden fleet``), or why it cannot be had now."""
+    try:
+        return {"view": await client.fleet(), "fleet_error": None}
+    except Exception as err:  # no planner answered, or this user may not ask: said on the page
+        return {"view": None, "fleet_error": f"the fleet's view is not available: {type(err).__name__} {err}"}

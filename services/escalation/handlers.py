@@ -51,6 +51,7 @@ from shared.messages import (
     EscalationResolution,
     EscalationResolve,
     EscalationWithdraw,
+    OpenItems,
     RunSnapshot,
     ToolOutcome,
     utcnow,
@@ -118,6 +119,8 @@ class EscalationQueue:
         self.items: dict[str, Escalation] = {}
         self.catalogue = ContractCatalogue(bus)  # the tools' output contracts, for a hand-made result
         self.unreadable: dict[str, str] = {}
+        self.tenants: dict[str, str] = {}  # run id -> its tenant, for the runs with open items
+        self.counted: dict[str, int] | None = None  # each tenant's open items as last written
         self._tasks: list[asyncio.Task[None]] = []
         self._figures: tuple[float, Q.Figures] | None = None
         bus.on_stop.append(self.stop)
@@ -211,6 +214,23 @@ class EscalationQueue:
     async def sweep(self, now: datetime) -> None:
         for item in Q.due(list(self.items.values()), now):
             await self._expire_or_sla(item.escalation_id, now)
+        await self.count_open()
+
+    async def count_open(self) -> None:
+        """Each tenant's open items, where the planners read them (``lw_human_counts``, key ``open``): their
+        ``max_human_items`` quota and the fleet's view. Written when the counts change (every replica keeps the
+        same index, so they write the same counts)."""
+        for item in self.items.values():
+            if item.status != "resolved" and item.run_id not in self.tenants:
+                snap, _ = await self.bus.kv_get(S.KV_RUNS, item.run_id, RunSnapshot)
+                self.tenants[item.run_id] = (snap.tenant if snap is not None else None) or S.DEFAULT_TENANT
+        counts = Q.open_by_tenant(list(self.items.values()), self.tenants)
+        if counts != self.counted:
+            await self.bus.kv_put(S.KV_HUMAN_COUNTS, "open", OpenItems(counts=counts))
+            self.counted = counts
+        live = {i.run_id for i in self.items.values() if i.status != "resolved"}
+        for run_id in [r for r in self.tenants if r not in live]:
+            del self.tenants[run_id]
 
     async def _expire_or_sla(self, escalation_id: str, now: datetime) -> None:
         Swept = tuple[EscalationEvent, EscalationResolution | None] | None

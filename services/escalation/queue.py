@@ -8,10 +8,12 @@ expiry, SLA deadlines, filters by age — is a plain function of its arguments.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, assert_never
 
+from shared import subjects as S
 from shared.escalation_actions import ACTIONS, KINDS, SlaRule, allowed_actions, missing
 from shared.failures import human_kind
 from shared.messages import (
@@ -400,6 +402,17 @@ def due(items: list[Escalation], now: datetime) -> list[Escalation]:
             or (i.sla_deadline is not None and i.sla_deadline <= now)
         )
     ]
+
+
+def open_by_tenant(items: list[Escalation], tenant_of: Mapping[str, str]) -> dict[str, int]:
+    """Each tenant's open items (open or claimed, not resolved), by the tenant of each item's run (``tenant_of``:
+    run id -> tenant; a run it does not name is the default tenant's)."""
+    counts: dict[str, int] = {}
+    for item in items:
+        if item.status != "resolved":
+            tenant = tenant_of.get(item.run_id, S.DEFAULT_TENANT)
+            counts[tenant] = counts.get(tenant, 0) + 1
+    return counts
 
 
 # --- the queue's figures (loopwarden.queue.*: docs/observability.md) -------------------------------------

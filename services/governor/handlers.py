@@ -9,7 +9,6 @@ import functools
 import logging
 import time
 from collections import OrderedDict
-from datetime import UTC, datetime
 
 from pydantic import BaseModel, Field
 
@@ -18,6 +17,8 @@ from shared import metrics as M
 from shared import subjects as S
 from shared import telemetry as T
 from shared.bus import Bus, Unchanged
+from shared.flow import Policies, TenantDay, day_key, today
+from shared.live_config import LiveConfig
 from shared.messages import (
     FINAL_STATUSES,
     BudgetDecision,
@@ -61,24 +62,57 @@ def share(mine: Calibration, stored: Calibration | None) -> tuple[Calibration, N
     return out, None
 
 
-class TenantDay(BaseModel):
-    """What a tenant's runs spent on one UTC day: per run its latest total (idempotent to re-apply)."""
+class TenantDays:
+    """Each tenant's day (``shared.flow.spend.TenantDay``), kept for every tenant: a replica coalesces what it
+    learns of one tenant's day into one compare-and-swap write at a time (every run of a tenant updates the
+    same key), and a caller that needs the total (a tenant with a ceiling) awaits the write that carries its
+    update; the others do not wait for it. A lost write is made good by the run's next update (each carries its
+    latest total) or its final event."""
 
-    tenant: str
-    day: str
-    runs: dict[str, float] = Field(default_factory=dict)
+    def __init__(self, bus: Bus) -> None:
+        self.bus = bus
+        self._batches: dict[str, tuple[list[tuple[str, str, float]], asyncio.Future[float]]] = {}
+        self._writers: dict[str, asyncio.Task[None]] = {}
 
-    @property
-    def spent_usd(self) -> float:
-        return round(sum(self.runs.values()), 8)
+    def add(self, tenant: str, op: str, run_id: str, usd: float) -> asyncio.Future[float]:
+        """Queue ``op`` (``spend``: the run's total so far; ``settle``: its final total) for today's record of
+        ``tenant``; the future is the day's total once the write that carries it is stored."""
+        day = today()
+        key = day_key(tenant, day)
+        batch = self._batches.get(key)
+        if batch is None:
+            batch = self._batches[key] = ([], asyncio.get_running_loop().create_future())
+            batch[1].add_done_callback(_retrieved)
+        batch[0].append((op, run_id, usd))
+        writer = self._writers.get(key)
+        if writer is None or writer.done():
+            self._writers[key] = asyncio.create_task(self._write(key, tenant, day), name=f"governor day {key}")
+        return batch[1]
+
+    async def _write(self, key: str, tenant: str, day: str) -> None:
+        while key in self._batches:
+            ops, done = self._batches.pop(key)
+
+            def change(
+                stored: TenantDay | None, ops: list[tuple[str, str, float]] = ops
+            ) -> tuple[TenantDay, float] | Unchanged[float]:
+                record = stored or TenantDay(tenant=tenant, day=day)
+                changed = False
+                for op, run_id, usd in ops:
+                    changed = (record.settle(run_id, usd) if op == "settle" else record.spend(run_id, usd)) or changed
+                return (record, record.spent_usd) if changed else Unchanged(record.spent_usd)
+
+            try:
+                done.set_result(await self.bus.update(S.KV_BUDGETS, key, TenantDay, change))
+            except Exception as err:
+                log.warning("governor: could not store %s: %r", key, err)
+                done.set_exception(err)
+        self._writers.pop(key, None)
 
 
-def today() -> str:
-    return datetime.now(UTC).date().isoformat()
-
-
-def tenant_key(tenant: str, day: str) -> str:
-    return S.kv_key("tenant", tenant, day)
+def _retrieved(fut: asyncio.Future[float]) -> None:
+    if not fut.cancelled():
+        fut.exception()  # a write no one awaited failed: logged by the writer, not "never retrieved"
 
 
 class Governor:
@@ -113,6 +147,9 @@ class Governor:
         self._shared_at = -SHARE_EVERY_S
         self._share_due = False
         self._sharing: asyncio.Task[None] | None = None
+        self.days = TenantDays(bus)
+        # each tenant's daily ceiling: the one reader of tenants' policies (LW_TENANTS and lw_config)
+        self.policies = Policies(settings, LiveConfig(bus).policies)
 
     def keep(self, key: str, ledger: BudgetLedger | None, revision: int) -> None:
         if ledger is None:
@@ -195,34 +232,33 @@ class Governor:
     def ceiling_rows(self) -> list[tuple[dict[str, str], float]]:
         """The ceiling of every tenant the settings name and every tenant seen today (the default tenant's too)."""
         s = self.settings
-        tenants = dict.fromkeys([S.DEFAULT_TENANT, *s.tenants, *s.tenant_ceilings, *self.spent_today])
+        configured = self.policies.last or {}
+        tenants = dict.fromkeys([S.DEFAULT_TENANT, *s.tenants, *configured, *s.tenant_ceilings, *self.spent_today])
         rows = []
         for tenant in tenants:
-            ceiling = s.tenant_policy(tenant).daily_ceiling_usd
+            ceiling = self.policies.known(tenant).daily_ceiling_usd
             if ceiling is not None:
                 rows.append(({"tenant": self._tenant_label(tenant)}, ceiling))
         return rows
 
-    def tenant_ceiling(self, tenant: str | None) -> float | None:
+    async def tenant_ceiling(self, tenant: str | None) -> float | None:
         """A run without a tenant belongs to the default one, and meets its ceiling."""
-        return self.settings.tenant_ceilings.get(tenant or S.DEFAULT_TENANT, self.settings.tenant_daily_ceiling_usd)
+        return (await self.policies.of(tenant or S.DEFAULT_TENANT)).daily_ceiling_usd
 
-    async def account(self, tenant: str, run_id: str, spent_usd: float) -> float:
-        """Record the run's spend so far in its tenant's day; the tenant's total today."""
+    def account(self, tenant: str, op: str, run_id: str, usd: float) -> asyncio.Future[float]:
+        """The run's spend so far (``spend``) or its final total (``settle``) into its tenant's day, for every
+        tenant (ceiling or not: a ceiling set during the day counts the whole day); the future is the day's total
+        once stored (also kept for ``loopwarden.tenant.spent_today``)."""
         day = today()
-
-        def change(stored: TenantDay | None) -> tuple[TenantDay, float] | Unchanged[float]:
-            record = stored or TenantDay(tenant=tenant, day=day)
-            if record.runs.get(run_id, -1.0) >= spent_usd:
-                return Unchanged(record.spent_usd)
-            record.runs[run_id] = spent_usd
-            return record, record.spent_usd
-
-        total = await self.bus.update(S.KV_BUDGETS, tenant_key(tenant, day), TenantDay, change)
-        return self.spent(tenant, day, total)
+        total = self.days.add(tenant, op, run_id, usd)
+        total.add_done_callback(
+            lambda f: None if f.cancelled() or f.exception() else self.spent(tenant, day, f.result())
+        )
+        return total
 
     async def on_run_finished(self, event: RunEvent) -> None:
-        """A run's final usage reaches its tenant's day (the last call was never asked about)."""
+        """A run's final usage reaches its tenant's day (the last call was never asked about): every tenant's,
+        ceiling or not, so a ceiling set later in the day counts the whole day."""
         ev = event.root
         if not isinstance(ev, RunFinished):
             return
@@ -230,10 +266,8 @@ class Governor:
         if ledger is None:
             return
         tenant = ledger.tenant or S.DEFAULT_TENANT  # a run without a tenant is the default tenant's
-        if self.tenant_ceiling(tenant) is None:
-            return  # no ceiling reads this tenant's day (see ``on_reserve``)
         cost = round(ev.detail.usage.cost_usd - ledger.delegated_usd, 8)  # sub-agents account their own
-        await self.account(tenant, ev.run_id, cost)
+        await self.account(tenant, "settle", ev.run_id, cost)
         if cost > ledger.tenant_accounted_usd:
             self.tenant_spend.add(cost - ledger.tenant_accounted_usd, {"tenant": tenant})
 
@@ -242,12 +276,12 @@ class Governor:
         s = self.settings
         if req.tenant is None:  # a run without a tenant belongs to the default one: it does not escape its ceiling
             req = req.model_copy(update={"tenant": S.DEFAULT_TENANT})
-        ceiling = self.tenant_ceiling(req.tenant)
+        ceiling = await self.tenant_ceiling(req.tenant)
         own = round(req.spent.cost_usd - req.delegated_usd, 8)  # sub-agents account their own spend
-        # a tenant's day is one key every run of the tenant updates: kept only where a ceiling reads it
-        tenant_spent = (
-            await self.account(req.tenant or S.DEFAULT_TENANT, req.run_id, own) if ceiling is not None else None
-        )
+        # every tenant's day is kept (one write per tenant at a time per replica); the decision waits for it only
+        # where a ceiling reads it
+        day = self.account(req.tenant or S.DEFAULT_TENANT, "spend", req.run_id, own)
+        tenant_spent = await day if ceiling is not None else None
         key = S.kv_key(req.run_id)
         known = self._ledgers.pop(key, None)
         await self.ratio(req.model)  # loads the shared ratios once
@@ -262,7 +296,7 @@ class Governor:
             if sample is not None:
                 samples.append(sample)
             calibration = self.learned(req.model, samples)
-            ledger.tenant_accounted_usd = own if ceiling is not None else 0.0
+            ledger.tenant_accounted_usd = own
             ledger.delegated_usd = req.delegated_usd
             decision = evaluate(
                 req,

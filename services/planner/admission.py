@@ -39,9 +39,13 @@ class Refused(Exception):
 
 def submitted_on(subject: str) -> tuple[str, bool]:
     """The tenant a submit subject names, and whether it is an operator's replay: ``lw.v1.cmd.run.submit.<tenant>``
-    or ``lw.v1.cmd.run.submit.<tenant>.replay`` (``S.run_replay``, which no client user may publish)."""
+    (stored as ``lw.v1.cmd.run.submit.<partition>.<tenant>``, the door's partition), or
+    ``lw.v1.cmd.run.submit.<tenant>.replay`` (``S.run_replay``, which no client user may publish)."""
     prefix = S.RUN_SUBMIT_PREFIX + "."
     tenant, _, tail = (subject[len(prefix) :] if subject.startswith(prefix) else "").partition(".")
+    if tail and tenant.isdigit() and int(tenant) < S.SUBMIT_PARTITIONS and "." not in tail:
+        # as LW_SUBMIT stores it: under the tenant's partition of the door (``S.SUBMIT_TRANSFORM``)
+        tenant, tail = tail, ""
     if (tail and tail != S.REPLAY) or not _TENANT.match(tenant):
         raise Refused(f"not a submit subject of a tenant: {subject[:200]}")
     return tenant, tail == S.REPLAY

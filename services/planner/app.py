@@ -15,5 +15,6 @@ def build(bus: Bus, settings: Settings, telemetry: Telemetry) -> AfterConnect:
 
     async def after_connect() -> None:
         planner.watch.start()  # the sweep for runs waiting on a service with no live replica
+        await planner.flow.start()  # admission to the fleet: the admitter and its sweep
 
     return after_connect

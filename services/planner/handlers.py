@@ -22,6 +22,8 @@ from services.planner import ids, submission
 from services.planner.admission import Refused, admit, check_limits, is_replay, resolve_agent, with_agent
 from services.planner.catalogue import Catalogue
 from services.planner.escalations import apply_resolution
+from services.planner.flow import Flow
+from services.planner.intake import Intake
 from services.planner.judging import apply_verdict
 from services.planner.model_turns import ModelTurns
 from services.planner.outbox import Outbox
@@ -42,8 +44,11 @@ from shared.messages import (
     AgentRecord,
     Corrected,
     Decided,
+    ErrorReply,
     EscalationRaise,
     EscalationResolution,
+    FleetView,
+    FlowQuery,
     RunAdvance,
     RunSubmit,
     ToolContract,
@@ -83,6 +88,9 @@ class Planner:
         self.fault = settings.fault_inject  # TEST ONLY (tests/test_run_history.py, tests/test_inline_turns.py)
         if self.fault is not None:
             log.warning("TEST FAULT INJECTION: this planner exits at %s", self.fault)
+        # admission to the fleet (fair share between tenants) and the door (quotas, refusals)
+        self.flow = Flow(bus, settings, telemetry, lambda run_id: self.intake.begin(run_id))
+        self.intake = Intake(self, self.flow)
 
     def saved(self) -> None:
         """The record is stored; nothing of this step is published or appended to the history yet."""
@@ -106,7 +114,14 @@ class Planner:
 
     def register(self) -> None:
         b = self.bus
-        b.consumer(  # a tenant's submits, and the operators' replays (``S.run_replay``)
+        # the door, by partition (one tenant's burst never in front of another tenant's submits:
+        # ``S.SUBMIT_PARTITIONS``); and the operators' replays (``S.run_replay``) with the submits stored before it
+        # was partitioned
+        for k in range(S.SUBMIT_PARTITIONS):
+            b.consumer(durable=S.submit_durable(k), filter_subjects=[S.submit_partition(k)], model=RunSubmit)(
+                self.on_submit
+            )
+        b.consumer(
             durable=S.DURABLE_PLANNER_SUBMIT,
             filter_subjects=[f"{S.RUN_SUBMIT_PREFIX}.*", f"{S.RUN_SUBMIT_PREFIX}.*.{S.REPLAY}"],
             model=RunSubmit,
@@ -134,8 +149,15 @@ class Planner:
             model=EscalationResolution,
         )(self.on_resolution)
         RunReads(b).register()  # a tenant-bound client's reads of its own runs (``rpc.runs.<verb>.<tenant>``)
+        for subject in (S.FLOW_VIEW, f"{S.FLOW_VIEW}.*"):  # the fleet's view (``loopwarden fleet``)
+            b.subject_responder(subject=subject, model=FlowQuery, reply=lambda reason: ErrorReply(error=reason))(
+                self.on_flow_view
+            )
         self.watch = StallWatch(self)  # dead letters and missing replicas: runs marked stalled (``stalls.py``)
         self.watch.register()
+
+    def traceparent(self) -> str:
+        return current_traceparent() if self.tracing else ""
 
     # --- the transaction -----------------------------------------------------------------------
     async def transact(self, run_id: str, msg_id: str, change: Change, take_turn: bool = False) -> RunAdvance | None:
@@ -151,10 +173,13 @@ class Planner:
         publishes the advance.
         """
         change = self.traced(run_id, msg_id, change)
+        before = ""
 
         def step(state: RunState | None) -> tuple[RunState, Applied] | Unchanged[Applied | None]:
+            nonlocal before
             if state is None:
                 raise TryLater(f"run {run_id} is not stored yet", delay=1.0)
+            before = state.status
             applied = apply_message(state, msg_id, change)
             if applied is None or not applied.changed:
                 return Unchanged(applied)
@@ -169,18 +194,24 @@ class Planner:
         if not applied.was_done:
             self.turns.prefetch_saved(applied.state)
         items, turn = applied.scheduled() if take_turn else (applied.items, None)
-        await self.committed(run_id, [(msg_id, applied, items)])
+        await self.committed(run_id, [(msg_id, applied, items)], before)
         return turn
 
-    async def committed(self, run_id: str, done: list[tuple[str, Applied, list[PublishRecord]]]) -> None:
+    async def committed(
+        self, run_id: str, done: list[tuple[str, Applied, list[PublishRecord]]], before: str = ""
+    ) -> None:
         """After the save that carried them: each applied message's ``items`` published (in order, acks
-        awaited together) while the step's messages are appended to the history; then counted."""
+        awaited together) while the step's messages are appended to the history; then counted. A run that
+        ended or waits for a person (``before``: its status before the save) gives its slot in the fleet back."""
         state = done[-1][1].state
         items = [i for _, _, some in done for i in some]
+        state.published_bytes += sum(len(i.payload) for i in items)  # kept with its next save (its stored bytes)
         # the next step's work goes out while the step's messages are appended to the history
         await asyncio.gather(self.publish(items, run_id), self.store.store_tail(state))
         for msg_id, _, some in done:
             state.published(msg_id, some)  # the next save stops carrying them
+        if before and any(applied.changed for _, applied, _ in done):
+            self.flow.moved(state, before)
         for _, applied, _ in done:
             if not applied.was_done:
                 self.count(applied.items)
@@ -232,6 +263,7 @@ class Planner:
         if state.seen(msg_id):
             return "no"
         self.store.forget(run_id)  # changed below in memory: until it is saved, the next read is the record's
+        before = state.status
         applied = apply_message(state, msg_id, change)
         if applied is None or not applied.changed:
             return "no"
@@ -242,7 +274,7 @@ class Planner:
             except CasConflict:
                 return "no"
             self.saved()
-            await self.committed(run_id, [(msg_id, applied, items)])
+            await self.committed(run_id, [(msg_id, applied, items)], before)
             return "saved"
         advanced = ids.advanced(turn.iteration)
         taken = await self.turns.take(state, turn, current_deliveries() > 1)
@@ -257,7 +289,7 @@ class Planner:
             except CasConflict:
                 return "taken"  # another replica moved the run: the usual way applies the message to it
             self.saved()
-            await self.committed(run_id, [(msg_id, applied, items), (advanced, turned, turned.items)])
+            await self.committed(run_id, [(msg_id, applied, items), (advanced, turned, turned.items)], before)
         finally:
             if taken.storing is not None:
                 await taken.storing
@@ -326,9 +358,14 @@ class Planner:
 
     # --- handlers -------------------------------------------------------------------------------
     async def on_submit(self, submit: RunSubmit) -> None:
-        """A client's submit (``cmd.run.submit.<tenant>``) or a sub-agent run the planner spawned
-        (``cmd.run.spawn``): admitted first (tenant, parent, limits, scenario), then started once."""
+        """A client's submit (``cmd.run.submit.<tenant>``): taken at the door (``intake.py``), queued for its
+        tenant's share of the fleet or refused; or a sub-agent run the planner spawned (``cmd.run.spawn``), started
+        at once (its parent holds the slot: queueing it could deadlock the parent): admitted first (parent, limits,
+        scenario), then started once."""
         subject = current_subject()
+        if subject != S.RUN_SPAWN:  # a client's or an operator's: taken at the door (``intake.py``)
+            await self.intake.take(submit, subject)
+            return
         record: AgentRecord | None = None
         try:
             submit = admit(submit, subject, self.settings)
@@ -370,6 +407,12 @@ class Planner:
         self.runs.started(submit.tenant or S.DEFAULT_TENANT, config.agent)
         await asyncio.gather(self.publish(out.items, submit.run_id), self.store.store_tail(out.state))
         out.state.published(ids.SUBMIT, out.items)
+
+    async def on_flow_view(self, query: FlowQuery, subject: str) -> FleetView:
+        """The fleet's view: every tenant's (``rpc.flow.view``), or the asking tenant's own row only
+        (``rpc.flow.view.<tenant>``, the subject its user may publish)."""
+        tenant = subject[len(S.FLOW_VIEW) + 1 :] if subject != S.FLOW_VIEW else query.tenant
+        return await self.flow.view(tenant)
 
     async def on_outcome(self, outcome: ToolOutcome) -> None:
         if outcome.will_retry:

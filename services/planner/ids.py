@@ -89,6 +89,17 @@ def refused_submit(run_id: str, body_digest: str) -> str:
 # --- applied keys: the message a transition answers ---------------------------------------------------
 
 SUBMIT = "submit"
+ADMITTED = "admitted"  # a queued run's start, once it is admitted to the fleet
+
+
+def ticket(run_id: str) -> str:
+    """A waiting run's ticket in ``LW_FLOW`` (a redelivered submit publishes the same one)."""
+    return f"{run_id}.ticket"
+
+
+def refused(run_id: str) -> str:
+    """The ``run.refused`` event of a submit refused at the door."""
+    return f"{run_id}.evt.refused"
 
 
 def advanced(iteration: int) -> str:

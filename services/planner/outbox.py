@@ -85,6 +85,7 @@ def finish(
                 continues=s.continue_count,
                 retries=s.retry_count,
                 usage=s.usage,
+                refusal=s.refusal,
             ),
         )
     )

@@ -38,6 +38,7 @@ from shared.messages import (
     EscalationWithdraw,
     LetterHandled,
     ReasonDetail,
+    Refusal,
     Resumed,
     ResumedDetail,
     Stalled,
@@ -283,6 +284,7 @@ def refused(run_id: str, tenant: str, task: str, reason: str, config: RunConfig)
     """The record of a submit that was not started (final ``refused``, with the reason) and its final event, so
     its submitter's wait ends with the reason instead of a timeout."""
     state = RunState(run_id=run_id, task=task, config=config, iteration=Iteration(n=0), tenant=tenant)
+    state.refusal = Refusal(reason=_cut(reason, 2000))  # not a quota: the client's ``Refused`` names the reason
     out = Outbox(state)
     finish(out, "refused", _cut(reason, 2000))
     state.remember(ids.REFUSED, out.items)

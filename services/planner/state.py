@@ -218,6 +218,11 @@ class RunState(RunSnapshot):
     outbox: dict[str, list[PublishRecord]] = Field(default_factory=dict)
     trace_parent: str = Field("", description="W3C traceparent of the submit: the run's invoke_agent span hangs there")
     system_sha256: str = Field("", description="the system prompt the run last recorded in a model turn (by hash)")
+    published_bytes: int = Field(0, description="bytes of every message the run published (its stored-bytes quota)")
+    pending_scenario: dict[str, Any] | None = Field(
+        None, description="a queued scripted run's scenario (checked at the door), bound when it starts"
+    )
+    pending_replay: bool = Field(False, description="that scenario came on an operator's replay subject")
     # The messages list as last stored or read, and its length then: ``seal`` tells appended
     # messages from a replaced list (compaction). Whether the stored tail is in lw_history yet.
     _synced: list[ChatMessage] | None = PrivateAttr(default=None)

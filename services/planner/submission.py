@@ -35,9 +35,15 @@ def lessons_key(task: str, tenant: str | None, agent: str | None) -> str:
 async def lessons(bus: Bus, submit: RunSubmit) -> list[str]:
     """What judges rejected this tenant's earlier answers to this task (of this agent) for, when the submit
     asks for lessons."""
-    if not submit.lessons:
+    return await lessons_for(bus, submit.task, submit.tenant, submit.agent, submit.lessons)
+
+
+async def lessons_for(bus: Bus, task: str, tenant: str | None, agent: str | None, wanted: bool) -> list[str]:
+    """What judges rejected ``tenant``'s earlier answers to ``task`` (of ``agent``) for, when the run asks for
+    lessons (``wanted``): read as the run starts."""
+    if not wanted:
         return []
-    stored, _ = await bus.kv_get(S.KV_LESSONS, lessons_key(submit.task, submit.tenant, submit.agent), Lessons)
+    stored, _ = await bus.kv_get(S.KV_LESSONS, lessons_key(task, tenant, agent), Lessons)
     return stored.reasons if stored else []
 
 
@@ -52,6 +58,32 @@ async def record_lessons(bus: Bus, state: RunState) -> None:
         return Lessons(reasons=list(dict.fromkeys([*known, *state.judge_failures]))[-10:]), None
 
     await bus.update(S.KV_LESSONS, lessons_key(state.task, state.tenant, state.agent), Lessons, merge)
+
+
+def scenario_error(submit: RunSubmit) -> str | None:
+    """What is wrong with the submitted scenario itself (None: it matches its digest and parses): checked at the
+    door, before the run is accepted; it is bound when the run starts (``bind_scenario``)."""
+    if submit.scenario_digest != digest_of(submit.scenario):
+        return "the submitted scenario does not match its scenario_digest"
+    try:
+        parse_scenario(submit.scenario, f"scenario of {submit.run_id}")
+    except ScenarioError as err:
+        return str(err)
+    return None
+
+
+async def bind_scenario(bus: Bus, run_id: str, data: dict[str, object], replay: bool = False) -> str | None:
+    """Bind a run's scenario (checked at the door) as it starts, create-only (``replay``: it came on an operator's
+    replay subject: ``Scenario.replay``); what is wrong (None: bound): another scenario bound under its id."""
+    try:
+        scenario = parse_scenario(data, f"scenario of {run_id}")
+    except ScenarioError as err:
+        return str(err)
+    scenario = scenario.model_copy(update={"replay": replay})  # the subject says, never the scenario
+    stored, _, created = await bus.create_or_get(S.KV_SCENARIOS, run_id, scenario)
+    if created or _scenario_digest(stored) == _scenario_digest(scenario):
+        return None
+    return f"another scenario is already bound to run {run_id}"
 
 
 async def scenario_problem(bus: Bus, submit: RunSubmit, started: bool = False, replay: bool = False) -> str | None:
@@ -86,7 +118,7 @@ def _scenario_digest(scenario: Scenario) -> str:
 async def refuse(bus: Bus, submit: RunSubmit, subject: str, reason: str, msg_id: str | None = None) -> None:
     """A submit the planner does not start: dead-lettered with the reason, nothing stored or published."""
     body = submit.model_dump_json(by_alias=True)
-    letter = DeadLetter(service="planner", subject=subject, reason=reason, body=body)
+    letter = DeadLetter(service="planner", subject=S.as_sent(subject), reason=reason, body=body)
     await bus.publish(
         S.dead_letter("planner"), letter, msg_id=msg_id or ids.refused_submit(submit.run_id, digest_of(body))
     )

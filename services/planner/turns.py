@@ -15,9 +15,16 @@ from typing import Any, assert_never
 from services.planner import context as C
 from services.planner import delegation, ids, loops
 from services.planner.judging import decide_next, finish_iteration
-from services.planner.outbox import Outbox, advance, finish
+from services.planner.outbox import Outbox, finish
 from services.planner.outcomes import unknown_tool
-from services.planner.state import Iteration, RunConfig, RunState, ToolCallRecord
+
+# --- starting a run: ``starting.py`` (re-exported: callers import them from here) ----------------------------
+from services.planner.starting import begin_run as begin_run
+from services.planner.starting import queue_run as queue_run
+from services.planner.starting import refuse_run as refuse_run
+from services.planner.starting import resolve_config as resolve_config
+from services.planner.starting import start_run as start_run
+from services.planner.state import RunState, ToolCallRecord
 from shared import subjects as S
 from shared.messages import (
     Candidate,
@@ -29,10 +36,7 @@ from shared.messages import (
     ModelStoppedDetail,
     ReasonDetail,
     RequestedCall,
-    RunSubmit,
     SimulatedCall,
-    Started,
-    StartedDetail,
     TextBlock,
     ToolCall,
     ToolContract,
@@ -40,81 +44,6 @@ from shared.messages import (
     Usage,
 )
 from shared.providers.base import ModelRequest, ModelResponse
-from shared.rubric import RubricError, check_rubric
-from shared.settings import Settings
-
-# --- starting a run ---------------------------------------------------------------------------
-
-
-def resolve_config(submit: RunSubmit, settings: Settings, contracts: dict[str, ToolContract]) -> RunConfig:
-    lim = submit.limits
-    terminal = [t for t in submit.terminal_tools if t]
-    mode = submit.answer_mode
-    if mode == "auto" and not any(t in contracts for t in terminal):
-        mode = "text"  # no terminal tool to call: answers are text
-    return RunConfig(
-        max_iterations=lim.max_iterations or settings.max_iterations,
-        max_judge_retries=settings.max_judge_retries if lim.max_judge_retries is None else lim.max_judge_retries,
-        max_schema_corrections=(
-            settings.max_schema_corrections if lim.max_schema_corrections is None else lim.max_schema_corrections
-        ),
-        cost_ceiling_usd=lim.cost_ceiling_usd or settings.cost_ceiling_usd,
-        run_token_budget=lim.run_token_budget or settings.run_token_budget,
-        context_budget_tokens=lim.context_budget_tokens or settings.context_budget_tokens,
-        not_judged_policy=lim.not_judged_policy or settings.not_judged_policy,
-        loop_policy=lim.loop_policy or settings.loop_policy,
-        loop_window=settings.loop_window,
-        loop_repeat_threshold=lim.loop_repeat_threshold or settings.loop_repeat_threshold,
-        answer_mode=mode,
-        terminal_tools=terminal,
-        allowed_tools=submit.tools,
-        rubric=submit.rubric,
-        lessons=submit.lessons,
-        model=settings.planner_model,
-        max_output_tokens=settings.planner_max_output_tokens,
-        max_tool_result_tokens=settings.max_tool_result_tokens,
-        keep_recent_turns=settings.keep_recent_turns,
-        tenant=submit.tenant,
-        depth=submit.depth,
-        parent_run_id=submit.parent_run_id,
-        parent_call_id=submit.parent_call_id,
-        parent_iteration=submit.parent_iteration,
-        max_depth=settings.delegate_max_depth,
-        max_children=settings.delegate_max_children,
-        child_ceiling_usd=settings.delegate_ceiling_usd,
-        child_max_iterations=settings.delegate_max_iterations,
-        spawn_gate_usd=settings.spawn_gate_usd,
-        max_rate_limit_wait_s=lim.max_rate_limit_wait_s,
-    )
-
-
-def start_run(submit: RunSubmit, config: RunConfig, lessons: list[str]) -> Outbox:
-    state = RunState(
-        run_id=submit.run_id,
-        task=submit.task,
-        config=config,
-        iteration=Iteration(n=1),
-        model=config.model,
-        messages=[ChatMessage.user(C.opening_message(submit.task, lessons))],
-    )
-    out = Outbox(state)
-    if config.rubric is not None:
-        try:
-            state.warnings.extend(check_rubric(config.rubric))
-        except RubricError as err:
-            finish(out, "failed", f"rubric refused: {err}")
-            return out
-    out.event(
-        Started(
-            **out.head(f"task: {submit.task[:200]}"),
-            detail=StartedDetail(
-                task=submit.task[:200], lessons=len(lessons), warnings=state.warnings, answer_mode=config.answer_mode
-            ),
-        )
-    )
-    advance(out)
-    return out
-
 
 # --- model turns ------------------------------------------------------------------------------
 

@@ -24,6 +24,14 @@ class CasConflict(Exception):
     """The key changed since it was read; reload and apply again."""
 
 
+class StreamFull(APIError):
+    """JetStream refused a publish because its stream is at its message or byte bound (``discard: new``): nothing
+    was stored (``description``: ``maximum messages exceeded`` or ``maximum bytes exceeded``)."""
+
+
+STREAM_FULL = 10077  # err_code of a publish to a stream at its bound with discard: new
+
+
 class RequestRefused(Exception):
     """The service answered a request with an ``ErrorReply`` (the request was dead-lettered)."""
 

@@ -21,6 +21,7 @@ from nats.js.api import (
     RetentionPolicy,
     StorageType,
     StreamConfig,
+    SubjectTransform,
 )
 from nats.js.client import JetStreamContext
 from nats.js.errors import (
@@ -111,9 +112,10 @@ async def until_ready(service: str, what: str, attempt: Callable[[], Awaitable[R
 
 
 # What a full stream does (docs/operations.md, "Bounds"). LW_SUBMIT refuses a new submit (its client is told;
-# an accepted one is never dropped), LW_CMD and LW_EVT a new command or event (its service's publish fails and
-# is retried, then dead-lettered: never a run's message dropped in silence). LW_DLQ drops its oldest letters: a
-# new failure is kept, and its stream cannot stop a service from giving up on a message.
+# an accepted one is never dropped), LW_FLOW a new ticket (its submit is retried), LW_CMD and LW_EVT a new
+# command or event (its service's publish fails and is retried, then dead-lettered: never a run's message
+# dropped in silence). LW_DLQ drops its oldest letters: a new failure is kept, and its stream cannot stop a
+# service from giving up on a message.
 DISCARD_OLD = (S.STREAM_DLQ,)
 
 
@@ -129,10 +131,24 @@ def stream_config(name: str, settings: Settings) -> StreamConfig:
         subjects=S.STREAM_SUBJECTS[name],
         retention=RetentionPolicy.LIMITS,
         storage=StorageType.FILE,
-        # What a client or an operator sends again (LW_SUBMIT) is kept for a longer window than what only a
-        # redelivered handler publishes again: nats-server holds each id of the window in memory.
-        duplicate_window=settings.duplicate_window_s if name == S.STREAM_SUBMIT else settings.redelivery_dedupe_s,
-        max_age=settings.evt_max_age_s if name == S.STREAM_EVT else settings.stream_max_age_s,
+        # What a client or an operator sends again (LW_SUBMIT), and a waiting run's ticket (LW_FLOW, published
+        # again by a redelivered submit), are kept for a longer window than what only a redelivered handler
+        # publishes again: nats-server holds each id of the window in memory.
+        duplicate_window=(
+            settings.duplicate_window_s if name in (S.STREAM_SUBMIT, S.STREAM_FLOW) else settings.redelivery_dedupe_s
+        ),
+        # a waiting run's ticket never ages out (its run would wait for nothing)
+        max_age=(
+            0
+            if name == S.STREAM_FLOW
+            else settings.evt_max_age_s
+            if name == S.STREAM_EVT
+            else settings.stream_max_age_s
+        ),
+        # the door partitioned by tenant (``S.SUBMIT_TRANSFORM``): a submit is stored under its tenant's partition
+        subject_transform=(
+            SubjectTransform(src=S.SUBMIT_TRANSFORM[0], dest=S.SUBMIT_TRANSFORM[1]) if name == S.STREAM_SUBMIT else None
+        ),
         max_bytes=settings.stream_bytes(name) or -1,
         max_msgs=settings.stream_msgs(name) or -1,
         discard=DiscardPolicy.OLD if name in DISCARD_OLD else DiscardPolicy.NEW,
@@ -222,6 +238,7 @@ def _stream_differs(actual: StreamConfig, wanted: StreamConfig) -> bool:
             "max_bytes",
             "max_msgs",
             "discard",
+            "subject_transform",
         )
         if getattr(wanted, f) is not None  # not declared: the server's default stands
     )

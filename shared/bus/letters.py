@@ -44,7 +44,7 @@ class Letters(Publishing):
         consumer = ack_consumer(getattr(raw, "reply", None))
         letter = DeadLetter(
             service=self.service,
-            subject=raw.subject,
+            subject=S.as_sent(raw.subject),  # a submit as its client sent it, not under its partition of the door
             reason=reason,
             body=letter_body(raw.data),
             headers={k: str(v) for k, v in (raw.headers or {}).items()},
@@ -64,4 +64,4 @@ class Letters(Publishing):
         await self.publish(S.dead_letter(self.service), letter, msg_id=msg_id, run_id=run_of(letter))
         if self.bus_metrics is not None:
             self.bus_metrics.dead_lettered(raw.subject)
-        log.error("%s: dead-lettered %s: %s", self.service, raw.subject, reason)
+        log.error("%s: dead-lettered %s: %s", self.service, letter.subject, reason)

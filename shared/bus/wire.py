@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from shared import subjects as S
 from shared.bus import natsx
-from shared.bus.errors import SubjectTooLong, Undecodable
+from shared.bus.errors import STREAM_FULL, StreamFull, SubjectTooLong, Undecodable
 from shared.describe import describe
 
 M = TypeVar("M", bound=BaseModel)
@@ -123,6 +123,10 @@ def pub_ack(msg: Msg) -> _PubAck:
         except APIError as api_error:
             if api_error.err_code in WRONG_LAST_SEQUENCE:
                 raise KeyWrongLastSequenceError(description=api_error.description) from None
+            if api_error.err_code == STREAM_FULL:  # not an outage: sending it again would not store it
+                raise StreamFull(
+                    code=api_error.code, err_code=api_error.err_code, description=api_error.description
+                ) from None
             raise
         raise APIError(description=str(error))  # from_error always raises
     return _PubAck(resp.get("stream", ""), int(resp.get("seq", 0)), bool(resp.get("duplicate", False)))

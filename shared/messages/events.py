@@ -11,7 +11,7 @@ from shared.escalation_actions import EscalationAction, EscalationKind
 from shared.failures import FailureType
 from shared.messages.budget import BudgetDecision
 from shared.messages.conversation import Usage
-from shared.messages.runs import FinalStatus, RunStatus
+from shared.messages.runs import FinalStatus, Refusal, RunStatus
 from shared.messages.wire import CallId, EscalationId, Name, RunId, Wire, utcnow
 
 # Every event keeps the same head (run, iteration, status, a one-line summary for people, time)
@@ -35,6 +35,21 @@ class StartedDetail(Wire):
     lessons: int = 0
     warnings: list[str] = Field(default_factory=list)
     answer_mode: Literal["auto", "submit", "text"] = "auto"
+    waited_s: float = Field(0.0, description="how long the run waited for its tenant's share of the fleet (queued)")
+    priority: int = 5
+
+
+class QueuedDetail(Wire):
+    priority: int = 5
+    tenant: str = ""
+
+
+class Queued(RunEventHead):
+    """The submit was accepted and the run waits for its tenant's share of the fleet (``run.queued``); its
+    ``run.started`` follows once it is admitted."""
+
+    kind: Literal["queued"] = "queued"
+    detail: QueuedDetail
 
 
 class Started(RunEventHead):
@@ -281,6 +296,7 @@ class FinishedDetail(Wire):
     continues: int = 0
     retries: int = 0
     usage: Usage = Field(default_factory=lambda: Usage())
+    refusal: Refusal | None = Field(None, description="kind refused, at the door: the quota, its limit, the figure")
 
 
 class RunFinished(RunEventHead):
@@ -366,7 +382,8 @@ AnyRunEvent = Annotated[
     | Delegated
     | Stalled
     | Unstalled
-    | RateLimited,
+    | RateLimited
+    | Queued,
     Field(discriminator="kind"),
 ]
 

@@ -19,6 +19,8 @@ from shared.messages.wire import (
 )
 from shared.providers import ProviderName
 
+PRIORITY_MIN, PRIORITY_MAX, DEFAULT_PRIORITY = 0, 9, 5
+
 
 class RunLimits(Wire):
     """Per-run overrides of the service defaults; ``None`` keeps the default."""
@@ -81,6 +83,13 @@ class RunSubmit(Wire):
         None,
         description="run a registered agent (``lw_agents``): the planner resolves its definition at submit; the "
         "submit's task (and scenario) stand, everything else is the agent's",
+    )
+    priority: int | None = Field(
+        None,
+        ge=PRIORITY_MIN,
+        le=PRIORITY_MAX,
+        description="0..9, higher first: among its tenant's runs waiting for the fleet, a run of higher priority "
+        f"is started first (then the oldest). None: {DEFAULT_PRIORITY}",
     )
 
 
@@ -150,13 +159,30 @@ class AgentRegisterReply(Wire):
     error: str | None = Field(None, max_length=2000)
 
 
-RunStatus = Literal["running", "awaiting_human", "completed", "stopped", "failed", "refused", "stalled"]
-"""``refused``: a submit that was not started (final, with the reason); ``stalled``: a message of the run was
+RunStatus = Literal["queued", "running", "awaiting_human", "completed", "stopped", "failed", "refused", "stalled"]
+"""``queued``: accepted, waiting for its tenant's share of the fleet; ``refused``: a submit that was not started
+(final, with the reason: ``RunSnapshot.refusal`` when refused at the door); ``stalled``: a message of the run was
 dead-lettered or a service it needs has no live replica (not final: a requeue, a person or the replica coming
 back moves it on; ``RunSnapshot.stall`` says why)."""
 FinalStatus = Literal["completed", "stopped", "failed", "refused"]
 FINAL_STATUSES: tuple[FinalStatus, ...] = ("completed", "stopped", "failed", "refused")
 """A run in one of these statuses is over: nothing moves it again."""
+FINISHED_STATUSES: tuple[FinalStatus, ...] = ("completed", "stopped", "failed")
+"""How a run that started ends (a refused one never started)."""
+
+Quota = Literal["max_runs", "max_human_items", "max_stored_bytes", "daily_ceiling_usd", "submit_stream"]
+"""What a submit was refused against (``Refusal.quota``); docs/flow-control.md says what each means."""
+
+
+class Refusal(Wire):
+    """Why a submit was refused at the door (``RunSnapshot.refusal``, the ``run.refused`` event's detail): the
+    quota it would pass (None: not a quota - a submit the planner does not start, e.g. scripted runs off), its
+    limit and the tenant's current figure, and one line for a person."""
+
+    quota: Quota | None = None
+    limit: float | None = None
+    current: float | None = None
+    reason: str = Field(max_length=2000)
 
 
 class RunAdvance(Wire):

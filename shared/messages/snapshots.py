@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from shared.messages.conversation import ChatMessage, Usage
-from shared.messages.runs import FINAL_STATUSES, RunStatus
+from shared.messages.runs import DEFAULT_PRIORITY, FINAL_STATUSES, Refusal, RunStatus
 from shared.messages.wire import CallId, EscalationId, RunId, Wire, utcnow
 
 # --- a run as the planner publishes it ---------------------------------------------------------
@@ -77,6 +77,11 @@ class RunSnapshot(Wire):
     agent: str | None = Field(None, description="the registered agent the run is of")
     agent_version: int | None = Field(None, description="the version of its definition the run used")
     tenant: str | None = Field(None, description="who pays: the tenant the run was submitted for")
+    priority: int = Field(DEFAULT_PRIORITY, description="0..9, higher first among its tenant's waiting runs")
+    admitted_at: datetime | None = Field(
+        None, description="when it was admitted to the fleet (created_at until then: the wait for fair share)"
+    )
+    refusal: Refusal | None = Field(None, description="status refused: why the submit was refused")
     passed: bool | None = None
     first_draft_passed: bool | None = None
     awaiting: AwaitingView | None = None
@@ -92,6 +97,11 @@ class RunSnapshot(Wire):
     @property
     def done(self) -> bool:
         return self.status in FINAL_STATUSES
+
+    @property
+    def waited_s(self) -> float:
+        """How long it waited for its tenant's share of the fleet (so far, while queued: None)."""
+        return (self.admitted_at - self.created_at).total_seconds() if self.admitted_at is not None else 0.0
 
 
 # --- a tenant-bound client's reads of its own runs (``lw.v1.rpc.runs.<verb>.<tenant>``) ------------------------

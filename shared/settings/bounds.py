@@ -19,6 +19,7 @@ STREAM_MAX_BYTES: dict[str, int] = {
     "LW_CMD": 2 * GIB,
     "LW_EVT": 8 * GIB,
     "LW_DLQ": 1 * GIB,
+    "LW_FLOW": 256 * MIB,  # the tickets of runs waiting for their tenant's share (docs/flow-control.md)
 }
 # A count bound where many small messages matter: submits a client sends, letters.
 STREAM_MAX_MSGS: dict[str, int] = {"LW_SUBMIT": 1_000_000, "LW_DLQ": 200_000}
@@ -60,7 +61,7 @@ class BoundSettings(BaseModel):
     stream_max_bytes: dict[str, int] = Field(
         default_factory=lambda: dict(STREAM_MAX_BYTES),
         description="JSON: stream -> the bytes it may hold, over the defaults (LW_SUBMIT 1 GiB, LW_CMD 2 GiB, "
-        "LW_EVT 8 GiB, LW_DLQ 1 GiB; LW_PAYLOADS: LW_PAYLOAD_MAX_BYTES)",
+        "LW_EVT 8 GiB, LW_DLQ 1 GiB, LW_FLOW 256 MiB; LW_PAYLOADS: LW_PAYLOAD_MAX_BYTES)",
     )
     stream_max_msgs: dict[str, int] = Field(
         default_factory=lambda: dict(STREAM_MAX_MSGS),

@@ -31,6 +31,41 @@ class FleetSettings(BaseModel):
     quota_stored_bytes: int | None = Field(
         2 * 1024**3, ge=1024, description="bytes a tenant's runs keep stored (None: no quota)"
     )
+    # --- flow control: admission to the fleet (docs/flow-control.md) ---------------------------------------
+    flow_capacity: int | None = Field(
+        None,
+        ge=1,
+        description="runs the fleet has in flight at once, every tenant together (None: LW_FLOW_RUNS_PER_PLANNER "
+        "x the planner replicas alive)",
+    )
+    flow_runs_per_planner: int | None = Field(
+        None, ge=1, description="runs in flight per live planner replica (None: 2 x the planner's LW_MAX_IN_FLIGHT)"
+    )
+    flow_headroom: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description="share of the capacity a tenant below its fair share may start past it (so a tenant arriving "
+        "at a fleet full of another's runs starts its first runs at once instead of waiting for slots to free)",
+    )
+    flow_sweep_s: float = Field(
+        2.0,
+        gt=0,
+        description="how often every planner replica sweeps the fleet's record: admits after a lost wake-up, frees "
+        "the slots of runs that ended on a replica that died, says it is alive",
+    )
+    flow_grace_s: float = Field(
+        10.0,
+        gt=0,
+        description="an admitted run still not started after this long is started by a replica's sweep (its "
+        "admitter died between admitting and starting it)",
+    )
+    submit_answer_s: float = Field(
+        30.0,
+        gt=0,
+        description="how long Client.submit (and `loopwarden submit`) waits for a planner to accept or refuse a "
+        "submit before it says none answered (the submit stays stored and is taken when one runs)",
+    )
 
     @field_validator("tenant_ceilings")
     @classmethod

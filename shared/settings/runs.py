@@ -31,6 +31,7 @@ BODY_MAX_BYTES: dict[str, int] = {
     "Requeue": 4 * KIB,  # a letter's number
     "RunRead": 2 * KIB,  # a run id, a filter and a key of at most 256 characters each, a bucket, three numbers
     "RunQuery": 2 * KIB,  # a tenant's listing: a status, an agent, three numbers
+    "FlowQuery": 1 * KIB,  # the fleet's view: a tenant name at most
     "EscalationQuery": 2 * KIB,
     "EscalationClaim": 2 * KIB,
     "BudgetRequest": 8 * KIB,  # token counts and usage

@@ -36,6 +36,7 @@ def test_a_tenant_bound_client_publishes_its_own_submits_and_reads_only() -> Non
         S.run_submit("acme"),
         *(S.run_read(verb, "acme") for verb in S.RUN_READ_VERBS),
         S.run_list("acme"),
+        S.flow_view("acme"),  # its own row of the fleet's view
     }
     assert not any(p.endswith(f".{S.REPLAY}") for p in permissions.published(user))  # replays: the operators'
     replays = f"{S.RUN_SUBMIT_PREFIX}.*.{S.REPLAY}"  # any tenant's: the replayed run's pays

@@ -1,0 +1,218 @@
+"""Fair share between tenants on one fleet (issue 34): tenant b's runs behind tenant a's burst.
+
+Two planner and two executor replicas; every run is a 2-turn agent whose model turns take 0.5 s (the
+scripted provider's ``latency_s``): a calculator call, then the answer. In one invocation, on one stack:
+
+- b alone: b's 20 runs, each timed from its submit to its final event (twice, before and after the rest);
+- a alone: tenant a's 1,000 runs at once: runs/s from the first submit to the last final event;
+- b behind a: a's 1,000 are published, then b's 20 (they reach the submit stream after a's): b's latencies.
+
+Figures are ratios against the baselines measured in the same invocation (b alone; a alone), as the issue
+asks: b's p50 and p95 behind a at most 1.5x b's alone. The same module measures an unchanged checkout of
+an earlier release the same way (the submits are plain JetStream publishes on each tenant's subject and
+completion is the run's final event, which every release publishes), so ``docs/benchmarks.md`` can put
+today's code beside the earlier one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from loopwarden.client import Client
+from loopwarden.stack import LocalStack
+from shared import subjects as S
+from shared.bus import RUN_ID_HEADER
+from shared.canonical import digest_of
+from shared.messages import RunLimits, RunSubmit
+from shared.scenario import Scenario, parse_scenario
+from shared.settings import Settings
+
+TWO_TWO = ("planner", "planner", "executor", "executor", "validator", "judge", "governor", "escalation")
+ENV = {"LW_LOG_LEVEL": "WARNING"}
+ENDED = ("completed", "stopped", "failed", "refused")
+
+
+def two_turns(model_s: float = 0.5) -> Scenario:
+    """A 2-turn agent: a calculator call, then the answer; each model turn takes ``model_s``."""
+    seed = uuid.uuid4().int % 10_000
+    return parse_scenario(
+        {
+            "name": "two-turns",
+            "task": "Add the numbers, then say done.",
+            "planner": [
+                {"latency_s": model_s, "tool_calls": [{"name": "calculator", "input": {"expression": f"1+{seed}"}}]},
+                {"latency_s": model_s, "text": "done"},
+            ],
+            "answer_mode": "text",
+            "limits": {"max_iterations": 5, "cost_ceiling_usd": 10_000, "run_token_budget": 50_000_000},
+        }
+    )
+
+
+def submit_of(scenario: Scenario) -> RunSubmit:
+    data = scenario.model_dump(mode="json", by_alias=True)
+    return RunSubmit(
+        run_id=f"run-{uuid.uuid4().hex[:20]}",
+        task=scenario.task,
+        rubric=scenario.effective_rubric(),
+        limits=scenario.limits or RunLimits(),
+        answer_mode=scenario.answer_mode,
+        terminal_tools=scenario.terminal_tools,
+        scenario=data,
+        scenario_digest=digest_of(data),
+    )
+
+
+@dataclass
+class Finishes:
+    """When each run's final event arrived (a wildcard subscription: no per-run subscription or read)."""
+
+    at: dict[str, float] = field(default_factory=dict)
+    status: dict[str, str] = field(default_factory=dict)
+    waiters: dict[str, asyncio.Future[float]] = field(default_factory=dict)
+    started: dict[str, float] = field(default_factory=dict)  # its run.started (admitted, on a release that queues)
+    accepted: dict[str, float] = field(default_factory=dict)  # its first run.queued or run.started: taken in
+
+    async def start(self, client: Client) -> None:
+        async def on_start(msg: Any) -> None:
+            rid = (msg.headers or {}).get(RUN_ID_HEADER, "") or msg.subject.rsplit(".", 1)[-1]
+            now = time.perf_counter()
+            self.accepted.setdefault(rid, now)
+            if msg.subject.split(".")[4] == "started":
+                self.started.setdefault(rid, now)
+
+        for kind in ("queued", "started"):
+            await client.bus.nc.subscribe(S.any_run(S.run_event(kind)), cb=on_start)
+
+        async def on_msg(msg: Any) -> None:
+            rid = (msg.headers or {}).get(RUN_ID_HEADER, "") or msg.subject.rsplit(".", 1)[-1]
+            if rid in self.at:
+                return
+            now = time.perf_counter()
+            self.at[rid] = now
+            self.status[rid] = msg.subject.split(".")[4]
+            fut = self.waiters.pop(rid, None)
+            if fut is not None and not fut.done():
+                fut.set_result(now)
+
+        for status in ENDED:
+            await client.bus.nc.subscribe(S.any_run(S.run_event(status)), cb=on_msg)
+
+    async def until(self, run_ids: list[str], timeout: float) -> None:
+        loop = asyncio.get_running_loop()
+        futs = []
+        for rid in run_ids:
+            if rid not in self.at:
+                futs.append(self.waiters.setdefault(rid, loop.create_future()))
+        if futs:
+            _, pending = await asyncio.wait(futs, timeout=timeout)
+            if pending:
+                raise RuntimeError(f"{len(pending)} of {len(run_ids)} runs did not end in {timeout:.0f}s")
+
+
+async def publish(client: Client, tenant: str, submits: list[RunSubmit]) -> float:
+    """Publish the submits on ``tenant``'s subject, all at once; when the first went out."""
+    t0 = time.perf_counter()
+    subject = S.run_submit(tenant)
+    await asyncio.gather(*(client.bus.publish(subject, s, msg_id=f"submit.{s.run_id}") for s in submits))
+    return t0
+
+
+async def latencies(
+    client: Client, finishes: Finishes, tenant: str, n: int, timeout: float, parts: dict[str, list[float]] | None = None
+) -> list[float]:
+    """``n`` runs of ``tenant`` submitted at once; each one's time from its submit to its final event (``parts``:
+    also to its intake and to its start)."""
+    submits = [submit_of(two_turns()) for _ in range(n)]
+    started = {}
+    subject = S.run_submit(tenant)
+
+    async def one(s: RunSubmit) -> None:
+        started[s.run_id] = time.perf_counter()
+        await client.bus.publish(subject, s, msg_id=f"submit.{s.run_id}")
+
+    await asyncio.gather(*(one(s) for s in submits))
+    await finishes.until([s.run_id for s in submits], timeout)
+    if parts is not None:
+        ids = [s.run_id for s in submits]
+        parts["intake"] = [finishes.accepted[r] - started[r] for r in ids if r in finishes.accepted]
+        parts["start"] = [finishes.started[r] - started[r] for r in ids if r in finishes.started]
+    return [finishes.at[s.run_id] - started[s.run_id] for s in submits]
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def run(burst: int = 1000, small: int = 20, env: dict[str, str] | None = None) -> dict[str, Any]:
+    stack = LocalStack(
+        state_dir=Path(tempfile.mkdtemp(prefix="lw-bench-fair-")), env={**ENV, **(env or {})}, services=TWO_TWO
+    )
+    r: dict[str, Any] = {"burst": burst, "small": small, "load_before": os.getloadavg()[0]}
+    timeout = max(120.0, burst * 0.5)
+    stack.start()
+    try:
+
+        async def main() -> None:
+            async with Client(Settings(nats_url=stack.nats_url)) as client:
+                finishes = Finishes()
+                await finishes.start(client)
+                await latencies(client, finishes, "b", 8, timeout)  # warm-up
+                alone = await latencies(client, finishes, "b", small, timeout)
+                # a alone: throughput
+                burst_a = [submit_of(two_turns()) for _ in range(burst)]
+                t0 = await publish(client, "a", burst_a)
+                await finishes.until([s.run_id for s in burst_a], timeout)
+                r["a_alone_s"] = max(finishes.at[s.run_id] for s in burst_a) - t0
+                alone += await latencies(client, finishes, "b", small, timeout)
+                # b behind a's burst
+                burst_a = [submit_of(two_turns()) for _ in range(burst)]
+                t0 = await publish(client, "a", burst_a)
+                parts: dict[str, list[float]] = {}
+                behind = await latencies(client, finishes, "b", small, timeout, parts)
+                r["b_parts"] = parts
+                await finishes.until([s.run_id for s in burst_a], timeout)
+                r["a_shared_s"] = max(finishes.at[s.run_id] for s in burst_a) - t0
+                r["b_alone"], r["b_behind"] = alone, behind
+                ended = [finishes.status.get(s.run_id) for s in burst_a]
+                r["not_completed"] = sum(1 for s in ended if s != "completed")
+
+        asyncio.run(main())
+    finally:
+        stack.stop()
+    r["load_after"] = os.getloadavg()[0]
+    return r
+
+
+def report(r: dict[str, Any]) -> list[str]:
+    alone, behind = r["b_alone"], r["b_behind"]
+    p50_ratio = pct(behind, 0.5) / pct(alone, 0.5)
+    p95_ratio = pct(behind, 0.95) / pct(alone, 0.95)
+    mark = lambda ok: "met" if ok else "MISSED"  # noqa: E731
+    return [
+        f"fair share (2 planner + 2 executor replicas, 2-turn agent, 0.5 s model turns); machine load average "
+        f"{r['load_before']:.1f} before, {r['load_after']:.1f} after",
+        f"  tenant b alone ({len(alone)} runs):   p50 {pct(alone, 0.5):6.2f} s  p95 {pct(alone, 0.95):6.2f} s",
+        f"  b behind a's {r['burst']} ({len(behind)} runs): p50 {pct(behind, 0.5):6.2f} s  "
+        f"p95 {pct(behind, 0.95):6.2f} s",
+        f"    = {p50_ratio:4.2f}x (p50), {p95_ratio:4.2f}x (p95) b alone   target <= 1.5x: "
+        f"{mark(p50_ratio <= 1.5 and p95_ratio <= 1.5)}",
+        "    b behind a: submit -> taken in (queued or started) p50 "
+        + (f"{pct(r['b_parts']['intake'], 0.5):.2f} s" if r["b_parts"].get("intake") else "-")
+        + ", submit -> started p50 "
+        + (f"{pct(r['b_parts']['start'], 0.5):.2f} s" if r["b_parts"].get("start") else "-"),
+        f"  tenant a alone: {r['burst']} runs in {r['a_alone_s']:.1f} s = {r['burst'] / r['a_alone_s']:.1f} runs/s; "
+        f"with b's beside: {r['a_shared_s']:.1f} s; runs of a's not completed: {r['not_completed']}",
+    ]
+
+
+if __name__ == "__main__":
+    print("\n".join(report(run())))
