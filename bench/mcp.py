@@ -26,10 +26,11 @@ from typing import Any
 from loopwarden.client import Client
 from loopwarden.stack import LocalStack
 from services.executor.mcp_tools import close_all, mount_mcp_servers
-from services.executor.registry import ToolContext, ToolRegistry
+from services.executor.registry import ToolRegistry
 from shared import subjects as S
 from shared.scenario import parse_scenario
 from shared.settings import McpServerSpec, Settings
+from shared.tools import ToolContext
 
 LAB = {"name": "lab", "command": [sys.executable, "-m", "services.executor.tools.mcp_lab"], "start_timeout_s": 120}
 

@@ -236,7 +236,6 @@ async def floor_steps(runs: int, steps: int) -> list[float]:
     decision, the scripted model, the state machine, the tool, output validation."""
     from services.executor.app import load_registry
     from services.executor.handlers import raw_result
-    from services.executor.registry import ToolContext
     from services.governor.budget import BudgetLedger, evaluate
     from services.planner import context as C
     from services.planner.outcomes import apply_outcome
@@ -244,6 +243,7 @@ async def floor_steps(runs: int, steps: int) -> list[float]:
     from services.validator.checking import outcome_of
     from shared.messages import RunLimits, RunSubmit, ToolCall
     from shared.providers.scripted import ScriptedProvider
+    from shared.tools import ToolContext
 
     settings = Settings()
     registry = load_registry(settings)

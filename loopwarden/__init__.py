@@ -31,7 +31,6 @@ if TYPE_CHECKING:
         Watch,
         new_run_id,
     )
-    from services.executor.registry import ToolContext, ToolFailure, ToolState, tool
     from shared.agents import AgentError, load_agent
     from shared.messages import (
         FINAL_STATUSES,
@@ -55,6 +54,7 @@ if TYPE_CHECKING:
     )
     from shared.scenario import Scenario, ScenarioError, load_scenario, parse_scenario
     from shared.settings import Settings
+    from shared.tools import ToolContext, ToolFailure, ToolState, tool
 
 __all__ = [  # noqa: RUF022 - grouped by what a user does, not sorted
     # connecting, runs and their events
@@ -115,11 +115,11 @@ def _client() -> Any:
     return client
 
 
-def _registry() -> Any:
-    # ``services``/``shared`` imports are rewritten to ``loopwarden.services``/``loopwarden.shared`` in the wheel
-    from services.executor import registry
+def _tools() -> Any:
+    # ``shared`` imports are rewritten to ``loopwarden.shared`` in the wheel
+    from shared import tools
 
-    return registry
+    return tools
 
 
 def _messages() -> Any:
@@ -167,7 +167,7 @@ _HOME = {
         _client,
     ),
     **dict.fromkeys(("AgentError", "load_agent"), _agents),
-    **dict.fromkeys(("ToolState", "ToolContext", "ToolFailure", "tool"), _registry),
+    **dict.fromkeys(("ToolState", "ToolContext", "ToolFailure", "tool"), _tools),
     **dict.fromkeys(("Scenario", "ScenarioError", "load_scenario", "parse_scenario"), _scenario),
     "Settings": _settings,
 }

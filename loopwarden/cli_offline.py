@@ -147,9 +147,9 @@ def _mcp_contract(args: argparse.Namespace) -> tuple[Any, Any]:
 
 def _mcp_call(args: argparse.Namespace, contract: Any, called: Any) -> int:
     """``--call``: check what the MCP tool returned, as a run would."""
-    from services.executor.registry import ToolFailure
     from shared.contracts.output import check_output
     from shared.contracts.validation import format_for_model
+    from shared.tools import ToolFailure
 
     if isinstance(called, ToolFailure):
         say(f"call: {called.kind}{f' (effect: {called.effect})' if called.effect else ''}\n{called}")

@@ -236,7 +236,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 def _console_url(stack: LocalStack) -> str | None:
     """The address the supervised console says it listens on (its ready line)."""
-    from services.console.local import url_from_log
+    from loopwarden.console.local import url_from_log
 
     log = stack.state_dir / "logs" / "console.log"
     return url_from_log(log.read_text(errors="replace")) if log.exists() else None

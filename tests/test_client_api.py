@@ -60,14 +60,13 @@ def test_every_public_name_imports_from_loopwarden_and_is_the_internal_one() -> 
     import loopwarden
     from loopwarden import Client, ToolContext, ToolFailure, load_scenario, tool  # the documented spelling
     from loopwarden.client import Client as InternalClient
-    from services.executor import registry
-    from shared import messages, scenario
+    from shared import messages, scenario, tools
 
     assert loopwarden.__all__ and len(set(loopwarden.__all__)) == len(loopwarden.__all__)
     missing = [name for name in loopwarden.__all__ if getattr(loopwarden, name, None) is None]
     assert not missing, missing
-    # the executor's own decorator and types, not copies: a tool declared with them is the executor's
-    assert (tool, ToolFailure, ToolContext) == (registry.tool, registry.ToolFailure, registry.ToolContext)
+    # the author's API the executor reads, not copies: a tool declared with them is the executor's
+    assert (tool, ToolFailure, ToolContext) == (tools.tool, tools.ToolFailure, tools.ToolContext)
     assert Client is InternalClient and load_scenario is scenario.load_scenario
     assert loopwarden.RunSnapshot is messages.RunSnapshot
     star: dict[str, object] = {}

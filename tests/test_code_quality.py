@@ -42,23 +42,77 @@ def imports_of(path: Path) -> set[str]:
     return found
 
 
-# Dependencies point one way: entry points (loopwarden/) -> services/ -> shared/. shared/ (contracts,
-# the bus, settings, permissions) imports neither; a service imports no entry point, except the web
-# console, which is a surface over the client like the CLI.
+# Dependencies point one way, with no exemption (issue 37): entry points and surfaces (loopwarden/: the CLI,
+# the web console, the client) -> the workers (services/) -> the kernel (shared/: contracts, the bus,
+# settings, the tool author's API). shared/ imports neither; a worker imports no entry point and no other
+# worker; the public face (loopwarden/__init__.py) and the read models the console and the CLI share import
+# no service and no surface, so a tool author's import loads no worker and the console and the terminal
+# stand on the same floor.
 FORBIDDEN = {
     "shared": ("services", "loopwarden"),
     "services": ("loopwarden",),
 }
-SURFACES = ("services/console/",)
+READ_MODELS = ("records.py", "record_sources.py", "replay.py", "runtext.py", "runtree/")
+
+
+def is_surface(module: str) -> bool:
+    """The web console or the CLI (``loopwarden.cli``, ``loopwarden.cli_*``): not ``loopwarden.client``."""
+    parts = module.split(".")
+    return (
+        parts[0] == "loopwarden" and len(parts) > 1 and (parts[1] in ("console", "cli") or parts[1].startswith("cli_"))
+    )
+
+
+def wrong_imports(root: Path = ROOT) -> list[str]:
+    wrong = []
+    for top, forbidden in FORBIDDEN.items():
+        for path in sorted((root / top).rglob("*.py")):
+            for module in imports_of(path):
+                if module.split(".")[0] in forbidden:
+                    wrong.append(f"{path.relative_to(root)} imports {module}")
+    for path in sorted((root / "services").rglob("*.py")):
+        own = path.relative_to(root / "services").parts[0]
+        for module in imports_of(path):
+            parts = module.split(".")
+            if parts[0] == "services" and len(parts) > 1 and parts[1] != own:
+                wrong.append(f"{path.relative_to(root)} imports another worker's {module}")
+    face = root / "loopwarden" / "__init__.py"
+    if face.exists():
+        wrong += [f"loopwarden/__init__.py imports {m}" for m in imports_of(face) if m.split(".")[0] == "services"]
+    for path in sorted((root / "loopwarden").rglob("*.py")):
+        if not str(path.relative_to(root / "loopwarden")).startswith(READ_MODELS):
+            continue
+        for module in imports_of(path):
+            if module.split(".")[0] == "services" or is_surface(module):
+                wrong.append(f"{path.relative_to(root)} (a shared read model) imports {module}")
+    return wrong
 
 
 def test_dependencies_point_one_way() -> None:
-    wrong = []
-    for top, forbidden in FORBIDDEN.items():
-        for path in sorted((ROOT / top).rglob("*.py")):
-            if str(path.relative_to(ROOT)).startswith(SURFACES):
-                continue
-            for module in imports_of(path):
-                if module.split(".")[0] in forbidden:
-                    wrong.append(f"{path.relative_to(ROOT)} imports {module}")
+    wrong = wrong_imports()
     assert wrong == [], "\n".join(wrong)
+
+
+def test_the_dependency_rule_sees_each_arrow_that_runs_the_wrong_way(tmp_path: Path) -> None:
+    """Each rule above, broken once in a small tree, is reported (lazy imports too); the allowed arrows are not."""
+    files = {
+        "shared/a.py": "from services.planner import app\n",
+        "services/judge/x.py": "def f():\n    from services.planner.ids import run_key\n",
+        "services/judge/y.py": "from services.judge import scoring\nfrom loopwarden.client import Client\n",
+        "loopwarden/__init__.py": "def _t():\n    from services.executor import registry\n",
+        "loopwarden/runtext.py": "from loopwarden.console.board import duration\nfrom loopwarden import client\n",
+        "loopwarden/runtree/tree.py": "from loopwarden.cli_common import say\n",
+        "loopwarden/console/app.py": "from loopwarden import records\nfrom loopwarden.client import Client\n",
+        "loopwarden/cli.py": "from services.executor.app import load_registry\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert sorted(wrong_imports(tmp_path)) == [
+        "loopwarden/__init__.py imports services.executor",
+        "loopwarden/runtext.py (a shared read model) imports loopwarden.console.board",
+        "loopwarden/runtree/tree.py (a shared read model) imports loopwarden.cli_common",
+        "services/judge/x.py imports another worker's services.planner.ids",
+        "services/judge/y.py imports loopwarden.client",
+        "shared/a.py imports services.planner",
+    ]

@@ -28,8 +28,8 @@ from axe_playwright_python.async_playwright import Axe
 from playwright.async_api import Browser, Page, async_playwright, expect
 
 from loopwarden.client import Client
+from loopwarden.console.auth import hash_password
 from loopwarden.stack import LocalStack
-from services.console.auth import hash_password
 from shared import subjects as S
 from shared.scenario import parse_scenario
 from shared.settings import Settings

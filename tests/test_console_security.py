@@ -29,8 +29,8 @@ import pytest
 from playwright.async_api import Browser, async_playwright, expect
 
 from loopwarden.client import Client
+from loopwarden.console.local import url_from_log
 from loopwarden.stack import LocalStack, Proc, free_port
-from services.console.local import url_from_log
 from shared import subjects as S
 from shared.messages import EscalationRaise
 from shared.permissions import operator_roster

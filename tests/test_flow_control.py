@@ -23,8 +23,8 @@ import yaml
 from playwright.async_api import async_playwright, expect
 
 from loopwarden.client import Client, QuotaExceeded, Refused
+from loopwarden.console.auth import hash_password
 from loopwarden.stack import LocalStack
-from services.console.auth import hash_password
 from shared import subjects as S
 from shared.access import parse_access
 from shared.bus import RUN_ID_HEADER

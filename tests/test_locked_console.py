@@ -240,7 +240,7 @@ def test_a_console_whose_connection_is_closed_for_good_says_so_and_exits_non_zer
 
 
 async def test_healthz_answers_503_once_the_connection_is_closed_for_good() -> None:
-    from services.console.app import create_app
+    from loopwarden.console.app import create_app
     from shared.settings import Settings
 
     client = Client(Settings(nats_url="nats://127.0.0.1:1", console_secret="s"), identity="console")
@@ -252,7 +252,7 @@ async def test_healthz_answers_503_once_the_connection_is_closed_for_good() -> N
 
 
 def test_every_path_id_is_matched_before_use() -> None:
-    from services.console.guard import bad_path_id
+    from loopwarden.console.guard import bad_path_id
 
     assert bad_path_id({"run_id": "run-abc", "step_id": "i1.tool.toolu_1"}) is None
     assert bad_path_id({"run_id": "a" * 65}) == "run_id"

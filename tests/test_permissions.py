@@ -19,7 +19,7 @@ import yaml
 from loopwarden.auth_conf import OUT, all_grants, auth_conf
 from loopwarden.client import Client
 from loopwarden.infra import bootstrap
-from loopwarden.stack import SERVICES, LocalStack, nats_server_binary
+from loopwarden.stack import SERVICES, LocalStack, module_of, nats_server_binary
 from shared.permissions import rights
 from shared.scenario import parse_scenario
 from shared.settings import Settings
@@ -161,11 +161,11 @@ def test_compose_and_manifests_run_every_service_as_its_own_user() -> None:
     deployments = {m["metadata"]["name"]: m for m in manifests if m["kind"] == "Deployment"}
     for service in SERVICES:
         spec = compose[service]
-        assert spec["command"] == ["python", "-m", f"services.{service}"]
+        assert spec["command"] == ["python", "-m", module_of(service)]
         assert spec["environment"]["LW_NATS_USER"] == service
         assert spec["deploy"]["replicas"] >= 2
         container = deployments[f"loopwarden-{service}"]["spec"]["template"]["spec"]["containers"][0]
-        assert container["command"] == ["python", "-m", f"services.{service}"]
+        assert container["command"] == ["python", "-m", module_of(service)]
         assert {"name": "LW_NATS_USER", "value": service} in container["env"]
     passwords = {k for k in compose["nats-1"]["environment"] if k.startswith("LW_NATS_PASSWORD_")}
     assert passwords == {f"LW_NATS_PASSWORD_{u.upper()}" for u in USERS}

@@ -497,7 +497,7 @@ async def test_a_service_whose_connection_is_closed_for_good_exits_non_zero(shor
 async def test_the_console_user_keeps_its_live_view_without_a_consumer(url: str, client: Client) -> None:
     """The console's runs and timelines come from direct gets and a core subscription (its grant has no
     consumer create): a run completed before it started and one completed after are both in its view."""
-    from services.console.live import LiveView
+    from loopwarden.console.live import LiveView
 
     before = await completes(client)
     async with Client(as_user(url, "console"), identity="console") as console:

@@ -12,24 +12,30 @@ say what was not stored.
 tool call's arguments, attempts, raw output, validation errors and the result the model saw, the
 judge's criteria, a human's resolution. ``clip`` cuts text at a word boundary with a visible ellipsis.
 
-The tree is built in ``runtree.tree``; a step is opened in ``runtree.detail``; both are re-exported here.
+The tree is built in ``runtree.tree``; a step is opened in ``runtree.detail``; time is read out in
+``runtree.timing`` (durations, countdowns, the waterfall's bars); all are re-exported here.
 """
 
 from __future__ import annotations
 
 from loopwarden.runtree.detail import Section, by_reference, output_size, size_text, step_detail, system_prompt
+from loopwarden.runtree.timing import BAR_UNITS, bar, countdown, duration
 from loopwarden.runtree.tree import ELLIPSIS, RunTree, Step, StepKind, StepStatus, build, clip, stall_line
 
 __all__ = [
+    "BAR_UNITS",
     "ELLIPSIS",
     "RunTree",
     "Section",
     "Step",
     "StepKind",
     "StepStatus",
+    "bar",
     "build",
     "by_reference",
     "clip",
+    "countdown",
+    "duration",
     "output_size",
     "size_text",
     "stall_line",

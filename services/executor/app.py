@@ -5,14 +5,15 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import services.executor.tools.demo  # noqa: F401  - registers the @tool-declared demo tools
 from services.executor.handlers import Executor
-from services.executor.registry import DECLARED, SCHEMAS_DIR, ToolRegistry
+from services.executor.registry import SCHEMAS_DIR, ToolRegistry
 from services.executor.tool_modules import import_tool_modules
+from services.executor.tools import demo
 from shared.bus import Bus
 from shared.service import AfterConnect
 from shared.settings import Settings
 from shared.telemetry import Telemetry
+from shared.tools import declared_in
 
 log = logging.getLogger("loopwarden.executor")
 
@@ -22,11 +23,11 @@ def load_registry(settings: Settings) -> ToolRegistry:
     ``loopwarden.tools`` entry points), JSON contract files. A module that cannot be imported is listed in
     ``module_problems`` (and ``refused``), never skipped silently."""
     registry = ToolRegistry(default_dialect=settings.default_schema_dialect, boundaries=dict(settings.boundaries))
-    _, problems = import_tool_modules(settings.tool_modules)
+    modules, problems = import_tool_modules(settings.tool_modules)
     for problem in problems:
         registry.module_problems.append(str(problem))
         registry.refused[f"module {problem.module}"] = str(problem)
-    registry.load_declared(DECLARED)
+    registry.load_declared(declared_in([demo, *modules]))  # what @tool left on each module's functions
     registry.load_json_dir(SCHEMAS_DIR)
     if settings.tool_contract_dir:
         registry.load_json_dir(Path(settings.tool_contract_dir))

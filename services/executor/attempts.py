@@ -1,7 +1,7 @@
 """A call's attempts: the executor is the *one* layer that retries transient tool failures (the delay
 from ``recovery.retry_delay``); when retries are spent, what ``recovery.after_retries`` chose is carried
-out (fallback, cached result, failure). Each attempt runs the scripted behaviour (scripted runs only) or
-the real tool, under its timeout, then its post-call hook."""
+out (fallback, cached result, failure). Each attempt runs the call's tool function (the hosted tool, or
+what the handler chose once to stand around it for this call), under its timeout, then its post-call hook."""
 
 from __future__ import annotations
 
@@ -20,27 +20,38 @@ from services.executor.ledger import LedgerEntry
 from services.executor.ownership import Ownership
 from services.executor.recovery import Attempted, Fail, Fallback, UseCached, model_error, retry_delay
 from services.executor.recovery import after_retries as recovery_after
-from services.executor.registry import HostedTool, ToolContext, ToolFailure
+from services.executor.registry import HostedTool
 from shared import subjects as S
 from shared import telemetry as T
 from shared.bus import Bus
 from shared.call_identity import CallIdentity
 from shared.canonical import cache_key
-from shared.messages import CachedToolResult, ToolCall, ToolResultRaw, Wire
-from shared.providers.select import scripted_tools
-from shared.scenario import ToolBehaviour
+from shared.messages import CachedToolResult, ToolCall, ToolResultRaw
 from shared.settings import FaultPoint, Settings
+from shared.tools import ToolContext, ToolFailure, ToolFn
 
 log = logging.getLogger("loopwarden.executor")
 
-
-class Cursor(Wire):
-    next: int = 0
+Around = Callable[[ToolFn], ToolFn]  # what a call runs in place of its tool, given the tool (chosen once per call)
 
 
 def raw_result(call: ToolCall, output: Any, attempts: int, **extra: Any) -> ToolResultRaw:
     """What the validator checks: a call's output with where it came from."""
     return CallIdentity.of(call).raw(output, attempts, **extra)
+
+
+class Reached:
+    """The hosted tool as an attempt runs it: whether it was reached (cut off after that, it may have done
+    its work), and the fault point right after its side effect."""
+
+    def __init__(self, fn: ToolFn, fault: Callable[[FaultPoint], None]) -> None:
+        self.fn, self.fault, self.reached = fn, fault, False
+
+    async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+        self.reached = True
+        output = await self.fn(args, ctx)
+        self.fault("after_side_effect")
+        return output
 
 
 class Attempts:
@@ -62,12 +73,19 @@ class Attempts:
         self.durations = durations  # loopwarden.tool.duration: each attempt, by tool and result
 
     async def run_attempts(
-        self, call: ToolCall, hosted: HostedTool, entry: LedgerEntry, revision: int, stripped: list[str]
+        self,
+        call: ToolCall,
+        hosted: HostedTool,
+        entry: LedgerEntry,
+        revision: int,
+        stripped: list[str],
+        around: Around | None = None,
     ) -> None:
-        """Run the call (``stripped``: the undeclared input fields removed before it, for its result to say)."""
+        """Run the call (``stripped``: the undeclared input fields removed before it, for its result to say;
+        ``around``: what runs in place of the tool for this call, chosen once by the handler)."""
         lease = asyncio.create_task(self.ownership.keep_lease(entry, revision)) if revision else None
         try:
-            await self.attempts_of(call, hosted, entry, revision, stripped)
+            await self.attempts_of(call, hosted, entry, revision, stripped, around)
         finally:
             if lease is not None:
                 lease.cancel()
@@ -75,9 +93,17 @@ class Attempts:
                     await lease
 
     async def attempts_of(
-        self, call: ToolCall, hosted: HostedTool, entry: LedgerEntry, revision: int, stripped: list[str]
+        self,
+        call: ToolCall,
+        hosted: HostedTool,
+        entry: LedgerEntry,
+        revision: int,
+        stripped: list[str],
+        around: Around | None = None,
     ) -> None:
         contract = hosted.contract
+        tool = Reached(hosted.fn, self.fault)
+        run = tool if around is None else around(tool)  # once per call
         started = time.monotonic()
         n = 0
         while True:
@@ -87,7 +113,7 @@ class Attempts:
                 attributes={T.GEN_AI_TOOL_NAME: call.tool, T.LW_ATTEMPT: n, T.LW_RUN_ID: call.run_id},
             ) as span:
                 began = time.monotonic()
-                result = await self.attempt(call, hosted, n)
+                result = await self.attempt(call, hosted, run, tool, n)
                 took = time.monotonic() - began
                 delay = retry_delay(contract, result, n, time.monotonic() - started)
                 if not result.ok:
@@ -182,39 +208,20 @@ class Attempts:
             effect=fail.effect,
         )
 
-    async def attempt(self, call: ToolCall, hosted: HostedTool, n: int) -> Attempted:
-        """One execution: the scripted behaviour for this attempt (scripted runs only), else the real tool,
-        under its timeout."""
+    async def attempt(self, call: ToolCall, hosted: HostedTool, run: ToolFn, tool: Reached, n: int) -> Attempted:
+        """One execution of the call's tool function, under the tool's timeout."""
         contract = hosted.contract
-        behaviour = await self.scripted(call)
         ctx = ToolContext(run_id=call.run_id, call_id=call.call_id, attempt=n, buckets=self.bus.kv)
-        real_tool_started = False
+        tool.reached = False
         try:
             async with asyncio.timeout(contract.timeout_s):
-                if behaviour is not None and not behaviour.runs_real_tool:
-                    await asyncio.sleep(behaviour.latency_s)
-                    if behaviour.fail is not None:
-                        detail = behaviour.error or f"scripted {behaviour.fail} failure"
-                        if behaviour.fail == "timeout":
-                            return Attempted(False, failure_type="timeout", error=detail)
-                        return Attempted(
-                            False, failure_type=behaviour.fail, error=detail, retry_after_s=behaviour.retry_after_s
-                        )
-                    if behaviour.output_text is not None:
-                        return self.hooked(hosted, behaviour.output_text)
-                    return self.hooked(hosted, behaviour.output)
-                real_tool_started = True
-                output = await hosted.fn(call.arguments, ctx)
-                self.fault("after_side_effect")
-                if behaviour is not None and behaviour.latency_s:
-                    await asyncio.sleep(behaviour.latency_s)  # e.g. a slow response after the effect happened
-                return self.hooked(hosted, output)
+                return self.hooked(hosted, await run(call.arguments, ctx))
         except TimeoutError:
             return Attempted(
                 False,
                 failure_type="timeout",
                 error=f"no answer within {contract.timeout_s:g}s",
-                effect_unknown=real_tool_started,
+                effect_unknown=tool.reached,
             )
         except ToolFailure as failure:
             return Attempted(
@@ -237,17 +244,3 @@ class Attempts:
             except Exception as err:
                 return Attempted(False, failure_type="fatal", error=f"the post-call hook failed: {err!r}")
         return Attempted(True, output=output, output_is_text=isinstance(output, str) and not hosted.text_result)
-
-    async def scripted(self, call: ToolCall) -> ToolBehaviour | None:
-        """Scripted tool behaviour: only for a run submitted with a scenario (the provider registry says which);
-        a live run never consults one."""
-        scenario = await scripted_tools(self.bus, self.settings, call.run_id)
-        if scenario is None or call.tool not in scenario.tools:
-            return None
-
-        def take(cursor: Cursor | None) -> tuple[Cursor, int]:  # the n-th attempt of this tool in this run
-            index = cursor.next if cursor else 0
-            return Cursor(next=index + 1), index
-
-        index = await self.bus.update(S.KV_SCRIPT_CURSORS, S.kv_key(call.run_id, call.tool), Cursor, take)
-        return scenario.tool_behaviour(call.tool, index)

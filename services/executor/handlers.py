@@ -25,6 +25,7 @@ from services.executor.finishing import Finisher
 from services.executor.ledger import claim
 from services.executor.ownership import Ownership
 from services.executor.registry import ToolRegistry
+from services.executor.scripted import scripted_around
 from shared import metrics as M
 from shared import subjects as S
 from shared import telemetry as T
@@ -196,7 +197,8 @@ class Executor:
                         return
                     entry, revision = claimed
             self.fault("after_start_recorded")
-            await self.calls.run_attempts(call, hosted, entry, revision, stripped)
+            around = await scripted_around(self.bus, self.settings, call)  # a scripted run's tool, wrapped once
+            await self.calls.run_attempts(call, hosted, entry, revision, stripped, around)
             self.fault("after_final_published")
 
     async def refuse(self, call: ToolCall, subject_tool: str) -> None:

@@ -40,11 +40,12 @@ from services.executor.mcp_contracts import (
     render_content,
     side_effect_message,
 )
-from services.executor.registry import ToolContext, ToolFailure, ToolFn, ToolRegistry
+from services.executor.registry import ToolRegistry
 from shared.contracts.output import check_output
 from shared.contracts.validation import format_for_model
 from shared.messages import McpServerStatus, ToolContract
 from shared.settings import McpServerSpec
+from shared.tools import ToolContext, ToolFailure, ToolFn
 
 log = logging.getLogger("loopwarden.executor.mcp")
 

@@ -7,8 +7,8 @@ import json
 import uuid
 from typing import Any
 
-from services.executor.registry import ToolContext
 from shared.subjects import KV_DEMO
+from shared.tools import ToolContext
 
 
 async def _count(ctx: ToolContext, kind: str) -> None:

@@ -9,10 +9,10 @@ from datetime import UTC, datetime
 
 import pytest
 
-from services.console import board as B
-from services.console import guard as G
-from services.console.auth import PasswordTooLong, Sessions, cost_of, hash_password
-from services.console.throttle import LoginThrottle
+from loopwarden.console import board as B
+from loopwarden.console import guard as G
+from loopwarden.console.auth import PasswordTooLong, Sessions, cost_of, hash_password
+from loopwarden.console.throttle import LoginThrottle
 
 
 def test_a_run_row_reads_status_cost_and_progress() -> None:

@@ -1,5 +1,5 @@
 """Who may replay a run from the console, and how a model turn's system prompt is found by its hash
-(``services.console.board.replay_refusal``, ``loopwarden.runtree``, ``services.planner.turns.sent``)."""
+(``loopwarden.console.board.replay_refusal``, ``loopwarden.runtree``, ``services.planner.turns.sent``)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from loopwarden import runtree as T
+from loopwarden.console import board as B
 from loopwarden.replay import unrecorded_calls
-from services.console import board as B
 from services.planner import turns
 from services.planner.state import Iteration, RunState
 from shared.messages import ChatMessage, RunSubmit, ToolContract

@@ -1,4 +1,5 @@
-"""The runs list's filters and pages, and the run page's waterfall geometry (``services.console.board``)."""
+"""The runs list's filters and pages (``loopwarden.console.board``), and the waterfall's geometry and the
+durations the console and the terminal both print (``loopwarden.runtree.timing``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from services.console import board as B
+from loopwarden import runtree as RT
+from loopwarden.console import board as B
 
 
 def row(i: int, status: str = "completed", **extra: object) -> B.RunRow:
@@ -70,18 +72,18 @@ def test_runs_come_in_pages_and_a_page_past_the_end_is_the_last() -> None:
 
 
 def test_a_steps_bar_sits_on_the_runs_axis_and_an_instant_is_still_visible() -> None:
-    assert B.bar(0.0, 0.5, 1.0) == (0, 500)
-    assert B.bar(0.25, 0.5, 1.0) == (250, 250)
-    assert B.bar(1.0, 1.0, 1.0) == (996, 4)
-    assert B.bar(0.5, None, 1.0) == (500, 500)  # still going: to the end of the axis
-    assert B.bar(0.0, 0.0, 0.0) == (0, 4)
+    assert RT.bar(0.0, 0.5, 1.0) == (0, 500)
+    assert RT.bar(0.25, 0.5, 1.0) == (250, 250)
+    assert RT.bar(1.0, 1.0, 1.0) == (996, 4)
+    assert RT.bar(0.5, None, 1.0) == (500, 500)  # still going: to the end of the axis
+    assert RT.bar(0.0, 0.0, 0.0) == (0, 4)
 
 
 @pytest.mark.parametrize(
     ("seconds", "text"), [(None, ""), (0.0042, "4 ms"), (0.85, "850 ms"), (2.44, "2.4 s"), (185, "3 m 05 s")]
 )
 def test_a_duration_reads_as_people_write_it(seconds: float | None, text: str) -> None:
-    assert B.duration(seconds) == text
+    assert RT.duration(seconds) == text
 
 
 # --- a queue item's buttons --------------------------------------------------------------------------------
@@ -113,9 +115,9 @@ def test_a_resolved_item_is_read_only() -> None:
 
 
 def test_the_sla_counts_down() -> None:
-    assert B.countdown(T0 + timedelta(seconds=245), T0) == "in 4 m 05 s"
-    assert B.countdown(T0 - timedelta(seconds=1), T0) == "due now"
-    assert B.countdown(None, T0) == ""
+    assert RT.countdown(T0 + timedelta(seconds=245), T0) == "in 4 m 05 s"
+    assert RT.countdown(T0 - timedelta(seconds=1), T0) == "due now"
+    assert RT.countdown(None, T0) == ""
 
 
 def test_an_example_has_the_output_schemas_shape() -> None:

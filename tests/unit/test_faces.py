@@ -1,6 +1,6 @@
-"""The wire catalogue, the client and the run tree are packages behind one face each (issue 25): every
-name the tree imports comes from the face, every public name a part defines is on it, each part is one
-concept of a readable size, and the parts import one another one way (the face above them all)."""
+"""The wire catalogue, the client, the run tree and the tool-author API are packages behind one face each
+(issues 25, 37): every name the tree imports comes from the face, every public name a part defines is on it,
+each part is one concept of a readable size, and the parts import one another one way (the face above them)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import ROOT
 
-FACES = ("shared.messages", "loopwarden.client", "loopwarden.runtree")
+FACES = ("shared.messages", "loopwarden.client", "loopwarden.runtree", "shared.tools")
 SOURCES = ("shared", "services", "loopwarden", "bench", "tests")
 PART_MAX_LINES = 500
 
@@ -131,7 +131,7 @@ def test_parts_import_one_another_one_way_and_never_their_face(face: str) -> Non
 
 def test_a_face_re_exports_what_the_old_single_module_offered() -> None:
     """Spot checks of names that only ever lived in the single modules (each part's own checks cover the rest)."""
-    messages, client, runtree = (face_of(f) for f in FACES)
+    messages, client, runtree = (face_of(f) for f in ("shared.messages", "loopwarden.client", "loopwarden.runtree"))
     for name in ("WIRE_MODELS", "FailureType", "SCHEMA_FAILURES", "EscalationAction", "needs_human", "utcnow"):
         assert name in messages.__all__, name
     assert all(m.__module__.startswith("shared.messages.") for m in messages.WIRE_MODELS)

@@ -11,7 +11,7 @@ MAX_LINES = 500
 # Kept whole on purpose; the figure is a ceiling (about 15 % above today), so growth is seen again.
 ONE_CONCEPT = {
     "shared/compat.py": (680, "one comparison: is a contract change safe for the last release (pure, JSON in)"),
-    "services/console/app.py": (660, "the console's pages and their routes (its parts are console/*.py already)"),
+    "loopwarden/console/app.py": (660, "the console's pages and their routes (its parts are console/*.py already)"),
 }
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from services.escalation import queue as Q
-from services.executor.registry import ToolContext, ToolRegistry
+from services.executor.registry import ToolRegistry
 from shared.messages import EscalationRaise, EscalationResolve, ToolContract
 from shared.settings import Settings
+from shared.tools import ToolContext
 
 
 async def noop(args: dict, ctx: ToolContext) -> dict:  # type: ignore[type-arg]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import configparser
 import subprocess
 
-from loopwarden.stack import SERVICES
+from loopwarden.stack import SERVICES, module_of
 from tests.conftest import ROOT
 
 UNITS = ROOT / "deploy" / "systemd"
@@ -36,8 +36,12 @@ def test_a_service_instance_names_its_module() -> None:
         module = subprocess.run(
             ["sh", "-c", script.replace("exec ", "echo ", 1), f"{service}-2"], capture_output=True, text=True
         ).stdout.split()[-1]
-        assert module == f'"loopwarden.services.{service}"' or module == f"loopwarden.services.{service}", module
-        assert (ROOT / "services" / service / "__main__.py").exists()
+        expected = module_of(service).replace("services.", "loopwarden.services.", 1)  # as the wheel installs it
+        assert module == expected, (service, module)
+        in_repository = (
+            expected.removeprefix("loopwarden.") if expected.startswith("loopwarden.services.") else expected
+        )
+        assert (ROOT / in_repository.replace(".", "/") / "__main__.py").exists(), in_repository
 
 
 def test_a_node_reloads_its_configuration_without_a_restart() -> None:

@@ -8,9 +8,9 @@ import functools
 from typing import Any
 
 from services.executor.app import load_registry
-from services.executor.registry import STATE_BUCKET, ToolContext
 from shared.settings import Settings
 from shared.subjects import KV_DEMO
+from shared.tools import STATE_BUCKET, ToolContext
 
 
 @functools.cache

@@ -16,10 +16,10 @@ import pytest
 from pydantic import BaseModel, Field, field_validator
 
 from loopwarden.fake_model import FakeModel, default_reply, example_of, judge_scores, load_script
-from services.executor.registry import DECLARED, ToolContext, ToolFailure, ToolRegistry, tool
-from services.executor.signatures import SignatureError, signature_of
+from services.executor.registry import ToolRegistry
 from services.executor.tool_modules import import_tool_modules
 from shared.contracts.lint import lint_contract
+from shared.tools import SignatureError, ToolContext, ToolFailure, declaration_of, declared_in, signature_of, tool
 from tests.support.timing import bound
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,22 +38,22 @@ class Order(BaseModel):
 
 
 @pytest.fixture(autouse=True)
-def declared_here_stay_here() -> Iterator[None]:
-    """Tools declared by these tests leave the process-wide registry as they found it (a later test that
-    loads the executor's registry, e.g. the auth config's, must not see them)."""
-    saved, modules = list(DECLARED), set(sys.modules)
+def imported_here_stay_here() -> Iterator[None]:
+    """A tool module these tests import by path is forgotten after them."""
+    modules = set(sys.modules)
     yield
-    DECLARED[:] = saved
     for name in set(sys.modules) - modules:
         if name == "ep_tools":
             del sys.modules[name]
 
 
 def registered(fn: Any) -> Any:
+    declared = declaration_of(fn)
+    assert declared is not None, f"{fn} carries no @tool declaration"
     registry = ToolRegistry()
-    registry.load_declared([DECLARED[-1]])
+    registry.load_declared([declared])
     assert not registry.refused, registry.refused
-    return registry.tools[DECLARED[-1].contract.name]
+    return registry.tools[declared.contract.name]
 
 
 def run(hosted: Any, args: dict[str, Any]) -> Any:
@@ -92,6 +92,48 @@ def test_annotated_parameters_and_a_str_result() -> None:
         "line inputSchema #/properties/units: [no-description] 'units' has no description; the model reads it as "
         "instructions"
     ]
+
+
+def test_a_tool_authors_import_loads_no_service() -> None:
+    """``from loopwarden import tool`` is the author's API below every service, not the executor (issue 37)."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from loopwarden import tool, ToolContext, ToolFailure, ToolState; "
+            "print([m for m in sys.modules if m.startswith('services')])",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=bound(60),
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "[]"), done.stdout + done.stderr
+
+
+def test_the_executor_hosts_what_its_tool_modules_declare_and_nothing_declared_elsewhere(tmp_path: Path) -> None:
+    """The declaration sits on the function: the executor reads it from the modules it loads, once each,
+    and a tool declared anywhere else (here, in this test) is not hosted."""
+    from services.executor.app import load_registry
+    from shared.settings import Settings
+
+    @tool
+    def not_in_a_tool_module(text: str) -> str:
+        """Echo, declared outside every tool module."""
+        return text
+
+    (tmp_path / "ep_tools.py").write_text(
+        "from loopwarden import tool, ToolFailure\n\n"
+        "@tool\ndef ep_echo(text: str) -> str:\n    'Echo.'\n    return text\n\n"
+        "again = ep_echo  # the same function under a second name is one tool\n"
+    )
+    registry = load_registry(Settings(tool_modules=str(tmp_path / "ep_tools.py")))
+    assert not registry.module_problems, registry.module_problems
+    assert "ep_echo" in registry.tools and "not_in_a_tool_module" not in registry.tools
+    assert {"calculator", "search"} <= set(registry.tools)  # the demo tools and the JSON contracts, as before
+    assert declaration_of(not_in_a_tool_module) is not None and declaration_of(len) is None
+    module = sys.modules["ep_tools"]
+    assert [d.contract.name for d in declared_in([module, module])] == ["ep_echo"]
 
 
 @pytest.mark.parametrize(

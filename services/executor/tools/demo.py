@@ -18,9 +18,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from services.executor.registry import ToolContext, ToolFailure, tool
 from shared.messages import RetryPolicy
 from shared.subjects import KV_DEMO
+from shared.tools import ToolContext, ToolFailure, tool
 
 DATA = Path(__file__).resolve().parent
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from loopwarden import records as R
 from loopwarden.client import Client
-from services.console import board as B
+from loopwarden.console import board as B
 from shared import subjects as S
 from shared.bus import RUN_ID_HEADER, Stored, kv_scan, scan
 from shared.messages import utcnow

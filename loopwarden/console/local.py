@@ -50,7 +50,7 @@ def generated_users(path: Path, operators: list[str]) -> str:
     import json
     import secrets
 
-    from services.console.auth import hash_password
+    from loopwarden.console.auth import hash_password
 
     passwords = {name: secrets.token_urlsafe(9) for name in operators}
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -40,11 +40,11 @@ from loopwarden import records as R
 from loopwarden import replay as RP
 from loopwarden import runtree as T
 from loopwarden.client import Client, PermissionDenied
-from services.console import board as B
-from services.console import guard as G
-from services.console.auth import SESSION_COOKIE, PasswordTooLong, Session, Sessions
-from services.console.live import LiveView
-from services.console.throttle import LoginThrottle
+from loopwarden.console import board as B
+from loopwarden.console import guard as G
+from loopwarden.console.auth import SESSION_COOKIE, PasswordTooLong, Session, Sessions
+from loopwarden.console.live import LiveView
+from loopwarden.console.throttle import LoginThrottle
 from shared import subjects as S
 from shared.contracts.catalogue import ContractCatalogue
 from shared.escalation_actions import ACTIONS, KINDS, parse_action
@@ -68,9 +68,9 @@ def _env() -> Environment:
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html"]))
     env.filters["pretty"] = lambda v: json.dumps(v, indent=2, ensure_ascii=False, default=str)
     env.filters["hms"] = lambda v: v.astimezone(UTC).strftime("%H:%M:%S") if isinstance(v, datetime) else ""
-    env.filters["duration"] = B.duration
+    env.filters["duration"] = T.duration
     env.filters["clip"] = T.clip
-    env.globals["bar"] = B.bar
+    env.globals["bar"] = T.bar
     env.globals["ACTIONS"] = ACTIONS  # the queue's forms: what each action must carry (shared/escalation_actions.py)
     env.globals["KINDS"] = list(KINDS)
     return env

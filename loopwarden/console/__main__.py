@@ -1,4 +1,4 @@
-"""`python -m services.console` runs the operator console (uvicorn on LW_CONSOLE_HOST:LW_CONSOLE_PORT)."""
+"""`python -m loopwarden.console` runs the operator console (uvicorn on LW_CONSOLE_HOST:LW_CONSOLE_PORT)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import uvicorn
 
 from loopwarden.client import Client
-from services.console.app import create_app
+from loopwarden.console.app import create_app
 from shared.service import configure_logging, run
 from shared.settings import Settings, load_settings
 from shared.telemetry import setup_telemetry
@@ -21,7 +21,7 @@ log = logging.getLogger("loopwarden.console")
 async def serve(settings: Settings) -> None:
     configure_logging(settings.log_level)
     if not settings.console_users and settings.console_passwords_file:
-        from services.console.local import generated_users
+        from loopwarden.console.local import generated_users
         from shared.permissions import OPERATORS
 
         users = generated_users(Path(settings.console_passwords_file), list(OPERATORS))
