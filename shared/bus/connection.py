@@ -75,6 +75,7 @@ class Bus(Requeueing, Requests):
             self.tracer_provider.get_tracer("loopwarden.bus") if self.tracer_provider is not None else None
         )
         self._pulls: list[_Pull] = []
+        self._unstarted: list[_Pull] = []  # registered after the start: pulled once reconciled
         self._requeue_to: dict[str, str] = {}  # durable -> where its dead letters are handed back
         self._stopping = False  # set by ``stop``: a handler waiting for a dependency hands its message back
         self._responders: list[_Responder] = []

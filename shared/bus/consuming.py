@@ -62,8 +62,14 @@ class Consuming(Letters):
         return [p.missing for p in self._pulls if p.missing]
 
     async def reconcile_consumers(self) -> None:
+        """Make (or wait for) every declared durable, then consume the ones registered since the start: pulling
+        before its durable exists would be answered "no responders", read as a durable deleted under this replica,
+        and asked again only every few seconds (a tool mounted late would look unhosted meanwhile)."""
         for spec in self._consumers:
             await self._reconcile_consumer(spec)
+        starting, self._unstarted = self._unstarted, []
+        for pull in starting:
+            await pull.start()
 
     async def _reconcile_consumer(self, spec: ConsumerSpec) -> None:
         if not self.settings.manage_streams:
@@ -124,9 +130,8 @@ class Consuming(Letters):
                 self._consumers.append(requeue)
                 pulls.append(_Requeue(self, requeue))
             self._pulls += pulls
-            if self._started:  # registered after start (e.g. tools mounted late): consume now
-                for pull in pulls:
-                    self._spawn(pull.start())
+            if self._started:  # registered after start (e.g. tools mounted late): consumed once its durable exists
+                self._unstarted += pulls
             return handler
 
         return register

@@ -61,6 +61,7 @@ class BusBase:
     bus_metrics: BusMetrics | None
     _tracer: Tracer | None
     _pulls: list[_Pull]
+    _unstarted: list[_Pull]
     _requeue_to: dict[str, str]
     _stopping: bool
     _responders: list[_Responder]
