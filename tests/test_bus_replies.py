@@ -28,7 +28,7 @@ from loopwarden.stack import LocalStack
 from shared.bus import MSG_ID_HEADER, Bus, CasConflict, num_delivered, publish_raw
 from shared.settings import Settings
 from shared.version import SERVICE_HEADER, VERSION_HEADER, package_version
-from tests.support.timing import bound
+from tests.support.timing import bound, polls
 
 STORE, FULL = "LWTEST_STORE", "LWTEST_FULL"
 BUCKET = "lwtest_bus"
@@ -251,13 +251,18 @@ async def test_a_responder_answers_inboxes_only(server: LocalStack, raw: NatsCli
     await responder.start()
     await responder.nc.flush()  # subscribed on the server before we ask
     try:
-        await raw.publish("bustest.rpc.echo", b'{"n": 1}', reply="bustest.store.reflected")
         answer = await _asked_until_answered(raw, "bustest.rpc.echo", b'{"n": 2}')  # nats-py's inbox: _INBOX.…
         assert Item.model_validate_json(answer.data) == Item(n=3)
         # a reply is a message the service publishes: it says who answered, at which release (issue 29)
         assert answer.headers == {VERSION_HEADER: package_version(), SERVICE_HEADER: "bustest_rpc"}
+        # the responder is there now (it answered): a request whose reply names a stream subject is dropped
+        await raw.publish("bustest.rpc.echo", b'{"n": 1}', reply="bustest.store.reflected")
         await raw.flush()
-        assert await stored(raw, "bustest.store.reflected") == []
+        for _ in range(polls(50)):
+            if responder.dropped_requests:
+                break
+            await asyncio.sleep(0.1)
         assert responder.dropped_requests >= 1
+        assert await stored(raw, "bustest.store.reflected") == []
     finally:
         await responder.stop()

@@ -15,6 +15,7 @@ from shared import subjects as S
 from shared.messages import (
     FINISHED_STATUSES,
     PROGRESS_EVENTS,
+    ChatMessage,
     Refusal,
     RunSnapshot,
     RunStatus,
@@ -61,7 +62,7 @@ class Waiting(Reads, Queue):
                     elif state.awaiting is not None:
                         await self._filed(run_id, state.awaiting.escalation_id, deadline)
                     if history:
-                        state.messages = await self.history(state)
+                        state.messages = await self._history_by(state, deadline)
                     return state
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(max(0.01, min(poll, deadline - time.monotonic()))):
@@ -72,6 +73,17 @@ class Waiting(Reads, Queue):
             f"run {run_id} did not reach {until} in {timeout:.0f}s (last status: "
             f"{state.status if state else 'not stored'})"
         )
+
+    async def _history_by(self, state: RunSnapshot, deadline: float) -> list[ChatMessage]:
+        """The run's messages, asked again while the server does not answer in time (a stream electing a new
+        leader after a node died) until the wait's deadline."""
+        while True:
+            try:
+                return await self.history(state)
+            except TimeoutError:
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(0.2)
 
     async def _on_run_events(self, run_id: str) -> asyncio.Event:
         """An event set whenever one of the run's events is published: the server sends this
