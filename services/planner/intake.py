@@ -182,8 +182,10 @@ class Intake:
     async def known(self, submit: RunSubmit, subject: str) -> bool:
         """A submit of a run stored already (a redelivery, or a run id taken): what it produced is published again
         (the server drops the copies) and nothing else happens. A first delivery reads nothing here: the record
-        is created only if absent (``record``), which finds a run id taken."""
-        if current_deliveries() <= 1 and not self.store.kept(submit.run_id):
+        is created only if absent (``record``), which finds a run id taken. A submit with a scenario is read
+        for always: one for a run id taken (by a run of another replica too) is refused, and its scenario never
+        bound to that run (a live run is never made scripted)."""
+        if current_deliveries() <= 1 and not self.store.kept(submit.run_id) and submit.scenario is None:
             return False
         existing = await self.store.load(submit.run_id, fresh=True)
         if existing is None:
