@@ -33,7 +33,7 @@ from services.executor.app import load_registry
 from shared import subjects as S
 from shared.scenario import parse_scenario
 from shared.settings import Settings
-from tests.conftest import ROOT, TEST_ENV
+from tests.conftest import ROOT, TEST_ENV, escalations_of
 from tests.support.cluster import CLUSTER_CONF, Cluster, route_names
 from tests.support.payments import count_charges
 from tests.support.timing import bound
@@ -361,7 +361,18 @@ async def test_killing_the_stream_leader_under_load_loses_and_doubles_nothing(
             )
         )
         cluster.start_node(victim)  # back to three for the tests that follow
-        not_completed = {s.run_id: (s.status, s.final_reason) for s in states if s.status != "completed"}
+        # A paying call whose result the executor could not record while the stream had no leader (its lease
+        # lapsed on a machine this loaded) waits for a person on an unknown_outcome item, as the chaos runs
+        # count it: not lost, and never charged twice (below). Anything else must have completed.
+        unknown = {
+            s.run_id
+            for s in states
+            if s.status == "awaiting_human"
+            and {e.kind for e in await escalations_of(client, s.run_id)} == {"unknown_outcome"}
+        }
+        not_completed = {
+            s.run_id: (s.status, s.final_reason) for s in states if s.status != "completed" and s.run_id not in unknown
+        }
         assert not not_completed, f"killed leader {victim.name}: {not_completed}"
         paid = {
             r: await charges(js, r)
@@ -372,7 +383,12 @@ async def test_killing_the_stream_leader_under_load_loses_and_doubles_nothing(
         doubled = {r: n for r, n in paid.items() if n > 1}
         print(f"killed {victim.name}, leader of {S.STREAM_CMD}; charges per paying run: {paid}; not once: {history}")
         # Not charged is allowed only as a failure the model was told about (the run went on).
-        lost = {r for r, n in paid.items() if n == 0 and not await failed_visibly(client, r, "transfer_funds")}
+        # (or as a person's open unknown_outcome item: the person finds out whether it was charged)
+        lost = {
+            r
+            for r, n in paid.items()
+            if n == 0 and r not in unknown and not await failed_visibly(client, r, "transfer_funds")
+        }
         assert not lost and not doubled, (paid, history)
         new_leader = (await js.stream_info(S.STREAM_CMD)).cluster
         assert new_leader is not None and new_leader.leader != victim.name
