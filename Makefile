@@ -85,15 +85,11 @@ lint: $(STAMP)
 	$(VENV)/bin/loopwarden lint
 
 schemas: $(STAMP)
-	$(PY) -m shared.schemagen
-	$(PY) -m shared.asyncapi
-	$(PY) -m loopwarden.auth_conf
-	$(PY) -m loopwarden.file_schemas
-	$(PY) -m shared.records
+	$(PY) -m loopwarden.generate
 
 # A release's contracts, kept for the compatibility check (tests/unit/test_compat_release.py, docs/upgrades.md).
 release-snapshot: $(STAMP)
-	$(PY) -m shared.compat snapshot
+	$(PY) -m loopwarden.generate snapshot
 
 up: $(STAMP)
 	$(VENV)/bin/loopwarden up

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 
 from shared.bus import Bus, ConsumerSpec, ensure_buckets, ensure_consumers, ensure_streams, until_ready
 from shared.settings import Settings
-from shared.telemetry import setup_telemetry
 
 log = logging.getLogger("loopwarden.bootstrap")
 
@@ -26,43 +25,10 @@ class BootstrapReport:
 
 
 async def declared_consumers(settings: Settings) -> list[ConsumerSpec]:
-    """Every service's durable consumers, as the services declare them (their own handlers
-    are registered on a bus that never connects). The executor's come from the tool registry
-    (``LW_TOOL_CONTRACT_DIR``, ``LW_EXECUTOR_TOOLS``) and the MCP servers it would mount."""
-    from services.escalation.app import build as escalation
-    from services.executor.app import load_registry
-    from services.executor.handlers import Executor
-    from services.governor.app import build as governor
-    from services.judge.app import build as judge
-    from services.planner.app import build as planner
-    from services.validator.app import build as validator
+    """Every service's durable consumers, as the services declare them (``services.declared``)."""
+    from services.declared import declared
 
-    quiet = settings.model_copy(update={"otel_exporter_otlp_endpoint": None})
-    specs: list[ConsumerSpec] = []
-    for name, build in (
-        ("planner", planner),
-        ("validator", validator),
-        ("judge", judge),
-        ("governor", governor),
-        ("escalation", escalation),
-    ):
-        bus = Bus(quiet, name)
-        build(bus, quiet, setup_telemetry(name, quiet))
-        specs += bus.consumer_specs
-    bus = Bus(quiet, "executor")
-    registry = load_registry(quiet)
-    mounts = []
-    if quiet.mcp_server_specs:
-        from services.executor.mcp_tools import mount_mcp_servers
-
-        mounts = await mount_mcp_servers(registry, quiet.mcp_server_specs)
-    try:
-        Executor(bus, quiet, setup_telemetry("executor", quiet), registry).register()
-    finally:
-        for mount in mounts:
-            await mount.close()
-    specs += bus.consumer_specs
-    return list(dict.fromkeys(specs))
+    return (await declared(settings)).consumers
 
 
 async def bootstrap(settings: Settings) -> BootstrapReport:

@@ -22,12 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
+from shared.channels import SERVICES as WORKERS
 from shared.settings import sync_interval
 
 if TYPE_CHECKING:
     from loopwarden.locked import LockedSetup
 
-SERVICES = ("planner", "executor", "validator", "judge", "governor", "escalation", "console")
+SERVICES = (*WORKERS, "console")  # the channel table's services, and the web console
 
 
 class StackError(RuntimeError):

@@ -16,11 +16,8 @@ decided (Decide rows, validation results, budget actions) with what the recorded
 
 from __future__ import annotations
 
-import json
 import re
-import sys
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -281,32 +278,3 @@ def divergences(recorded: list[Step], replayed: list[Step]) -> list[str]:
             out.append(f"{what} #{i + 1}: recorded {left}; replay {right}")
             break
     return out
-
-
-# --- the export's JSON Schema (schemas/records/RunRecord.json; `python -m shared.records` writes it) -----
-
-SCHEMA_FILE = "RunRecord.json"
-
-
-def record_schema() -> str:
-    from shared.subjects import VERSION
-
-    schema: dict[str, Any] = RunRecord.model_json_schema(by_alias=True)
-    schema = {
-        "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "$id": f"https://loopwarden.dev/schemas/{VERSION}/records/RunRecord.json",
-        **schema,
-    }
-    return json.dumps(schema, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
-
-
-def main() -> int:
-    out = Path(__file__).resolve().parents[1] / "schemas" / "records"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / SCHEMA_FILE).write_text(record_schema())
-    print(f"wrote {out / SCHEMA_FILE}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -16,11 +16,11 @@ from urllib.parse import unquote
 
 import pytest
 
+from loopwarden.generate import asyncapi
+from loopwarden.generate.messages import CATALOGUE
 from loopwarden.stack import LocalStack
-from shared import asyncapi
 from shared import subjects as S
 from shared.messages import WIRE_MODELS
-from shared.schemagen import CATALOGUE
 from tests.conftest import ROOT
 from tests.support.timing import bound
 
@@ -66,8 +66,8 @@ def test_every_consumed_channel_carries_its_typed_contract() -> None:
     schemas = doc["components"]["schemas"]
     by_name = {m.__name__: m for m in WIRE_MODELS}
     # what each service's build registered on the bus is a channel with the contract it decodes
-    for service in asyncapi.SERVICES:
-        for d in asyncapi.declarations(service):
+    for service, found in asyncapi.declared().services.items():
+        for d in found:
             for subject in d.subjects:
                 found = [c for c in channels.values() if c["address"] == subject and d.service in c["description"]]
                 assert found, f"{service}: {subject} is not a channel"

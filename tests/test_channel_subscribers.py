@@ -1,12 +1,13 @@
-"""The channel table's subscriber column agrees with what the services' handlers really declare (read as
-the AsyncAPI document reads them: each service's ``build`` on a bus that never connects)."""
+"""The channel table's subscriber column agrees with what the services' handlers really declare (read where
+bootstrap and the AsyncAPI document read them: ``services.declared``, each service's ``build`` on a bus that
+never connects)."""
 
 from __future__ import annotations
 
 import functools
 import re
 
-from shared import asyncapi
+from loopwarden.generate import asyncapi
 from shared.channels import CHANNELS
 
 
@@ -25,7 +26,7 @@ def overlaps(a: str, b: str) -> bool:
 
 @functools.cache
 def declared() -> dict[str, tuple[str, ...]]:
-    return {s: tuple(subj for d in asyncapi.declarations(s) for subj in d.subjects) for s in asyncapi.SERVICES}
+    return {s: tuple(subj for d in found for subj in d.subjects) for s, found in asyncapi.declared().services.items()}
 
 
 def test_every_subscriber_in_the_table_consumes_or_answers_that_channel() -> None:
@@ -41,10 +42,9 @@ def test_every_subscriber_in_the_table_consumes_or_answers_that_channel() -> Non
 def test_every_durable_a_service_declares_reads_a_channel_naming_it() -> None:
     missing = [
         f"{d.service} {d.durable}: {subject}"
-        for service in asyncapi.SERVICES
-        for d in asyncapi.declarations(service)
+        for d in asyncapi.declared().all
         if d.durable
         for subject in d.subjects
-        if not any(service in c.subscribers and overlaps(c.subject, subject) for c in CHANNELS)
+        if not any(d.service in c.subscribers and overlaps(c.subject, subject) for c in CHANNELS)
     ]
     assert not missing, "consumed but no row names the consumer:\n" + "\n".join(missing)

@@ -473,7 +473,7 @@ def test_the_scenario_schema_is_generated_from_the_model_and_names_the_shipped_s
     import jsonschema
     import yaml
 
-    from loopwarden.file_schemas import render
+    from loopwarden.generate.files import render
 
     committed = (ROOT / "schemas" / "scenario.json").read_text()
     assert committed == render("scenario.json"), (

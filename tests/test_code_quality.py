@@ -42,6 +42,27 @@ def imports_of(path: Path) -> set[str]:
     return found
 
 
+def loaded_by_name(path: Path) -> set[str]:
+    """The top-level packages a file loads through ``importlib.import_module`` / ``__import__`` with a module
+    name it spells in a string (an f-string too): an import the ``import`` statements above do not show."""
+    import ast
+    import re
+
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+        if name not in ("import_module", "__import__"):
+            continue
+        for arg in node.args:
+            for part in ast.walk(arg):
+                if isinstance(part, ast.Constant) and isinstance(part.value, str):
+                    found |= set(re.findall(r"(?:^|\.)(services|loopwarden)(?=\.|$)", part.value))
+    return found
+
+
 # Dependencies point one way, with no exemption (issue 37): entry points and surfaces (loopwarden/: the CLI,
 # the web console, the client) -> the workers (services/) -> the kernel (shared/: contracts, the bus,
 # settings, the tool author's API). shared/ imports neither; a worker imports no entry point and no other
@@ -52,6 +73,9 @@ FORBIDDEN = {
     "shared": ("services", "loopwarden"),
     "services": ("loopwarden",),
 }
+# Build time (make schemas: the generators, the release's contract check) stands above everything; nothing that
+# runs imports it, and the wheel does not carry it.
+BUILD_TIME = "loopwarden.generate"
 READ_MODELS = ("records.py", "record_sources.py", "replay.py", "runtext.py", "runtree/")
 
 
@@ -70,8 +94,21 @@ def wrong_imports(root: Path = ROOT) -> list[str]:
             for module in imports_of(path):
                 if module.split(".")[0] in forbidden:
                     wrong.append(f"{path.relative_to(root)} imports {module}")
+            wrong += [
+                f"{path.relative_to(root)} loads {top} by name" for top in sorted(loaded_by_name(path) & {*forbidden})
+            ]
+    for top in (*FORBIDDEN, "loopwarden", "bench"):
+        for path in sorted((root / top).rglob("*.py")):
+            if path.is_relative_to(root / BUILD_TIME.replace(".", "/")):
+                continue
+            for module in imports_of(path):
+                if module == BUILD_TIME or module.startswith(BUILD_TIME + "."):
+                    wrong.append(f"{path.relative_to(root)} (run time) imports the build-time {module}")
     for path in sorted((root / "services").rglob("*.py")):
-        own = path.relative_to(root / "services").parts[0]
+        inside = path.relative_to(root / "services").parts
+        if len(inside) == 1:  # the floor's own face (services/declared.py: what every worker declares)
+            continue
+        own = inside[0]
         for module in imports_of(path):
             parts = module.split(".")
             if parts[0] == "services" and len(parts) > 1 and parts[1] != own:
@@ -104,15 +141,24 @@ def test_the_dependency_rule_sees_each_arrow_that_runs_the_wrong_way(tmp_path: P
         "loopwarden/runtree/tree.py": "from loopwarden.cli_common import say\n",
         "loopwarden/console/app.py": "from loopwarden import records\nfrom loopwarden.client import Client\n",
         "loopwarden/cli.py": "from services.executor.app import load_registry\n",
+        "shared/b.py": "import importlib\nbuild = importlib.import_module(f'{__package__}services.{1}.app').build\n",
+        "shared/c.py": "import importlib\nimportlib.import_module('shared.providers.anthropic')\n",
+        "services/declared.py": "from services.planner.app import build\n",
+        "services/judge/z.py": "from services.declared import declared\n",
+        "loopwarden/infra.py": "from loopwarden.generate.asyncapi import render\n",
+        "loopwarden/generate/asyncapi.py": "from services.declared import declared\nfrom loopwarden import generate\n",
     }
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     assert sorted(wrong_imports(tmp_path)) == [
         "loopwarden/__init__.py imports services.executor",
+        "loopwarden/infra.py (run time) imports the build-time loopwarden.generate.asyncapi",
         "loopwarden/runtext.py (a shared read model) imports loopwarden.console.board",
         "loopwarden/runtree/tree.py (a shared read model) imports loopwarden.cli_common",
         "services/judge/x.py imports another worker's services.planner.ids",
         "services/judge/y.py imports loopwarden.client",
+        "services/judge/z.py imports another worker's services.declared",
         "shared/a.py imports services.planner",
+        "shared/b.py loads services by name",
     ]

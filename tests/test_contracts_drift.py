@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 
-from shared.schemagen import OUT, render
+from loopwarden.generate.messages import OUT, render
 
 
 def test_message_schemas_match_the_models() -> None:

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from loopwarden.auth_conf import OUT
 from loopwarden.client import Client
+from loopwarden.generate.auth_conf import OUT
 from loopwarden.stack import LocalStack, free_port, nats_server_binary, wait_for_port
 from shared import subjects as S
 from shared.messages import EscalationClaim, EscalationRaise, EscalationResolve

@@ -16,8 +16,9 @@ import nats
 import pytest
 import yaml
 
-from loopwarden.auth_conf import OUT, all_grants, auth_conf
+from loopwarden.auth_conf import all_grants, auth_conf
 from loopwarden.client import Client
+from loopwarden.generate.auth_conf import OUT
 from loopwarden.infra import bootstrap
 from loopwarden.stack import SERVICES, LocalStack, module_of, nats_server_binary
 from shared.permissions import rights
@@ -31,7 +32,7 @@ from tests.support.timing import bound
 
 
 def test_auth_conf_is_generated_from_the_grants() -> None:
-    assert OUT.read_text() == auth_conf(), "deploy/nats/auth.conf drifted: run `python -m loopwarden.auth_conf`"
+    assert OUT.read_text() == auth_conf(), "deploy/nats/auth.conf drifted: run `make schemas`"
 
 
 def test_no_service_may_create_or_change_a_consumer() -> None:

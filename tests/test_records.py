@@ -16,6 +16,7 @@ import yaml
 
 from loopwarden.client import Client
 from loopwarden.fake_model import FakeModel
+from loopwarden.generate.records import record_schema
 from loopwarden.records import export_run, prefixed_values, purge_handled_commands, run_events, sweep
 from loopwarden.replay import replay, scenario_yaml
 from loopwarden.stack import LocalStack
@@ -23,7 +24,7 @@ from services.planner.state import RunState
 from shared import subjects as S
 from shared.bus import ensure_buckets, kv_history, kv_keys, stream_config
 from shared.messages import Rubric, RunSubmit, utcnow
-from shared.records import RunRecord, record_schema, trajectory
+from shared.records import RunRecord, trajectory
 from shared.scenario import load_scenario, parse_scenario
 from shared.settings import Settings
 from tests.conftest import escalations_of, run_scenario, settings_for
@@ -48,7 +49,7 @@ async def stored(client: Client) -> dict[str, int]:
 
 
 def test_schema_file_matches_the_model() -> None:
-    assert SCHEMA.read_text() == record_schema(), "run `make schemas` (python -m shared.records)"
+    assert SCHEMA.read_text() == record_schema(), "run `make schemas`"
 
 
 def soon() -> datetime:

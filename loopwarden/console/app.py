@@ -45,6 +45,7 @@ from loopwarden.console import guard as G
 from loopwarden.console.auth import SESSION_COOKIE, PasswordTooLong, Session, Sessions
 from loopwarden.console.live import LiveView
 from loopwarden.console.throttle import LoginThrottle
+from loopwarden.data import schemas_dir
 from shared import subjects as S
 from shared.contracts.catalogue import ContractCatalogue
 from shared.escalation_actions import ACTIONS, KINDS, parse_action
@@ -637,12 +638,8 @@ def _result(action: str, form: Any) -> Any:
 
 @functools.cache
 def _asyncapi_body() -> bytes:
-    """The checked-in AsyncAPI document (``make schemas``); generated here if it was not shipped."""
-    from shared import asyncapi
-
-    if asyncapi.OUT.is_file():
-        return asyncapi.OUT.read_bytes()
-    return asyncapi.render().encode()
+    """The AsyncAPI document as shipped (``make schemas`` writes it; the wheel carries ``schemas/``)."""
+    return (schemas_dir() / "asyncapi.json").read_bytes()
 
 
 async def asyncapi_document(request: Request) -> Response:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from shared.bus.connection import Bus
 from shared.bus.consuming import MIN_RETRY_S, current_deliveries, current_seq, current_subject
+from shared.bus.declared import Declaration, declarations
 from shared.bus.errors import (
     CasConflict,
     InfrastructureNotReady,
@@ -90,6 +91,7 @@ __all__ = [
     "Bus",
     "CasConflict",
     "ConsumerSpec",
+    "Declaration",
     "Handler",
     "InfrastructureNotReady",
     "RequestRefused",
@@ -107,6 +109,7 @@ __all__ = [
     "current_deliveries",
     "current_seq",
     "current_subject",
+    "declarations",
     "decode",
     "describe_nats_error",
     "ensure_buckets",

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import nats
 
-from loopwarden.auth_conf import OUT
+from loopwarden.generate.auth_conf import OUT
 from loopwarden.infra import bootstrap
 from loopwarden.stack import LocalStack, free_port, nats_server_binary, wait_for_port
 from shared import subjects as S

@@ -10,7 +10,8 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from loopwarden.auth_conf import EXAMPLE_FILE, OUT, auth_conf
+from loopwarden.auth_conf import auth_conf
+from loopwarden.generate.auth_conf import EXAMPLE_FILE, OUT
 from shared import subjects as S
 from shared.access import EXAMPLE, AccessError, AccessFile, load_access, parse_access
 from shared.permissions import grants, render, rights
@@ -109,17 +110,29 @@ def test_a_hostile_access_file_ends_in_one_line(tmp_path: Path, content: bytes, 
     assert said in str(err.value) and "\n" not in str(err.value)
 
 
-def test_auth_conf_help_writes_nothing_and_out_writes_where_told(tmp_path: Path) -> None:
+def test_config_apply_writes_a_deployments_auth_conf_where_told_and_leaves_the_shipped_one(tmp_path: Path) -> None:
+    """An admin's auth.conf (``loopwarden config apply FILE --auth-conf PATH``): the file's people in it, readable
+    by owner and group only; the shipped ``deploy/nats/auth.conf`` (``make schemas``) untouched."""
+    import os
+
     before = OUT.read_bytes()
-    run = subprocess.run([sys.executable, "-m", "loopwarden.auth_conf", "--help"], capture_output=True, cwd=ROOT)
-    assert run.returncode == 0 and OUT.read_bytes() == before
     access, out = tmp_path / "access.yaml", tmp_path / "etc" / "auth.conf"
     access.write_text("operators: {carol: {kinds: [fatal]}}\n")
+    env = {**os.environ, "LW_STATE_DIR": str(tmp_path / "state")}  # no recorded stack: nothing to reload
     run = subprocess.run(
-        [sys.executable, "-m", "loopwarden.auth_conf", "--access", str(access), "--out", str(out)],
+        [
+            str(Path(sys.executable).parent / "loopwarden"),
+            "config",
+            "apply",
+            str(access),
+            "--auth-conf",
+            str(out),
+            "--no-store",
+        ],
         capture_output=True,
         text=True,
         cwd=tmp_path,
+        env=env,
     )
     assert run.returncode == 0, run.stderr
     assert '{ user: "carol"' in out.read_text() and OUT.read_bytes() == before
@@ -127,7 +140,7 @@ def test_auth_conf_help_writes_nothing_and_out_writes_where_told(tmp_path: Path)
 
 
 def test_the_access_file_schema_is_the_models() -> None:
-    from loopwarden.file_schemas import render as schema
+    from loopwarden.generate.files import render as schema
 
     assert (ROOT / "schemas" / "access.json").read_text() == schema("access.json")
     assert isinstance(EXAMPLE, AccessFile)

@@ -11,7 +11,7 @@ import pytest
 
 from loopwarden.cli_agents import duration
 from loopwarden.client import select_runs
-from loopwarden.file_schemas import render
+from loopwarden.generate.files import render
 from services.planner.admission import Refused, resolve_agent, with_agent
 from services.planner.turns import resolve_config
 from shared.agents import AgentError, load_agent, next_record, parse_agent

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from shared import asyncapi, channels, permissions
+from loopwarden.generate import asyncapi
+from shared import channels, permissions
 from shared import subjects as S
 from shared.channels import CHANNELS, Channel, covers
 from shared.messages import RunEvent

@@ -1,4 +1,4 @@
-"""The compatibility rules one by one: each breaking kind, each allowed kind (``shared/compat.py``)."""
+"""The compatibility rules one by one: each breaking kind, each allowed kind (``loopwarden/generate/compat.py``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from shared.compat import (
+from loopwarden.generate.compat import (
     Contracts,
     Finding,
     compare,

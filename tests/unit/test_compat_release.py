@@ -11,7 +11,7 @@ import shutil
 import tomllib
 from pathlib import Path
 
-from shared.compat import RELEASES, SCHEMAS, Contracts, breaking, compare, releases, report
+from loopwarden.generate.compat import RELEASES, SCHEMAS, Contracts, breaking, compare, releases, report
 from shared.version import SERVICE_HEADER, VERSION_HEADER, package_version, version_from_pyproject, version_headers
 
 

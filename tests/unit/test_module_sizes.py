@@ -10,7 +10,10 @@ SOURCES = ("shared", "services", "loopwarden", "bench")
 MAX_LINES = 500
 # Kept whole on purpose; the figure is a ceiling (about 15 % above today), so growth is seen again.
 ONE_CONCEPT = {
-    "shared/compat.py": (680, "one comparison: is a contract change safe for the last release (pure, JSON in)"),
+    "loopwarden/generate/compat.py": (
+        680,
+        "one comparison: is a contract change safe for the last release (pure, JSON in)",
+    ),
     "loopwarden/console/app.py": (660, "the console's pages and their routes (its parts are console/*.py already)"),
 }
 

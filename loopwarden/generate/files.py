@@ -13,10 +13,10 @@ check-scenario`` and ``loopwarden agents register``.
 from __future__ import annotations
 
 import json
-import sys
+from pathlib import Path
 from typing import Any
 
-from loopwarden.data import schemas_dir
+from loopwarden.generate import SCHEMAS
 
 TITLES = {
     "scenario.json": "Loopwarden scenario",
@@ -51,13 +51,10 @@ def render(name: str) -> str:
     return json.dumps(schema, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
-def main() -> int:
+def write() -> list[Path]:
+    written = []
     for name in TITLES:
-        path = schemas_dir() / name
+        path = SCHEMAS / name
         path.write_text(render(name))
-        print(f"wrote {path}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        written.append(path)
+    return written

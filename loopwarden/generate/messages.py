@@ -7,14 +7,14 @@ The files are the reviewable contract: a change to a message shows up as a diff 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
+from loopwarden.generate import SCHEMAS
 from shared import subjects as S
 from shared.messages import WIRE_MODELS
 
-OUT = Path(__file__).resolve().parents[1] / "schemas" / "messages"
+OUT = SCHEMAS / "messages"
 
 # Which contract travels on which subject (the catalogue a new consumer reads first). ``<run>``:
 # every event of a run ends with the run id (``S.run_scoped``), so one run is a subject filter.
@@ -76,7 +76,7 @@ def render() -> dict[str, str]:
     return files
 
 
-def main() -> int:
+def write() -> list[Path]:
     OUT.mkdir(parents=True, exist_ok=True)
     wanted = render()
     for stale in OUT.glob("*.json"):
@@ -84,9 +84,4 @@ def main() -> int:
             stale.unlink()
     for name, content in wanted.items():
         (OUT / name).write_text(content)
-    print(f"wrote {len(wanted)} files to {OUT}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return [OUT / name for name in wanted]

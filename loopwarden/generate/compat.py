@@ -20,8 +20,8 @@ breaking change to a message contract is allowed only as a new subject version: 
 old subjects still carry its old shape (under another name) and the new shape travels on
 ``lw.v<n+1>`` - buf's "a breaking change is a new package version".
 
-Pure: JSON in, findings out. ``python -m shared.compat snapshot`` stores the current contracts as
-the release's (``make release-snapshot``); ``python -m shared.compat check`` compares them with the
+Pure: JSON in, findings out. ``python -m loopwarden.generate snapshot`` stores the current contracts as
+the release's (``make release-snapshot``); ``python -m loopwarden.generate check`` compares them with the
 last release's; ``tests/unit/test_compat_release.py`` fails on a breaking finding.
 """
 
@@ -35,6 +35,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
+
+from loopwarden.generate import ROOT, SCHEMAS
 
 Kind = Literal[
     # breaking
@@ -57,8 +59,6 @@ Kind = Literal[
     "versioned",
 ]
 BREAKING: frozenset[Kind] = frozenset(get_args(Kind)[:10])
-ROOT = Path(__file__).resolve().parents[1]
-SCHEMAS = ROOT / "schemas"
 RELEASES = SCHEMAS / "releases"
 CATALOGUE = "catalogue.json"
 OLD_WRITER = "old writer -> new reader"
@@ -573,10 +573,10 @@ def _iter_lines(findings: list[Finding]) -> Iterator[str]:
         yield f"{'BREAKING' if f.breaking else 'ok'}  {f}"
 
 
-def main(argv: list[str] | None = None) -> int:
+def command(args: list[str]) -> int:
+    """``snapshot`` or ``check`` (``python -m loopwarden.generate snapshot|check``)."""
     from shared.version import package_version
 
-    args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["snapshot"]:
         out = snapshot(package_version())
         print(f"wrote the contracts of {package_version()} to {out.relative_to(ROOT)}")
@@ -589,9 +589,5 @@ def main(argv: list[str] | None = None) -> int:
         findings = compare(Contracts.load(RELEASES / known[-1]), Contracts.load(SCHEMAS))
         print("\n".join(_iter_lines(findings)) or f"no contract changes since {known[-1]}")
         return 1 if breaking(findings) else 0
-    print("usage: python -m shared.compat snapshot|check", file=sys.stderr)
+    print("usage: python -m loopwarden.generate [snapshot|check]", file=sys.stderr)
     return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
