@@ -37,6 +37,7 @@ from shared.bus import Bus, CasConflict, Unchanged
 from shared.contracts.catalogue import ContractCatalogue
 from shared.contracts.registration import validator_for
 from shared.describe import describe
+from shared.escalation_actions import carries_result
 from shared.failures import HUMAN_FAILURES
 from shared.history import HistoryMissing
 from shared.live_config import ConfigUnreadable, LiveConfig
@@ -355,14 +356,14 @@ class EscalationQueue:
 
         def step(item: Escalation, actor: Q.Actor, now: datetime) -> tuple[Escalation, Any]:
             Q.authorize(actor, item, self.roster)
-            errors = result_errors.get(item.tool or "") if req.action == "provide_result" else None
+            errors = result_errors.get(item.tool or "") if carries_result(req.action) else None
             return Q.resolve(item, req, actor, now=now, result_errors=errors)
 
         return await self._act("resolve", req.escalation_id, subject, step)
 
     async def _result_errors(self, req: EscalationResolve) -> dict[str, list[str]]:
-        """For provide_result: the tool's output contract errors of ``req.result`` (by tool)."""
-        if req.action != "provide_result":
+        """For an action that carries the tool's result: its output contract errors of ``req.result`` (by tool)."""
+        if not carries_result(req.action):
             return {}
         item = self.items.get(req.escalation_id)
         if item is None:
