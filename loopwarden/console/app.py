@@ -48,7 +48,6 @@ from loopwarden.console.throttle import LoginThrottle
 from shared import subjects as S
 from shared.contracts.catalogue import ContractCatalogue
 from shared.escalation_actions import ACTIONS, KINDS, parse_action, withheld
-from shared.escalation_actions import offered as offered_actions
 from shared.health import METRICS_CONTENT_TYPE
 from shared.live_config import ConfigUnreadable, LiveConfig
 from shared.messages import EscalationAction, EscalationReply, utcnow
@@ -568,7 +567,7 @@ class Console:
             if schema is None and schema_note is not None and schema_note.startswith("no output contract"):
                 # a result is checked against the contract: without one it is always refused
                 left_out = withheld(offered, has_contract=False)
-                offered = offered_actions(offered, has_contract=False)
+                offered = [a for a in offered if a not in left_out]
                 schema_note = f"{', '.join(a.replace('_', ' ') for a in left_out)} is not offered: {schema_note}"
         return self.render(
             request,
