@@ -135,6 +135,18 @@ if set(SCRIPTED_FAILURES) != {t for t, r in FAILURES.items() if r.scriptable}:
     raise RuntimeError("shared/failures.py: ScriptedFailure must name exactly the rows that are scriptable")
 
 
+def is_failure_type(value: str) -> TypeGuard[FailureType]:
+    """``value`` names a failure type (a subject token, a stored word)."""
+    return value in FAILURES
+
+
+def parse_failure_type(value: str) -> FailureType:
+    """A failure type as a surface received it (a query field, a flag); a clear error otherwise."""
+    if is_failure_type(value):
+        return value
+    raise ValueError(f"unknown failure type {value!r}: use one of {', '.join(get_args(FailureType))}")
+
+
 def needs_human(failure: FailureType) -> TypeGuard[HumanFailure]:
     return FAILURES[failure].human is not None
 

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.failures import SCRIPTED_FAILURES
+from shared.failures import SCRIPTED_FAILURES, FailureType
 
 FORMAT = "loopwarden.run-record"
 TERMINAL = ("completed", "stopped", "failed")  # a run that ran and ended (a replay can play it back)
@@ -49,7 +49,7 @@ class ModelCallRecord(_Rec):
 class ToolAttemptRecord(_Rec):
     attempt: int
     ok: bool
-    failure_type: str | None = None
+    failure_type: FailureType | None = None
     error: str | None = None
 
 

@@ -180,7 +180,7 @@ class Finisher:
 FINAL_WRITES = 5  # compare-and-swaps of a final before the delivery is retried (each lost one re-reads)
 
 
-def failed_id(call: ToolCall, failure_type: str) -> str:
+def failed_id(call: ToolCall, failure_type: FailureType) -> str:
     """The message id of a call's failure event: one per failure type, so the validator's outcome
     (``<attempt>.validated``) and an executor's failure of the same attempt never de-duplicate each
     other, while a redelivery of the same event does."""

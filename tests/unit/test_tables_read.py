@@ -64,3 +64,46 @@ def test_an_item_without_an_output_contract_is_offered_every_action_that_carries
     assert offered(actions, has_contract=False) == ["retry", "resume", "final_answer", "abort"]
     assert withheld(actions, has_contract=False) == ["provide_result"]
     assert withheld(actions, has_contract=True) == []
+
+
+# --- failure types: typed as the table's ``FailureType`` wherever they are held ------------------------------
+FAILURE_NAMES = re.compile(r"^(failure|failure_type|failure_types|failures|ftype)$")
+FAILURE_TYPES = {"FailureType", "HumanFailure", "ScriptedFailure"}  # str keys beside them are run ids, tools
+
+
+def plain_str_annotations(tree: ast.Module) -> list[str]:
+    """Fields, parameters and variables named for a failure type whose annotation holds a plain ``str``."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name | ast.Attribute):
+            name = node.target.id if isinstance(node.target, ast.Name) else node.target.attr
+            annotation = node.annotation
+        elif isinstance(node, ast.arg) and node.annotation is not None:
+            name, annotation = node.arg, node.annotation
+        else:
+            continue
+        names = {n.id for n in ast.walk(annotation) if isinstance(n, ast.Name)}
+        if FAILURE_NAMES.match(name) and "str" in names and not names & FAILURE_TYPES:
+            found.append(f"{node.lineno}: {name}: {ast.unparse(annotation)}")
+    return found
+
+
+def test_failure_types_are_typed_by_the_table_never_plain_str() -> None:
+    untyped = {path: found for path, tree in sources() if (found := plain_str_annotations(tree))}
+    assert not untyped, f"type a failure type as shared.failures.FailureType: {untyped}"
+
+
+def test_a_word_that_is_no_failure_type_is_refused_where_it_enters() -> None:
+    import pytest
+    from pydantic import ValidationError
+
+    from loopwarden.console.board import RunFilter
+    from shared.records import ToolAttemptRecord
+
+    assert RunFilter.from_query({"failure": " transient "}).failure == "transient"
+    assert RunFilter.from_query({}).failure is None
+    with pytest.raises(ValueError, match="unknown failure type 'transiant': use one of input_invalid, "):
+        RunFilter.from_query({"failure": "transiant"})
+    assert ToolAttemptRecord(attempt=1, ok=False, failure_type="timeout").failure_type == "timeout"
+    with pytest.raises(ValidationError, match="failure_type"):
+        ToolAttemptRecord.model_validate({"attempt": 1, "ok": False, "failure_type": "timed_out"})
