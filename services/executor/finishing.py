@@ -18,7 +18,7 @@ from services.executor.registry import HostedTool
 from shared import subjects as S
 from shared.bus import Bus, CasConflict
 from shared.call_identity import CallIdentity
-from shared.failures import FailureType
+from shared.failures import FailureType, replaceable
 from shared.messages import SchemaError, ToolCall, ToolOutcome, ToolResultRaw, Wire
 from shared.settings import FaultPoint, Settings
 
@@ -75,7 +75,7 @@ class Finisher:
     ) -> None:
         """Record the final message in the ledger, then publish it (a redelivery republishes it)."""
         body = payload if isinstance(payload, str) else payload.model_dump_json(by_alias=True)
-        unknown = isinstance(payload, ToolOutcome) and payload.failure_type == "unknown_outcome"
+        unknown = isinstance(payload, ToolOutcome) and replaceable(payload.failure_type)
         entry.final = ours = FinalPublish(subject=subject, msg_id=msg_id, payload=body, unknown_outcome=unknown)
         for _ in range(FINAL_WRITES):
             try:

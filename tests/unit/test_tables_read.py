@@ -10,6 +10,15 @@ from pathlib import Path
 from typing import get_args
 
 from shared.escalation_actions import EscalationAction, carries_result, offered, withheld
+from shared.failures import (
+    EXECUTOR_FAILURES,
+    NEVER_RAN,
+    RUN_FAILURES,
+    SCHEMA_FAILURES,
+    TOOL_FAILURES,
+    FailureType,
+    replaceable,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ("shared", "services", "loopwarden", "bench")
@@ -107,3 +116,59 @@ def test_a_word_that_is_no_failure_type_is_refused_where_it_enters() -> None:
     assert ToolAttemptRecord(attempt=1, ok=False, failure_type="timeout").failure_type == "timeout"
     with pytest.raises(ValidationError, match="failure_type"):
         ToolAttemptRecord.model_validate({"attempt": 1, "ok": False, "failure_type": "timed_out"})
+
+
+# --- groupings and the unknown outcome: read from the failure table's rows and columns ---------------------
+def literal_groupings(words: set[str], tree: ast.Module) -> list[str]:
+    """Tuples, sets and lists spelling two or more of ``words`` (a ``Literal[...]`` of another vocabulary aside)."""
+    declared = {
+        id(node.slice)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Subscript) and ast.unparse(node.value) == "Literal"
+    }
+    return [
+        f"{node.lineno}: {ast.unparse(node)}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Tuple | ast.Set | ast.List)
+        and id(node) not in declared
+        and sum(isinstance(e, ast.Constant) and e.value in words for e in node.elts) >= 2
+    ]
+
+
+def test_failure_groupings_are_derived_from_the_table_never_spelled() -> None:
+    words = set(get_args(FailureType))
+    spelled = {
+        path: found
+        for path, tree in sources()
+        if path != "shared/failures.py" and (found := literal_groupings(words, tree))
+    }
+    assert not spelled, f"derive the grouping from shared/failures.py's rows: {spelled}"
+
+
+def test_the_unknown_outcome_is_read_by_its_columns_never_compared_by_name() -> None:
+    replaceable_words = {t for t in get_args(FailureType) if replaceable(t)}
+    assert replaceable_words == {"unknown_outcome"}
+    named = {
+        path: lines
+        for path, tree in sources()
+        if path != "shared/failures.py"
+        and not path.startswith("bench/")  # the chaos report counts escalations of that kind
+        and (lines := [node.lineno for node in compares(replaceable_words, tree)])
+    }
+    assert not named, f"read replaceable() / human_kind() from shared/failures.py: {named}"
+
+
+def compares(words: set[str], tree: ast.Module) -> list[ast.Compare]:
+    return [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Compare)
+        and any(isinstance(c, ast.Constant) and c.value in words for c in (node.left, *node.comparators))
+    ]
+
+
+def test_the_derived_groupings_keep_their_members() -> None:
+    assert EXECUTOR_FAILURES == tuple(t for t in TOOL_FAILURES if t != "output_invalid")
+    assert RUN_FAILURES == ("loop", "budget", "judge")
+    assert NEVER_RAN == ("input_invalid", "unknown_tool")
+    assert SCHEMA_FAILURES == ("input_invalid", "output_invalid")
