@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loopwarden.client import Client
+from loopwarden.client import Client, submit_id
 from loopwarden.stack import LocalStack
 from shared import subjects as S
 from shared.bus import RUN_ID_HEADER
@@ -121,7 +121,7 @@ async def publish(client: Client, tenant: str, submits: list[RunSubmit]) -> floa
     """Publish the submits on ``tenant``'s subject, all at once; when the first went out."""
     t0 = time.perf_counter()
     subject = S.run_submit(tenant)
-    await asyncio.gather(*(client.bus.publish(subject, s, msg_id=f"submit.{s.run_id}") for s in submits))
+    await asyncio.gather(*(client.bus.publish(subject, s, msg_id=submit_id(s.run_id)) for s in submits))
     return t0
 
 
@@ -136,7 +136,7 @@ async def latencies(
 
     async def one(s: RunSubmit) -> None:
         started[s.run_id] = time.perf_counter()
-        await client.bus.publish(subject, s, msg_id=f"submit.{s.run_id}")
+        await client.bus.publish(subject, s, msg_id=submit_id(s.run_id))
 
     await asyncio.gather(*(one(s) for s in submits))
     await finishes.until([s.run_id for s in submits], timeout)

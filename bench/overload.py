@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.fairness import TWO_TWO, pct, submit_of, two_turns
-from loopwarden.client import Client
+from loopwarden.client import Client, submit_id
 from loopwarden.stack import LocalStack
 from shared import subjects as S
 from shared.bus import RUN_ID_HEADER
@@ -88,7 +88,7 @@ def run(
 
                 async def send(tenant: str, submit: Any) -> None:
                     sent[submit.run_id] = time.perf_counter()
-                    await client.bus.publish(S.run_submit(tenant), submit, msg_id=f"submit.{submit.run_id}")
+                    await client.bus.publish(S.run_submit(tenant), submit, msg_id=submit_id(submit.run_id))
 
                 t0 = time.perf_counter()
                 for k in range(0, n, 2000):  # the client's own pipeline: 2,000 publishes in flight at a time

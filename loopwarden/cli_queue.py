@@ -22,7 +22,7 @@ from loopwarden.cli_common import (
     settings,
 )
 from shared import subjects as S
-from shared.escalation_actions import ACTIONS, KINDS
+from shared.escalation_actions import ACTIONS, KINDS, withheld
 from shared.messages import ToolContract
 
 _NEEDS_FLAG = {"json": "--result", "text": "--answer", "note": "--note"}
@@ -118,7 +118,7 @@ async def cmd_escalations(args: argparse.Namespace) -> int:
         elif args.action == "show":
             reply = await client.show(args.id)
             item = reply.escalations[0] if reply.ok and reply.escalations else None
-            if item is not None and item.tool and "provide_result" in item.allowed_actions and not args.json:
+            if item is not None and item.tool and withheld(item.allowed_actions, has_contract=False) and not args.json:
                 contract, _ = await client.guard(client.bus.kv_get(S.KV_CONTRACTS, item.tool, ToolContract))
                 no_contract = contract is None
         elif args.action == "claim":  # verbs the server lets only `who`'s own user publish: refused at once

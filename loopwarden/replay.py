@@ -30,6 +30,7 @@ import yaml
 
 from loopwarden.client import Client, PermissionDenied, TenantSource, new_run_id
 from loopwarden.record_sources import Direct
+from shared.failures import NEVER_RAN
 from shared.messages import RETRIED_FAILURES
 from shared.records import TERMINAL, EventRecord, RunRecord, Step, divergences, scenario_from_record, trajectory
 from shared.scenario import Scenario, parse_scenario
@@ -73,7 +74,6 @@ NOT_RUN = (
 
 
 PLANNER_TOOLS = ("delegate",)  # answered by the planner itself (a sub-agent run): no tool runs
-NEVER_RAN = ("input_invalid", "unknown_tool")  # refused before any tool ran: there is no output to record
 
 
 class LiveToolsRefused(Exception):

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from loopwarden.runtree import RunTree, Section, Step, clip, countdown, duration
+from shared.escalation_actions import offered, withheld
 from shared.messages import Escalation
 
 SUMMARY_CHARS = 100
@@ -83,7 +84,7 @@ def _hms(at: datetime | None) -> str:
 
 def escalation_lines(item: Escalation, now: datetime | None = None, no_contract: bool = False) -> list[str]:
     """A queue item as the console's item page shows it (``no_contract``: its tool has no output contract, so a
-    provided result could only be refused: ``provide_result`` is not offered)."""
+    provided result could only be refused: the actions that carry one are not offered)."""
     now = now or datetime.now(UTC)
     details: Mapping[str, Any] = item.details
     state: str = item.status
@@ -104,10 +105,11 @@ def escalation_lines(item: Escalation, now: datetime | None = None, no_contract:
         lines.append(
             f"SLA:        {item.sla_action} at {_hms(item.sla_deadline)} ({countdown(item.sla_deadline, now)})"
         )
-    offered = [a for a in item.allowed_actions if not (no_contract and a == "provide_result")]
-    lines.append(f"allowed:    {', '.join(offered)}")
-    if len(offered) < len(item.allowed_actions):
-        lines.append(f"            (provide_result is not offered: no output contract is registered for '{item.tool}')")
+    lines.append(f"allowed:    {', '.join(offered(item.allowed_actions, has_contract=not no_contract))}")
+    if left_out := withheld(item.allowed_actions, has_contract=not no_contract):
+        lines.append(
+            f"            ({', '.join(left_out)} is not offered: no output contract is registered for '{item.tool}')"
+        )
     if item.resolution is not None:
         r = item.resolution
         by = "the SLA" if r.by_sla else r.resolved_by

@@ -24,9 +24,9 @@ from typing import Literal
 from pydantic import BaseModel
 
 from shared import subjects as S
+from shared.failures import EXECUTOR_FAILURES, RUN_FAILURES
 from shared.messages import (
     PLANNER_FAILURES,
-    TOOL_FAILURES,
     AgentRegister,
     BudgetRequest,
     DeadLetter,
@@ -363,7 +363,7 @@ CHANNELS: tuple[Channel, ...] = (
         (),
         "event",
         "a run-level failure (type loop, budget or judge; tool `_` when none)",
-        values={"type": ("loop", "budget", "judge")},
+        values={"type": RUN_FAILURES},
     ),
     Channel(
         f"{F}.{{type}}.{{tool}}",
@@ -398,7 +398,7 @@ CHANNELS: tuple[Channel, ...] = (
         ("planner", "escalation"),
         "event",
         "a tool call failed ({type})",
-        values={"type": tuple(t for t in TOOL_FAILURES if t != "output_invalid")},  # output_invalid: the validator's
+        values={"type": EXECUTOR_FAILURES},  # output_invalid: the validator's
     ),
     Channel(
         S.LETTER_HANDLED,

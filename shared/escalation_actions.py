@@ -11,6 +11,7 @@ effect in that ``match`` (mypy points at it).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -105,6 +106,23 @@ def parse_action(value: str) -> EscalationAction:
         if action == value:
             return action
     raise ValueError(f"unknown action {value!r}: use one of {', '.join(ACTIONS)}")
+
+
+def carries_result(action: EscalationAction) -> bool:
+    """The action carries the tool's result, checked against the tool's output contract (its ``needs`` is
+    ``json``): the escalation service checks it, and a surface offers it only where a contract exists."""
+    return ACTIONS[action].needs == "json"
+
+
+def offered(actions: Iterable[EscalationAction], has_contract: bool) -> list[EscalationAction]:
+    """The actions a surface offers on an item: without an output contract for its tool, a result could only
+    be refused, so the actions that carry one are left out."""
+    return [a for a in actions if has_contract or not carries_result(a)]
+
+
+def withheld(actions: Iterable[EscalationAction], has_contract: bool) -> list[EscalationAction]:
+    """The actions ``offered`` leaves out (to say why, next to what is offered)."""
+    return [a for a in actions if not has_contract and carries_result(a)]
 
 
 def missing(action: EscalationAction, note: str, result: Any) -> str | None:

@@ -55,6 +55,9 @@ class FailureRule:
     recoverable: bool = False  # the model can act on it (``ToolOutcome.recoverable``)
     corrects: bool = False  # a contract broke: the model gets errors and schema; a human past the correction cap
     human: EscalationKind | None = None  # a human decides at once, on an item of this kind
+    replaceable: bool = False  # a known outcome of the same attempt recorded later replaces it (it wins)
+    ran: bool = True  # the tool ran, or may have: False when the call was refused before any tool ran
+    validator: bool = False  # the validator decides it (a tool's output against its contract), not the executor
     scriptable: bool = False  # a scenario's ``tools.<name>.fail`` may script it
     tells: str = (
         CANNOT_RETRY  # what the model reads ({tool}, {detail}, {tried}); schema failures: context.schema_feedback
@@ -62,8 +65,8 @@ class FailureRule:
 
 
 FAILURES: dict[FailureType, FailureRule] = {
-    "input_invalid": FailureRule("tool", boundary=True, recoverable=True, corrects=True),
-    "output_invalid": FailureRule("tool", boundary=True, recoverable=True, corrects=True),
+    "input_invalid": FailureRule("tool", boundary=True, recoverable=True, corrects=True, ran=False),
+    "output_invalid": FailureRule("tool", boundary=True, recoverable=True, corrects=True, validator=True),
     "transient": FailureRule(
         "tool",
         retried=True,
@@ -89,6 +92,7 @@ FAILURES: dict[FailureType, FailureRule] = {
         "tool",
         boundary=True,
         human="unknown_outcome",
+        replaceable=True,  # the replica that ran it may record its result after another declared it unknown
         tells="'{tool}' may or may not have completed: the process running it stopped before recording the "
         "result, and it is not safe to repeat. A human is checking; do not call it again for this request.",
     ),
@@ -97,7 +101,7 @@ FAILURES: dict[FailureType, FailureRule] = {
     "judge": FailureRule("run"),
     # the tool's own answer (an MCP isError result): the model reads it as is and can correct it
     "tool_error": FailureRule("tool", recoverable=True, tells="{detail}"),
-    "unknown_tool": FailureRule("planner", recoverable=True, corrects=True),
+    "unknown_tool": FailureRule("planner", recoverable=True, corrects=True, ran=False),
 }
 
 
@@ -124,6 +128,12 @@ PLANNER_FAILURES: tuple[FailureType, ...] = _decided_by("planner")
 never consumed back): the model gets the tools it may call and corrects, a human past the correction cap."""
 CALL_FAILURES: tuple[FailureType, ...] = (*TOOL_FAILURES, *PLANNER_FAILURES)
 """Every failure a run's tool call can end with (``expect.tools`` counts them by these names)."""
+RUN_FAILURES: tuple[FailureType, ...] = _decided_by("run")
+"""The run's own failures (a loop, the budget, the judge), published by the planner, never a call's outcome."""
+EXECUTOR_FAILURES: tuple[FailureType, ...] = tuple(t for t in TOOL_FAILURES if not FAILURES[t].validator)
+"""The tool failures the executor decides and publishes (the validator decides the rest)."""
+NEVER_RAN: tuple[FailureType, ...] = tuple(t for t in CALL_FAILURES if not FAILURES[t].ran)
+"""A call refused before any tool ran: there is no output to record or replay."""
 SCRIPTED_FAILURES: tuple[ScriptedFailure, ...] = get_args(ScriptedFailure)
 """What a scenario's ``tools.<name>.fail`` may say."""
 
@@ -133,6 +143,25 @@ if set(HUMAN_FAILURES) != {t for t, r in FAILURES.items() if r.human} or not set
     raise RuntimeError("shared/failures.py: HumanFailure must name exactly the tool failures whose row has a human")
 if set(SCRIPTED_FAILURES) != {t for t, r in FAILURES.items() if r.scriptable}:
     raise RuntimeError("shared/failures.py: ScriptedFailure must name exactly the rows that are scriptable")
+
+
+def is_failure_type(value: str) -> TypeGuard[FailureType]:
+    """``value`` names a failure type (a subject token, a stored word)."""
+    return value in FAILURES
+
+
+def parse_failure_type(value: str) -> FailureType:
+    """A failure type as a surface received it (a query field, a flag); a clear error otherwise."""
+    if is_failure_type(value):
+        return value
+    raise ValueError(f"unknown failure type {value!r}: use one of {', '.join(get_args(FailureType))}")
+
+
+def replaceable(failure: FailureType | None) -> bool:
+    """A known outcome of the same attempt, recorded later, replaces this one: the executor's ledger lets it
+    win, the planner applies it under its own message id (``planner/ids.outcome``) and takes it over the
+    escalation (``planner/outcomes.supersedes_unknown``)."""
+    return failure is not None and FAILURES[failure].replaceable
 
 
 def needs_human(failure: FailureType) -> TypeGuard[HumanFailure]:

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.failures import SCRIPTED_FAILURES
+from shared.failures import SCHEMA_FAILURES, SCRIPTED_FAILURES, FailureType
 
 FORMAT = "loopwarden.run-record"
 TERMINAL = ("completed", "stopped", "failed")  # a run that ran and ended (a replay can play it back)
@@ -46,7 +46,7 @@ class ModelCallRecord(_Rec):
 class ToolAttemptRecord(_Rec):
     attempt: int
     ok: bool
-    failure_type: str | None = None
+    failure_type: FailureType | None = None
     error: str | None = None
 
 
@@ -254,7 +254,7 @@ def trajectory(events: list[EventRecord]) -> list[Step]:
             out.append(Step(what="validation", key=f"iteration {p.get('iteration')} {tool}", value=value))
         elif e.kind.startswith("failure.") and not p.get("will_retry"):
             parts = e.kind.split(".")
-            if len(parts) >= 3 and parts[1] in ("input_invalid", "output_invalid"):
+            if len(parts) >= 3 and parts[1] in SCHEMA_FAILURES:
                 out.append(Step(what="validation", key=f"iteration {p.get('iteration')} {parts[2]}", value=parts[1]))
         elif e.kind.startswith("budget."):
             out.append(Step(what="budget", key=f"iteration {p.get('iteration')}", value=e.kind.removeprefix("budget.")))

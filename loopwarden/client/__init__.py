@@ -13,6 +13,7 @@ from loopwarden.client.connecting import READY_TIMEOUT_S, Unreachable, probe, re
 from loopwarden.client.door import NotAccepted, QuotaExceeded, Refused, refusal_error
 from loopwarden.client.events import Event, Watch, tool_metrics, tool_outcomes
 from loopwarden.client.exports import Exports, TenantSource
+from loopwarden.client.ids import submit_id
 from loopwarden.client.letters import Letters, NumberedLetter, Requeued
 from loopwarden.client.reads import TENANT_POLL_S
 from loopwarden.client.refusals import PermissionDenied, Refusals, Violation, guarded, violation, what_of
@@ -59,6 +60,7 @@ __all__ = [
     "resolve_settings",
     "scenario_submit",
     "select_runs",
+    "submit_id",
     "tool_metrics",
     "tool_outcomes",
     "violation",

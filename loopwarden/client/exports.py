@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from loopwarden import records as R
+from loopwarden.client.ids import submit_id
 from loopwarden.client.reads import Reads
 from loopwarden.client.refusals import guarded
 from loopwarden.client.runs import scenario_submit
@@ -77,5 +78,5 @@ class Exports(Reads):
         whatever ``LW_ALLOW_SCRIPTED`` says, and ``tenant`` (the replayed run's) pays. Only operators, the
         console and the admin may publish there (``PermissionDenied`` for anyone else)."""
         submit = scenario_submit(scenario, run_id)
-        await self.bus.publish(S.run_replay(tenant), submit, msg_id=f"submit.{run_id}")
+        await self.bus.publish(S.run_replay(tenant), submit, msg_id=submit_id(run_id))
         return run_id

@@ -13,6 +13,7 @@ from opentelemetry.trace import SpanKind
 from pydantic import ValidationError
 
 from loopwarden.client.door import NotAccepted, QuotaExceeded
+from loopwarden.client.ids import submit_id
 from loopwarden.client.refusals import PermissionDenied, guarded
 from loopwarden.client.waiting import ACCEPTED, Waiting
 from shared import subjects as S
@@ -172,7 +173,7 @@ class Runs(Waiting):
             # on its tenant's subject: the server lets this client's user publish only its own tenant's
             subject = S.run_submit(submit.tenant or self.bus.settings.tenant)
             try:
-                await self.bus.publish(subject, submit, msg_id=f"submit.{submit.run_id}")
+                await self.bus.publish(subject, submit, msg_id=submit_id(submit.run_id))
             except StreamFull as err:
                 limit, current = await self._submit_bounds(err.description or "")
                 raise QuotaExceeded(

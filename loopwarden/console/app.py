@@ -48,7 +48,7 @@ from loopwarden.console.throttle import LoginThrottle
 from loopwarden.data import schemas_dir
 from shared import subjects as S
 from shared.contracts.catalogue import ContractCatalogue
-from shared.escalation_actions import ACTIONS, KINDS, parse_action
+from shared.escalation_actions import ACTIONS, KINDS, parse_action, withheld
 from shared.health import METRICS_CONTENT_TYPE
 from shared.live_config import ConfigUnreadable, LiveConfig
 from shared.messages import EscalationAction, EscalationReply, utcnow
@@ -563,11 +563,13 @@ class Console:
         item = reply.escalations[0] if reply.ok else None
         schema, schema_note = (None, None)
         offered = list(item.allowed_actions) if item is not None else []
-        if item is not None and "provide_result" in offered and item.status != "resolved":
+        if item is not None and withheld(offered, has_contract=False) and item.status != "resolved":
             schema, schema_note = await self._output_schema(item.tool)
             if schema is None and schema_note is not None and schema_note.startswith("no output contract"):
-                offered.remove("provide_result")  # a result is checked against the contract: always refused
-                schema_note = f"provide result is not offered: {schema_note}"
+                # a result is checked against the contract: without one it is always refused
+                left_out = withheld(offered, has_contract=False)
+                offered = [a for a in offered if a not in left_out]
+                schema_note = f"{', '.join(a.replace('_', ' ') for a in left_out)} is not offered: {schema_note}"
         return self.render(
             request,
             "item.html",

@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from shared import subjects as S
+from shared.failures import FailureType, parse_failure_type
 
 MAX_EVENTS_PER_RUN = 300
 
@@ -94,7 +95,7 @@ class RunFilter:
     agent: str = ""
     tenant: str = ""
     tool: str = ""
-    failure: str = ""  # a failure type one of the run's tool calls had (output_invalid, transient, ...)
+    failure: FailureType | None = None  # a failure type one of the run's tool calls had (output_invalid, ...)
     q: str = ""  # in the run id or the task
     newer_than_s: float | None = None
     older_than_s: float | None = None
@@ -113,14 +114,14 @@ class RunFilter:
             agent=q.get("agent", "").strip(),
             tenant=q.get("tenant", "").strip(),
             tool=q.get("tool", "").strip(),
-            failure=q.get("failure", "").strip(),
+            failure=parse_failure_type(failure) if (failure := q.get("failure", "").strip()) else None,
             q=q.get("q", "").strip(),
             newer_than_s=parse_age(q.get("newer_than")),
             older_than_s=parse_age(q.get("older_than")),
             min_cost_usd=min_cost,
         )
 
-    def matches(self, row: RunRow, failures: Mapping[str, set[str]], now: float) -> bool:
+    def matches(self, row: RunRow, failures: Mapping[str, set[FailureType]], now: float) -> bool:
         if self.status and row.status != self.status:
             return False
         if self.agent and row.agent != self.agent:
@@ -151,7 +152,7 @@ class RunPage:
 def select_runs(
     rows: Iterable[RunRow],
     flt: RunFilter,
-    failures: Mapping[str, set[str]],
+    failures: Mapping[str, set[FailureType]],
     now: float,
     page: int = 1,
     per_page: int = PER_PAGE,

@@ -25,6 +25,7 @@ from loopwarden.client import Client
 from loopwarden.console import board as B
 from shared import subjects as S
 from shared.bus import RUN_ID_HEADER, Stored, kv_scan, scan
+from shared.failures import FailureType, is_failure_type
 from shared.messages import utcnow
 from shared.records import RunRecord
 from shared.settings import Settings
@@ -43,7 +44,7 @@ class LiveView:
         self._records: OrderedDict[str, tuple[int, str, RunRecord, str | None]] = OrderedDict()
         self.runs: dict[str, B.RunRow] = {}
         self.timelines: OrderedDict[str, B.RunTimeline] = OrderedDict()
-        self.failures: dict[str, set[str]] = {}  # run id -> the failure types its tool calls met
+        self.failures: dict[str, set[FailureType]] = {}  # run id -> the failure types its tool calls met
         self._tasks: list[asyncio.Task[None]] = []
         self._subs: list[Any] = []
         self._runs_seq = 0  # the last lw_runs sequence read
@@ -107,8 +108,8 @@ class LiveView:
         if not run_id:
             return
         entry = B.timeline_entry(m.seq, m.subject, m.data, m.time)
-        if entry.kind.startswith("failure."):
-            self.failures.setdefault(run_id, set()).add(entry.kind.split(".")[1])
+        if entry.kind.startswith("failure.") and is_failure_type(ftype := entry.kind.split(".")[1]):
+            self.failures.setdefault(run_id, set()).add(ftype)
         timeline = self.timelines.setdefault(run_id, B.RunTimeline())
         self.timelines.move_to_end(run_id)
         B.add_event(timeline, entry, m.headers.get("traceparent"))

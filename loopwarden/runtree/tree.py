@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from shared.failures import SCHEMA_FAILURES
 from shared.messages import RateLimitedDetail
 from shared.records import EventRecord, RunRecord
 
@@ -370,7 +371,7 @@ def _finish_tool(step: Step, p: dict[str, Any], at: float) -> None:
         step.children.append(Step(f"{step.id}.input", "validation", "input validation", "repaired", at, at, summary))
     repairs = (p.get("repairs") or [])[len(stripped) :]  # the output's (the stripped fields come first)
     output_repaired = bool(repairs) or (bool(p.get("repaired")) and not stripped)
-    if errors or failure in ("output_invalid", "input_invalid") or output_repaired:
+    if errors or failure in SCHEMA_FAILURES or output_repaired:
         what = "input" if failure == "input_invalid" else "output"
         if errors:
             paths = ", ".join(sorted({str(e.get("path")) for e in errors if isinstance(e, dict)}))

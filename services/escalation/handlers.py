@@ -20,7 +20,6 @@ import contextlib
 import json
 import logging
 import time
-import uuid
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any, TypeVar
@@ -28,6 +27,7 @@ from typing import Any, TypeVar
 from opentelemetry import propagate
 from pydantic import ValidationError
 
+from services.escalation import ids
 from services.escalation import queue as Q
 from shared import history
 from shared import metrics as M
@@ -37,6 +37,7 @@ from shared.bus import Bus, CasConflict, Unchanged
 from shared.contracts.catalogue import ContractCatalogue
 from shared.contracts.registration import validator_for
 from shared.describe import describe
+from shared.escalation_actions import carries_result
 from shared.failures import HUMAN_FAILURES
 from shared.history import HistoryMissing
 from shared.live_config import ConfigUnreadable, LiveConfig
@@ -269,7 +270,7 @@ class EscalationQueue:
     async def on_raise(self, req: EscalationRaise) -> None:
         existing, _ = await self.bus.kv_get(S.KV_ESCALATIONS, req.escalation_id, Escalation)
         if existing is not None:  # already queued: publish the same event again (deduplicated)
-            await self.bus.publish(S.ESCALATION_RAISED, existing, msg_id=f"raised.{req.escalation_id}")
+            await self.bus.publish(S.ESCALATION_RAISED, existing, msg_id=ids.raised(req.escalation_id))
             return
         context, tenant = await self._with_context(req)
         item = Q.raise_item(req, current_traceparent(), sla=self.slas.get(req.kind), context=context)
@@ -279,7 +280,7 @@ class EscalationQueue:
             self.raised.add(1, {"kind": req.kind})
             log.warning("escalation %s (%s) for run %s: %s", req.escalation_id, req.kind, req.run_id, req.reason)
         self.items[item.escalation_id] = item
-        await self.bus.publish(S.ESCALATION_RAISED, item, msg_id=f"raised.{req.escalation_id}")
+        await self.bus.publish(S.ESCALATION_RAISED, item, msg_id=ids.raised(req.escalation_id))
 
     async def on_withdraw(self, req: EscalationWithdraw) -> None:
         """The raiser no longer needs a human: the item closes as resolved by the system (idempotent: an item
@@ -355,14 +356,14 @@ class EscalationQueue:
 
         def step(item: Escalation, actor: Q.Actor, now: datetime) -> tuple[Escalation, Any]:
             Q.authorize(actor, item, self.roster)
-            errors = result_errors.get(item.tool or "") if req.action == "provide_result" else None
+            errors = result_errors.get(item.tool or "") if carries_result(req.action) else None
             return Q.resolve(item, req, actor, now=now, result_errors=errors)
 
         return await self._act("resolve", req.escalation_id, subject, step)
 
     async def _result_errors(self, req: EscalationResolve) -> dict[str, list[str]]:
-        """For provide_result: the tool's output contract errors of ``req.result`` (by tool)."""
-        if req.action != "provide_result":
+        """For an action that carries the tool's result: its output contract errors of ``req.result`` (by tool)."""
+        if not carries_result(req.action):
             return {}
         item = self.items.get(req.escalation_id)
         if item is None:
@@ -415,7 +416,7 @@ class EscalationQueue:
         log.warning("refused %s of %s by %s: %s", verb, escalation_id, actor.label if actor else "?", reason)
         item = self.items.get(escalation_id)
         event = Q.refusal(item, escalation_id, actor, verb, reason)
-        await self._event(event, msg_id=f"refused.{escalation_id}.{uuid.uuid4().hex[:12]}")
+        await self._event(event, msg_id=ids.refused(escalation_id))
         if item is not None:  # the item's own trail shows the attempt too
 
             def record(current: Escalation | None) -> tuple[Escalation, None] | Unchanged[None]:
@@ -442,5 +443,5 @@ class EscalationQueue:
             item = self.items.get(escalation_id)
             traceparent = item.traceparent if item else None
         await self.bus.publish(
-            S.ESCALATION_RESOLVED, resolution, msg_id=f"resolved.{escalation_id}", traceparent=traceparent
+            S.ESCALATION_RESOLVED, resolution, msg_id=ids.resolved(escalation_id), traceparent=traceparent
         )

@@ -15,6 +15,7 @@ from typing import Any, assert_never
 from opentelemetry.metrics import Counter, Histogram
 from opentelemetry.trace import Status, StatusCode, Tracer
 
+from services.executor import ids
 from services.executor.finishing import Finisher
 from services.executor.ledger import LedgerEntry
 from services.executor.ownership import Ownership
@@ -129,7 +130,7 @@ class Attempts:
                     await self.bus.publish(
                         S.tool_attempt(call.tool),
                         CallIdentity.of(call).attempt_failed(n, result.failure_type, result.error, delay),
-                        msg_id=f"{call.attempt_id}.attempt.{entry.runs}.{n}",
+                        msg_id=ids.attempt_failed(call.attempt_id, entry.runs, n),
                     )
             if result.ok:
                 raw = raw_result(
@@ -161,7 +162,7 @@ class Attempts:
             will_retry=True,
         )
         await self.bus.publish(
-            S.failure(ftype, call.tool), outcome, msg_id=f"{call.attempt_id}.failure.{entry.runs}.{n}"
+            S.failure(ftype, call.tool), outcome, msg_id=ids.retrying(call.attempt_id, entry.runs, n)
         )
 
     async def after_retries(

@@ -12,13 +12,14 @@ from nats.errors import MaxPayloadError
 from nats.js.errors import APIError
 from pydantic_core import PydanticSerializationError
 
+from services.executor import ids
 from services.executor.ledger import FinalPublish, LedgerEntry, on_final_conflict
 from services.executor.recovery import model_error
 from services.executor.registry import HostedTool
 from shared import subjects as S
 from shared.bus import Bus, CasConflict
 from shared.call_identity import CallIdentity
-from shared.failures import FailureType
+from shared.failures import FailureType, replaceable
 from shared.messages import SchemaError, ToolCall, ToolOutcome, ToolResultRaw, Wire
 from shared.settings import FaultPoint, Settings
 
@@ -67,7 +68,12 @@ class Finisher:
             schema=hosted.contract.output_schema,
         )
         await self.finish(
-            call, entry, revision, S.failure("output_invalid", call.tool), outcome, failed_id(call, "output_invalid")
+            call,
+            entry,
+            revision,
+            S.failure("output_invalid", call.tool),
+            outcome,
+            ids.failed(call.attempt_id, "output_invalid"),
         )
 
     async def finish(
@@ -75,7 +81,7 @@ class Finisher:
     ) -> None:
         """Record the final message in the ledger, then publish it (a redelivery republishes it)."""
         body = payload if isinstance(payload, str) else payload.model_dump_json(by_alias=True)
-        unknown = isinstance(payload, ToolOutcome) and payload.failure_type == "unknown_outcome"
+        unknown = isinstance(payload, ToolOutcome) and replaceable(payload.failure_type)
         entry.final = ours = FinalPublish(subject=subject, msg_id=msg_id, payload=body, unknown_outcome=unknown)
         for _ in range(FINAL_WRITES):
             try:
@@ -131,7 +137,7 @@ class Finisher:
         outcome = self.outcome(call, "fatal", model_error(call.tool, "fatal", detail, 1), recoverable=False, attempts=1)
         entry.final = FinalPublish(
             subject=S.failure("fatal", call.tool),
-            msg_id=f"{call.attempt_id}.undeliverable",
+            msg_id=ids.undeliverable(call.attempt_id),
             payload=outcome.model_dump_json(by_alias=True),
         )
         await self.save(entry, revision)
@@ -162,13 +168,15 @@ class Finisher:
             boundary=boundary,
             effect=effect,
         )
-        await self.finish(call, entry, revision, S.failure(ftype, call.tool), outcome, failed_id(call, ftype))
+        await self.finish(
+            call, entry, revision, S.failure(ftype, call.tool), outcome, ids.failed(call.attempt_id, ftype)
+        )
 
     async def fail(
         self, call: ToolCall, ftype: FailureType, error: str, *, recoverable: bool, attempts: int, **extra: Any
     ) -> None:
         outcome = self.outcome(call, ftype, error, recoverable=recoverable, attempts=attempts, **extra)
-        await self.bus.publish(S.failure(ftype, call.tool), outcome, msg_id=failed_id(call, ftype))
+        await self.bus.publish(S.failure(ftype, call.tool), outcome, msg_id=ids.failed(call.attempt_id, ftype))
 
     @staticmethod
     def outcome(
@@ -178,13 +186,6 @@ class Finisher:
 
 
 FINAL_WRITES = 5  # compare-and-swaps of a final before the delivery is retried (each lost one re-reads)
-
-
-def failed_id(call: ToolCall, failure_type: str) -> str:
-    """The message id of a call's failure event: one per failure type, so the validator's outcome
-    (``<attempt>.validated``) and an executor's failure of the same attempt never de-duplicate each
-    other, while a redelivery of the same event does."""
-    return f"{call.attempt_id}.failed.{S.token(failure_type)}"
 
 
 def refused_for_good(err: Exception) -> bool:

@@ -20,6 +20,7 @@ import socket
 import uuid
 from typing import Any
 
+from services.executor import ids
 from services.executor.attempts import Attempts, raw_result
 from services.executor.finishing import Finisher
 from services.executor.ledger import claim
@@ -212,6 +213,6 @@ class Executor:
             service="executor", subject=subject, reason=reason, body=call.model_dump_json(by_alias=True)
         )
         await self.bus.publish(
-            S.dead_letter("executor"), letter, msg_id=f"dlq-executor-mismatch-{subject_tool}-{call.attempt_id}"
+            S.dead_letter("executor"), letter, msg_id=ids.mismatch_letter(subject_tool, call.attempt_id)
         )
         log.error("executor: dead-lettered %s: %s", subject, reason)

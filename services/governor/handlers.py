@@ -12,6 +12,7 @@ from collections import OrderedDict
 
 from pydantic import BaseModel, Field
 
+from services.governor import ids
 from services.governor.budget import BudgetLedger, evaluate, observe, updated_ratio
 from shared import metrics as M
 from shared import subjects as S
@@ -348,6 +349,6 @@ class Governor:
                     summary="; ".join(decision.reasons),
                     detail=decision,
                 ),
-                msg_id=f"{req.run_id}.budget.{req.turn}.{flag}",
+                msg_id=ids.budget_event(req.run_id, req.turn, flag),
             )
         return decision

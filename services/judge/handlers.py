@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from services.judge import scoring
+from services.judge import ids, scoring
 from shared import metrics as M
 from shared import subjects as S
 from shared import telemetry as T
@@ -44,7 +44,7 @@ class Judge:
             # Another replica may have judged it meanwhile: the first verdict stored stands.
             stored, _, _ = await self.bus.create_or_get(S.KV_VERDICTS, key, await self.judge(req))
             self.verdicts.add(1, {"status": stored.status})
-        await self.bus.publish(S.JUDGE_VERDICT, stored, msg_id=f"verdict.{req.candidate.id}")
+        await self.bus.publish(S.JUDGE_VERDICT, stored, msg_id=ids.verdict(req.candidate.id))
 
     async def judge(self, req: JudgeRequest) -> Verdict:
         model = self.settings.judge_model

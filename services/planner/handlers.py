@@ -39,6 +39,7 @@ from shared import subjects as S
 from shared.bounded import bounded_outcome
 from shared.bus import Bus, CasConflict, TryLater, Unchanged, current_deliveries, current_subject
 from shared.describe import describe
+from shared.failures import replaceable
 from shared.messages import (
     TOOL_FAILURES,
     AgentRecord,
@@ -421,7 +422,7 @@ class Planner:
         outcome = bounded_outcome(outcome, self.settings.run_state_result_max_bytes)
         await self.handle(
             outcome.run_id,
-            ids.outcome(outcome.iteration, outcome.call_id, unknown=outcome.failure_type == "unknown_outcome"),
+            ids.outcome(outcome.iteration, outcome.call_id, unknown=replaceable(outcome.failure_type)),
             lambda s: apply_outcome(s, outcome),
         )
 

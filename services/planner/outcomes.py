@@ -17,7 +17,7 @@ from services.planner.judging import finish_iteration
 from services.planner.outbox import Outbox, await_human, escalate, withdraw
 from services.planner.state import RunState, ToolCallRecord
 from shared import subjects as S
-from shared.failures import FAILURES
+from shared.failures import FAILURES, human_kind, replaceable
 from shared.messages import (
     NAME_PATTERN,
     Corrected,
@@ -52,11 +52,11 @@ def supersedes_unknown(state: RunState, record: ToolCallRecord, outcome: ToolOut
     return (
         record.status == "awaiting_human"
         and record.outcome is not None
-        and record.outcome.failure_type == "unknown_outcome"
-        and outcome.failure_type != "unknown_outcome"
+        and replaceable(record.outcome.failure_type)
+        and not replaceable(outcome.failure_type)
         and outcome.attempt_id == record.outcome.attempt_id
         and state.awaiting is not None
-        and state.awaiting.kind == "unknown_outcome"
+        and state.awaiting.kind == human_kind(record.outcome.failure_type)
         and state.awaiting.call_id == record.call_id
     )
 

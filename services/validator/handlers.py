@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from services.validator import ids
 from services.validator.checking import outcome_of
 from shared import metrics as M
 from shared import subjects as S
@@ -60,4 +61,4 @@ class Validator:
             subject = S.failure("output_invalid", raw.tool)
         # Its own id, not the executor's failure ids (``<attempt>.failed.<type>``): an unknown_outcome the
         # executor publishes for an attempt whose result the stream kept is stored, not dropped as a duplicate.
-        await self.bus.publish(subject, outcome, msg_id=f"{raw.attempt_id}.validated")
+        await self.bus.publish(subject, outcome, msg_id=ids.validated(raw.attempt_id))

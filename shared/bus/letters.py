@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import logging
-import uuid
 from typing import Any
 
 from nats.js.errors import NotFoundError
 from pydantic import ValidationError
 
+from shared import ids
 from shared import subjects as S
 from shared.bus.publishing import Publishing
 from shared.bus.wire import _stream_seq, ack_consumer
@@ -53,12 +53,7 @@ class Letters(Publishing):
             requeue_to=self._requeue_to.get(consumer) if consumer else None,
         )
         seq = _stream_seq(raw)  # a core NATS request has no JetStream metadata
-        if requeued_from is not None:  # ``seq`` is the requeue command's (LW_CMD), not the message's own
-            msg_id = f"dlq-{self.service}-requeue-{requeued_from}-{seq}"
-        elif seq:
-            msg_id = f"dlq-{self.service}-{raw.subject}-{seq}"
-        else:
-            msg_id = f"dlq-{self.service}-{uuid.uuid4().hex}"
+        msg_id = ids.dead_letter(self.service, raw.subject, seq, requeued_from)
         # with the run it holds up as its run (``Lw-Run-Id``): the planner, which marks that run stalled, takes
         # the letter in turn with the run's other messages
         await self.publish(S.dead_letter(self.service), letter, msg_id=msg_id, run_id=run_of(letter))

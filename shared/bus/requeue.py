@@ -17,6 +17,7 @@ from nats.js.errors import (
 from opentelemetry.trace import SpanKind
 from pydantic import BaseModel
 
+from shared import ids
 from shared import subjects as S
 from shared.bus.consuming import Consuming
 from shared.bus.errors import Undecodable, describe_nats_error
@@ -131,6 +132,6 @@ class Requeueing(Consuming, Buckets):
             run_id = run_of(letter)
             done = LetterHandled(letter=seq, service=self.service, subject=letter.subject[:512], run_id=run_id)
             try:
-                await self.publish(S.LETTER_HANDLED, done, msg_id=f"handled-{self.service}-{seq}", run_id=run_id)
+                await self.publish(S.LETTER_HANDLED, done, msg_id=ids.letter_handled(self.service, seq), run_id=run_id)
             except Exception as err:  # the letter is handled; the run says stalled until a step of it moves
                 log.error("%s: letter %d handled, but not said so: %r", self.service, seq, err)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -27,10 +26,10 @@ from typing import TYPE_CHECKING, Literal, TypeVar
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
+from shared import ids, tokens
 from shared import metrics as M
 from shared import subjects as S
 from shared import telemetry as T
-from shared import tokens
 from shared.bus import Unchanged
 from shared.messages import RateLimited, RateLimitedDetail
 from shared.providers.base import ModelRequest, ModelResponse, ProviderError
@@ -122,7 +121,7 @@ def shown_on(bus: Bus, run_id: str, iteration: Callable[[], int]) -> Notice:
         await bus.publish(
             S.run_event("rate_limited"),
             w.event(run_id, iteration()),
-            msg_id=f"{run_id}.rate_limited.{uuid.uuid4().hex[:12]}",
+            msg_id=ids.rate_limited(run_id),
             run_id=run_id,
         )
 
