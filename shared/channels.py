@@ -427,10 +427,10 @@ CHANNELS: tuple[Channel, ...] = (
     Channel(
         f"{F}.output_invalid.{{tool}}",
         ToolOutcome,
-        ("validator",),
+        ("validator", "executor"),  # the executor: a result over LW_TOOL_OUTPUT_MAX_BYTES, never sent on to validate
         ("planner",),
         "event",
-        "a result that breaks its contract",
+        "a result that breaks its contract (or is too large to be one)",
     ),
     Channel(S.JUDGE_VERDICT, Verdict, ("judge",), ("planner",), "event", "the verdict on a candidate answer"),
     Channel(
