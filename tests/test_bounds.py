@@ -28,9 +28,9 @@ from shared.payloads import KV_REF_KEY, REF_HEADER, PayloadStore
 from shared.permissions import operator_roster
 from shared.scenario import parse_scenario
 from shared.settings import Settings
-from tests.conftest import TEST_ENV
 from tests.support import locked as L
 from tests.support.runs import submit
+from tests.support.stacks import TEST_ENV
 from tests.support.timing import bound
 
 SERVICES = ("planner", "executor", "validator", "governor", "escalation")

@@ -26,18 +26,13 @@ from loopwarden.stack import LocalStack
 from shared import subjects as S
 from shared.scenario import parse_scenario
 from shared.settings import Settings
-from tests.conftest import ROOT, TEST_ENV, escalations_of, running
+from tests.support.console import CHROMIUM, CHROMIUM_FLAGS
 from tests.support.otlp_collector import OtlpCollector
+from tests.support.paths import ROOT
+from tests.support.runs import escalations_of
+from tests.support.stacks import TEST_ENV, running
 from tests.support.timing import bound
 
-CHROMIUM = "/usr/bin/chromium-headless-shell"
-CHROMIUM_FLAGS = [
-    "--no-sandbox",  # we run as root
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-    "--disable-sync",
-]
 PASSWORDS = {"alice": "alice-pw-7", "bob": "bob-pw-7"}
 JAEGER = "http://jaeger.invalid:16686"
 LEASE_S = 3.0

@@ -33,8 +33,10 @@ from loopwarden.stack import LocalStack
 from shared import subjects as S
 from shared.scenario import parse_scenario
 from shared.settings import Settings
-from tests.conftest import ROOT, TEST_ENV, escalations_of, running
 from tests.support.otlp_collector import OtlpCollector
+from tests.support.paths import ROOT
+from tests.support.runs import escalations_of
+from tests.support.stacks import TEST_ENV, running
 from tests.support.timing import bound
 
 CHROMIUM = "/usr/bin/chromium-headless-shell"

@@ -33,7 +33,9 @@ from shared.live_config import store_access
 from shared.messages import RunSubmit
 from shared.scenario import parse_scenario
 from shared.settings import Settings
-from tests.conftest import ROOT, TEST_ENV, escalations_of, running
+from tests.support.paths import ROOT
+from tests.support.runs import escalations_of
+from tests.support.stacks import TEST_ENV, running
 from tests.support.timing import bound, eventually
 
 CHROMIUM = "/usr/bin/chromium-headless-shell"

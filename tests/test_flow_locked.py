@@ -19,8 +19,8 @@ from shared.canonical import digest_of
 from shared.messages import RunSubmit
 from shared.scenario import parse_scenario
 from shared.settings import Settings
-from tests.conftest import TEST_ENV
 from tests.support import locked as L
+from tests.support.stacks import TEST_ENV
 from tests.support.timing import bound
 
 STACK_ENV = {

@@ -30,9 +30,10 @@ from shared.messages import RunSubmit, ToolContract, ToolOutcome
 from shared.permissions import operator_roster
 from shared.scenario import Scenario, load_scenario, parse_scenario
 from shared.settings import Settings
-from tests.conftest import ROOT, TEST_ENV
 from tests.support import locked as L
+from tests.support.paths import ROOT
 from tests.support.runs import submit, tool_results
+from tests.support.stacks import TEST_ENV
 from tests.support.timing import bound, polls
 
 SERVICES = ("planner", "executor", "validator", "governor", "escalation")

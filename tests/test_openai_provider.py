@@ -23,10 +23,11 @@ from loopwarden.records import export_run
 from loopwarden.runtree import build, step_detail
 from loopwarden.stack import LocalStack
 from shared.messages import Rubric, RunSnapshot, RunSubmit
-from tests.conftest import ONE_EACH, ROOT, TEST_ENV, running, settings_for
 from tests.support.messages_api import MessagesApiServer
 from tests.support.openai_api import ChatCompletionsServer
 from tests.support.otlp_collector import OtlpCollector
+from tests.support.paths import ROOT
+from tests.support.stacks import ONE_EACH, TEST_ENV, running, settings_for
 from tests.support.timing import bound, polls
 
 TOOLS = ROOT / "tests" / "ecosystem_tools"

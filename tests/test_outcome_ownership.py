@@ -41,11 +41,12 @@ from shared.messages import (
     utcnow,
 )
 from shared.scenario import parse_scenario
-from tests.conftest import ROOT, TEST_ENV, running, settings_for
+from tests.support.paths import ROOT
 from tests.support.payments import count_charges
 from tests.support.runs import submit
+from tests.support.stacks import TEST_ENV, running, settings_for
 from tests.support.timing import bound
-from tests.unit.test_planner_transitions import new_run, turn
+from tests.support.transitions import new_run, turn
 
 TOOL = "slow_payout"
 ANSWER_AFTER_S = 12.0  # the charge happens at once; the tool answers this long after it

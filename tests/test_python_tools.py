@@ -22,8 +22,9 @@ from loopwarden import Client, Criterion, Rubric, RunSnapshot, RunSubmit, new_ru
 from loopwarden.stack import LocalStack, Proc
 from shared import subjects as S
 from shared.scenario import parse_scenario
-from tests.conftest import ROOT, TEST_ENV, escalations_of, running, settings_for
-from tests.support.runs import submit, tool_results
+from tests.support.paths import ROOT
+from tests.support.runs import escalations_of, submit, tool_results
+from tests.support.stacks import TEST_ENV, running, settings_for
 from tests.support.timing import bound
 
 DOC = ROOT / "docs" / "tools.md"

@@ -38,8 +38,8 @@ from shared.providers.base import ModelRequest, complete_with_retry
 from shared.ratelimit.fleet import provider_keys
 from shared.ratelimit.gate import RateLimiter, RateLimitWait
 from shared.settings import Settings
-from tests.conftest import TEST_ENV, running
 from tests.support.promql import base_name, metric_names
+from tests.support.stacks import TEST_ENV, running
 from tests.support.timing import bound, eventually
 
 ROOT = Path(__file__).resolve().parents[1]

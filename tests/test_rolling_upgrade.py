@@ -44,9 +44,10 @@ from loopwarden.stack import LocalStack, Proc, free_port, tail
 from shared.scenario import parse_scenario
 from shared.settings import Settings
 from shared.version import SERVICE_HEADER, VERSION_HEADER, package_version, version_from_pyproject
-from tests.conftest import ROOT, TEST_ENV
 from tests.support.otlp_collector import OtlpCollector
+from tests.support.paths import ROOT
 from tests.support.payments import count_charges
+from tests.support.stacks import TEST_ENV
 from tests.support.timing import bound
 
 SERVICES = ("planner", "executor", "validator", "judge", "governor", "escalation")

@@ -27,9 +27,9 @@ from shared.messages import FINAL_STATUSES, DeadLetter, EscalationReply, RunSnap
 from shared.permissions import TENANT_CLIENTS, grants, operator_roster, rights
 from shared.scenario import parse_scenario
 from shared.settings import Settings
-from tests.conftest import TEST_ENV
 from tests.support import locked as L
 from tests.support.runs import tool_results
+from tests.support.stacks import TEST_ENV
 from tests.support.timing import bound, polls
 
 CEILING = 1.0  # every tenant's day, the default tenant's included

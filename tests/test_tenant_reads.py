@@ -30,8 +30,8 @@ from shared.messages import RunRead, RunSubmit
 from shared.payloads import ref_for
 from shared.scenario import parse_scenario
 from shared.settings import Settings
-from tests.conftest import TEST_ENV
 from tests.support import locked as L
+from tests.support.stacks import TEST_ENV
 from tests.support.timing import bound
 
 # acme's day must outlast a 300 KB answer (the test default is $0.05 for every tenant but the default one)
@@ -164,7 +164,7 @@ async def test_a_tenant_client_checks_a_scenarios_expectations_from_its_runs_own
     """It does not read the queue (every tenant's arguments are there): the items its run raised come from the
     run's own escalation events, so ``run_and_check`` and ``submit --wait`` of a scenario work for it too."""
     from shared.scenario import load_scenario
-    from tests.conftest import ROOT
+    from tests.support.paths import ROOT
 
     state, mismatches = await acme.run_and_check(load_scenario(ROOT / "scenarios" / "correction-escalates.yaml"))
     assert state.status == "awaiting_human" and mismatches == [], mismatches
