@@ -92,9 +92,10 @@ async def client(stack: LocalStack, client_telemetry: Telemetry) -> AsyncIterato
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     outcome = yield
     report = outcome.get_result()
-    if report.when == "call" and report.failed and "stack" in getattr(item, "fixturenames", ()):
-        st: LocalStack = item.funcargs.get("stack")  # type: ignore[attr-defined]
-        if st is not None:
+    if report.when == "call" and report.failed:
+        # whichever stack the test used, the session's or its module's own (each named for what it starts)
+        funcargs: dict[str, object] = getattr(item, "funcargs", {})
+        for st in (v for v in funcargs.values() if isinstance(v, LocalStack)):
             logs = "\n".join(tail(p.log, 25) for p in st.procs)
             report.sections.append(("service logs (tail)", logs))
 
