@@ -11,7 +11,9 @@ from loopwarden.fake_model import FakeModel
 SMALL = {"input_tokens": 100, "output_tokens": 10}
 
 
-def use(name: str, args: dict[str, Any], call_id: str | None = None, usage: dict[str, int] | None = None) -> dict:
+def use(
+    name: str, args: dict[str, Any], call_id: str | None = None, usage: dict[str, int] | None = None
+) -> dict[str, Any]:
     """A tool_use block; ``usage`` rides along for :func:`turn` to drop."""
     return {
         "type": "tool_use",
