@@ -10,9 +10,7 @@ from urllib.parse import urlencode, urlsplit
 
 from tests.support.timing import bound
 
-CHROMIUM = "/usr/bin/chromium-headless-shell"
-
-
+CHROMIUM = "/usr/bin/chromium-headless-shell"  # `make test` installs it (make browser)
 CHROMIUM_FLAGS = [
     "--no-sandbox",  # we run as root
     "--disable-background-networking",
@@ -24,6 +22,8 @@ CHROMIUM_FLAGS = [
 
 @dataclass
 class Answer:
+    """One HTTP answer, and how long it took."""
+
     status: int
     headers: http.client.HTTPMessage
     body: str

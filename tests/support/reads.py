@@ -22,6 +22,7 @@ async def planner_record(client: Client, run_id: str) -> RunState:
 
 
 async def registered(client: Client) -> dict[str, ToolContract]:
+    """Every tool contract registered on the bus, by name."""
     found: dict[str, ToolContract] = {}
     for key in await (await client.bus.kv(S.KV_CONTRACTS)).keys():
         contract, _ = await client.bus.kv_get(S.KV_CONTRACTS, key, ToolContract)
@@ -31,6 +32,7 @@ async def registered(client: Client) -> dict[str, ToolContract]:
 
 
 async def tenant_spent(client: Client, tenant: str, at_least: float, timeout: float = bound(10.0)) -> float:
+    """The tenant's spend today, once it reaches ``at_least`` (what it is after ``timeout`` otherwise)."""
     spent = 0.0
     for _ in range(int(timeout / 0.1)):
         record, _ = await client.bus.kv_get(S.KV_BUDGETS, tenant_key(tenant, today()), TenantDay)
