@@ -62,8 +62,8 @@ async def test_run_state_is_in_kv_and_updated_by_cas(client: Client) -> None:
     assert RunSnapshot.model_validate_json(entry.value).status == "completed"
     # created once, then advanced revision by revision under CAS; only the current revision is
     # kept (nothing reads an older one: issue 15, bounded storage)
-    history = await kv.history(state.run_id)
-    assert len(history) == 1 and history[0].revision == entry.revision
+    history = await kv.history(state.run_id)  # (a last save may land after the snapshot read above)
+    assert len(history) == 1 and history[0].revision >= entry.revision
     assert state.model_calls >= 3 and (entry.revision or 0) > 3
 
 

@@ -58,7 +58,8 @@ class LiveView:
             self._wake.set()
 
         self._subs.append(await nc.subscribe(f"{S.EVENT_PREFIX}.>", cb=wake))  # before reading: nothing missed
-        await self.client.bus.kv(S.KV_RUNS)
+        bus = self.client.bus  # started before bootstrap (a managed deployment): waits for the bucket
+        await bus.until_ready(f"bucket {S.KV_RUNS}", lambda: bus.kv(S.KV_RUNS))
         await self.refresh()  # the current runs are in before the first page is served
         self._tasks.append(asyncio.create_task(self._follow()))
 
