@@ -34,7 +34,8 @@ from loopwarden.client import Client
 from loopwarden.stack import alive, free_port
 from shared.scenario import Scenario, load_scenario
 from shared.settings import Settings
-from tests.conftest import ROOT, TEST_ENV
+from tests.support.paths import ROOT
+from tests.support.stacks import TEST_ENV
 from tests.support.timing import bound, eventually_sync
 
 pytestmark = pytest.mark.timeout(bound(600))

@@ -18,8 +18,9 @@ import pytest
 
 from loopwarden import Agent, Client, NotAllowed, parse_scenario
 from shared import subjects as S
-from tests.conftest import ROOT, TEST_ENV
 from tests.support import locked as L
+from tests.support.paths import ROOT
+from tests.support.stacks import TEST_ENV
 from tests.support.timing import bound, polls
 
 SCENARIO = {

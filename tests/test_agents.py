@@ -24,7 +24,7 @@ from loopwarden import Agent, Client, Criterion, Refused, Rubric, RunLimits, Run
 from loopwarden.fake_model import FakeModel
 from loopwarden.stack import LocalStack
 from shared.messages import FINAL_STATUSES, RunSubmit
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 from tests.support.timing import bound, polls
 
 

@@ -21,7 +21,7 @@ from loopwarden.generate.messages import CATALOGUE
 from loopwarden.stack import LocalStack
 from shared import subjects as S
 from shared.messages import WIRE_MODELS
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 from tests.support.timing import bound
 
 

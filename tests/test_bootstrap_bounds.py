@@ -20,7 +20,7 @@ from loopwarden.infra import bootstrap
 from loopwarden.stack import LocalStack
 from shared import subjects as S
 from shared.settings import Settings
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 from tests.support.timing import bound
 
 MIB = 1024 * 1024

@@ -28,9 +28,9 @@ from shared.payloads import KV_REF_KEY, REF_HEADER, PayloadStore
 from shared.permissions import operator_roster
 from shared.scenario import parse_scenario
 from shared.settings import Settings
-from tests.conftest import TEST_ENV
 from tests.support import locked as L
 from tests.support.runs import submit
+from tests.support.stacks import TEST_ENV
 from tests.support.timing import bound
 
 SERVICES = ("planner", "executor", "validator", "governor", "escalation")
@@ -63,7 +63,7 @@ def as_user(url: str, user: str, **overrides: Any) -> Settings:
 
 
 @pytest.fixture
-async def client(url: str) -> AsyncIterator[Client]:
+async def bounded_client(url: str) -> AsyncIterator[Client]:
     async with Client(as_user(url, "client"), identity="client") as c:
         yield c
 
@@ -104,7 +104,7 @@ async def timed_run(client: Client, name: str) -> float:
 
 # --- N2: a huge request body, by reference ----------------------------------------------------------------
 async def test_a_tenants_huge_read_by_reference_is_refused_unfetched_and_other_tenants_runs_go_on(
-    bounded_stack: tuple[str, LocalStack, int], client: Client
+    bounded_stack: tuple[str, LocalStack, int], bounded_client: Client
 ) -> None:
     url, stack, monitor = bounded_stack
     async with Client(as_user(url, "client_acme", tenant="acme"), identity="client_acme") as acme:
@@ -123,7 +123,7 @@ async def test_a_tenants_huge_read_by_reference_is_refused_unfetched_and_other_t
             return ErrorReply.model_validate_json(reply.data)
 
         asking = asyncio.gather(*(ask() for _ in range(8)))
-        runs = asyncio.gather(*(timed_run(client, f"n2-{n}") for n in range(3)))  # the default tenant meanwhile
+        runs = asyncio.gather(*(timed_run(bounded_client, f"n2-{n}") for n in range(3)))  # the default tenant meanwhile
         answers, took = await asyncio.gather(asking, runs)
     assert all("over the limit of 2048" in a.error for a in answers), answers[0].error
     assert sent_to(monitor, "planner") - before < FETCHED_AT_MOST  # 8 x 63.5 MB were never fetched
@@ -132,15 +132,15 @@ async def test_a_tenants_huge_read_by_reference_is_refused_unfetched_and_other_t
 
 
 async def test_a_huge_queue_listing_by_reference_is_refused_unfetched(
-    bounded_stack: tuple[str, LocalStack, int], client: Client
+    bounded_stack: tuple[str, LocalStack, int], bounded_client: Client
 ) -> None:
     _, stack, monitor = bounded_stack
     query = EscalationQuery().model_dump_json().encode()
-    ref = await store(client.bus.nc, client.bus.settings, "client", query + b" " * (HUGE - len(query)))
+    ref = await store(bounded_client.bus.nc, bounded_client.bus.settings, "client", query + b" " * (HUGE - len(query)))
     before = sent_to(monitor, "escalation")
     replies = await asyncio.gather(
         *(
-            client.bus.nc.request(
+            bounded_client.bus.nc.request(
                 S.ESCALATION_LIST, json.dumps(ref).encode(), timeout=bound(10), headers={REF_HEADER: ref["name"]}
             )
             for _ in range(4)
@@ -150,13 +150,13 @@ async def test_a_huge_queue_listing_by_reference_is_refused_unfetched(
         assert json.loads(reply.data)["ok"] is False and "over the limit" in json.loads(reply.data)["error"]
     assert sent_to(monitor, "escalation") - before < FETCHED_AT_MOST
     assert cut_off(stack, "escalation") == []
-    listed = await client.escalations("all")  # the queue answers as before
+    listed = await bounded_client.escalations("all")  # the queue answers as before
     assert listed.ok, listed.error
 
 
 # --- L4: a huge agent value, by reference --------------------------------------------------------------------
 async def test_a_huge_agent_value_is_refused_unfetched_and_the_planner_is_not_stalled(
-    bounded_stack: tuple[str, LocalStack, int], url: str, client: Client
+    bounded_stack: tuple[str, LocalStack, int], url: str, bounded_client: Client
 ) -> None:
     _, stack, monitor = bounded_stack
     name = f"heavy-{uuid.uuid4().hex[:6]}"
@@ -170,10 +170,10 @@ async def test_a_huge_agent_value_is_refused_unfetched_and_the_planner_is_not_st
     before = sent_to(monitor, "planner")
     heavy = [f"run-heavy-{uuid.uuid4().hex[:8]}" for _ in range(4)]
     for run_id in heavy:
-        await client.submit(RunSubmit(run_id=run_id, task="Say hi.", agent=name), accepted=False)
-    took = await timed_run(client, "l4-other")  # another agent's run, meanwhile
+        await bounded_client.submit(RunSubmit(run_id=run_id, task="Say hi.", agent=name), accepted=False)
+    took = await timed_run(bounded_client, "l4-other")  # another agent's run, meanwhile
     for run_id in heavy:
-        state = await client.wait(run_id, timeout=bound(30), until=FINAL_STATUSES)
+        state = await bounded_client.wait(run_id, timeout=bound(30), until=FINAL_STATUSES)
         assert state.status == "refused", (state.status, state.final_reason)
         assert f"agent {name!r} is stored but cannot be read" in (state.final_reason or ""), state.final_reason
         assert "LW_VALUE_MAX_BYTES" in (state.final_reason or ""), state.final_reason

@@ -6,8 +6,7 @@ from typing import Any
 
 from loopwarden.client import Client
 from shared import tokens
-from tests.conftest import run_scenario
-from tests.support.runs import submit, tool_results
+from tests.support.runs import run_scenario, submit, tool_results
 from tests.support.timing import bound
 
 

@@ -28,7 +28,8 @@ from shared import subjects as S
 from shared.bus import Bus
 from shared.messages import BudgetRequest, RunSubmit
 from shared.telemetry import setup_telemetry
-from tests.conftest import run_scenario, settings_for
+from tests.support.runs import run_scenario
+from tests.support.stacks import settings_for
 from tests.support.timing import bound
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from shared.version import package_version
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 from tests.support.timing import bound, eventually_sync
 
 

@@ -28,7 +28,9 @@ from loopwarden.replay import NOT_RUN
 from loopwarden.stack import LocalStack, free_port
 from shared import subjects as S
 from shared.scenario import load_scenario, parse_scenario
-from tests.conftest import ROOT, escalations_of, settings_for
+from tests.support.paths import ROOT
+from tests.support.runs import escalations_of
+from tests.support.stacks import settings_for
 from tests.support.timing import bound
 
 ESC, BEL = "\x1b", "\x07"

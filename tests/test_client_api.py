@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from loopwarden.stack import LocalStack, free_port
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 from tests.support.timing import bound
 
 DEMO = ROOT / "scenarios" / "demo.yaml"

@@ -33,9 +33,11 @@ from services.executor.app import load_registry
 from shared import subjects as S
 from shared.scenario import parse_scenario
 from shared.settings import Settings
-from tests.conftest import ROOT, TEST_ENV, escalations_of
 from tests.support.cluster import CLUSTER_CONF, Cluster, route_names
+from tests.support.paths import ROOT
 from tests.support.payments import count_charges
+from tests.support.runs import escalations_of
+from tests.support.stacks import TEST_ENV
 from tests.support.timing import bound
 
 TOOLS_DIR = ROOT / "tests" / "tools"

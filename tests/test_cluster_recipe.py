@@ -19,7 +19,7 @@ from typing import Any
 
 from loopwarden.stack import free_port, nats_server_binary, port_in_use, wait_for_port
 from shared.access import EXAMPLE
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 from tests.support.timing import bound, eventually_sync
 
 USERS = ("admin", "planner", "executor", "validator", "judge", "governor", "escalation", "client", "console")

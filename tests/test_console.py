@@ -26,18 +26,13 @@ from loopwarden.stack import LocalStack
 from shared import subjects as S
 from shared.scenario import parse_scenario
 from shared.settings import Settings
-from tests.conftest import ROOT, TEST_ENV, escalations_of, running
+from tests.support.console import CHROMIUM, CHROMIUM_FLAGS
 from tests.support.otlp_collector import OtlpCollector
+from tests.support.paths import ROOT
+from tests.support.runs import escalations_of
+from tests.support.stacks import TEST_ENV, running
 from tests.support.timing import bound
 
-CHROMIUM = "/usr/bin/chromium-headless-shell"
-CHROMIUM_FLAGS = [
-    "--no-sandbox",  # we run as root
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-    "--disable-sync",
-]
 PASSWORDS = {"alice": "alice-pw-7", "bob": "bob-pw-7"}
 JAEGER = "http://jaeger.invalid:16686"
 LEASE_S = 3.0
@@ -107,7 +102,7 @@ async def browser() -> AsyncIterator[Browser]:
 
 
 @pytest.fixture
-async def client(human_stack: LocalStack) -> AsyncIterator[Client]:
+async def human_client(human_stack: LocalStack) -> AsyncIterator[Client]:
     async with Client(Settings(nats_url=human_stack.nats_url)) as c:
         yield c
 
@@ -133,9 +128,9 @@ async def waiting(client: Client, scenario: dict[str, Any]) -> tuple[str, str]:
 
 
 async def test_an_operator_logs_in_claims_provides_the_result_and_the_run_completes(
-    human_stack: LocalStack, browser: Browser, client: Client, tmp_path: Path
+    human_stack: LocalStack, browser: Browser, human_client: Client, tmp_path: Path
 ) -> None:
-    run_id, esc_id = await waiting(client, CORRECTION)
+    run_id, esc_id = await waiting(human_client, CORRECTION)
     page = await logged_in(browser, human_stack, "alice")
     row = page.locator(f"tr[data-escalation='{esc_id}']")
     await expect(row).to_contain_text("schema_cap")
@@ -162,7 +157,7 @@ async def test_an_operator_logs_in_claims_provides_the_result_and_the_run_comple
     await expect(page.locator("#flash")).to_have_text("resolve: done")
     await expect(page.locator("#resolution")).to_contain_text("provide_result by alice via console")
 
-    state = await client.wait(run_id, timeout=bound(30))
+    state = await human_client.wait(run_id, timeout=bound(30))
     assert state.status == "completed" and state.final_output == "1 + 1 = 2"
     await page.goto(f"{human_stack.console_url}/runs/{run_id}")
     await expect(page.locator("#run-status")).to_have_text("completed")
@@ -176,9 +171,9 @@ async def test_an_operator_logs_in_claims_provides_the_result_and_the_run_comple
 
 
 async def test_a_bad_contract_result_is_refused_in_the_page(
-    human_stack: LocalStack, browser: Browser, client: Client
+    human_stack: LocalStack, browser: Browser, human_client: Client
 ) -> None:
-    run_id, esc_id = await waiting(client, CORRECTION)
+    run_id, esc_id = await waiting(human_client, CORRECTION)
     page = await logged_in(browser, human_stack, "alice", f"/escalations/{esc_id}")
     form = page.locator("#form-provide_result")
     await form.locator("textarea[name=result]").fill('{"status": "ok", "result": "two"}')
@@ -189,13 +184,13 @@ async def test_a_bad_contract_result_is_refused_in_the_page(
     await form.locator("textarea[name=answer]").fill("Two.")
     await page.click("#do-final_answer")
     await expect(page.locator("#flash")).to_have_text("resolve: done")
-    state = await client.wait(run_id, timeout=bound(30))
+    state = await human_client.wait(run_id, timeout=bound(30))
     assert state.status == "completed" and state.final_output == "Two."
     await page.close()
 
 
 async def test_an_operator_without_the_right_is_refused(
-    human_stack: LocalStack, browser: Browser, client: Client
+    human_stack: LocalStack, browser: Browser, human_client: Client
 ) -> None:
     page = await browser.new_page()
     await page.goto(f"{human_stack.console_url}/login")
@@ -205,7 +200,7 @@ async def test_an_operator_without_the_right_is_refused(
     await expect(page.locator("#login-error")).to_have_text("unknown operator or wrong password")
     await page.close()
 
-    run_id, esc_id = await waiting(client, CORRECTION)
+    run_id, esc_id = await waiting(human_client, CORRECTION)
     page = await logged_in(browser, human_stack, "bob", f"/escalations/{esc_id}")
     await page.click("#claim")
     await expect(page.locator("#flash")).to_contain_text("refused: bob may not act on schema_cap escalations")
@@ -214,16 +209,16 @@ async def test_an_operator_without_the_right_is_refused(
     await expect(page.locator("#flash")).to_contain_text("refused: bob may not act on schema_cap")
     await expect(page.locator("#item-status")).to_have_text("open")
     await expect(page.locator("#trail")).to_contain_text("refused — bob via console (resolve)")
-    state = await client.state(run_id)
+    state = await human_client.state(run_id)
     assert state is not None and state.status == "awaiting_human"
-    refusals = await client.events(run_id, subjects=S.ESCALATION_REFUSED, timeout=bound(0.5))
+    refusals = await human_client.events(run_id, subjects=S.ESCALATION_REFUSED, timeout=bound(0.5))
     assert [(e.payload["operator"], e.payload["via"]) for e in refusals] == [("bob", "console")] * 2
-    assert (await client.resolve(esc_id, "alice", "abort")).ok  # leave the stack tidy
+    assert (await human_client.resolve(esc_id, "alice", "abort")).ok  # leave the stack tidy
     await page.close()
 
 
-async def test_an_sla_expiry_shows_up_live(human_stack: LocalStack, browser: Browser, client: Client) -> None:
-    run_id = await client.submit_scenario(parse_scenario(LOOP))
+async def test_an_sla_expiry_shows_up_live(human_stack: LocalStack, browser: Browser, human_client: Client) -> None:
+    run_id = await human_client.submit_scenario(parse_scenario(LOOP))
     page = await logged_in(browser, human_stack, "alice", f"/queue?status=all&run={run_id}")
     loaded_at = await page.evaluate("window.lwLoadedAt")
     row = page.locator("#queue tr[data-escalation]")
@@ -231,44 +226,44 @@ async def test_an_sla_expiry_shows_up_live(human_stack: LocalStack, browser: Bro
     await expect(row).to_contain_text("abort at")  # the SLA's deadline and default action
     await expect(row).to_contain_text("abort by SLA", timeout=SLA_S * 1000 + 20_000)
     assert await page.evaluate("window.lwLoadedAt") == loaded_at  # updated in place, never reloaded
-    state = await client.wait(run_id, timeout=bound(30))
+    state = await human_client.wait(run_id, timeout=bound(30))
     assert state.status == "stopped" and "the SLA" in (state.final_reason or "")
-    applied = await client.events(run_id, subjects=S.ESCALATION_SLA_APPLIED, timeout=bound(0.5))
+    applied = await human_client.events(run_id, subjects=S.ESCALATION_SLA_APPLIED, timeout=bound(0.5))
     assert [e.payload["action"] for e in applied] == ["abort"]
     await page.close()
 
 
-async def test_an_unrenewed_claim_expires_back_to_the_queue(client: Client) -> None:
-    run_id, esc_id = await waiting(client, CORRECTION)
-    claimed = await client.claim(esc_id, "alice")
+async def test_an_unrenewed_claim_expires_back_to_the_queue(human_client: Client) -> None:
+    run_id, esc_id = await waiting(human_client, CORRECTION)
+    claimed = await human_client.claim(esc_id, "alice")
     assert claimed.ok and claimed.escalations[0].lease_expires_at is not None
-    assert (await client.renew(esc_id, "alice")).ok
+    assert (await human_client.renew(esc_id, "alice")).ok
     for _ in range(int(LEASE_S * 20) + 200):
-        item = (await client.show(esc_id)).escalations[0]
+        item = (await human_client.show(esc_id)).escalations[0]
         if item.status == "open":
             break
         await asyncio.sleep(0.05)
     assert item.status == "open" and item.claimed_by is None
     assert [e.kind for e in item.trail] == ["claimed", "renewed", "expired"]
-    expired = await client.events(run_id, subjects=S.ESCALATION_EXPIRED, timeout=bound(0.5))
+    expired = await human_client.events(run_id, subjects=S.ESCALATION_EXPIRED, timeout=bound(0.5))
     assert [e.payload["operator"] for e in expired] == ["alice"]
-    taken = await client.claim(esc_id, "bob")  # back in the queue: bob's roster still forbids schema_cap
+    taken = await human_client.claim(esc_id, "bob")  # back in the queue: bob's roster still forbids schema_cap
     assert not taken.ok and "refused" in (taken.error or "")
-    assert (await client.claim(esc_id, "alice")).ok
-    assert (await client.resolve(esc_id, "alice", "abort")).ok
-    assert (await client.wait(run_id, timeout=bound(60))).status == "stopped"
+    assert (await human_client.claim(esc_id, "alice")).ok
+    assert (await human_client.resolve(esc_id, "alice", "abort")).ok
+    assert (await human_client.wait(run_id, timeout=bound(60))).status == "stopped"
 
 
-async def test_an_sla_that_falls_back_resumes_the_run(client: Client) -> None:
-    run_id, esc_id = await waiting(client, CHARGE)
-    item = (await client.show(esc_id)).escalations[0]
+async def test_an_sla_that_falls_back_resumes_the_run(human_client: Client) -> None:
+    run_id, esc_id = await waiting(human_client, CHARGE)
+    item = (await human_client.show(esc_id)).escalations[0]
     assert (item.kind, item.sla_action) == ("ask_human", "fall_back")
-    state = await client.wait(run_id, timeout=SLA_S + 30)
+    state = await human_client.wait(run_id, timeout=SLA_S + 30)
     assert state.status == "completed", state.final_reason
     assert "nobody answered" in (state.final_output or "")
     results = [b.content for m in state.messages for b in m.content if b.type == "tool_result"]
     assert any("no human decided within the SLA: continue without this result" in r for r in results), results
-    resolution = (await client.show(esc_id)).escalations[0].resolution
+    resolution = (await human_client.show(esc_id)).escalations[0].resolution
     assert resolution is not None and (resolution.action, resolution.by_sla, resolution.resolved_by) == (
         "resume",
         True,
@@ -276,10 +271,10 @@ async def test_an_sla_that_falls_back_resumes_the_run(client: Client) -> None:
     )
 
 
-async def test_an_sla_accepts_only_what_was_judged_else_the_model_revises(client: Client) -> None:
-    run_id, esc_id = await waiting(client, UNJUDGED)
-    state = await client.wait(run_id, timeout=SLA_S + 30)
+async def test_an_sla_accepts_only_what_was_judged_else_the_model_revises(human_client: Client) -> None:
+    run_id, esc_id = await waiting(human_client, UNJUDGED)
+    state = await human_client.wait(run_id, timeout=SLA_S + 30)
     # nothing was judged, so the SLA does not accept it: the model revises and the judge passes it
     assert state.status == "completed" and state.passed is True and state.retry_count == 1, state.final_reason
-    resolution = (await client.show(esc_id)).escalations[0].resolution
+    resolution = (await human_client.show(esc_id)).escalations[0].resolution
     assert resolution is not None and (resolution.action, resolution.by_sla) == ("reject", True)

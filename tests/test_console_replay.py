@@ -13,8 +13,8 @@ from loopwarden.client import Client
 from loopwarden.replay import replay_scenario
 from shared import subjects as S
 from shared.records import RunRecord
-from tests.conftest import ROOT
 from tests.support import locked as L
+from tests.support.paths import ROOT
 
 
 @pytest.fixture(scope="module")

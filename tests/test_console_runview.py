@@ -33,8 +33,10 @@ from loopwarden.stack import LocalStack
 from shared import subjects as S
 from shared.scenario import parse_scenario
 from shared.settings import Settings
-from tests.conftest import ROOT, TEST_ENV, escalations_of, running
 from tests.support.otlp_collector import OtlpCollector
+from tests.support.paths import ROOT
+from tests.support.runs import escalations_of
+from tests.support.stacks import TEST_ENV, running
 from tests.support.timing import bound
 
 CHROMIUM = "/usr/bin/chromium-headless-shell"
@@ -58,7 +60,7 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, otlp: OtlpCollector) -> Iterator[LocalStack]:
+def runview_stack(tmp_path_factory: pytest.TempPathFactory, otlp: OtlpCollector) -> Iterator[LocalStack]:
     env = {
         **TEST_ENV,
         "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.endpoint,
@@ -88,8 +90,8 @@ async def browser() -> AsyncIterator[Browser]:
 
 
 @pytest.fixture
-async def client(stack: LocalStack) -> AsyncIterator[Client]:
-    async with Client(Settings(nats_url=stack.nats_url)) as c:
+async def runview_client(runview_stack: LocalStack) -> AsyncIterator[Client]:
+    async with Client(Settings(nats_url=runview_stack.nats_url)) as c:
         yield c
 
 
@@ -142,10 +144,10 @@ async def open_step(page: Page, step_id: str) -> Any:
 
 
 async def test_a_broken_output_shows_its_raw_output_error_paths_and_the_correction(
-    stack: LocalStack, browser: Browser, client: Client, tmp_path: Path
+    runview_stack: LocalStack, browser: Browser, runview_client: Client, tmp_path: Path
 ) -> None:
-    run_id = await finished(client, "malformed-output-corrected")
-    page = await logged_in(browser, stack, f"/runs/{run_id}")
+    run_id = await finished(runview_client, "malformed-output-corrected")
+    page = await logged_in(browser, runview_stack, f"/runs/{run_id}")
     await expect(page.locator("#run-status")).to_have_text("completed")
     await expect(page.locator("#run-decide")).to_contain_text("row 5: complete")
     await expect(page.locator("#run-end")).to_contain_text("terminal tool ran in this iteration")
@@ -180,10 +182,10 @@ async def test_a_broken_output_shows_its_raw_output_error_paths_and_the_correcti
 
 
 async def test_a_judged_run_shows_each_criterions_score(
-    stack: LocalStack, browser: Browser, client: Client, tmp_path: Path
+    runview_stack: LocalStack, browser: Browser, runview_client: Client, tmp_path: Path
 ) -> None:
-    run_id = await finished(client, "demo")
-    page = await logged_in(browser, stack, f"/runs/{run_id}")
+    run_id = await finished(runview_client, "demo")
+    page = await logged_in(browser, runview_stack, f"/runs/{run_id}")
     judge = step(page, "i3.judge")
     await open_step(page, "i3")
     await expect(judge).to_contain_text("accuracy 0.95")
@@ -204,12 +206,12 @@ async def test_a_judged_run_shows_each_criterions_score(
 
 
 async def test_a_run_waiting_for_a_human_is_resolved_from_the_page_and_turns_completed_live(
-    stack: LocalStack, browser: Browser, client: Client, tmp_path: Path
+    runview_stack: LocalStack, browser: Browser, runview_client: Client, tmp_path: Path
 ) -> None:
-    run_id = await client.submit_scenario(parse_scenario(scenario("correction-escalates")))
-    await client.wait(run_id, timeout=bound(30), until=("awaiting_human",))
-    (item,) = await escalations_of(client, run_id)
-    page = await logged_in(browser, stack, f"/runs/{run_id}")
+    run_id = await runview_client.submit_scenario(parse_scenario(scenario("correction-escalates")))
+    await runview_client.wait(run_id, timeout=bound(30), until=("awaiting_human",))
+    (item,) = await escalations_of(runview_client, run_id)
+    page = await logged_in(browser, runview_stack, f"/runs/{run_id}")
     loaded_at = await page.evaluate("window.lwLoadedAt")
     await expect(page.locator("#run-status")).to_have_text("awaiting_human")
     await expect(page.locator("#run-end")).to_have_text("Waiting for a person")
@@ -221,7 +223,7 @@ async def test_a_run_waiting_for_a_human_is_resolved_from_the_page_and_turns_com
 
     # the operator resolves it from the page (the escalation's link), in a second tab, as one would
     other = await page.context.new_page()
-    await other.goto(f"{stack.console_url}/runs/{run_id}")
+    await other.goto(f"{runview_stack.console_url}/runs/{run_id}")
     await other.click(f"#run-escalations a:has-text('{item.escalation_id}')")
     form = other.locator("#form-provide_result")
     await form.locator("textarea[name=result]").fill('{"status": "ok", "expression": "1+1", "result": 2}')
@@ -247,17 +249,17 @@ async def test_a_run_waiting_for_a_human_is_resolved_from_the_page_and_turns_com
 
 
 async def test_a_model_turn_shows_the_system_prompt_tools_and_cache_it_was_sent(
-    stack: LocalStack, browser: Browser, client: Client, tmp_path: Path
+    runview_stack: LocalStack, browser: Browser, runview_client: Client, tmp_path: Path
 ) -> None:
-    run_id = await finished(client, "demo")
-    turns = [e for e in await client.events(run_id) if e.kind == "run.model_called"]
+    run_id = await finished(runview_client, "demo")
+    turns = [e for e in await runview_client.events(run_id) if e.kind == "run.model_called"]
     assert len(turns) == 3
     details = [t.payload["detail"] for t in turns]
     # stored once per run: the first turn carries the text, every turn names it by hash
     assert details[0]["system"].startswith("You are an agent that completes the user's task")
     assert [d["system"] for d in details[1:]] == [None, None]
     assert len({d["system_sha256"] for d in details}) == 1
-    page = await logged_in(browser, stack, f"/runs/{run_id}")
+    page = await logged_in(browser, runview_stack, f"/runs/{run_id}")
     assert "You are an agent that completes" not in await page.content()  # fetched when the step is opened
     await open_step(page, "i3")
     turn = await open_step(page, "i3.model")  # a later turn: the text found by its hash
@@ -275,10 +277,10 @@ async def test_a_model_turn_shows_the_system_prompt_tools_and_cache_it_was_sent(
 
 
 async def test_a_completed_run_is_replayed_from_its_page_and_matches_call_for_call(
-    stack: LocalStack, browser: Browser, client: Client, tmp_path: Path
+    runview_stack: LocalStack, browser: Browser, runview_client: Client, tmp_path: Path
 ) -> None:
-    run_id = await finished(client, "malformed-output-corrected")
-    page = await logged_in(browser, stack, f"/runs/{run_id}")
+    run_id = await finished(runview_client, "malformed-output-corrected")
+    page = await logged_in(browser, runview_stack, f"/runs/{run_id}")
     await expect(page.locator("#export-link")).to_have_attribute("href", f"/runs/{run_id}/export")
     await expect(page.locator("#replay-live-tools")).not_to_be_checked()  # a dry run unless chosen
     await page.click("#replay-button")
@@ -290,7 +292,7 @@ async def test_a_completed_run_is_replayed_from_its_page_and_matches_call_for_ca
     assert await rows.count() >= 3
     await expect(page.locator("#replay-compare tbody tr[data-same='no']")).to_have_count(0)
     await expect(rows.first).to_contain_text("validation")
-    assert (await client.state(replay_id)).status == "completed"  # type: ignore[union-attr]
+    assert (await runview_client.state(replay_id)).status == "completed"  # type: ignore[union-attr]
     await shot(page, "run-replayed.png", tmp_path)
     await no_serious_violations(page)
     await page.click("#replay-run")
@@ -299,9 +301,9 @@ async def test_a_completed_run_is_replayed_from_its_page_and_matches_call_for_ca
 
     # the form is the console's own: a post without the session's token is refused, and starts nothing
     answer = await page.request.post(
-        f"{stack.console_url}/runs/{run_id}/replay",
+        f"{runview_stack.console_url}/runs/{run_id}/replay",
         form={"csrf": "stale"},
-        headers={"Origin": str(stack.console_url)},
+        headers={"Origin": str(runview_stack.console_url)},
         max_redirects=0,
     )
     assert answer.status == 403 and "stale" in await answer.text()
@@ -309,15 +311,15 @@ async def test_a_completed_run_is_replayed_from_its_page_and_matches_call_for_ca
 
 
 async def test_a_replay_of_a_run_a_person_resolved_stops_where_the_person_was_and_says_so(
-    stack: LocalStack, browser: Browser, client: Client
+    runview_stack: LocalStack, browser: Browser, runview_client: Client
 ) -> None:
-    run_id = await client.submit_scenario(parse_scenario(scenario("correction-escalates")))
-    await client.wait(run_id, timeout=bound(30), until=("awaiting_human",))
-    (item,) = await escalations_of(client, run_id)
+    run_id = await runview_client.submit_scenario(parse_scenario(scenario("correction-escalates")))
+    await runview_client.wait(run_id, timeout=bound(30), until=("awaiting_human",))
+    (item,) = await escalations_of(runview_client, run_id)
     result = {"status": "ok", "expression": "1+1", "result": 2}
-    assert (await client.resolve(item.escalation_id, "alice", "provide_result", "by hand", result)).ok
-    assert (await client.wait(run_id, timeout=bound(30))).status == "completed"
-    page = await logged_in(browser, stack, f"/runs/{run_id}")
+    assert (await runview_client.resolve(item.escalation_id, "alice", "provide_result", "by hand", result)).ok
+    assert (await runview_client.wait(run_id, timeout=bound(30))).status == "completed"
+    page = await logged_in(browser, runview_stack, f"/runs/{run_id}")
     await page.click("#replay-button")
     await expect(page.locator("#replay-human")).to_contain_text(
         "The replay waits for a person", timeout=bound(60) * 1000
@@ -328,23 +330,23 @@ async def test_a_replay_of_a_run_a_person_resolved_stops_where_the_person_was_an
 
 
 async def test_a_replay_that_would_run_real_tools_or_by_someone_off_the_roster_is_refused(
-    stack: LocalStack, browser: Browser, client: Client
+    runview_stack: LocalStack, browser: Browser, runview_client: Client
 ) -> None:
-    run_id = await finished(client, "malformed-output-corrected")
-    carol = await logged_in(browser, stack, f"/runs/{run_id}", operator="carol")
+    run_id = await finished(runview_client, "malformed-output-corrected")
+    carol = await logged_in(browser, runview_stack, f"/runs/{run_id}", operator="carol")
     await carol.click("#replay-button")
     await expect(carol.locator("#replay-error")).to_contain_text("carol is not on the operators' roster")
     await expect(carol.locator("#replay")).to_have_count(0)
     await carol.context.close()
 
     # a call whose output is no longer recorded would run the real tool: refused unless ticked
-    ledger = await client.bus.kv(S.KV_TOOL_LEDGER)
+    ledger = await runview_client.bus.kv(S.KV_TOOL_LEDGER)
     keys = [k for k in await ledger.keys() if k.startswith(f"{run_id}.")]
     assert keys
     for key in keys:
         await ledger.delete(key)
-    before = set(await run_ids(client))
-    page = await logged_in(browser, stack, f"/runs/{run_id}")
+    before = set(await run_ids(runview_client))
+    page = await logged_in(browser, runview_stack, f"/runs/{run_id}")
     await page.click("#replay-button")
     error = page.locator("#replay-error")
     await expect(error).to_contain_text(
@@ -352,7 +354,7 @@ async def test_a_replay_that_would_run_real_tools_or_by_someone_off_the_roster_i
     )
     await expect(error).to_contain_text("search (call toolu_001_01): succeeded, output not recorded")
     await expect(error).to_contain_text("tick 'run the real tools'")
-    assert set(await run_ids(client)) == before  # nothing was submitted
+    assert set(await run_ids(runview_client)) == before  # nothing was submitted
     await no_serious_violations(page)
     await page.context.close()
 
@@ -366,12 +368,12 @@ async def run_ids(client: Client) -> list[str]:
 
 
 async def test_the_queue_item_offers_what_fits_its_state_and_confirms_an_abort(
-    stack: LocalStack, browser: Browser, client: Client, tmp_path: Path
+    runview_stack: LocalStack, browser: Browser, runview_client: Client, tmp_path: Path
 ) -> None:
-    run_id = await client.submit_scenario(parse_scenario(scenario("correction-escalates")))
-    await client.wait(run_id, timeout=bound(30), until=("awaiting_human",))
-    (item,) = await escalations_of(client, run_id)
-    page = await logged_in(browser, stack, f"/escalations/{item.escalation_id}")
+    run_id = await runview_client.submit_scenario(parse_scenario(scenario("correction-escalates")))
+    await runview_client.wait(run_id, timeout=bound(30), until=("awaiting_human",))
+    (item,) = await escalations_of(runview_client, run_id)
+    page = await logged_in(browser, runview_stack, f"/escalations/{item.escalation_id}")
     await expect(page.locator("#controls-note")).to_contain_text("resolve it now (no claim needed)")
     await expect(page.locator("#claim")).to_be_visible()
     await expect(page.locator("#renew")).to_have_count(0)
@@ -399,7 +401,7 @@ async def test_the_queue_item_offers_what_fits_its_state_and_confirms_an_abort(
     await page.check("#confirm-abort")
     await page.click("#do-abort")
     await expect(page.locator("#flash")).to_have_text("resolve: done")
-    assert (await client.wait(run_id, timeout=bound(30))).status == "stopped"
+    assert (await runview_client.wait(run_id, timeout=bound(30))).status == "stopped"
     # resolved: read-only
     await expect(page.locator("#controls-note")).to_have_text("resolved: this item is read-only")
     await page.reload()
@@ -422,18 +424,20 @@ def lw(stack: LocalStack, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-async def test_the_terminal_prints_the_same_steps_and_a_step_whole(stack: LocalStack, client: Client) -> None:
-    run_id = await finished(client, "malformed-output-corrected")
-    shown = await asyncio.to_thread(lw, stack, "show", run_id)
+async def test_the_terminal_prints_the_same_steps_and_a_step_whole(
+    runview_stack: LocalStack, runview_client: Client
+) -> None:
+    run_id = await finished(runview_client, "malformed-output-corrected")
+    shown = await asyncio.to_thread(lw, runview_stack, "show", run_id)
     assert shown.returncode == 0, shown.stderr
     assert "decide:   row 5: complete — terminal tool ran in this iteration" in shown.stdout
     assert "failed:   i1.tool.toolu_001_01, i1.tool.toolu_001_01.validation" in shown.stdout
     assert "2 output error(s) at $, $.results[0]  [i1.tool.toolu_001_01.validation]" in shown.stdout
-    one = await asyncio.to_thread(lw, stack, "show", run_id, "--step", "i1.tool.toolu_001_01")
+    one = await asyncio.to_thread(lw, runview_stack, "show", run_id, "--step", "i1.tool.toolu_001_01")
     assert one.returncode == 0, one.stderr
     assert '"score": 0.7' in one.stdout and "── Validation errors ──" in one.stdout
     assert '"path": "$.results[0]"' in one.stdout
-    whole = await asyncio.to_thread(lw, stack, "show", run_id, "--step", "1")  # an iteration: each of its steps
+    whole = await asyncio.to_thread(lw, runview_stack, "show", run_id, "--step", "1")  # an iteration: each of its steps
     printed = re.findall(r"^step:     (\S+)", whole.stdout, re.M)
     assert printed == [
         "i1.model",
@@ -442,22 +446,22 @@ async def test_the_terminal_prints_the_same_steps_and_a_step_whole(stack: LocalS
         "i1.tool.toolu_001_01.validation",
         "i1.decide",
     ], whole.stdout
-    full = await asyncio.to_thread(lw, stack, "events", run_id, "--full")
+    full = await asyncio.to_thread(lw, runview_stack, "events", run_id, "--full")
     assert full.returncode == 0 and '"score": 0.7' in full.stdout and "step:     i3.decide" in full.stdout
-    missing = await asyncio.to_thread(lw, stack, "show", run_id, "--step", "9")
+    missing = await asyncio.to_thread(lw, runview_stack, "show", run_id, "--step", "9")
     assert missing.returncode != 0 and "has no step '9' (iterations: i1, i2, i3, end)" in missing.stderr
 
-    waiting = await client.submit_scenario(parse_scenario(scenario("correction-escalates")))
-    await client.wait(waiting, timeout=bound(30), until=("awaiting_human",))
-    (item,) = await escalations_of(client, waiting)
-    text = await asyncio.to_thread(lw, stack, "escalations", "show", item.escalation_id)
+    waiting = await runview_client.submit_scenario(parse_scenario(scenario("correction-escalates")))
+    await runview_client.wait(waiting, timeout=bound(30), until=("awaiting_human",))
+    (item,) = await escalations_of(runview_client, waiting)
+    text = await asyncio.to_thread(lw, runview_stack, "escalations", "show", item.escalation_id)
     assert text.returncode == 0, text.stderr
     assert f"escalation: {item.escalation_id}" in text.stdout and "kind:       schema_cap" in text.stdout
     assert "── What went wrong ──" in text.stdout and "allowed:    provide_result" in text.stdout
     assert not text.stdout.lstrip().startswith("{")  # text, as the console shows it; JSON only with --json
-    as_json = await asyncio.to_thread(lw, stack, "escalations", "show", item.escalation_id, "--json")
+    as_json = await asyncio.to_thread(lw, runview_stack, "escalations", "show", item.escalation_id, "--json")
     assert json.loads(as_json.stdout)["escalation_id"] == item.escalation_id
-    assert (await client.resolve(item.escalation_id, "alice", "abort")).ok
+    assert (await runview_client.resolve(item.escalation_id, "alice", "abort")).ok
 
 
 async def store_runs(client: Client, count: int) -> list[str]:
@@ -493,10 +497,10 @@ async def store_runs(client: Client, count: int) -> list[str]:
 
 
 async def test_the_runs_list_filters_to_failed_runs_in_under_a_second_with_ten_thousand_stored(
-    stack: LocalStack, browser: Browser, client: Client, tmp_path: Path
+    runview_stack: LocalStack, browser: Browser, runview_client: Client, tmp_path: Path
 ) -> None:
-    failed = await store_runs(client, STORED_RUNS)
-    page = await logged_in(browser, stack, "/runs?q=bulk")
+    failed = await store_runs(runview_client, STORED_RUNS)
+    page = await logged_in(browser, runview_stack, "/runs?q=bulk")
     count = page.locator("#run-count")
     for _ in range(60):  # the console has them all once its watcher has caught up
         if f"· {STORED_RUNS} run(s)" in await count.inner_text():
@@ -518,12 +522,12 @@ async def test_the_runs_list_filters_to_failed_runs_in_under_a_second_with_ten_t
     await page.click("#next-page")
     await expect(count).to_contain_text("page 2 of")
     await expect(page.locator("#runs tr[data-run]").first).to_have_attribute("data-run", failed[-51])
-    await page.goto(f"{stack.console_url}/runs?status=failed&tenant=t1&min_cost=0.005&q=bulk")
+    await page.goto(f"{runview_stack.console_url}/runs?status=failed&tenant=t1&min_cost=0.005&q=bulk")
     expected = [r for r in failed if int(r[8:]) % 3 == 1 and int(r[8:]) % 10 >= 5]
     await expect(count).to_contain_text(f"{len(expected)} run(s) match")
-    await page.goto(f"{stack.console_url}/runs?min_cost=lots")
+    await page.goto(f"{runview_stack.console_url}/runs?min_cost=lots")
     await expect(page.locator("#runs-error")).to_contain_text("cost 'lots': a number of dollars")
-    await page.goto(f"{stack.console_url}/runs?status=failed")
+    await page.goto(f"{runview_stack.console_url}/runs?status=failed")
     await shot(page, "runs-list.png", tmp_path)
     await no_serious_violations(page)
     await page.close()

@@ -11,7 +11,6 @@ loopback addresses (127.0.0.x) so each test meets the login throttle on its own.
 from __future__ import annotations
 
 import asyncio
-import http.client
 import json
 import re
 import shutil
@@ -22,7 +21,6 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from urllib.parse import urlencode, urlsplit
 
 import bcrypt
 import pytest
@@ -35,11 +33,11 @@ from shared import subjects as S
 from shared.messages import EscalationRaise
 from shared.permissions import operator_roster
 from shared.settings import Settings
-from tests.conftest import TEST_ENV
 from tests.support import locked as L
+from tests.support.console import CHROMIUM, CHROMIUM_FLAGS, Answer, login, request, session_cookie
 from tests.support.http_server import LocalHttpServer, QuietHandler
+from tests.support.stacks import TEST_ENV
 from tests.support.timing import bound, eventually, polls
-from tests.test_console import CHROMIUM, CHROMIUM_FLAGS
 
 COST = 12  # the real work factor (local.py writes 10; the review saw 10-12)
 PASSWORDS = {"alice": "alice-pw-7", "carol": "carol-pw-7", "erin": "erin-pw-7", "frank": "frank-pw-7"}
@@ -117,61 +115,6 @@ async def admin(consoles: Consoles) -> AsyncIterator[Client]:
 
 
 # --- plain HTTP from a chosen loopback address ---------------------------------------------------
-
-
-@dataclass
-class Answer:
-    status: int
-    headers: http.client.HTTPMessage
-    body: str
-    seconds: float
-
-    def cookie(self) -> str | None:
-        for value in self.headers.get_all("set-cookie") or []:
-            if value.startswith("lw_console_session="):
-                return value
-        return None
-
-
-def request(
-    base: str,
-    method: str,
-    path: str,
-    *,
-    source: str = "127.0.0.1",
-    form: dict[str, str] | None = None,
-    headers: dict[str, str] | None = None,
-    timeout: float = bound(60.0),
-) -> Answer:
-    """One request, redirects not followed. A form carries the console's own Origin unless told otherwise."""
-    parts = urlsplit(base)
-    conn = http.client.HTTPConnection(
-        parts.hostname or "127.0.0.1", parts.port, timeout=timeout, source_address=(source, 0)
-    )
-    sent = dict(headers or {})
-    body = None
-    if form is not None:
-        body = urlencode(form)
-        sent.setdefault("Origin", base)
-        sent["Content-Type"] = "application/x-www-form-urlencoded"
-    started = time.perf_counter()
-    try:
-        conn.request(method, path, body=body, headers=sent)
-        response = conn.getresponse()
-        text = response.read().decode(errors="replace")
-        return Answer(response.status, response.headers, text, time.perf_counter() - started)
-    finally:
-        conn.close()
-
-
-def login(base: str, operator: str, password: str, source: str, **kw: object) -> Answer:
-    return request(base, "POST", "/login", source=source, form={"operator": operator, "password": password}, **kw)  # type: ignore[arg-type]
-
-
-def session_cookie(answer: Answer) -> str:
-    cookie = answer.cookie()
-    assert answer.status == 303 and cookie, (answer.status, answer.body[:300])
-    return cookie.split(";", 1)[0]
 
 
 def csrf_of(html: str) -> str:

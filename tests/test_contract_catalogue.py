@@ -19,7 +19,7 @@ from shared.contracts import catalogue
 from shared.contracts.catalogue import ContractCatalogue
 from shared.messages import ToolContract
 from shared.telemetry import setup_telemetry
-from tests.conftest import settings_for
+from tests.support.stacks import settings_for
 from tests.support.timing import polls
 
 FRESH_S = 0.3  # the rule under test, short so the test waits it out

@@ -15,7 +15,7 @@ from services.planner.handlers import Planner
 from shared import subjects as S
 from shared.bus import Bus
 from shared.telemetry import setup_telemetry
-from tests.conftest import settings_for
+from tests.support.stacks import settings_for
 
 
 async def test_turns_in_flight_share_one_catalogue_listing(stack: LocalStack) -> None:

@@ -3,7 +3,6 @@ per-tenant daily ceilings, and the per-model calibration of the token estimate."
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import uuid
 from typing import Any
@@ -12,10 +11,9 @@ from loopwarden.client import Client
 from loopwarden.fake_model import FakeModel
 from services.governor.budget import BudgetLedger
 from shared import subjects as S
-from shared.flow import TenantDay, today
-from shared.flow import day_key as tenant_key
 from shared.messages import RunLimits, RunSubmit
-from tests.conftest import run_scenario
+from tests.support.reads import tenant_spent
+from tests.support.runs import run_scenario
 from tests.support.timing import bound
 
 SMALL = {"input_tokens": 100, "output_tokens": 10}
@@ -104,17 +102,6 @@ async def test_near_the_cost_ceiling_one_wrap_up_turn_answers(client: Client, me
 
 
 # --- per-tenant daily ceilings ------------------------------------------------------------------
-
-
-async def tenant_spent(client: Client, tenant: str, at_least: float, timeout: float = bound(10.0)) -> float:
-    spent = 0.0
-    for _ in range(int(timeout / 0.1)):
-        record, _ = await client.bus.kv_get(S.KV_BUDGETS, tenant_key(tenant, today()), TenantDay)
-        spent = record.spent_usd if record else 0.0
-        if spent >= at_least:
-            return spent
-        await asyncio.sleep(0.1)
-    return spent
 
 
 async def test_a_tenant_over_its_daily_ceiling_is_blocked(client: Client, messages_api: FakeModel) -> None:

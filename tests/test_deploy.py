@@ -30,7 +30,7 @@ import yaml
 from loopwarden.stack import free_port, nats_server_binary, wait_for_port
 from shared.health import check
 from shared.version import package_version
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 from tests.support.timing import bound
 
 SERVICES = ("planner", "executor", "validator", "judge", "governor", "escalation")

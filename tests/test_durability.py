@@ -17,7 +17,8 @@ import nats
 import pytest
 
 from loopwarden.stack import LocalStack, StackError, free_port, nats_server_binary
-from tests.conftest import ROOT, running
+from tests.support.paths import ROOT
+from tests.support.stacks import running
 from tests.support.timing import bound
 
 CLUSTER_CONF = ROOT / "deploy" / "nats" / "cluster.conf"

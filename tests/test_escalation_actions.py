@@ -18,7 +18,8 @@ from loopwarden.stack import LocalStack
 from shared import subjects as S
 from shared.messages import Escalation, EscalationClaim, EscalationReply
 from shared.scenario import parse_scenario
-from tests.conftest import ROOT, escalations_of
+from tests.support.paths import ROOT
+from tests.support.runs import escalations_of
 from tests.support.timing import bound
 
 SCENARIOS = {p.stem: yaml.safe_load(p.read_text()) for p in sorted((ROOT / "scenarios").glob("*.yaml"))}

@@ -20,7 +20,9 @@ from loopwarden.stack import LocalStack
 from shared import subjects as S
 from shared.payloads import KV_REF_KEY
 from shared.scenario import parse_scenario
-from tests.conftest import ROOT, TEST_ENV, escalations_of, running, settings_for
+from tests.support.paths import ROOT
+from tests.support.runs import escalations_of
+from tests.support.stacks import TEST_ENV, running, settings_for
 from tests.support.timing import bound
 
 SMALL = {**TEST_ENV, "LW_PAYLOAD_INLINE_LIMIT_BYTES": "1024"}  # the least the settings allow

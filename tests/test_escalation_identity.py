@@ -26,8 +26,9 @@ from shared import subjects as S
 from shared.messages import EscalationClaim, EscalationRaise, EscalationResolve
 from shared.permissions import operator_roster
 from shared.settings import Settings
-from tests.conftest import ROOT, TEST_ENV
 from tests.support import locked as L
+from tests.support.paths import ROOT
+from tests.support.stacks import TEST_ENV
 from tests.support.timing import bound
 
 LEASE_S = 2.0

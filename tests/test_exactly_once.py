@@ -23,10 +23,10 @@ from services.executor.ledger import LedgerEntry
 from shared import subjects as S
 from shared.messages import ToolCall
 from shared.scenario import parse_scenario
-from tests.conftest import ROOT, escalations_of
 from tests.support.otlp_collector import OtlpCollector
+from tests.support.paths import ROOT
 from tests.support.payments import count_charges
-from tests.support.runs import GOOD_SEARCH, submit, tool_results
+from tests.support.runs import GOOD_SEARCH, escalations_of, submit, tool_results
 from tests.support.timing import bound, polls
 
 TOOLS_DIR = ROOT / "tests" / "tools"

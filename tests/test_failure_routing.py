@@ -17,10 +17,10 @@ from loopwarden.stack import LocalStack
 from shared import subjects as S
 from shared.messages import escalation_id_for_call
 from shared.scenario import parse_scenario
-from tests.conftest import ROOT, escalations_of, run_scenario
 from tests.support.otlp_collector import OtlpCollector
+from tests.support.paths import ROOT
 from tests.support.payments import count_charges
-from tests.support.runs import GOOD_SEARCH, submit, tool_results
+from tests.support.runs import GOOD_SEARCH, escalations_of, run_scenario, submit, tool_results
 from tests.support.timing import bound, polls
 from tests.support.tracing import spans_of_run
 

@@ -33,7 +33,9 @@ from shared.live_config import store_access
 from shared.messages import RunSubmit
 from shared.scenario import parse_scenario
 from shared.settings import Settings
-from tests.conftest import ROOT, TEST_ENV, escalations_of, running
+from tests.support.paths import ROOT
+from tests.support.runs import escalations_of
+from tests.support.stacks import TEST_ENV, running
 from tests.support.timing import bound, eventually
 
 CHROMIUM = "/usr/bin/chromium-headless-shell"
@@ -84,7 +86,7 @@ def flow_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]
 
 
 @pytest.fixture
-async def client(flow_stack: LocalStack) -> AsyncIterator[Client]:
+async def flow_client(flow_stack: LocalStack) -> AsyncIterator[Client]:
     async with Client(Settings(nats_url=flow_stack.nats_url)) as c:
         yield c
 
@@ -119,8 +121,10 @@ async def idle(client: Client) -> None:
 
 
 # --- admission ---------------------------------------------------------------------------------------------
-async def test_a_queued_run_starts_when_a_slot_frees_fairly_between_tenants_and_by_priority(client: Client) -> None:
-    await idle(client)
+async def test_a_queued_run_starts_when_a_slot_frees_fairly_between_tenants_and_by_priority(
+    flow_client: Client,
+) -> None:
+    await idle(flow_client)
     heavy, light = "heavy", tenant("light")
     started: dict[str, float] = {}
     loop = asyncio.get_running_loop()
@@ -128,72 +132,74 @@ async def test_a_queued_run_starts_when_a_slot_frees_fairly_between_tenants_and_
     async def on_start(msg: Any) -> None:
         started.setdefault((msg.headers or {}).get(RUN_ID_HEADER, ""), loop.time())
 
-    sub = await client.bus.nc.subscribe(S.any_run(S.run_event("started")), cb=on_start)
+    sub = await flow_client.bus.nc.subscribe(S.any_run(S.run_event("started")), cb=on_start)
     try:
         # the fleet's 2 slots, freed one after the other
-        hold = [await submit(client, slow(2.5), heavy), await submit(client, slow(4.0), heavy)]
-        low = await submit(client, slow(2.0), heavy, priority=1)
-        high = await submit(client, slow(2.0), heavy, priority=9)
-        mid = await submit(client, slow(2.0), heavy)
-        other = await submit(client, slow(2.0), light)  # submitted last, of a tenant with nothing running
+        hold = [await submit(flow_client, slow(2.5), heavy), await submit(flow_client, slow(4.0), heavy)]
+        low = await submit(flow_client, slow(2.0), heavy, priority=1)
+        high = await submit(flow_client, slow(2.0), heavy, priority=9)
+        mid = await submit(flow_client, slow(2.0), heavy)
+        other = await submit(flow_client, slow(2.0), light)  # submitted last, of a tenant with nothing running
         for run_id in (low, high, mid, other):
-            snap = await client.state(run_id)
+            snap = await flow_client.state(run_id)
             assert snap is not None and snap.status == "queued", snap
-        assert (await client.state(high)).priority == 9  # type: ignore[union-attr]
-        view = await client.fleet()
+        assert (await flow_client.state(high)).priority == 9  # type: ignore[union-attr]
+        view = await flow_client.fleet()
         row = next(t for t in view.tenants if t.tenant == heavy)
         assert (view.capacity, row.running, row.queued, row.queued_by_priority) == (2, 2, 3, {"9": 1, "5": 1, "1": 1})
-        ends = [await client.wait(r, timeout=bound(60)) for r in (*hold, low, high, mid, other)]
+        ends = [await flow_client.wait(r, timeout=bound(60)) for r in (*hold, low, high, mid, other)]
         assert [s.status for s in ends] == ["completed"] * 6
         order = sorted((low, high, mid, other), key=lambda r: started[r])
         # a freed slot goes to the tenant with fewer runs in flight first, then the heavy one's by priority
         assert order == [other, high, mid, low], order
         waited = {s.run_id: s.waited_s for s in ends}
         assert waited[other] > 1.0 and waited[low] > waited[high]
-        events = [e.kind for e in await client.events(low)]
+        events = [e.kind for e in await flow_client.events(low)]
         assert events[:2] == ["run.queued", "run.started"]
     finally:
         await sub.unsubscribe()
 
 
 # --- quotas at the door --------------------------------------------------------------------------------------
-async def test_each_quota_refuses_a_submit_at_once_naming_its_limit_and_the_current_figure(client: Client) -> None:
+async def test_each_quota_refuses_a_submit_at_once_naming_its_limit_and_the_current_figure(flow_client: Client) -> None:
     # max_runs: one run in flight (or queued) is the quota
-    first = await submit(client, slow(2.0), "quota")
+    first = await submit(flow_client, slow(2.0), "quota")
     with pytest.raises(QuotaExceeded) as runs:
-        await submit(client, slow(0.1), "quota")
+        await submit(flow_client, slow(0.1), "quota")
     assert (runs.value.quota, runs.value.limit, runs.value.current) == ("max_runs", 1, 1)
-    refused = await client.state(runs.value.run_id)
+    refused = await flow_client.state(runs.value.run_id)
     assert refused is not None and refused.status == "refused" and refused.refusal is not None
     assert refused.refusal.quota == "max_runs" and "its quota is 1" in refused.refusal.reason
-    assert [e.kind for e in await client.events(runs.value.run_id)] == ["run.refused"]
+    assert [e.kind for e in await flow_client.events(runs.value.run_id)] == ["run.refused"]
     with pytest.raises(QuotaExceeded):  # waiting on it says the same
-        await client.wait(runs.value.run_id, timeout=bound(5))
-    assert (await client.wait(first, timeout=bound(30))).status == "completed"  # nothing accepted was dropped
-    assert await submit(client, slow(0.1), "quota")  # room again
+        await flow_client.wait(runs.value.run_id, timeout=bound(5))
+    assert (await flow_client.wait(first, timeout=bound(30))).status == "completed"  # nothing accepted was dropped
+    assert await submit(flow_client, slow(0.1), "quota")  # room again
 
     # max_human_items: one open item in the human queue
-    waiting = await submit(client, CORRECTION, "humans")
-    await client.wait(waiting, timeout=bound(30), until=("awaiting_human",))
-    assert len(await escalations_of(client, waiting)) == 1
+    waiting = await submit(flow_client, CORRECTION, "humans")
+    await flow_client.wait(waiting, timeout=bound(30), until=("awaiting_human",))
+    assert len(await escalations_of(flow_client, waiting)) == 1
 
     async def refused_for_people() -> QuotaExceeded | None:
         try:
-            run_id = await submit(client, slow(0.1), "humans")
+            run_id = await submit(flow_client, slow(0.1), "humans")
         except QuotaExceeded as err:
             return err
-        await client.wait(run_id, timeout=bound(30))
+        await flow_client.wait(run_id, timeout=bound(30))
         return None
 
     people = await eventually(refused_for_people, what="a refusal for the human queue", within=bound(15), every=0.3)
     assert (people.quota, people.limit, people.current) == ("max_human_items", 1, 1)
 
     # max_stored_bytes: what the tenant's ended runs keep
-    assert (await client.wait(await submit(client, slow(0.1), "bytes"), timeout=bound(30))).status == "completed"
+    assert (
+        await flow_client.wait(await submit(flow_client, slow(0.1), "bytes"), timeout=bound(30))
+    ).status == "completed"
 
     async def refused_for_bytes() -> QuotaExceeded | None:
         try:
-            await client.wait(await submit(client, slow(0.1), "bytes"), timeout=bound(30))
+            await flow_client.wait(await submit(flow_client, slow(0.1), "bytes"), timeout=bound(30))
         except QuotaExceeded as err:
             return err
         return None
@@ -213,7 +219,7 @@ def cli(stack: LocalStack, *args: str, env: dict[str, str] | None = None) -> sub
 
 
 async def test_the_cli_says_a_refusal_in_one_line_and_exits_1(
-    flow_stack: LocalStack, client: Client, tmp_path: Any
+    flow_stack: LocalStack, flow_client: Client, tmp_path: Any
 ) -> None:
     path = tmp_path / "slow.yaml"
     path.write_text(yaml.safe_dump(slow(3.0)))
@@ -230,7 +236,7 @@ async def test_the_cli_says_a_refusal_in_one_line_and_exits_1(
     agent = cli(flow_stack, "run", "no-such-agent", "--task", "hi", env={"LW_TENANT": tenant("t")})
     assert agent.returncode == 1 and "agent 'no-such-agent' is not registered" in agent.stderr
     assert len(agent.stderr.strip().splitlines()) == 1
-    assert (await client.wait(ok.stdout.strip(), timeout=bound(30))).status == "completed"
+    assert (await flow_client.wait(ok.stdout.strip(), timeout=bound(30))).status == "completed"
     fleet = cli(flow_stack, "fleet", "--json")
     assert fleet.returncode == 0, fleet.stderr
     view = json.loads(fleet.stdout)
@@ -243,15 +249,15 @@ async def test_the_cli_says_a_refusal_in_one_line_and_exits_1(
 
 # --- the daily ceiling --------------------------------------------------------------------------------------
 async def test_a_ceiling_set_during_the_day_counts_the_whole_days_spend_and_refuses_at_submit(
-    flow_stack: LocalStack, client: Client
+    flow_stack: LocalStack, flow_client: Client
 ) -> None:
     spender = tenant("spender")
-    done = await client.wait(await submit(client, slow(0.1), spender), timeout=bound(30))
+    done = await flow_client.wait(await submit(flow_client, slow(0.1), spender), timeout=bound(30))
     assert done.status == "completed" and done.usage.cost_usd > 0
 
     # no ceiling names this tenant, yet its day is kept
     async def spent() -> float:
-        day, _ = await client.bus.kv_get(S.KV_BUDGETS, day_key(spender, today()), TenantDay)
+        day, _ = await flow_client.bus.kv_get(S.KV_BUDGETS, day_key(spender, today()), TenantDay)
         return day.spent_usd if day is not None else 0.0
 
     assert await eventually(spent, what="the tenant's day", within=bound(10)) == pytest.approx(done.usage.cost_usd)
@@ -263,29 +269,29 @@ async def test_a_ceiling_set_during_the_day_counts_the_whole_days_spend_and_refu
     fresh = flow_stack.start_service("planner", extra_env={"LW_TENANTS": json.dumps(policies)}, label="planner-ceiling")
     flow_stack.wait_ready([fresh])
     with pytest.raises(QuotaExceeded) as ceiling:
-        await submit(client, slow(0.1), spender)
+        await submit(flow_client, slow(0.1), spender)
     assert ceiling.value.quota == "daily_ceiling_usd"
     assert ceiling.value.current == pytest.approx(done.usage.cost_usd, abs=1e-6)
     assert "reached its daily cost ceiling" in ceiling.value.reason
     assert isinstance(ceiling.value, Refused)
     # another tenant is not affected
     assert (
-        await client.wait(await submit(client, slow(0.1), tenant("other")), timeout=bound(30))
+        await flow_client.wait(await submit(flow_client, slow(0.1), tenant("other")), timeout=bound(30))
     ).status == "completed"
 
 
 # --- seeing it -------------------------------------------------------------------------------------------------
 @pytest.mark.skipif(not shutil.which(CHROMIUM) and not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} missing")
 async def test_the_console_shows_the_fleet_and_a_runs_priority_and_refusal(
-    flow_stack: LocalStack, client: Client
+    flow_stack: LocalStack, flow_client: Client
 ) -> None:
-    await idle(client)
+    await idle(flow_client)
     busy = tenant("busy")
-    holding = [await submit(client, slow(4.0), busy) for _ in range(2)]
-    queued = await submit(client, slow(0.1), busy, priority=8)
-    first = await submit(client, slow(1.0), "quota")
+    holding = [await submit(flow_client, slow(4.0), busy) for _ in range(2)]
+    queued = await submit(flow_client, slow(0.1), busy, priority=8)
+    first = await submit(flow_client, slow(1.0), "quota")
     with pytest.raises(QuotaExceeded) as refused:
-        await submit(client, slow(0.1), "quota")
+        await submit(flow_client, slow(0.1), "quota")
     async with async_playwright() as p:
         browser = await p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         page = await browser.new_page()
@@ -309,36 +315,36 @@ async def test_the_console_shows_the_fleet_and_a_runs_priority_and_refusal(
         await expect(page.locator("#run-refusal")).to_contain_text("quota max_runs")
         await browser.close()
     for run_id in (*holding, queued, first):
-        assert (await client.wait(run_id, timeout=bound(60))).status == "completed"
+        assert (await flow_client.wait(run_id, timeout=bound(60))).status == "completed"
 
 
 # --- tenants as configuration ----------------------------------------------------------------------------------
 async def test_a_tenants_policy_applied_in_the_access_file_holds_at_the_door_without_a_restart(
-    client: Client,
+    flow_client: Client,
 ) -> None:
     # last in the module: the applied file is the stack's roster and console logins from here on
     name = tenant("applied")
-    holding = await submit(client, slow(2.0), name)  # no quota for it yet
-    assert await submit(client, slow(0.1), name)
+    holding = await submit(flow_client, slow(2.0), name)  # no quota for it yet
+    assert await submit(flow_client, slow(0.1), name)
     access = parse_access(
         {
             "tenants": {name: {"policy": {"max_runs": 1}}},
             "operators": {"alice": {"console_password_hash": hash_password(PASSWORD, rounds=4)}},
         }
     )
-    await store_access(client.bus, access, applied_by="test")
+    await store_access(flow_client.bus, access, applied_by="test")
 
     async def refused() -> QuotaExceeded | None:
         try:
-            run_id = await submit(client, slow(0.1), name)
+            run_id = await submit(flow_client, slow(0.1), name)
         except QuotaExceeded as err:
             return err
-        await client.wait(run_id, timeout=bound(30))
+        await flow_client.wait(run_id, timeout=bound(30))
         return None
 
     told = await eventually(refused, what="the applied quota", within=bound(15), every=0.3)
     assert (told.quota, told.limit) == ("max_runs", 1), told
-    view = await client.fleet()
+    view = await flow_client.fleet()
     row = next(t for t in view.tenants if t.tenant == name)
     assert any(q.quota == "max_runs" and q.limit == 1 for q in row.quotas), row.quotas
-    assert (await client.wait(holding, timeout=bound(30))).status == "completed"  # nothing accepted is dropped
+    assert (await flow_client.wait(holding, timeout=bound(30))).status == "completed"  # nothing accepted is dropped

@@ -19,8 +19,8 @@ from shared.canonical import digest_of
 from shared.messages import RunSubmit
 from shared.scenario import parse_scenario
 from shared.settings import Settings
-from tests.conftest import TEST_ENV
 from tests.support import locked as L
+from tests.support.stacks import TEST_ENV
 from tests.support.timing import bound
 
 STACK_ENV = {
@@ -50,7 +50,7 @@ async def acme(locked: tuple[str, LocalStack]) -> AsyncIterator[Client]:
 
 
 @pytest.fixture
-async def client(locked: tuple[str, LocalStack]) -> AsyncIterator[Client]:
+async def locked_client(locked: tuple[str, LocalStack]) -> AsyncIterator[Client]:
     async with Client(as_user(locked[0], "client"), identity="client") as c:
         yield c
 
@@ -68,7 +68,7 @@ def slow(seconds: float) -> RunSubmit:
 
 
 async def test_a_tenant_bound_client_reads_its_queued_and_refused_runs_and_its_row_of_the_fleet(
-    acme: Client, client: Client
+    acme: Client, locked_client: Client
 ) -> None:
     running = await acme.submit(slow(3.0))
     queued = await acme.submit(slow(0.1))  # the fleet's one slot is taken: it waits
@@ -88,7 +88,7 @@ async def test_a_tenant_bound_client_reads_its_queued_and_refused_runs_and_its_r
     assert [t.tenant for t in mine.tenants] == ["acme"]  # its own row only
     (row,) = mine.tenants
     assert (row.running, row.queued) == (1, 1)
-    everyone = await client.fleet()  # the default tenant's client sees every tenant
+    everyone = await locked_client.fleet()  # the default tenant's client sees every tenant
     assert "acme" in {t.tenant for t in everyone.tenants} and everyone.capacity == 1
     for run_id in (running, queued):
         assert (await acme.wait(run_id, timeout=bound(60))).status == "completed"

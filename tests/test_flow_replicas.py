@@ -26,7 +26,7 @@ from shared.flow import FleetRecord
 from shared.messages import RunSubmit
 from shared.scenario import parse_scenario
 from shared.settings import Settings
-from tests.conftest import TEST_ENV, running
+from tests.support.stacks import TEST_ENV, running
 from tests.support.timing import bound, eventually
 
 FULL_AT = 100  # the submit stream's message bound in the small stack (the least LW_STREAM_MAX_MSGS allows)

@@ -17,8 +17,7 @@ from loopwarden.client import Client
 from loopwarden.fake_model import FakeModel
 from shared import subjects as S
 from shared.messages import RunSnapshot, RunSubmit, Verdict
-from tests.conftest import escalations_of, run_scenario
-from tests.support.runs import GOOD_SEARCH, submit, tool_results
+from tests.support.runs import GOOD_SEARCH, escalations_of, run_scenario, submit, tool_results
 from tests.support.timing import bound
 
 RUBRIC = {"threshold": 0.8, "criteria": [{"name": "accurate", "weight": 2}, {"name": "cites a source", "hard": True}]}

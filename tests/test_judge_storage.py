@@ -19,7 +19,7 @@ from shared.bus import Bus
 from shared.messages import Candidate, Criterion, JudgeRequest, Rubric, Verdict
 from shared.scenario import Scenario
 from shared.telemetry import setup_telemetry
-from tests.conftest import settings_for
+from tests.support.stacks import settings_for
 
 
 def request(run_id: str) -> JudgeRequest:

@@ -26,11 +26,11 @@ from playwright.async_api import Browser, Page, async_playwright, expect
 from loopwarden.client import Client
 from loopwarden.fake_model import FakeModel
 from shared.messages import Rubric, RunSubmit
+from tests.support.console import CHROMIUM, CHROMIUM_FLAGS, request, session_cookie
+from tests.support.console import login as http_login
 from tests.support.locked import CONSOLE_PASSWORDS, Deployment
+from tests.support.model_turns import sql_task
 from tests.support.timing import bound, polls
-from tests.test_console import CHROMIUM, CHROMIUM_FLAGS
-from tests.test_console_security import login as http_login
-from tests.test_console_security import request, session_cookie
 
 pytestmark = pytest.mark.skipif(
     not shutil.which(CHROMIUM) and not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} missing"
@@ -150,7 +150,6 @@ async def test_a_console_login_off_the_roster_may_not_replay(locked: Deployment,
 
 
 async def test_the_queue_shows_each_items_tenant(locked: Deployment, messages_api: FakeModel, browser: Browser) -> None:
-    from tests.test_locked_users import sql_task
 
     done = locked.cli("client_acme", "submit", "--task", sql_task(messages_api), "--wait", "--timeout", "60")
     assert done.returncode == 5, done.stdout + done.stderr
@@ -193,8 +192,8 @@ def test_a_console_whose_connection_is_closed_for_good_says_so_and_exits_non_zer
     limit is lowered under the running console (a config reload), its next long publish is refused so, and the
     console must not stay up and off NATS: /healthz answers 503 and the process exits non-zero."""
     from loopwarden.stack import LocalStack
-    from tests.conftest import TEST_ENV
     from tests.support import locked as L
+    from tests.support.stacks import TEST_ENV
 
     with L.locked_server(tmp_path, "closed-console") as url:
         console_env = {

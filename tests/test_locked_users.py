@@ -23,6 +23,7 @@ from shared import subjects as S
 from shared.messages import RunSubmit
 from shared.settings import Settings
 from tests.support.locked import Deployment
+from tests.support.model_turns import sql_task
 from tests.support.timing import bound, polls
 
 REFUSAL = re.compile(r"^loopwarden [a-z-]+: user \S+ may not .+: permission denied( \(.*\))?$")
@@ -176,14 +177,6 @@ def test_an_operator_replays_a_tenants_run_with_scripted_runs_off(
     assert replay_id.group(1) in [r["run_id"] for r in replayed]  # charged to the replayed run's tenant
 
 
-def sql_task(model: FakeModel) -> str:
-    """A live task whose tool call fails for good (``fatal``): the run waits for a person."""
-    key = f"sql{uuid.uuid4().hex[:10]}"
-    call = {"type": "tool_use", "id": "toolu_1", "name": "sql_query", "input": {"query": "select * from nope"}}
-    model.script(key, [{"content": [call]}, {"content": [{"type": "text", "text": "no rows"}]}])
-    return f"How many orders? [script:{key}]"
-
-
 def test_an_operator_works_a_tenants_item_through_the_queue(locked: Deployment, messages_api: FakeModel) -> None:
     done = locked.cli("client_acme", "submit", "--task", sql_task(messages_api), "--wait", "--timeout", "60")
     assert done.returncode == 5, done.stdout + done.stderr  # waits for a person
@@ -218,8 +211,8 @@ def test_an_operator_hands_a_dead_letter_back_once(tmp_path: Path) -> None:
 
     import nats
 
-    from tests.conftest import TEST_ENV
     from tests.support import locked as L
+    from tests.support.stacks import TEST_ENV
 
     async def malformed(url: str) -> None:
         user = "client_acme"

@@ -22,7 +22,7 @@ from shared.contracts.registration import register_contract
 from shared.contracts.validation import format_for_model
 from shared.messages import ToolContract
 from shared.settings import McpServerSpec, Settings
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 from tests.support.timing import bound
 
 SPEC = McpServerSpec(name="s", command=["x"])

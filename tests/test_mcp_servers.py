@@ -24,7 +24,7 @@ from loopwarden.client import Client
 from loopwarden.stack import LocalStack, Proc
 from shared import subjects as S
 from shared.messages import McpServerStatus, RunSnapshot, ToolContract
-from tests.conftest import escalations_of, run_scenario
+from tests.support.runs import escalations_of, run_scenario
 from tests.support.timing import bound, polls
 
 TIME_TOOLS = ["get_current_time", "convert_time"]

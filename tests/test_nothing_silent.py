@@ -30,9 +30,10 @@ from shared.messages import RunSubmit, ToolContract, ToolOutcome
 from shared.permissions import operator_roster
 from shared.scenario import Scenario, load_scenario, parse_scenario
 from shared.settings import Settings
-from tests.conftest import ROOT, TEST_ENV
 from tests.support import locked as L
+from tests.support.paths import ROOT
 from tests.support.runs import submit, tool_results
+from tests.support.stacks import TEST_ENV
 from tests.support.timing import bound, polls
 
 SERVICES = ("planner", "executor", "validator", "governor", "escalation")
@@ -69,7 +70,7 @@ def as_user(url: str, user: str) -> Settings:
 
 
 @pytest.fixture
-async def client(locked: str) -> AsyncIterator[Client]:
+async def locked_client(locked: str) -> AsyncIterator[Client]:
     async with Client(as_user(locked, "client"), identity="client") as c:
         yield c
 
@@ -84,13 +85,13 @@ LOW_STOCK = {"tool_calls": [{"name": "low_stock", "input": {"below": 5}}]}
 
 
 # --- a call to a tool no replica hosts ---------------------------------------------------------------------
-async def test_a_tool_no_replica_hosts_is_a_typed_failure_and_past_the_cap_a_human(client: Client) -> None:
+async def test_a_tool_no_replica_hosts_is_a_typed_failure_and_past_the_cap_a_human(locked_client: Client) -> None:
     run = scenario([LOW_STOCK, LOW_STOCK, LOW_STOCK, submit("12 units")], expect={"status": "completed"})
-    state = await client.run_scenario(run, timeout=bound(60))
+    state = await locked_client.run_scenario(run, timeout=bound(60))
     # never a completed run: the third call is past the correction cap (2), and the run waits for a person
     assert state.status == "awaiting_human", state.final_reason
     assert state.awaiting is not None and state.awaiting.kind == "schema_cap"
-    item = (await client.show(state.awaiting.escalation_id)).escalations[0]
+    item = (await locked_client.show(state.awaiting.escalation_id)).escalations[0]
     assert item.tool == "low_stock" and item.details["failure_type"] == "unknown_tool"
     # the model saw a typed failure with the tools it may call, each time
     results = tool_results(state)
@@ -98,7 +99,7 @@ async def test_a_tool_no_replica_hosts_is_a_typed_failure_and_past_the_cap_a_hum
     assert "There is no tool named 'low_stock'. Available tools:" in results[0].content
     assert "calculator" in results[0].content and "submit_result" in results[0].content
     # counted: three failure.unknown_tool.low_stock outcomes (the planner's grant lets it publish them)
-    events = await client.events(state.run_id)
+    events = await locked_client.events(state.run_id)
     failed = [
         ToolOutcome.model_validate(e.payload)
         for e in events
@@ -108,31 +109,35 @@ async def test_a_tool_no_replica_hosts_is_a_typed_failure_and_past_the_cap_a_hum
     assert tool_outcomes(events) == {"low_stock": {"unknown_tool": 3}}
     assert [e.payload["detail"]["failure_type"] for e in events if e.kind == "run.tool_failed"] == ["unknown_tool"] * 3
     assert state.corrections["low_stock"] == {"failures": 3, "recovered": 0, "escalated": 1}
-    mismatches = await client.check(run, state)
+    mismatches = await locked_client.check(run, state)
     assert "status: expected completed, got awaiting_human" in mismatches
 
 
 async def test_a_live_run_calling_a_tool_no_replica_hosts_gets_the_same_typed_failure(
-    client: Client, fake_model: FakeModel
+    locked_client: Client, fake_model: FakeModel
 ) -> None:
     key = f"k{uuid.uuid4().hex[:8]}"
     call = {"type": "tool_use", "id": "toolu_low", "name": "low_stock", "input": {"below": 5}}
     fake_model.script(key, [{"content": [{**call, "id": f"toolu_low{n}"}]} for n in range(3)])
     run_id = f"run-live-{key}"
-    await client.submit(RunSubmit(run_id=run_id, task=f"Which products are low on stock? [script:{key}]"))
-    state = await client.wait(run_id, timeout=bound(60), until=("completed", "stopped", "failed", "awaiting_human"))
+    await locked_client.submit(RunSubmit(run_id=run_id, task=f"Which products are low on stock? [script:{key}]"))
+    state = await locked_client.wait(
+        run_id, timeout=bound(60), until=("completed", "stopped", "failed", "awaiting_human")
+    )
     assert state.status == "awaiting_human" and state.awaiting is not None, state.final_reason
     assert state.awaiting.kind == "schema_cap"
     # what the model was sent back: an error result naming the tools it may call
     sent = fake_model.requests[key][1]["messages"][-1]["content"][0]
     assert sent["type"] == "tool_result" and sent["is_error"] is True
     assert sent["content"].startswith("There is no tool named 'low_stock'. Available tools: calculator, ")
-    assert tool_outcomes(await client.events(run_id)) == {"low_stock": {"unknown_tool": 3}}
+    assert tool_outcomes(await locked_client.events(run_id)) == {"low_stock": {"unknown_tool": 3}}
 
 
-async def test_a_run_that_called_a_missing_tool_does_not_meet_an_expect_that_is_silent_about_it(client: Client) -> None:
+async def test_a_run_that_called_a_missing_tool_does_not_meet_an_expect_that_is_silent_about_it(
+    locked_client: Client,
+) -> None:
     run = scenario([LOW_STOCK, submit("12 units")], expect={"status": "completed"})
-    state, mismatches = await client.run_and_check(run, timeout=bound(60))
+    state, mismatches = await locked_client.run_and_check(run, timeout=bound(60))
     assert state.status == "completed", state.final_reason  # the model went on without it (under the cap)
     assert mismatches == [
         "tool low_stock: called 1 time(s) but no replica of the stack hosts it (unknown_tool); start the stack "
@@ -141,11 +146,11 @@ async def test_a_run_that_called_a_missing_tool_does_not_meet_an_expect_that_is_
     data = run.model_dump(mode="json", by_alias=True, exclude_none=True)
     data["expect"]["tools"] = {"low_stock": {"unknown_tool": 1}}  # said: then it is what the scenario tests
     stated = parse_scenario(data)
-    assert await client.check(stated, state) == []
+    assert await locked_client.check(stated, state) == []
 
 
 async def test_a_registered_tool_whose_replicas_are_gone_is_a_typed_failure_too(
-    silent_stack: tuple[str, LocalStack], client: Client, tmp_path: Path
+    silent_stack: tuple[str, LocalStack], locked_client: Client, tmp_path: Path
 ) -> None:
     url, services = silent_stack
     rate = {"tool_calls": [{"name": "exchange_rate", "input": {"base": "usd", "quote": "eur"}}]}
@@ -156,7 +161,7 @@ async def test_a_registered_tool_whose_replicas_are_gone_is_a_typed_failure_too(
     )
     try:
         await asyncio.to_thread(services.wait_ready, [only])
-        hosted = await client.run_scenario(scenario([rate, submit("0.92")]), timeout=bound(60))
+        hosted = await locked_client.run_scenario(scenario([rate, submit("0.92")]), timeout=bound(60))
         assert hosted.status == "completed", hosted.final_reason
         assert '"rate"' in tool_results(hosted)[0].content  # hosted: it ran
         checked = await asyncio.to_thread(lw, url, "check-scenario", "--against-stack", str(rates_file))
@@ -176,30 +181,30 @@ async def test_a_registered_tool_whose_replicas_are_gone_is_a_typed_failure_too(
     assert checked.returncode == 1 and checked.stderr.startswith(f"{rates_file}: calls exchange_rate, which no "), (
         checked.stdout + checked.stderr
     )
-    state = await client.run_scenario(scenario([rate, submit("0.92")]), timeout=bound(30))
+    state = await locked_client.run_scenario(scenario([rate, submit("0.92")]), timeout=bound(30))
     # never a run waiting for ever on a command nobody takes: the call failed, typed, and the model saw it
     assert state.status == "completed", state.final_reason
     result = tool_results(state)[0]
     assert result.is_error and "There is no tool named 'exchange_rate'" in result.content
-    assert tool_outcomes(await client.events(state.run_id))["exchange_rate"] == {"unknown_tool": 1}
+    assert tool_outcomes(await locked_client.events(state.run_id))["exchange_rate"] == {"unknown_tool": 1}
 
 
 # --- expect: tool outcomes and escalation actions ---------------------------------------------------------
-async def test_expect_states_tool_outcomes(client: Client) -> None:
+async def test_expect_states_tool_outcomes(locked_client: Client) -> None:
     shipped = load_scenario(ROOT / "scenarios" / "malformed-output-corrected.yaml")
     data = shipped.model_dump(mode="json", by_alias=True, exclude_none=True)
     data["expect"] = {"status": "completed", "tools": {"search": {"succeeded": 1, "output_invalid": 1}}}
-    state, mismatches = await client.run_and_check(parse_scenario(data), timeout=bound(60))
+    state, mismatches = await locked_client.run_and_check(parse_scenario(data), timeout=bound(60))
     assert mismatches == [], mismatches  # "search succeeded once after one output_invalid"
     data["expect"] = {"tools": {"search": {"succeeded": 2}, "calculator": {"succeeded": 0}}}
-    assert await client.check(parse_scenario(data), state) == [
+    assert await locked_client.check(parse_scenario(data), state) == [
         "tool search: expected succeeded 2, got 1 (output_invalid 1, succeeded 1)"
     ]
 
 
-async def test_expect_states_escalation_actions(locked: str, client: Client) -> None:
+async def test_expect_states_escalation_actions(locked: str, locked_client: Client) -> None:
     shipped = load_scenario(ROOT / "scenarios" / "correction-escalates.yaml")
-    state = await client.run_scenario(shipped, timeout=bound(60))
+    state = await locked_client.run_scenario(shipped, timeout=bound(60))
     assert state.status == "awaiting_human" and state.awaiting is not None
     async with Client(as_user(locked, "alice"), identity="alice") as alice:
         done = await alice.resolve(
@@ -210,7 +215,7 @@ async def test_expect_states_escalation_actions(locked: str, client: Client) -> 
             {"status": "ok", "expression": "1+1", "result": 2},
         )
         assert done.ok, done.error
-    ended = await client.wait(state.run_id, timeout=bound(60))
+    ended = await locked_client.wait(state.run_id, timeout=bound(60))
     assert ended.status == "completed", ended.final_reason
     data = shipped.model_dump(mode="json", by_alias=True, exclude_none=True)
     data["expect"] = {
@@ -218,9 +223,9 @@ async def test_expect_states_escalation_actions(locked: str, client: Client) -> 
         "escalation_actions": ["provide_result"],
         "tools": {"calculator": {"input_invalid": 3, "succeeded": 0}},
     }
-    assert await client.check(parse_scenario(data), ended) == []
+    assert await locked_client.check(parse_scenario(data), ended) == []
     data["expect"] = {"escalation_actions": ["abort"]}
-    assert await client.check(parse_scenario(data), ended) == [
+    assert await locked_client.check(parse_scenario(data), ended) == [
         "escalation actions: expected ['abort'], got ['provide_result']"
     ]
 
@@ -269,15 +274,15 @@ async def test_check_scenario_against_the_stack_names_the_tools_it_does_not_host
 
 
 async def test_submit_refuses_a_scenario_calling_tools_the_stack_does_not_host(
-    locked: str, client: Client, tmp_path: Path
+    locked: str, locked_client: Client, tmp_path: Path
 ) -> None:
     path = missing_tools_file(tmp_path)
-    before = len(await client.events(subjects=f"{S.P}.evt.>"))
+    before = len(await locked_client.events(subjects=f"{S.P}.evt.>"))
     done = await asyncio.to_thread(lw, locked, "submit", "--scenario", str(path), "--wait")
     assert done.returncode == 1, done.stdout + done.stderr
     assert done.stdout == "" and len(done.stderr.strip().splitlines()) == 1, done.stdout + done.stderr
     assert "calls low_stock, reorder, which no executor of the running stack hosts" in done.stderr
     await asyncio.sleep(bound(0.5))
-    assert len(await client.events(subjects=f"{S.P}.evt.>")) == before  # nothing was published: no run started
+    assert len(await locked_client.events(subjects=f"{S.P}.evt.>")) == before  # nothing was published: no run started
     anyway = await asyncio.to_thread(lw, locked, "submit", "--scenario", str(path), "--allow-missing-tools")
     assert anyway.returncode == 0 and anyway.stdout.startswith("run-"), anyway.stdout + anyway.stderr

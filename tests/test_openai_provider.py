@@ -23,10 +23,11 @@ from loopwarden.records import export_run
 from loopwarden.runtree import build, step_detail
 from loopwarden.stack import LocalStack
 from shared.messages import Rubric, RunSnapshot, RunSubmit
-from tests.conftest import ONE_EACH, ROOT, TEST_ENV, running, settings_for
 from tests.support.messages_api import MessagesApiServer
 from tests.support.openai_api import ChatCompletionsServer
 from tests.support.otlp_collector import OtlpCollector
+from tests.support.paths import ROOT
+from tests.support.stacks import ONE_EACH, TEST_ENV, running, settings_for
 from tests.support.timing import bound, polls
 
 TOOLS = ROOT / "tests" / "ecosystem_tools"
@@ -85,7 +86,7 @@ def mixed(
 
 
 @pytest.fixture
-async def client(mixed: LocalStack) -> AsyncIterator[Client]:
+async def mixed_client(mixed: LocalStack) -> AsyncIterator[Client]:
     async with Client(settings_for(mixed)) as c:
         yield c
 
@@ -114,7 +115,7 @@ def tool_messages(chat_api: ChatCompletionsServer, key: str) -> list[dict[str, A
 
 
 async def test_a_live_run_with_the_planner_on_openai_and_the_judge_on_anthropic(
-    client: Client, chat_api: ChatCompletionsServer, judge_api: MessagesApiServer
+    mixed_client: Client, chat_api: ChatCompletionsServer, judge_api: MessagesApiServer
 ) -> None:
     key_replies: list[dict[str, Any]] = [
         {"status": 429, "headers": {"retry-after": "0.05"}},  # retried by our layer, not the SDK's
@@ -140,14 +141,14 @@ async def test_a_live_run_with_the_planner_on_openai_and_the_judge_on_anthropic(
         ],
     )
     run_id = f"run-oai-{key}"
-    await client.submit(
+    await mixed_client.submit(
         RunSubmit(
             run_id=run_id,
             task=f"What are 6*7 and 2+2? [script:{key}]",
             rubric=Rubric(criteria=[{"name": "correct"}], threshold=0.5),
         )
     )
-    state = await client.wait(run_id, timeout=bound(30))
+    state = await mixed_client.wait(run_id, timeout=bound(30))
     assert state.status == "completed", state.final_reason
     assert state.final_output == "6*7 = 42 and 2+2 = 4"
     assert state.passed is True
@@ -169,20 +170,20 @@ async def test_a_live_run_with_the_planner_on_openai_and_the_judge_on_anthropic(
 
 
 async def test_a_cut_off_openai_reply_is_retried_with_more_room_and_its_truncated_call_never_runs(
-    client: Client, chat_api: ChatCompletionsServer
+    mixed_client: Client, chat_api: ChatCompletionsServer
 ) -> None:
     truncated = {
         "tool_calls": [{"name": "book_strip", "arguments": '{"flight": "LW'}],
         "finish_reason": "length",
         "usage": {"prompt_tokens": 100, "completion_tokens": 10},
     }
-    state, key = await run(client, chat_api, [truncated, truncated])
+    state, key = await run(mixed_client, chat_api, [truncated, truncated])
     assert state.status == "failed"
     assert "model turn unusable (max_tokens)" in (state.final_reason or "")
     reqs = chat_api.requests[key]
     assert len(reqs) == 2 and reqs[1]["max_completion_tokens"] >= 2 * reqs[0]["max_completion_tokens"]
     assert state.usage.input_tokens == 200  # both calls billed
-    assert not [e for e in await client.events(state.run_id) if e.kind.startswith("tool.")]
+    assert not [e for e in await mixed_client.events(state.run_id) if e.kind.startswith("tool.")]
 
 
 # --- undeclared input fields: each policy, end to end -------------------------------------------
@@ -190,9 +191,11 @@ async def test_a_cut_off_openai_reply_is_retried_with_more_room_and_its_truncate
 INVENTED = {"flight": "LW1", "seat": "12A", "meal": "vegan"}  # two fields the schema does not declare
 
 
-async def test_refuse_tells_the_model_and_never_runs_the_call(client: Client, chat_api: ChatCompletionsServer) -> None:
+async def test_refuse_tells_the_model_and_never_runs_the_call(
+    mixed_client: Client, chat_api: ChatCompletionsServer
+) -> None:
     state, key = await run(
-        client,
+        mixed_client,
         chat_api,
         [
             call("book_refuse", INVENTED),
@@ -207,16 +210,16 @@ async def test_refuse_tells_the_model_and_never_runs_the_call(client: Client, ch
 
 
 async def test_strip_removes_the_fields_and_runs_the_call(
-    mixed: LocalStack, client: Client, chat_api: ChatCompletionsServer
+    mixed: LocalStack, mixed_client: Client, chat_api: ChatCompletionsServer
 ) -> None:
     state, key = await run(
-        client, chat_api, [call("book_strip", INVENTED), call("submit_result", {"answer": "booked"})]
+        mixed_client, chat_api, [call("book_strip", INVENTED), call("submit_result", {"answer": "booked"})]
     )
     assert state.status == "completed", state.final_reason
     (result,) = tool_messages(chat_api, key)
     assert json.loads(result["content"])["received"] == {"flight": "LW1"}
     # the repair is visible in the run: its event (as `loopwarden events` prints it), the record, the tree
-    (succeeded,) = [e for e in await client.events(state.run_id) if e.kind == "tool.succeeded.book_strip"]
+    (succeeded,) = [e for e in await mixed_client.events(state.run_id) if e.kind == "tool.succeeded.book_strip"]
     assert succeeded.payload["stripped"] == ["/meal", "/seat"]
     assert succeeded.payload["repaired"] is True and succeeded.payload["arguments"] == {"flight": "LW1"}
     assert succeeded.payload["repairs"] == [
@@ -225,7 +228,7 @@ async def test_strip_removes_the_fields_and_runs_the_call(
     ]
     line = render(succeeded) or ""
     assert "undeclared input stripped: /meal, /seat" in line and "output repaired" not in line
-    record = await export_run(client.bus, settings_for(mixed), state.run_id)
+    record = await export_run(mixed_client.bus, settings_for(mixed), state.run_id)
     (booked,) = [t for t in record.tool_calls if t.tool == "book_strip"]
     assert booked.arguments == {"flight": "LW1"} and (booked.outcome or {}).get("stripped") == ["/meal", "/seat"]
     (step,) = [s for _, s in build(record).walk() if s.kind == "tool" and s.title == "book_strip"]
@@ -237,18 +240,20 @@ async def test_strip_removes_the_fields_and_runs_the_call(
     assert "undeclared input field /seat stripped" in opened["repairs"]
 
 
-async def test_open_honours_the_schema_as_written(client: Client, chat_api: ChatCompletionsServer) -> None:
-    state, key = await run(client, chat_api, [call("book_open", INVENTED), call("submit_result", {"answer": "booked"})])
+async def test_open_honours_the_schema_as_written(mixed_client: Client, chat_api: ChatCompletionsServer) -> None:
+    state, key = await run(
+        mixed_client, chat_api, [call("book_open", INVENTED), call("submit_result", {"answer": "booked"})]
+    )
     assert state.status == "completed", state.final_reason
     (result,) = tool_messages(chat_api, key)
     assert json.loads(result["content"])["received"] == INVENTED
 
 
 async def test_strip_still_refuses_a_call_that_is_wrong_otherwise(
-    client: Client, chat_api: ChatCompletionsServer
+    mixed_client: Client, chat_api: ChatCompletionsServer
 ) -> None:
     state, key = await run(
-        client,
+        mixed_client,
         chat_api,
         [
             call("book_strip", {"seat": "12A"}),
@@ -262,13 +267,13 @@ async def test_strip_still_refuses_a_call_that_is_wrong_otherwise(
 
 
 async def test_the_metrics_count_undeclared_fields_per_tool_and_outcome(
-    client: Client, chat_api: ChatCompletionsServer, metrics: OtlpCollector
+    mixed_client: Client, chat_api: ChatCompletionsServer, metrics: OtlpCollector
 ) -> None:
     for tool in ("book_refuse", "book_strip", "book_open"):
         replies = [call(tool, INVENTED), call("submit_result", {"answer": "booked"})]
         if tool == "book_refuse":
             replies.insert(1, call(tool, {"flight": "LW1"}))
-        await run(client, chat_api, replies)
+        await run(mixed_client, chat_api, replies)
     wanted = {("book_refuse", "refuse", "refused"), ("book_strip", "strip", "stripped"), ("book_open", "open", "kept")}
     seen: set[tuple[Any, Any, Any]] = set()
     for _ in range(polls(80)):  # metrics export every 5 s

@@ -41,11 +41,12 @@ from shared.messages import (
     utcnow,
 )
 from shared.scenario import parse_scenario
-from tests.conftest import ROOT, TEST_ENV, running, settings_for
+from tests.support.paths import ROOT
 from tests.support.payments import count_charges
 from tests.support.runs import submit
+from tests.support.stacks import TEST_ENV, running, settings_for
 from tests.support.timing import bound
-from tests.unit.test_planner_transitions import new_run, turn
+from tests.support.transitions import new_run, turn
 
 TOOL = "slow_payout"
 ANSWER_AFTER_S = 12.0  # the charge happens at once; the tool answers this long after it
@@ -85,7 +86,7 @@ def two_executors(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSta
 
 
 @pytest.fixture
-async def client(two_executors: LocalStack) -> AsyncIterator[Client]:
+async def ownership_client(two_executors: LocalStack) -> AsyncIterator[Client]:
     async with Client(settings_for(two_executors)) as c:
         yield c
 
@@ -128,14 +129,14 @@ def ledger_key(run_id: str) -> str:
 
 
 async def test_a_call_running_through_a_nats_restart_ends_with_its_known_result_not_a_human(
-    two_executors: LocalStack, client: Client
+    two_executors: LocalStack, ownership_client: Client
 ) -> None:
-    run_ids = [await client.submit_scenario(parse_scenario(payout(f"owner-{i}"))) for i in range(2)]
+    run_ids = [await ownership_client.submit_scenario(parse_scenario(payout(f"owner-{i}"))) for i in range(2)]
 
     async def charged_and_claimed() -> bool:
         for run_id in run_ids:
-            entry, _ = await client.bus.kv_get(S.KV_TOOL_LEDGER, ledger_key(run_id), LedgerEntry)
-            if entry is None or await count_charges(client.bus.js, run_id) != 1:
+            entry, _ = await ownership_client.bus.kv_get(S.KV_TOOL_LEDGER, ledger_key(run_id), LedgerEntry)
+            if entry is None or await count_charges(ownership_client.bus.js, run_id) != 1:
                 return False
         return True
 
@@ -159,20 +160,20 @@ async def outcomes_known(client: Client, run_ids: list[str]) -> None:
 
 
 async def test_an_unknown_outcome_for_an_attempt_whose_result_the_stream_kept_is_stored_and_the_result_stands(
-    two_executors: LocalStack, client: Client
+    two_executors: LocalStack, ownership_client: Client
 ) -> None:
     """The ledger lost a call's final (its entry is back to "claimed", its owner long gone) while the stream
     kept the validator's outcome; the command comes again. The executor's ``unknown_outcome`` is stored (it
     has its own message id: it used to be dropped as a duplicate of the validator's outcome), and the run keeps
     the known result (the planner takes a later "unknown" of a call with a result as stale)."""
-    run_id = await client.submit_scenario(parse_scenario(payout("lost-final", answer_after_s=0)))
-    state = await client.wait(run_id, timeout=bound(60))
+    run_id = await ownership_client.submit_scenario(parse_scenario(payout("lost-final", answer_after_s=0)))
+    state = await ownership_client.wait(run_id, timeout=bound(60))
     assert state.status == "completed", state.final_reason
     key = ledger_key(run_id)
-    entry, revision = await client.bus.kv_get(S.KV_TOOL_LEDGER, key, LedgerEntry)
+    entry, revision = await ownership_client.bus.kv_get(S.KV_TOOL_LEDGER, key, LedgerEntry)
     assert entry is not None and entry.final is not None
     lost = entry.model_copy(update={"final": None, "owner": "gone", "lease_until": utcnow() - timedelta(seconds=60)})
-    await client.bus.kv_put(S.KV_TOOL_LEDGER, key, lost, revision=revision)
+    await ownership_client.bus.kv_put(S.KV_TOOL_LEDGER, key, lost, revision=revision)
     command = ToolCall(
         run_id=run_id,
         iteration=1,
@@ -182,31 +183,35 @@ async def test_an_unknown_outcome_for_an_attempt_whose_result_the_stream_kept_is
         requested_tool=TOOL,
         arguments={"customer_id": "cus_owner1", "amount_cents": 900, "currency": "eur"},
     )
-    await client.bus.publish(S.tool_execute(TOOL), command, msg_id=f"{key}.again", run_id=run_id)
+    await ownership_client.bus.publish(S.tool_execute(TOOL), command, msg_id=f"{key}.again", run_id=run_id)
 
     async def unknown_stored() -> list[str]:
-        return [e.kind for e in await client.events(run_id) if "unknown_outcome" in e.kind]
+        return [e.kind for e in await ownership_client.events(run_id) if "unknown_outcome" in e.kind]
 
     assert await until("the unknown_outcome event stored", unknown_stored, timeout=LEASE_S * 3 + 15)
-    kinds = [e.kind for e in await client.events(run_id)]
+    kinds = [e.kind for e in await ownership_client.events(run_id)]
     assert kinds.count(f"tool.succeeded.{TOOL}") == 1, kinds
-    after = await client.state(run_id)
+    after = await ownership_client.state(run_id)
     assert after is not None and after.status == "completed" and after.final_output == state.final_output
-    assert await count_charges(client.bus.js, run_id) == 1  # nothing ran again
+    assert await count_charges(ownership_client.bus.js, run_id) == 1  # nothing ran again
 
 
 async def test_a_known_result_replaces_an_unknown_outcome_recorded_while_its_owner_ran_the_call(
-    two_executors: LocalStack, client: Client
+    two_executors: LocalStack, ownership_client: Client
 ) -> None:
     """Another replica declared the call unknown while its owner was running it (the owner cut off from the
     bus for longer than a lease, say): the ledger holds the unknown_outcome final and the run waits for a
     human. The owner's result, when it comes, replaces that final and is published: the run goes on with it."""
-    run_id = await client.submit_scenario(parse_scenario(payout("known-wins", answer_after_s=6)))
+    run_id = await ownership_client.submit_scenario(parse_scenario(payout("known-wins", answer_after_s=6)))
     key = ledger_key(run_id)
 
     async def claimed() -> tuple[LedgerEntry, int] | None:
-        entry, revision = await client.bus.kv_get(S.KV_TOOL_LEDGER, key, LedgerEntry)
-        return (entry, revision) if entry is not None and await count_charges(client.bus.js, run_id) == 1 else None
+        entry, revision = await ownership_client.bus.kv_get(S.KV_TOOL_LEDGER, key, LedgerEntry)
+        return (
+            (entry, revision)
+            if entry is not None and await count_charges(ownership_client.bus.js, run_id) == 1
+            else None
+        )
 
     await until("the payout made, its call claimed", claimed)
     command = ToolCall(
@@ -233,29 +238,31 @@ async def test_a_known_result_replaces_an_unknown_outcome_recorded_while_its_own
         entry, revision = got
         assert entry.final is None, "the call ended before the test declared it unknown"
         try:
-            await client.bus.kv_put(S.KV_TOOL_LEDGER, key, entry.model_copy(update={"final": final}), revision=revision)
+            await ownership_client.bus.kv_put(
+                S.KV_TOOL_LEDGER, key, entry.model_copy(update={"final": final}), revision=revision
+            )
             break
         except CasConflict:
             continue
-    await client.bus.publish(final.subject, final.payload.encode(), msg_id=final.msg_id, run_id=run_id)
-    waiting = await client.wait(run_id, timeout=bound(30), until=("awaiting_human",))
+    await ownership_client.bus.publish(final.subject, final.payload.encode(), msg_id=final.msg_id, run_id=run_id)
+    waiting = await ownership_client.wait(run_id, timeout=bound(30), until=("awaiting_human",))
     assert waiting.awaiting is not None and waiting.awaiting.kind == "unknown_outcome"
 
-    state = await client.wait(run_id, timeout=bound(60))
-    kinds = [e.kind for e in await client.events(run_id)]
+    state = await ownership_client.wait(run_id, timeout=bound(60))
+    kinds = [e.kind for e in await ownership_client.events(run_id)]
     assert state.status == "completed", (state.status, state.final_reason, kinds)
     assert kinds.index(f"failure.unknown_outcome.{TOOL}") < kinds.index(f"tool.succeeded.{TOOL}"), kinds
-    stored, _ = await client.bus.kv_get(S.KV_TOOL_LEDGER, key, LedgerEntry)
+    stored, _ = await ownership_client.bus.kv_get(S.KV_TOOL_LEDGER, key, LedgerEntry)
     assert stored is not None and stored.final is not None and stored.final.subject == S.RESULT_VALIDATE
-    assert await count_charges(client.bus.js, run_id) == 1
+    assert await count_charges(ownership_client.bus.js, run_id) == 1
 
     # the queue item raised for the unknown outcome is closed by the system, saying why: nobody is asked
     async def closed() -> Escalation | None:
-        items = (await client.escalations(run_id=run_id, status="all")).escalations
+        items = (await ownership_client.escalations(run_id=run_id, status="all")).escalations
         return items[0] if len(items) == 1 and items[0].status == "resolved" else None
 
     item = await until("the item raised for the unknown outcome closed", closed)
-    assert (await client.escalations(run_id=run_id, status="open")).escalations == []
+    assert (await ownership_client.escalations(run_id=run_id, status="open")).escalations == []
     assert item.escalation_id == waiting.awaiting.escalation_id and item.kind == "unknown_outcome"
     assert item.resolution is not None and item.resolution.resolved_by == SYSTEM
     assert item.resolution.note.startswith(KNOWN) and not item.resolution.by_sla
@@ -264,9 +271,9 @@ async def test_a_known_result_replaces_an_unknown_outcome_recorded_while_its_own
 
     # the withdrawal delivered again changes nothing
     again = EscalationWithdraw(escalation_id=item.escalation_id, run_id=run_id, reason="again", unknown=unknown)
-    await client.bus.publish(S.ESCALATION_WITHDRAW, again, msg_id=f"{item.escalation_id}.again")
-    await drained(client, S.DURABLE_ESCALATION_WITHDRAW)
-    assert (await client.show(item.escalation_id)).escalations == [item]
+    await ownership_client.bus.publish(S.ESCALATION_WITHDRAW, again, msg_id=f"{item.escalation_id}.again")
+    await drained(ownership_client, S.DURABLE_ESCALATION_WITHDRAW)
+    assert (await ownership_client.show(item.escalation_id)).escalations == [item]
 
 
 def test_the_planner_withdraws_the_item_of_an_unknown_outcome_a_known_result_replaces() -> None:
@@ -343,42 +350,46 @@ def unknown_outcome(run_id: str, call_id: str) -> ToolOutcome:
 
 
 async def test_a_withdrawal_leaves_a_persons_resolution_standing_and_files_an_item_not_yet_queued_closed(
-    two_executors: LocalStack, client: Client
+    two_executors: LocalStack, ownership_client: Client
 ) -> None:
     """A person resolved the item first: the withdrawal changes nothing. A withdrawal that comes before the
     failure event's item is queued files it closed, so the failure event arriving later asks nobody."""
     run_id = "withdraw-edges"
     person = unknown_outcome(run_id, "toolu_person")
     person_id = escalation_id_for_call(run_id, 1, "toolu_person")
-    await client.bus.publish(S.failure("unknown_outcome", TOOL), person, msg_id=f"{person_id}.failed", run_id=run_id)
+    await ownership_client.bus.publish(
+        S.failure("unknown_outcome", TOOL), person, msg_id=f"{person_id}.failed", run_id=run_id
+    )
 
     async def queued() -> bool:
-        return bool((await client.show(person_id)).escalations)
+        return bool((await ownership_client.show(person_id)).escalations)
 
     await until("the person's item queued", queued)
-    resolved = await client.resolve(person_id, "alice", "abort", note="I checked the bank: stop")
+    resolved = await ownership_client.resolve(person_id, "alice", "abort", note="I checked the bank: stop")
     assert resolved.ok, resolved.error
     withdrawal = EscalationWithdraw(escalation_id=person_id, run_id=run_id, reason=KNOWN, unknown=person)
-    await client.bus.publish(S.ESCALATION_WITHDRAW, withdrawal, msg_id=f"{person_id}.withdrawn")
-    await drained(client, S.DURABLE_ESCALATION_WITHDRAW)
-    (item,) = (await client.show(person_id)).escalations
+    await ownership_client.bus.publish(S.ESCALATION_WITHDRAW, withdrawal, msg_id=f"{person_id}.withdrawn")
+    await drained(ownership_client, S.DURABLE_ESCALATION_WITHDRAW)
+    (item,) = (await ownership_client.show(person_id)).escalations
     assert item == resolved.escalations[0], item
     assert item.resolution is not None and item.resolution.resolved_by == "alice" and item.resolution.action == "abort"
 
     early = unknown_outcome(run_id, "toolu_early")
     early_id = escalation_id_for_call(run_id, 1, "toolu_early")
     withdrawal = EscalationWithdraw(escalation_id=early_id, run_id=run_id, reason=KNOWN, unknown=early)
-    await client.bus.publish(S.ESCALATION_WITHDRAW, withdrawal, msg_id=f"{early_id}.withdrawn")
-    await drained(client, S.DURABLE_ESCALATION_WITHDRAW)
-    await client.bus.publish(S.failure("unknown_outcome", TOOL), early, msg_id=f"{early_id}.failed", run_id=run_id)
+    await ownership_client.bus.publish(S.ESCALATION_WITHDRAW, withdrawal, msg_id=f"{early_id}.withdrawn")
+    await drained(ownership_client, S.DURABLE_ESCALATION_WITHDRAW)
+    await ownership_client.bus.publish(
+        S.failure("unknown_outcome", TOOL), early, msg_id=f"{early_id}.failed", run_id=run_id
+    )
 
     async def failure_handled() -> bool:
-        info = await client.bus.js.consumer_info(S.STREAM_EVT, S.DURABLE_ESCALATION_FAILURES)
+        info = await ownership_client.bus.js.consumer_info(S.STREAM_EVT, S.DURABLE_ESCALATION_FAILURES)
         return bool(info.num_pending == 0 and info.num_ack_pending == 0)
 
     await until("the escalation service handled the failure event", failure_handled)
-    (item,) = (await client.show(early_id)).escalations
+    (item,) = (await ownership_client.show(early_id)).escalations
     assert item.status == "resolved" and item.resolution is not None, item
     assert (item.resolution.resolved_by, item.resolution.note) == (SYSTEM, KNOWN)
     assert item.kind == "unknown_outcome" and item.tool == TOOL and item.call_id == "toolu_early"
-    assert [i.escalation_id for i in (await client.escalations(run_id=run_id)).escalations] == []
+    assert [i.escalation_id for i in (await ownership_client.escalations(run_id=run_id)).escalations] == []

@@ -29,8 +29,9 @@ from shared.payloads import KV_REF_KEY, PayloadError, PayloadRef
 from shared.payloads import stream_config as payload_stream
 from shared.scenario import Scenario, parse_scenario
 from shared.settings import Settings
-from tests.conftest import ROOT, TEST_ENV, escalations_of, settings_for
-from tests.support.runs import submit, tool_results
+from tests.support.paths import ROOT
+from tests.support.runs import escalations_of, submit, tool_results
+from tests.support.stacks import TEST_ENV, settings_for
 from tests.support.timing import bound, polls
 
 TOOLS_DIR = ROOT / "tests" / "tools"

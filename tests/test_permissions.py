@@ -25,9 +25,10 @@ from shared.permissions import rights
 from shared.scenario import parse_scenario
 from shared.settings import Settings
 from shared.subjects import STREAM_SUBJECTS as STREAMS
-from tests.conftest import ROOT, TEST_ENV
 from tests.support.locked import PASSWORDS, USERS, creds, publish_refusals
 from tests.support.locked import locked_server as start_locked_server
+from tests.support.paths import ROOT
+from tests.support.stacks import TEST_ENV
 from tests.support.timing import bound
 
 

@@ -19,26 +19,11 @@ from services.planner import context as C
 from shared import subjects as S
 from shared import tokens
 from shared.messages import RunSubmit, ToolContract
+from tests.support.model_turns import call
+from tests.support.reads import registered
 from tests.support.timing import bound
 
-USAGE = {"input_tokens": 100, "output_tokens": 10}
 USED = ("search", "calculator", "exchange_rate")
-
-
-def call(name: str, args: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "content": [{"type": "tool_use", "id": f"toolu_{uuid.uuid4().hex[:8]}", "name": name, "input": args}],
-        "usage": USAGE,
-    }
-
-
-async def registered(client: Client) -> dict[str, ToolContract]:
-    found: dict[str, ToolContract] = {}
-    for key in await (await client.bus.kv(S.KV_CONTRACTS)).keys():
-        contract, _ = await client.bus.kv_get(S.KV_CONTRACTS, key, ToolContract)
-        if contract is not None:
-            found[contract.name] = contract
-    return found
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from shared import metrics as M
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 from tests.support.promql import base_name, metric_names
 from tests.support.timing import bound
 

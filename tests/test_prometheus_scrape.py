@@ -34,8 +34,9 @@ from shared import subjects as S
 from shared.messages import RunAdvance
 from shared.scenario import parse_scenario
 from shared.version import package_version
-from tests.conftest import REPLICAS, ROOT, TEST_ENV, settings_for
+from tests.support.paths import ROOT
 from tests.support.promql import base_name, metric_names
+from tests.support.stacks import REPLICAS, TEST_ENV, settings_for
 from tests.support.timing import bound, eventually, eventually_sync
 
 PROMETHEUS = "/usr/bin/prometheus"  # `make test` installs Debian's prometheus package

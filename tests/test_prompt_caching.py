@@ -14,7 +14,7 @@ from shared.messages import RunSubmit
 from shared.pricing import cost_usd
 from tests.support.otlp_collector import OtlpCollector
 from tests.support.timing import bound
-from tests.test_tracing import spans_of_run
+from tests.support.tracing import spans_of_run
 
 TOOLS = ["calculator", "submit_result"]
 CONTEXT = "Background for the task, kept verbatim on every turn: " + " ".join(

@@ -22,8 +22,9 @@ from loopwarden import Client, Criterion, Rubric, RunSnapshot, RunSubmit, new_ru
 from loopwarden.stack import LocalStack, Proc
 from shared import subjects as S
 from shared.scenario import parse_scenario
-from tests.conftest import ROOT, TEST_ENV, escalations_of, running, settings_for
-from tests.support.runs import submit, tool_results
+from tests.support.paths import ROOT
+from tests.support.runs import escalations_of, submit, tool_results
+from tests.support.stacks import TEST_ENV, running, settings_for
 from tests.support.timing import bound
 
 DOC = ROOT / "docs" / "tools.md"
@@ -78,7 +79,7 @@ def tools_stack(tmp_path_factory: pytest.TempPathFactory, tool_module: Path, fak
 
 
 @pytest.fixture
-async def client(tools_stack: LocalStack) -> AsyncIterator[Client]:
+async def tools_client(tools_stack: LocalStack) -> AsyncIterator[Client]:
     async with Client(settings_for(tools_stack)) as c:
         yield c
 
@@ -103,9 +104,9 @@ def payloads(events: list[Any], kind: str) -> list[dict[str, Any]]:
 # --- typed arguments and results ------------------------------------------------------------------
 
 
-async def test_typed_arguments_are_checked_against_the_generated_input_contract(client: Client) -> None:
+async def test_typed_arguments_are_checked_against_the_generated_input_contract(tools_client: Client) -> None:
     state, events = await scripted(
-        client,
+        tools_client,
         [call("low_stock", warehouse="east"), call("low_stock", warehouse="north", below=5), submit("BOLT-M6")],
     )
     assert state.status == "completed", state.error
@@ -116,21 +117,21 @@ async def test_typed_arguments_are_checked_against_the_generated_input_contract(
     assert [o["data"] for o in ok] == [{"warehouse": "north", "items": [{"sku": "BOLT-M6", "units": 3}]}]
 
 
-async def test_a_str_result_reaches_the_model_as_text(client: Client) -> None:
-    state, events = await scripted(client, [call("reorder_line", sku="BOLT-M6", units=20), submit("ok")])
+async def test_a_str_result_reaches_the_model_as_text(tools_client: Client) -> None:
+    state, events = await scripted(tools_client, [call("reorder_line", sku="BOLT-M6", units=20), submit("ok")])
     assert state.status == "completed", state.error
     assert [o["data"] for o in payloads(events, "tool.succeeded.reorder_line")] == ["Reorder 20 x BOLT-M6"]
     assert not payloads(events, "failure.output_invalid.reorder_line")  # not parsed as JSON text
-    shown = tool_results(await client.state(state.run_id, history=True) or state)[0]
+    shown = tool_results(await tools_client.state(state.run_id, history=True) or state)[0]
     assert not shown.is_error and "Reorder 20 x BOLT-M6" in str(shown.content)
 
 
 # --- failures, as docs/tools.md says they are routed ------------------------------------------------
 
 
-async def test_retry_is_retried_by_the_executor_and_fix_arguments_goes_to_the_model(client: Client) -> None:
+async def test_retry_is_retried_by_the_executor_and_fix_arguments_goes_to_the_model(tools_client: Client) -> None:
     state, events = await scripted(
-        client,
+        tools_client,
         [call("place_order", sku="BOLT-M7", units=5), call("place_order", sku="NUT-M6", units=10), submit("ordered")],
     )
     assert state.status == "completed", state.error
@@ -138,7 +139,7 @@ async def test_retry_is_retried_by_the_executor_and_fix_arguments_goes_to_the_mo
     wrong = payloads(events, "failure.tool_error.place_order")
     assert len(wrong) == 1 and wrong[0]["recoverable"] and wrong[0]["attempts"] == 1
     assert "unknown SKU 'BOLT-M7'" in wrong[0]["error"]
-    shown = tool_results(await client.state(state.run_id, history=True) or state)
+    shown = tool_results(await tools_client.state(state.run_id, history=True) or state)
     assert shown[0].is_error and "unknown SKU 'BOLT-M7'" in str(shown[0].content)
     # retry: the supplier was busy once; the executor tried again and the model saw only the order
     tries = payloads(events, "tool.attempt.place_order")
@@ -152,14 +153,14 @@ async def test_retry_is_retried_by_the_executor_and_fix_arguments_goes_to_the_mo
     assert not shown[1].is_error
 
 
-async def test_ask_human_puts_the_run_in_the_human_queue(client: Client) -> None:
+async def test_ask_human_puts_the_run_in_the_human_queue(tools_client: Client) -> None:
     state, events = await scripted(
-        client, [call("place_order", sku="BOLT-M6", units=500), submit("ordered")], until=("awaiting_human",)
+        tools_client, [call("place_order", sku="BOLT-M6", units=500), submit("ordered")], until=("awaiting_human",)
     )
     assert state.status == "awaiting_human"
     fatal = payloads(events, "failure.fatal.place_order")
     assert len(fatal) == 1 and not fatal[0]["recoverable"] and fatal[0]["attempts"] == 1  # never retried
-    items = await escalations_of(client, state.run_id)
+    items = await escalations_of(tools_client, state.run_id)
     assert len(items) == 1 and items[0].tool == "place_order"
     assert "a buyer must approve it" in items[0].reason
 
@@ -168,10 +169,10 @@ async def test_ask_human_puts_the_run_in_the_human_queue(client: Client) -> None
 
 
 async def test_per_run_state_is_kept_across_calls_and_executor_replicas(
-    client: Client, tools_stack: LocalStack
+    tools_client: Client, tools_stack: LocalStack
 ) -> None:
     state, events = await scripted(
-        client,
+        tools_client,
         [
             call("add_to_order", sku="BOLT-M6", units=20),
             call("add_to_order", sku="WASHER-M6", units=10),
@@ -184,9 +185,9 @@ async def test_per_run_state_is_kept_across_calls_and_executor_replicas(
     draft = [o["data"] for o in payloads(events, "tool.succeeded.draft_order")]
     assert draft == [[{"sku": "BOLT-M6", "units": 20}, {"sku": "WASHER-M6", "units": 10}]]
     # kept in the bucket (not in either process), and for this run only
-    kv = await client.bus.kv(S.KV_DEMO)
+    kv = await tools_client.bus.kv(S.KV_DEMO)
     assert (await kv.get(S.kv_key("state", state.run_id, "order"))).value
-    _, other_events = await scripted(client, [call("draft_order"), submit("empty")])
+    _, other_events = await scripted(tools_client, [call("draft_order"), submit("empty")])
     assert [o["data"] for o in payloads(other_events, "tool.succeeded.draft_order")] == [[]]
 
 
@@ -255,7 +256,7 @@ def test_the_docs_live_run_completes_against_the_fake_model_command(tools_stack:
     assert done.stdout.strip() == "completed Done. Called: low_stock, reorder_line."
 
 
-async def test_a_live_run_with_a_rubric_is_judged_by_the_fake_model(client: Client) -> None:
+async def test_a_live_run_with_a_rubric_is_judged_by_the_fake_model(tools_client: Client) -> None:
     rubric = Rubric(
         criteria=[
             Criterion(name="names the low items", hard=True, description="BOLT-M6 and WASHER-M6"),
@@ -265,8 +266,10 @@ async def test_a_live_run_with_a_rubric_is_judged_by_the_fake_model(client: Clie
     run = RunSubmit(
         run_id=new_run_id(), task="What is low in the north?", tools=["low_stock", "submit_result"], rubric=rubric
     )
-    await client.submit(run)
-    state = await client.wait(run.run_id, timeout=bound(60), until=("completed", "stopped", "failed", "awaiting_human"))
+    await tools_client.submit(run)
+    state = await tools_client.wait(
+        run.run_id, timeout=bound(60), until=("completed", "stopped", "failed", "awaiting_human")
+    )
     assert state.status == "completed", state.error  # not judged would wait for a person
-    verdicts = payloads(await client.events(run.run_id), "judge.verdict")
+    verdicts = payloads(await tools_client.events(run.run_id), "judge.verdict")
     assert [(v["status"], v["score"]) for v in verdicts] == [("passed", 1.0)]

@@ -38,8 +38,8 @@ from shared.providers.base import ModelRequest, complete_with_retry
 from shared.ratelimit.fleet import provider_keys
 from shared.ratelimit.gate import RateLimiter, RateLimitWait
 from shared.settings import Settings
-from tests.conftest import TEST_ENV, running
 from tests.support.promql import base_name, metric_names
+from tests.support.stacks import TEST_ENV, running
 from tests.support.timing import bound, eventually
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,15 +70,15 @@ def limited(tmp_path_factory: pytest.TempPathFactory, stand_in: FakeModel) -> It
 
 
 @pytest.fixture(scope="module")
-async def client(limited: LocalStack) -> AsyncIterator[Client]:
+async def limited_client(limited: LocalStack) -> AsyncIterator[Client]:
     async with Client(Settings(nats_url=limited.nats_url)) as c:
         yield c
 
 
 @pytest.fixture(scope="module")
-async def learned(client: Client, stand_in: FakeModel) -> None:
+async def learned(limited_client: Client, stand_in: FakeModel) -> None:
     """One run first: the key's limits are learned from the stand-in's headers (no setting)."""
-    [snapshot] = await submit_and_wait(client, 1)
+    [snapshot] = await submit_and_wait(limited_client, 1)
     assert snapshot.status == "completed", snapshot.final_reason
 
 
@@ -131,12 +131,12 @@ async def rate_limited_events(client: Client, run_id: str) -> list[dict[str, obj
 
 
 async def test_a_429_pauses_the_key_for_every_replica_until_its_retry_after(
-    limited: LocalStack, client: Client, stand_in: FakeModel, learned: None
+    limited: LocalStack, limited_client: Client, stand_in: FakeModel, learned: None
 ) -> None:
     pause = bound(3)
     offsets = {p.name: p.log.stat().st_size for p in limited.procs if p.name in PLANNERS}
     armed = arm_429(stand_in, pause)
-    snapshots = await submit_and_wait(client, 10)
+    snapshots = await submit_and_wait(limited_client, 10)
     assert [s.status for s in snapshots] == ["completed"] * 10, [s.final_reason for s in snapshots]
 
     [t429] = rejected_since(stand_in, armed)  # one 429 for the whole fleet, not one per caller
@@ -151,7 +151,11 @@ async def test_a_429_pauses_the_key_for_every_replica_until_its_retry_after(
     for label in PLANNERS:
         logged = log_since(limited, label, offsets)
         assert "for the rate limit" in logged and "(paused, plan call)" in logged, f"{label}: {logged[-2000:]}"
-    paused = [s for s in snapshots if any(d["reason"] == "paused" for d in await rate_limited_events(client, s.run_id))]
+    paused = [
+        s
+        for s in snapshots
+        if any(d["reason"] == "paused" for d in await rate_limited_events(limited_client, s.run_id))
+    ]
     assert len(paused) >= 2
     assert all(s.rate_limited_s > 0 for s in paused)
 
@@ -160,14 +164,14 @@ async def test_a_429_pauses_the_key_for_every_replica_until_its_retry_after(
 
 
 async def test_a_wait_is_shown_on_the_run_while_it_lasts(
-    limited: LocalStack, client: Client, stand_in: FakeModel, learned: None
+    limited: LocalStack, limited_client: Client, stand_in: FakeModel, learned: None
 ) -> None:
     pause = bound(6)
     arm_429(stand_in, pause)
-    [run_id] = await submit(client, 1)
+    [run_id] = await submit(limited_client, 1)
 
     async def waiting() -> list[dict[str, object]]:
-        return [d for d in await rate_limited_events(client, run_id) if d["reason"] == "paused"]
+        return [d for d in await rate_limited_events(limited_client, run_id) if d["reason"] == "paused"]
 
     [detail] = await eventually(waiting, what="the run's wait for the 429's pause", within=bound(20))
     assert detail["provider"] == "anthropic" and detail["purpose"] == "plan"
@@ -175,10 +179,10 @@ async def test_a_wait_is_shown_on_the_run_while_it_lasts(
     env = {**os.environ, "LW_NATS_URL": str(limited.nats_url)}
     status = await lw(env, "status", run_id)
     assert "waiting on:  the rate limit of anthropic key" in status and "paused by a 429" in status, status
-    snapshot = await client.wait(run_id, timeout=bound(60), history=False)
+    snapshot = await limited_client.wait(run_id, timeout=bound(60), history=False)
     assert snapshot.status == "completed", snapshot.final_reason
     assert snapshot.rate_limited_s >= pause * 0.5
-    events = await client.events(run_id)
+    events = await limited_client.events(run_id)
     turns = [e.payload["detail"] for e in events if e.kind == "run.model_called"]
     assert turns[0]["rate_limit_wait_s"] >= pause * 0.5  # type: ignore[index,operator]
     shown = await lw(env, "events", run_id)
@@ -186,7 +190,7 @@ async def test_a_wait_is_shown_on_the_run_while_it_lasts(
     after = await lw(env, "status", run_id)
     assert "waiting on:" not in after and "rate limits: waited" in after, after
     # the fleet's view: the key's limits as learned from the stand-in's headers, and the tenant's wait
-    view = await client.fleet()
+    view = await limited_client.fleet()
     [key] = [k for k in view.providers if k["provider"] == "anthropic"]
     assert key["dimensions"]["requests"]["source"] == "learned", key
     assert key["dimensions"]["requests"]["limit_per_minute"] == pytest.approx(20 * 60), key
@@ -217,10 +221,10 @@ async def lw(env: dict[str, str], *args: str) -> str:
 
 
 async def test_a_wait_past_the_runs_bound_ends_its_turn_with_a_typed_reason(
-    limited: LocalStack, client: Client, stand_in: FakeModel, learned: None
+    limited: LocalStack, limited_client: Client, stand_in: FakeModel, learned: None
 ) -> None:
     armed = arm_429(stand_in, bound(5))
-    [snapshot] = await submit_and_wait(client, 1, RunLimits(max_rate_limit_wait_s=1.0))
+    [snapshot] = await submit_and_wait(limited_client, 1, RunLimits(max_rate_limit_wait_s=1.0))
     assert snapshot.status == "failed"
     reason = snapshot.final_reason or ""
     assert "for its rate limit (paused)" in reason and "past the bound of 1s" in reason, reason

@@ -27,7 +27,8 @@ from shared.messages import Rubric, RunSubmit, utcnow
 from shared.records import RunRecord, trajectory
 from shared.scenario import load_scenario, parse_scenario
 from shared.settings import Settings
-from tests.conftest import escalations_of, run_scenario, settings_for
+from tests.support.runs import escalations_of, run_scenario
+from tests.support.stacks import settings_for
 from tests.support.timing import bound
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -24,8 +24,9 @@ from shared.messages import BudgetRequest, Requeue, RunSnapshot, SectionTokens, 
 from shared.scenario import parse_scenario
 from shared.settings import Settings
 from shared.telemetry import Telemetry
-from tests.conftest import ROOT, TEST_ENV
 from tests.support.otlp_collector import OtlpCollector
+from tests.support.paths import ROOT
+from tests.support.stacks import TEST_ENV
 from tests.support.timing import bound, eventually, polls
 from tests.support.tracing import spans_of_run
 

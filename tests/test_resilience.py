@@ -13,7 +13,7 @@ from shared import subjects as S
 from shared.messages import DeadLetter, RunSubmit
 from shared.scenario import parse_scenario
 from shared.settings import Settings
-from tests.conftest import TEST_ENV
+from tests.support.stacks import TEST_ENV
 from tests.support.timing import bound, eventually, polls
 
 

@@ -35,8 +35,9 @@ from shared.dead_letters import NotRequeueable
 from shared.live_config import store_access
 from shared.messages import Agent, RunSubmit
 from shared.scenario import parse_scenario
-from tests.conftest import ROOT, TEST_ENV
 from tests.support import locked as L
+from tests.support.paths import ROOT
+from tests.support.stacks import TEST_ENV
 from tests.support.timing import bound, eventually
 
 RUBRIC = {"threshold": 0.8, "criteria": [{"name": "accurate"}]}

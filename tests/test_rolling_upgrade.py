@@ -44,9 +44,10 @@ from loopwarden.stack import LocalStack, Proc, free_port, tail
 from shared.scenario import parse_scenario
 from shared.settings import Settings
 from shared.version import SERVICE_HEADER, VERSION_HEADER, package_version, version_from_pyproject
-from tests.conftest import ROOT, TEST_ENV
 from tests.support.otlp_collector import OtlpCollector
+from tests.support.paths import ROOT
 from tests.support.payments import count_charges
+from tests.support.stacks import TEST_ENV
 from tests.support.timing import bound
 
 SERVICES = ("planner", "executor", "validator", "judge", "governor", "escalation")
@@ -222,7 +223,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, release_tree: Path, collecto
 
 
 @pytest.fixture
-async def client(fleet: Fleet) -> AsyncIterator[Client]:
+async def fleet_client(fleet: Fleet) -> AsyncIterator[Client]:
     assert fleet.stack.nats_url is not None
     async with Client(Settings(nats_url=fleet.stack.nats_url)) as c:
         yield c
@@ -323,7 +324,7 @@ async def ask_escalations(client: Client, within: float = 30.0) -> None:
 
 
 @pytest.fixture
-async def headers_seen(client: Client) -> AsyncIterator[Counter[tuple[str, str]]]:
+async def headers_seen(fleet_client: Client) -> AsyncIterator[Counter[tuple[str, str]]]:
     """(service, version) of every message published on ``lw.v1.>`` while the test runs."""
     seen: Counter[tuple[str, str]] = Counter()
 
@@ -332,7 +333,7 @@ async def headers_seen(client: Client) -> AsyncIterator[Counter[tuple[str, str]]
         if VERSION_HEADER in h:
             seen[(h.get(SERVICE_HEADER, "?"), h[VERSION_HEADER])] += 1
 
-    sub = await client.bus.nc.subscribe("lw.v1.>", cb=note)
+    sub = await fleet_client.bus.nc.subscribe("lw.v1.>", cb=note)
     yield seen
     await sub.unsubscribe()
 
@@ -369,22 +370,22 @@ def check(figures: Figures, fleet: Fleet, seen: Counter[tuple[str, str]], spans:
 
 @pytest.mark.timeout(bound(300))  # a loaded machine: each replacement is mostly a start-up
 async def test_each_service_upgraded_in_turn_under_load_loses_and_doubles_no_run(
-    fleet: Fleet, client: Client, collector: OtlpCollector, headers_seen: Counter[tuple[str, str]]
+    fleet: Fleet, fleet_client: Client, collector: OtlpCollector, headers_seen: Counter[tuple[str, str]]
 ) -> None:
     await fleet_at(fleet, OLD)
     collector.spans.clear()
-    figures = await roll(fleet, client, NEW)
+    figures = await roll(fleet, fleet_client, NEW)
     check(figures, fleet, headers_seen, await span_versions(collector, {OLD, NEW}))
     assert {r.version for r in fleet.current.values()} == {NEW}
 
 
 @pytest.mark.timeout(bound(300))
 async def test_each_service_rolled_back_in_turn_under_load_loses_and_doubles_no_run(
-    fleet: Fleet, client: Client, collector: OtlpCollector, headers_seen: Counter[tuple[str, str]]
+    fleet: Fleet, fleet_client: Client, collector: OtlpCollector, headers_seen: Counter[tuple[str, str]]
 ) -> None:
     await fleet_at(fleet, NEW)
     collector.spans.clear()
-    figures = await roll(fleet, client, OLD)
+    figures = await roll(fleet, fleet_client, OLD)
     check(figures, fleet, headers_seen, await span_versions(collector, {OLD, NEW}))
     assert {r.version for r in fleet.current.values()} == {OLD}
 
@@ -395,11 +396,11 @@ async def test_each_service_rolled_back_in_turn_under_load_loses_and_doubles_no_
     not os.environ.get("LW_LONG_UPGRADE"), reason="the long form: LW_LONG_UPGRADE=1 (see the docstring)"
 )
 async def test_long_form_upgrades_and_rollbacks_back_and_forth_under_heavier_load(
-    fleet: Fleet, client: Client, collector: OtlpCollector, headers_seen: Counter[tuple[str, str]]
+    fleet: Fleet, fleet_client: Client, collector: OtlpCollector, headers_seen: Counter[tuple[str, str]]
 ) -> None:
     await fleet_at(fleet, OLD)
     collector.spans.clear()
-    figures = await roll(fleet, client, NEW, rounds=2, every=0.35, warmup=3)
+    figures = await roll(fleet, fleet_client, NEW, rounds=2, every=0.35, warmup=3)
     check(figures, fleet, headers_seen, await span_versions(collector, {OLD, NEW}))
 
 

@@ -27,9 +27,9 @@ from shared.messages import FINAL_STATUSES, DeadLetter, EscalationReply, RunSnap
 from shared.permissions import TENANT_CLIENTS, grants, operator_roster, rights
 from shared.scenario import parse_scenario
 from shared.settings import Settings
-from tests.conftest import TEST_ENV
 from tests.support import locked as L
 from tests.support.runs import tool_results
+from tests.support.stacks import TEST_ENV
 from tests.support.timing import bound, polls
 
 CEILING = 1.0  # every tenant's day, the default tenant's included
@@ -55,7 +55,7 @@ def as_user(url: str, user: str, **overrides: Any) -> Settings:
 
 
 @pytest.fixture
-async def client(locked: tuple[str, LocalStack]) -> AsyncIterator[Client]:
+async def locked_client(locked: tuple[str, LocalStack]) -> AsyncIterator[Client]:
     async with Client(as_user(locked[0], "client"), identity="client") as c:
         yield c
 
@@ -141,11 +141,11 @@ async def still_serving(client: Client, timeout: float = bound(20.0)) -> RunSnap
 
 
 async def test_a_client_cannot_answer_another_runs_tool_call_as_its_child(
-    client: Client, acme: Client, admin: Client
+    locked_client: Client, acme: Client, admin: Client
 ) -> None:
     victim = f"run-victim-{key()}"
     # the victim's calculator call is slow; meanwhile another tenant's client names it as its parent
-    await client.submit(
+    await locked_client.submit(
         scripted(
             victim,
             {
@@ -160,7 +160,7 @@ async def test_a_client_cannot_answer_another_runs_tool_call_as_its_child(
             },
         )
     )
-    await client.wait(victim, timeout=bound(60), until=("running",), history=False)
+    await locked_client.wait(victim, timeout=bound(60), until=("running",), history=False)
     forger = f"run-forger-{key()}"
     forged = {
         "name": "forger",
@@ -175,7 +175,7 @@ async def test_a_client_cannot_answer_another_runs_tool_call_as_its_child(
     assert "only the planner starts a sub-agent run" in refused.value.reason
 
     forgery = await settled(admin, forger)
-    state = await client.wait(victim, timeout=bound(60))
+    state = await locked_client.wait(victim, timeout=bound(60))
     assert state.status == "completed", state.final_reason
     [result] = [r for r in tool_results(state) if r.tool_use_id == "toolu_1"]
     assert json.loads(result.content)["result"] == 42 and "FORGED" not in result.content, result.content
@@ -187,7 +187,7 @@ async def test_a_client_cannot_answer_another_runs_tool_call_as_its_child(
     await never_started(acme, forger)
 
 
-async def test_the_planner_still_starts_a_child_run_and_takes_its_answer(client: Client) -> None:
+async def test_the_planner_still_starts_a_child_run_and_takes_its_answer(locked_client: Client) -> None:
     parent = f"run-parent-{key()}"
     scenario = {
         "name": "parent",
@@ -198,40 +198,42 @@ async def test_the_planner_still_starts_a_child_run_and_takes_its_answer(client:
         ],
         "answer_mode": "text",
     }
-    await client.submit(scripted(parent, scenario, tools=["delegate"]))
-    state = await client.wait(parent, timeout=bound(60))
+    await locked_client.submit(scripted(parent, scenario, tools=["delegate"]))
+    state = await locked_client.wait(parent, timeout=bound(60))
     assert state.status == "completed", state.final_reason
     [result] = [r for r in tool_results(state) if r.tool_use_id == "toolu_d1"]
     # the child (spawned on cmd.run.spawn, a live run with no model here) failed, and its answer reached the call
     assert result.is_error and "The sub-agent" in result.content and "failed" in result.content, result.content
-    child = await client.state(child_run_id(parent, "toolu_d1"))
+    child = await locked_client.state(child_run_id(parent, "toolu_d1"))
     assert child is not None and child.status == "failed" and child.run_id in result.content
 
 
 # --- D3: ids are bounded: an over-long parent id is refused, the planner stays on the bus ---------------
 
 
-async def test_an_over_long_parent_id_is_refused_and_the_planner_keeps_serving(client: Client, admin: Client) -> None:
+async def test_an_over_long_parent_id_is_refused_and_the_planner_keeps_serving(
+    locked_client: Client, admin: Client
+) -> None:
     run_id = f"run-parentlong-{key()}"
     body = scripted(run_id, says(run_id, "child answer")).model_dump(mode="json", by_alias=True)
     body.update(parent_run_id="p" * 5000, parent_call_id="toolu_1")  # as the review sent it: past the contract
-    await client.bus.publish(S.run_submit(), json.dumps(body).encode(), msg_id=f"submit.{run_id}", run_id=run_id)
+    await locked_client.bus.publish(S.run_submit(), json.dumps(body).encode(), msg_id=f"submit.{run_id}", run_id=run_id)
 
     letter = await letter_for(admin, run_id)
     assert "does not match contract RunSubmit" in letter.reason and "parent_run_id" in letter.reason, letter.reason
-    await never_started(client, run_id)
-    await still_serving(client)
+    await never_started(locked_client, run_id)
+    await still_serving(locked_client)
 
 
-async def test_an_over_long_escalation_id_is_refused_and_the_queue_keeps_answering(client: Client) -> None:
+async def test_an_over_long_escalation_id_is_refused_and_the_queue_keeps_answering(locked_client: Client) -> None:
     # R longid: one request from the client with a 5,000-character id (sent raw: the contract refuses to build it)
-    nc = client.bus.nc
+    nc = locked_client.bus.nc
     raw = await nc.request(S.ESCALATION_SHOW, json.dumps({"escalation_id": "a" * 5000}).encode(), timeout=bound(5))
     reply = EscalationReply.model_validate_json(raw.data)
     assert not reply.ok and "does not match contract EscalationQuery" in (reply.error or ""), reply.error
     assert "over the limit of 2048 (LW_BODY_MAX_BYTES)" in (reply.error or "")  # a query is small: never read
     for _ in range(3):  # still on the bus: later requests are answered
-        assert (await client.escalations()).ok
+        assert (await locked_client.escalations()).ok
 
 
 # --- D7: the tenant is the one the server authenticated; limits are capped -----------------------------
@@ -243,7 +245,7 @@ async def tenant_spent(admin: Client, tenant: str) -> float:
 
 
 async def test_a_client_cannot_spend_another_tenants_day_nor_set_limits_past_the_caps(
-    locked: tuple[str, LocalStack], client: Client, acme: Client, admin: Client
+    locked: tuple[str, LocalStack], locked_client: Client, acme: Client, admin: Client
 ) -> None:
     # R tenant: the default tenant's client names acme in the body (on the only submit subject it may
     # publish, its own tenant's) and scripts 3M input tokens ($9 on paper)
@@ -251,7 +253,7 @@ async def test_a_client_cannot_spend_another_tenants_day_nor_set_limits_past_the
     costly = {"text": "spent", "usage": {"input_tokens": 3_000_000, "output_tokens": 10}}
     attack = scripted(spender, {"name": "spender", "task": "Spend.", "planner": [costly], "answer_mode": "text"})
     attack.tenant = "acme"
-    await client.bus.publish(S.run_submit(S.DEFAULT_TENANT), attack, msg_id=f"submit.{spender}")
+    await locked_client.bus.publish(S.run_submit(S.DEFAULT_TENANT), attack, msg_id=f"submit.{spender}")
     refused = await settled(admin, spender)
     # acme's own run, submitted by acme's user without naming a tenant, is acme's and unaffected
     honest = f"run-honest-{key()}"
@@ -261,7 +263,7 @@ async def test_a_client_cannot_spend_another_tenants_day_nor_set_limits_past_the
     assert await tenant_spent(admin, "acme") < CEILING
     assert isinstance(refused, DeadLetter), refused.status
     assert "tenant 'acme' is not the submitter's" in refused.reason, refused.reason
-    record = await never_started(client, spender)  # the submitter's own tenant's record: nothing spent
+    record = await never_started(locked_client, spender)  # the submitter's own tenant's record: nothing spent
     assert record.tenant == S.DEFAULT_TENANT and record.usage.cost_usd == 0
     # and acme's subject is acme's users' only
     refusals = await L.publish_refusals(locked[0], "client", S.run_submit("acme"), attack.model_dump_json().encode())
@@ -269,50 +271,54 @@ async def test_a_client_cannot_spend_another_tenants_day_nor_set_limits_past_the
     # an over-the-cap limit is refused with the field and the cap
     greedy = f"run-greedy-{key()}"
     with pytest.raises(Refused) as capped:
-        await client.submit(scripted(greedy, says(greedy, "x"), limits={"cost_ceiling_usd": 1e9}))
+        await locked_client.submit(scripted(greedy, says(greedy, "x"), limits={"cost_ceiling_usd": 1e9}))
     assert "limits.cost_ceiling_usd 1e+09 is over the cap 10000" in capped.value.reason
     letter = await letter_for(admin, greedy)
     assert "limits.cost_ceiling_usd 1e+09 is over the cap 10000" in letter.reason, letter.reason
-    await never_started(client, greedy)
+    await never_started(locked_client, greedy)
 
 
 # --- D17: a run's task, its scenario and a body sent by reference are bounded ----------------------------
 
 
-async def test_a_30_mb_task_is_refused_before_it_is_read_and_other_runs_go_on(client: Client, admin: Client) -> None:
+async def test_a_30_mb_task_is_refused_before_it_is_read_and_other_runs_go_on(
+    locked_client: Client, admin: Client
+) -> None:
     run_id = f"run-huge-{key()}"
     body = {"run_id": run_id, "task": "x" * 30_000_000}
     # published the way a client publishes a large body: by reference (claim check), past max_payload
-    await client.bus.publish(S.run_submit(), json.dumps(body).encode(), msg_id=f"submit.{run_id}", run_id=run_id)
+    await locked_client.bus.publish(S.run_submit(), json.dumps(body).encode(), msg_id=f"submit.{run_id}", run_id=run_id)
     letter = await letter_for(admin, run_id, timeout=bound(30))
     assert "over the limit of 5242880 (LW_BODY_MAX_BYTES)" in letter.reason, letter.reason
-    await never_started(client, run_id)
-    await still_serving(client, timeout=bound(15))
+    await never_started(locked_client, run_id)
+    await still_serving(locked_client, timeout=bound(15))
 
     inline = f"run-long-task-{key()}"  # under the body limit, over the task's
-    await client.bus.publish(
+    await locked_client.bus.publish(
         S.run_submit(), json.dumps({"run_id": inline, "task": "y" * 200_000}).encode(), msg_id=f"submit.{inline}"
     )
     letter = await letter_for(admin, inline)
     assert "task" in letter.reason and "at most 100000 characters" in letter.reason, letter.reason
-    await never_started(client, inline)
+    await never_started(locked_client, inline)
 
 
 async def test_a_run_submitted_without_a_tenant_meets_the_default_tenants_ceiling(
-    client: Client, admin: Client
+    locked_client: Client, admin: Client
 ) -> None:
     # last but one: it spends the default tenant's day, so the runs after it are stopped by its ceiling
     first = f"run-default-{key()}"
     costly = {"text": "spent", "usage": {"input_tokens": 3_000_000, "output_tokens": 10}}
-    await client.submit(scripted(first, {"name": "d1", "task": "Spend.", "planner": [costly], "answer_mode": "text"}))
-    assert (await client.wait(first, timeout=bound(30))).status == "completed"
+    await locked_client.submit(
+        scripted(first, {"name": "d1", "task": "Spend.", "planner": [costly], "answer_mode": "text"})
+    )
+    assert (await locked_client.wait(first, timeout=bound(30))).status == "completed"
     for _ in range(polls(50)):  # the run's final usage reaches its tenant's day when it ends
         if await tenant_spent(admin, S.DEFAULT_TENANT) >= CEILING:
             break
         await asyncio.sleep(0.2)
     second = f"run-default-{key()}"
     with pytest.raises(QuotaExceeded) as ceiling:  # at its ceiling: refused at the door, not stopped later
-        await client.submit(scripted(second, says(second, "too late")))
+        await locked_client.submit(scripted(second, says(second, "too late")))
     assert ceiling.value.quota == "daily_ceiling_usd" and ceiling.value.limit == CEILING
     assert f"tenant {S.DEFAULT_TENANT} reached its daily cost ceiling" in ceiling.value.reason
 
@@ -321,7 +327,7 @@ async def test_a_run_submitted_without_a_tenant_meets_the_default_tenants_ceilin
 
 
 async def test_without_scripted_runs_a_scenario_is_refused_and_no_tool_plays_one(
-    locked: tuple[str, LocalStack], client: Client, admin: Client
+    locked: tuple[str, LocalStack], locked_client: Client, admin: Client
 ) -> None:
     _, stack = locked
     for proc in [p for p in stack.procs if p.service in ("planner", "executor")]:
@@ -333,11 +339,11 @@ async def test_without_scripted_runs_a_scenario_is_refused_and_no_tool_plays_one
 
     run_id = f"run-scripted-{key()}"
     with pytest.raises(Refused) as refused:
-        await client.submit(scripted(run_id, says(run_id, "scripted")))
+        await locked_client.submit(scripted(run_id, says(run_id, "scripted")))
     assert "scripted runs are not allowed here (LW_ALLOW_SCRIPTED=false)" in refused.value.reason
     letter = await letter_for(admin, run_id)
     assert "scripted runs are not allowed here (LW_ALLOW_SCRIPTED=false)" in letter.reason, letter.reason
-    await never_started(client, run_id)
+    await never_started(locked_client, run_id)
 
     # a scenario stored under a run's id (as an admin could) plays no tool: the real calculator answers
     trapped = f"run-trapped-{key()}"

@@ -17,7 +17,8 @@ from loopwarden.stack import LocalStack
 from shared import subjects as S
 from shared.messages import SimulatedCall
 from shared.scenario import parse_scenario
-from tests.conftest import run_scenario, settings_for
+from tests.support.runs import run_scenario
+from tests.support.stacks import settings_for
 from tests.support.timing import bound
 
 NOISE_RUNS = 40

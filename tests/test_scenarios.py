@@ -8,7 +8,7 @@ import pytest
 
 from loopwarden.client import Client
 from shared.scenario import load_scenario
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 from tests.support.timing import bound
 
 FILES = sorted((ROOT / "scenarios").glob("*.y*ml")) + sorted((ROOT / "scenarios").glob("*.json"))

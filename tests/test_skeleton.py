@@ -13,7 +13,8 @@ from loopwarden.client import Client
 from loopwarden.stack import LocalStack
 from shared import subjects as S
 from shared.messages import RunSnapshot, RunSubmit
-from tests.conftest import ROOT, run_scenario
+from tests.support.paths import ROOT
+from tests.support.runs import run_scenario
 from tests.support.timing import bound
 
 

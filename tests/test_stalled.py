@@ -30,8 +30,9 @@ from shared import subjects as S
 from shared.messages import FINAL_STATUSES, RunSnapshot, RunSubmit
 from shared.permissions import operator_roster
 from shared.settings import Settings
-from tests.conftest import ROOT, TEST_ENV
 from tests.support import locked as L
+from tests.support.paths import ROOT
+from tests.support.stacks import TEST_ENV
 from tests.support.timing import bound, eventually
 
 SERVICES = ("planner", "executor", "validator", "governor", "escalation")
@@ -77,7 +78,7 @@ def as_user(url: str, user: str, **overrides: Any) -> Settings:
 
 
 @pytest.fixture
-async def client(url: str) -> AsyncIterator[Client]:
+async def stalled_client(url: str) -> AsyncIterator[Client]:
     async with Client(as_user(url, "client"), identity="client") as c:
         yield c
 
@@ -129,17 +130,17 @@ def kinds(events: list[Event]) -> list[str]:
 
 # --- a dead letter -----------------------------------------------------------------------------------------
 async def test_a_model_outage_past_the_delivery_budget_stalls_the_run_and_a_requeue_after_it_completes_it(
-    url: str, client: Client, alice: Client, fake_model: FakeModel
+    url: str, stalled_client: Client, alice: Client, fake_model: FakeModel
 ) -> None:
-    run_id = await submit_live(client, fake_model, [])  # no reply scripted yet: every request answers 500
-    state = await stalled(client, run_id)
+    run_id = await submit_live(stalled_client, fake_model, [])  # no reply scripted yet: every request answers 500
+    state = await stalled(stalled_client, run_id)
     stall = state.stall
     assert stall is not None and len(stall.letters) == 1, stall
     (seq,) = stall.letters
     assert stall.reason.startswith(f"planner gave up on {S.RUN_ADVANCE} (dead letter {seq}): still not ready"), stall
     assert "500" in stall.reason, stall.reason
     # said on the run's subject, and a queue item a person can act on
-    events = await client.events(run_id)
+    events = await stalled_client.events(run_id)
     (said,) = [e for e in events if e.kind == "run.stalled"]
     assert said.payload["status"] == "stalled" and said.payload["detail"]["letter"] == seq
 
@@ -158,10 +159,10 @@ async def test_a_model_outage_past_the_delivery_budget_stalls_the_run_and_a_requ
     end_outage(fake_model, run_id, [ANSWER])  # the provider answers again; an operator hands the letter back
     requeued = await asyncio.to_thread(lw, url, "alice", "dlq", "requeue", str(seq))
     assert requeued.returncode == 0, requeued.stdout + requeued.stderr
-    done = await client.wait(run_id, timeout=bound(30))
+    done = await stalled_client.wait(run_id, timeout=bound(30))
     assert done.status == "completed" and done.stall is None, (done.status, done.final_reason, done.stall)
     assert done.final_output == "done"
-    order = kinds(await client.events(run_id))
+    order = kinds(await stalled_client.events(run_id))
     assert order.index("run.stalled") < order.index("run.unstalled") < order.index("run.completed"), order
     # the item is closed by the system: nobody needs to decide any more
     closed = (await alice.show(stall.escalation_id or "")).escalations[0]
@@ -170,28 +171,28 @@ async def test_a_model_outage_past_the_delivery_budget_stalls_the_run_and_a_requ
 
 
 async def test_a_person_requeues_the_letter_from_the_queue_item_and_the_run_completes(
-    client: Client, alice: Client, fake_model: FakeModel
+    stalled_client: Client, alice: Client, fake_model: FakeModel
 ) -> None:
-    run_id = await submit_live(client, fake_model, [])
-    state = await stalled(client, run_id)
+    run_id = await submit_live(stalled_client, fake_model, [])
+    state = await stalled(stalled_client, run_id)
     assert state.stall is not None and state.stall.escalation_id
     end_outage(fake_model, run_id, [ANSWER])
     done = await alice.resolve(state.stall.escalation_id, "alice", "requeue", "the provider is back")
     assert done.ok, done.error
-    ended = await client.wait(run_id, timeout=bound(30))
+    ended = await stalled_client.wait(run_id, timeout=bound(30))
     assert ended.status == "completed" and ended.final_output == "done", ended.final_reason
-    assert "run.unstalled" in kinds(await client.events(run_id))
+    assert "run.unstalled" in kinds(await stalled_client.events(run_id))
 
 
 async def test_a_person_aborts_a_stalled_run_from_its_queue_item(
-    client: Client, alice: Client, fake_model: FakeModel
+    stalled_client: Client, alice: Client, fake_model: FakeModel
 ) -> None:
-    run_id = await submit_live(client, fake_model, [])
-    state = await stalled(client, run_id)
+    run_id = await submit_live(stalled_client, fake_model, [])
+    state = await stalled(stalled_client, run_id)
     assert state.stall is not None and state.stall.escalation_id
     done = await alice.resolve(state.stall.escalation_id, "alice", "abort", "the provider is gone for the day")
     assert done.ok, done.error
-    ended = await client.wait(run_id, timeout=bound(30))
+    ended = await stalled_client.wait(run_id, timeout=bound(30))
     assert ended.status == "stopped" and ended.stall is None
     assert ended.final_reason == "aborted by alice: the provider is gone for the day", ended.final_reason
 
@@ -205,7 +206,7 @@ async def test_a_tenant_reads_its_stalled_run_through_the_planner(url: str, fake
 
 # --- a service with no live replica ----------------------------------------------------------------------
 async def test_a_stopped_validator_stalls_runs_waiting_on_it_and_they_complete_when_one_is_back(
-    stalled_stack: tuple[str, LocalStack], client: Client, fake_model: FakeModel
+    stalled_stack: tuple[str, LocalStack], stalled_client: Client, fake_model: FakeModel
 ) -> None:
     _, stack = stalled_stack
     validator = next(p for p in stack.procs if p.service == "validator" and p.popen.poll() is None)
@@ -213,18 +214,18 @@ async def test_a_stopped_validator_stalls_runs_waiting_on_it_and_they_complete_w
     await asyncio.to_thread(validator.popen.wait, bound(15))
     back = None
     try:
-        run_id = await submit_live(client, fake_model, [CALCULATE, ANSWER, ANSWER])
-        state = await stalled(client, run_id, within=bound(30))
+        run_id = await submit_live(stalled_client, fake_model, [CALCULATE, ANSWER, ANSWER])
+        state = await stalled(stalled_client, run_id, within=bound(30))
         assert state.stall is not None and state.stall.reason == "no live validator replica", state.stall
         assert state.stall.letters == [] and state.stall.escalation_id is None  # it moves on by itself
-        (said,) = [e for e in await client.events(run_id) if e.kind == "run.stalled"]
+        (said,) = [e for e in await stalled_client.events(run_id) if e.kind == "run.stalled"]
         assert said.payload["detail"]["reason"] == "no live validator replica"
 
         back = stack.start_service("validator", label="validator-back", extra_env=L.creds("validator"))
         await asyncio.to_thread(stack.wait_ready, [back])
-        done = await client.wait(run_id, timeout=bound(30))
+        done = await stalled_client.wait(run_id, timeout=bound(30))
         assert done.status == "completed" and done.stall is None, (done.status, done.final_reason)
-        assert "run.unstalled" in kinds(await client.events(run_id))
+        assert "run.unstalled" in kinds(await stalled_client.events(run_id))
     finally:
         if back is None:  # the module's other tests need a validator
             started = stack.start_service("validator", label="validator-again", extra_env=L.creds("validator"))
@@ -270,17 +271,17 @@ def test_submit_wait_of_a_submit_the_planner_refuses_exits_1_with_the_reason(url
 
 
 async def test_a_replay_the_planner_refuses_ends_at_once_with_the_reason(
-    url: str, client: Client, fake_model: FakeModel
+    url: str, stalled_client: Client, fake_model: FakeModel
 ) -> None:
     from loopwarden.records import collect
     from loopwarden.replay import replay
 
-    run_id = await submit_live(client, fake_model, [ANSWER])
-    assert (await client.wait(run_id, timeout=bound(30))).status == "completed"
+    run_id = await submit_live(stalled_client, fake_model, [ANSWER])
+    assert (await stalled_client.wait(run_id, timeout=bound(30))).status == "completed"
     async with Client(as_user(url, "admin"), identity="admin") as admin:
         record = await collect(admin.bus, run_id)
     started = asyncio.get_running_loop().time()
-    report = await replay(client, record, timeout=bound(60))  # a replay is a scripted run: refused here
+    report = await replay(stalled_client, record, timeout=bound(60))  # a replay is a scripted run: refused here
     assert report.status == "refused", report
     assert report.mismatches == [
         "the replay was refused: scenario: scripted runs are not allowed here (LW_ALLOW_SCRIPTED=false)"

@@ -10,8 +10,9 @@ from loopwarden.client import Client
 from loopwarden.fake_model import FakeModel
 from services.planner.delegation import child_run_id
 from shared.messages import RunLimits, RunSubmit
+from tests.support.model_turns import turn, use
+from tests.support.reads import planner_record
 from tests.support.timing import bound
-from tests.test_subagents import planner_record, turn, use
 
 # ~$0.0285 a call at claude-sonnet-4-5's rates: a child's two calls are ~$0.057, more than half of $0.10
 DEAR = {"input_tokens": 7000, "output_tokens": 500}

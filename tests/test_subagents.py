@@ -7,36 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Any
 
 from loopwarden.client import Client
 from loopwarden.fake_model import FakeModel
 from services.planner.delegation import child_run_id
 from services.planner.state import RunState
-from shared import subjects as S
 from shared.messages import RunSubmit
-from tests.conftest import escalations_of
+from tests.support.model_turns import turn, use
 from tests.support.otlp_collector import OtlpCollector
+from tests.support.reads import planner_record, tenant_spent
+from tests.support.runs import escalations_of
 from tests.support.timing import bound, polls
-from tests.test_cost import tenant_spent
-from tests.test_tracing import spans_of_run
+from tests.support.tracing import spans_of_run
 
-SMALL = {"input_tokens": 100, "output_tokens": 10}
 TOOLS = ["calculator", "delegate", "submit_result"]
-
-
-def use(name: str, args: dict[str, Any], call_id: str | None = None, usage: dict[str, int] | None = None) -> dict:
-    return {
-        "type": "tool_use",
-        "id": call_id or f"toolu_{uuid.uuid4().hex[:8]}",
-        "name": name,
-        "input": args,
-        "_usage": usage,
-    }
-
-
-def turn(*blocks: dict[str, Any], usage: dict[str, int] | None = None) -> dict[str, Any]:
-    return {"content": [{k: v for k, v in b.items() if k != "_usage"} for b in blocks], "usage": usage or SMALL}
 
 
 def key() -> str:
@@ -48,13 +32,6 @@ async def start(client: Client, parent_key: str, tenant: str | None = None) -> s
     task = f"Work it out, delegating. [script:{parent_key}]"
     await client.submit(RunSubmit(run_id=run_id, task=task, tools=TOOLS, tenant=tenant))
     return run_id
-
-
-async def planner_record(client: Client, run_id: str) -> RunState:
-    """The planner's own record of a run (its configuration and children; the client reads the snapshot)."""
-    record, _ = await client.bus.kv_get(S.KV_RUNS, run_id, RunState)
-    assert record is not None, run_id
-    return record
 
 
 async def child_state(client: Client, run_id: str) -> RunState:

@@ -13,7 +13,8 @@ import psutil
 import pytest
 
 from loopwarden.stack import LocalStack, StackError
-from tests.conftest import ROOT, TEST_ENV
+from tests.support.paths import ROOT
+from tests.support.stacks import TEST_ENV
 from tests.support.timing import bound
 
 LEAKY_MODULE = """

@@ -30,8 +30,8 @@ from shared.messages import RunRead, RunSubmit
 from shared.payloads import ref_for
 from shared.scenario import parse_scenario
 from shared.settings import Settings
-from tests.conftest import TEST_ENV
 from tests.support import locked as L
+from tests.support.stacks import TEST_ENV
 from tests.support.timing import bound
 
 # acme's day must outlast a 300 KB answer (the test default is $0.05 for every tenant but the default one)
@@ -60,7 +60,7 @@ def as_user(url: str, user: str, **overrides: Any) -> Settings:
 
 
 @pytest.fixture
-async def client(locked: tuple[str, LocalStack]) -> AsyncIterator[Client]:
+async def locked_client(locked: tuple[str, LocalStack]) -> AsyncIterator[Client]:
     async with Client(as_user(locked[0], "client"), identity="client") as c:
         yield c
 
@@ -125,7 +125,7 @@ async def test_a_tenant_client_waits_for_its_own_run_and_reads_its_state_history
 
 
 async def test_a_long_history_comes_in_pages_that_each_fit_in_one_message(
-    locked: tuple[str, LocalStack], client: Client, acme: Client
+    locked: tuple[str, LocalStack], locked_client: Client, acme: Client
 ) -> None:
     mine = run_id("acme")
     turns = [
@@ -139,11 +139,11 @@ async def test_a_long_history_comes_in_pages_that_each_fit_in_one_message(
     state = await acme.wait(mine, timeout=bound(90))
     assert state.status == "completed", state.final_reason
     assert sum(len(m.model_dump_json()) for m in state.messages) > MAX_PAYLOAD
-    assert state.messages == await client.history(mine)  # what the default tenant's client reads directly
+    assert state.messages == await locked_client.history(mine)  # what the default tenant's client reads directly
     first = await raw_read(locked[0], "history", RunRead(run_id=mine))
     page = json.loads(first)
     assert len(first) <= MAX_PAYLOAD and page["next"] is not None and 0 < len(page["items"]) < len(state.messages)
-    assert await acme.events(mine) == await client.events(mine)
+    assert await acme.events(mine) == await locked_client.events(mine)
 
 
 async def test_a_tenant_clients_watch_sees_its_runs_events_as_they_come(acme: Client) -> None:
@@ -164,7 +164,7 @@ async def test_a_tenant_client_checks_a_scenarios_expectations_from_its_runs_own
     """It does not read the queue (every tenant's arguments are there): the items its run raised come from the
     run's own escalation events, so ``run_and_check`` and ``submit --wait`` of a scenario work for it too."""
     from shared.scenario import load_scenario
-    from tests.conftest import ROOT
+    from tests.support.paths import ROOT
 
     state, mismatches = await acme.run_and_check(load_scenario(ROOT / "scenarios" / "correction-escalates.yaml"))
     assert state.status == "awaiting_human" and mismatches == [], mismatches
@@ -192,11 +192,11 @@ async def test_a_tenant_client_exports_and_replays_its_own_run(acme: Client) -> 
 
 
 async def test_another_tenants_run_is_answered_exactly_as_a_missing_one(
-    locked: tuple[str, LocalStack], client: Client, acme: Client
+    locked: tuple[str, LocalStack], locked_client: Client, acme: Client
 ) -> None:
     theirs = run_id("default")
-    await client.submit(scripted(theirs, CALC))
-    assert (await client.wait(theirs, timeout=bound(60))).status == "completed"
+    await locked_client.submit(scripted(theirs, CALC))
+    assert (await locked_client.wait(theirs, timeout=bound(60))).status == "completed"
     nowhere = run_id("nowhere")
     for verb in S.RUN_READ_VERBS:
         got = await raw_read(locked[0], verb, RunRead(run_id=theirs))
@@ -209,7 +209,7 @@ async def test_another_tenants_run_is_answered_exactly_as_a_missing_one(
     with pytest.raises(TimeoutError):
         await acme.wait(theirs, timeout=bound(1.5))
     # and the default tenant's client still reads it whole (a single-tenant deployment's client reads everything)
-    assert (await client.state(theirs, history=True)).messages  # type: ignore[union-attr]
+    assert (await locked_client.state(theirs, history=True)).messages  # type: ignore[union-attr]
 
 
 # --- no direct read of the runs, the events or the queue; no other tenant's read subject ---------------------------
@@ -229,12 +229,12 @@ async def acme_connection(url: str, errors: list[str]) -> NatsClient:
 
 
 async def test_a_tenant_client_gets_nothing_from_the_runs_buckets_event_stream_live_events_or_queue(
-    locked: tuple[str, LocalStack], client: Client
+    locked: tuple[str, LocalStack], locked_client: Client
 ) -> None:
     url = locked[0]
     theirs = run_id("default")
-    await client.submit(scripted(theirs, CALC))
-    assert (await client.wait(theirs, timeout=bound(60))).status == "completed"
+    await locked_client.submit(scripted(theirs, CALC))
+    assert (await locked_client.wait(theirs, timeout=bound(60))).status == "completed"
     asks = {  # what each asks, and what a reader with the right would get back
         f"$JS.API.DIRECT.GET.KV_{S.KV_RUNS}.$KV.{S.KV_RUNS}.{theirs}": b"",
         f"$JS.API.DIRECT.GET.KV_{S.KV_HISTORY}.$KV.{S.KV_HISTORY}.{theirs}.0": b"",
@@ -282,8 +282,8 @@ async def test_a_tenant_client_gets_nothing_from_the_runs_buckets_event_stream_l
         await nc.flush()
         await asyncio.sleep(bound(0.3))
         other = run_id("default")
-        await client.submit(scripted(other, CALC))
-        await client.wait(other, timeout=bound(60))
+        await locked_client.submit(scripted(other, CALC))
+        await locked_client.wait(other, timeout=bound(60))
     finally:
         await nc.close()
     assert any("permissions violation for subscription" in e.lower() for e in errors), errors
@@ -291,15 +291,15 @@ async def test_a_tenant_client_gets_nothing_from_the_runs_buckets_event_stream_l
 
 
 async def test_a_tenant_client_reads_no_other_tenants_large_body_from_the_claim_check_store(
-    locked: tuple[str, LocalStack], client: Client
+    locked: tuple[str, LocalStack], locked_client: Client
 ) -> None:
     """Large bodies (a long answer, a big tool result) are stored by reference in LW_PAYLOADS; every user may
     list its subjects (stream info), so each body must be readable only by those its run belongs to."""
     url, secret = locked[0], f"SECRET-{uuid.uuid4().hex}-"
     theirs = run_id("default")
     submit = scripted(theirs, [{"text": secret * (300_000 // len(secret))}])
-    await client.submit(submit)
-    assert (await client.wait(theirs, timeout=bound(60))).status == "completed"
+    await locked_client.submit(submit)
+    assert (await locked_client.wait(theirs, timeout=bound(60))).status == "completed"
     known = ref_for(submit.model_dump_json(by_alias=True).encode())  # the submit's body: its name can be had
     errors: list[str] = []
     nc = await acme_connection(url, errors)

@@ -20,7 +20,7 @@ from shared import subjects as S
 from shared.bus import RequestRefused
 from shared.messages import BudgetDecision, DeadLetter, ErrorReply, RunAdvance
 from shared.scenario import parse_scenario
-from tests.conftest import TEST_ENV
+from tests.support.stacks import TEST_ENV
 from tests.support.timing import bound, eventually
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,9 +14,9 @@ from loopwarden.client import Client, tool_metrics
 from loopwarden.stack import LocalStack
 from shared import subjects as S
 from shared.messages import ToolContract
-from tests.conftest import ROOT, escalations_of, run_scenario
 from tests.support.otlp_collector import OtlpCollector
-from tests.support.runs import GOOD_SEARCH, submit, tool_results
+from tests.support.paths import ROOT
+from tests.support.runs import GOOD_SEARCH, escalations_of, run_scenario, submit, tool_results
 from tests.support.timing import bound, polls
 
 

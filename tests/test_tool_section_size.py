@@ -21,8 +21,9 @@ from services.planner import context as C
 from shared import subjects as S
 from shared import tokens
 from shared.messages import RunSubmit, ToolContract
+from tests.support.model_turns import call
+from tests.support.reads import registered
 from tests.support.timing import bound
-from tests.test_progressive_tools import call, registered
 
 BASE = ("calculator", "exchange_rate", "submit_result")
 SHARE = 0.25

@@ -14,8 +14,8 @@ from shared.messages import escalation_id_for_call
 from shared.scenario import parse_scenario
 from shared.settings import Settings
 from shared.telemetry import setup_telemetry
-from tests.conftest import escalations_of
 from tests.support.otlp_collector import OtlpCollector
+from tests.support.runs import escalations_of
 from tests.support.timing import bound
 from tests.support.tracing import spans_of_run
 

@@ -35,8 +35,9 @@ from shared.payloads import PayloadError
 from shared.permissions import OPERATORS, TENANT_CLIENTS, rights
 from shared.scenario import parse_scenario
 from shared.settings import Settings
-from tests.conftest import ROOT, TEST_ENV
 from tests.support import locked as L
+from tests.support.paths import ROOT
+from tests.support.stacks import TEST_ENV
 from tests.support.timing import bound, polls
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
@@ -63,7 +64,7 @@ def as_user(url: str, user: str) -> Settings:
 
 
 @pytest.fixture
-async def client(url: str) -> AsyncIterator[Client]:
+async def locked_client(url: str) -> AsyncIterator[Client]:
     async with Client(as_user(url, "client")) as c:
         yield c
 
@@ -107,7 +108,7 @@ async def completes(client: Client, run_id: str | None = None, timeout: float = 
 # --- D1, D9: no one but the admin creates, updates or deletes a consumer ------------------------------
 
 
-async def test_a_client_cannot_rewrite_a_services_durable(url: str, admin: Client, client: Client) -> None:
+async def test_a_client_cannot_rewrite_a_services_durable(url: str, admin: Client, locked_client: Client) -> None:
     """nats-server takes a create that *names* an existing durable as an update of it (``name``, or
     ``action: update``): the client's grant has no consumer create at all, so every form is refused, the
     durable keeps its config, and runs still complete."""
@@ -142,7 +143,7 @@ async def test_a_client_cannot_rewrite_a_services_durable(url: str, admin: Clien
     assert failures.max_deliver != 1 and failures.ack_wait != 0.001
     verdicts = (await js.consumer_info(S.STREAM_EVT, S.DURABLE_PLANNER_VERDICTS)).config
     assert verdicts.durable_name == S.DURABLE_PLANNER_VERDICTS and not verdicts.inactive_threshold
-    await completes(client)
+    await completes(locked_client)
 
 
 @pytest.mark.parametrize("user", UNTRUSTED)
@@ -160,9 +161,9 @@ async def test_no_person_creates_a_consumer_on_any_stream(url: str, admin: Clien
     assert {s: (await js.stream_info(s)).state.consumer_count for s in streams} == before
 
 
-async def test_a_client_reads_history_and_values_without_a_consumer(client: Client) -> None:
-    state = await completes(client)
-    events = await client.events(state.run_id)
+async def test_a_client_reads_history_and_values_without_a_consumer(locked_client: Client) -> None:
+    state = await completes(locked_client)
+    events = await locked_client.events(state.run_id)
     assert [e.kind for e in events][-1] == "run.completed" and all(e.seq > 0 for e in events)
     assert state.messages, "the conversation is read by direct gets"
 
@@ -170,7 +171,7 @@ async def test_a_client_reads_history_and_values_without_a_consumer(client: Clie
 # --- D2: a reply subject is not a place to write ------------------------------------------------------
 
 
-async def test_a_reply_subject_cannot_make_a_responder_write_elsewhere(url: str, client: Client) -> None:
+async def test_a_reply_subject_cannot_make_a_responder_write_elsewhere(url: str, locked_client: Client) -> None:
     """``rpc.escalation.show`` with reply ``$KV.lw_runs.<victim>``: with ``allow_responses`` the escalation
     service wrote its answer over the victim's record (the run never ended). Now the service answers only
     inboxes, and its grant allows no other reply subject: the record is untouched, the run completes."""
@@ -181,23 +182,23 @@ async def test_a_reply_subject_cannot_make_a_responder_write_elsewhere(url: str,
         for reply in (f"$KV.{S.KV_RUNS}.{victim}", f"$KV.{S.KV_RUNS}.{planted}", f"$KV.{S.KV_CONTRACTS}.search"):
             await nc.publish(S.ESCALATION_SHOW, body, reply=reply)
         await nc.flush()
-        run_id = await client.submit_scenario(DEMO, run_id=victim)
+        run_id = await locked_client.submit_scenario(DEMO, run_id=victim)
         for _ in range(3):  # and again while the run is going
             await asyncio.sleep(0.3)
             await nc.publish(S.ESCALATION_SHOW, body, reply=f"$KV.{S.KV_RUNS}.{victim}")
         await nc.flush()
-    state = await client.wait(run_id, timeout=bound(90))
+    state = await locked_client.wait(run_id, timeout=bound(90))
     assert state.status == "completed", state.final_reason
     await asyncio.sleep(bound(0.5))
-    assert await client.bus.kv_get(S.KV_RUNS, planted, RunSnapshot) == (None, 0)
-    assert (await client.state(victim)) is not None  # still a RunSnapshot
-    await completes(client)  # the contracts still read: new runs are taken
+    assert await locked_client.bus.kv_get(S.KV_RUNS, planted, RunSnapshot) == (None, 0)
+    assert (await locked_client.state(victim)) is not None  # still a RunSnapshot
+    await completes(locked_client)  # the contracts still read: new runs are taken
 
 
 # --- D5: a client's message id cannot pre-claim a service's ----------------------------------------------
 
 
-async def test_a_client_cannot_pre_claim_the_planners_next_message_id(url: str, client: Client) -> None:
+async def test_a_client_cannot_pre_claim_the_planners_next_message_id(url: str, locked_client: Client) -> None:
     """The planner's ids are predictable (``<run>.judge.<candidate>``). A client publishing junk with that id
     on the submit subject made the real judge request a duplicate on LW_CMD: the judged run waited forever.
     Submits now live in LW_SUBMIT, whose de-duplication window is its own."""
@@ -206,8 +207,8 @@ async def test_a_client_cannot_pre_claim_the_planners_next_message_id(url: str, 
         for n in range(1, 6):
             for msg_id in (ids.judge_request(victim, ids.candidate(victim, n)), f"{victim}.adv.{n}"):
                 await attacker.bus.publish(S.run_submit(), b"{}", msg_id=msg_id)
-    state = await completes(client, victim)
-    assert any(e.kind == "judge.verdict" for e in await client.events(victim))
+    state = await completes(locked_client, victim)
+    assert any(e.kind == "judge.verdict" for e in await locked_client.events(victim))
     assert state.status == "completed"
 
 
@@ -304,22 +305,22 @@ async def test_the_client_cannot_read_dead_letters(url: str) -> None:
 # --- D3: an over-long id takes no service off the bus -----------------------------------------------------
 
 
-async def test_an_over_long_id_leaves_the_escalation_service_answering(client: Client) -> None:
+async def test_an_over_long_id_leaves_the_escalation_service_answering(locked_client: Client) -> None:
     """``rpc.escalation.show`` with a 5,000-character id put a subject past the server's control line: the
     server closed the service's connection and nats-py never reconnected. Keys and tokens are bounded now."""
     # sent raw, as an attacker would: a query is small (its body limit refuses this one unread; the contract bounds
     # the id as well), and the service answers the refusal instead of putting the id in a subject
-    raw = await client.bus.nc.request(
+    raw = await locked_client.bus.nc.request(
         S.ESCALATION_SHOW, json.dumps({"escalation_id": "a" * 5000}).encode(), timeout=bound(10)
     )
     assert b"over the limit of 2048" in raw.data and b'"ok":true' not in raw.data.replace(b" ", b""), raw.data[:300]
     for _ in range(3):
-        assert (await client.escalations()) is not None  # NoRespondersError when the service is off the bus
+        assert (await locked_client.escalations()) is not None  # NoRespondersError when the service is off the bus
         await asyncio.sleep(0.3)
     # nor can a client's own connection be made to send such a subject
     assert len(S.token("a" * 5000)) <= S.MAX_TOKEN and len(S.kv_key("a" * 5000)) <= S.MAX_KEY
-    assert await client.bus.kv_get(S.KV_RUNS, "r" * 5000, RunSnapshot) == (None, 0)
-    assert client.bus.nc.is_connected
+    assert await locked_client.bus.kv_get(S.KV_RUNS, "r" * 5000, RunSnapshot) == (None, 0)
+    assert locked_client.bus.nc.is_connected
 
 
 # --- D19: a letter is handed back once --------------------------------------------------------------------
@@ -494,18 +495,18 @@ async def test_a_service_whose_connection_is_closed_for_good_exits_non_zero(shor
         await asyncio.to_thread(stack.stop)
 
 
-async def test_the_console_user_keeps_its_live_view_without_a_consumer(url: str, client: Client) -> None:
+async def test_the_console_user_keeps_its_live_view_without_a_consumer(url: str, locked_client: Client) -> None:
     """The console's runs and timelines come from direct gets and a core subscription (its grant has no
     consumer create): a run completed before it started and one completed after are both in its view."""
     from loopwarden.console.live import LiveView
 
-    before = await completes(client)
+    before = await completes(locked_client)
     async with Client(as_user(url, "console"), identity="console") as console:
         live = LiveView(console)
         await live.start()
         try:
             assert before.run_id in live.runs and before.run_id in live.timelines
-            after = await completes(client)
+            after = await completes(locked_client)
             for _ in range(polls(50)):
                 if after.run_id in live.runs and live.runs[after.run_id].status == "completed":
                     break

@@ -15,8 +15,8 @@ import nats
 from loopwarden.infra import bootstrap
 from loopwarden.stack import free_port
 from shared import subjects as S
-from tests.conftest import TEST_ENV
 from tests.support import locked as L
+from tests.support.stacks import TEST_ENV
 from tests.support.timing import bound, eventually_sync
 
 

@@ -11,7 +11,7 @@ import asyncio
 
 from loopwarden.client import Client
 from shared.scenario import load_scenario
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 from tests.support.timing import bound
 
 ESCALATES = ROOT / "scenarios" / "correction-escalates.yaml"

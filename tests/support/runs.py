@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 from loopwarden.client import Client
 from loopwarden.stack import LocalStack, tail
-from shared.messages import RunSnapshot
-from tests.support.timing import bound
+from shared.messages import Escalation, RunSnapshot
+from shared.scenario import parse_scenario
+from tests.support.timing import bound, eventually
 
 GOOD_SEARCH = {
     "status": "success",
@@ -56,3 +58,30 @@ async def healthy_planner_finishes(stack: LocalStack, client: Client, run_id: st
     finally:
         healthy.popen.terminate()
         await asyncio.to_thread(healthy.popen.wait, 15)
+
+
+async def run_scenario(
+    client: Client,
+    scenario: dict[str, Any],
+    timeout: float = bound(30),
+    until: tuple[str, ...] = ("completed", "stopped", "failed"),
+) -> RunSnapshot:
+    """A scripted run submitted, as it ended (or as it stood at one of ``until``)."""
+    run_id = await client.submit_scenario(parse_scenario(scenario))
+    return await client.wait(run_id, timeout=timeout, until=until)
+
+
+async def escalations_of(client: Client, run_id: str, count: int = 1, timeout: float = bound(10)) -> list[Escalation]:
+    """The run's open escalations, once ``count`` exist: the queue item is created by the escalation
+    service from its own message, a moment after the run's state says it is waiting. Fewer after
+    ``timeout``: the ones there are, for the caller's assertion to show."""
+    items: list[Escalation] = []
+
+    async def enough() -> bool:
+        nonlocal items
+        items = (await client.escalations(run_id=run_id)).escalations
+        return len(items) >= count
+
+    with contextlib.suppress(AssertionError):
+        await eventually(enough, what=f"{count} escalation(s) of {run_id}", within=timeout)
+    return items

@@ -15,7 +15,7 @@ from loopwarden.generate.auth_conf import EXAMPLE_FILE, OUT
 from shared import subjects as S
 from shared.access import EXAMPLE, AccessError, AccessFile, load_access, parse_access
 from shared.permissions import grants, render, rights
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 
 HASH = bcrypt.hashpw(b"pw", bcrypt.gensalt(4)).decode()
 MORE = {

@@ -14,12 +14,12 @@ from pydantic import ValidationError
 
 from services.governor.budget import BudgetLedger, calibrated, evaluate, observe, updated_ratio
 from services.planner import context as C
-from services.planner.state import Iteration, RunConfig, RunState
 from shared import tokens
-from shared.messages import BudgetRequest, ChatMessage, SectionTokens, TextBlock, Usage
+from shared.messages import BudgetRequest, ChatMessage, SectionTokens, Usage
 from shared.pricing import cost_usd, model_price, usage_for
 from shared.providers.prompt_cache import Block, PromptCache
 from shared.settings import Settings
+from tests.support.transitions import state_of
 
 
 def blocks(*sizes: int, marks: tuple[int, ...] = ()) -> list[Block]:
@@ -173,37 +173,8 @@ def test_tenant_ceilings_setting_is_checked() -> None:
 # --- history counted once per message ---------------------------------------------------------
 
 
-def state(n: int) -> RunState:
-    cfg = RunConfig(
-        max_iterations=5,
-        max_judge_retries=0,
-        max_schema_corrections=1,
-        cost_ceiling_usd=1,
-        run_token_budget=1000,
-        context_budget_tokens=1000,
-        not_judged_policy="fail",
-        loop_policy="stop",
-        loop_window=6,
-        loop_repeat_threshold=3,
-        answer_mode="submit",
-        terminal_tools=["submit_result"],
-        allowed_tools=None,
-        rubric=None,
-        lessons=False,
-        model="claude-sonnet-4-5",
-        max_output_tokens=100,
-        max_tool_result_tokens=100,
-        keep_recent_turns=3,
-    )
-    msgs = [
-        ChatMessage(role="user" if i % 2 == 0 else "assistant", content=[TextBlock(text=f"m{i} " * 50)])
-        for i in range(n)
-    ]
-    return RunState(run_id=f"r{n}", task="t", config=cfg, iteration=Iteration(n=1), messages=msgs)
-
-
 def test_history_tokens_counts_new_messages_only_and_agrees_with_a_full_count() -> None:
-    s = state(40)
+    s = state_of(40)
     full = sum(tokens.count_message(m) for m in s.messages)
     assert C.history_tokens(s.run_id, s.messages[:30]) == sum(tokens.count_message(m) for m in s.messages[:30])
     assert C.history_tokens(s.run_id, s.messages) == full
@@ -245,7 +216,7 @@ def test_a_budget_check_costs_the_same_at_step_80_as_at_step_10() -> None:
     from bench.cost import SNIPPET, budget_check_at
     from shared.messages import ToolResultBlock, ToolUseBlock
 
-    s = state(1)
+    s = state_of(1)
     for i in range(80):
         s.messages.append(
             ChatMessage(role="assistant", content=[ToolUseBlock(id=f"t{i}", name="search", input={"query": f"q{i}"})])

@@ -12,7 +12,7 @@ from types import ModuleType
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 
 FACES = ("shared.messages", "loopwarden.client", "loopwarden.runtree", "shared.tools")
 SOURCES = ("shared", "services", "loopwarden", "bench", "tests")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from services.planner.outcomes import apply_outcome
 from services.planner.state import RunState
 from shared.messages import FailureType, ToolOutcome
-from tests.unit.test_planner_transitions import events, new_run, turn
+from tests.support.transitions import events, new_run, turn
 
 
 def told(state: RunState, ftype: FailureType | None, attempt_id: str = "a-c1") -> list[str]:

@@ -4,7 +4,7 @@ is reshaping it). A new entry here is a decision a reviewer reads in the diff.""
 
 from __future__ import annotations
 
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 
 SOURCES = ("shared", "services", "loopwarden", "bench")
 MAX_LINES = 500

@@ -14,78 +14,21 @@ from services.planner import loops
 from services.planner.escalations import apply_resolution
 from services.planner.judging import apply_verdict
 from services.planner.outbox import Outbox
-from services.planner.outcomes import apply_outcome
 from services.planner.state import MAX_APPLIED, RunState
-from services.planner.turns import apply_guard, apply_model_response, resolve_config, start_run
+from services.planner.turns import apply_guard
 from shared.messages import (
     Criterion,
     EscalationRaise,
     EscalationResolution,
-    FailureType,
     LoopDetected,
     Rubric,
     RunEvent,
     RunFinished,
-    RunLimits,
-    RunSubmit,
-    ToolContract,
-    ToolOutcome,
-    ToolUseBlock,
     Verdict,
 )
-from shared.providers.base import ModelResponse
-from shared.settings import Settings
+from tests.support.transitions import events, new_run, outcome, turn
 
-
-def contract(name: str, terminal: bool = False) -> ToolContract:
-    schema = {"type": "object"}
-    return ToolContract(name=name, description=name, inputSchema=schema, outputSchema=schema, terminal=terminal)
-
-
-TOOLS = {c.name: c for c in (contract("search"), contract("lookup"), contract("submit_result", terminal=True))}
 RUBRIC = Rubric(criteria=[Criterion(name="accurate")])
-
-
-def new_run(answer_mode: str = "auto", rubric: Rubric | None = None, **limits: Any) -> RunState:
-    submit = RunSubmit(
-        run_id="r1",
-        task="What is new?",
-        answer_mode=answer_mode,  # type: ignore[arg-type]
-        rubric=rubric,
-        limits=RunLimits(**limits),
-    )
-    out = start_run(submit, resolve_config(submit, Settings(), TOOLS), [])
-    return out.state
-
-
-def turn(state: RunState, text: str = "", *calls: tuple[str, str, dict[str, Any]]) -> Outbox:
-    blocks = [ToolUseBlock(id=call_id, name=name, input=args) for call_id, name, args in calls]
-    return apply_model_response(state, ModelResponse(text=text, tool_calls=blocks, model="m"), TOOLS)
-
-
-def outcome(state: RunState, call_id: str, ftype: FailureType | None = None, error: str = "it broke") -> Outbox:
-    record = next(c for c in state.iteration.tool_calls if c.call_id == call_id)
-    return apply_outcome(
-        state,
-        ToolOutcome(
-            run_id=state.run_id,
-            iteration=state.iteration.n,
-            call_id=call_id,
-            attempt_id=f"a-{call_id}",
-            tool=record.tool,
-            requested_tool=record.tool,
-            success=ftype is None,
-            data={"ok": True} if ftype is None else None,
-            failure_type=ftype,
-            error=None if ftype is None else error,
-        ),
-    )
-
-
-def events(out: Outbox) -> list[str]:
-    """The run events and failure events published, by kind, in order."""
-    commands = ("RunAdvance", "ToolCall", "JudgeRequest", "EscalationRaise", "EscalationWithdraw")
-    return [RunEvent.model_validate_json(i.payload).root.kind for i in out.items if i.model not in commands]
 
 
 def raised(out: Outbox) -> list[EscalationRaise]:

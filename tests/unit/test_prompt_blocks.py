@@ -56,15 +56,14 @@ def test_tool_specs_are_the_same_objects_per_contract_and_count_as_their_dump() 
     from services.planner import context as C
     from shared import tokens
     from shared.messages import ToolContract
-
-    from .test_cost_parts import state
+    from tests.support.transitions import state_of
 
     schema = {"type": "object", "properties": {"e": {"type": "string", "description": "expression " * 30}}}
     contracts = {
         n: ToolContract(name=n, description=f"{n}. Does it well.", inputSchema=schema, outputSchema=schema)
         for n in ("a", "b", "submit_result")
     }
-    s = state(4)
+    s = state_of(4)
     first, again = C.tool_specs(s, contracts), C.tool_specs(s, contracts)
     assert all(x is y for x, y in zip(first, again, strict=True))
     assert C.tools_tokens(again) == sum(tokens.count_json(t.model_dump()) for t in again)

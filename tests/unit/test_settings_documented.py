@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 from shared.settings import Settings, env_name
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 
 
 def documented() -> set[str]:

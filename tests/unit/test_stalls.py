@@ -29,7 +29,7 @@ from shared.messages import (
 )
 from shared.replicas import Fleet, alive
 from shared.settings import Settings
-from tests.unit.test_planner_transitions import new_run, outcome, turn
+from tests.support.transitions import new_run, outcome, turn
 
 NOW = utcnow()
 

@@ -7,7 +7,7 @@ import configparser
 import subprocess
 
 from loopwarden.stack import SERVICES, module_of
-from tests.conftest import ROOT
+from tests.support.paths import ROOT
 
 UNITS = ROOT / "deploy" / "systemd"
 
