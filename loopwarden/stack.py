@@ -83,6 +83,8 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
 
 
 READY_SETTING = "LW_STACK_READY_TIMEOUT_S"
+# what a service says when the health port it was handed is in use (``shared/health.py``)
+HEALTH_PORT_TAKEN = (b"invalid setting LW_HEALTH_PORT: cannot listen", b"address already in use")
 
 
 def wait_for_port(port: int, timeout: float = 15.0, proc: subprocess.Popen[bytes] | None = None) -> None:
@@ -260,9 +262,18 @@ class LocalStack:
         timeout = self.ready_timeout() if timeout is None else timeout
         deadline = time.monotonic() + timeout
         waiting = list(procs)
+        retried: dict[str, int] = {}
         while waiting and time.monotonic() < deadline:
             for proc in list(waiting):
                 if proc.popen.poll() is not None:
+                    said = read_from(proc.log, proc.log_start)
+                    if all(m in said for m in HEALTH_PORT_TAKEN) and retried.get(proc.name, 0) < 3:
+                        # the free port it was given was taken before it could bind (another stack starting
+                        # at the same moment): the same service again on another port
+                        retried[proc.name] = retried.get(proc.name, 0) + 1
+                        self.procs.remove(proc)
+                        waiting[waiting.index(proc)] = self.start_service(proc.service, label=proc.name)
+                        continue
                     raise StackError(f"{proc.name} exited with code {proc.popen.returncode}:\n{tail(proc.log)}")
                 if f"loopwarden-{proc.service} ready".encode() in read_from(proc.log, proc.log_start):
                     waiting.remove(proc)
