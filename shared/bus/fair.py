@@ -107,7 +107,8 @@ class FairSlots(Generic[T]):
         # once the clock passes it, ``arrive`` would start it at the clock anyway. Bounded by the keys seen lately.
         if len(self._pass) <= len(self.running) + len(self._waiting):
             return
-        idle = [k for k, p in self._pass.items() if p <= self._clock and k not in self._waiting and k not in self.running]
+        busy = self._waiting.keys() | self.running.keys()
+        idle = [k for k, p in self._pass.items() if p <= self._clock and k not in busy]
         for key in idle:
             del self._pass[key]
             self._weight.pop(key, None)

@@ -69,8 +69,8 @@ class _Pull:
     """One durable pull consumer driven directly on nats-py: pull requests ask for as many
     messages as there are free slots, plus a lookahead; each delivered message runs as its own task
     once it has a slot. Messages beyond the free slots wait here (heartbeaten like running ones), per
-    tenant: a slot that frees goes to the tenant served least per unit of weight, so a tenant's message
-    fetched behind another's backlog is not handled after all of it."""
+    tenant: a slot that frees goes to the tenant holding fewest per unit of weight (``FairSlots``), so a
+    tenant's message fetched behind another's backlog is not handled after all of it."""
 
     def __init__(self, bus: BusBase, spec: ConsumerSpec, model: type[Any], handler: Handler[Any]) -> None:
         self.bus, self.spec, self.model, self.handler = bus, spec, model, handler
