@@ -128,9 +128,17 @@ class _Pull:
                 await msg.nak()
             return
         self.held[id(msg)] = msg
-        tenant, weight = tenant_of(msg.headers)
+        tenant, weight = self.tenant_of(msg)
         if self.slots.arrive(tenant, msg, weight) is not None:
             self.begin(msg, tenant)
+
+    @staticmethod
+    def tenant_of(msg: Msg) -> tuple[str, float]:
+        """Whose work ``msg`` is, and that tenant's weight. A client's submit is its subject's tenant (the server
+        lets a client publish only its own), never what its headers say: a client could write any there."""
+        if msg.subject.startswith(S.RUN_SUBMIT_PREFIX + "."):  # ``<prefix>.<tenant>[.replay]`` as sent
+            return S.as_sent(msg.subject)[len(S.RUN_SUBMIT_PREFIX) + 1 :].split(".", 1)[0], 1.0
+        return tenant_of(msg.headers)
 
     def begin(self, msg: Msg, tenant: str) -> None:
         task = asyncio.create_task(self.run(msg, tenant))
@@ -183,7 +191,7 @@ class _Pull:
         finally:
             self.held.pop(id(msg), None)
             for held in self.slots.done(tenant):  # the slot goes to whoever is owed it
-                self.begin(held, tenant_of(held.headers)[0])
+                self.begin(held, self.tenant_of(held)[0])
             self.wake.set()
 
     def run_of(self, msg: Msg) -> str | None:

@@ -106,3 +106,18 @@ def test_drain_hands_back_everything_held() -> None:
     fill(slots, "b", 2)
     assert sorted(slots.drain()) == ["a1", "a2", "b0", "b1"]
     assert len(slots) == 0 and slots.done("a") == []
+
+
+def test_a_clients_submit_is_its_subjects_tenant_whatever_its_headers_say() -> None:
+    from nats.aio.msg import Msg
+
+    from shared import subjects as S
+    from shared.bus.pulls import _Pull
+
+    forged = {"Lw-Tenant": "someone-else", "Lw-Tenant-Weight": "999"}
+    stored = S.RUN_SUBMIT_PREFIX + ".3.acme"  # as LW_SUBMIT stores it: under its partition of the door
+    assert _Pull.tenant_of(Msg(None, subject=stored, headers=forged)) == ("acme", 1.0)  # type: ignore[arg-type]
+    replay = S.run_replay("acme")
+    assert _Pull.tenant_of(Msg(None, subject=replay, headers=forged)) == ("acme", 1.0)  # type: ignore[arg-type]
+    command = S.tool_execute("calculator")
+    assert _Pull.tenant_of(Msg(None, subject=command, headers=forged)) == ("someone-else", 999.0)  # type: ignore[arg-type]
