@@ -12,7 +12,7 @@ step, then one in three pays once with the non-idempotent ``transfer_funds``, on
 ledger, then a submit) while each service in turn is replaced: the other version started, ready,
 then the replica it replaces stopped with SIGTERM (it drains). Every run completes, none is lost,
 none charged twice, nothing is dead-lettered. The long form (two rounds each way, a run every 0.35 s):
-``LW_LONG_UPGRADE=1 .venv/bin/pytest tests/test_rolling_upgrade.py -m slow -s``.
+``LW_LONG_UPGRADE=1 .venv/bin/pytest tests/own/test_rolling_upgrade.py -m slow -s``.
 """
 
 from __future__ import annotations
