@@ -214,16 +214,27 @@ def stored_age_s(reply: str | None, now_ns: int) -> float | None:
     return max(0.0, (now_ns - stored) / 1e9)
 
 
+# How many deliveries past ``LW_MAX_DELIVER`` a consumer makes (``consumer_config``): room for a message handed
+# back at once rather than crashed on. nats-server gives a message handed back to the next waiting pull request,
+# round robin, so a stopping replica of release 0.31 (which nak'd at once what its open pull requests still
+# brought) burns one delivery per request it had open before a live replica's request takes it.
+HANDED_BACK_MARGIN = 16
+
+
+def last_delivery(limit: int) -> int:
+    """The consumer's ``max_deliver``: past it nats-server delivers the message no more."""
+    return limit + HANDED_BACK_MARGIN
+
+
 def hung_every_time(deliveries: int, limit: int, age_s: float | None, ack_wait_s: float) -> bool:
     """Whether a message on its ``deliveries``-th delivery is dead-lettered before it runs again, as one that
     crashed its process or hung on each of ``limit`` deliveries. Such a delivery ends only when the ack wait
-    runs out, so they take ``limit`` ack waits at least. A message that came back faster was handed back
-    (a stopping replica of release 0.31 nak'd at once what its open pull requests still brought, each bounce
-    a delivery): it runs once more. The consumer's last delivery (``limit`` + 2, ``consumer_config``) is
-    dead-lettered whatever its age, so nothing is left undelivered in silence."""
+    runs out, so they take ``limit`` ack waits at least; a message past the limit that came back sooner was
+    handed back (a nak) and runs again. The consumer's last delivery is dead-lettered whatever its age, so
+    nothing is left undelivered in silence."""
     if deliveries <= limit:
         return False
-    if deliveries > limit + 1 or age_s is None:
+    if deliveries >= last_delivery(limit) or age_s is None:
         return True
     return age_s >= limit * ack_wait_s
 
