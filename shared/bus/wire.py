@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
+from collections.abc import Iterator
 from typing import Any, TypeVar
 
 from nats.aio.client import Client as NatsClient
@@ -29,6 +32,53 @@ KV_OP_HEADER = "KV-Operation"
 EXPECTED_STREAM_HEADER = "Nats-Expected-Stream"
 EXPECTED_LAST_SUBJECT_SEQUENCE_HEADER = "Nats-Expected-Last-Subject-Sequence"
 WRONG_LAST_SEQUENCE = (10071, 10164)  # JetStream err_codes of a failed compare-and-swap
+# Whose work a message is (the run's tenant) and that tenant's weight: what a consumer's fair dispatch orders
+# by (``fair.py``). The planner sets it on what it publishes for a run; every other service's messages carry on
+# the tenant of the message being handled. A scheduling hint only: nothing is allowed or refused by it.
+TENANT_HEADER = "Lw-Tenant"
+TENANT_WEIGHT_HEADER = "Lw-Tenant-Weight"
+_TENANT: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar("lw_tenant", default=None)
+
+
+@contextlib.contextmanager
+def tenant_scope(tenant: str | None, weight: float = 1.0) -> Iterator[None]:
+    """Messages published inside carry ``tenant`` (and its weight unless 1) in their headers."""
+    token = _TENANT.set((tenant, "" if weight == 1 else f"{weight:g}") if tenant else None)
+    try:
+        yield
+    finally:
+        _TENANT.reset(token)
+
+
+def tenant_headers(headers: dict[str, str]) -> None:
+    """Add the current tenant (``tenant_scope``, or the message being handled) to an outgoing message's headers."""
+    current = _TENANT.get()
+    if current is not None:
+        headers[TENANT_HEADER] = current[0]
+        if current[1]:
+            headers[TENANT_WEIGHT_HEADER] = current[1]
+
+
+def tenant_of(headers: dict[str, str] | None) -> tuple[str, float]:
+    """The tenant a received message's headers name ("" for none) and its weight (1 unless a positive number)."""
+    if not headers:
+        return "", 1.0
+    try:
+        weight = float(headers.get(TENANT_WEIGHT_HEADER) or 1.0)
+    except ValueError:
+        weight = 1.0
+    return headers.get(TENANT_HEADER, ""), weight if 0 < weight < 1e6 else 1.0
+
+
+def handling(headers: dict[str, str] | None) -> contextvars.Token[tuple[str, str] | None]:
+    """While a received message is handled, what its handler publishes carries on its tenant (``_TENANT.reset``)."""
+    tenant = headers.get(TENANT_HEADER) if headers else None
+    weight = (headers or {}).get(TENANT_WEIGHT_HEADER, "")
+    return _TENANT.set((tenant, weight) if tenant else None)
+
+
+def handled(token: contextvars.Token[tuple[str, str] | None]) -> None:
+    _TENANT.reset(token)
 
 
 def decode(model: type[M], data: bytes) -> M:
