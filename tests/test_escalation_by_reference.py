@@ -54,6 +54,6 @@ async def test_a_schema_cap_item_has_the_calls_arguments_error_and_the_last_turn
     assert item.details.get("arguments") == {"expr": "1+1"}, item.details
     assert item.details.get("failure_type") == "input_invalid"
     assert "expression" in str(item.details.get("error"))  # the error the model read names the missing field
-    assert item.context and "Add one and one" in item.context[0].text()  # the last turns, from the record
+    assert item.context and "Add one and one" in item.context[0].text()  # the last turns, as the raise carried them
     assert (await ref_client.resolve(item.escalation_id, "oncall", "abort")).ok
     assert (await ref_client.wait(run_id, timeout=bound(30))).status == "stopped"

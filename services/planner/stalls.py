@@ -26,7 +26,7 @@ from typing import Any
 
 from services.planner import ids
 from services.planner.delegation import DELEGATE
-from services.planner.outbox import Outbox, finish
+from services.planner.outbox import Outbox, carried, finish
 from services.planner.state import Iteration, RunConfig, RunState, Stall
 from shared import subjects as S
 from shared.dead_letters import requeue_command
@@ -68,6 +68,7 @@ def _raise_item(out: Outbox, reason: str, seq: int, letter: DeadLetter) -> Escal
         kind="stalled",
         reason=reason,
         details=EscalationDetails(letter=seq, service=letter.service, subject=letter.subject[:512]),
+        **carried(s),
     )
     out.add(S.ESCALATION_RAISE, raised, ids.escalation_raise(s.run_id, raised.escalation_id))
     return raised

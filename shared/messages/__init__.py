@@ -50,6 +50,7 @@ from shared.messages.conversation import (
     Usage,
 )
 from shared.messages.escalations import (
+    CONTEXT_TURNS_CARRIED,
     Escalation,
     EscalationClaim,
     EscalationDetails,
@@ -254,6 +255,7 @@ __all__ = [
     "BUCKET_PATTERN",
     "CALL_FAILURES",
     "CALL_ID_PATTERN",
+    "CONTEXT_TURNS_CARRIED",
     "DEFAULT_PRIORITY",
     "DIGEST_PATTERN",
     "ESCALATION_ID_PATTERN",

@@ -8,6 +8,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field, SecretStr, field_validator
 
+from shared.messages import CONTEXT_TURNS_CARRIED
+
 
 def json_object(v: str) -> dict[str, Any]:
     """A setting's JSON object, or a ``ValueError`` saying why it is not one."""
@@ -24,7 +26,12 @@ class PeopleSettings(BaseModel):
     # --- escalation queue and console -------------------------------------------------
     escalation_lease_s: float = Field(300.0, gt=0, description="a claim expires unless renewed within this")
     escalation_sweep_s: float = Field(1.0, gt=0, description="how often leases and SLA deadlines are checked")
-    escalation_context_turns: int = Field(6, ge=0, description="last turns of the run copied into a queue item")
+    escalation_context_turns: int = Field(
+        6,
+        ge=0,
+        le=CONTEXT_TURNS_CARRIED,
+        description="last turns of the run kept in a queue item (of those its raiser carries, at most 20)",
+    )
     escalation_slas: str | None = Field(
         None,
         description='JSON: kind -> {"after_s": seconds, "action": abort|deny|accept_if_judged|fall_back}, '
