@@ -180,8 +180,9 @@ GRANTS: dict[str, Grant] = {
         # the queue's requests, and the operators' agent registrations (it holds the roster that decides them)
         subscribe=(f"{S.P}.rpc.escalation.>", f"{S.AGENT_REGISTER_PREFIX}.>"),
         kv_write=(S.KV_ESCALATIONS, S.KV_AGENTS, S.KV_HUMAN_COUNTS),  # and each tenant's open items (the planners')
-        # the run's last turns; provided results meet the tool's contract
-        kv_read=(S.KV_RUNS, S.KV_CONTRACTS, S.KV_HISTORY),
+        # provided results meet the tool's contract (the registry every tool's contract is published to); never
+        # the planner's record or conversation (lw_runs, lw_history): a raise carries its run's tenant and turns
+        kv_read=(S.KV_CONTRACTS,),
         consumers=(
             (S.STREAM_CMD, S.DURABLE_ESCALATION_RAISE),
             (S.STREAM_CMD, S.DURABLE_ESCALATION_WITHDRAW),

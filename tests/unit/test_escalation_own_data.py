@@ -25,6 +25,7 @@ from shared.messages import (
     ToolOutcome,
     ToolUseBlock,
 )
+from shared.permissions import GRANTS, grants, rights
 from shared.providers.base import ModelResponse
 from shared.settings import Settings
 
@@ -91,6 +92,17 @@ kv = await bus.kv("lw_history")
         "shared.history",
         "shared.messages.RunSnapshot",
     ]
+
+
+def test_the_escalation_services_grant_reads_neither_the_runs_records_nor_their_conversations() -> None:
+    grant = GRANTS["escalation"]
+    assert S.KV_RUNS not in grant.kv_read and S.KV_HISTORY not in grant.kv_read
+    assert S.KV_RUNS not in grant.kv_write and S.KV_HISTORY not in grant.kv_write
+    publish, _ = rights("escalation", grants([])["escalation"])
+    reaches = [p for p in publish if f"KV_{S.KV_RUNS}" in p or f"KV_{S.KV_HISTORY}" in p or S.KV_RUNS in p]
+    assert reaches == [], reaches
+    # besides the buckets it writes, it reads the registry of the tools' contracts (a provided result meets it)
+    assert set(grant.kv_read) == {S.KV_CONTRACTS}
 
 
 # --- what an item says about its run is what the raiser carried ----------------------------------------------
