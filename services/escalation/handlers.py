@@ -261,10 +261,8 @@ class EscalationQueue:
         if existing is not None:  # already queued: publish the same event again (deduplicated)
             await self.bus.publish(S.ESCALATION_RAISED, existing, msg_id=ids.raised(req.escalation_id))
             return
-        # what the item shows of its run (tenant, last turns) is what the raise carried: never the run's record
-        item = Q.raise_item(
-            req, current_traceparent(), sla=self.slas.get(req.kind), turns=self.settings.escalation_context_turns
-        )
+        # what the item says of its run (its tenant) is what the raise carried: never the run's record
+        item = Q.raise_item(req, current_traceparent(), sla=self.slas.get(req.kind))
         item, _, created = await self.bus.create_or_get(S.KV_ESCALATIONS, req.escalation_id, item)
         if created:
             self.raised.add(1, {"kind": req.kind})

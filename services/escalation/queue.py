@@ -102,20 +102,17 @@ def raise_item(
     *,
     now: datetime | None = None,
     sla: SlaRule | None = None,
-    turns: int | None = None,
 ) -> Escalation:
-    """The queue item ``req`` files: its run's tenant and last turns are what the raiser carried (``turns``:
-    how many of those turns it keeps; None: all)."""
+    """The queue item ``req`` files: what it says of its run (the tenant) is what the raiser carried. It keeps no
+    copy of the run's turns: a reader shows them from the run's conversation (``Client.show``)."""
     now = now or utcnow()
-    context = req.context if turns is None else req.context[-turns:] if turns > 0 else []
     return Escalation(
-        **req.model_dump(exclude={"context"}),
+        **req.model_dump(),
         traceparent=traceparent,
         created_at=now,
         sla_deadline=now + timedelta(seconds=sla.after_s) if sla else None,
         sla_action=sla.action if sla else None,
         allowed_actions=allowed_actions(req.kind),
-        context=context,
     )
 
 

@@ -20,7 +20,6 @@ from services.planner import ids
 from services.planner.state import Awaiting, PublishRecord, RunState
 from shared import subjects as S
 from shared.messages import (
-    CONTEXT_TURNS_CARRIED,
     AnyRunEvent,
     Candidate,
     Escalated,
@@ -196,17 +195,11 @@ def escalate(
             tool=tool,
             call_id=call_id,
             details=details,
-            **carried(s),
+            tenant=s.tenant,  # whose item it is (the escalation service reads no run record)
         ),
         ids.escalation_raise(s.run_id, escalation_id),
     )
     await_human(out, escalation_id, kind, reason, call_id)
-
-
-def carried(s: RunState) -> dict[str, Any]:
-    """What a raise carries about its run, so the escalation service needs no read of the run's record: the
-    tenant, and the last turns (the service keeps ``LW_ESCALATION_CONTEXT_TURNS`` of them)."""
-    return {"tenant": s.tenant, "context": s.messages[-CONTEXT_TURNS_CARRIED:]}
 
 
 def withdraw(out: Outbox, escalation_id: str, unknown: ToolOutcome, reason: str) -> None:

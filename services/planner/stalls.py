@@ -26,7 +26,7 @@ from typing import Any
 
 from services.planner import ids
 from services.planner.delegation import DELEGATE
-from services.planner.outbox import Outbox, carried, finish
+from services.planner.outbox import Outbox, finish
 from services.planner.state import Iteration, RunConfig, RunState, Stall
 from shared import subjects as S
 from shared.dead_letters import requeue_command
@@ -68,7 +68,7 @@ def _raise_item(out: Outbox, reason: str, seq: int, letter: DeadLetter) -> Escal
         kind="stalled",
         reason=reason,
         details=EscalationDetails(letter=seq, service=letter.service, subject=letter.subject[:512]),
-        **carried(s),
+        tenant=s.tenant,  # whose item it is (the escalation service reads no run record)
     )
     out.add(S.ESCALATION_RAISE, raised, ids.escalation_raise(s.run_id, raised.escalation_id))
     return raised
@@ -79,7 +79,9 @@ def _withdraw(out: Outbox, letters: list[int], reason: str) -> None:
     s = out.state
     for seq in letters:
         escalation_id = ids.stalled_escalation(s.run_id, seq)
-        raised = EscalationRaise(escalation_id=escalation_id, run_id=s.run_id, kind="stalled", reason=reason)
+        raised = EscalationRaise(
+            escalation_id=escalation_id, run_id=s.run_id, kind="stalled", reason=reason, tenant=s.tenant
+        )
         out.add(
             S.ESCALATION_WITHDRAW,
             EscalationWithdraw(escalation_id=escalation_id, run_id=s.run_id, reason=reason, raised=raised),

@@ -50,7 +50,6 @@ from shared.messages.conversation import (
     Usage,
 )
 from shared.messages.escalations import (
-    CONTEXT_TURNS_CARRIED,
     Escalation,
     EscalationClaim,
     EscalationDetails,
@@ -255,7 +254,6 @@ __all__ = [
     "BUCKET_PATTERN",
     "CALL_FAILURES",
     "CALL_ID_PATTERN",
-    "CONTEXT_TURNS_CARRIED",
     "DEFAULT_PRIORITY",
     "DIGEST_PATTERN",
     "ESCALATION_ID_PATTERN",

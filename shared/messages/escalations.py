@@ -42,13 +42,9 @@ class EscalationDetails(TypedDict, total=False):
     subject: str  # stalled: the dead-lettered message's subject
 
 
-CONTEXT_TURNS_CARRIED = 20
-"""The most turns of its run a raise carries (``LW_ESCALATION_CONTEXT_TURNS`` keeps up to this many)."""
-
-
 class EscalationRaise(Wire):
-    """What a raiser files. It carries what the queue needs about the run (its tenant, its last turns), so the
-    escalation service never reads the planner's record of the run (``lw_runs``)."""
+    """What a raiser files. It carries what the queue needs of the run (its tenant), so the escalation service
+    never reads the planner's record of the run (``lw_runs``) or its conversation (``lw_history``)."""
 
     escalation_id: EscalationId
     run_id: RunId
@@ -57,9 +53,6 @@ class EscalationRaise(Wire):
     tool: Name | None = None
     call_id: CallId | None = None
     details: EscalationDetails = Field(default_factory=lambda: EscalationDetails())
-    context: list[ChatMessage] = Field(
-        default_factory=list, description="the run's last turns when it was raised (the raiser's copy)"
-    )
     tenant: Name | None = Field(None, description="the tenant of the item's run, as the raiser knows it")
 
 
@@ -74,6 +67,11 @@ class Escalation(EscalationRaise):
     sla_deadline: datetime | None = Field(None, description="when the SLA's default action is applied")
     sla_action: SlaAction | None = None
     allowed_actions: list[EscalationAction] = Field(default_factory=list)
+    context: list[ChatMessage] = Field(
+        default_factory=list,
+        description="the run's last turns, as a reader shows the item: read from the run's conversation when "
+        "shown (`Client.show`); the queue stores none (an item stored by a 0.31 service may still hold its copy)",
+    )
     trail: list[EscalationEvent] = Field(default_factory=list, description="claims, renewals, expiries, refusals")
 
 

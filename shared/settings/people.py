@@ -8,8 +8,6 @@ from typing import Any
 
 from pydantic import BaseModel, Field, SecretStr, field_validator
 
-from shared.messages import CONTEXT_TURNS_CARRIED
-
 
 def json_object(v: str) -> dict[str, Any]:
     """A setting's JSON object, or a ``ValueError`` saying why it is not one."""
@@ -27,10 +25,7 @@ class PeopleSettings(BaseModel):
     escalation_lease_s: float = Field(300.0, gt=0, description="a claim expires unless renewed within this")
     escalation_sweep_s: float = Field(1.0, gt=0, description="how often leases and SLA deadlines are checked")
     escalation_context_turns: int = Field(
-        6,
-        ge=0,
-        le=CONTEXT_TURNS_CARRIED,
-        description="last turns of the run kept in a queue item (of those its raiser carries, at most 20)",
+        6, ge=0, description="the run's last turns shown with a queue item (the console, `escalations show`)"
     )
     escalation_slas: str | None = Field(
         None,

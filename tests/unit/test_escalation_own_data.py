@@ -1,6 +1,7 @@
-"""The escalation service reads only its own data (issue 37, item 4): what a queue item says about its run (the
-tenant, the last turns) is what the raise or the failure event carried, never the planner's record of the run
-(``lw_runs``) or its conversation (``lw_history``), and its grant cannot read them."""
+"""The escalation service reads only its own data (issue 37, item 4): what a queue item says about its run (its
+tenant) is what the raise or the failure event carried, never the planner's record of the run (``lw_runs``) or its
+conversation (``lw_history``), and its grant cannot read them. An item keeps no copy of the run's turns: the
+readers (the console, ``loopwarden escalations show``) read them from the run's conversation when they show it."""
 
 from __future__ import annotations
 
@@ -9,14 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from services.escalation import queue as Q
+from services.planner import stalls
 from services.planner.outbox import Outbox
 from services.planner.outcomes import apply_outcome
 from services.planner.state import RunState
 from services.planner.turns import apply_model_response, resolve_config, start_run
 from shared import subjects as S
 from shared.messages import (
-    CONTEXT_TURNS_CARRIED,
-    ChatMessage,
+    DeadLetter,
     EscalationRaise,
     RunLimits,
     RunSubmit,
@@ -24,6 +25,7 @@ from shared.messages import (
     ToolContract,
     ToolOutcome,
     ToolUseBlock,
+    utcnow,
 )
 from shared.permissions import GRANTS, grants, rights
 from shared.providers.base import ModelResponse
@@ -108,21 +110,12 @@ def test_the_escalation_services_grant_reads_neither_the_runs_records_nor_their_
 # --- what an item says about its run is what the raiser carried ----------------------------------------------
 
 
-def said(role: str, text: str) -> ChatMessage:
-    return ChatMessage.model_validate({"role": role, "content": [{"type": "text", "text": text}]})
-
-
-def test_an_item_keeps_the_tenant_and_the_last_turns_its_raise_carried() -> None:
-    turns = [said("user", f"turn {n}") for n in range(8)]
-    raise_ = EscalationRaise(
-        escalation_id="e1", run_id="r1", kind="schema_cap", reason="cap", context=turns, tenant="acme"
-    )
-    item = Q.raise_item(raise_, None, turns=3)
+def test_an_item_keeps_the_tenant_its_raise_carried_and_no_copy_of_the_runs_turns() -> None:
+    raise_ = EscalationRaise(escalation_id="e1", run_id="r1", kind="schema_cap", reason="cap", tenant="acme")
+    item = Q.raise_item(raise_, None)
     assert item.tenant == "acme"
-    assert [m.text() for m in item.context] == ["turn 5", "turn 6", "turn 7"]
-    assert Q.raise_item(raise_, None, turns=0).context == []
-    assert len(Q.raise_item(raise_, None, turns=20).context) == 8
-    assert len(Q.raise_item(raise_, None).context) == 8
+    assert item.context == []  # a reader fills it from the run's conversation when it shows the item
+    assert "context" not in EscalationRaise.model_fields  # a raiser has no way to hand the queue a copy
 
 
 def test_an_item_filed_from_a_failure_event_says_the_tenant_its_call_carried() -> None:
@@ -145,16 +138,6 @@ def test_open_items_count_against_the_tenant_each_item_names_and_one_naming_none
     assert Q.open_by_tenant(items) == {"acme": 2, S.DEFAULT_TENANT: 1}
 
 
-def test_the_setting_cannot_keep_more_turns_than_a_raise_carries() -> None:
-    assert Settings(escalation_context_turns=CONTEXT_TURNS_CARRIED).escalation_context_turns == CONTEXT_TURNS_CARRIED
-    try:
-        Settings(escalation_context_turns=CONTEXT_TURNS_CARRIED + 1)
-    except ValueError as err:
-        assert "escalation_context_turns" in str(err)
-    else:
-        raise AssertionError("a setting over what a raise carries was accepted")
-
-
 # --- the planner puts it on what it publishes ----------------------------------------------------------------
 
 
@@ -167,7 +150,7 @@ def published(out: Outbox, model: type[Any]) -> list[Any]:
     return [model.model_validate_json(i.payload) for i in out.items if i.model == model.__name__]
 
 
-def test_the_planners_calls_carry_the_runs_tenant_and_its_raises_the_tenant_and_the_last_turns() -> None:
+def test_the_planners_calls_and_raises_carry_the_runs_tenant() -> None:
     state = acme_run(max_schema_corrections=0)
     call_out = apply_model_response(
         state, ModelResponse(text="", tool_calls=[ToolUseBlock(id="c1", name="search", input={})], model="m"), TOOLS
@@ -177,5 +160,19 @@ def test_the_planners_calls_carry_the_runs_tenant_and_its_raises_the_tenant_and_
     failed = call.model_dump() | {"success": False, "failure_type": "input_invalid", "error": "q is required"}
     [raised] = published(apply_outcome(state, ToolOutcome(**failed)), EscalationRaise)
     assert raised.kind == "schema_cap" and raised.tenant == "acme"
-    assert raised.context and raised.context == state.messages[-CONTEXT_TURNS_CARRIED:]
-    assert raised.context[0].role == "user" and "Find it." in raised.context[0].text()
+
+
+def test_a_stalled_runs_raise_and_withdraw_carry_the_runs_tenant() -> None:
+    state = acme_run()
+    letter = DeadLetter(
+        service="planner",
+        subject=S.RUN_ADVANCE,
+        reason="provider unavailable",
+        body='{"run_id": "r1", "iteration": 1}',
+        headers={"Lw-Run-Id": "r1"},
+        requeue_to=S.requeue("planner"),
+    )
+    out = stalls.held_up_by(state, 7, letter, requeue_to=S.requeue("planner"), now=utcnow())
+    assert out is not None
+    [raised] = published(out, EscalationRaise)
+    assert (raised.kind, raised.tenant) == ("stalled", "acme")
