@@ -27,7 +27,7 @@ from shared.messages import (
     ToolUseBlock,
     utcnow,
 )
-from shared.permissions import GRANTS, grants, rights
+from shared.permissions import GRANTS, RETIRED_READS, grants, render, rights
 from shared.providers.base import ModelResponse
 from shared.settings import Settings
 
@@ -105,6 +105,26 @@ def test_the_escalation_services_grant_reads_neither_the_runs_records_nor_their_
     assert reaches == [], reaches
     # besides the buckets it writes, it reads the registry of the tools' contracts (a provided result meets it)
     assert set(grant.kv_read) == {S.KV_CONTRACTS}
+
+
+def escalation_user(conf: str) -> str:
+    return conf.split('user: "escalation"', 1)[1].split("{ user:", 1)[0]
+
+
+def test_an_auth_conf_written_while_upgrading_keeps_the_retired_reads_for_the_last_releases_replicas() -> None:
+    # 0.31's escalation service still reads the run's record and conversation: while it runs beside 0.32's,
+    # `config apply --upgrading` keeps those reads; written again without it, they are gone
+    assert RETIRED_READS["escalation"] == (S.KV_RUNS, S.KV_HISTORY)
+    assert all(r not in GRANTS[svc].kv_read for svc, reads in RETIRED_READS.items() for r in reads)
+    upgrading = grants([], upgrading=True)["escalation"]
+    assert set(upgrading.kv_read) == {S.KV_CONTRACTS, S.KV_RUNS, S.KV_HISTORY}
+    during, after = escalation_user(render([], upgrading=True)), escalation_user(render([]))
+    for bucket in (S.KV_RUNS, S.KV_HISTORY):
+        assert f'"$JS.API.DIRECT.GET.KV_{bucket}.>"' in during and f"KV_{bucket}" not in after
+    assert "WHILE UPGRADING" in render([], upgrading=True) and "WHILE UPGRADING" not in render([])
+    assert {u: g for u, g in grants([], upgrading=True).items() if u != "escalation"} == {
+        u: g for u, g in grants([]).items() if u != "escalation"
+    }  # nobody else's rights change
 
 
 # --- what an item says about its run is what the raiser carried ----------------------------------------------
