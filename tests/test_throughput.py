@@ -361,6 +361,60 @@ async def test_a_replica_that_is_stopping_takes_no_new_message_so_none_bounces_t
     assert again == {}, f"delivered more than once: {again}"
 
 
+async def test_a_message_handed_back_at_once_past_the_delivery_limit_runs_and_the_last_delivery_is_a_letter(
+    stack: LocalStack, client: Client
+) -> None:
+    """A stopping replica of release 0.31 handed back at once (nak) what its open pull requests still brought,
+    each bounce a delivery; in a rolling upgrade from 0.31 a peer took a run's ``tool.succeeded`` on its seventh
+    delivery and dead-lettered it as crashing on every one. A message past ``max_deliver`` that came back
+    sooner than that many ack waits was handed back, not crashed on: it runs. The consumer's last delivery
+    (``max_deliver`` + 2) is dead-lettered whatever its age, so nothing is left undelivered in silence."""
+    from shared.bus import Bus, ConsumerSpec, consumer_config, current_deliveries
+    from shared.settings import Settings
+
+    marker = "bounced-" + os.urandom(4).hex()
+    settings = Settings(nats_url=str(stack.nats_url), ack_wait_s=5, max_deliver=3)
+    bus = Bus(settings, "bouncetest")
+    seen: dict[str, int] = {}
+    bounces = {"runs": 3, "lettered": 4}  # handed back this often before this release's replica takes it
+
+    def consume(name: str) -> tuple[str, str]:
+        subject, durable = S.tool_execute(f"test_bounce_{marker}_{name}"), f"bouncetest_{marker}_{name}"
+
+        @bus.consumer(durable=durable, filter_subjects=[subject], model=RunAdvance)
+        async def on(ev: RunAdvance) -> None:
+            seen[ev.run_id] = current_deliveries()
+
+        return subject, durable
+
+    consumers = {name: consume(name) for name in bounces}
+    await bus.connect()
+    try:
+        for name, (subject, durable) in consumers.items():
+            spec = ConsumerSpec(S.STREAM_CMD, durable, (subject,), "bouncetest")
+            await bus.js.add_consumer(spec.stream, consumer_config(spec, settings))
+            await bus.publish(subject, RunAdvance(run_id=f"{marker}-{name}", iteration=0), msg_id=f"{marker}-{name}")
+            old = await bus.js.pull_subscribe_bind(durable, stream=spec.stream)  # the old replica, stopping
+            for _ in range(bounces[name]):
+                (msg,) = await old.fetch(1, timeout=bound(5))
+                await msg.nak()
+            await old.unsubscribe()
+        await bus.start()
+        await eventually(lambda: f"{marker}-runs" in seen, what="the bounced message handled", within=bound(20))
+        letters = []
+        for _ in range(int(bound(40))):
+            letters = [d for d in await client.dead_letters() if marker in d.body]
+            if letters:
+                break
+            await asyncio.sleep(0.5)
+    finally:
+        await bus.stop()
+    assert seen == {f"{marker}-runs": 4}, seen  # its fourth delivery ran, past max_deliver=3
+    assert [(d.deliveries, d.reason) for d in letters] == [
+        (5, "not completed after 4 deliveries (the handler crashed or hung)")
+    ], letters
+
+
 async def test_the_benchmarks_in_process_floor_drives_a_whole_run() -> None:
     """`make bench` compares the service loop with this in-process driver of the same domain code."""
     from bench.throughput import floor_steps

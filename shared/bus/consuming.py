@@ -19,7 +19,7 @@ from shared.bus.errors import TryLater, Undecodable
 from shared.bus.infra import ConsumerSpec, consumer_config, consumer_drift
 from shared.bus.letters import Letters
 from shared.bus.pulls import Handler, _Pull, _Requeue
-from shared.bus.wire import _stream_seq, ack_consumer, num_delivered
+from shared.bus.wire import _stream_seq, ack_consumer, hung_every_time, num_delivered, stored_age_s
 
 log = logging.getLogger("loopwarden.bus")
 M = TypeVar("M", bound=BaseModel)
@@ -152,11 +152,19 @@ class Consuming(Letters):
             await self.dead_letter(msg, reason, earlier + deliveries, requeued_from=requeued_from)
             await msg.ack()
 
-        if deliveries > limit:
+        if hung_every_time(deliveries, limit, stored_age_s(msg.reply, time.time_ns()), self.settings.ack_wait_s):
             # It never completed: the handler crashed its process (or hung) on every delivery.
             # Dead-letter it *before* running the handler again.
             await give_up(f"not completed after {deliveries - 1} deliveries (the handler crashed or hung)")
             return False
+        if deliveries > limit:
+            log.warning(
+                "%s: %s comes on delivery %d, sooner than %d ack waits: it was handed back, not crashed on; run again",
+                self.service,
+                msg.subject,
+                deliveries,
+                limit,
+            )
         try:
             payload = await self._decode(model, msg)
         except Undecodable as err:

@@ -149,6 +149,35 @@ def num_delivered(reply: str | None) -> int:
     return 1
 
 
+def stored_age_s(reply: str | None, now_ns: int) -> float | None:
+    """How long ago a JetStream message was stored, read from its ack subject's timestamp token (the same
+    two layouts ``num_delivered`` reads); None for anything else."""
+    tokens = reply.split(".") if reply else []
+    if len(tokens) < 9 or tokens[0] != "$JS" or tokens[1] != "ACK":
+        return None
+    if len(tokens) == 10:
+        return None
+    try:
+        stored = int(tokens[7] if len(tokens) == 9 else tokens[9])
+    except ValueError:
+        return None
+    return max(0.0, (now_ns - stored) / 1e9)
+
+
+def hung_every_time(deliveries: int, limit: int, age_s: float | None, ack_wait_s: float) -> bool:
+    """Whether a message on its ``deliveries``-th delivery is dead-lettered before it runs again, as one that
+    crashed its process or hung on each of ``limit`` deliveries. Such a delivery ends only when the ack wait
+    runs out, so they take ``limit`` ack waits at least. A message that came back faster was handed back
+    (a stopping replica of release 0.31 nak'd at once what its open pull requests still brought, each bounce
+    a delivery): it runs once more. The consumer's last delivery (``limit`` + 2, ``consumer_config``) is
+    dead-lettered whatever its age, so nothing is left undelivered in silence."""
+    if deliveries <= limit:
+        return False
+    if deliveries > limit + 1 or age_s is None:
+        return True
+    return age_s >= limit * ack_wait_s
+
+
 def ack_consumer(reply: str | None) -> str | None:
     """The durable consumer a JetStream message was delivered by, read from its ack subject (the same
     two layouts ``num_delivered`` reads); None for anything else (a core NATS request)."""
