@@ -5,13 +5,14 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-loaded test-unit bench lint typecheck schemas release-snapshot install browser prometheus up down clean help
+.PHONY: run test test-loaded test-unit test-repo bench lint typecheck schemas release-snapshot install browser prometheus up down clean help
 
 help:
 	@echo "make run     start NATS + the six services, run the demo agent, stop everything"
 	@echo "make test    install, start a private nats-server, run the test suite"
 	@echo "make test-loaded  make test while 2 x cores CPU burners run; counts processes before and after"
 	@echo "make test-unit  the pure-function tests only (no nats-server, no services): seconds"
+	@echo "make test-repo  the checks of the repository (ruff, mypy, sizes, arrows, drift, the suite's shape): no server"
 	@echo "make bench   validation and end-to-end benchmarks, printed as ratios to a baseline"
 	@echo "make lint    ruff + mypy + tool-contract lint"
 	@echo "make schemas regenerate schemas/messages, schemas/asyncapi.json and deploy/nats/auth.conf from the wire models, channel table and handlers"
@@ -49,6 +50,8 @@ prometheus:
 run: $(STAMP)
 	$(VENV)/bin/loopwarden demo $(ARGS)
 
+# The folder says what a module starts (docs/contributing.md, "The test suite"): tests/unit and tests/repo no
+# server, tests/stack the session stack, tests/locked the generated auth.conf, tests/own processes of its own.
 # Test modules run in LW_TEST_WORKERS parallel workers (default: the number of cores; 1: no workers), each
 # module whole in one worker (--dist loadfile), so a module's stack is started once. Every bound a test
 # waits on is multiplied by LW_TEST_TIME_SCALE (default 1): raise it on a machine that is busy.
@@ -60,13 +63,17 @@ test: $(STAMP) browser prometheus
 
 # The same while 2 x cores CPU burners (stress-ng, else busy Python loops) load the machine, at a time
 # scale of 3 unless LW_TEST_TIME_SCALE says otherwise; prints the processes of this checkout before and
-# after and fails if any was left running. ARGS narrows it, e.g. ARGS=tests/test_cli.py.
+# after and fails if any was left running. ARGS narrows it, e.g. ARGS=tests/stack/test_cli.py.
 test-loaded: $(STAMP) browser prometheus
 	LW_TEST_TIME_SCALE=$${LW_TEST_TIME_SCALE:-3} $(PY) -m tests.support.loaded -- $(PY) -m pytest -q $(PYTEST_WORKERS) $(ARGS)
 
 # The fast inner loop: domain rules as plain functions, no server and no processes.
 test-unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit -m "not slow" $(ARGS)
+
+# The checks of the repository itself (tests/repo): no server either; most of the time is mypy.
+test-repo: $(STAMP)
+	$(PY) -m pytest -q -p no:xdist tests/repo $(ARGS)
 
 # The side-by-side contenders (LangGraph, PydanticAI: pyproject's `bench` extra) are installed for the
 # benchmarks only; `make test` never installs them.
@@ -87,7 +94,7 @@ lint: $(STAMP)
 schemas: $(STAMP)
 	$(PY) -m loopwarden.generate
 
-# A release's contracts, kept for the compatibility check (tests/unit/test_compat_release.py, docs/upgrades.md).
+# A release's contracts, kept for the compatibility check (tests/repo/test_compat_release.py, docs/upgrades.md).
 release-snapshot: $(STAMP)
 	$(PY) -m loopwarden.generate snapshot
 

@@ -2,7 +2,7 @@
 of every service are SIGKILLed and restarted. Counts what must stay zero.
 
 ``python -m bench --only chaos`` is the long form (80 runs, 30 kills); the test suite runs a
-short form (``tests/test_chaos.py``). A run is *lost* if it has no state, *doubled* if its
+short form (``tests/own/test_chaos.py``). A run is *lost* if it has no state, *doubled* if its
 one ``transfer_funds`` call charged more than once, *stuck* if it is neither finished nor
 waiting for a human with an open escalation: all three must be 0.
 """

@@ -3,7 +3,7 @@ way there is - its own ``build`` run against a bus that never connects, read bac
 
 Bootstrap (``loopwarden/infra.py``) creates the durables from it, the AsyncAPI generator
 (``loopwarden/generate/asyncapi.py``) documents it, ``auth.conf`` grants the executor a durable per tool of
-``hosted_tools`` and ``tests/test_channel_subscribers.py`` holds the channel table's subscriber column against it.
+``hosted_tools`` and ``tests/repo/test_channel_subscribers.py`` holds the channel table's subscriber column against it.
 This module stands above every worker (it imports their builds); no worker imports it.
 """
 

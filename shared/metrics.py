@@ -104,7 +104,8 @@ AWAITED = frozenset(  # the figures of a live provider's calls, and only of them
         RATELIMIT_LATE,
     }
 )  # the scrape test lets these be absent from its stack's /metrics (its runs replay scenarios and call
-# no live provider); tests/test_rate_limits.py checks the dashboard's rate-limit queries against its planners' /metrics
+# no live provider); tests/own/test_rate_limits.py checks the dashboard's rate-limit queries against its
+# planners' /metrics
 
 # --- histogram buckets ------------------------------------------------------------------------------------
 # the GenAI semantic conventions' recommended boundaries (operation duration, token usage)

@@ -14,7 +14,7 @@ create with ``name`` as an update of an existing durable): services read through
 admin made, everyone reads history and values by direct get (``$JS.API.DIRECT.GET``), and live
 events by core subscription. No user has ``allow_responses``: a responder's grant names the inbox
 prefixes of the users that may ask it. The rules are walked against every generated grant in
-``tests/test_trust_boundaries.py``.
+``tests/locked/test_trust_boundaries.py``.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 ``schemas/asyncapi.json`` (``asyncapi``), ``deploy/nats/auth.conf`` (``auth_conf``), ``schemas/scenario.json``,
 ``agent.json``, ``access.json`` (``files``) and ``schemas/records/RunRecord.json`` (``records``);
 ``python -m loopwarden.generate snapshot|check`` stores or checks a release's contracts (``compat``). The drift
-tests regenerate each file and compare. Nothing at run time imports this package (``tests/test_code_quality.py``),
+tests regenerate each file and compare. Nothing at run time imports this package (``tests/repo/test_code_quality.py``),
 and the wheel does not ship it: it writes into the repository.
 """
 

@@ -12,7 +12,7 @@ the document is what ``faststream``'s ``AsyncAPI(...).to_specification()`` makes
 declarations, plus channel parameters for the ``{token}`` parts of an address and an ``x-reply``
 naming a request's reply contract.
 
-``tests/test_asyncapi.py`` fails when the file and the code disagree, and checks that every
+``tests/stack/test_asyncapi.py`` fails when the file and the code disagree, and checks that every
 subject of ``schemas/messages/catalogue.json`` is a channel with that contract.
 """
 

@@ -1,6 +1,6 @@
 """Generate the shipped ``deploy/nats/auth.conf`` from the example access file, ``deploy/access.yaml``
 (``loopwarden.auth_conf``; no secrets in it: users without a hash read their password from the environment).
-``tests/test_permissions.py`` fails when the file and the grants disagree."""
+``tests/locked/test_permissions.py`` fails when the file and the grants disagree."""
 
 from __future__ import annotations
 

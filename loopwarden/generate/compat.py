@@ -22,7 +22,7 @@ old subjects still carry its old shape (under another name) and the new shape tr
 
 Pure: JSON in, findings out. ``python -m loopwarden.generate snapshot`` stores the current contracts as
 the release's (``make release-snapshot``); ``python -m loopwarden.generate check`` compares them with the
-last release's; ``tests/unit/test_compat_release.py`` fails on a breaking finding.
+last release's; ``tests/repo/test_compat_release.py`` fails on a breaking finding.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Generate ``schemas/messages/*.json`` from the wire models (``make schemas``).
 
 The files are the reviewable contract: a change to a message shows up as a diff here, and
-``tests/test_contracts_drift.py`` fails when the models and the files disagree.
+``tests/repo/test_contracts_drift.py`` fails when the models and the files disagree.
 """
 
 from __future__ import annotations

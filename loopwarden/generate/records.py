@@ -1,5 +1,5 @@
 """Generate ``schemas/records/RunRecord.json``, the JSON Schema of a run's export (``shared.records.RunRecord``);
-``tests/test_records.py`` fails when the model and the file disagree."""
+``tests/stack/test_records.py`` fails when the model and the file disagree."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 The bus writes ``HPUB`` by hand on the hot path, reads KV keys by direct get through its own reply
 collector and lets a CLI command hear the server's asynchronous ``-ERR``; each needs something nats-py
 keeps private. Nothing else in the tree touches a private nats-py name: it calls these.
-``tests/unit/test_natsx.py`` checks them against the installed nats-py, so an upgrade that renames or
+``tests/repo/test_natsx.py`` checks them against the installed nats-py, so an upgrade that renames or
 drops one fails there, naming it, instead of at run time.
 """
 

@@ -1,5 +1,5 @@
 """Model providers behind one interface (``base.ModelProvider``), chosen through the registry
-``select.PROVIDERS``; every provider passes ``tests/test_provider_conformance.py``."""
+``select.PROVIDERS``; every provider passes ``tests/unit/test_provider_conformance.py``."""
 
 from typing import Literal
 

@@ -125,7 +125,7 @@ async def publish_refusals(url: str, user: str, subject: str, payload: bytes = b
     return [e for e in errors if "permissions violation" in e.lower() and subject.lower() in e.lower()]
 
 
-# --- a locked deployment, as production runs it: the session's (``tests/conftest.py``: ``locked``) -------------
+# --- a locked deployment, as production runs it: the session's (``tests/locked/conftest.py``: ``locked``) ------
 # Every service and the console as its own user, bootstrapped by the admin, scripted runs off, the model a local
 # Messages API (``loopwarden fake-model``); people act as their own users: the tenant-bound client ``client_acme``,
 # the default tenant's ``client``, the operators ``alice`` (every kind) and ``bob`` (three), the admin. One place
@@ -211,3 +211,27 @@ def locked_deployment(
     console = {"LW_CONSOLE_USERS": console_users(), "LW_CONSOLE_SECRET": CONSOLE_SECRET, "LW_CONSOLE_PORT": "0"}
     with locked_stack(tmp, name, services, service_env, {"console": console}) as (url, stack):
         yield Deployment(url, stack, tmp, model_url)
+
+
+@dataclass(frozen=True)
+class OwnLocked:
+    """A module's own locked stack, for the modules of ``tests/locked/`` the session's deployment does not fit (fewer
+    services, short leases, small bounds): the module says ``LOCKED = OwnLocked(...)`` and its ``locked`` fixture
+    (``tests/locked/conftest.py``) is this stack, started once for the module. The arguments are ``locked_stack``'s;
+    ``model``: the fixture whose Messages API the services' ``ANTHROPIC_BASE_URL`` names."""
+
+    name: str
+    services: tuple[str, ...]
+    env: dict[str, str]
+    env_per_service: dict[str, dict[str, str]] | None = None
+    extra: str = ""
+    no_violations: bool = True
+    model: str | None = None
+
+    @contextlib.contextmanager
+    def deployment(self, tmp: Path, model_url: str = "") -> Iterator[Deployment]:
+        env = {**self.env, "ANTHROPIC_BASE_URL": model_url} if model_url else self.env
+        with locked_stack(
+            tmp, self.name, self.services, env, self.env_per_service, self.extra, no_violations=self.no_violations
+        ) as (url, stack):
+            yield Deployment(url, stack, tmp, model_url)

@@ -1,6 +1,7 @@
 """What the test stacks are made of: the environment every stack runs with, the services each kind of
 stack starts, and the helpers a fixture starts and stops one with. The fixtures themselves live in
-``tests/conftest.py`` (the session stack and its kin) or in the module that needs a stack of its own."""
+``tests/stack/conftest.py`` (the session stack and its kin), ``tests/locked/conftest.py`` (``locked``) or in the
+module of ``tests/own/`` that needs a stack of its own."""
 
 from __future__ import annotations
 
@@ -26,9 +27,9 @@ TEST_ENV = {
     "LW_MODEL_RETRY_MAX_S": "0.3",
     "LW_LOG_LEVEL": "INFO",
     "ANTHROPIC_API_KEY": "test-key-not-real",
-    "LW_TENANT_DAILY_CEILING_USD": "0.05",  # every tenant's (tests/test_cost.py) but the default one's:
+    "LW_TENANT_DAILY_CEILING_USD": "0.05",  # every tenant's (tests/stack/test_cost.py) but the default one's:
     "LW_TENANT_CEILINGS": '{"default": 1000}',  # runs submitted without a tenant are the default tenant's
-    "LW_METRICS_POLL_S": "5",  # the JetStream figures on /metrics (tests/test_prometheus_scrape.py)
+    "LW_METRICS_POLL_S": "5",  # the JetStream figures on /metrics (tests/stack/test_prometheus_scrape.py)
     "LW_CONSOLE_PORT": "0",  # any free port: two stacks starting at once both saw 8700 free, and one console failed
 }
 REPLICAS = ("planner", "planner", "executor", "executor", "validator", "judge", "governor", "escalation")

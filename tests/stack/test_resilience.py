@@ -148,7 +148,7 @@ async def test_a_dependency_that_never_comes_back_dead_letters_the_turn_with_its
             stalled = await eventually(
                 lambda: client.state(run_id), what="the run's record", within=bound(10), every=0.2
             )
-            for _ in range(polls(50)):  # not left `running`: stalled on its letter (tests/test_stalled.py)
+            for _ in range(polls(50)):  # not left `running`: stalled on its letter (tests/locked/test_stalled.py)
                 if stalled is not None and stalled.status == "stalled":
                     break
                 await asyncio.sleep(0.2)

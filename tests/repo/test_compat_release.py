@@ -1,6 +1,6 @@
 """Every contract and the AsyncAPI document against the last release's (``schemas/releases/<version>``).
 
-The committed contracts are the models' (``tests/test_contracts_drift.py``, ``tests/test_asyncapi.py``),
+The committed contracts are the models' (``tests/repo/test_contracts_drift.py``, ``tests/stack/test_asyncapi.py``),
 so comparing the committed files compares what the services speak today.
 """
 

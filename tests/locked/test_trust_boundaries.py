@@ -47,16 +47,13 @@ TENANT_BOUND = {user: tenant for user, tenant in TENANT_CLIENTS.items() if user 
 DEMO = parse_scenario(yaml.safe_load((ROOT / "scenarios" / "demo.yaml").read_text()))  # judged: it has a rubric
 
 
-@pytest.fixture(scope="module")
-def locked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, LocalStack]]:
-    tmp = tmp_path_factory.mktemp("boundaries")
-    with L.locked_stack(tmp, "boundaries", SERVICES, TEST_ENV, no_violations=False) as locked:
-        yield locked
+# the module's ``locked``: the six services as themselves; a test here makes services log permission violations
+LOCKED = L.OwnLocked("boundaries", SERVICES, TEST_ENV, no_violations=False)
 
 
 @pytest.fixture
-def url(locked: tuple[str, LocalStack]) -> str:
-    return locked[0]
+def url(locked: L.Deployment) -> str:
+    return locked.url
 
 
 def as_user(url: str, user: str) -> Settings:
@@ -444,7 +441,7 @@ def test_every_generated_grant_keeps_the_rules() -> None:
     escalation = set(rights("escalation", grants["escalation"])[0])
     assert {f"{S.inbox_prefix(u)}.>" for u in ("client", "console")} | {S.people_inboxes(S.OPERATOR_ROLE)} <= escalation
     assert all(L.inbox_of(u).startswith("_INBOX_operator.") for u in OPERATORS)
-    assert "allow_responses" not in (Path(__file__).parents[1] / "deploy" / "nats" / "auth.conf").read_text()
+    assert "allow_responses" not in (Path(__file__).parents[2] / "deploy" / "nats" / "auth.conf").read_text()
 
 
 async def test_a_stream_read_by_direct_get_pages_through_everything(admin: Client) -> None:

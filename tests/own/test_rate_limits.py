@@ -42,7 +42,7 @@ from tests.support.promql import base_name, metric_names
 from tests.support.stacks import TEST_ENV, running
 from tests.support.timing import bound, eventually
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PLANNERS = ("planner", "planner#2")
 POLICY = BackoffPolicy(max_attempts=4, base_delay_s=0.01, max_delay_s=0.05, max_elapsed_s=10.0)
 

@@ -11,7 +11,7 @@ import pytest
 
 from tests.support.timing import bound
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(

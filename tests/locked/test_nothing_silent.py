@@ -23,7 +23,6 @@ import yaml
 
 from loopwarden.client import Client, tool_outcomes
 from loopwarden.fake_model import FakeModel
-from loopwarden.stack import LocalStack
 from services.planner.hosting import HOSTED_TTL_S
 from shared import subjects as S
 from shared.messages import RunSubmit, ToolContract, ToolOutcome
@@ -50,19 +49,11 @@ def fake_model() -> Iterator[FakeModel]:
         server.stop()
 
 
-@pytest.fixture(scope="module")
-def silent_stack(tmp_path_factory: pytest.TempPathFactory, fake_model: FakeModel) -> Iterator[tuple[str, LocalStack]]:
-    tmp = tmp_path_factory.mktemp("silent")
-    env = {s: {"LW_OPERATORS": operator_roster()} for s in SERVICES}
-    env["executor"]["LW_EXECUTOR_TOOLS"] = MAIN_EXECUTOR_TOOLS
-    live = {**TEST_ENV, "ANTHROPIC_BASE_URL": fake_model.base_url}
-    with L.locked_stack(tmp, "silent", SERVICES, live, env) as locked:
-        yield locked
-
-
-@pytest.fixture(scope="module")
-def locked(silent_stack: tuple[str, LocalStack]) -> str:
-    return silent_stack[0]
+# the module's ``locked``: the services but the judge, the operator roster, the main executor's tools; live runs'
+# model the module's own Messages API (``fake_model``)
+SILENT_ENV = {s: {"LW_OPERATORS": operator_roster()} for s in SERVICES}
+SILENT_ENV["executor"]["LW_EXECUTOR_TOOLS"] = MAIN_EXECUTOR_TOOLS
+LOCKED = L.OwnLocked("silent", SERVICES, TEST_ENV, SILENT_ENV, model="fake_model")
 
 
 def as_user(url: str, user: str) -> Settings:
@@ -70,8 +61,8 @@ def as_user(url: str, user: str) -> Settings:
 
 
 @pytest.fixture
-async def locked_client(locked: str) -> AsyncIterator[Client]:
-    async with Client(as_user(locked, "client"), identity="client") as c:
+async def locked_client(locked: L.Deployment) -> AsyncIterator[Client]:
+    async with Client(as_user(locked.url, "client"), identity="client") as c:
         yield c
 
 
@@ -150,9 +141,9 @@ async def test_a_run_that_called_a_missing_tool_does_not_meet_an_expect_that_is_
 
 
 async def test_a_registered_tool_whose_replicas_are_gone_is_a_typed_failure_too(
-    silent_stack: tuple[str, LocalStack], locked_client: Client, tmp_path: Path
+    locked: L.Deployment, locked_client: Client, tmp_path: Path
 ) -> None:
-    url, services = silent_stack
+    url, services = locked.url, locked.stack
     rate = {"tool_calls": [{"name": "exchange_rate", "input": {"base": "usd", "quote": "eur"}}]}
     rates_file = tmp_path / "rates.yaml"
     rates_file.write_text(yaml.safe_dump({"name": "rates", "task": "USD in EUR?", "planner": [rate, submit("x")]}))
@@ -202,11 +193,11 @@ async def test_expect_states_tool_outcomes(locked_client: Client) -> None:
     ]
 
 
-async def test_expect_states_escalation_actions(locked: str, locked_client: Client) -> None:
+async def test_expect_states_escalation_actions(locked: L.Deployment, locked_client: Client) -> None:
     shipped = load_scenario(ROOT / "scenarios" / "correction-escalates.yaml")
     state = await locked_client.run_scenario(shipped, timeout=bound(60))
     assert state.status == "awaiting_human" and state.awaiting is not None
-    async with Client(as_user(locked, "alice"), identity="alice") as alice:
+    async with Client(as_user(locked.url, "alice"), identity="alice") as alice:
         done = await alice.resolve(
             state.awaiting.escalation_id,
             "alice",
@@ -259,30 +250,32 @@ def missing_tools_file(tmp_path: Path) -> Path:
     return path
 
 
-async def test_check_scenario_against_the_stack_names_the_tools_it_does_not_host(locked: str, tmp_path: Path) -> None:
+async def test_check_scenario_against_the_stack_names_the_tools_it_does_not_host(
+    locked: L.Deployment, tmp_path: Path
+) -> None:
     path = missing_tools_file(tmp_path)
-    done = await asyncio.to_thread(lw, locked, "check-scenario", "--against-stack", str(path))
+    done = await asyncio.to_thread(lw, locked.url, "check-scenario", "--against-stack", str(path))
     assert done.returncode == 1, done.stdout + done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 2, done.stderr
     assert lines[0].startswith(f"{path}: calls low_stock, which no executor of the running stack hosts")
     assert lines[1].startswith(f"{path}: calls reorder, which no executor of the running stack hosts")
     hosted = await asyncio.to_thread(
-        lw, locked, "check-scenario", "--against-stack", str(ROOT / "scenarios" / "demo.yaml")
+        lw, locked.url, "check-scenario", "--against-stack", str(ROOT / "scenarios" / "demo.yaml")
     )
     assert hosted.returncode == 0 and not hosted.stderr, hosted.stdout + hosted.stderr
 
 
 async def test_submit_refuses_a_scenario_calling_tools_the_stack_does_not_host(
-    locked: str, locked_client: Client, tmp_path: Path
+    locked: L.Deployment, locked_client: Client, tmp_path: Path
 ) -> None:
     path = missing_tools_file(tmp_path)
     before = len(await locked_client.events(subjects=f"{S.P}.evt.>"))
-    done = await asyncio.to_thread(lw, locked, "submit", "--scenario", str(path), "--wait")
+    done = await asyncio.to_thread(lw, locked.url, "submit", "--scenario", str(path), "--wait")
     assert done.returncode == 1, done.stdout + done.stderr
     assert done.stdout == "" and len(done.stderr.strip().splitlines()) == 1, done.stdout + done.stderr
     assert "calls low_stock, reorder, which no executor of the running stack hosts" in done.stderr
     await asyncio.sleep(bound(0.5))
     assert len(await locked_client.events(subjects=f"{S.P}.evt.>")) == before  # nothing was published: no run started
-    anyway = await asyncio.to_thread(lw, locked, "submit", "--scenario", str(path), "--allow-missing-tools")
+    anyway = await asyncio.to_thread(lw, locked.url, "submit", "--scenario", str(path), "--allow-missing-tools")
     assert anyway.returncode == 0 and anyway.stdout.startswith("run-"), anyway.stdout + anyway.stderr

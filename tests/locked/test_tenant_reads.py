@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import json
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import nats
@@ -21,7 +21,6 @@ import pytest
 from nats.aio.client import Client as NatsClient
 
 from loopwarden.client import Client
-from loopwarden.stack import LocalStack
 from services.planner.reads import fit, merge_pages, readable, tenant_of
 from shared import subjects as S
 from shared.bus import Stored
@@ -48,11 +47,7 @@ MAX_PAYLOAD = 300 * 1024  # the smallest that holds a claim-check chunk (256 KiB
 SERVICES = ("planner", "executor", "validator", "governor", "escalation")
 
 
-@pytest.fixture(scope="module")
-def locked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, LocalStack]]:
-    tmp = tmp_path_factory.mktemp("tenant-reads")
-    with L.locked_stack(tmp, "tenant-reads", SERVICES, STACK_ENV, extra=f"max_payload: {MAX_PAYLOAD}") as locked:
-        yield locked
+LOCKED = L.OwnLocked("tenant-reads", SERVICES, STACK_ENV, extra=f"max_payload: {MAX_PAYLOAD}")  # ``locked``
 
 
 def as_user(url: str, user: str, **overrides: Any) -> Settings:
@@ -60,14 +55,14 @@ def as_user(url: str, user: str, **overrides: Any) -> Settings:
 
 
 @pytest.fixture
-async def locked_client(locked: tuple[str, LocalStack]) -> AsyncIterator[Client]:
-    async with Client(as_user(locked[0], "client"), identity="client") as c:
+async def locked_client(locked: L.Deployment) -> AsyncIterator[Client]:
+    async with Client(as_user(locked.url, "client"), identity="client") as c:
         yield c
 
 
 @pytest.fixture
-async def acme(locked: tuple[str, LocalStack]) -> AsyncIterator[Client]:
-    async with Client(as_user(locked[0], "client_acme", tenant="acme"), identity="client_acme") as c:
+async def acme(locked: L.Deployment) -> AsyncIterator[Client]:
+    async with Client(as_user(locked.url, "client_acme", tenant="acme"), identity="client_acme") as c:
         yield c
 
 
@@ -125,7 +120,7 @@ async def test_a_tenant_client_waits_for_its_own_run_and_reads_its_state_history
 
 
 async def test_a_long_history_comes_in_pages_that_each_fit_in_one_message(
-    locked: tuple[str, LocalStack], locked_client: Client, acme: Client
+    locked: L.Deployment, locked_client: Client, acme: Client
 ) -> None:
     mine = run_id("acme")
     turns = [
@@ -140,7 +135,7 @@ async def test_a_long_history_comes_in_pages_that_each_fit_in_one_message(
     assert state.status == "completed", state.final_reason
     assert sum(len(m.model_dump_json()) for m in state.messages) > MAX_PAYLOAD
     assert state.messages == await locked_client.history(mine)  # what the default tenant's client reads directly
-    first = await raw_read(locked[0], "history", RunRead(run_id=mine))
+    first = await raw_read(locked.url, "history", RunRead(run_id=mine))
     page = json.loads(first)
     assert len(first) <= MAX_PAYLOAD and page["next"] is not None and 0 < len(page["items"]) < len(state.messages)
     assert await acme.events(mine) == await locked_client.events(mine)
@@ -192,15 +187,15 @@ async def test_a_tenant_client_exports_and_replays_its_own_run(acme: Client) -> 
 
 
 async def test_another_tenants_run_is_answered_exactly_as_a_missing_one(
-    locked: tuple[str, LocalStack], locked_client: Client, acme: Client
+    locked: L.Deployment, locked_client: Client, acme: Client
 ) -> None:
     theirs = run_id("default")
     await locked_client.submit(scripted(theirs, CALC))
     assert (await locked_client.wait(theirs, timeout=bound(60))).status == "completed"
     nowhere = run_id("nowhere")
     for verb in S.RUN_READ_VERBS:
-        got = await raw_read(locked[0], verb, RunRead(run_id=theirs))
-        missing = await raw_read(locked[0], verb, RunRead(run_id=nowhere))
+        got = await raw_read(locked.url, verb, RunRead(run_id=theirs))
+        missing = await raw_read(locked.url, verb, RunRead(run_id=nowhere))
         assert got == missing, (verb, got[:300], missing[:300])
         assert json.loads(got)["found"] is False
     assert await acme.state(theirs) is None
@@ -229,9 +224,9 @@ async def acme_connection(url: str, errors: list[str]) -> NatsClient:
 
 
 async def test_a_tenant_client_gets_nothing_from_the_runs_buckets_event_stream_live_events_or_queue(
-    locked: tuple[str, LocalStack], locked_client: Client
+    locked: L.Deployment, locked_client: Client
 ) -> None:
-    url = locked[0]
+    url = locked.url
     theirs = run_id("default")
     await locked_client.submit(scripted(theirs, CALC))
     assert (await locked_client.wait(theirs, timeout=bound(60))).status == "completed"
@@ -291,11 +286,11 @@ async def test_a_tenant_client_gets_nothing_from_the_runs_buckets_event_stream_l
 
 
 async def test_a_tenant_client_reads_no_other_tenants_large_body_from_the_claim_check_store(
-    locked: tuple[str, LocalStack], locked_client: Client
+    locked: L.Deployment, locked_client: Client
 ) -> None:
     """Large bodies (a long answer, a big tool result) are stored by reference in LW_PAYLOADS; every user may
     list its subjects (stream info), so each body must be readable only by those its run belongs to."""
-    url, secret = locked[0], f"SECRET-{uuid.uuid4().hex}-"
+    url, secret = locked.url, f"SECRET-{uuid.uuid4().hex}-"
     theirs = run_id("default")
     submit = scripted(theirs, [{"text": secret * (300_000 // len(secret))}])
     await locked_client.submit(submit)

@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from loopwarden.client import Client, QuotaExceeded, Refused
-from loopwarden.stack import LocalStack, tail
+from loopwarden.stack import tail
 from services.planner.delegation import child_run_id
 from shared import subjects as S
 from shared.canonical import digest_of
@@ -42,12 +42,9 @@ STACK_ENV = {
 SERVICES = ("planner", "executor", "validator", "governor", "escalation")
 
 
-@pytest.fixture(scope="module")
-def locked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, LocalStack]]:
-    tmp = tmp_path_factory.mktemp("boundaries")
-    operators = {"LW_OPERATORS": operator_roster()}
-    with L.locked_stack(tmp, "boundaries", SERVICES, STACK_ENV, dict.fromkeys(SERVICES, operators)) as locked:
-        yield locked
+# the module's ``locked``: every service with the operator roster
+OPERATORS = {s: {"LW_OPERATORS": operator_roster()} for s in SERVICES}
+LOCKED = L.OwnLocked("boundaries", SERVICES, STACK_ENV, OPERATORS)
 
 
 def as_user(url: str, user: str, **overrides: Any) -> Settings:
@@ -55,20 +52,20 @@ def as_user(url: str, user: str, **overrides: Any) -> Settings:
 
 
 @pytest.fixture
-async def locked_client(locked: tuple[str, LocalStack]) -> AsyncIterator[Client]:
-    async with Client(as_user(locked[0], "client"), identity="client") as c:
+async def locked_client(locked: L.Deployment) -> AsyncIterator[Client]:
+    async with Client(as_user(locked.url, "client"), identity="client") as c:
         yield c
 
 
 @pytest.fixture
-async def acme(locked: tuple[str, LocalStack]) -> AsyncIterator[Client]:
-    async with Client(as_user(locked[0], "client_acme", tenant="acme"), identity="client_acme") as c:
+async def acme(locked: L.Deployment) -> AsyncIterator[Client]:
+    async with Client(as_user(locked.url, "client_acme", tenant="acme"), identity="client_acme") as c:
         yield c
 
 
 @pytest.fixture
-async def admin(locked: tuple[str, LocalStack]) -> AsyncIterator[Client]:
-    async with Client(as_user(locked[0], "admin"), identity="admin") as c:
+async def admin(locked: L.Deployment) -> AsyncIterator[Client]:
+    async with Client(as_user(locked.url, "admin"), identity="admin") as c:
         yield c
 
 
@@ -245,7 +242,7 @@ async def tenant_spent(admin: Client, tenant: str) -> float:
 
 
 async def test_a_client_cannot_spend_another_tenants_day_nor_set_limits_past_the_caps(
-    locked: tuple[str, LocalStack], locked_client: Client, acme: Client, admin: Client
+    locked: L.Deployment, locked_client: Client, acme: Client, admin: Client
 ) -> None:
     # R tenant: the default tenant's client names acme in the body (on the only submit subject it may
     # publish, its own tenant's) and scripts 3M input tokens ($9 on paper)
@@ -266,7 +263,7 @@ async def test_a_client_cannot_spend_another_tenants_day_nor_set_limits_past_the
     record = await never_started(locked_client, spender)  # the submitter's own tenant's record: nothing spent
     assert record.tenant == S.DEFAULT_TENANT and record.usage.cost_usd == 0
     # and acme's subject is acme's users' only
-    refusals = await L.publish_refusals(locked[0], "client", S.run_submit("acme"), attack.model_dump_json().encode())
+    refusals = await L.publish_refusals(locked.url, "client", S.run_submit("acme"), attack.model_dump_json().encode())
     assert refusals, "the default tenant's client published on acme's submit subject"
     # an over-the-cap limit is refused with the field and the cap
     greedy = f"run-greedy-{key()}"
@@ -327,9 +324,9 @@ async def test_a_run_submitted_without_a_tenant_meets_the_default_tenants_ceilin
 
 
 async def test_without_scripted_runs_a_scenario_is_refused_and_no_tool_plays_one(
-    locked: tuple[str, LocalStack], locked_client: Client, admin: Client
+    locked: L.Deployment, locked_client: Client, admin: Client
 ) -> None:
-    _, stack = locked
+    stack = locked.stack
     for proc in [p for p in stack.procs if p.service in ("planner", "executor")]:
         proc.popen.terminate()
         await asyncio.to_thread(proc.popen.wait, 15)

@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -34,33 +34,20 @@ from tests.support.timing import bound
 LEASE_S = 2.0
 
 
-@pytest.fixture(scope="module")
-def locked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    tmp = tmp_path_factory.mktemp("identity")
-    with L.locked_server(tmp, "identity") as url:
-        stack = LocalStack(
-            state_dir=tmp,
-            nats_url=url,
-            env=TEST_ENV,
-            services=("escalation",),
-            env_per_service={
-                "escalation": {
-                    **L.creds("escalation"),
-                    "LW_OPERATORS": operator_roster(),
-                    # short leases, so a lease lost is seen in a test (claim -> resolve is one round trip)
-                    "LW_ESCALATION_LEASE_S": str(LEASE_S),
-                    "LW_ESCALATION_SWEEP_S": "0.3",
-                }
-            },
-        )
-        try:
-            asyncio.run(L.bootstrap_as_admin(url))
-            stack.start()
-            yield url
-            logs = "".join(p.log.read_text(errors="replace") for p in stack.procs)
-            assert "permissions violation" not in logs.lower(), logs[-3000:]
-        finally:
-            stack.stop()
+# the module's ``locked``: the escalation service alone, with short leases, so a lease lost is seen in a test
+# (claim -> resolve is one round trip)
+LOCKED = L.OwnLocked(
+    "identity",
+    ("escalation",),
+    TEST_ENV,
+    {
+        "escalation": {
+            "LW_OPERATORS": operator_roster(),
+            "LW_ESCALATION_LEASE_S": str(LEASE_S),
+            "LW_ESCALATION_SWEEP_S": "0.3",
+        }
+    },
+)
 
 
 def as_user(url: str, user: str) -> Settings:
@@ -68,8 +55,8 @@ def as_user(url: str, user: str) -> Settings:
 
 
 @pytest.fixture
-async def admin(locked: str) -> AsyncIterator[Client]:
-    async with Client(as_user(locked, "admin"), identity="admin") as c:
+async def admin(locked: L.Deployment) -> AsyncIterator[Client]:
+    async with Client(as_user(locked.url, "admin"), identity="admin") as c:
         yield c
 
 
@@ -85,11 +72,11 @@ async def queued(admin: Client, kind: str) -> str:
     raise AssertionError(f"{esc_id} was never queued")
 
 
-async def test_an_operator_acts_only_as_themselves(locked: str, admin: Client) -> None:
+async def test_an_operator_acts_only_as_themselves(locked: L.Deployment, admin: Client) -> None:
     esc_id = await queued(admin, "fatal")
     forged = EscalationResolve(escalation_id=esc_id, who="alice", action="abort").model_dump_json().encode()
     # bob may not publish on alice's subject, whatever the payload says: the server drops it
-    errors = await L.publish_refusals(locked, "bob", S.escalation_rpc("resolve", "alice"), forged)
+    errors = await L.publish_refusals(locked.url, "bob", S.escalation_rpc("resolve", "alice"), forged)
     assert any("permissions violation" in e.lower() for e in errors), errors
     # neither may the plain client user, nor the console outside its console.<operator> subjects
     claim = EscalationClaim(escalation_id=esc_id).model_dump_json().encode()
@@ -97,11 +84,11 @@ async def test_an_operator_acts_only_as_themselves(locked: str, admin: Client) -
         ("client", S.escalation_rpc("claim", "alice")),
         ("console", S.escalation_rpc("claim", "alice")),
     ):
-        errors = await L.publish_refusals(locked, user, subject, claim)
+        errors = await L.publish_refusals(locked.url, user, subject, claim)
         assert any("permissions violation" in e.lower() for e in errors), (user, errors)
     assert (await admin.show(esc_id)).escalations[0].status == "open"
     # alice, as herself
-    async with Client(as_user(locked, "alice"), identity="alice") as alice:
+    async with Client(as_user(locked.url, "alice"), identity="alice") as alice:
         claimed = await alice.claim(esc_id, "alice")
         assert claimed.ok, claimed.error
         assert claimed.escalations[0].claimed_by == "alice" and claimed.escalations[0].claimed_via is None
@@ -111,9 +98,9 @@ async def test_an_operator_acts_only_as_themselves(locked: str, admin: Client) -
         assert resolution is not None and (resolution.resolved_by, resolution.via) == ("alice", None)
 
 
-async def test_an_operator_outside_their_kinds_is_refused_and_recorded(locked: str, admin: Client) -> None:
+async def test_an_operator_outside_their_kinds_is_refused_and_recorded(locked: L.Deployment, admin: Client) -> None:
     fatal, unjudged = await queued(admin, "fatal"), await queued(admin, "not_judged")
-    async with Client(as_user(locked, "bob"), identity="bob") as bob:
+    async with Client(as_user(locked.url, "bob"), identity="bob") as bob:
         reply = await bob.claim(fatal, "bob")
         assert not reply.ok and "refused: bob may not act on fatal escalations" in (reply.error or ""), reply.error
         reply = await bob.resolve(fatal, "bob", "abort")
@@ -129,9 +116,9 @@ async def test_an_operator_outside_their_kinds_is_refused_and_recorded(locked: s
     assert [(e.payload["operator"], e.payload["action"]) for e in refusals] == [("bob", "claim"), ("bob", "resolve")]
 
 
-async def test_the_console_acts_for_an_operator_and_both_are_recorded(locked: str, admin: Client) -> None:
+async def test_the_console_acts_for_an_operator_and_both_are_recorded(locked: L.Deployment, admin: Client) -> None:
     esc_id = await queued(admin, "fatal")
-    async with Client(as_user(locked, "console"), identity="console") as console:
+    async with Client(as_user(locked.url, "console"), identity="console") as console:
         # the console may not act for bob on a kind bob may not touch: the roster still applies
         assert not (await console.claim(esc_id, "bob", via="console")).ok
         claimed = await console.claim(esc_id, "alice", via="console")
@@ -145,13 +132,15 @@ async def test_the_console_acts_for_an_operator_and_both_are_recorded(locked: st
     assert [(e.payload["resolved_by"], e.payload["via"]) for e in resolved] == [("alice", "console")]
 
 
-async def test_a_queue_refusal_is_recorded_and_published_like_an_identity_refusal(locked: str, admin: Client) -> None:
+async def test_a_queue_refusal_is_recorded_and_published_like_an_identity_refusal(
+    locked: L.Deployment, admin: Client
+) -> None:
     """Claimed by someone else, already resolved, lease lost: each leaves a trace in the item's trail and on
     evt.escalation.refused, as a refusal of identity does (a late or conflicting act was invisible)."""
     contested, lapsed = await queued(admin, "not_judged"), await queued(admin, "not_judged")  # both may act on these
     async with (
-        Client(as_user(locked, "alice"), identity="alice") as alice,
-        Client(as_user(locked, "bob"), identity="bob") as bob,
+        Client(as_user(locked.url, "alice"), identity="alice") as alice,
+        Client(as_user(locked.url, "bob"), identity="bob") as bob,
     ):
         assert (await alice.claim(contested, "alice")).ok
         reply = await bob.claim(contested, "bob")
@@ -212,7 +201,7 @@ def cli(url: str, user: str, *args: str, **env: str) -> subprocess.CompletedProc
 
 
 async def test_a_verb_the_server_does_not_grant_is_refused_at_once_naming_the_permission(
-    locked: str, admin: Client
+    locked: L.Deployment, admin: Client
 ) -> None:
     """The server drops a publish outside the user's grant and tells only the sender: the CLI says so at
     once (exit 1, one line), not after the request times out as "NATS unreachable" (exit 3)."""
@@ -224,7 +213,8 @@ async def test_a_verb_the_server_does_not_grant_is_refused_at_once_naming_the_pe
         ("bob", ("renew", esc_id, "--as", "alice"), "renew.alice"),
     ]
     runs = [
-        asyncio.to_thread(cli, locked, user, "escalations", *args, LW_RPC_TIMEOUT_S="30") for user, args, _ in attempts
+        asyncio.to_thread(cli, locked.url, user, "escalations", *args, LW_RPC_TIMEOUT_S="30")
+        for user, args, _ in attempts
     ]
     started = time.monotonic()
     results = await asyncio.gather(*runs)
@@ -237,7 +227,7 @@ async def test_a_verb_the_server_does_not_grant_is_refused_at_once_naming_the_pe
         assert "unreachable" not in lines[0] and "did not answer" not in lines[0]
     assert (await admin.show(esc_id)).escalations[0].status == "open"
     # the same command as the operator it names is answered as before
-    done = await asyncio.to_thread(cli, locked, "alice", "escalations", "claim", esc_id)
+    done = await asyncio.to_thread(cli, locked.url, "alice", "escalations", "claim", esc_id)
     assert done.returncode == 0, done.stderr
     assert (await admin.show(esc_id)).escalations[0].claimed_by == "alice"
 
@@ -245,13 +235,13 @@ async def test_a_verb_the_server_does_not_grant_is_refused_at_once_naming_the_pe
 # --- D21: no password from a URL in what the CLI and the services print -------------------------------------
 
 
-def test_the_cli_never_prints_the_password_in_a_nats_url(locked: str) -> None:
+def test_the_cli_never_prints_the_password_in_a_nats_url(locked: L.Deployment) -> None:
     secret = L.PASSWORDS["client"]
     dead = f"nats://client:{secret}@127.0.0.1:{free_port()}"
     done = cli(dead, "", "status", "run-x")
     assert done.returncode == 3 and "cannot reach NATS at nats://127.0.0.1:" in done.stderr, done.stderr
     assert secret not in done.stdout + done.stderr and "client:" not in done.stderr
-    wrong = locked.replace("nats://", "nats://client:not-the-password@")  # the server answers, refuses the login
+    wrong = locked.url.replace("nats://", "nats://client:not-the-password@")  # the server answers, refuses the login
     done = cli(wrong, "", "escalations", "list")
     assert done.returncode == 3 and "not-the-password" not in done.stdout + done.stderr, done.stderr
 
@@ -311,7 +301,7 @@ def test_a_service_that_reconnects_logs_no_password(tmp_path: Path) -> None:
 def test_the_deployments_give_the_queue_the_same_roster_as_the_users() -> None:
     import yaml
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     compose = yaml.safe_load((root / "docker-compose.yml").read_text())["services"]
     assert compose["escalation"]["environment"]["LW_OPERATORS"] == operator_roster()
     manifests = list(yaml.safe_load_all((root / "deploy" / "k8s" / "loopwarden.yaml").read_text()))

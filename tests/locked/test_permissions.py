@@ -39,7 +39,7 @@ def test_auth_conf_is_generated_from_the_grants() -> None:
 def test_no_service_may_create_or_change_a_consumer() -> None:
     """Only the admin (bootstrap) creates durables: a service that could update its own consumer
     could widen its filter (the judge reading every command) or change its limits. (A client's attempt,
-    end to end: ``tests/test_trust_boundaries.py``.)"""
+    end to end: ``tests/locked/test_trust_boundaries.py``.)"""
     for service, grant in all_grants().items():
         pub, _ = rights(service, grant)
         named = ("DURABLE.CREATE", *(f"CONSUMER.{verb}.{s}." for s in STREAMS for verb in ("CREATE", "DELETE")))

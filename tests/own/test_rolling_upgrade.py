@@ -10,9 +10,9 @@ releases, which proves the old code is what ran.
 One real nats-server, one replica of each service. Runs are submitted all along (a calculator
 step, then one in three pays once with the non-idempotent ``transfer_funds``, one in three syncs a
 ledger, then a submit) while each service in turn, in docs/upgrades.md's order, is replaced: the other
-version started, ready, then the replica it replaces stopped with SIGTERM (it drains). Every run completes, none is lost,
-none charged twice, nothing is dead-lettered. The long form (two rounds each way, a run every 0.35 s):
-``LW_LONG_UPGRADE=1 .venv/bin/pytest tests/test_rolling_upgrade.py -m slow -s``.
+version started, ready, then the replica it replaces stopped with SIGTERM (it drains). Every run completes, none is
+lost, none charged twice, nothing is dead-lettered. The long form (two rounds each way, a run every 0.35 s):
+``LW_LONG_UPGRADE=1 .venv/bin/pytest tests/own/test_rolling_upgrade.py -m slow -s``.
 """
 
 from __future__ import annotations
@@ -239,6 +239,7 @@ async def roll(
     """Runs submitted every ``every`` seconds while each service in turn is replaced by its ``to`` version
     (``rounds`` times: back and forth); every run waited for and its charges counted."""
     back = OLD if to == NEW else NEW
+
     def turn(version: str) -> list[tuple[str, str]]:
         return [(s, version) for s in (UPGRADE_ORDER if version == NEW else UPGRADE_ORDER[::-1])]
 

@@ -4,7 +4,7 @@ that its guarantees do not need.
 Observed on the server, as a plain NATS subscriber sees what the services send (the real stack,
 nothing wrapped): the executor claims a non-idempotent call with one create and records its final
 in one more write, reading the ledger only when the create finds the call there already (a
-redelivery, driven end to end by tests/test_exactly_once.py); an idempotent call's first delivery
+redelivery, driven end to end by tests/stack/test_exactly_once.py); an idempotent call's first delivery
 writes only its final, with a create; the governor answers a budget request before it shares its
 calibration, which it still does.
 """

@@ -8,7 +8,7 @@ metrics the live ``/metrics`` shows, and each one runs.
 
 It reuses the session's stack (its counters hold what earlier tests did: the figures are read as what
 grew since Prometheus's first scrape) and starts one Prometheus for the module, scraping and evaluating
-the rules every second. The console's ``/metrics``: tests/test_console_security.py.
+the rules every second. The console's ``/metrics``: tests/locked/test_console_security.py.
 """
 
 from __future__ import annotations

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from loopwarden.client import Client, QuotaExceeded
-from loopwarden.stack import LocalStack
 from shared.canonical import digest_of
 from shared.messages import RunSubmit
 from shared.scenario import parse_scenario
@@ -33,10 +32,7 @@ STACK_ENV = {
 SERVICES = ("planner", "executor", "validator", "governor", "escalation")
 
 
-@pytest.fixture(scope="module")
-def locked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, LocalStack]]:
-    with L.locked_stack(tmp_path_factory.mktemp("flow-locked"), "flow-locked", SERVICES, STACK_ENV) as stack:
-        yield stack
+LOCKED = L.OwnLocked("flow-locked", SERVICES, STACK_ENV)  # the module's ``locked``
 
 
 def as_user(url: str, user: str, **overrides: Any) -> Settings:
@@ -44,14 +40,14 @@ def as_user(url: str, user: str, **overrides: Any) -> Settings:
 
 
 @pytest.fixture
-async def acme(locked: tuple[str, LocalStack]) -> AsyncIterator[Client]:
-    async with Client(as_user(locked[0], "client_acme", tenant="acme"), identity="client_acme") as c:
+async def acme(locked: L.Deployment) -> AsyncIterator[Client]:
+    async with Client(as_user(locked.url, "client_acme", tenant="acme"), identity="client_acme") as c:
         yield c
 
 
 @pytest.fixture
-async def locked_client(locked: tuple[str, LocalStack]) -> AsyncIterator[Client]:
-    async with Client(as_user(locked[0], "client"), identity="client") as c:
+async def locked_client(locked: L.Deployment) -> AsyncIterator[Client]:
+    async with Client(as_user(locked.url, "client"), identity="client") as c:
         yield c
 
 

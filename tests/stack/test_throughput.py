@@ -23,7 +23,7 @@ from shared.scenario import parse_scenario
 from tests.support.stacks import TEST_ENV
 from tests.support.timing import bound, eventually
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODEL_S, TOOL_S, JUDGE_S = 1.0, 3.5, 1.0  # the tool outlasts LW_ACK_WAIT_S=3: only heartbeats keep it
 
 

@@ -101,7 +101,7 @@ async def test_a_turn_dead_lettered_while_the_governor_was_gone_completes_once_i
             letter = numbered.letter
             assert letter.service == "planner" and letter.subject == S.RUN_ADVANCE, letter
             assert "still not ready after 2 deliveries" in letter.reason and "governor" in letter.reason
-            # not left `running`: stalled on the letter, which the record names (tests/test_stalled.py)
+            # not left `running`: stalled on the letter, which the record names (tests/locked/test_stalled.py)
             stalled = await stalled_on(client, run_id, numbered.seq)
             assert stalled.stall is not None and "governor" in stalled.stall.reason
 

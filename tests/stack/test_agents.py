@@ -5,7 +5,7 @@ name (`loopwarden run AGENT`, `client.run`) gets the agent's instructions, model
 limits from the planner, live (through the real SDK against the Messages-API stand-in) or scripted,
 and records the agent and version it used; an unknown agent is one line and a dead letter naming it;
 `loopwarden runs` lists runs by status, agent, tenant and age. Who may register agents on a locked
-deployment is tests/test_agent_permissions.py.
+deployment is tests/locked/test_agent_permissions.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A run's record carries, of the messages its transactions produced, only those not yet in the
 streams: what this replica published (every PubAck in) leaves the record at its next save, so the
 record a step rewrites stays small. What a planner dies before publishing is still there for the
-redelivery (``tests/test_run_history.py``, ``tests/test_inline_turns.py``).
+redelivery (``tests/stack/test_run_history.py``, ``tests/stack/test_inline_turns.py``).
 
 Observed on the server, as a plain NATS subscriber sees the planner's saves (the real stack)."""
 

@@ -31,7 +31,7 @@ from tests.support.runs import escalations_of, run_scenario
 from tests.support.stacks import settings_for
 from tests.support.timing import bound
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = ROOT / "schemas" / "records" / "RunRecord.json"
 
 
