@@ -37,7 +37,7 @@ from services.planner.turns import Answered, apply_turn, resolve_config, start_r
 from shared import metrics as M
 from shared import subjects as S
 from shared.bounded import bounded_outcome
-from shared.bus import Bus, CasConflict, TryLater, Unchanged, current_deliveries, current_subject
+from shared.bus import Bus, CasConflict, TryLater, Unchanged, current_deliveries, current_subject, tenant_scope
 from shared.describe import describe
 from shared.failures import replaceable
 from shared.messages import (
@@ -208,7 +208,7 @@ class Planner:
         items = [i for _, _, some in done for i in some]
         state.published_bytes += sum(len(i.payload) for i in items)  # kept with its next save (its stored bytes)
         # the next step's work goes out while the step's messages are appended to the history
-        await asyncio.gather(self.publish(items, run_id), self.store.store_tail(state))
+        await asyncio.gather(self.publish(items, run_id, state.tenant), self.store.store_tail(state))
         for msg_id, _, some in done:
             state.published(msg_id, some)  # the next save stops carrying them
         if before and any(applied.changed for _, applied, _ in done):
@@ -323,15 +323,18 @@ class Planner:
             reason=state.final_reason,
         )
 
-    async def publish(self, items: list[PublishRecord], run_id: str) -> None:
+    async def publish(self, items: list[PublishRecord], run_id: str, tenant: str | None) -> None:
         """The outbox at once (acks awaited together): commands that start the next piece of work
-        first, then the events in their order (the run's final event stays last)."""
+        first, then the events in their order (the run's final event stays last). Every message carries the
+        run's tenant and its weight (``Lw-Tenant``): each consumer downstream serves tenants by fair share."""
         ordered = [i for i in items if i.subject.startswith(CMD)] + [i for i in items if not i.subject.startswith(CMD)]
         own = [i for i in ordered if i.run_id is None]
-        await self.bus.publish_all([(i.subject, i.payload.encode(), i.msg_id) for i in own], run_id=run_id)
-        for i in ordered:
-            if i.run_id is not None:  # another run's message (a sub-agent's answer to its parent)
-                await self.bus.publish(i.subject, i.payload.encode(), msg_id=i.msg_id, run_id=i.run_id)
+        tenant = tenant or S.DEFAULT_TENANT
+        with tenant_scope(tenant, self.flow.policies.known(tenant).weight):
+            await self.bus.publish_all([(i.subject, i.payload.encode(), i.msg_id) for i in own], run_id=run_id)
+            for i in ordered:
+                if i.run_id is not None:  # another run's message (a sub-agent's answer to its parent)
+                    await self.bus.publish(i.subject, i.payload.encode(), msg_id=i.msg_id, run_id=i.run_id)
 
     def count(self, items: list[PublishRecord]) -> None:
         """Metrics of a message applied now, from the typed messages it produced."""
@@ -386,7 +389,7 @@ class Planner:
                 await submission.refuse(self.bus, submit, subject, problem, ids.refused_scenario(submit.run_id))
                 return
         if existing is not None:
-            await self.publish(existing.outbox.get(ids.SUBMIT, []), submit.run_id)
+            await self.publish(existing.outbox.get(ids.SUBMIT, []), submit.run_id, existing.tenant)
             return
         if submit.scenario is None:
             await submission.unbind_stray_scenario(self.bus, submit.run_id)
@@ -403,10 +406,10 @@ class Planner:
         except CasConflict:
             existing = await self.store.load(submit.run_id, fresh=True)
             if existing is not None:
-                await self.publish(existing.outbox.get(ids.SUBMIT, []), submit.run_id)
+                await self.publish(existing.outbox.get(ids.SUBMIT, []), submit.run_id, existing.tenant)
             return
         self.runs.started(submit.tenant or S.DEFAULT_TENANT, config.agent)
-        await asyncio.gather(self.publish(out.items, submit.run_id), self.store.store_tail(out.state))
+        await asyncio.gather(self.publish(out.items, submit.run_id, submit.tenant), self.store.store_tail(out.state))
         out.state.published(ids.SUBMIT, out.items)
 
     async def on_flow_view(self, query: FlowQuery, subject: str) -> FleetView:
@@ -450,7 +453,7 @@ class Planner:
         if state is None:
             raise TryLater(f"run {ev.run_id} is not stored yet", delay=1.0)
         if state.seen(msg_id):
-            await self.publish(state.outbox.get(msg_id, []), ev.run_id)
+            await self.publish(state.outbox.get(msg_id, []), ev.run_id, state.tenant)
             return
         if not self.takes(state, ev):
             return  # stale: this iteration already moved on

@@ -47,7 +47,7 @@ class Host(Protocol):
     tracing: bool
     tracer: Tracer
 
-    async def publish(self, items: list[PublishRecord], run_id: str) -> None: ...
+    async def publish(self, items: list[PublishRecord], run_id: str, tenant: str | None) -> None: ...
     def traceparent(self) -> str: ...
     def saved(self) -> None: ...
     async def stored_agent(self, name: str) -> AgentRecord | None: ...
@@ -147,7 +147,7 @@ class Intake:
         run_id = state.run_id
         if state.status != "queued":
             if state.outbox.get(ids.ADMITTED):
-                await self.planner.publish(state.outbox[ids.ADMITTED], run_id)
+                await self.planner.publish(state.outbox[ids.ADMITTED], run_id, state.tenant)
             return state.status
         if state.pending_scenario is not None:  # a scripted run: its scenario is bound to it now
             problem = await submission.bind_scenario(self.bus, run_id, state.pending_scenario, state.pending_replay)
@@ -172,7 +172,7 @@ class Intake:
             return None
         self.planner.saved()
         items = started.outbox.get(ids.ADMITTED, [])
-        await asyncio.gather(self.planner.publish(items, run_id), self.store.store_tail(started))
+        await asyncio.gather(self.planner.publish(items, run_id, started.tenant), self.store.store_tail(started))
         started.published(ids.ADMITTED, items)
         if started.status == "running":
             self.planner.runs.started(started.tenant or S.DEFAULT_TENANT, started.agent)
@@ -195,7 +195,7 @@ class Intake:
             if problem is not None:
                 await submission.refuse(self.bus, submit, subject, problem, ids.refused_scenario(submit.run_id))
                 return True
-        await self.planner.publish(existing.outbox.get(ids.SUBMIT, []), submit.run_id)
+        await self.planner.publish(existing.outbox.get(ids.SUBMIT, []), submit.run_id, existing.tenant)
         if existing.status == "queued":
             self.flow.queued()
         return True
@@ -211,11 +211,11 @@ class Intake:
         except CasConflict:
             existing = await self.store.load(state.run_id, fresh=True)
             if existing is not None:
-                await self.planner.publish(existing.outbox.get(ids.SUBMIT, []), state.run_id)
+                await self.planner.publish(existing.outbox.get(ids.SUBMIT, []), state.run_id, existing.tenant)
             return False
         if state.status not in ("queued", "refused"):  # a run started at once (TEST ONLY fault point: after a save)
             self.planner.saved()
-        await self.planner.publish(items, state.run_id)
+        await self.planner.publish(items, state.run_id, state.tenant)
         state.published(ids.SUBMIT, items)
         return True
 

@@ -110,7 +110,7 @@ class StallWatch:
         existing = await self.planner.store.load(run_id, fresh=True)
         if existing is not None:
             if existing.status == "refused":  # stored before a crash: its final event goes out (again)
-                await self.planner.publish(existing.outbox.get(ids.REFUSED, []), run_id)
+                await self.planner.publish(existing.outbox.get(ids.REFUSED, []), run_id, existing.tenant)
             return
         try:
             submit = RunSubmit(run_id=run_id, task=stalls.submitted_task(letter), tenant=tenant)
@@ -122,7 +122,7 @@ class StallWatch:
             await self.planner.store.create(out.state)
         except CasConflict:
             return
-        await self.planner.publish(out.items, run_id)
+        await self.planner.publish(out.items, run_id, tenant)
         self.planner.runs.finished("refused", tenant, None, seconds=0.0, cost_usd=0.0, input_tokens=0, output_tokens=0)
         log.warning("planner: submit of %s refused before it started: %s", run_id, letter.reason[:200])
 

@@ -61,6 +61,8 @@ from shared.bus.wire import (
     MAX_SUBJECT,
     MSG_ID_HEADER,
     RUN_ID_HEADER,
+    TENANT_HEADER,
+    TENANT_WEIGHT_HEADER,
     WRONG_LAST_SEQUENCE,
     ack_consumer,
     check_subject,
@@ -69,6 +71,8 @@ from shared.bus.wire import (
     num_delivered,
     pub_ack,
     publish_raw,
+    tenant_of,
+    tenant_scope,
 )
 
 __all__ = [
@@ -86,6 +90,8 @@ __all__ = [
     "RUN_ID_HEADER",
     "SCAN_BATCH",
     "SCAN_MAX_BYTES",
+    "TENANT_HEADER",
+    "TENANT_WEIGHT_HEADER",
     "WRONG_LAST_SEQUENCE",
     "BoundTooSmall",
     "Bus",
@@ -127,5 +133,7 @@ __all__ = [
     "scan_all",
     "scan_page",
     "stream_config",
+    "tenant_of",
+    "tenant_scope",
     "until_ready",
 ]

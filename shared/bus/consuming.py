@@ -19,7 +19,15 @@ from shared.bus.errors import TryLater, Undecodable
 from shared.bus.infra import ConsumerSpec, consumer_config, consumer_drift
 from shared.bus.letters import Letters
 from shared.bus.pulls import Handler, _Pull, _Requeue
-from shared.bus.wire import _stream_seq, ack_consumer, hung_every_time, num_delivered, stored_age_s
+from shared.bus.wire import (
+    _stream_seq,
+    ack_consumer,
+    handled,
+    handling,
+    hung_every_time,
+    num_delivered,
+    stored_age_s,
+)
 
 log = logging.getLogger("loopwarden.bus")
 M = TypeVar("M", bound=BaseModel)
@@ -173,6 +181,7 @@ class Consuming(Letters):
         token = _DELIVERIES.set(earlier + deliveries)
         subject_token = _SUBJECT.set(msg.subject)
         msg_token = _MSG.set(msg if requeued_from is None else None)
+        tenant_token = handling(msg.headers)  # what the handler publishes carries on the message's tenant
         waited: TryLater | None = None
         started = time.monotonic()
         try:
@@ -209,6 +218,7 @@ class Consuming(Letters):
             _DELIVERIES.reset(token)
             _SUBJECT.reset(subject_token)
             _MSG.reset(msg_token)
+            handled(tenant_token)
         if waited is None:
             await msg.ack()
             return True

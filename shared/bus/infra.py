@@ -33,6 +33,7 @@ from nats.js.errors import (
 
 from shared import subjects as S
 from shared.bus.errors import InfrastructureNotReady, describe_nats_error
+from shared.bus.wire import last_delivery
 from shared.payloads import stream_config as payload_stream_config
 from shared.permissions import GRANTS
 from shared.settings import Settings
@@ -56,7 +57,7 @@ def consumer_config(spec: ConsumerSpec, settings: Settings) -> ConsumerConfig:
         ack_policy=JsAckPolicy.EXPLICIT,
         deliver_policy=DeliverPolicy.ALL,
         ack_wait=settings.ack_wait_s,
-        max_deliver=settings.max_deliver + 2,  # we dead-letter at max_deliver ourselves
+        max_deliver=last_delivery(settings.max_deliver),  # we dead-letter at max_deliver ourselves (wire.py)
         filter_subjects=list(spec.filter_subjects),
         max_ack_pending=settings.ack_pending_for(spec.service),
     )

@@ -21,7 +21,7 @@ from pydantic import BaseModel
 from shared import subjects as S
 from shared.bus.core import BusBase
 from shared.bus.errors import describe_nats_error
-from shared.bus.wire import MSG_ID_HEADER, RUN_ID_HEADER, _PubAck, expect_stream, pub_ack
+from shared.bus.wire import MSG_ID_HEADER, RUN_ID_HEADER, _PubAck, expect_stream, pub_ack, tenant_headers
 from shared.version import version_headers
 
 log = logging.getLogger("loopwarden.bus")
@@ -68,6 +68,7 @@ class Publishing(BusBase):
         run_id = run_id or getattr(payload, "run_id", None)
         if run_id:
             headers[RUN_ID_HEADER] = run_id
+        tenant_headers(headers)
         stem, subject = subject, S.run_scoped(subject, run_id)
         body = payload if isinstance(payload, bytes) else payload.model_dump_json(by_alias=True).encode()
         body = await self.payloads.offload(self.nc, body, headers)

@@ -1,5 +1,6 @@
-"""Driving a durable pull consumer on nats-py: pull requests sized to the free slots, each
-message its own task, one lock per run id; and the requeue durable's variant."""
+"""Driving a durable pull consumer on nats-py: pull requests sized to the free slots and a lookahead, the
+messages beyond the free slots waiting per tenant for fair dispatch (``fair.py``), each message its own task,
+one lock per run id; and the requeue durable's variant."""
 
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ from pydantic import BaseModel
 
 from shared import opcounts
 from shared import subjects as S
+from shared.bus.fair import FairSlots
 from shared.bus.infra import ConsumerSpec
-from shared.bus.wire import RUN_ID_HEADER
+from shared.bus.wire import RUN_ID_HEADER, tenant_of
 from shared.messages import Requeue
 
 if TYPE_CHECKING:
@@ -65,12 +67,18 @@ class _RunLocks:
 
 class _Pull:
     """One durable pull consumer driven directly on nats-py: pull requests ask for as many
-    messages as there are free slots; each delivered message runs as its own task."""
+    messages as there are free slots, plus a lookahead; each delivered message runs as its own task
+    once it has a slot. Messages beyond the free slots wait here (heartbeaten like running ones), per
+    tenant: a slot that frees goes to the tenant holding fewest per unit of weight (``FairSlots``), so a
+    tenant's message fetched behind another's backlog is not handled after all of it."""
 
     def __init__(self, bus: BusBase, spec: ConsumerSpec, model: type[Any], handler: Handler[Any]) -> None:
         self.bus, self.spec, self.model, self.handler = bus, spec, model, handler
         self.limit = bus.settings.in_flight_for(bus.service)
-        self.held: dict[int, Msg] = {}  # id(msg) -> msg (nats-py messages are not hashable)
+        self.window = self.limit + bus.settings.lookahead_for(bus.service)  # messages held at most
+        self.held: dict[int, Msg] = {}  # id(msg) -> msg (nats-py messages are not hashable): running or waiting
+        # which held message gets a slot: by tenant, fair share (running ones count against their tenant)
+        self.slots: FairSlots[Msg] = FairSlots(self.limit, bus.settings.dispatch_headroom)
         self.tasks: set[asyncio.Task[None]] = set()
         self.pending = 0  # messages asked for and not yet delivered
         self.requests: deque[float] = deque()  # expiry time of each live pull request
@@ -120,7 +128,20 @@ class _Pull:
                 await msg.nak()
             return
         self.held[id(msg)] = msg
-        task = asyncio.create_task(self.run(msg))
+        tenant, weight = self.tenant_of(msg)
+        if self.slots.arrive(tenant, msg, weight) is not None:
+            self.begin(msg, tenant)
+
+    @staticmethod
+    def tenant_of(msg: Msg) -> tuple[str, float]:
+        """Whose work ``msg`` is, and that tenant's weight. A client's submit is its subject's tenant (the server
+        lets a client publish only its own), never what its headers say: a client could write any there."""
+        if msg.subject.startswith(S.RUN_SUBMIT_PREFIX + "."):  # ``<prefix>.<tenant>[.replay]`` as sent
+            return S.as_sent(msg.subject)[len(S.RUN_SUBMIT_PREFIX) + 1 :].split(".", 1)[0], 1.0
+        return tenant_of(msg.headers)
+
+    def begin(self, msg: Msg, tenant: str) -> None:
+        task = asyncio.create_task(self.run(msg, tenant))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
@@ -144,7 +165,7 @@ class _Pull:
         finally:
             self._verifying = None
 
-    async def run(self, msg: Msg) -> None:
+    async def run(self, msg: Msg, tenant: str) -> None:
         opcounts.count("delivered")
         try:
             run_id = self.run_of(msg)
@@ -169,6 +190,8 @@ class _Pull:
             log.exception("%s: delivering %s failed; it will be redelivered", self.bus.service, msg.subject)
         finally:
             self.held.pop(id(msg), None)
+            for held in self.slots.done(tenant):  # the slot goes to whoever is owed it
+                self.begin(held, self.tenant_of(held)[0])
             self.wake.set()
 
     def run_of(self, msg: Msg) -> str | None:
@@ -186,7 +209,7 @@ class _Pull:
                 self.requests.popleft()
             if not self.requests:
                 self.pending = 0
-            free = self.limit - len(self.held) - self.pending
+            free = self.window - len(self.held) - self.pending
             if free > 0 and (self.pending == 0 or free >= max(1, self.limit // 4)):
                 req = {"batch": free, "expires": int(PULL_EXPIRES_S * 1e9)}
                 try:
@@ -225,12 +248,20 @@ class _Pull:
             with contextlib.suppress(Exception):
                 await self.sub.unsubscribe()
             self.sub = None
-        if self.tasks:
-            _, late = await asyncio.wait(set(self.tasks), timeout=grace)
-            for task in late:
-                task.cancel()
-            if late:
-                await asyncio.wait(late, timeout=2)
+        # Messages waiting for a slot are handled as slots free (each handed back now would spend a delivery);
+        # what is still waiting or running when the grace is up is handed back.
+        deadline = time.monotonic() + grace
+        while self.tasks and (left := deadline - time.monotonic()) > 0:
+            await asyncio.wait(set(self.tasks), timeout=left, return_when=asyncio.FIRST_COMPLETED)
+        for msg in self.slots.drain():
+            self.held.pop(id(msg), None)
+            with contextlib.suppress(Exception):
+                await msg.nak()
+        late = set(self.tasks)
+        for task in late:
+            task.cancel()
+        if late:
+            await asyncio.wait(late, timeout=2)
 
 
 class _Requeue(_Pull):

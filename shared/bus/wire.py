@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
+from collections.abc import Iterator
 from typing import Any, TypeVar
 
 from nats.aio.client import Client as NatsClient
@@ -29,6 +32,53 @@ KV_OP_HEADER = "KV-Operation"
 EXPECTED_STREAM_HEADER = "Nats-Expected-Stream"
 EXPECTED_LAST_SUBJECT_SEQUENCE_HEADER = "Nats-Expected-Last-Subject-Sequence"
 WRONG_LAST_SEQUENCE = (10071, 10164)  # JetStream err_codes of a failed compare-and-swap
+# Whose work a message is (the run's tenant) and that tenant's weight: what a consumer's fair dispatch orders
+# by (``fair.py``). The planner sets it on what it publishes for a run; every other service's messages carry on
+# the tenant of the message being handled. A scheduling hint only: nothing is allowed or refused by it.
+TENANT_HEADER = "Lw-Tenant"
+TENANT_WEIGHT_HEADER = "Lw-Tenant-Weight"
+_TENANT: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar("lw_tenant", default=None)
+
+
+@contextlib.contextmanager
+def tenant_scope(tenant: str | None, weight: float = 1.0) -> Iterator[None]:
+    """Messages published inside carry ``tenant`` (and its weight unless 1) in their headers."""
+    token = _TENANT.set((tenant, "" if weight == 1 else f"{weight:g}") if tenant else None)
+    try:
+        yield
+    finally:
+        _TENANT.reset(token)
+
+
+def tenant_headers(headers: dict[str, str]) -> None:
+    """Add the current tenant (``tenant_scope``, or the message being handled) to an outgoing message's headers."""
+    current = _TENANT.get()
+    if current is not None:
+        headers[TENANT_HEADER] = current[0]
+        if current[1]:
+            headers[TENANT_WEIGHT_HEADER] = current[1]
+
+
+def tenant_of(headers: dict[str, str] | None) -> tuple[str, float]:
+    """The tenant a received message's headers name ("" for none) and its weight (1 unless a positive number)."""
+    if not headers:
+        return "", 1.0
+    try:
+        weight = float(headers.get(TENANT_WEIGHT_HEADER) or 1.0)
+    except ValueError:
+        weight = 1.0
+    return headers.get(TENANT_HEADER, ""), weight if 0 < weight < 1e6 else 1.0
+
+
+def handling(headers: dict[str, str] | None) -> contextvars.Token[tuple[str, str] | None]:
+    """While a received message is handled, what its handler publishes carries on its tenant (``_TENANT.reset``)."""
+    tenant = headers.get(TENANT_HEADER) if headers else None
+    weight = (headers or {}).get(TENANT_WEIGHT_HEADER, "")
+    return _TENANT.set((tenant, weight) if tenant else None)
+
+
+def handled(token: contextvars.Token[tuple[str, str] | None]) -> None:
+    _TENANT.reset(token)
 
 
 def decode(model: type[M], data: bytes) -> M:
@@ -164,16 +214,27 @@ def stored_age_s(reply: str | None, now_ns: int) -> float | None:
     return max(0.0, (now_ns - stored) / 1e9)
 
 
+# How many deliveries past ``LW_MAX_DELIVER`` a consumer makes (``consumer_config``): room for a message handed
+# back at once rather than crashed on. nats-server gives a message handed back to the next waiting pull request,
+# round robin, so a stopping replica of release 0.31 (which nak'd at once what its open pull requests still
+# brought) burns one delivery per request it had open before a live replica's request takes it.
+HANDED_BACK_MARGIN = 16
+
+
+def last_delivery(limit: int) -> int:
+    """The consumer's ``max_deliver``: past it nats-server delivers the message no more."""
+    return limit + HANDED_BACK_MARGIN
+
+
 def hung_every_time(deliveries: int, limit: int, age_s: float | None, ack_wait_s: float) -> bool:
     """Whether a message on its ``deliveries``-th delivery is dead-lettered before it runs again, as one that
     crashed its process or hung on each of ``limit`` deliveries. Such a delivery ends only when the ack wait
-    runs out, so they take ``limit`` ack waits at least. A message that came back faster was handed back
-    (a stopping replica of release 0.31 nak'd at once what its open pull requests still brought, each bounce
-    a delivery): it runs once more. The consumer's last delivery (``limit`` + 2, ``consumer_config``) is
-    dead-lettered whatever its age, so nothing is left undelivered in silence."""
+    runs out, so they take ``limit`` ack waits at least; a message past the limit that came back sooner was
+    handed back (a nak) and runs again. The consumer's last delivery is dead-lettered whatever its age, so
+    nothing is left undelivered in silence."""
     if deliveries <= limit:
         return False
-    if deliveries > limit + 1 or age_s is None:
+    if deliveries >= last_delivery(limit) or age_s is None:
         return True
     return age_s >= limit * ack_wait_s
 

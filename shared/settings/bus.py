@@ -80,6 +80,21 @@ class BusSettings(BaseModel):
     max_in_flight_by_service: dict[str, PositiveInt] = Field(
         default_factory=dict, description='JSON: per-service override of LW_MAX_IN_FLIGHT, e.g. {"executor": 256}'
     )
+    dispatch_lookahead: int | None = Field(
+        None,
+        ge=0,
+        le=10_000,
+        description="messages a replica holds per durable beyond its free slots, waiting for one: a slot that frees "
+        "goes to the tenant served least (weighted), so another tenant's backlog fetched first does not delay it "
+        "(None: as many as LW_MAX_IN_FLIGHT; 0: fetch for free slots only, first come first served)",
+    )
+    dispatch_headroom: float = Field(
+        0.25,
+        ge=0,
+        le=1,
+        description="share of LW_MAX_IN_FLIGHT a replica may run past it for tenants below their share of a durable's "
+        "slots: their messages start at once rather than waiting for another tenant's handlers to end",
+    )
     event_loop: Literal["uvloop", "asyncio"] = Field(
         "uvloop", description="a service's event loop: uvloop (libuv; less CPU per message) or the standard asyncio one"
     )
@@ -138,6 +153,12 @@ class BusSettings(BaseModel):
     def in_flight_for(self, service: str) -> int:
         """How many messages one replica of ``service`` handles at once."""
         return max(1, self.max_in_flight_by_service.get(service, self.max_in_flight))
+
+    def lookahead_for(self, service: str) -> int:
+        """How many messages one replica of ``service`` holds per durable beyond its free slots."""
+        if self.dispatch_lookahead is not None:
+            return self.dispatch_lookahead
+        return self.in_flight_for(service)
 
     def ack_pending_for(self, service: str) -> int:
         """A durable's ``max_ack_pending``: room for up to eight replicas each at full concurrency."""

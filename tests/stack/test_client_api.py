@@ -1,7 +1,7 @@
 """The front door from Python and from `submit --wait` (issue 24, items 1, 4 and 5).
 
 - One public API: every name a user needs comes from `loopwarden` (the wheel's side is in
-  tests/stack/test_cli.py's wheel test); docs/embedding.md's code runs as written.
+  tests/own/test_cli_lifecycle.py's wheel test); docs/embedding.md's code runs as written.
 - The client finds the server as the CLI does (environment, then the stack `loopwarden up` recorded)
   and its connect is bounded: one error naming the URL (never its password), not a hang.
 - `submit --wait` prints the run id first and exits 5 as soon as the run waits for a human, whatever
