@@ -30,8 +30,8 @@ def all_grants(access: AccessFile = EXAMPLE) -> dict[str, Grant]:
     return grants(hosted_tools(), access)
 
 
-def auth_conf(access: AccessFile = EXAMPLE, source: str = "deploy/access.yaml") -> str:
-    return render(hosted_tools(), access, source)
+def auth_conf(access: AccessFile = EXAMPLE, source: str = "deploy/access.yaml", upgrading: bool = False) -> str:
+    return render(hosted_tools(), access, source, upgrading)
 
 
 def write_private(path: Path, text: str) -> None:

@@ -67,6 +67,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="a nats-server to reload after writing auth.conf (its pid, or its pid file); repeat per node",
     )
     q.add_argument("--no-store", action="store_true", help="only write auth.conf (nothing is sent to NATS)")
+    q.add_argument(
+        "--upgrading",
+        action="store_true",
+        help="while the last release's replicas still run: keep the rights this release retired (docs/upgrades.md); "
+        "apply again without it once the last of them has stopped",
+    )
     q.set_defaults(func=cmd_apply)
     q = actions.add_parser(
         "show",
@@ -195,7 +201,7 @@ def cmd_apply(args: argparse.Namespace) -> Any:
     own = locked if locked is not None and out.resolve() == Path(locked["auth_conf"]).resolve() else None
     env = _stack_passwords(own, access, args.file) if own is not None else {}
     previous = out.read_text() if out.exists() else None
-    write_private(out, auth_conf(access, Path(args.file).name))
+    write_private(out, auth_conf(access, Path(args.file).name, upgrading=args.upgrading))
     targets = list(args.reload) or ([str(own["nats_pid"])] if own is not None else [])
     if own is not None:
         try:  # the stack's server reads it before it is reloaded: a refused file is put back, nothing reloaded

@@ -132,7 +132,7 @@ def escalation_lines(item: Escalation, now: datetime | None = None, no_contract:
             else:
                 lines.append(f"{m.role}: {'✗' if b.is_error else '←'} {b.content}")
     if not item.context:
-        lines.append("(no context was stored)")
+        lines.append("(no turns of the run to show)")
     if item.trail:
         lines += ["", "── Trail ──"]
         for e in item.trail:

@@ -28,7 +28,7 @@ from shared.settings import sync_interval
 if TYPE_CHECKING:
     from loopwarden.locked import LockedSetup
 
-SERVICES = (*WORKERS, "console")  # the channel table's services, and the web console
+PROCESSES = (*WORKERS, "console")  # the channel table's services, and the web console
 
 
 class StackError(RuntimeError):
@@ -125,7 +125,7 @@ class LocalStack:
     monitor_port: int | None = None  # nats-server's monitoring endpoint (/varz, /connz) on this port; None: off
     env: dict[str, str] = field(default_factory=dict)
     env_per_service: dict[str, dict[str, str]] = field(default_factory=dict)
-    services: tuple[str, ...] = SERVICES
+    services: tuple[str, ...] = PROCESSES
     detach: bool = False
     procs: list[Proc] = field(default_factory=list)
     console_url: str | None = None

@@ -24,6 +24,7 @@ class CallIdentity:
     requested_tool: str
     arguments: dict[str, Any] = field(default_factory=dict)
     fallback_from: FallbackNote | None = None
+    tenant: str | None = None  # the run's (a queue item filed from the call's failure event says whose it is)
 
     @classmethod
     def of(cls, message: ToolCall | ToolResultRaw | ToolOutcome) -> CallIdentity:

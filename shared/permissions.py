@@ -180,8 +180,9 @@ GRANTS: dict[str, Grant] = {
         # the queue's requests, and the operators' agent registrations (it holds the roster that decides them)
         subscribe=(f"{S.P}.rpc.escalation.>", f"{S.AGENT_REGISTER_PREFIX}.>"),
         kv_write=(S.KV_ESCALATIONS, S.KV_AGENTS, S.KV_HUMAN_COUNTS),  # and each tenant's open items (the planners')
-        # the run's last turns; provided results meet the tool's contract
-        kv_read=(S.KV_RUNS, S.KV_CONTRACTS, S.KV_HISTORY),
+        # provided results meet the tool's contract (the registry every tool's contract is published to); never
+        # the planner's record or conversation (lw_runs, lw_history): a raise carries its run's tenant and turns
+        kv_read=(S.KV_CONTRACTS,),
         consumers=(
             (S.STREAM_CMD, S.DURABLE_ESCALATION_RAISE),
             (S.STREAM_CMD, S.DURABLE_ESCALATION_WITHDRAW),
@@ -279,10 +280,22 @@ def operator_roster(access: AccessFile = EXAMPLE) -> str:
     return json.dumps(access.roster())
 
 
-def grants(tools: list[str], access: AccessFile = EXAMPLE) -> dict[str, Grant]:
+# Reads a service's grant lost in this release that the last release's replicas of it still make: an auth.conf
+# written while upgrading (``loopwarden config apply --upgrading``) keeps them, so an old replica keeps working
+# beside the new ones; once the last old replica has stopped, the file is written again without them (the order
+# is docs/upgrades.md's). Emptied in the release after.
+RETIRED_READS: dict[str, tuple[str, ...]] = {
+    # 0.32: the escalation service reads only its own data (a raise and a call carry their run's tenant; the
+    # readers that show an item read the run's turns); 0.31's still reads the run's record and conversation
+    "escalation": (S.KV_RUNS, S.KV_HISTORY),
+}
+
+
+def grants(tools: list[str], access: AccessFile = EXAMPLE, upgrading: bool = False) -> dict[str, Grant]:
     """The grants, with the executor's per-tool durables for ``tools`` (NATS wildcards match whole
     tokens only) and a user per person of ``access`` (the access file). The tool list is the caller's:
-    ``loopwarden.auth_conf`` reads the tool registry. No service's grant depends on ``access``."""
+    ``loopwarden.auth_conf`` reads the tool registry. No service's grant depends on ``access``. ``upgrading``:
+    with the reads this release retired (``RETIRED_READS``), for the last release's replicas still running."""
     executor = GRANTS["executor"]
     durables = tuple(
         pair
@@ -291,7 +304,11 @@ def grants(tools: list[str], access: AccessFile = EXAMPLE) -> dict[str, Grant]:
     )
     clients = {user: tenant_client_grant(user, tenant) for user, tenant in access.tenant_users().items()}
     operators = {name: operator_grant(name) for name in access.operators}
-    return {**GRANTS, "executor": Grant(**{**executor.__dict__, "consumers": durables}), **clients, **operators}
+    out = {**GRANTS, "executor": Grant(**{**executor.__dict__, "consumers": durables}), **clients, **operators}
+    for service, reads in RETIRED_READS.items() if upgrading else ():
+        kept = out[service]
+        out[service] = Grant(**{**kept.__dict__, "kv_read": (*kept.kv_read, *reads)})
+    return out
 
 
 def _quote(items: list[str]) -> str:
@@ -393,7 +410,9 @@ def password_env(user: str) -> str:
     return f"LW_NATS_PASSWORD_{S.token(user).upper().replace('-', '_')}"
 
 
-def render(tools: list[str], access: AccessFile = EXAMPLE, source: str = "deploy/access.yaml") -> str:
+def render(
+    tools: list[str], access: AccessFile = EXAMPLE, source: str = "deploy/access.yaml", upgrading: bool = False
+) -> str:
     hashes = access.password_hashes()
     lines = [
         f"# GENERATED from {source}, shared/channels.py and shared/permissions.py (`loopwarden config apply`,",
@@ -405,7 +424,11 @@ def render(tools: list[str], access: AccessFile = EXAMPLE, source: str = "deploy
         "    users: [",
         f'      {{ user: "admin", password: {password("admin", hashes)} }}',
     ]
-    for service, grant in grants(tools, access).items():
+    if upgrading:
+        lines.insert(
+            3, "# WHILE UPGRADING (--upgrading): with the reads this release retired, for the last release's replicas"
+        )
+    for service, grant in grants(tools, access, upgrading).items():
         pub, sub = rights(service, grant)
         lines += [
             f'      {{ user: "{service}", password: {password(service, hashes)}',

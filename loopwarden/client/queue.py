@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from loopwarden.client.connecting import Connection
+from loopwarden.client.reads import Reads
 from loopwarden.client.refusals import guarded
 from shared import subjects as S
+from shared.history import HistoryMissing
 from shared.messages import (
+    ChatMessage,
     EscalationAction,
     EscalationClaim,
     EscalationQuery,
@@ -16,7 +18,7 @@ from shared.messages import (
 )
 
 
-class Queue(Connection):
+class Queue(Reads):
     """The escalation queue's requests.
 
     Who claims, renews or resolves is the operator token of the subject (``...claim.<who>``, or
@@ -50,9 +52,24 @@ class Queue(Connection):
         )
 
     @guarded
-    async def show(self, escalation_id: str) -> EscalationReply:
-        """One item (``.escalations[0]``) with its context: arguments, last turns, allowed actions."""
-        return await self.bus.request(S.ESCALATION_SHOW, EscalationQuery(escalation_id=escalation_id), EscalationReply)
+    async def show(self, escalation_id: str, turns: int | None = None) -> EscalationReply:
+        """One item (``.escalations[0]``) with its context: arguments, allowed actions, and in ``context`` the
+        run's last ``turns`` turns (default ``LW_ESCALATION_CONTEXT_TURNS``; 0: none), read from the run's
+        conversation now, for every kind of item alike: the queue keeps no copy of them."""
+        reply = await self.bus.request(S.ESCALATION_SHOW, EscalationQuery(escalation_id=escalation_id), EscalationReply)
+        last = self.settings.escalation_context_turns if turns is None else turns
+        if reply.ok and reply.escalations and last > 0:
+            item = reply.escalations[0]
+            item.context = await self.last_turns(item.run_id, last)
+        return reply
+
+    async def last_turns(self, run_id: str, last: int) -> list[ChatMessage]:
+        """The run's ``last`` messages as its conversation holds them now (none when the run or its
+        conversation is no longer stored)."""
+        try:
+            return await self.history(run_id, last=last)
+        except HistoryMissing:  # removed under the reader (the run was deleted or compacted meanwhile)
+            return []
 
     @guarded
     async def claim(self, escalation_id: str, who: str, via: str | None = None) -> EscalationReply:

@@ -9,7 +9,7 @@ from typing import Any, get_args
 
 from loopwarden.client.door import refusal_error
 from loopwarden.client.queue import Queue
-from loopwarden.client.reads import TENANT_POLL_S, Reads
+from loopwarden.client.reads import TENANT_POLL_S
 from loopwarden.client.refusals import guarded
 from shared import subjects as S
 from shared.messages import (
@@ -25,7 +25,7 @@ PROGRESS_STEMS = frozenset(S.run_event(e.model_fields["kind"].default) for e in 
 ACCEPTED: tuple[str, ...] = tuple(s for s in get_args(RunStatus) if s != "refused")  # a planner took it in
 
 
-class Waiting(Reads, Queue):
+class Waiting(Queue):  # (a Queue reads runs too: the last turns it shows with an item)
     """``wait`` and what it needs: a subscription to the run's events shared by the waits on it."""
 
     @guarded

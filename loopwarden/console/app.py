@@ -558,7 +558,7 @@ class Console:
 
     async def item_page(self, request: Request, operator: str) -> Response:
         escalation_id = request.path_params["escalation_id"]
-        reply = await self.client.show(escalation_id)
+        reply = await self.client.show(escalation_id)  # with the run's last turns, read from its conversation now
         status = 200 if reply.ok else 404
         item = reply.escalations[0] if reply.ok else None
         schema, schema_note = (None, None)
@@ -588,7 +588,7 @@ class Console:
         )
 
     async def item_live(self, request: Request, operator: str) -> Response:
-        reply = await self.client.show(request.path_params["escalation_id"])
+        reply = await self.client.show(request.path_params["escalation_id"], turns=0)  # the live part shows none
         item = reply.escalations[0] if reply.ok else None
         controls = self._controls(item, operator)
         return self.render(request, "item_live.html", item=item, operator=operator, controls=controls)

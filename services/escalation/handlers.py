@@ -29,7 +29,6 @@ from pydantic import ValidationError
 
 from services.escalation import ids
 from services.escalation import queue as Q
-from shared import history
 from shared import metrics as M
 from shared import subjects as S
 from shared import telemetry as T
@@ -39,10 +38,8 @@ from shared.contracts.registration import validator_for
 from shared.describe import describe
 from shared.escalation_actions import carries_result
 from shared.failures import HUMAN_FAILURES
-from shared.history import HistoryMissing
 from shared.live_config import ConfigUnreadable, LiveConfig
 from shared.messages import (
-    ChatMessage,
     Escalation,
     EscalationClaim,
     EscalationEvent,
@@ -53,7 +50,6 @@ from shared.messages import (
     EscalationResolve,
     EscalationWithdraw,
     OpenItems,
-    RunSnapshot,
     ToolOutcome,
     utcnow,
 )
@@ -120,7 +116,6 @@ class EscalationQueue:
         self.items: dict[str, Escalation] = {}
         self.catalogue = ContractCatalogue(bus)  # the tools' output contracts, for a hand-made result
         self.unreadable: dict[str, str] = {}
-        self.tenants: dict[str, str] = {}  # run id -> its tenant, for the runs with open items
         self.counted: dict[str, int] | None = None  # each tenant's open items as last written
         self._tasks: list[asyncio.Task[None]] = []
         self._figures: tuple[float, Q.Figures] | None = None
@@ -219,19 +214,13 @@ class EscalationQueue:
 
     async def count_open(self) -> None:
         """Each tenant's open items, where the planners read them (``lw_human_counts``, key ``open``): their
-        ``max_human_items`` quota and the fleet's view. Written when the counts change (every replica keeps the
-        same index, so they write the same counts)."""
-        for item in self.items.values():
-            if item.status != "resolved" and item.run_id not in self.tenants:
-                snap, _ = await self.bus.kv_get(S.KV_RUNS, item.run_id, RunSnapshot)
-                self.tenants[item.run_id] = (snap.tenant if snap is not None else None) or S.DEFAULT_TENANT
-        counts = Q.open_by_tenant(list(self.items.values()), self.tenants)
+        ``max_human_items`` quota and the fleet's view. An item says its run's tenant (its raiser carried it);
+        one filed without (by an older raiser) counts as the default tenant's. Written when the counts change
+        (every replica keeps the same index, so they write the same counts)."""
+        counts = Q.open_by_tenant(list(self.items.values()))
         if counts != self.counted:
             await self.bus.kv_put(S.KV_HUMAN_COUNTS, "open", OpenItems(counts=counts))
             self.counted = counts
-        live = {i.run_id for i in self.items.values() if i.status != "resolved"}
-        for run_id in [r for r in self.tenants if r not in live]:
-            del self.tenants[run_id]
 
     async def _expire_or_sla(self, escalation_id: str, now: datetime) -> None:
         Swept = tuple[EscalationEvent, EscalationResolution | None] | None
@@ -272,9 +261,8 @@ class EscalationQueue:
         if existing is not None:  # already queued: publish the same event again (deduplicated)
             await self.bus.publish(S.ESCALATION_RAISED, existing, msg_id=ids.raised(req.escalation_id))
             return
-        context, tenant = await self._with_context(req)
-        item = Q.raise_item(req, current_traceparent(), sla=self.slas.get(req.kind), context=context)
-        item.tenant = tenant
+        # what the item says of its run (its tenant) is what the raise carried: never the run's record
+        item = Q.raise_item(req, current_traceparent(), sla=self.slas.get(req.kind))
         item, _, created = await self.bus.create_or_get(S.KV_ESCALATIONS, req.escalation_id, item)
         if created:
             self.raised.add(1, {"kind": req.kind})
@@ -298,24 +286,6 @@ class EscalationQueue:
         if item.resolution.resolved_by == Q.SYSTEM_OPERATOR:  # closed now, or on an earlier delivery: said again
             log.warning("escalation %s withdrawn: %s", req.escalation_id, req.reason)
             await self._publish_resolution(req.escalation_id, item.resolution, item.traceparent)
-
-    async def _with_context(self, req: EscalationRaise) -> tuple[list[ChatMessage], str | None]:
-        """The run's last turns (what a call's escalation says about the call, its arguments and error, the
-        raiser put in its typed details: the planner's record is read only as the published ``RunSnapshot``),
-        and the run's tenant (shown with the item)."""
-        try:
-            snap, _ = await self.bus.kv_get(S.KV_RUNS, req.run_id, RunSnapshot)
-        except (ValidationError, PayloadError) as err:  # unreadable: the item is still worth raising
-            log.warning("escalation %s: no context, the run's record is unreadable: %s", req.escalation_id, err)
-            return [], None
-        if snap is None:  # no record yet
-            return [], None
-        tenant = snap.tenant or S.DEFAULT_TENANT
-        turns = self.settings.escalation_context_turns
-        if turns:
-            with contextlib.suppress(HistoryMissing, ValidationError):
-                return await history.messages(self.bus, snap, last=turns), tenant
-        return [], tenant
 
     # --- reading -------------------------------------------------------------------------------------
     async def on_list(self, query: EscalationQuery) -> EscalationReply:

@@ -8,7 +8,6 @@ expiry, SLA deadlines, filters by age — is a plain function of its arguments.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, assert_never
@@ -17,7 +16,6 @@ from shared import subjects as S
 from shared.escalation_actions import ACTIONS, KINDS, SlaRule, allowed_actions, missing
 from shared.failures import human_kind
 from shared.messages import (
-    ChatMessage,
     Escalation,
     EscalationAction,
     EscalationDetails,
@@ -104,8 +102,9 @@ def raise_item(
     *,
     now: datetime | None = None,
     sla: SlaRule | None = None,
-    context: list[ChatMessage] | None = None,
 ) -> Escalation:
+    """The queue item ``req`` files: what it says of its run (the tenant) is what the raiser carried. It keeps no
+    copy of the run's turns: a reader shows them from the run's conversation (``Client.show``)."""
     now = now or utcnow()
     return Escalation(
         **req.model_dump(),
@@ -114,7 +113,6 @@ def raise_item(
         sla_deadline=now + timedelta(seconds=sla.after_s) if sla else None,
         sla_action=sla.action if sla else None,
         allowed_actions=allowed_actions(req.kind),
-        context=context or [],
     )
 
 
@@ -133,6 +131,7 @@ def failure_raise(outcome: ToolOutcome) -> EscalationRaise:
             error=outcome.error,
             failure_type=outcome.failure_type,
         ),
+        tenant=outcome.tenant,  # the call's tenant, as the planner put it on the call (None from an older one)
     )
 
 
@@ -404,13 +403,13 @@ def due(items: list[Escalation], now: datetime) -> list[Escalation]:
     ]
 
 
-def open_by_tenant(items: list[Escalation], tenant_of: Mapping[str, str]) -> dict[str, int]:
-    """Each tenant's open items (open or claimed, not resolved), by the tenant of each item's run (``tenant_of``:
-    run id -> tenant; a run it does not name is the default tenant's)."""
+def open_by_tenant(items: list[Escalation]) -> dict[str, int]:
+    """Each tenant's open items (open or claimed, not resolved), by the tenant each item names (its raiser's
+    word; an item that names none is the default tenant's)."""
     counts: dict[str, int] = {}
     for item in items:
         if item.status != "resolved":
-            tenant = tenant_of.get(item.run_id, S.DEFAULT_TENANT)
+            tenant = item.tenant or S.DEFAULT_TENANT
             counts[tenant] = counts.get(tenant, 0) + 1
     return counts
 

@@ -143,8 +143,8 @@ class Finisher:
         await self.save(entry, revision)
         await self.publish_final(entry.final, call.run_id)
 
-    async def publish_final(self, final: FinalPublish, run_id: str | None) -> None:
-        await self.bus.publish(final.subject, final.payload.encode(), msg_id=final.msg_id, run_id=run_id)
+    async def publish_final(self, ending: FinalPublish, run_id: str | None) -> None:
+        await self.bus.publish(ending.subject, ending.payload.encode(), msg_id=ending.msg_id, run_id=run_id)
 
     async def finish_failure(
         self,

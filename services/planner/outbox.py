@@ -106,6 +106,7 @@ def answer_parent(out: Outbox) -> None:
         "requested_tool": "delegate",
         "attempts": 0,  # no tool attempt ran: a sub-agent answered
         "usage": s.usage,
+        "tenant": s.tenant,  # a sub-agent runs for its parent's tenant
     }
     if s.status == "completed" and (s.final_output or "").strip():
         outcome = ToolOutcome(success=True, data=s.final_output, **common)
@@ -195,6 +196,7 @@ def escalate(
             tool=tool,
             call_id=call_id,
             details=details,
+            tenant=s.tenant,  # whose item it is (the escalation service reads no run record)
         ),
         ids.escalation_raise(s.run_id, escalation_id),
     )

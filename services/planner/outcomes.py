@@ -196,6 +196,7 @@ def unknown_tool(out: Outbox, record: ToolCallRecord, available: list[str]) -> N
             error=error,
             failure_type="unknown_tool",
             attempts=0,
+            tenant=state.tenant,
         ),
         ids.unknown_tool(state.run_id, it.n, record.call_id),
     )

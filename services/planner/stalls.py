@@ -68,6 +68,7 @@ def _raise_item(out: Outbox, reason: str, seq: int, letter: DeadLetter) -> Escal
         kind="stalled",
         reason=reason,
         details=EscalationDetails(letter=seq, service=letter.service, subject=letter.subject[:512]),
+        tenant=s.tenant,  # whose item it is (the escalation service reads no run record)
     )
     out.add(S.ESCALATION_RAISE, raised, ids.escalation_raise(s.run_id, raised.escalation_id))
     return raised
@@ -78,7 +79,9 @@ def _withdraw(out: Outbox, letters: list[int], reason: str) -> None:
     s = out.state
     for seq in letters:
         escalation_id = ids.stalled_escalation(s.run_id, seq)
-        raised = EscalationRaise(escalation_id=escalation_id, run_id=s.run_id, kind="stalled", reason=reason)
+        raised = EscalationRaise(
+            escalation_id=escalation_id, run_id=s.run_id, kind="stalled", reason=reason, tenant=s.tenant
+        )
         out.add(
             S.ESCALATION_WITHDRAW,
             EscalationWithdraw(escalation_id=escalation_id, run_id=s.run_id, reason=reason, raised=raised),

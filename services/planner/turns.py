@@ -292,6 +292,7 @@ def _dispatch(out: Outbox, call: ToolUseBlock, contracts: dict[str, ToolContract
             tool=call.name,
             requested_tool=call.name,
             arguments=call.input,
+            tenant=s.tenant,  # carried to its outcome: a queue item filed from its failure says whose it is
         ),
         ids.tool_call(s.run_id, it.n, call.id),
     )

@@ -43,6 +43,9 @@ class EscalationDetails(TypedDict, total=False):
 
 
 class EscalationRaise(Wire):
+    """What a raiser files. It carries what the queue needs of the run (its tenant), so the escalation service
+    never reads the planner's record of the run (``lw_runs``) or its conversation (``lw_history``)."""
+
     escalation_id: EscalationId
     run_id: RunId
     kind: EscalationKind
@@ -50,6 +53,7 @@ class EscalationRaise(Wire):
     tool: Name | None = None
     call_id: CallId | None = None
     details: EscalationDetails = Field(default_factory=lambda: EscalationDetails())
+    tenant: Name | None = Field(None, description="the tenant of the item's run, as the raiser knows it")
 
 
 class Escalation(EscalationRaise):
@@ -63,9 +67,12 @@ class Escalation(EscalationRaise):
     sla_deadline: datetime | None = Field(None, description="when the SLA's default action is applied")
     sla_action: SlaAction | None = None
     allowed_actions: list[EscalationAction] = Field(default_factory=list)
-    context: list[ChatMessage] = Field(default_factory=list, description="the run's last turns when it was raised")
+    context: list[ChatMessage] = Field(
+        default_factory=list,
+        description="the run's last turns, as a reader shows the item: read from the run's conversation when "
+        "shown (`Client.show`); the queue stores none (an item stored by a 0.31 service may still hold its copy)",
+    )
     trail: list[EscalationEvent] = Field(default_factory=list, description="claims, renewals, expiries, refusals")
-    tenant: Name | None = Field(None, description="the tenant of the item's run (its record's, when it was filed)")
 
 
 class EscalationResolution(Wire):

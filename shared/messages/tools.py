@@ -55,6 +55,7 @@ class ToolCall(Wire):
     requested_tool: Name
     arguments: dict[str, Any]
     fallback_from: FallbackNote | None = None
+    tenant: Name | None = Field(None, description="the tenant of the call's run (the planner sets it on the call)")
 
 
 class FallbackNote(Wire):
@@ -92,6 +93,7 @@ class ToolResultRaw(Wire):
         description="JSON pointers of the undeclared input fields removed before the call ran (policy strip); "
         "`arguments` is what remains",
     )
+    tenant: Name | None = Field(None, description="the tenant of the call's run (the planner sets it on the call)")
 
 
 class ToolOutcome(Wire):
@@ -136,6 +138,7 @@ class ToolOutcome(Wire):
     usage: Usage | None = Field(
         None, description="model usage the call caused (a sub-agent run's), rolled up into the calling run's"
     )
+    tenant: Name | None = Field(None, description="the tenant of the call's run (the planner sets it on the call)")
 
     @model_validator(mode="after")
     def _failure_has_type(self) -> ToolOutcome:

@@ -24,7 +24,9 @@ class PeopleSettings(BaseModel):
     # --- escalation queue and console -------------------------------------------------
     escalation_lease_s: float = Field(300.0, gt=0, description="a claim expires unless renewed within this")
     escalation_sweep_s: float = Field(1.0, gt=0, description="how often leases and SLA deadlines are checked")
-    escalation_context_turns: int = Field(6, ge=0, description="last turns of the run copied into a queue item")
+    escalation_context_turns: int = Field(
+        6, ge=0, description="the run's last turns shown with a queue item (the console, `escalations show`)"
+    )
     escalation_slas: str | None = Field(
         None,
         description='JSON: kind -> {"after_s": seconds, "action": abort|deny|accept_if_judged|fall_back}, '

@@ -104,6 +104,12 @@ def test_the_locked_walkthrough_runs_as_written(messages_api: FakeModel, tmp_pat
     assert re.search(rf"\$ loopwarden runs --tenant acme\n(?:.*\n)*?{run} .* acme ", out), out
     assert re.search(r"replayed run-\S+ as run-\S+: completed \(recorded: completed\)\n.*\n  no divergence", out), out
     assert re.search(r"tenant acme .*the database rejected the query", out), out
+    # the item was filed from the call's failure event and stores no turns: alice's `show` reads the run's last
+    # turns from its conversation (her user may read every run; the escalation service may read none)
+    shown = out.split('$ loopwarden escalations show "$ITEM"', 1)[1].split("$ loopwarden", 1)[0]
+    assert "kind:       fatal" in shown, shown
+    turns = shown.split("── Last turns ──", 1)[1]
+    assert "user: How many orders are open?" in turns and "assistant: → " in turns, shown
     assert "1 claimed item is not shown" in out, out
     assert "loopwarden escalations: user bob may not ask lw.v1.rpc.escalation.claim.alice: permission denied" in out
     assert "stopped" in out.rsplit("$ loopwarden down", 1)[1], out[-2000:]

@@ -20,7 +20,7 @@ from loopwarden.auth_conf import all_grants, auth_conf
 from loopwarden.client import Client
 from loopwarden.generate.auth_conf import OUT
 from loopwarden.infra import bootstrap
-from loopwarden.stack import SERVICES, LocalStack, module_of, nats_server_binary
+from loopwarden.stack import PROCESSES, LocalStack, module_of, nats_server_binary
 from shared.permissions import rights
 from shared.scenario import parse_scenario
 from shared.settings import Settings
@@ -59,7 +59,7 @@ async def test_every_service_as_its_own_user_completes_a_run(locked_server: str,
     await bootstrap(admin)  # streams, buckets and every durable: services may create none of them
 
     stack = LocalStack(
-        state_dir=tmp_path, nats_url=locked_server, env=TEST_ENV, env_per_service={s: creds(s) for s in SERVICES}
+        state_dir=tmp_path, nats_url=locked_server, env=TEST_ENV, env_per_service={s: creds(s) for s in PROCESSES}
     )
     stack.start()
     try:
@@ -161,7 +161,7 @@ def test_compose_and_manifests_run_every_service_as_its_own_user() -> None:
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
     manifests = list(yaml.safe_load_all((ROOT / "deploy" / "k8s" / "loopwarden.yaml").read_text()))
     deployments = {m["metadata"]["name"]: m for m in manifests if m["kind"] == "Deployment"}
-    for service in SERVICES:
+    for service in PROCESSES:
         spec = compose[service]
         assert spec["command"] == ["python", "-m", module_of(service)]
         assert spec["environment"]["LW_NATS_USER"] == service

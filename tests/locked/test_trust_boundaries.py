@@ -25,7 +25,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from loopwarden.auth_conf import all_grants
 from loopwarden.client import Client, new_run_id
-from loopwarden.stack import SERVICES, LocalStack, free_port, nats_server_binary, wait_for_port
+from loopwarden.stack import PROCESSES, LocalStack, free_port, nats_server_binary, wait_for_port
 from services.planner import ids
 from shared import subjects as S
 from shared.bus import Bus, kv_keys, scan
@@ -48,7 +48,7 @@ DEMO = parse_scenario(yaml.safe_load((ROOT / "scenarios" / "demo.yaml").read_tex
 
 
 # the module's ``locked``: the six services as themselves; a test here makes services log permission violations
-LOCKED = L.OwnLocked("boundaries", SERVICES, TEST_ENV, no_violations=False)
+LOCKED = L.OwnLocked("boundaries", PROCESSES, TEST_ENV, no_violations=False)
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ from nats.js.errors import NoStreamResponseError
 from bench.chaos import failed_visibly
 from loopwarden.client import Client, new_run_id
 from loopwarden.infra import bootstrap
-from loopwarden.stack import SERVICES, LocalStack, Proc, free_port, nats_server_binary, open_log, read_from, tail
+from loopwarden.stack import PROCESSES, LocalStack, Proc, free_port, nats_server_binary, open_log, read_from, tail
 from services.executor.app import load_registry
 from shared import subjects as S
 from shared.scenario import parse_scenario
@@ -84,9 +84,9 @@ def managed(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Itera
         state_dir=tmp_path_factory.mktemp("managed"),
         nats_url=cluster.url,
         env=CLUSTER_ENV,
-        env_per_service={s: cluster.service_env(s) for s in SERVICES},
+        env_per_service={s: cluster.service_env(s) for s in PROCESSES},
     )
-    procs = [stack.start_service(s) for s in SERVICES]
+    procs = [stack.start_service(s) for s in PROCESSES]
     try:
         deadline = time.monotonic() + bound(60)
         before: dict[str, str] = {}
@@ -139,7 +139,7 @@ def test_a_bounded_wait_for_bootstrap_stops_the_service_naming_what_is_missing(t
 
 
 def test_services_started_before_bootstrap_wait_for_it_instead_of_exiting(managed: Managed) -> None:
-    for service in SERVICES:  # the console is a client: it waits only for the stream it submits to
+    for service in PROCESSES:  # the console is a client: it waits only for the stream it submits to
         stream = "LW_SUBMIT" if service == "console" else "LW_CMD"
         assert f"waiting for stream {stream}" in managed.before_bootstrap[service], managed.before_bootstrap[service]
     assert any(c.startswith("created consumer LW_CMD/executor_transfer_funds") for c in managed.bootstrap_changes)

@@ -24,6 +24,7 @@ from loopwarden.client import Client
 from loopwarden.console.auth import hash_password
 from loopwarden.stack import LocalStack
 from shared import subjects as S
+from shared.messages import Escalation
 from shared.scenario import parse_scenario
 from shared.settings import Settings
 from tests.support.console import CHROMIUM, CHROMIUM_FLAGS
@@ -214,6 +215,38 @@ async def test_an_operator_without_the_right_is_refused(
     refusals = await human_client.events(run_id, subjects=S.ESCALATION_REFUSED, timeout=bound(0.5))
     assert [(e.payload["operator"], e.payload["via"]) for e in refusals] == [("bob", "console")] * 2
     assert (await human_client.resolve(esc_id, "alice", "abort")).ok  # leave the stack tidy
+    await page.close()
+
+
+FATAL = {
+    "name": "fatal-console",
+    "task": "Read the orders of cus_ada1.",
+    "planner": [
+        {"text": "Looking at the orders table first.", "tool_calls": [
+            {"name": "sql_query", "id": "toolu_orders", "input": {"query": "select * from orders"}}
+        ]}
+    ],
+    "tools": {"sql_query": [{"fail": "fatal", "error": "permission denied for table orders"}]},
+}  # fmt: skip
+
+
+async def test_an_item_filed_from_a_failure_event_shows_the_runs_last_turns(
+    human_stack: LocalStack, browser: Browser, human_client: Client
+) -> None:
+    """A ``fatal`` item, filed by the escalation service from the failure event, stores no turns: its page reads
+    the run's last turns from the run's conversation, as for every other kind."""
+    run_id, esc_id = await waiting(human_client, FATAL)
+    stored, _ = await human_client.bus.kv_get(S.KV_ESCALATIONS, esc_id, Escalation)
+    assert stored is not None and stored.kind == "fatal" and stored.context == []
+    page = await logged_in(browser, human_stack, "alice", f"/escalations/{esc_id}")
+    await expect(page.locator("#failure-type")).to_have_text("fatal")
+    turns = page.locator("#last-turns .turn")
+    await expect(turns.first).to_contain_text("Read the orders of cus_ada1.")
+    await expect(page.locator("#last-turns")).to_contain_text("Looking at the orders table first.")
+    await expect(page.locator("#last-turns")).to_contain_text("→ sql_query")
+    state = await human_client.state(run_id, history=True)
+    assert state is not None and await turns.count() == len(state.messages[-6:])
+    assert (await human_client.resolve(esc_id, "alice", "abort", "no access")).ok
     await page.close()
 
 

@@ -3,9 +3,10 @@
 The planner's record in ``lw_runs`` is a claim-check reference once it is larger than the inline limit
 (here 1 KiB, so every record is). The escalation service once read that record as raw JSON to find the
 call's arguments and error and the run's last turns: a record stored by reference silently gave it
-nothing. Now the raiser puts the call's arguments, error and failure in the item's typed details, and
-the service reads the record only as the published ``RunSnapshot`` through the bus (which follows the
-reference). One stack for the module: planner, executor, validator, governor and escalation service.
+nothing. Now the raiser puts the call's arguments, error and failure in the item's typed details, the
+service reads no run record at all, and the reader that shows the item (``Client.show``) reads the run's
+last turns as the published ``RunSnapshot`` through the bus (which follows the reference). One stack for
+the module: planner, executor, validator, governor and escalation service.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ async def test_a_schema_cap_item_has_the_calls_arguments_error_and_the_last_turn
     assert item.details.get("arguments") == {"expr": "1+1"}, item.details
     assert item.details.get("failure_type") == "input_invalid"
     assert "expression" in str(item.details.get("error"))  # the error the model read names the missing field
-    assert item.context and "Add one and one" in item.context[0].text()  # the last turns, from the record
+    shown = (await ref_client.show(item.escalation_id)).escalations[0]  # the last turns, read from the run
+    assert shown.context and "Add one and one" in shown.context[0].text()
     assert (await ref_client.resolve(item.escalation_id, "oncall", "abort")).ok
     assert (await ref_client.wait(run_id, timeout=bound(30))).status == "stopped"

@@ -16,7 +16,7 @@ import yaml
 from loopwarden.client import Client
 from loopwarden.stack import LocalStack
 from shared import subjects as S
-from shared.messages import Escalation, EscalationClaim, EscalationReply
+from shared.messages import Escalation, EscalationClaim, EscalationReply, escalation_id_for_call
 from shared.scenario import parse_scenario
 from tests.support.paths import ROOT
 from tests.support.runs import escalations_of
@@ -91,11 +91,14 @@ async def test_an_item_carries_what_a_person_needs_to_act(client: Client) -> Non
     assert "failed its contract 3 times" in item.reason
     assert item.details["arguments"] == {"expr": "1+1"} and item.details["failure_type"] == "input_invalid"
     assert "expression" in str(item.details["error"])  # the model-readable error names the missing field
-    assert item.context and item.context[0].role == "user" and "Add one and one" in item.context[0].text()
     assert item.allowed_actions == ["provide_result", "retry", "resume", "final_answer", "abort"]
     assert item.sla_deadline is not None and item.sla_action == "abort"
-    shown = await client.show(item.escalation_id)
+    assert item.context == []  # the queue keeps no copy of the run's turns ...
+    shown = await client.show(item.escalation_id)  # ... its reader reads them from the run's conversation
     assert shown.ok and shown.escalations[0].escalation_id == item.escalation_id
+    turns = shown.escalations[0].context
+    assert turns and turns[0].role == "user" and "Add one and one" in turns[0].text()
+    assert turns == (await client.state(item.run_id, history=True)).messages[-6:]  # type: ignore[union-attr]
 
 
 async def test_a_hand_made_result_must_meet_the_tools_output_contract(client: Client) -> None:
@@ -224,3 +227,48 @@ async def test_the_cli_lists_shows_claims_renews_and_resolves(client: Client, st
     assert code == 0, err
     state = await client.wait(run_id, timeout=bound(60))
     assert state.status == "completed" and state.final_output == "Two."
+
+
+FATAL = {
+    "name": "fatal-shown",
+    "task": "Read the orders of cus_ada1.",
+    "planner": [
+        {"text": "Looking at the orders table first.", "tool_calls": [
+            {"name": "sql_query", "id": "toolu_orders", "input": {"query": "select * from orders"}}
+        ]}
+    ],
+    "tools": {"sql_query": [{"fail": "fatal", "error": "permission denied for table orders"}]},
+}  # fmt: skip
+
+
+async def test_an_item_filed_from_a_failure_event_shows_the_runs_last_turns(client: Client, stack: LocalStack) -> None:
+    """A ``fatal`` item is filed by the escalation service from the failure event (no raise from the planner):
+    it keeps the tenant the call carried and no turns; the CLI and ``Client.show`` read the run's last turns
+    from its conversation when they show it, as for every other kind of item."""
+    run_id = await client.submit_scenario(parse_scenario(FATAL))
+    state = await client.wait(run_id, timeout=bound(60), until=("awaiting_human",))
+    esc_id = escalation_id_for_call(run_id, 1, "toolu_orders")
+    [listed] = await escalations_of(client, run_id)
+    assert (listed.escalation_id, listed.kind, listed.tool) == (esc_id, "fatal", "sql_query")
+    raised = await client.events(subjects=S.ESCALATION_RAISE)  # filed from its subscription, not a raise
+    assert not [e for e in raised if e.payload.get("escalation_id") == esc_id]
+    stored, _ = await client.bus.kv_get(S.KV_ESCALATIONS, esc_id, Escalation)
+    assert stored is not None and stored.context == []  # no copy of the turns is stored ...
+    assert state.tenant and stored.tenant == state.tenant  # ... the call carried its run's tenant
+    whole = (await client.state(run_id, history=True)).messages  # type: ignore[union-attr]
+    shown = (await client.show(esc_id)).escalations[0]  # ... its reader reads them from the run's conversation
+    assert shown.context == whole[-6:] and "Read the orders of cus_ada1." in shown.context[0].text()
+    assert (await client.show(esc_id, turns=1)).escalations[0].context == whole[-1:]
+    assert (await client.show(esc_id, turns=0)).escalations[0].context == []
+
+    url = str(stack.nats_url)
+    code, out, err = await cli(url, "show", esc_id)  # the console's text view
+    assert code == 0, err
+    turns = out.split("── Last turns ──", 1)[1].split("──", 1)[0]
+    assert "user: Read the orders of cus_ada1." in turns, out
+    assert "assistant: Looking at the orders table first." in turns and "assistant: → sql_query" in turns, out
+    code, out, err = await cli(url, "show", esc_id, "--json")
+    assert code == 0, err
+    assert "Read the orders of cus_ada1." in json.dumps(json.loads(out)["context"][0])
+    assert (await client.resolve(esc_id, "oncall", "abort", "no access")).ok
+    assert (await client.wait(run_id, timeout=bound(60))).status == "stopped"

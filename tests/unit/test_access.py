@@ -137,6 +137,11 @@ def test_config_apply_writes_a_deployments_auth_conf_where_told_and_leaves_the_s
     assert run.returncode == 0, run.stderr
     assert '{ user: "carol"' in out.read_text() and OUT.read_bytes() == before
     assert oct(out.stat().st_mode & 0o777) == "0o640"
+    assert "KV_lw_runs" not in out.read_text().split('user: "escalation"')[1].split("{ user:")[0]
+    # while the last release's replicas run beside the new ones: the reads this release retired are kept
+    again = subprocess.run([*run.args, "--upgrading"], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert again.returncode == 0, again.stderr
+    assert "KV_lw_runs" in out.read_text().split('user: "escalation"')[1].split("{ user:")[0]
 
 
 def test_the_access_file_schema_is_the_models() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import configparser
 import subprocess
 
-from loopwarden.stack import SERVICES, module_of
+from loopwarden.stack import PROCESSES, module_of
 from tests.support.paths import ROOT
 
 UNITS = ROOT / "deploy" / "systemd"
@@ -32,7 +32,7 @@ def test_every_unit_restarts_what_exits_within_a_bound() -> None:
 def test_a_service_instance_names_its_module() -> None:
     start = unit("loopwarden@.service")["Service"]["ExecStart"]
     script = start.split("'")[1].replace("%%", "%").replace("$$", "$")  # systemd's escapes, undone
-    for service in SERVICES:
+    for service in PROCESSES:
         module = subprocess.run(
             ["sh", "-c", script.replace("exec ", "echo ", 1), f"{service}-2"], capture_output=True, text=True
         ).stdout.split()[-1]
