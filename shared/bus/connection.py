@@ -35,8 +35,6 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Tracer
 
 from shared.bus.infra import ConsumerSpec, ensure_streams, needed_buckets
-from shared.bus.pulls import _Pull, _RunLocks
-from shared.bus.replies import _Replies
 from shared.bus.requests import Requests, _Responder
 from shared.bus.requeue import Requeueing
 from shared.metrics import FAILURES, BusMetrics
@@ -74,24 +72,17 @@ class Bus(Requeueing, Requests):
         self._tracer: Tracer | None = (
             self.tracer_provider.get_tracer("loopwarden.bus") if self.tracer_provider is not None else None
         )
-        self._pulls: list[_Pull] = []
-        self._unstarted: list[_Pull] = []  # registered after the start: pulled once reconciled
         self._requeue_to: dict[str, str] = {}  # durable -> where its dead letters are handed back
         self._stopping = False  # set by ``stop``: a handler waiting for a dependency hands its message back
-        self._responders: list[_Responder] = []
-        self.dropped_requests = 0  # requests not handled: not from a requester, or no inbox to answer
-        self.refused_requests = 0  # requests answered with a refusal: malformed, too large, body not fetched
         # Set when the connection is closed for good while this process did not ask for it (nats-server
         # closes a connection for a protocol error, and nats-py does not reconnect then): ``serve`` exits
         # non-zero so a supervisor restarts the service instead of leaving it up and off the bus.
         self.closed_for_good = asyncio.Event()
         self._subs: list[Subscription] = []
         self._background: set[asyncio.Task[Any]] = set()
-        self._run_locks = _RunLocks()
         self._started = False
         self._js: JetStreamContext | None = None
-        self._rpc_slots = asyncio.Semaphore(self.settings.in_flight_for(self.service))
-        self._replies = _Replies(self)
+        self._init_state()  # each part's own (``_pulls``, ``_responders``, ``_replies``, ...)
         s = self.settings
         security = None
         if s.nats_user:
@@ -170,7 +161,7 @@ class Bus(Requeueing, Requests):
 
             self._subs.append(await self.nc.subscribe(r.subject, queue=self.service, cb=on_request))
         for pull in self._pulls:
-            await pull.start()
+            await pull.start(self.nc, self.js)
         self._spawn(self._heartbeats())
         self._started = True
 

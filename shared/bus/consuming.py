@@ -9,16 +9,18 @@ import contextvars
 import logging
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import TypeVar
 
 from nats.aio.msg import Msg
+from opentelemetry.trace import SpanKind
 from pydantic import BaseModel
 
 from shared import subjects as S
 from shared.bus.errors import TryLater, Undecodable
 from shared.bus.infra import ConsumerSpec, consumer_config, consumer_drift
 from shared.bus.letters import Letters
-from shared.bus.pulls import Handler, _Pull, _Requeue
+from shared.bus.pulls import Handler, PullFeed, _Pull, _Requeue, _RunLocks
 from shared.bus.wire import (
     _stream_seq,
     ack_consumer,
@@ -60,6 +62,36 @@ def current_subject() -> str:
 
 
 class Consuming(Letters):
+    _pulls: list[_Pull]  # every durable this replica consumes, its requeue durables included
+    _unstarted: list[_Pull]  # registered after the start: pulled once reconciled
+    _run_locks: _RunLocks  # one run's messages one after another in this replica, across its durables
+
+    def _init_state(self) -> None:
+        super()._init_state()
+        self._pulls = []
+        self._unstarted = []
+        self._run_locks = _RunLocks()
+
+    async def _requeue(self, msg: Msg) -> None:
+        """Run a dead letter handed back (``Requeue``) through the consumer that takes it: ``Requeueing``'s."""
+        raise NotImplementedError
+
+    def _feed(self) -> PullFeed:
+        """What a pull consumer of this replica is handed (``pulls.PullFeed``)."""
+        return PullFeed(
+            service=self.service,
+            limit=self.settings.in_flight_for(self.service),
+            lookahead=self.settings.lookahead_for(self.service),
+            headroom=self.settings.dispatch_headroom,
+            locks=self._run_locks,
+            deliver=self._deliver,
+            span=self._processing if self._tracer is not None else None,
+        )
+
+    def _processing(self, msg: Msg) -> AbstractContextManager[None]:
+        """The span a delivery of ``msg`` runs in: the consumer's, in the trace the message carries."""
+        return self._span(f"{S.stem(msg.subject)} process", SpanKind.CONSUMER, self._extract(msg.headers), msg.headers)
+
     @property
     def consumer_specs(self) -> list[ConsumerSpec]:
         """The durable consumers this process declared (what bootstrap creates for it)."""
@@ -77,7 +109,7 @@ class Consuming(Letters):
             await self._reconcile_consumer(spec)
         starting, self._unstarted = self._unstarted, []
         for pull in starting:
-            await pull.start()
+            await pull.start(self.nc, self.js)
 
     async def _reconcile_consumer(self, spec: ConsumerSpec) -> None:
         if not self.settings.manage_streams:
@@ -122,7 +154,7 @@ class Consuming(Letters):
         self._consumers.append(spec)
 
         def register(handler: Handler[M]) -> Handler[M]:
-            pulls: list[_Pull] = [_Pull(self, spec, model, handler)]
+            pulls: list[_Pull] = [_Pull(spec, model, handler, self._feed())]
             # A service that consumes anything can be handed its dead letters back: its requeue durable is
             # declared with its first consumer of that scope (bootstrap and the start-up checks see it).
             to = S.requeue(self.service, requeue_scope)
@@ -136,7 +168,7 @@ class Consuming(Letters):
                 )
                 self._requeue_to[requeue.durable] = to  # a requeue that fails again is handed back the same way
                 self._consumers.append(requeue)
-                pulls.append(_Requeue(self, requeue))
+                pulls.append(_Requeue(requeue, self._requeue, self._feed()))
             self._pulls += pulls
             if self._started:  # registered after start (e.g. tools mounted late): consumed once its durable exists
                 self._unstarted += pulls

@@ -36,9 +36,6 @@ from shared.settings import Settings
 
 if TYPE_CHECKING:
     from shared.bus.infra import ConsumerSpec
-    from shared.bus.pulls import Handler, _Pull, _RunLocks
-    from shared.bus.replies import _Replies
-    from shared.bus.requests import _Responder
     from shared.metrics import BusMetrics
 
 log = logging.getLogger("loopwarden.bus")
@@ -47,7 +44,8 @@ R = TypeVar("R")
 
 
 class BusBase:
-    """The state the parts of ``Bus`` share (set by ``Bus.__post_init__``) and the helpers they all use."""
+    """The state the parts of ``Bus`` share (set by ``Bus.__post_init__``) and the helpers they all use.
+    What only one part uses is that part's: declared on it and set by its ``_init_state``."""
 
     settings: Settings
     service: str
@@ -60,30 +58,17 @@ class BusBase:
     _failures: Any
     bus_metrics: BusMetrics | None
     _tracer: Tracer | None
-    _pulls: list[_Pull]
-    _unstarted: list[_Pull]
     _requeue_to: dict[str, str]
     _stopping: bool
-    _responders: list[_Responder]
-    dropped_requests: int
-    refused_requests: int
     closed_for_good: asyncio.Event
     _subs: list[Subscription]
     _background: set[asyncio.Task[Any]]
-    _run_locks: _RunLocks
     _started: bool
     _js: JetStreamContext | None
-    _rpc_slots: asyncio.Semaphore
-    _replies: _Replies
 
-    # What a pull consumer hands its messages to (``pulls``): defined by ``Consuming`` and ``Requeueing``.
-    async def _deliver(
-        self, msg: Msg, model: type[Any], handler: Handler[Any], *, earlier: int = 0, requeued_from: int | None = None
-    ) -> bool:
-        raise NotImplementedError
-
-    async def _requeue(self, msg: Msg) -> None:
-        raise NotImplementedError
+    def _init_state(self) -> None:
+        """Set each part's own state: a part that has some overrides this, calling ``super()`` first; the bus
+        calls it once, from ``__post_init__``, after the shared state above."""
 
     # --- lifecycle ---------------------------------------------------------------------------
     @property

@@ -21,6 +21,7 @@ from pydantic import BaseModel
 from shared import subjects as S
 from shared.bus.core import BusBase
 from shared.bus.errors import describe_nats_error
+from shared.bus.replies import _Replies
 from shared.bus.wire import MSG_ID_HEADER, RUN_ID_HEADER, _PubAck, expect_stream, pub_ack, tenant_headers
 from shared.version import version_headers
 
@@ -28,6 +29,12 @@ log = logging.getLogger("loopwarden.bus")
 
 
 class Publishing(BusBase):
+    _replies: _Replies  # the answers to this connection's JetStream requests (PubAcks, direct gets)
+
+    def _init_state(self) -> None:
+        super()._init_state()
+        self._replies = _Replies(lambda: self.nc, self.settings.js_timeout_s)
+
     async def publish(
         self,
         subject: str,

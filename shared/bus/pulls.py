@@ -11,11 +11,14 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
+from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from opentelemetry.trace import SpanKind
+from nats.js.client import JetStreamContext
 from pydantic import BaseModel
 
 from shared import opcounts
@@ -24,9 +27,6 @@ from shared.bus.fair import FairSlots
 from shared.bus.infra import ConsumerSpec
 from shared.bus.wire import RUN_ID_HEADER, tenant_of
 from shared.messages import Requeue
-
-if TYPE_CHECKING:
-    from shared.bus.core import BusBase
 
 log = logging.getLogger("loopwarden.bus")
 M = TypeVar("M", bound=BaseModel)
@@ -65,6 +65,22 @@ class _RunLocks:
             self._locks[key] = (lock, users - 1)
 
 
+@dataclass(frozen=True)
+class PullFeed:
+    """What a pull consumer is handed by the bus that registers it (it reaches into nothing else): whose it
+    is, how many of its messages run at once and are held beyond that, the run locks every durable of the
+    replica shares, what delivers a message into its handler, and the span a delivery runs in (None: not
+    traced). The connection is handed to ``_Pull.start``: there is none yet when a handler is registered."""
+
+    service: str
+    limit: int  # messages running at once (``LW_MAX_IN_FLIGHT``)
+    lookahead: int  # messages held beyond those, waiting for a slot
+    headroom: float  # ``FairSlots``' room past the limit
+    locks: _RunLocks
+    deliver: Callable[[Msg, type[Any], Handler[Any]], Awaitable[bool]]
+    span: Callable[[Msg], AbstractContextManager[None]] | None
+
+
 class _Pull:
     """One durable pull consumer driven directly on nats-py: pull requests ask for as many
     messages as there are free slots, plus a lookahead; each delivered message runs as its own task
@@ -72,13 +88,14 @@ class _Pull:
     tenant: a slot that frees goes to the tenant holding fewest per unit of weight (``FairSlots``), so a
     tenant's message fetched behind another's backlog is not handled after all of it."""
 
-    def __init__(self, bus: BusBase, spec: ConsumerSpec, model: type[Any], handler: Handler[Any]) -> None:
-        self.bus, self.spec, self.model, self.handler = bus, spec, model, handler
-        self.limit = bus.settings.in_flight_for(bus.service)
-        self.window = self.limit + bus.settings.lookahead_for(bus.service)  # messages held at most
+    def __init__(self, spec: ConsumerSpec, model: type[Any], handler: Handler[Any], feed: PullFeed) -> None:
+        self.spec, self.model, self.handler, self.feed = spec, model, handler, feed
+        self.service = feed.service
+        self.limit = feed.limit
+        self.window = self.limit + feed.lookahead  # messages held at most
         self.held: dict[int, Msg] = {}  # id(msg) -> msg (nats-py messages are not hashable): running or waiting
         # which held message gets a slot: by tenant, fair share (running ones count against their tenant)
-        self.slots: FairSlots[Msg] = FairSlots(self.limit, bus.settings.dispatch_headroom)
+        self.slots: FairSlots[Msg] = FairSlots(self.limit, feed.headroom)
         self.tasks: set[asyncio.Task[None]] = set()
         self.pending = 0  # messages asked for and not yet delivered
         self.requests: deque[float] = deque()  # expiry time of each live pull request
@@ -90,8 +107,9 @@ class _Pull:
         self.missing: str | None = None
         self._verifying: asyncio.Task[None] | None = None
 
-    async def start(self) -> None:
-        nc = self.bus.nc
+    async def start(self, nc: NatsClient, js: JetStreamContext) -> None:
+        """Start pulling on ``nc`` (connected); ``js`` is asked whether the durable is still there."""
+        self.nc, self.js = nc, js
         self.inbox = nc.new_inbox()  # under this service's inbox prefix (permissions)
         self.next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{self.spec.stream}.{self.spec.durable}"
         self.sub = await nc.subscribe(self.inbox, cb=self.on_msg)
@@ -101,7 +119,7 @@ class _Pull:
         try:
             await self._on_msg(msg)
         except Exception:  # nats-py would swallow it silently
-            log.exception("%s: could not take a message on %s", self.bus.service, self.spec.durable)
+            log.exception("%s: could not take a message on %s", self.service, self.spec.durable)
 
     async def _on_msg(self, msg: Msg) -> None:
         status = msg.headers.get("Status") if msg.headers else None
@@ -151,16 +169,16 @@ class _Pull:
         from nats.js.errors import NotFoundError
 
         try:
-            await self.bus.js.consumer_info(self.spec.stream, self.spec.durable)
+            await self.js.consumer_info(self.spec.stream, self.spec.durable)
             self.missing = None
         except NotFoundError:
             self.missing = (
                 f"consumer {self.spec.stream}/{self.spec.durable} is gone (deleted under this replica): "
                 "run `loopwarden bootstrap` as the admin"
             )
-            log.error("%s: %s", self.bus.service, self.missing)
+            log.error("%s: %s", self.service, self.missing)
         except Exception as err:  # JetStream not answering: said by the connection's own state
-            log.warning("%s: pull on %s answered %s; checking it failed: %r", self.bus.service, self.spec.durable,
+            log.warning("%s: pull on %s answered %s; checking it failed: %r", self.service, self.spec.durable,
                         status.strip(), err)  # fmt: skip
         finally:
             self._verifying = None
@@ -169,15 +187,14 @@ class _Pull:
         opcounts.count("delivered")
         try:
             run_id = self.run_of(msg)
-            locks = self.bus._run_locks
+            locks = self.feed.locks
             if run_id:
                 await locks.acquire(run_id)
             try:
-                if self.bus._tracer is None:
+                if self.feed.span is None:
                     await self.deliver(msg)
                 else:
-                    ctx = self.bus._extract(msg.headers)
-                    with self.bus._span(f"{S.stem(msg.subject)} process", SpanKind.CONSUMER, ctx, msg.headers):
+                    with self.feed.span(msg):
                         await self.deliver(msg)
             finally:
                 if run_id:
@@ -187,7 +204,7 @@ class _Pull:
                 await msg.nak()
             raise
         except Exception:
-            log.exception("%s: delivering %s failed; it will be redelivered", self.bus.service, msg.subject)
+            log.exception("%s: delivering %s failed; it will be redelivered", self.service, msg.subject)
         finally:
             self.held.pop(id(msg), None)
             for held in self.slots.done(tenant):  # the slot goes to whoever is owed it
@@ -199,10 +216,10 @@ class _Pull:
         return msg.headers.get(RUN_ID_HEADER) if msg.headers else None
 
     async def deliver(self, msg: Msg) -> None:
-        await self.bus._deliver(msg, self.model, self.handler)
+        await self.feed.deliver(msg, self.model, self.handler)
 
     async def loop(self) -> None:
-        nc = self.bus.nc
+        nc = self.nc
         while not self.stopping:
             now = time.monotonic()
             while self.requests and self.requests[0] < now - 0.5:  # expired without a status reaching us
@@ -218,7 +235,7 @@ class _Pull:
                     self.pending += free
                     self.requests.append(now + PULL_EXPIRES_S)
                 except Exception as err:  # disconnected: try again shortly
-                    log.warning("%s: pull request for %s failed: %r", self.bus.service, self.spec.durable, err)
+                    log.warning("%s: pull request for %s failed: %r", self.service, self.spec.durable, err)
                     await asyncio.sleep(0.5)
                     continue
             self.wake.clear()
@@ -266,13 +283,14 @@ class _Pull:
 
 class _Requeue(_Pull):
     """A requeue durable (``requeue_<service>[_<scope>]``): a dead letter handed back (``Requeue``) is run
-    by the service's consumer that takes its subject, as a redelivery of the message (``Bus._requeue``)."""
+    by the service's consumer that takes its subject, as a redelivery of the message (``requeue``: the bus's
+    ``_requeue``, which takes the received message itself, not its decoded body)."""
 
-    def __init__(self, bus: BusBase, spec: ConsumerSpec) -> None:
-        super().__init__(bus, spec, Requeue, bus._requeue)
+    def __init__(self, spec: ConsumerSpec, requeue: Callable[[Msg], Awaitable[None]], feed: PullFeed) -> None:
+        super().__init__(spec, Requeue, requeue, feed)
 
     def run_of(self, msg: Msg) -> str | None:
         return None  # the run is the stored letter's, not what the requester's headers say: locked in ``_requeue``
 
     async def deliver(self, msg: Msg) -> None:
-        await self.bus._requeue(msg)
+        await self.handler(msg)

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
+from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from shared import opcounts
 from shared.bus.wire import publish_raw
-
-if TYPE_CHECKING:
-    from shared.bus.core import BusBase
 
 
 class _Replies:
@@ -23,10 +21,11 @@ class _Replies:
     future resolved by the answer - no inbox token, ``wait_for``, timer or task per request as
     ``nc.request`` makes. Timeouts are kept by one sweeper that runs while answers are awaited: an
     answer not in by its deadline (``LW_JS_TIMEOUT_S`` after sending, noticed within a tick) fails
-    with ``NatsTimeoutError``. An answer nobody waits for any more (timed out, or a duplicate) is dropped."""
+    with ``NatsTimeoutError``. An answer nobody waits for any more (timed out, or a duplicate) is dropped.
+    ``connection`` gives the bus's connection (there is none until it connects)."""
 
-    def __init__(self, bus: BusBase) -> None:
-        self.bus = bus
+    def __init__(self, connection: Callable[[], NatsClient], timeout_s: float) -> None:
+        self.connection, self.timeout_s = connection, timeout_s
         self.prefix = ""
         self.waiting: dict[str, tuple[asyncio.Future[Msg], float]] = {}  # token -> (future, deadline)
         self._count = itertools.count(1)
@@ -34,7 +33,7 @@ class _Replies:
         self._sweeper: asyncio.Task[None] | None = None
 
     async def _start(self) -> None:
-        nc = self.bus.nc
+        nc = self.connection()
         prefix = nc.new_inbox() + "."  # under this service's inbox prefix (permissions)
         await nc.subscribe(prefix + "*", cb=self._on_reply)
         self.prefix = prefix
@@ -63,7 +62,7 @@ class _Replies:
     async def _sweep(self) -> None:
         """Fail what is past its deadline; end when nothing is awaited (``send`` starts it again)."""
         loop = asyncio.get_running_loop()
-        tick = min(0.25, self.bus.settings.js_timeout_s / 5)
+        tick = min(0.25, self.timeout_s / 5)
         try:
             while self.waiting:
                 await asyncio.sleep(tick)
@@ -83,9 +82,9 @@ class _Replies:
         loop = asyncio.get_running_loop()
         token = str(next(self._count))
         fut: asyncio.Future[Msg] = loop.create_future()
-        self.waiting[token] = (fut, loop.time() + self.bus.settings.js_timeout_s)
+        self.waiting[token] = (fut, loop.time() + self.timeout_s)
         try:
-            await publish_raw(self.bus.nc, subject, body, self.prefix + token, headers)
+            await publish_raw(self.connection(), subject, body, self.prefix + token, headers)
             opcounts.note(subject)
         except BaseException:
             self.waiting.pop(token, None)

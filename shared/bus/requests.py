@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
@@ -36,6 +37,18 @@ class _Responder:
 
 
 class Requests(Letters):
+    _responders: list[_Responder]  # every subject this replica answers, registered before the start
+    dropped_requests: int  # requests not handled: not from a requester, or no inbox to answer
+    refused_requests: int  # requests answered with a refusal: malformed, too large, body not fetched
+    _rpc_slots: asyncio.Semaphore  # requests answered at once (``LW_MAX_IN_FLIGHT``)
+
+    def _init_state(self) -> None:
+        super()._init_state()
+        self._responders = []
+        self.dropped_requests = 0
+        self.refused_requests = 0
+        self._rpc_slots = asyncio.Semaphore(self.settings.in_flight_for(self.service))
+
     def responder(
         self,
         *,
