@@ -273,7 +273,8 @@ async def test_a_known_result_replaces_an_unknown_outcome_recorded_while_its_own
     again = EscalationWithdraw(escalation_id=item.escalation_id, run_id=run_id, reason="again", unknown=unknown)
     await ownership_client.bus.publish(S.ESCALATION_WITHDRAW, again, msg_id=f"{item.escalation_id}.again")
     await drained(ownership_client, S.DURABLE_ESCALATION_WITHDRAW)
-    assert (await ownership_client.show(item.escalation_id)).escalations == [item]
+    # the item as the queue keeps it (turns=0: not the run's last turns a reader adds)
+    assert (await ownership_client.show(item.escalation_id, turns=0)).escalations == [item]
 
 
 def test_the_planner_withdraws_the_item_of_an_unknown_outcome_a_known_result_replaces() -> None:
