@@ -6,11 +6,14 @@ started once for the module (``tests/repo/test_suite_shape.py`` fails on a modul
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+from loopwarden.client import Client
 from loopwarden.fake_model import FakeModel
+from shared.settings import Settings
+from tests.support import locked as L
 from tests.support.locked import Deployment, OwnLocked, locked_deployment
 from tests.support.stacks import TEST_ENV
 
@@ -34,3 +37,21 @@ def locked(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     model_url = request.getfixturevalue(own.model).base_url if own.model else ""
     with own.deployment(tmp_path_factory.mktemp(own.name), model_url) as deployment:
         yield deployment
+
+
+def _client_as(url: str, user: str, **overrides: str) -> Settings:
+    return L.as_user(url, user, manage_streams=False, rpc_timeout_s=3, **overrides)
+
+
+@pytest.fixture
+async def locked_client(locked: Deployment) -> AsyncIterator[Client]:
+    """A client of the default tenant (NATS user ``client``) on the module's locked deployment."""
+    async with Client(_client_as(locked.url, "client"), identity="client") as c:
+        yield c
+
+
+@pytest.fixture
+async def acme(locked: Deployment) -> AsyncIterator[Client]:
+    """A client of tenant ``acme`` (NATS user ``client_acme``) on the module's locked deployment."""
+    async with Client(_client_as(locked.url, "client_acme", tenant="acme"), identity="client_acme") as c:
+        yield c

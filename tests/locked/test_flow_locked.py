@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -37,18 +36,6 @@ LOCKED = L.OwnLocked("flow-locked", SERVICES, STACK_ENV)  # the module's ``locke
 
 def as_user(url: str, user: str, **overrides: Any) -> Settings:
     return L.as_user(url, user, manage_streams=False, rpc_timeout_s=3, **overrides)
-
-
-@pytest.fixture
-async def acme(locked: L.Deployment) -> AsyncIterator[Client]:
-    async with Client(as_user(locked.url, "client_acme", tenant="acme"), identity="client_acme") as c:
-        yield c
-
-
-@pytest.fixture
-async def locked_client(locked: L.Deployment) -> AsyncIterator[Client]:
-    async with Client(as_user(locked.url, "client"), identity="client") as c:
-        yield c
 
 
 def slow(seconds: float) -> RunSubmit:

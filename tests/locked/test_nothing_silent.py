@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,12 +58,6 @@ LOCKED = L.OwnLocked("silent", SERVICES, TEST_ENV, SILENT_ENV, model="fake_model
 
 def as_user(url: str, user: str) -> Settings:
     return L.as_user(url, user, manage_streams=False, rpc_timeout_s=2)
-
-
-@pytest.fixture
-async def locked_client(locked: L.Deployment) -> AsyncIterator[Client]:
-    async with Client(as_user(locked.url, "client"), identity="client") as c:
-        yield c
 
 
 def scenario(planner: list[dict[str, Any]], **fields: Any) -> Scenario:

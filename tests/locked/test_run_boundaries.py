@@ -52,18 +52,6 @@ def as_user(url: str, user: str, **overrides: Any) -> Settings:
 
 
 @pytest.fixture
-async def locked_client(locked: L.Deployment) -> AsyncIterator[Client]:
-    async with Client(as_user(locked.url, "client"), identity="client") as c:
-        yield c
-
-
-@pytest.fixture
-async def acme(locked: L.Deployment) -> AsyncIterator[Client]:
-    async with Client(as_user(locked.url, "client_acme", tenant="acme"), identity="client_acme") as c:
-        yield c
-
-
-@pytest.fixture
 async def admin(locked: L.Deployment) -> AsyncIterator[Client]:
     async with Client(as_user(locked.url, "admin"), identity="admin") as c:
         yield c

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import json
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import nats
@@ -52,18 +51,6 @@ LOCKED = L.OwnLocked("tenant-reads", SERVICES, STACK_ENV, extra=f"max_payload: {
 
 def as_user(url: str, user: str, **overrides: Any) -> Settings:
     return L.as_user(url, user, manage_streams=False, rpc_timeout_s=3, **overrides)
-
-
-@pytest.fixture
-async def locked_client(locked: L.Deployment) -> AsyncIterator[Client]:
-    async with Client(as_user(locked.url, "client"), identity="client") as c:
-        yield c
-
-
-@pytest.fixture
-async def acme(locked: L.Deployment) -> AsyncIterator[Client]:
-    async with Client(as_user(locked.url, "client_acme", tenant="acme"), identity="client_acme") as c:
-        yield c
 
 
 def scripted(run_id: str, planner: list[dict[str, Any]], **tools: Any) -> RunSubmit:
