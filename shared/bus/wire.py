@@ -182,36 +182,29 @@ def pub_ack(msg: Msg) -> _PubAck:
     return _PubAck(resp.get("stream", ""), int(resp.get("seq", 0)), bool(resp.get("duplicate", False)))
 
 
-def num_delivered(reply: str | None) -> int:
-    """How often a JetStream message was delivered, read from its ack subject as ``Msg.metadata`` reads
-    it (``$JS.ACK.<stream>.<consumer>.<delivered>...``, 9 tokens; or 12+ with domain and account
-    hash), without building the whole metadata; 1 for anything else."""
+def _ack_token(reply: str | None, at: int) -> str | None:
+    """Token ``at`` of a JetStream ack subject as ``Msg.metadata`` reads it: ``$JS.ACK.<stream>.<consumer>.
+    <delivered>.<stream seq>.<consumer seq>.<stored ns>.<pending>`` (9 tokens), or the same two tokens further
+    with domain and account hash (11 or more); None for anything else (a core NATS request)."""
     tokens = reply.split(".") if reply else []
-    if len(tokens) < 9 or tokens[0] != "$JS" or tokens[1] != "ACK":
-        return 1
-    try:
-        if len(tokens) == 9:
-            return int(tokens[4])
-        if len(tokens) >= 11:
-            return int(tokens[6])
-    except ValueError:
-        pass
-    return 1
+    if len(tokens) < 9 or tokens[0] != "$JS" or tokens[1] != "ACK" or len(tokens) == 10:
+        return None
+    return tokens[at] if len(tokens) == 9 else tokens[at + 2]
+
+
+def num_delivered(reply: str | None) -> int:
+    """How often a JetStream message was delivered, read from its ack subject without building the whole
+    metadata; 1 for anything else."""
+    token = _ack_token(reply, 4)
+    return int(token) if token is not None and token.isdigit() else 1
 
 
 def stored_age_s(reply: str | None, now_ns: int) -> float | None:
-    """How long ago a JetStream message was stored, read from its ack subject's timestamp token (the same
-    two layouts ``num_delivered`` reads); None for anything else."""
-    tokens = reply.split(".") if reply else []
-    if len(tokens) < 9 or tokens[0] != "$JS" or tokens[1] != "ACK":
+    """How long ago a JetStream message was stored, read from its ack subject; None for anything else."""
+    token = _ack_token(reply, 7)
+    if token is None or not token.isdigit():
         return None
-    if len(tokens) == 10:
-        return None
-    try:
-        stored = int(tokens[7] if len(tokens) == 9 else tokens[9])
-    except ValueError:
-        return None
-    return max(0.0, (now_ns - stored) / 1e9)
+    return max(0.0, (now_ns - int(token)) / 1e9)
 
 
 # How many deliveries past ``LW_MAX_DELIVER`` a consumer makes (``consumer_config``): room for a message handed
@@ -240,12 +233,9 @@ def hung_every_time(deliveries: int, limit: int, age_s: float | None, ack_wait_s
 
 
 def ack_consumer(reply: str | None) -> str | None:
-    """The durable consumer a JetStream message was delivered by, read from its ack subject (the same
-    two layouts ``num_delivered`` reads); None for anything else (a core NATS request)."""
-    tokens = reply.split(".") if reply else []
-    if len(tokens) < 9 or tokens[0] != "$JS" or tokens[1] != "ACK":
-        return None
-    return tokens[3] if len(tokens) == 9 else tokens[5] if len(tokens) >= 11 else None
+    """The durable consumer a JetStream message was delivered by, read from its ack subject; None for anything
+    else (a core NATS request)."""
+    return _ack_token(reply, 3)
 
 
 def _stream_seq(raw: Any) -> int:
