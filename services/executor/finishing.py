@@ -21,6 +21,7 @@ from shared.bus import Bus, CasConflict
 from shared.call_identity import CallIdentity
 from shared.failures import FailureType, replaceable
 from shared.messages import SchemaError, ToolCall, ToolOutcome, ToolResultRaw, Wire
+from shared.messages.lean import lean_json
 from shared.settings import FaultPoint, Settings
 
 log = logging.getLogger("loopwarden.executor")
@@ -41,7 +42,7 @@ class Finisher:
         """The result goes to the validator, unless it cannot travel: a value that is not JSON is a fatal
         failure, one above the hard size limit a failure the model sees (the tool ran; it never runs again)."""
         try:
-            body = raw.model_dump_json(by_alias=True)
+            body = lean_json(raw)
         except (PydanticSerializationError, ValueError, TypeError) as err:
             detail = f"it returned a value that cannot be sent as JSON ({type(err).__name__}: {str(err)[:200]})"
             await self.finish_failure(call, entry, revision, "fatal", detail, attempts=raw.attempts)
@@ -80,7 +81,7 @@ class Finisher:
         self, call: ToolCall, entry: LedgerEntry, revision: int, subject: str, payload: Wire | str, msg_id: str
     ) -> None:
         """Record the final message in the ledger, then publish it (a redelivery republishes it)."""
-        body = payload if isinstance(payload, str) else payload.model_dump_json(by_alias=True)
+        body = payload if isinstance(payload, str) else lean_json(payload)
         unknown = isinstance(payload, ToolOutcome) and replaceable(payload.failure_type)
         entry.final = ours = FinalPublish(subject=subject, msg_id=msg_id, payload=body, unknown_outcome=unknown)
         for _ in range(FINAL_WRITES):
@@ -138,7 +139,7 @@ class Finisher:
         entry.final = FinalPublish(
             subject=S.failure("fatal", call.tool),
             msg_id=ids.undeliverable(call.attempt_id),
-            payload=outcome.model_dump_json(by_alias=True),
+            payload=lean_json(outcome),
         )
         await self.save(entry, revision)
         await self.publish_final(entry.final, call.run_id)

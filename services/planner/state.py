@@ -34,6 +34,7 @@ from shared.messages import (
     Verdict,
     utcnow,
 )
+from shared.messages.lean import lean_json
 
 # Every step rewrites the record, so whatever it keeps is bounded, not a history:
 MAX_APPLIED = 32  # latest message ids remembered for de-duplication (a run's messages come in order; an
@@ -157,7 +158,7 @@ class PublishRecord(_State):
         record = cls(
             subject=subject,
             msg_id=msg_id,
-            payload=message.model_dump_json(by_alias=True),
+            payload=lean_json(message),
             model=type(message).__name__,
             run_id=run_id,
         )
@@ -218,6 +219,7 @@ class RunState(RunSnapshot):
     outbox: dict[str, list[PublishRecord]] = Field(default_factory=dict)
     trace_parent: str = Field("", description="W3C traceparent of the submit: the run's invoke_agent span hangs there")
     system_sha256: str = Field("", description="the system prompt the run last recorded in a model turn (by hash)")
+    tools_sha256: str = Field("", description="the tools the run last recorded offered in a model turn (by hash)")
     published_bytes: int = Field(0, description="bytes of every message the run published (its stored-bytes quota)")
     pending_scenario: dict[str, Any] | None = Field(
         None, description="a queued scripted run's scenario (checked at the door), bound when it starts"

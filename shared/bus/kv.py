@@ -28,6 +28,7 @@ from shared.bus.errors import CasConflict
 from shared.bus.infra import ensure_buckets
 from shared.bus.publishing import Publishing
 from shared.bus.wire import EXPECTED_LAST_SUBJECT_SEQUENCE_HEADER, KV_OP_HEADER, MAX_SUBJECT
+from shared.messages.lean import lean_json
 
 M = TypeVar("M", bound=BaseModel)
 R = TypeVar("R")
@@ -147,7 +148,7 @@ class Buckets(Publishing):
     async def kv_put(self, bucket: str, key: str, value: BaseModel, *, revision: int | None = None) -> int:
         """Write ``value``; with ``revision`` it is a compare-and-swap (0 = must not exist yet)."""
         kv = await self.kv(bucket)
-        data = value.model_dump_json(by_alias=True).encode()
+        data = lean_json(value).encode()
         data = await self.payloads.offload_value(self.broker.connection, data)
         pre = natsx.kv_subject_prefix(kv)
         if not natsx.key_valid(key) or len(pre) + len(key) > MAX_SUBJECT:

@@ -4,12 +4,14 @@ with the same message id across a failover; the failure counter."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import (
+    APIError,
     NoStreamResponseError,
     ServiceUnavailableError,
 )
@@ -22,7 +24,8 @@ from shared import subjects as S
 from shared.bus.core import BusBase
 from shared.bus.errors import describe_nats_error
 from shared.bus.replies import _Replies
-from shared.bus.wire import MSG_ID_HEADER, RUN_ID_HEADER, _PubAck, expect_stream, pub_ack, tenant_headers
+from shared.bus.wire import MSG_ID_HEADER, RUN_ID_HEADER, _PubAck, landed_where_expected, pub_ack, tenant_headers
+from shared.messages.lean import lean_json
 from shared.version import version_headers
 
 log = logging.getLogger("loopwarden.bus")
@@ -77,9 +80,21 @@ class Publishing(BusBase):
             headers[RUN_ID_HEADER] = run_id
         tenant_headers(headers)
         stem, subject = subject, S.run_scoped(subject, run_id)
-        body = payload if isinstance(payload, bytes) else payload.model_dump_json(by_alias=True).encode()
+        body = payload if isinstance(payload, bytes) else lean_json(payload).encode()
         body = await self.payloads.offload(self.nc, body, headers)
         return stem, subject, body, headers
+
+    async def remove(self, stream: str, seq: int) -> None:
+        """Delete message ``seq`` from ``stream``: a message handled for good that nothing reads again (a submit
+        once its run is recorded). Marked deleted, not overwritten (``no_erase``); its message id stays in the
+        stream's de-duplication window. Raises what the request raised (no answer in time: ``NatsTimeoutError``;
+        the server's refusal: its ``APIError``)."""
+        reply = await self._replies.request(
+            f"$JS.API.STREAM.MSG.DELETE.{stream}", json.dumps({"seq": seq, "no_erase": True}).encode(), None
+        )
+        answer = json.loads(reply.data or b"{}")
+        if answer.get("error") is not None:
+            APIError.from_error(answer["error"])
 
     def _count_failure(self, stem: str, ack: _PubAck) -> None:
         if self._failures is not None and stem.startswith(S.FAILURE_PREFIX + ".") and not ack.duplicate:
@@ -107,10 +122,10 @@ class Publishing(BusBase):
 
     async def _js_publish(self, subject: str, body: bytes, headers: dict[str, str], *, repeatable: bool) -> _PubAck:
         # A repeat is harmless when the message id de-duplicates it; JetStream rides out a leader election.
-        expect_stream(subject, headers)
-        return await self.through_failover(
+        ack = await self.through_failover(
             f"publish {subject}", lambda: self._js_request(subject, body, headers), repeatable=repeatable
         )
+        return landed_where_expected(subject, ack)
 
     async def _js_request(self, subject: str, body: bytes, headers: dict[str, str] | None) -> _PubAck:
         """One JetStream publish and its PubAck (errors raised as ``pub_ack`` raises them)."""
@@ -121,8 +136,6 @@ class Publishing(BusBase):
         sent in order, the PubAcks are awaited under one timeout; a message that timed out (if
         repeatable) or found no stream leader is sent again (same headers, so the same message id)
         until ``LW_FAILOVER_RETRY_S``; any other error is raised."""
-        for subject, _, headers, _ in items:
-            expect_stream(subject, headers)
         deadline = time.monotonic() + self.settings.failover_retry_s
         delay = 0.1
         acks: list[_PubAck | None] = [None] * len(items)
@@ -147,7 +160,7 @@ class Publishing(BusBase):
                     again.append(i)
                     continue
                 try:
-                    acks[i] = pub_ack(fut.result())
+                    acks[i] = landed_where_expected(items[i][0], pub_ack(fut.result()))
                 except (NoStreamResponseError, ServiceUnavailableError) as err:  # nothing was stored
                     failure = err
                     again.append(i)

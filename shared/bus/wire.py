@@ -29,7 +29,7 @@ RUN_ID_HEADER = "Lw-Run-Id"
 MSG_ID_HEADER = "Nats-Msg-Id"
 LW_RUN_ID_ATTR = "loopwarden.run.id"
 KV_OP_HEADER = "KV-Operation"
-EXPECTED_STREAM_HEADER = "Nats-Expected-Stream"
+EXPECTED_STREAM_HEADER = "Nats-Expected-Stream"  # not sent: ``landed_where_expected`` reads the PubAck
 EXPECTED_LAST_SUBJECT_SEQUENCE_HEADER = "Nats-Expected-Last-Subject-Sequence"
 WRONG_LAST_SEQUENCE = (10071, 10164)  # JetStream err_codes of a failed compare-and-swap
 # Whose work a message is (the run's tenant) and that tenant's weight: what a consumer's fair dispatch orders
@@ -245,8 +245,14 @@ def _stream_seq(raw: Any) -> int:
         return 0
 
 
-def expect_stream(subject: str, headers: dict[str, str]) -> None:
-    """Name the stream a publish must land in (``Nats-Expected-Stream``), as ``js.publish(stream=)`` does."""
-    stream = S.stream_for(subject)
-    if stream is not None:
-        headers[EXPECTED_STREAM_HEADER] = stream
+def landed_where_expected(subject: str, ack: _PubAck) -> _PubAck:
+    """``ack`` if the stream that stored the publish is the one whose subjects hold ``subject``; else an
+    ``APIError`` naming both (a stream of another deployment taking our subjects: a misconfiguration).
+
+    What ``js.publish(stream=)`` asks of the server with a ``Nats-Expected-Stream`` header, checked on the PubAck
+    instead: the header is stored with every message (30 bytes each, 24 messages a demo run), the PubAck names
+    the stream anyway."""
+    expected = S.stream_for(subject)
+    if expected is not None and ack.stream and ack.stream != expected:
+        raise APIError(description=f"{subject} was stored in stream {ack.stream}, not {expected}: check the streams")
+    return ack

@@ -127,6 +127,7 @@ from shared.messages.judge import (
     Rubric,
     Verdict,
 )
+from shared.messages.lean import kept_fields, lean_json
 from shared.messages.operations import (
     DeadLetter,
     ErrorReply,
@@ -412,6 +413,8 @@ __all__ = [
     "Wire",
     "call_attempts",
     "escalation_id_for_call",
+    "kept_fields",
+    "lean_json",
     "needs_human",
     "utcnow",
 ]

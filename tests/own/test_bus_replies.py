@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
+from typing import Literal
 
 import nats
 import pytest
@@ -21,11 +22,11 @@ from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import DiscardPolicy, StreamConfig
-from nats.js.errors import APIError
+from nats.js.errors import APIError, NotFoundError
 from pydantic import BaseModel
 
 from loopwarden.stack import LocalStack
-from shared.bus import MSG_ID_HEADER, Bus, CasConflict, num_delivered, publish_raw
+from shared.bus import MSG_ID_HEADER, Bus, CasConflict, ensure_streams, num_delivered, publish_raw
 from shared.settings import Settings
 from shared.version import SERVICE_HEADER, VERSION_HEADER, package_version
 from tests.support.timing import bound, polls
@@ -159,7 +160,7 @@ async def test_a_timed_out_publish_is_sent_again_with_the_same_message_id(
     slow.copies = 2  # the re-sent message is stored once and acked twice: the extra PubAck is dropped
     await bus.publish("bustest.slow.one", Item(n=1), msg_id="slow-one")
     assert slow.attempts == [("bustest.slow.one", "slow-one"), ("bustest.slow.one", "slow-one")]
-    assert await stored(raw, "bustest.store.one") == [b'{"n":1,"text":""}']
+    assert await stored(raw, "bustest.store.one") == [b'{"n":1}']
     assert not bus._replies.waiting
 
 
@@ -266,3 +267,53 @@ async def test_a_responder_answers_inboxes_only(server: LocalStack, raw: NatsCli
         assert await stored(raw, "bustest.store.reflected") == []
     finally:
         await responder.stop()
+
+
+# --- what a publish stores: in the stream its subject belongs to, and what may be removed once handled ---------
+
+
+class Lean(BaseModel):
+    kind: Literal["lean"] = "lean"  # a tag: written even at its default
+    n: int
+    note: str | None = None  # at its default: not written
+    tags: list[str] = []
+
+
+async def test_a_publish_stored_by_another_stream_than_its_subjects_raises_naming_both(
+    bus: Bus, raw: NatsClient
+) -> None:
+    """The stream a publish lands in is checked on its PubAck (no ``Nats-Expected-Stream`` header stored with
+    every message): here LW_EVT is gone and a foreign stream holds its subjects."""
+    js = raw.jetstream()
+    await js.delete_stream("LW_EVT")
+    await js.add_stream(StreamConfig(name="LWTEST_FOREIGN", subjects=["lw.v1.evt.>"]))
+    try:
+        with pytest.raises(APIError) as alone:
+            await bus.publish("lw.v1.evt.run.started", Lean(n=1), msg_id="foreign-1", run_id="run-f")
+        assert "stored in stream LWTEST_FOREIGN, not LW_EVT" in str(alone.value.description)
+        with pytest.raises(APIError) as batch:
+            await bus.publish_all([("lw.v1.evt.run.decided", b"{}", "foreign-2"), ("bustest.store.ok", b"{}", "ok-f")])
+        assert "not LW_EVT" in str(batch.value.description)
+        stored_msg = await js.get_msg("LWTEST_FOREIGN", seq=1)
+        assert stored_msg.headers is not None and "Nats-Expected-Stream" not in stored_msg.headers
+    finally:
+        await js.delete_stream("LWTEST_FOREIGN")
+        await ensure_streams(js, bus.settings)
+    ack = await bus.publish("bustest.store.where", Lean(n=2), msg_id="where-1")  # a subject no LW stream names
+    assert ack.stream == STORE
+
+
+async def test_a_message_is_stored_without_its_defaults_but_its_tags_and_removed_by_its_number(
+    bus: Bus, raw: NatsClient
+) -> None:
+    js = raw.jetstream()
+    ack = await bus.publish("bustest.store.lean", Lean(n=3), msg_id="lean-1")
+    msg = await js.get_msg(STORE, seq=ack.seq)
+    assert msg.data == b'{"n":3,"kind":"lean"}' and Lean.model_validate_json(msg.data) == Lean(n=3)
+    await bus.remove(STORE, ack.seq)
+    with pytest.raises(NotFoundError):
+        await js.get_msg(STORE, seq=ack.seq)
+    again = await bus.publish("bustest.store.lean", Lean(n=3), msg_id="lean-1")  # the id outlives the message
+    assert again.duplicate
+    with pytest.raises(APIError):  # gone already: the server says so
+        await bus.remove(STORE, ack.seq)

@@ -27,6 +27,7 @@ from services.planner.turns import (
     start_run,
 )
 from shared.messages import Decided, RunAdvance, RunSubmit, ToolCall, ToolContract, ToolOutcome, ToolUseBlock, Usage
+from shared.messages.lean import lean_json
 from shared.providers.base import ModelResponse
 from shared.settings import Settings
 
@@ -102,7 +103,7 @@ def test_a_stale_message_changes_nothing() -> None:
 def test_outbox_items_are_typed_in_the_process_that_produced_them() -> None:
     state = dispatched(running())
     calls = [i for i in state.outbox["advance.1"] if isinstance(i.message, ToolCall)]
-    assert len(calls) == 1 and calls[0].payload == calls[0].message.model_dump_json(by_alias=True)
+    assert len(calls) == 1 and calls[0].payload == lean_json(calls[0].message)  # as it is stored: defaults left out
     applied = apply_message(state, "outcome.1.c1", lambda s: apply_outcome(s, succeeded(s)))
     assert applied is not None
     assert all(i.message is not None and type(i.message).__name__ == i.model for i in applied.items)
