@@ -42,6 +42,7 @@ class Grant:
     sees: tuple[str, ...] | None = None  # the streams whose info (and subject index) it may read (None: every one)
     tenant: str | None = None  # a client bound to this tenant (its inbox is ``_INBOX_tenant.<user>``)
     takes_from: tuple[str, ...] = ()  # queues kept in a stream without a consumer it reads and purges (LW_FLOW)
+    removes_handled: tuple[str, ...] = ()  # streams it deletes a message of once handled for good (by its number)
 
 
 # The people (tenant-bound clients and operators) are configuration: the access file an admin applies
@@ -132,6 +133,7 @@ GRANTS: dict[str, Grant] = {
         ),
         read_streams=(S.STREAM_EVT,),
         takes_from=(S.STREAM_FLOW,),  # the waiting runs' tickets
+        removes_handled=(S.STREAM_SUBMIT,),  # a submit once its run is recorded (``Intake.forget``)
         consumers=(
             *((S.STREAM_SUBMIT, S.submit_durable(k)) for k in range(S.SUBMIT_PARTITIONS)),
             (S.STREAM_SUBMIT, S.DURABLE_PLANNER_SUBMIT),
@@ -367,6 +369,9 @@ def rights(service: str, grant: Grant) -> tuple[list[str], list[str]]:
         # A queue kept in a stream without a consumer: the oldest messages of a subject by direct get, removed
         # once taken (a purge of that subject up to a sequence), the subjects' counts by stream info.
         pub += [f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.DIRECT.GET.{stream}", f"$JS.API.STREAM.PURGE.{stream}"]
+    for stream in grant.removes_handled:
+        # A message it handled for good, deleted by its number (``Bus.remove``): no read, no purge by subject.
+        pub.append(f"$JS.API.STREAM.MSG.DELETE.{stream}")
     pub += payload_rights(service, grant.bodies_of)
     pub += [f"{S.PAYLOAD_PREFIX}.{owner}.>" for owner in grant.bodies_for]
     return list(dict.fromkeys(pub)), list(dict.fromkeys(sub))

@@ -18,7 +18,15 @@ The tree is built in ``runtree.tree``; a step is opened in ``runtree.detail``; t
 
 from __future__ import annotations
 
-from loopwarden.runtree.detail import Section, by_reference, output_size, size_text, step_detail, system_prompt
+from loopwarden.runtree.detail import (
+    Section,
+    by_reference,
+    output_size,
+    sent_before,
+    size_text,
+    step_detail,
+    system_prompt,
+)
 from loopwarden.runtree.timing import BAR_UNITS, bar, countdown, duration
 from loopwarden.runtree.tree import ELLIPSIS, RunTree, Step, StepKind, StepStatus, build, clip, stall_line
 
@@ -37,6 +45,7 @@ __all__ = [
     "countdown",
     "duration",
     "output_size",
+    "sent_before",
     "size_text",
     "stall_line",
     "step_detail",

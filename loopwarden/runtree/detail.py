@@ -39,7 +39,7 @@ def _model_sections(record: RunRecord, n: int) -> list[Section]:
     d = _detail(turn) if turn else {}
     call = next((c for c in record.model_calls if c.purpose == "plan" and c.n == n), None)
     config = record.config or {}
-    sha = str(d.get("system_sha256") or "")
+    sha = str(sent_before(record, turn, "system_sha256") or "")
     system = system_prompt(record, sha) if sha else None
     if system is not None:
         said = f"sha256 {sha[:12]}…, {len(system)} characters (below)"
@@ -47,7 +47,7 @@ def _model_sections(record: RunRecord, n: int) -> list[Section]:
         said = f"sha256 {sha[:12]}…: its text is on the run's first model turn, which is not stored here"
     else:
         said = "not recorded (a run from before model turns recorded their system prompt)"
-    offered = d.get("tools_offered")
+    offered = sent_before(record, turn, "tools_offered")
     if offered is None:  # an older turn: what the run allowed
         offered = config.get("allowed_tools") or "every registered tool"
     out.append(
@@ -98,6 +98,18 @@ def _model_sections(record: RunRecord, n: int) -> list[Section]:
     elif d:
         out.append(Section("response", "Came back (from the event; the response record was not readable)", d))
     return out
+
+
+def sent_before(record: RunRecord, turn: EventRecord | None, key: str) -> Any:
+    """What ``turn`` recorded of its request under ``key`` (``system_sha256``, ``tools_offered``): a turn records
+    each only when it changed, so a turn without it was sent what the run's last turn that names it recorded
+    (a run from before that names it on every turn). None: no turn up to this one names it."""
+    if turn is None:
+        return None
+    if _detail(turn).get(key) is not None:
+        return _detail(turn).get(key)
+    earlier = _events_for(record, lambda e: e.kind == "run.model_called" and e.seq < turn.seq)
+    return next((_detail(e)[key] for e in reversed(earlier) if _detail(e).get(key) is not None), None)
 
 
 def system_prompt(record: RunRecord, sha256: str) -> str | None:

@@ -132,7 +132,8 @@ def begin_run(state: RunState, lessons: list[str], at: datetime, problem: str | 
             return out
     out.event(
         Started(
-            **out.head(f"task: {state.task[:200]}"),
+            # the line for people names the task; the detail carries it (up to 200 characters), stored once
+            **out.head("task: " + (state.task if len(state.task) <= 60 else state.task[:59] + "…")),
             detail=StartedDetail(
                 task=state.task[:200],
                 lessons=len(lessons),

@@ -145,15 +145,23 @@ class Sent:
 
 
 def sent(state: RunState, request: Sent | None) -> dict[str, Any]:
-    """What a model turn records of its request (before the turn is counted): the system prompt by hash,
-    its text only when it differs from the last one this run recorded (the run view finds it by hash),
-    and the tools offered. The conversation it carried is the run's history, stored apart."""
+    """What a model turn records of its request (before the turn is counted): the system prompt by hash and
+    the tools offered, each only when it differs from what this run's last turn recorded (the text with the
+    hash: the run view finds it by hash), and nothing when both are as before (the run view reads the last turn
+    that named them: ``loopwarden.runtree.detail.sent_before``). The conversation it carried is the run's
+    history, stored apart."""
     if request is None:  # an answer stored by a replica of an earlier version: what it sent is not known
         return {}
     sha = hashlib.sha256(request.system.encode()).hexdigest()
-    text = request.system if sha != state.system_sha256 else None
-    state.system_sha256 = sha
-    return {"system_sha256": sha, "system": text, "tools_offered": list(request.tools)}
+    tools = list(request.tools)
+    tools_sha = hashlib.sha256("\n".join(tools).encode()).hexdigest()[:16]
+    out: dict[str, Any] = {}
+    if sha != state.system_sha256:
+        out |= {"system_sha256": sha, "system": request.system}
+    if tools_sha != state.tools_sha256:
+        out["tools_offered"] = tools
+    state.system_sha256, state.tools_sha256 = sha, tools_sha
+    return out
 
 
 def apply_model_response(

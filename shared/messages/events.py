@@ -77,12 +77,18 @@ class ModelCalledDetail(Wire):
     cache_creation_input_tokens: int = Field(0, description="part of input_tokens written to the prompt cache")
     wrap_up: bool = Field(False, description="the run's last, tool-less turn")
     system_sha256: str | None = Field(
-        None, description="sha256 of the system prompt the turn was sent (its text: `system` on the run's first turn)"
+        None,
+        description="sha256 of the system prompt the turn was sent, when it differs from the run's last turn that "
+        "names one (None: that one's; its text: `system` on the turn that first names it)",
     )
     system: str | None = Field(
-        None, description="the system prompt's text, on the run's first model turn only: later turns name its hash"
+        None, description="the system prompt's text, on the turn whose `system_sha256` first names it only"
     )
-    tools_offered: list[str] | None = Field(None, description="the names of the tools the turn offered the model")
+    tools_offered: list[str] | None = Field(
+        None,
+        description="the names of the tools the turn offered the model, when they differ from the run's last turn "
+        "that names them (None: those)",
+    )
     rate_limit_wait_s: float = Field(0.0, description="how long the turn waited for its provider key's rate limit")
     calls: list[RequestedCall] = Field(
         default_factory=list,

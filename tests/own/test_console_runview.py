@@ -255,10 +255,11 @@ async def test_a_model_turn_shows_the_system_prompt_tools_and_cache_it_was_sent(
     turns = [e for e in await runview_client.events(run_id) if e.kind == "run.model_called"]
     assert len(turns) == 3
     details = [t.payload["detail"] for t in turns]
-    # stored once per run: the first turn carries the text, every turn names it by hash
+    # stored once per run: the first turn carries the text, its hash and the tools offered; a later turn sent the
+    # same names neither (the run view reads the last turn that names them)
     assert details[0]["system"].startswith("You are an agent that completes the user's task")
-    assert [d["system"] for d in details[1:]] == [None, None]
-    assert len({d["system_sha256"] for d in details}) == 1
+    assert details[0]["system_sha256"] and details[0]["tools_offered"]
+    assert [(d.get("system"), d.get("system_sha256"), d.get("tools_offered")) for d in details[1:]] == [(None,) * 3] * 2
     page = await logged_in(browser, runview_stack, f"/runs/{run_id}")
     assert "You are an agent that completes" not in await page.content()  # fetched when the step is opened
     await open_step(page, "i3")

@@ -14,7 +14,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from loopwarden.client import Client
+from loopwarden.client import Client, scenario_submit
 from loopwarden.fake_model import FakeModel
 from loopwarden.generate.records import record_schema
 from loopwarden.records import export_run, prefixed_values, purge_handled_commands, run_events, sweep
@@ -22,14 +22,14 @@ from loopwarden.replay import replay, scenario_yaml
 from loopwarden.stack import LocalStack
 from services.planner.state import RunState
 from shared import subjects as S
-from shared.bus import ensure_buckets, kv_history, kv_keys, stream_config
+from shared.bus import RUN_ID_HEADER, ensure_buckets, kv_history, kv_keys, scan_all, stream_config
 from shared.messages import Rubric, RunSubmit, utcnow
 from shared.records import RunRecord, trajectory
 from shared.scenario import load_scenario, parse_scenario
 from shared.settings import Settings
 from tests.support.runs import escalations_of, run_scenario
 from tests.support.stacks import settings_for
-from tests.support.timing import bound
+from tests.support.timing import bound, polls
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = ROOT / "schemas" / "records" / "RunRecord.json"
@@ -415,3 +415,33 @@ async def test_bootstrap_sets_the_kept_revisions_of_an_existing_bucket(client: C
     assert f"updated bucket {S.KV_DEMO} (history 5 -> 1)" in changed
     assert (await js.stream_info(f"KV_{S.KV_DEMO}")).config.max_msgs_per_subject == 1
     assert await ensure_buckets(js, client.settings, [S.KV_DEMO], update=True) == []
+
+
+async def _submits_of(client: Client, run_id: str) -> list[int]:
+    """The sequences of the messages LW_SUBMIT holds for ``run_id``."""
+    held = await scan_all(client.bus.nc, S.STREAM_SUBMIT, [f"{S.RUN_SUBMIT_PREFIX}.>"])
+    return [m.seq for m in held if (m.headers or {}).get(RUN_ID_HEADER) == run_id]
+
+
+async def test_a_submit_leaves_the_submit_stream_once_its_run_is_recorded_and_a_resend_is_still_one_run(
+    client: Client,
+) -> None:
+    """The planner removes a handled submit (``Intake.forget``): the run's record and its bound scenario hold
+    what the run needs. Its message id stays in LW_SUBMIT's window: the same submit sent again is dropped by the
+    server, and the run is the one recorded."""
+    submit = scenario_submit(parse_scenario(demo()), "run-forget-" + uuid.uuid4().hex[:8])
+    await client.submit(submit)
+    done = await client.wait(submit.run_id, timeout=bound(60))
+    assert done.status == "completed", done.final_reason
+    for _ in range(polls(50)):  # removed in the background once the submit was handled
+        if not await _submits_of(client, submit.run_id):
+            break
+        await asyncio.sleep(0.1)
+    assert await _submits_of(client, submit.run_id) == []
+    scenario = await (await client.bus.kv(S.KV_SCENARIOS)).get(submit.run_id)
+    assert scenario.value and json.loads(scenario.value)["name"] == demo()["name"]
+    await client.send(submit)  # the same message id: the server drops it
+    await asyncio.sleep(bound(0.5))
+    assert await _submits_of(client, submit.run_id) == []
+    again = await client.wait(submit.run_id, timeout=bound(60))
+    assert again.status == "completed" and again.model_calls == done.model_calls

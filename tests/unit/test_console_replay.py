@@ -50,15 +50,18 @@ def state(model_calls: int, instructions: str = "") -> RunState:
     )
 
 
-def test_a_turn_records_its_system_prompt_by_hash_and_its_text_when_it_changed() -> None:
+def test_a_turn_records_its_system_prompt_by_hash_and_text_and_its_tools_only_when_they_changed() -> None:
     run = state(0, "Be brief.")
     offered = turns.Sent(turns.C.system_prompt(run), ("search",))
     first, later = turns.sent(run, offered), turns.sent(run, offered)
-    assert first["system"].startswith("Be brief.\n\nYou are an agent")
-    assert first["system_sha256"] == hashlib.sha256(first["system"].encode()).hexdigest() == later["system_sha256"]
-    assert later["system"] is None and later["tools_offered"] == ["search"]
+    assert first["system"].startswith("Be brief.\n\nYou are an agent") and first["tools_offered"] == ["search"]
+    assert first["system_sha256"] == hashlib.sha256(first["system"].encode()).hexdigest()
+    assert later == {}  # as the last turn: the run view reads that one (``sent_before``)
     changed = turns.sent(run, turns.Sent(offered.system + "\n- one more line", ("search",)))
     assert changed["system"].endswith("- one more line") and changed["system_sha256"] != first["system_sha256"]
+    assert "tools_offered" not in changed
+    fewer = turns.sent(run, turns.Sent(offered.system + "\n- one more line", ()))
+    assert fewer == {"tools_offered": []}  # a turn offered no tools (a wrap-up): said, not inherited
 
 
 def test_what_is_recorded_is_the_request_as_sent_with_progressive_disclosure() -> None:
@@ -112,6 +115,21 @@ def test_a_later_turn_shows_the_system_prompt_the_first_turn_carried() -> None:
     assert sections["system"].text == "You are X."
     assert sections["sent"].body["tools offered"] == ["search", "submit_answer"]
     assert sections["sent"].body["system"].startswith("sha256 abc")
+
+
+def test_a_turn_that_names_neither_prompt_nor_tools_was_sent_what_the_last_turn_naming_them_was() -> None:
+    rec = record(
+        [
+            {"system_sha256": "abc", "system": "You are X.", "tools_offered": ["search"]},
+            {},
+            {"tools_offered": ["search", "submit_answer"]},
+            {},
+        ]
+    )
+    second, fourth = sent_of(rec, "i2.model"), sent_of(rec, "i4.model")
+    assert second["system"].text == fourth["system"].text == "You are X."
+    assert second["sent"].body["tools offered"] == ["search"]
+    assert fourth["sent"].body["tools offered"] == ["search", "submit_answer"]
 
 
 def test_a_turn_whose_prompt_text_is_not_stored_says_so_and_an_older_turn_says_it_was_not_recorded() -> None:
