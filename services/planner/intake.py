@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Protocol
 
-from nats.js.errors import NotFoundError
 from opentelemetry import propagate
 from opentelemetry.trace import Tracer
 
@@ -23,6 +21,7 @@ from services.planner import ids, submission
 from services.planner.admission import Refused, admit, check_limits, is_replay, resolve_agent, tenant_of, with_agent
 from services.planner.catalogue import Catalogue
 from services.planner.flow import Flow
+from services.planner.removals import Removals
 from services.planner.state import PublishRecord, RunState
 from services.planner.store import RunStore
 from services.planner.turns import begin_run, queue_run, refuse_run, resolve_config
@@ -35,7 +34,6 @@ from shared.settings import Settings
 from shared.telemetry import LW_RUN_ID
 
 log = logging.getLogger("loopwarden.planner")
-FORGET_PAUSE_S = 60.0  # after a failed removal of a handled submit, how long the next ones are left to the sweep
 
 
 class Host(Protocol):
@@ -65,38 +63,13 @@ class Intake:
             planner.store,
             planner.catalogue,
         )
-        self._forgetting: set[asyncio.Task[None]] = set()
-        self._forget_after = 0.0  # monotonic time before which a handled submit is left to the sweep
+        self.handled = Removals(planner.bus, S.STREAM_SUBMIT, "submit")
 
     async def take(self, submit: RunSubmit, subject: str) -> None:
         """Take a submit at the door; once it is handled for good (its run recorded and what that produced
-        published, or it was refused), it is removed from ``LW_SUBMIT`` (``forget``)."""
+        published, or it was refused), it is removed from ``LW_SUBMIT`` (``removals.Removals``)."""
         await self._take(submit, subject)
-        self.forget(current_seq())
-
-    def forget(self, seq: int) -> None:
-        """Remove a handled submit from ``LW_SUBMIT`` (in the background: the submit is acked meanwhile).
-
-        Nothing reads a handled submit again: its run's record holds what the run needs (its config, and a
-        queued run's scenario until it starts, then ``lw_scenarios``), a refusal is a record (and a dead letter,
-        which keeps its own copy), a redelivery finds the record, and the message id stays in the stream's
-        de-duplication window. Left, it stayed until the retention sweep purged what every durable had handled:
-        about 4 KB per demo run. Best effort: a delete that fails (a planner of this release under the last
-        release's grants, which lack the right) leaves it to the sweep, and the next ones are not tried for a
-        minute."""
-        if seq <= 0 or time.monotonic() < self._forget_after:
-            return
-        task = asyncio.create_task(self._forget(seq))
-        self._forgetting.add(task)
-        task.add_done_callback(self._forgetting.discard)
-
-    async def _forget(self, seq: int) -> None:
-        try:
-            await self.bus.remove(S.STREAM_SUBMIT, seq)
-        except Exception as err:
-            if not (isinstance(err, NotFoundError) or "no message found" in str(err).lower()):  # gone: fine
-                self._forget_after = time.monotonic() + FORGET_PAUSE_S
-                log.warning("planner: could not remove handled submit %d from LW_SUBMIT (%r): the sweep will", seq, err)
+        self.handled.remove(current_seq())
 
     async def _take(self, submit: RunSubmit, subject: str) -> None:
         try:

@@ -28,7 +28,7 @@ from loopwarden.client import Client, new_run_id
 from loopwarden.stack import PROCESSES, LocalStack, free_port, nats_server_binary, wait_for_port
 from services.planner import ids
 from shared import subjects as S
-from shared.bus import Bus, kv_keys, scan
+from shared.bus import Bus, kv_keys, scan, scan_all
 from shared.dead_letters import requeue_command
 from shared.messages import DeadLetter, EscalationQuery, RunSnapshot
 from shared.payloads import PayloadError
@@ -207,6 +207,22 @@ async def test_a_client_cannot_pre_claim_the_planners_next_message_id(url: str, 
     state = await completes(locked_client, victim)
     assert any(e.kind == "judge.verdict" for e in await locked_client.events(victim))
     assert state.status == "completed"
+
+
+async def test_a_handled_submit_leaves_the_submit_stream_under_the_generated_grants(
+    admin: Client, locked_client: Client
+) -> None:
+    """The planner's grant lets it delete a message of LW_SUBMIT by its number (``Removals``): a run's submit is
+    gone once the run is recorded; the run completes as before."""
+    state = await completes(locked_client)
+    held: list[int] = []
+    for _ in range(polls(50)):
+        stored = await scan_all(admin.bus.nc, S.STREAM_SUBMIT, [f"{S.RUN_SUBMIT_PREFIX}.>"])
+        held = [m.seq for m in stored if m.headers.get("Lw-Run-Id") == state.run_id]
+        if not held:
+            break
+        await asyncio.sleep(0.1)
+    assert held == [], f"the submit of {state.run_id} is still in LW_SUBMIT: {held}"
 
 
 # --- D6: a stored message pushed at a responder is not a request ------------------------------------------
@@ -395,6 +411,9 @@ def test_every_generated_grant_keeps_the_rules() -> None:
         if user in ("client", "console"):
             reads = ("DIRECT.GET", "MSG.GET", "CONSUMER.")  # its stream info (counts) is no letter
             assert not any(S.STREAM_DLQ in p and any(r in p for r in reads) for p in pub), user
+        # deleting a stored message by its number: the planner alone, a submit it handled (``Removals``)
+        deletes = [p for p in pub if ".MSG.DELETE." in p]
+        assert deletes == ([f"$JS.API.STREAM.MSG.DELETE.{S.STREAM_SUBMIT}"] if user == "planner" else []), user
         # a person's user publishes on no stream that holds a service's message ids (LW_CMD)
         if user in UNTRUSTED:
             assert not [p for p in pub if S.stream_for(p) == S.STREAM_CMD], user
