@@ -133,7 +133,9 @@ GRANTS: dict[str, Grant] = {
         ),
         read_streams=(S.STREAM_EVT,),
         takes_from=(S.STREAM_FLOW,),  # the waiting runs' tickets
-        removes_handled=(S.STREAM_SUBMIT,),  # a submit once its run is recorded (``Intake.forget``)
+        # a submit once its run is recorded, the commands it published for a run once the run ended and each was
+        # handled (``services/planner/removals.py``)
+        removes_handled=(S.STREAM_SUBMIT, S.STREAM_CMD),
         consumers=(
             *((S.STREAM_SUBMIT, S.submit_durable(k)) for k in range(S.SUBMIT_PARTITIONS)),
             (S.STREAM_SUBMIT, S.DURABLE_PLANNER_SUBMIT),

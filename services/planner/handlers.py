@@ -29,6 +29,7 @@ from services.planner.model_turns import ModelTurns
 from services.planner.outbox import Outbox
 from services.planner.outcomes import apply_outcome
 from services.planner.reads import RunReads
+from services.planner.removals import Removals, SentCommands
 from services.planner.stall_watch import StallWatch
 from services.planner.state import PublishRecord, RunState
 from services.planner.store import RunStore
@@ -92,6 +93,8 @@ class Planner:
         # admission to the fleet (fair share between tenants) and the door (quotas, refusals)
         self.flow = Flow(bus, settings, telemetry, lambda run_id: self.intake.begin(run_id))
         self.intake = Intake(self, self.flow)
+        # the commands it published per run, removed from LW_CMD once the run ended and each was handled
+        self.sent, self.commands = SentCommands(), Removals(bus, S.STREAM_CMD, "command")
 
     def saved(self) -> None:
         """The record is stored; nothing of this step is published or appended to the history yet."""
@@ -222,6 +225,8 @@ class Planner:
                 self.agent_span(state)
             await submission.record_lessons(self.bus, state)
             await self.settle(state)
+            for seq in self.sent.ended(run_id, state.applied):  # handled for good: nothing reads them again
+                self.commands.remove(seq)
 
     async def settle(self, state: RunState) -> None:
         """The run ended and its last outbox is published: its record is saved once more, without what only a
@@ -331,7 +336,8 @@ class Planner:
         own = [i for i in ordered if i.run_id is None]
         tenant = tenant or S.DEFAULT_TENANT
         with tenant_scope(tenant, self.flow.policies.known(tenant).weight):
-            await self.bus.publish_all([(i.subject, i.payload.encode(), i.msg_id) for i in own], run_id=run_id)
+            acks = await self.bus.publish_all([(i.subject, i.payload.encode(), i.msg_id) for i in own], run_id=run_id)
+            self.sent.published(run_id, [i.msg_id if i.subject.startswith(CMD) else None for i in own], acks)
             for i in ordered:
                 if i.run_id is not None:  # another run's message (a sub-agent's answer to its parent)
                     await self.bus.publish(i.subject, i.payload.encode(), msg_id=i.msg_id, run_id=i.run_id)

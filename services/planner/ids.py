@@ -116,6 +116,22 @@ def verdict(candidate_id: str) -> str:
     return f"verdict.{candidate_id}"
 
 
+def handled_by(run_id: str, msg_id: str) -> tuple[str, ...]:
+    """The applied ids that prove the planner's command ``msg_id`` of ``run_id`` was handled for good: an advance
+    by its own, a tool call by its outcome (known or unknown), a judge request by its verdict; () for any other."""
+    kind, _, rest = msg_id.removeprefix(f"{run_id}.").partition(".")
+    if not msg_id.startswith(f"{run_id}.") or not rest:
+        return ()
+    if kind == "adv" and rest.isdigit():
+        return (advanced(int(rest)),)
+    if kind == "call":
+        n, _, call_id = rest.partition(".")
+        return (outcome(int(n), call_id), outcome(int(n), call_id, unknown=True)) if n.isdigit() and call_id else ()
+    if kind == "judge":
+        return (verdict(rest),)
+    return ()
+
+
 def resolution(escalation_id: str) -> str:
     return f"resolution.{escalation_id}"
 

@@ -101,15 +101,16 @@ class Publishing(BusBase):
             _, ftype, tool = stem.rsplit(".", 2)
             self._failures.add(1, {"failure.type": ftype, "tool": tool})
 
-    async def publish_all(self, items: list[tuple[str, bytes, str | None]], run_id: str | None = None) -> None:
+    async def publish_all(self, items: list[tuple[str, bytes, str | None]], run_id: str | None = None) -> list[_PubAck]:
         """Publish several messages in order and await their PubAcks together (one wait, not one each):
         all are sent, then one timeout covers every PubAck; what failed over (a timeout of a message
-        with an id, no stream leader) is sent again with the same message id."""
+        with an id, no stream leader) is sent again with the same message id. Their PubAcks, in order."""
         if len(items) == 1 or self._tracer is not None:  # traced: one span per publish
-            await asyncio.gather(
-                *(self.publish(subject, body, msg_id=msg_id, run_id=run_id) for subject, body, msg_id in items)
+            return list(
+                await asyncio.gather(
+                    *(self.publish(subject, body, msg_id=msg_id, run_id=run_id) for subject, body, msg_id in items)
+                )
             )
-            return
         out = [await self._outgoing(subject, body, msg_id, run_id) for subject, body, msg_id in items]
         acks = await self._js_publish_many(
             [
@@ -119,6 +120,7 @@ class Publishing(BusBase):
         )
         for (stem, _, _, _), ack in zip(out, acks, strict=True):
             self._count_failure(stem, ack)
+        return acks
 
     async def _js_publish(self, subject: str, body: bytes, headers: dict[str, str], *, repeatable: bool) -> _PubAck:
         # A repeat is harmless when the message id de-duplicates it; JetStream rides out a leader election.

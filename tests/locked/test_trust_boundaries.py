@@ -212,17 +212,21 @@ async def test_a_client_cannot_pre_claim_the_planners_next_message_id(url: str, 
 async def test_a_handled_submit_leaves_the_submit_stream_under_the_generated_grants(
     admin: Client, locked_client: Client
 ) -> None:
-    """The planner's grant lets it delete a message of LW_SUBMIT by its number (``Removals``): a run's submit is
-    gone once the run is recorded; the run completes as before."""
+    """The planner's grant lets it delete messages of LW_SUBMIT and LW_CMD by their number (``Removals``): a run's
+    submit is gone once the run is recorded, the commands the planner published for it once it ended; the run
+    completes as before. What stays are the executor's results for the validator (the sweep removes them)."""
     state = await completes(locked_client)
-    held: list[int] = []
+    held: list[str] = []
     for _ in range(polls(50)):
-        stored = await scan_all(admin.bus.nc, S.STREAM_SUBMIT, [f"{S.RUN_SUBMIT_PREFIX}.>"])
-        held = [m.seq for m in stored if m.headers.get("Lw-Run-Id") == state.run_id]
-        if not held:
+        stored = [
+            *await scan_all(admin.bus.nc, S.STREAM_SUBMIT, [f"{S.RUN_SUBMIT_PREFIX}.>"]),
+            *await scan_all(admin.bus.nc, S.STREAM_CMD, [f"{S.P}.cmd.>"]),
+        ]
+        held = [m.subject for m in stored if m.headers.get("Lw-Run-Id") == state.run_id]
+        if set(held) <= {S.RESULT_VALIDATE}:
             break
         await asyncio.sleep(0.1)
-    assert held == [], f"the submit of {state.run_id} is still in LW_SUBMIT: {held}"
+    assert set(held) <= {S.RESULT_VALIDATE}, f"{state.run_id} still has {held}"
 
 
 # --- D6: a stored message pushed at a responder is not a request ------------------------------------------
@@ -411,9 +415,11 @@ def test_every_generated_grant_keeps_the_rules() -> None:
         if user in ("client", "console"):
             reads = ("DIRECT.GET", "MSG.GET", "CONSUMER.")  # its stream info (counts) is no letter
             assert not any(S.STREAM_DLQ in p and any(r in p for r in reads) for p in pub), user
-        # deleting a stored message by its number: the planner alone, a submit it handled (``Removals``)
+        # deleting a stored message by its number: the planner alone, a submit it handled and the commands it
+        # published for a run that ended (``services/planner/removals.py``)
         deletes = [p for p in pub if ".MSG.DELETE." in p]
-        assert deletes == ([f"$JS.API.STREAM.MSG.DELETE.{S.STREAM_SUBMIT}"] if user == "planner" else []), user
+        mine = [f"$JS.API.STREAM.MSG.DELETE.{stream}" for stream in (S.STREAM_SUBMIT, S.STREAM_CMD)]
+        assert deletes == (mine if user == "planner" else []), user
         # a person's user publishes on no stream that holds a service's message ids (LW_CMD)
         if user in UNTRUSTED:
             assert not [p for p in pub if S.stream_for(p) == S.STREAM_CMD], user
