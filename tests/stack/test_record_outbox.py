@@ -26,7 +26,10 @@ async def test_a_save_no_longer_carries_what_the_previous_one_published(one_clie
         run_id = await client.submit_scenario(parse_scenario(calculator_steps("record-outbox", 8)))
         state = await client.wait(run_id, timeout=bound(30))
     assert state.status == "completed", state.final_reason
-    saves = [json.loads(m.data) for m in wire.seen if m.subject == f"$KV.{S.KV_RUNS}.{run_id}" and m.data]
+    # as stored: an empty outbox is left out (``lean_json``), read as the planner reads it
+    saves = [
+        {"outbox": {}, **json.loads(m.data)} for m in wire.seen if m.subject == f"$KV.{S.KV_RUNS}.{run_id}" and m.data
+    ]
     assert len(saves) >= 8, len(saves)  # a step's save: the outcome and the turn it scheduled, in one write
     for before, after in itertools.pairwise(saves):
         carried = {i["msg_id"] for items in before["outbox"].values() for i in items}
