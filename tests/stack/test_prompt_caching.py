@@ -10,7 +10,7 @@ import uuid
 
 from loopwarden.client import Client
 from loopwarden.fake_model import FakeModel
-from shared.messages import RunSubmit
+from shared.messages import ModelCalledDetail, RunSubmit
 from shared.pricing import cost_usd
 from tests.support.otlp_collector import OtlpCollector
 from tests.support.timing import bound
@@ -65,8 +65,9 @@ async def test_turns_read_the_prefix_earlier_turns_cached(
         (e for e in await client.events(run_id) if e.kind == "run.model_called"), key=lambda e: e.payload["iteration"]
     )
     assert len(events) == 4
-    reads = [e.payload["detail"]["cache_read_input_tokens"] for e in events]
-    writes = [e.payload["detail"]["cache_creation_input_tokens"] for e in events]
+    # a count of 0 is stored as nothing (``lean_json``): read as the contract reads it
+    reads = [ModelCalledDetail.model_validate(e.payload["detail"]).cache_read_input_tokens for e in events]
+    writes = [ModelCalledDetail.model_validate(e.payload["detail"]).cache_creation_input_tokens for e in events]
     # each later turn reads everything the turn before it sent, and writes the rest
     assert all(w > 0 for w in writes)
     assert reads[0] == 0  # nothing of this run's prompt was cached before it
