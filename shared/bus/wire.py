@@ -246,7 +246,10 @@ def _stream_seq(raw: Any) -> int:
 
 
 def expect_stream(subject: str, headers: dict[str, str]) -> None:
-    """Name the stream a publish must land in (``Nats-Expected-Stream``), as ``js.publish(stream=)`` does."""
+    """Name the stream a publish must land in (``Nats-Expected-Stream``), as ``js.publish(stream=)`` does. A
+    bucket's key (``$KV.``) is in no stream of ours: not looked up (each key its own subject, none cached)."""
+    if subject.startswith("$KV."):
+        return
     stream = S.stream_for(subject)
     if stream is not None:
         headers[EXPECTED_STREAM_HEADER] = stream
