@@ -123,7 +123,7 @@ async def publish_raw(nc: NatsClient, subject: str, body: bytes, reply: str, hea
         or len(body) > natsx.max_payload(nc)
         or natsx.subject_invalid(subject)
     ):
-        await nc.publish(subject, body, reply=reply, headers=headers)
+        await nc.publish(subject, body, reply=reply, headers=headers or None)  # no headers: no header block
         return
     for key in headers:
         if key not in _HEADER_KEYS_OK:
