@@ -5,6 +5,7 @@ each tenant spent today (from budget requests, and from each run's final usage).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -43,6 +44,8 @@ KEEP_DECISIONS = 8  # recent turns whose decision a redelivered request gets aga
 CALIBRATION_KEY = "calibration.models"
 PERSIST_EVERY = 8  # calibration samples between writes of the shared ratios
 SHARE_EVERY_S = 1.0  # and at most one such write (a read and a compare-and-swap) this often
+SPEND_EVERY_S = 0.5  # a tenant's day without a ceiling: its runs' spend written at most this often per replica
+KEEP_DAYS = 1024  # tenants' days whose record a replica keeps (a write needs no read first)
 
 
 class Calibration(BaseModel):
@@ -66,33 +69,54 @@ def share(mine: Calibration, stored: Calibration | None) -> tuple[Calibration, N
 class TenantDays:
     """Each tenant's day (``shared.flow.spend.TenantDay``), kept for every tenant: a replica coalesces what it
     learns of one tenant's day into one compare-and-swap write at a time (every run of a tenant updates the
-    same key), and a caller that needs the total (a tenant with a ceiling) awaits the write that carries its
-    update; the others do not wait for it. A lost write is made good by the run's next update (each carries its
-    latest total) or its final event."""
+    same key), tried on the record as this replica last stored it (a conflict reads it again), and a caller that
+    needs the total (a tenant with a ceiling) awaits the write that carries its update, made at once; the others
+    do not wait for it, and their runs' spend is written at most every ``SPEND_EVERY_S`` (a run's final total at
+    once): at one run a step apart, one write in many steps instead of a read and a write per step. A lost or
+    not yet made write is made good by the run's next update (each carries its latest total) or its final
+    event."""
 
     def __init__(self, bus: Bus) -> None:
         self.bus = bus
-        self._batches: dict[str, tuple[list[tuple[str, str, float]], asyncio.Future[float]]] = {}
+        # per key: the ops not yet written, the day's total once they are, and whether someone waits for it
+        self._batches: dict[str, tuple[list[tuple[str, str, float]], asyncio.Future[float], asyncio.Event]] = {}
         self._writers: dict[str, asyncio.Task[None]] = {}
+        self._known: OrderedDict[str, tuple[TenantDay, int]] = OrderedDict()  # what this replica last stored
 
-    def add(self, tenant: str, op: str, run_id: str, usd: float) -> asyncio.Future[float]:
+    def add(self, tenant: str, op: str, run_id: str, usd: float, *, now: bool = True) -> asyncio.Future[float]:
         """Queue ``op`` (``spend``: the run's total so far; ``settle``: its final total) for today's record of
-        ``tenant``; the future is the day's total once the write that carries it is stored."""
+        ``tenant``; the future is the day's total once the write that carries it is stored. ``now``: the caller
+        waits for that total (written at once); otherwise the write may wait up to ``SPEND_EVERY_S`` for more."""
         day = today()
         key = day_key(tenant, day)
         batch = self._batches.get(key)
         if batch is None:
-            batch = self._batches[key] = ([], asyncio.get_running_loop().create_future())
+            batch = self._batches[key] = ([], asyncio.get_running_loop().create_future(), asyncio.Event())
             batch[1].add_done_callback(_retrieved)
         batch[0].append((op, run_id, usd))
+        if now or op == "settle":
+            batch[2].set()
         writer = self._writers.get(key)
         if writer is None or writer.done():
             self._writers[key] = asyncio.create_task(self._write(key, tenant, day), name=f"governor day {key}")
         return batch[1]
 
+    def keep(self, key: str, record: TenantDay | None, revision: int) -> None:
+        if record is None:
+            return
+        self._known[key] = (record, revision)
+        self._known.move_to_end(key)
+        while len(self._known) > KEEP_DAYS:
+            self._known.popitem(last=False)
+
     async def _write(self, key: str, tenant: str, day: str) -> None:
         while key in self._batches:
-            ops, done = self._batches.pop(key)
+            urgent = self._batches[key][2]
+            if not urgent.is_set():  # nobody waits: more of the tenant's spend is gathered into this write
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(SPEND_EVERY_S):
+                        await urgent.wait()
+            ops, done, _ = self._batches.pop(key)
 
             def change(
                 stored: TenantDay | None, ops: list[tuple[str, str, float]] = ops
@@ -104,7 +128,15 @@ class TenantDays:
                 return (record, record.spent_usd) if changed else Unchanged(record.spent_usd)
 
             try:
-                done.set_result(await self.bus.update(S.KV_BUDGETS, key, TenantDay, change))
+                total = await self.bus.update(
+                    S.KV_BUDGETS,
+                    key,
+                    TenantDay,
+                    change,
+                    known=self._known.pop(key, None),
+                    saved=lambda record, revision: self.keep(key, record, revision),
+                )
+                done.set_result(total)
             except Exception as err:
                 log.warning("governor: could not store %s: %r", key, err)
                 done.set_exception(err)
@@ -246,12 +278,12 @@ class Governor:
         """A run without a tenant belongs to the default one, and meets its ceiling."""
         return (await self.policies.of(tenant or S.DEFAULT_TENANT)).daily_ceiling_usd
 
-    def account(self, tenant: str, op: str, run_id: str, usd: float) -> asyncio.Future[float]:
+    def account(self, tenant: str, op: str, run_id: str, usd: float, *, now: bool = True) -> asyncio.Future[float]:
         """The run's spend so far (``spend``) or its final total (``settle``) into its tenant's day, for every
         tenant (ceiling or not: a ceiling set during the day counts the whole day); the future is the day's total
-        once stored (also kept for ``loopwarden.tenant.spent_today``)."""
+        once stored (also kept for ``loopwarden.tenant.spent_today``); ``now``: it is awaited (not coalesced)."""
         day = today()
-        total = self.days.add(tenant, op, run_id, usd)
+        total = self.days.add(tenant, op, run_id, usd, now=now)
         total.add_done_callback(
             lambda f: None if f.cancelled() or f.exception() else self.spent(tenant, day, f.result())
         )
@@ -281,7 +313,7 @@ class Governor:
         own = round(req.spent.cost_usd - req.delegated_usd, 8)  # sub-agents account their own spend
         # every tenant's day is kept (one write per tenant at a time per replica); the decision waits for it only
         # where a ceiling reads it
-        day = self.account(req.tenant or S.DEFAULT_TENANT, "spend", req.run_id, own)
+        day = self.account(req.tenant or S.DEFAULT_TENANT, "spend", req.run_id, own, now=ceiling is not None)
         tenant_spent = await day if ceiling is not None else None
         key = S.kv_key(req.run_id)
         known = self._ledgers.pop(key, None)

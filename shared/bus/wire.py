@@ -123,7 +123,7 @@ async def publish_raw(nc: NatsClient, subject: str, body: bytes, reply: str, hea
         or len(body) > natsx.max_payload(nc)
         or natsx.subject_invalid(subject)
     ):
-        await nc.publish(subject, body, reply=reply, headers=headers)
+        await nc.publish(subject, body, reply=reply, headers=headers or None)  # no headers: no header block
         return
     for key in headers:
         if key not in _HEADER_KEYS_OK:
@@ -251,7 +251,10 @@ def landed_where_expected(subject: str, ack: _PubAck) -> _PubAck:
 
     What ``js.publish(stream=)`` asks of the server with a ``Nats-Expected-Stream`` header, checked on the PubAck
     instead: the header is stored with every message (30 bytes each, 24 messages a demo run), the PubAck names
-    the stream anyway."""
+    the stream anyway. A bucket's key (``$KV.``) is in no stream of ours: not looked up (each key its own
+    subject, none cached)."""
+    if subject.startswith("$KV."):
+        return ack
     expected = S.stream_for(subject)
     if expected is not None and ack.stream and ack.stream != expected:
         raise APIError(description=f"{subject} was stored in stream {ack.stream}, not {expected}: check the streams")
