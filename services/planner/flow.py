@@ -216,7 +216,7 @@ class Flow(FlowReads):
         try:
             record = self._kept[0] if self._kept is not None else await self._read_record()
             now = time.time()
-            draft = record.model_copy(deep=True)
+            draft = record.copy_to_change()
             for op in ops:
                 apply_op(draft, op, now)
             policies = {t: await self.policies.of(t) for t in {*draft.queued, *draft.running}}
@@ -227,7 +227,7 @@ class Flow(FlowReads):
             def change(stored: FleetRecord | None) -> tuple[FleetRecord, Round] | Unchanged[Round]:
                 nonlocal result
                 result = Round(planned=len(picks))
-                rec = stored.model_copy(deep=True) if stored is not None else FleetRecord()
+                rec = stored.copy_to_change() if stored is not None else FleetRecord()
                 changed = heartbeat(rec, self.replica, now, self.ttl)
                 for op in ops:
                     if op.kind == "enqueue":

@@ -1,6 +1,7 @@
 """What flow control costs a run, against a real nats-server (docs/flow-control.md, "What it costs"): a tenant's day
 is written a few times a second however many turns its runs take, on the record the replica wrote last, and at
-once where a budget decision waits for it; an admission round reads the waiting tickets only as far as it needs."""
+once where a budget decision waits for it; an admission round reads the waiting tickets only as far as it needs;
+the tenants' policies are read once per refresh, however many submits ask at once."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from services.planner.flow import Flow
 from shared import subjects as S
 from shared.bus import Bus
 from shared.flow import FleetRecord, TenantDay, day_key, today
+from shared.live_config import LiveConfig
 from shared.messages import FlowTicket
 from shared.settings import Settings
 from shared.telemetry import setup_telemetry
@@ -105,3 +107,14 @@ async def test_an_admission_round_reads_the_tickets_only_as_far_as_it_needs(bus:
     assert [t.run_id for t, _ in tickets] == [f"run-{k:02d}" for k in range(5)]
     tickets = await flow.waiting_tickets(subject, 50, admitted)
     assert len(tickets) == 30
+
+
+async def test_a_burst_of_callers_of_the_tenants_policies_makes_one_read_per_refresh(bus: Bus) -> None:
+    """Dozens of submits ask for the tenants' policies at once: one read of lw_config, shared; the next refresh
+    reads once again."""
+    live = LiveConfig(bus, refresh_s=600)
+    first = await asyncio.wait_for(asyncio.gather(*(live.policies() for _ in range(50))), bound(10))
+    assert live.reads == 1 and all(p == first[0] for p in first)
+    live.refresh_s = 0  # every value is old now
+    await asyncio.wait_for(asyncio.gather(*(live.policies() for _ in range(50))), bound(10))
+    assert live.reads <= 3  # the callers that came while a read was under way shared it

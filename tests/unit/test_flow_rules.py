@@ -276,3 +276,24 @@ def test_the_view_shows_each_tenants_queue_slots_rates_waits_and_quotas() -> Non
     runs = next(q for q in a.quotas if q.quota == "max_runs")
     assert (runs.limit, runs.current) == (10, 7)
     assert b.waiting_for_people == 2 and b.running == 0
+
+
+def test_a_record_copied_to_change_is_equal_and_shares_nothing_with_its_original() -> None:
+    record = FleetRecord()
+    admit(record, "a", "run-1", 600.0, waited_s=2.0, priority=None)
+    admit(record, "b", "run-2", 601.0)
+    release(record, "run-2", 602.0, ended=True, stored_bytes=10, rate_limited_s=1.5)
+    record.queued["a"] = {"0": 3}
+    heartbeat(record, "planner-1", 600.0, ttl=6.0)
+    # every field set, so a field added later and not copied by hand shows here
+    assert all(getattr(record, name) for name in FleetRecord.model_fields), record
+    copy = record.copy_to_change()
+    assert copy == record and copy.model_dump_json() == record.model_dump_json()
+    admit(copy, "a", "run-3", 603.0, waited_s=1.0)
+    release(copy, "run-1", 604.0, ended=True, stored_bytes=5, rate_limited_s=1.0)
+    copy.queued["a"]["0"] = 1
+    heartbeat(copy, "planner-2", 603.0, ttl=6.0)
+    assert record.running == {"a": {"run-1": 600.0}} and record.queued == {"a": {"0": 3}}
+    assert list(record.replicas) == ["planner-1"] and record.stored == {"b": 10}
+    assert record.finished == {"b": {"10": 1}} and record.waited["a"]["10"] == [2.0, 1.0]
+    assert record.rate_limited["b"]["10"] == [1.5, 1.0]
