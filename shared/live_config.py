@@ -48,6 +48,8 @@ class LiveConfig:
         self._cache: dict[str, tuple[float, object]] = {}
         self._reading: dict[tuple[str, type[BaseModel]], asyncio.Future[Any]] = {}  # (value, revision)
         self.reads = 0  # reads of lw_config made (the tests count them)
+        self._policies: tuple[AccessRecord, dict[str, TenantPolicy]] | None = None
+        self._no_policies: dict[str, TenantPolicy] = {}
 
     async def _get(self, key: str, model: type[M]) -> M | None:
         """The stored value, by one read shared with every caller that asks while it is under way."""
@@ -123,7 +125,11 @@ class LiveConfig:
         """Tenant -> its policy as applied (empty: none applied; ``Settings.tenant_policy`` adds ``LW_TENANTS``
         and the defaults under it)."""
         applied = await self.access()
-        return dict(applied.tenants) if applied is not None else {}
+        if applied is None:
+            return self._no_policies  # one map, so a reader can tell nothing changed by its identity
+        if self._policies is None or self._policies[0] is not applied:  # the same map while the record is the same
+            self._policies = (applied, dict(applied.tenants))
+        return self._policies[1]
 
 
 async def configured_policies(bus: Bus) -> dict[str, TenantPolicy]:
