@@ -50,6 +50,7 @@ except ImportError:  # an earlier release (the tree before flow control): the id
 TWO_TWO = ("planner", "planner", "executor", "executor", "validator", "judge", "governor", "escalation")
 ENV = {"LW_LOG_LEVEL": "WARNING"}
 ENDED = ("completed", "stopped", "failed", "refused")
+IDLE_S = 5.0  # how long ``--alone`` measures the stack's CPU with no run going
 
 
 def two_turns(model_s: float = 0.5) -> Scenario:
@@ -297,6 +298,7 @@ def run_alone(
         monitor_port=monitor,
     )
     out: list[dict[str, Any]] = []
+    idle: dict[str, float] = {}
     timeout = max(120.0, burst * 0.5)
     stack.start()
     try:
@@ -306,6 +308,7 @@ def run_alone(
                 finishes = Finishes()
                 await finishes.start(client)
                 await latencies(client, finishes, "b", 8, timeout)  # warm-up
+                idle.update(await idle_cpu(stack, IDLE_S))
                 for k in range(rounds):
                     load = os.getloadavg()[0]
                     spies = []
@@ -328,7 +331,18 @@ def run_alone(
         asyncio.run(main())
     finally:
         stack.stop()
+    for phase in out:
+        phase["idle_cpu_s"] = idle
     return out
+
+
+async def idle_cpu(stack: LocalStack, seconds: float) -> dict[str, float]:
+    """CPU seconds per second of each process with no run going: what a phase's CPU includes whatever it runs."""
+    await asyncio.sleep(1.0)  # the warm-up's last acks and writes
+    c0 = cpu_by_process(stack)
+    await asyncio.sleep(seconds)
+    c1 = cpu_by_process(stack)
+    return {k: (c1[k] - c0.get(k, 0.0)) / seconds for k in c1}
 
 
 def report_alone(phases: list[dict[str, Any]]) -> list[str]:
@@ -337,6 +351,13 @@ def report_alone(phases: list[dict[str, Any]]) -> list[str]:
         f"(load {p['load']:.1f}); {cpu_line(p)}"
         for k, p in enumerate(phases)
     ]
+    if phases:
+        idle = phases[0]["idle_cpu_s"]
+        lines.append(
+            f"  idle (no run going): {sum(idle.values()) * 1000:.0f} ms CPU per second, all processes ("
+            + ", ".join(f"{k} {v * 1000:.0f}" for k, v in sorted(idle.items(), key=lambda kv: -kv[1]) if v >= 0.0005)
+            + ")"
+        )
     counted = phases[-1].get("ops") if phases else None
     if counted:
         lines.append(f"  operations per run, last round (nats-server took in {counted['server_in']:.1f} messages):")
