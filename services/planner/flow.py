@@ -229,13 +229,16 @@ class Flow(FlowReads):
                 result = Round(planned=len(picks))
                 rec = stored.copy_to_change() if stored is not None else FleetRecord()
                 changed = heartbeat(rec, self.replica, now, self.ttl)
+                capacity = self.capacity(rec, now)
+                others = {t: policies.get(t) or self.settings.tenant_policy(t) for t in {*rec.queued, *rec.running}}
                 for op in ops:
                     if op.kind == "enqueue":
                         assert op.policy is not None and op.outside is not None
                         refused = enqueue(rec, op.policy, op.priority, op.outside)
                         at_once = refused is None and take_at_once(
-                            rec, op.policy, op.priority, op.run_id, self.capacity(rec, now), now
-                        )
+                            rec, op.policy, op.priority, op.run_id, capacity, now,
+                            others=others, headroom=int(capacity * self.settings.flow_headroom),
+                        )  # fmt: skip
                         result.decisions[op] = (refused, at_once)
                         changed = changed or refused is None
                     else:

@@ -223,8 +223,8 @@ class _Pull:
         heartbeaten when its ack wait needs it, not at every tick (most are handled long before)."""
         out = []
         for key, began in self.acked_wait.items():
-            if now - began >= age:
-                out.append(self.held[key])
+            if now - began >= age and (msg := self.held.get(key)) is not None:
+                out.append(msg)
                 self.acked_wait[key] = now
         return out
 
