@@ -83,6 +83,7 @@ class Consuming(Letters):
             limit=self.settings.in_flight_for(self.service),
             lookahead=self.settings.lookahead_for(self.service),
             headroom=self.settings.dispatch_headroom,
+            yield_share=self.settings.dispatch_yield,
             locks=self._run_locks,
             deliver=self._deliver,
             span=self._processing if self._tracer is not None else None,

@@ -76,6 +76,7 @@ class PullFeed:
     limit: int  # messages running at once (``LW_MAX_IN_FLIGHT``)
     lookahead: int  # messages held beyond those, waiting for a slot
     headroom: float  # ``FairSlots``' room past the limit
+    yield_share: bool  # ``FairSlots``: a tenant at its share takes no freed slot while another runs here
     locks: _RunLocks
     deliver: Callable[[Msg, type[Any], Handler[Any]], Awaitable[bool]]
     span: Callable[[Msg], AbstractContextManager[None]] | None
@@ -96,7 +97,7 @@ class _Pull:
         self.held: dict[int, Msg] = {}  # id(msg) -> msg (nats-py messages are not hashable): running or waiting
         self.acked_wait: dict[int, float] = {}  # id(msg) -> when its ack wait began (delivered or heartbeaten)
         # which held message gets a slot: by tenant, fair share (running ones count against their tenant)
-        self.slots: FairSlots[Msg] = FairSlots(self.limit, feed.headroom)
+        self.slots: FairSlots[Msg] = FairSlots(self.limit, feed.headroom, feed.yield_share)
         self.tasks: set[asyncio.Task[None]] = set()
         self.pending = 0  # messages asked for and not yet delivered
         self.requests: deque[float] = deque()  # expiry time of each live pull request

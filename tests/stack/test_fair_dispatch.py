@@ -171,6 +171,51 @@ async def test_a_message_is_heartbeaten_when_its_ack_wait_needs_it_not_at_every_
     assert all(deliveries == [1] for deliveries in seen.values())
 
 
+@pytest.mark.parametrize("yield_share", [True, False])
+async def test_with_yield_a_backlog_runs_no_more_than_its_share_beside_another_tenant(
+    stack: LocalStack, yield_share: bool
+) -> None:
+    """``LW_DISPATCH_YIELD``: 4 slots, a's 30 messages (0.2 s each) and then b's one (1.5 s): while b's runs, a runs
+    at most 2 (its share of two tenants) with it on; without it a takes back every slot but b's."""
+    marker = os.urandom(4).hex()
+    subject = S.tool_execute(f"test_yield_{marker}")
+    bus = fair_bus(stack, "yieldtest", 40, max_in_flight=4, dispatch_headroom=0.5, dispatch_yield=yield_share)
+    running: dict[str, int] = {"a": 0, "b": 0}
+    beside_b: list[int] = []  # a's running count each time one of a's starts while b runs
+    done = asyncio.Event()
+    handled = 0
+
+    @bus.consumer(durable=f"yieldtest_{marker}", filter_subjects=[subject], model=RunAdvance)
+    async def on_msg(ev: RunAdvance) -> None:
+        nonlocal handled
+        tenant = ev.run_id.split("-")[0]
+        running[tenant] += 1
+        if tenant == "a" and running["b"]:
+            beside_b.append(running["a"])
+        await asyncio.sleep(1.5 if tenant == "b" else 0.2)
+        running[tenant] -= 1
+        handled += 1
+        if handled == 31:
+            done.set()
+
+    await bus.connect()
+    try:
+        with tenant_scope("a"):
+            for i in range(30):
+                await bus.publish(subject, RunAdvance(run_id=f"a-{marker}-{i}", iteration=0))
+        with tenant_scope("b"):
+            await bus.publish(subject, RunAdvance(run_id=f"b-{marker}", iteration=0))
+        await bus.start()
+        await asyncio.wait_for(done.wait(), bound(60))
+    finally:
+        await bus.stop()
+    assert beside_b, "none of a's started while b's ran"
+    if yield_share:
+        assert max(beside_b) <= 2, beside_b
+    else:
+        assert max(beside_b) == 3, beside_b  # every slot but b's
+
+
 async def test_a_replica_stopping_with_messages_held_hands_back_what_it_cannot_handle_in_its_grace(
     stack: LocalStack,
 ) -> None:
