@@ -7,7 +7,9 @@ tenant's backlog is handled next, not after the backlog - the rule admission fol
 than its share of the slots (``limit`` x its weight over the weights of the tenants with messages here) starts a
 message at once even when every slot is taken, up to ``headroom`` x ``limit`` past it in all: slots free only as
 handlers end (a model turn holds one for seconds), and the tenant that arrives at a consumer full of another's
-work is owed its share now. Work-conserving: a tenant alone takes every slot.
+work is owed its share now. Work-conserving: a tenant alone takes every slot. With ``yield_share``
+(``LW_DISPATCH_YIELD``) a tenant holding its share takes no slot that frees while another tenant has items
+running: not work-conserving between tenants, so that fewer of a backlog's handlers share the CPU with the other's.
 
 Pure: no bus, no clock. A key is a tenant (``Lw-Tenant``; messages without one share the key ``""``). A key
 that had nothing here is not owed service for the time it was idle (it starts level with the keys being served),
