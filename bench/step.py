@@ -70,12 +70,13 @@ class Counter:
 
     async def snapshot(self) -> Snapshot:
         procs = [p for p in self.stack.procs if p.service]
-        asked = time.time()
+        files = [self.dir / f"{p.service}-{p.popen.pid}.json" for p in procs]
+        for f in files:  # each is written whole (a rename) on the signal: its presence is the answer
+            f.unlink(missing_ok=True)  # (an mtime is no answer: the file system's clock may lag time.time())
         for p in procs:
             os.kill(p.popen.pid, signal.SIGUSR1)
-        files = [self.dir / f"{p.service}-{p.popen.pid}.json" for p in procs]
         deadline = time.monotonic() + 10
-        while any(not f.exists() or f.stat().st_mtime < asked for f in files):
+        while any(not f.exists() for f in files):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"no operation counts from {[str(f) for f in files if not f.exists()]}")
             await asyncio.sleep(0.02)

@@ -51,7 +51,5 @@ async def messages(bus: Bus, snap: RunSnapshot, last: int | None = None) -> list
 
 async def write(bus: Bus, run_id: str, first: int, items: list[ChatMessage]) -> None:
     """Store messages ``first ..`` (a record's tail), acks awaited together."""
-    if len(items) == 1:  # a step's usual tail: no task to gather one write
-        await bus.kv_put(S.KV_HISTORY, key(run_id, first), items[0])
-    elif items:
-        await asyncio.gather(*(bus.kv_put(S.KV_HISTORY, key(run_id, first + i), m) for i, m in enumerate(items)))
+    if items:  # sent at once (one write with what the caller sends beside them: a step's outbox), acks together
+        await bus.kv_put_all(S.KV_HISTORY, [(key(run_id, first + i), m) for i, m in enumerate(items)])

@@ -4,6 +4,8 @@ event recorded in its place."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any, assert_never
@@ -79,10 +81,42 @@ class Finisher:
     async def finish(
         self, call: ToolCall, entry: LedgerEntry, revision: int, subject: str, payload: Wire | str, msg_id: str
     ) -> None:
-        """Record the final message in the ledger, then publish it (a redelivery republishes it)."""
+        """Record the final message in the ledger, then publish it (a redelivery republishes it). An unclaimed
+        call (an idempotent tool's first delivery: ``revision`` 0) publishes it beside the create that records
+        it (``early``), in the same write, instead of after the create's answer (``ledger.py``)."""
         body = payload if isinstance(payload, str) else payload.model_dump_json(by_alias=True)
         unknown = isinstance(payload, ToolOutcome) and replaceable(payload.failure_type)
         entry.final = ours = FinalPublish(subject=subject, msg_id=msg_id, payload=body, unknown_outcome=unknown)
+        early = None
+        if revision == 0 and entry.idempotent and len(body) <= EARLY_MAX_BYTES:
+            early = asyncio.ensure_future(self.publish_final(ours, call.run_id))  # sent in the create's write
+        try:
+            recorded = await self.record(call, entry, revision, ours)
+        except BaseException:
+            if early is not None:
+                await _settled(early)
+            raise
+        if recorded is None:  # refused for good: a failure recorded and published in its place
+            if early is not None:
+                await _settled(early)
+            return
+        self.fault("after_final_recorded")
+        if early is not None and entry.final is ours:  # published already: its PubAck is the delivery's
+            try:
+                await early
+            except (MaxPayloadError, APIError) as err:
+                if not refused_for_good(err):
+                    raise
+                await self.undeliverable(call, entry, recorded, err)
+            return
+        if early is not None:  # another delivery's final counts: it is published below (same id: one is kept)
+            await _settled(early)
+        await self.deliver(call, entry, recorded)
+
+    async def record(self, call: ToolCall, entry: LedgerEntry, revision: int, ours: FinalPublish) -> int | None:
+        """Write ``ours`` as the entry's final under compare-and-swap; the revision it is stored at, or None
+        when the server refused it for good (``undeliverable`` recorded and published a failure instead).
+        A lost compare-and-swap decides by ``on_final_conflict``: ``entry.final`` is then what counts."""
         for _ in range(FINAL_WRITES):
             try:
                 revision = await self.save(entry, revision)
@@ -112,11 +146,10 @@ class Finisher:
                 if not refused_for_good(err):
                     raise
                 await self.undeliverable(call, entry, revision, err)  # e.g. the result exceeds the bucket's limits
-                return
+                return None
         else:
             raise CasConflict(f"ledger entry {entry.attempt_id} kept changing under its final write")
-        self.fault("after_final_recorded")
-        await self.deliver(call, entry, revision)
+        return revision
 
     async def deliver(self, call: ToolCall, entry: LedgerEntry, revision: int) -> None:
         """Publish the recorded final message."""
@@ -186,6 +219,13 @@ class Finisher:
 
 
 FINAL_WRITES = 5  # compare-and-swaps of a final before the delivery is retried (each lost one re-reads)
+EARLY_MAX_BYTES = 16 * 1024  # an unclaimed call's final up to this size is published beside its create
+
+
+async def _settled(task: asyncio.Future[None]) -> None:
+    """Wait for a publish whose outcome no longer decides anything (another final counts, or the delivery fails)."""
+    with contextlib.suppress(Exception):
+        await task
 
 
 def refused_for_good(err: Exception) -> bool:

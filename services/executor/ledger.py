@@ -6,7 +6,12 @@ before the tool first runs, and the *final* message — the result for the valid
 fallback command, or the failure event — is recorded in one update after the last attempt,
 *before* it is published. An idempotent tool's first delivery skips the claim (running it
 again is harmless), so its call costs one write: the final, recorded with the create; a
-delivery that finds it there publishes it. Every crash point is then covered:
+delivery that finds it there publishes it. That create and the final's publish leave together
+(one write to the server, acks awaited together; ``Finisher.finish``): a crash between them, or a
+create that fails, leaves the call as it leaves any unclaimed idempotent call - run again by its
+next delivery, whose final carries the same message id, so the stream keeps one; a create that
+finds another delivery's final lets that final count (published too: the planner applies one
+outcome per call). Every crash point is then covered:
 
 * created, tool not (yet) run or its effect unknown -> no final: a non-idempotent tool is
   ``unknown_outcome`` (a human decides; it is never run again for this call), an

@@ -44,8 +44,9 @@ KEEP_DECISIONS = 8  # recent turns whose decision a redelivered request gets aga
 CALIBRATION_KEY = "calibration.models"
 PERSIST_EVERY = 8  # calibration samples between writes of the shared ratios
 SHARE_EVERY_S = 1.0  # and at most one such write (a read and a compare-and-swap) this often
-DAY_WRITE_EVERY_S = 0.1  # a tenant's day is written at most this often, unless a decision waits for it
-KEEP_DAYS = 1024  # tenants' days whose last written record a replica keeps (to write the next without a read)
+SPEND_EVERY_S = 0.5  # a tenant's day without a ceiling: its runs' spend written at most this often per replica
+SETTLE_EVERY_S = 0.1  # and a run's final total within this (its final event is acked once it is stored)
+KEEP_DAYS = 1024  # tenants' days whose record a replica keeps (a write needs no read first)
 
 
 class Calibration(BaseModel):
@@ -69,52 +70,62 @@ def share(mine: Calibration, stored: Calibration | None) -> tuple[Calibration, N
 class TenantDays:
     """Each tenant's day (``shared.flow.spend.TenantDay``), kept for every tenant: a replica coalesces what it
     learns of one tenant's day into one compare-and-swap write at a time (every run of a tenant updates the
-    same key), on the record it wrote last (no read first, unless another replica wrote since), and writes a
-    tenant's day at most every ``every`` seconds unless a caller waits for the total before it may decide (a
-    tenant with a ceiling: ``urgent``): a burst of a tenant's runs costs a few writes a second, not one per
-    turn. A caller that needs the total awaits the write that carries its update; a run's final usage (``settle``)
-    is acked after its write, so it waits at most ``every``. A lost write is made good by the run's next update
-    (each carries its latest total) or its final event."""
+    same key), tried on the record as this replica last stored it (a conflict reads it again), and a caller that
+    needs the total (a tenant with a ceiling) awaits the write that carries its update, made at once; the others
+    do not wait for it, and their runs' spend is written at most every ``SPEND_EVERY_S`` (a run's final total
+    within ``SETTLE_EVERY_S``: its final event waits for it, and a burst of runs ending would otherwise write the
+    day back to back, hundreds of times a second): at one run a step apart, one write in many steps instead of a
+    read and a write per step. A lost or not yet made write is made good by the run's next update (each carries
+    its latest total) or its final event."""
 
-    def __init__(self, bus: Bus, every: float = DAY_WRITE_EVERY_S) -> None:
-        self.bus, self.every = bus, every
-        self._batches: dict[str, tuple[list[tuple[str, str, float]], asyncio.Future[float]]] = {}
+    def __init__(self, bus: Bus) -> None:
+        self.bus = bus
+        # per key: the ops not yet written, the day's total once they are, and whether someone waits for it
+        self._batches: dict[str, tuple[list[tuple[str, str, float]], asyncio.Future[float], asyncio.Event]] = {}
         self._writers: dict[str, asyncio.Task[None]] = {}
-        self._urgent: dict[str, asyncio.Event] = {}
-        # per day key: the record this replica wrote last, its revision, and when (monotonic), a bounded few
-        self._kept: OrderedDict[str, tuple[TenantDay | None, int, float]] = OrderedDict()
-        self.writes = 0  # days written by this replica (the tests read how few a burst takes)
+        self._known: OrderedDict[str, tuple[TenantDay, int]] = OrderedDict()  # what this replica last stored
+        self._settling: dict[str, asyncio.TimerHandle] = {}  # a batch with a run's final total: written soon
+        self.writes = 0  # days this replica stored (the tests count how few a burst takes)
 
-    def add(self, tenant: str, op: str, run_id: str, usd: float, *, urgent: bool = False) -> asyncio.Future[float]:
+    def add(self, tenant: str, op: str, run_id: str, usd: float, *, now: bool = True) -> asyncio.Future[float]:
         """Queue ``op`` (``spend``: the run's total so far; ``settle``: its final total) for today's record of
-        ``tenant``; the future is the day's total once the write that carries it is stored (``urgent``: written as
-        soon as the write before it is done, not after ``every``)."""
+        ``tenant``; the future is the day's total once the write that carries it is stored. ``now``: the caller
+        waits for that total (written at once); otherwise the write may wait up to ``SPEND_EVERY_S`` for more."""
         day = today()
         key = day_key(tenant, day)
         batch = self._batches.get(key)
         if batch is None:
-            batch = self._batches[key] = ([], asyncio.get_running_loop().create_future())
+            batch = self._batches[key] = ([], asyncio.get_running_loop().create_future(), asyncio.Event())
             batch[1].add_done_callback(_retrieved)
         batch[0].append((op, run_id, usd))
-        event = self._urgent.setdefault(key, asyncio.Event())
-        if urgent:
-            event.set()
+        if now:
+            batch[2].set()
+        elif op == "settle" and key not in self._settling:  # written within SETTLE_EVERY_S, not at once
+            self._settling[key] = asyncio.get_running_loop().call_later(SETTLE_EVERY_S, batch[2].set)
         writer = self._writers.get(key)
         if writer is None or writer.done():
             self._writers[key] = asyncio.create_task(self._write(key, tenant, day), name=f"governor day {key}")
         return batch[1]
 
+    def keep(self, key: str, record: TenantDay | None, revision: int) -> None:
+        if record is None:
+            return
+        self._known[key] = (record, revision)
+        self._known.move_to_end(key)
+        while len(self._known) > KEEP_DAYS:
+            self._known.popitem(last=False)
+
     async def _write(self, key: str, tenant: str, day: str) -> None:
-        event = self._urgent[key]
         while key in self._batches:
-            kept = self._kept.pop(key, None)
-            wait = (kept[2] + self.every - time.monotonic()) if kept is not None else 0.0
-            if wait > 0 and not event.is_set():
+            urgent = self._batches[key][2]
+            if not urgent.is_set():  # nobody waits: more of the tenant's spend is gathered into this write
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(wait):
-                        await event.wait()
-            event.clear()
-            ops, done = self._batches.pop(key)
+                    async with asyncio.timeout(SPEND_EVERY_S):
+                        await urgent.wait()
+            ops, done, _ = self._batches.pop(key)
+            timer = self._settling.pop(key, None)
+            if timer is not None:
+                timer.cancel()
 
             def change(
                 stored: TenantDay | None, ops: list[tuple[str, str, float]] = ops
@@ -125,21 +136,21 @@ class TenantDays:
                     changed = (record.settle(run_id, usd) if op == "settle" else record.spend(run_id, usd)) or changed
                 return (record, record.spent_usd) if changed else Unchanged(record.spent_usd)
 
-            def saved(record: TenantDay | None, revision: int) -> None:
-                self._kept[key] = (record, revision, time.monotonic())
-                while len(self._kept) > KEEP_DAYS:
-                    self._kept.popitem(last=False)
-
-            known = (kept[0], kept[1]) if kept is not None and kept[0] is not None else None
             try:
-                done.set_result(await self.bus.update(S.KV_BUDGETS, key, TenantDay, change, known=known, saved=saved))
+                total = await self.bus.update(
+                    S.KV_BUDGETS,
+                    key,
+                    TenantDay,
+                    change,
+                    known=self._known.pop(key, None),
+                    saved=lambda record, revision: self.keep(key, record, revision),
+                )
+                done.set_result(total)
                 self.writes += 1
             except Exception as err:
                 log.warning("governor: could not store %s: %r", key, err)
                 done.set_exception(err)
         self._writers.pop(key, None)
-        if key not in self._batches:
-            self._urgent.pop(key, None)
 
 
 def _retrieved(fut: asyncio.Future[float]) -> None:
@@ -277,12 +288,12 @@ class Governor:
         """A run without a tenant belongs to the default one, and meets its ceiling."""
         return (await self.policies.of(tenant or S.DEFAULT_TENANT)).daily_ceiling_usd
 
-    def account(self, tenant: str, op: str, run_id: str, usd: float, *, urgent: bool = False) -> asyncio.Future[float]:
+    def account(self, tenant: str, op: str, run_id: str, usd: float, *, now: bool = True) -> asyncio.Future[float]:
         """The run's spend so far (``spend``) or its final total (``settle``) into its tenant's day, for every
         tenant (ceiling or not: a ceiling set during the day counts the whole day); the future is the day's total
-        once stored (also kept for ``loopwarden.tenant.spent_today``; ``urgent``: a decision waits for it)."""
+        once stored (also kept for ``loopwarden.tenant.spent_today``); ``now``: it is awaited (not coalesced)."""
         day = today()
-        total = self.days.add(tenant, op, run_id, usd, urgent=urgent)
+        total = self.days.add(tenant, op, run_id, usd, now=now)
         total.add_done_callback(
             lambda f: None if f.cancelled() or f.exception() else self.spent(tenant, day, f.result())
         )
@@ -299,7 +310,7 @@ class Governor:
             return
         tenant = ledger.tenant or S.DEFAULT_TENANT  # a run without a tenant is the default tenant's
         cost = round(ev.detail.usage.cost_usd - ledger.delegated_usd, 8)  # sub-agents account their own
-        await self.account(tenant, "settle", ev.run_id, cost)
+        await self.account(tenant, "settle", ev.run_id, cost, now=False)  # within SETTLE_EVERY_S
         if cost > ledger.tenant_accounted_usd:
             self.tenant_spend.add(cost - ledger.tenant_accounted_usd, {"tenant": tenant})
 
@@ -312,7 +323,7 @@ class Governor:
         own = round(req.spent.cost_usd - req.delegated_usd, 8)  # sub-agents account their own spend
         # every tenant's day is kept (one write per tenant at a time per replica); the decision waits for it only
         # where a ceiling reads it
-        day = self.account(req.tenant or S.DEFAULT_TENANT, "spend", req.run_id, own, urgent=ceiling is not None)
+        day = self.account(req.tenant or S.DEFAULT_TENANT, "spend", req.run_id, own, now=ceiling is not None)
         tenant_spent = await day if ceiling is not None else None
         key = S.kv_key(req.run_id)
         known = self._ledgers.pop(key, None)

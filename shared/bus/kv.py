@@ -186,6 +186,24 @@ class Buckets(Publishing):
                 raise CasConflict(f"{bucket}/{key} already exists") from err
             raise
 
+    async def kv_put_all(self, bucket: str, items: list[tuple[str, BaseModel]]) -> None:
+        """Write several keys (plain puts, no compare-and-swap) as one batch: all are sent before any answer
+        is awaited, so they leave in one write with whatever else was sent meanwhile, and their acks are awaited
+        together (``_js_publish_many``: what failed over is sent again; a put is repeatable)."""
+        if len(items) == 1:
+            await self.kv_put(bucket, items[0][0], items[0][1])
+            return
+        kv = await self.kv(bucket)
+        pre = natsx.kv_subject_prefix(kv)
+        batch: list[tuple[str, bytes, dict[str, str], bool]] = []
+        for key, value in items:
+            if not natsx.key_valid(key) or len(pre) + len(key) > MAX_SUBJECT:
+                raise InvalidKeyError(key[:200])
+            data = value.model_dump_json(by_alias=True).encode()
+            data = await self.payloads.offload_value(self.broker.connection, data)
+            batch.append((pre + key, data, {}, True))
+        await self._js_publish_many(batch)
+
     async def create_or_get(self, bucket: str, key: str, value: M) -> tuple[M, int, bool]:
         """Store ``value`` unless the key holds something already: (what is stored, its revision,
         whether this call created it). Of two writers racing, the first one's value stands for both."""

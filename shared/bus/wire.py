@@ -123,7 +123,7 @@ async def publish_raw(nc: NatsClient, subject: str, body: bytes, reply: str, hea
         or len(body) > natsx.max_payload(nc)
         or natsx.subject_invalid(subject)
     ):
-        await nc.publish(subject, body, reply=reply, headers=headers)
+        await nc.publish(subject, body, reply=reply, headers=headers or None)  # no headers: no header block
         return
     for key in headers:
         if key not in _HEADER_KEYS_OK:
@@ -246,7 +246,10 @@ def _stream_seq(raw: Any) -> int:
 
 
 def expect_stream(subject: str, headers: dict[str, str]) -> None:
-    """Name the stream a publish must land in (``Nats-Expected-Stream``), as ``js.publish(stream=)`` does."""
+    """Name the stream a publish must land in (``Nats-Expected-Stream``), as ``js.publish(stream=)`` does. A
+    bucket's key (``$KV.``) is in no stream of ours: not looked up (each key its own subject, none cached)."""
+    if subject.startswith("$KV."):
+        return
     stream = S.stream_for(subject)
     if stream is not None:
         headers[EXPECTED_STREAM_HEADER] = stream

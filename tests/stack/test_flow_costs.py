@@ -1,7 +1,7 @@
 """What flow control costs a run, against a real nats-server (docs/flow-control.md, "What it costs"): a tenant's day
-is written a few times a second however many turns its runs take, on the record the replica wrote last, and at
-once where a budget decision waits for it; an admission round reads the waiting tickets only as far as it needs;
-the tenants' policies are read once per refresh, however many submits ask at once."""
+is written a few times a second however many turns its runs take and however many end, on the record the replica
+wrote last, and at once where a budget decision waits for it; an admission round reads the waiting tickets only as
+far as it needs; the tenants' policies are read once per refresh, however many submits ask at once."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from loopwarden.stack import LocalStack
-from services.governor.handlers import TenantDays
+from services.governor.handlers import SETTLE_EVERY_S, SPEND_EVERY_S, TenantDays
 from services.planner.flow import Flow
 from shared import subjects as S
 from shared.bus import Bus
@@ -40,34 +40,37 @@ async def stored_day(bus: Bus, tenant: str) -> TenantDay:
 
 
 async def test_a_tenants_day_is_written_a_few_times_a_second_however_many_turns_and_adds_up(bus: Bus) -> None:
-    """60 turns' spend over about a second: a handful of writes (at most one per ``every`` after the first), and
-    the stored day is every run's latest total, settled runs folded in once."""
+    """60 turns' spend and 20 runs' final totals over about a second, nobody waiting for the day: a handful of
+    writes (the spend gathered for ``SPEND_EVERY_S``, a final total for at most ``SETTLE_EVERY_S``), and the stored
+    day is every run's latest total, settled runs folded in once."""
     tenant = f"cost{os.urandom(3).hex()}"
-    days = TenantDays(bus, every=0.25)
+    days = TenantDays(bus)
     started = time.monotonic()
     futures = []
     for k in range(60):
-        futures.append(days.add(tenant, "spend", f"run-{k % 20}", 0.01 * (k // 20 + 1)))  # 20 runs, 3 turns each
-        await asyncio.sleep(0.015)
-    futures.append(days.add(tenant, "settle", "run-0", 0.05))
+        futures.append(days.add(tenant, "spend", f"run-{k % 20}", 0.01 * (k // 20 + 1), now=False))  # 3 turns each
+        await asyncio.sleep(0.01)
+    for k in range(20):  # the runs end, one after another
+        futures.append(days.add(tenant, "settle", f"run-{k}", 0.03 + (0.02 if k == 0 else 0.0), now=False))
+        await asyncio.sleep(0.01)
     totals = await asyncio.wait_for(asyncio.gather(*futures), bound(10))
     elapsed = time.monotonic() - started
     assert totals[-1] == pytest.approx(19 * 0.03 + 0.05)
-    assert days.writes <= elapsed / 0.25 + 2, f"{days.writes} writes in {elapsed:.2f}s"
-    assert days.writes < 20
+    assert days.writes <= elapsed / SETTLE_EVERY_S + 2, f"{days.writes} writes in {elapsed:.2f}s"
+    assert days.writes < 10
     day = await stored_day(bus, tenant)
     assert day.spent_usd == pytest.approx(19 * 0.03 + 0.05)
-    assert day.settled == ["run-0"] and "run-0" not in day.runs
+    assert day.settled_runs == 20 and day.runs == {}
 
 
 async def test_a_decision_that_waits_for_the_day_is_written_at_once_the_rest_waits_its_turn(bus: Bus) -> None:
     tenant = f"cost{os.urandom(3).hex()}"
-    days = TenantDays(bus, every=600)  # nothing but an urgent update is written again within the test
-    assert await asyncio.wait_for(days.add(tenant, "spend", "run-a", 1.0), bound(5)) == 1.0  # the first: at once
-    later = days.add(tenant, "spend", "run-b", 2.0)
-    await asyncio.sleep(0.3)
-    assert not later.done()  # paced: a tenant without a ceiling waits for the next write
-    urgent = days.add(tenant, "spend", "run-c", 4.0, urgent=True)
+    days = TenantDays(bus)
+    assert await asyncio.wait_for(days.add(tenant, "spend", "run-a", 1.0), bound(5)) == 1.0  # awaited: at once
+    later = days.add(tenant, "spend", "run-b", 2.0, now=False)
+    await asyncio.sleep(SPEND_EVERY_S / 2)
+    assert not later.done()  # nobody waits for it: gathered for SPEND_EVERY_S
+    urgent = days.add(tenant, "spend", "run-c", 4.0)
     assert await asyncio.wait_for(urgent, bound(5)) == 7.0  # written now, with what waited before it
     assert later.done() and later.result() == 7.0
     assert (await stored_day(bus, tenant)).spent_usd == 7.0
@@ -79,10 +82,10 @@ async def test_two_replicas_writing_one_tenants_day_lose_nothing(stack: LocalSta
     other = Bus(Settings(nats_url=str(stack.nats_url)), "flowcosts2")
     await other.connect()
     try:
-        one, two = TenantDays(bus, every=0.05), TenantDays(other, every=0.05)
+        one, two = TenantDays(bus), TenantDays(other)
         futures = []
         for k in range(40):
-            futures.append((one if k % 2 else two).add(tenant, "settle", f"run-{k}", 0.5))
+            futures.append((one if k % 2 else two).add(tenant, "settle", f"run-{k}", 0.5, now=False))
             await asyncio.sleep(0.01)
         await asyncio.wait_for(asyncio.gather(*futures), bound(20))
     finally:

@@ -1,23 +1,34 @@
 """The edge of a step - the executor and the governor - makes no round trip on the step's path
-that its guarantees do not need.
+that its guarantees do not need (nor the governor one per step for a tenant's day that nobody awaits).
 
 Observed on the server, as a plain NATS subscriber sees what the services send (the real stack,
 nothing wrapped): the executor claims a non-idempotent call with one create and records its final
 in one more write, reading the ledger only when the create finds the call there already (a
 redelivery, driven end to end by tests/stack/test_exactly_once.py); an idempotent call's first delivery
 writes only its final, with a create; the governor answers a budget request before it shares its
-calibration, which it still does.
+calibration, which it still does. An idempotent call's final leaves beside its create; a batch of
+keys (a step's history) is refused whole when one key is not valid.
 """
 
 from __future__ import annotations
 
 import asyncio
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from nats.aio.msg import Msg
 
 from loopwarden.client import Client
+from loopwarden.stack import LocalStack
 from services.governor.handlers import CALIBRATION_KEY, Calibration
 from shared import subjects as S
+from shared.flow import day_key, today
+from shared.messages import ToolCall
 from shared.scenario import parse_scenario
+from tests.support.reads import tenant_spent
 from tests.support.runs import calculator_steps
+from tests.support.stacks import TEST_ENV, running, settings_for
 from tests.support.timing import bound, polls
 from tests.support.wire import Seen, Wire
 
@@ -113,3 +124,117 @@ async def test_a_budget_answer_does_not_wait_for_the_shared_calibration(one_clie
         assert between == [], f"a budget answer waited for the calibration ({len(between)} operations)"
     stored, _ = await client.bus.kv_get(S.KV_BUDGETS, CALIBRATION_KEY, Calibration)
     assert stored is not None and state.model in stored.ratios, stored
+
+
+# --- an idempotent call's final leaves with its create ------------------------------------------------
+
+
+async def test_an_idempotent_calls_final_is_published_beside_its_create_not_after_its_answer(client: Client) -> None:
+    ledger = f"$KV.{S.KV_TOOL_LEDGER}."
+    inbox = f"{S.inbox_prefix('executor')}.>"
+    async with Wire(client, f"{ledger}>", S.RESULT_VALIDATE, inbox) as wire:
+        run_id = await client.submit_scenario(parse_scenario(calculator_steps("early-final", 5)))
+        state = await client.wait(run_id, timeout=bound(30))
+    assert state.status == "completed", state.final_reason
+    seen = wire.seen
+    creates = [i for i, m in enumerate(seen) if m.subject.startswith(ledger) and run_id in m.subject]
+    assert len(creates) == 5, len(creates)
+    early = 0
+    for i in creates:
+        attempt = seen[i].subject.removeprefix(ledger)
+        # (the final may even reach the server first: a replica's first write to the ledger looks the bucket up)
+        published = next(j for j, m in enumerate(seen) if m.subject == S.RESULT_VALIDATE and attempt.encode() in m.data)
+        answered = next(j for j in range(i + 1, len(seen)) if seen[j].subject == seen[i].reply)
+        early += published < answered  # published before the create was answered: it did not wait for it
+    # a publish made after the create's answer can never come before it; sent together, it does (the server
+    # may still answer the create before it reads the publish from the same write, now and then)
+    assert early >= 1, "every final was published only after its create was answered"
+
+
+async def test_a_second_delivery_of_a_finished_idempotent_call_lets_the_recorded_final_count(client: Client) -> None:
+    from services.planner import ids
+
+    run_id = await client.submit_scenario(parse_scenario(calculator_steps("adopt-final", 1)))
+    state = await client.wait(run_id, timeout=bound(30))
+    assert state.status == "completed", state.final_reason
+    call_id = "toolu_001_01"
+    attempt = ids.attempt(run_id, 1, call_id)
+    again = ToolCall(
+        run_id=run_id,
+        iteration=1,
+        call_id=call_id,
+        attempt_id=attempt,
+        tool="calculator",
+        requested_tool="calculator",
+        arguments={"expression": "0+1"},
+    )
+    async with Wire(client, S.RESULT_VALIDATE) as wire:
+        # the same call delivered afresh (another message id): it runs (idempotent, unclaimed), its create finds
+        # the recorded final, and that final counts; what it publishes carries the same message id
+        await client.bus.publish(S.tool_execute("calculator"), again, msg_id=f"again-{attempt}")
+        for _ in range(polls(100)):
+            if sum(attempt.encode() in m.data for m in wire.seen) >= 2:
+                break
+            await asyncio.sleep(0.05)
+    published = [m for m in wire.seen if attempt.encode() in m.data]
+    assert len(published) >= 2, len(published)  # its own final beside the create, then the recorded one
+    assert {m.headers.get("Nats-Msg-Id") for m in published} == {f"{attempt}.raw"}
+    history = await (await client.bus.kv(S.KV_TOOL_LEDGER)).history(attempt)
+    assert len(history) == 1  # the first delivery's create, never written again
+    await asyncio.sleep(bound(0.5))
+    kinds = [e.kind for e in await client.events(run_id)]
+    assert kinds.count("tool.succeeded.calculator") == 1, kinds  # the stream kept one result: validated once
+
+
+# --- a tenant's day without a ceiling: written now and then, never read first -------------------------
+
+
+@pytest.fixture(scope="module")
+def no_ceilings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    """The services on a step's path, and no tenant with a daily ceiling (the shared stack gives every one)."""
+    env = {k: v for k, v in TEST_ENV.items() if k != "LW_TENANT_DAILY_CEILING_USD"} | {"LW_TENANT_CEILINGS": "{}"}
+    services = ("planner", "executor", "validator", "governor")
+    yield from running(LocalStack(state_dir=tmp_path_factory.mktemp("no-ceilings"), env=env, services=services))
+
+
+async def test_a_tenant_without_a_ceiling_has_its_day_written_now_and_then_not_at_every_turn(
+    no_ceilings: LocalStack,
+) -> None:
+    tenant = S.DEFAULT_TENANT  # the runs submitted without one (this stack runs no other)
+    day = f"$KV.{S.KV_BUDGETS}.{day_key(tenant, today())}"
+    async with Client(settings_for(no_ceilings)) as client:
+        async with Wire(client, day, f"$JS.API.DIRECT.GET.KV_{S.KV_BUDGETS}.{day}") as wire:
+            run_id = await client.submit_scenario(parse_scenario(calculator_steps("day-aside", 11)))
+            state = await client.wait(run_id, timeout=bound(30))
+            spent = await tenant_spent(client, tenant, state.usage.cost_usd)
+    assert state.status == "completed", state.final_reason
+    assert state.usage.cost_usd > 0 and spent == state.usage.cost_usd  # the run's final total, settled
+    writes = [m for m in wire.seen if m.subject == day]
+    reads = [m for m in wire.seen if m.subject != day and m.reply.startswith(S.inbox_prefix("governor"))]
+    assert 1 <= len(writes) < 12, len(writes)  # 12 turns asked about: their spend gathered into fewer writes
+    assert len(reads) <= 1, len(reads)  # read once at most (the replica's first write of the day): then kept
+
+
+async def test_a_batch_of_keys_with_one_invalid_key_writes_none_of_them(client: Client) -> None:
+    from nats.js.errors import InvalidKeyError
+
+    from shared.messages import ChatMessage
+
+    run_id = f"run-batch-{uuid.uuid4().hex[:8]}"
+    first, second, bad = S.kv_key(run_id, "0"), S.kv_key(run_id, "1"), f"{run_id}.bad key"
+    a, b = ChatMessage.user("a"), ChatMessage.user("b")
+    with pytest.raises(InvalidKeyError):
+        await client.bus.kv_put_all(S.KV_HISTORY, [(first, a), (bad, b)])
+    stored, _ = await client.bus.kv_get(S.KV_HISTORY, first, ChatMessage)
+    assert stored is None  # refused before anything was sent
+    headers: list[object] = []
+
+    async def seen(msg: Msg) -> None:
+        headers.append(msg.headers)
+
+    sub = await client.bus.nc.subscribe(f"$KV.{S.KV_HISTORY}.{run_id}.>", cb=seen)
+    await client.bus.kv_put_all(S.KV_HISTORY, [(first, a), (second, b)])
+    read = [(await client.bus.kv_get(S.KV_HISTORY, key, ChatMessage))[0] for key in (first, second)]
+    await sub.unsubscribe()
+    assert read == [a, b]
+    assert headers == [None, None]  # stored as a plain put stores them: no (empty) header block
