@@ -10,10 +10,11 @@ decision that needs the roster is refused rather than taken on a guess (no roste
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
 from pydantic import BaseModel, ValidationError
@@ -37,12 +38,34 @@ class ConfigUnreadable(RuntimeError):
 
 
 class LiveConfig:
-    """One process's view of ``lw_config`` (a value is read again once it is ``LW_CONFIG_REFRESH_S`` old)."""
+    """One process's view of ``lw_config`` (a value is read again once it is ``LW_CONFIG_REFRESH_S`` old). The
+    callers that find a value old while it is being read again wait for that read: one read per refresh, not one
+    per caller (a burst of submits asks for the tenants' policies dozens of times at once)."""
 
     def __init__(self, bus: Bus, refresh_s: float | None = None) -> None:
         self.bus = bus
         self.refresh_s = bus.settings.config_refresh_s if refresh_s is None else refresh_s
         self._cache: dict[str, tuple[float, object]] = {}
+        self._reading: dict[tuple[str, type[BaseModel]], asyncio.Future[Any]] = {}  # (value, revision)
+        self.reads = 0  # reads of lw_config made (the tests count them)
+        self._policies: tuple[AccessRecord, dict[str, TenantPolicy]] | None = None
+        self._no_policies: dict[str, TenantPolicy] = {}
+
+    async def _get(self, key: str, model: type[M]) -> M | None:
+        """The stored value, by one read shared with every caller that asks while it is under way."""
+        reading = self._reading.get((key, model))
+        if reading is None:
+            self.reads += 1
+            reading = asyncio.ensure_future(self.bus.kv_get(S.KV_CONFIG, key, model))
+            self._reading[(key, model)] = reading
+            reading.add_done_callback(lambda done: self._read_done((key, model), done))
+        value, _ = await asyncio.shield(reading)
+        return value if isinstance(value, model) else None
+
+    def _read_done(self, at: tuple[str, type[BaseModel]], done: asyncio.Future[Any]) -> None:
+        self._reading.pop(at, None)
+        if not done.cancelled():
+            done.exception()  # each waiter has it raised; retrieved here for when none is left
 
     async def _read(self, key: str, model: type[M]) -> M | None:
         now = time.monotonic()
@@ -50,7 +73,7 @@ class LiveConfig:
         if cached is not None and now - cached[0] < self.refresh_s:
             return cached[1] if isinstance(cached[1], model) else None
         try:
-            value, _ = await self.bus.kv_get(S.KV_CONFIG, key, model)
+            value = await self._get(key, model)
         except (BucketNotFoundError, KeyNotFoundError, NotFoundError):
             value = None  # no access file applied: the settings say
         except Exception as err:  # JetStream not answering, a value that does not parse
@@ -102,7 +125,11 @@ class LiveConfig:
         """Tenant -> its policy as applied (empty: none applied; ``Settings.tenant_policy`` adds ``LW_TENANTS``
         and the defaults under it)."""
         applied = await self.access()
-        return dict(applied.tenants) if applied is not None else {}
+        if applied is None:
+            return self._no_policies  # one map, so a reader can tell nothing changed by its identity
+        if self._policies is None or self._policies[0] is not applied:  # the same map while the record is the same
+            self._policies = (applied, dict(applied.tenants))
+        return self._policies[1]
 
 
 async def configured_policies(bus: Bus) -> dict[str, TenantPolicy]:

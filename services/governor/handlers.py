@@ -45,6 +45,7 @@ CALIBRATION_KEY = "calibration.models"
 PERSIST_EVERY = 8  # calibration samples between writes of the shared ratios
 SHARE_EVERY_S = 1.0  # and at most one such write (a read and a compare-and-swap) this often
 SPEND_EVERY_S = 0.5  # a tenant's day without a ceiling: its runs' spend written at most this often per replica
+SETTLE_EVERY_S = 0.1  # and a run's final total within this (its final event is acked once it is stored)
 KEEP_DAYS = 1024  # tenants' days whose record a replica keeps (a write needs no read first)
 
 
@@ -71,10 +72,11 @@ class TenantDays:
     learns of one tenant's day into one compare-and-swap write at a time (every run of a tenant updates the
     same key), tried on the record as this replica last stored it (a conflict reads it again), and a caller that
     needs the total (a tenant with a ceiling) awaits the write that carries its update, made at once; the others
-    do not wait for it, and their runs' spend is written at most every ``SPEND_EVERY_S`` (a run's final total at
-    once): at one run a step apart, one write in many steps instead of a read and a write per step. A lost or
-    not yet made write is made good by the run's next update (each carries its latest total) or its final
-    event."""
+    do not wait for it, and their runs' spend is written at most every ``SPEND_EVERY_S`` (a run's final total
+    within ``SETTLE_EVERY_S``: its final event waits for it, and a burst of runs ending would otherwise write the
+    day back to back, hundreds of times a second): at one run a step apart, one write in many steps instead of a
+    read and a write per step. A lost or not yet made write is made good by the run's next update (each carries
+    its latest total) or its final event."""
 
     def __init__(self, bus: Bus) -> None:
         self.bus = bus
@@ -82,6 +84,8 @@ class TenantDays:
         self._batches: dict[str, tuple[list[tuple[str, str, float]], asyncio.Future[float], asyncio.Event]] = {}
         self._writers: dict[str, asyncio.Task[None]] = {}
         self._known: OrderedDict[str, tuple[TenantDay, int]] = OrderedDict()  # what this replica last stored
+        self._settling: dict[str, asyncio.TimerHandle] = {}  # a batch with a run's final total: written soon
+        self.writes = 0  # days this replica stored (the tests count how few a burst takes)
 
     def add(self, tenant: str, op: str, run_id: str, usd: float, *, now: bool = True) -> asyncio.Future[float]:
         """Queue ``op`` (``spend``: the run's total so far; ``settle``: its final total) for today's record of
@@ -94,8 +98,10 @@ class TenantDays:
             batch = self._batches[key] = ([], asyncio.get_running_loop().create_future(), asyncio.Event())
             batch[1].add_done_callback(_retrieved)
         batch[0].append((op, run_id, usd))
-        if now or op == "settle":
+        if now:
             batch[2].set()
+        elif op == "settle" and key not in self._settling:  # written within SETTLE_EVERY_S, not at once
+            self._settling[key] = asyncio.get_running_loop().call_later(SETTLE_EVERY_S, batch[2].set)
         writer = self._writers.get(key)
         if writer is None or writer.done():
             self._writers[key] = asyncio.create_task(self._write(key, tenant, day), name=f"governor day {key}")
@@ -117,6 +123,9 @@ class TenantDays:
                     async with asyncio.timeout(SPEND_EVERY_S):
                         await urgent.wait()
             ops, done, _ = self._batches.pop(key)
+            timer = self._settling.pop(key, None)
+            if timer is not None:
+                timer.cancel()
 
             def change(
                 stored: TenantDay | None, ops: list[tuple[str, str, float]] = ops
@@ -137,6 +146,7 @@ class TenantDays:
                     saved=lambda record, revision: self.keep(key, record, revision),
                 )
                 done.set_result(total)
+                self.writes += 1
             except Exception as err:
                 log.warning("governor: could not store %s: %r", key, err)
                 done.set_exception(err)
@@ -300,7 +310,7 @@ class Governor:
             return
         tenant = ledger.tenant or S.DEFAULT_TENANT  # a run without a tenant is the default tenant's
         cost = round(ev.detail.usage.cost_usd - ledger.delegated_usd, 8)  # sub-agents account their own
-        await self.account(tenant, "settle", ev.run_id, cost)
+        await self.account(tenant, "settle", ev.run_id, cost, now=False)  # within SETTLE_EVERY_S
         if cost > ledger.tenant_accounted_usd:
             self.tenant_spend.add(cost - ledger.tenant_accounted_usd, {"tenant": tenant})
 

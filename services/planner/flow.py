@@ -61,6 +61,8 @@ from shared.tenancy import Policy
 
 log = logging.getLogger("loopwarden.planner.flow")
 SWEEP_BATCH = 32  # slots a sweep looks at, at most
+CANDIDATE_SPARE = 8  # tickets a round reads beyond those it picked (another replica may take some meanwhile)
+CANDIDATE_PAGES = 8  # pages of tickets a round reads per (tenant, priority) at most (the next round reads on)
 
 
 @dataclass(eq=False)
@@ -93,6 +95,7 @@ class Round:
     seqs: dict[str, int] = field(default_factory=dict)  # run id -> its ticket's sequence
     stale_upto: dict[str, int] = field(default_factory=dict)  # subject -> last ticket of a run already admitted
     planned: int = 0
+    unfilled: int = 0  # picks no ticket read was left for (another replica took them first): read again
 
 
 class Flow(FlowReads):
@@ -213,7 +216,7 @@ class Flow(FlowReads):
         try:
             record = self._kept[0] if self._kept is not None else await self._read_record()
             now = time.time()
-            draft = record.model_copy(deep=True)
+            draft = record.copy_to_change()
             for op in ops:
                 apply_op(draft, op, now)
             policies = {t: await self.policies.of(t) for t in {*draft.queued, *draft.running}}
@@ -224,15 +227,18 @@ class Flow(FlowReads):
             def change(stored: FleetRecord | None) -> tuple[FleetRecord, Round] | Unchanged[Round]:
                 nonlocal result
                 result = Round(planned=len(picks))
-                rec = stored.model_copy(deep=True) if stored is not None else FleetRecord()
+                rec = stored.copy_to_change() if stored is not None else FleetRecord()
                 changed = heartbeat(rec, self.replica, now, self.ttl)
+                capacity = self.capacity(rec, now)
+                others = {t: policies.get(t) or self.settings.tenant_policy(t) for t in {*rec.queued, *rec.running}}
                 for op in ops:
                     if op.kind == "enqueue":
                         assert op.policy is not None and op.outside is not None
                         refused = enqueue(rec, op.policy, op.priority, op.outside)
                         at_once = refused is None and take_at_once(
-                            rec, op.policy, op.priority, op.run_id, self.capacity(rec, now), now
-                        )
+                            rec, op.policy, op.priority, op.run_id, capacity, now,
+                            others=others, headroom=int(capacity * self.settings.flow_headroom),
+                        )  # fmt: skip
                         result.decisions[op] = (refused, at_once)
                         changed = changed or refused is None
                     else:
@@ -242,6 +248,7 @@ class Flow(FlowReads):
                 for tenant, priority in self._plan(rec, policies, now):  # the rules again, on the record as stored
                     ticket = next_ticket(pool.get((tenant, priority), []), rec, taken, result)
                     if ticket is None:
+                        result.unfilled += 1
                         continue
                     waited = max(0.0, now - ticket[0].queued_at.timestamp())
                     admit(rec, tenant, ticket[0].run_id, now, waited_s=waited, priority=priority)
@@ -274,7 +281,7 @@ class Flow(FlowReads):
             self.admitted.add(1, {"tenant": self.tenant_label(ticket.tenant)})
             self.waited.record(result.waited[ticket.run_id], {"tenant": self.tenant_label(ticket.tenant)})
             self._start(ticket.run_id, ticket.tenant)
-        return bool(result.admitted) and len(result.admitted) >= result.planned > 0
+        return bool(result.admitted) and (len(result.admitted) >= result.planned > 0 or result.unfilled > 0)
 
     def _plan(self, record: FleetRecord, policies: dict[str, Policy], now: float) -> list[tuple[str, int]]:
         """Who the free slots (and the headroom for tenants below their share) go to, by the rules."""
@@ -297,17 +304,34 @@ class Flow(FlowReads):
     async def _candidates(
         self, picks: list[tuple[str, int]], record: FleetRecord
     ) -> dict[tuple[str, int], list[tuple[FlowTicket, int]]]:
-        """The oldest tickets of each (tenant, priority) picked: as many as picked, plus those of runs already
-        admitted (their tickets not deleted yet), which are skipped."""
+        """The oldest tickets of each (tenant, priority) picked: as many as picked whose runs are not in flight, plus
+        a few (another replica may admit some before this round's write), and the tickets before them of runs
+        already admitted (not deleted yet: ``next_ticket`` skips them, ``_take`` removes them). Read page by page,
+        only as far as needed: a ticket read is a message the server sends and this replica parses."""
         wanted: dict[tuple[str, int], int] = {}
         for pick in picks:
             wanted[pick] = wanted.get(pick, 0) + 1
         found: dict[tuple[str, int], list[tuple[FlowTicket, int]]] = {}
         for (tenant, priority), n in wanted.items():
-            batch = n + record.running_of(tenant) + 4
-            msgs, _ = await scan_page(self.bus.nc, S.STREAM_FLOW, S.flow_ticket(tenant, priority), batch=batch)
-            found[(tenant, priority)] = [t for m in msgs if (t := ticket_of(m)) is not None]
+            found[(tenant, priority)] = await self.waiting_tickets(
+                S.flow_ticket(tenant, priority), n + CANDIDATE_SPARE, record
+            )
         return found
+
+    async def waiting_tickets(self, subject: str, n: int, record: FleetRecord) -> list[tuple[FlowTicket, int]]:
+        """The oldest tickets on ``subject`` up to the ``n``-th whose run is not in flight (``record``)."""
+        out: list[tuple[FlowTicket, int]] = []
+        fresh, start = 0, 1
+        for _ in range(CANDIDATE_PAGES):
+            msgs, pending = await scan_page(self.bus.nc, S.STREAM_FLOW, subject, start, batch=n - fresh)
+            for ticket in (ticket_of(m) for m in msgs):
+                if ticket is not None:
+                    out.append(ticket)
+                    fresh += record.tenant_of(ticket[0].run_id) is None
+            if fresh >= n or not msgs or not pending:
+                break
+            start = msgs[-1].seq + 1
+        return out
 
     async def _take(self, result: Round) -> None:
         """Remove the tickets this round admitted (and those of runs admitted before whose tickets were left):

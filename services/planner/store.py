@@ -34,12 +34,14 @@ class RunStore:
         # per run: (seq of messages[0], seq after the last stored one, the list): a re-read reuses it
         self._seen: OrderedDict[str, tuple[int, int, list[ChatMessage]]] = OrderedDict()
 
-    def keep(self, state: RunState, revision: int) -> None:
+    def keep(self, state: RunState, revision: int, *, cold: bool = False) -> None:
+        """Keep ``state`` as the run's (``cold``: first in line to be dropped, so it takes no room from a run in
+        flight: a queued run, whose next step is its start, maybe on another replica, seconds or hours away)."""
         run_id = state.run_id
         self._states[run_id] = (state, revision)
-        self._states.move_to_end(run_id)
+        self._states.move_to_end(run_id, last=not cold)
         self._seen[run_id] = (state.history_start, state.history_len, state.messages)
-        self._seen.move_to_end(run_id)
+        self._seen.move_to_end(run_id, last=not cold)
         while len(self._states) > self.SIZE:
             self._states.popitem(last=False)
         while len(self._seen) > self.SIZE:
@@ -89,10 +91,10 @@ class RunStore:
         return state, revision
 
     async def create(self, state: RunState) -> int:
-        """Store a new run (CAS on absent; ``CasConflict`` if it exists)."""
+        """Store a new run (CAS on absent; ``CasConflict`` if it exists); a queued one is kept ``cold``."""
         state.seal()
         revision = await self.bus.kv_put(S.KV_RUNS, state.run_id, state, revision=0)
-        self.keep(state, revision)
+        self.keep(state, revision, cold=state.status == "queued")
         return revision
 
     async def update(self, run_id: str, change: Callable[[RunState | None], tuple[RunState, R] | Unchanged[R]]) -> R:

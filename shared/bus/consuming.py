@@ -83,6 +83,7 @@ class Consuming(Letters):
             limit=self.settings.in_flight_for(self.service),
             lookahead=self.settings.lookahead_for(self.service),
             headroom=self.settings.dispatch_headroom,
+            yield_share=self.settings.dispatch_yield,
             locks=self._run_locks,
             deliver=self._deliver,
             span=self._processing if self._tracer is not None else None,
@@ -264,7 +265,11 @@ class Consuming(Letters):
         return False
 
     async def _heartbeats(self) -> None:
-        interval = max(0.2, self.settings.ack_wait_s / 3)
+        """Every held message (running or waiting for a slot) is heartbeaten once its ack wait is a third gone, so
+        it is never redelivered while held: a tick every sixth of the ack wait sends ``in_progress`` to those due
+        (at most half the ack wait old by then), none to the many handled within a third of it."""
+        age = max(0.2, self.settings.ack_wait_s / 3)
+        interval = age / 2
         due = time.monotonic() + interval
         while True:
             await asyncio.sleep(max(0.0, due - time.monotonic()))
@@ -278,7 +283,8 @@ class Consuming(Letters):
                     self.settings.ack_wait_s,
                 )
             due = time.monotonic() + interval
-            held = [m for pull in self._pulls for m in pull.held.values()]
+            now = time.monotonic()
+            held = [m for pull in self._pulls for m in pull.due(now, age)]
             for m in held:
                 with contextlib.suppress(Exception):
                     await m.in_progress()

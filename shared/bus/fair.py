@@ -7,7 +7,9 @@ tenant's backlog is handled next, not after the backlog - the rule admission fol
 than its share of the slots (``limit`` x its weight over the weights of the tenants with messages here) starts a
 message at once even when every slot is taken, up to ``headroom`` x ``limit`` past it in all: slots free only as
 handlers end (a model turn holds one for seconds), and the tenant that arrives at a consumer full of another's
-work is owed its share now. Work-conserving: a tenant alone takes every slot.
+work is owed its share now. Work-conserving: a tenant alone takes every slot. With ``yield_share``
+(``LW_DISPATCH_YIELD``) a tenant holding its share takes no slot that frees while another tenant has items
+running: not work-conserving between tenants, so that fewer of a backlog's handlers share the CPU with the other's.
 
 Pure: no bus, no clock. A key is a tenant (``Lw-Tenant``; messages without one share the key ``""``). A key
 that had nothing here is not owed service for the time it was idle (it starts level with the keys being served),
@@ -26,8 +28,9 @@ T = TypeVar("T")
 class FairSlots(Generic[T]):
     """``arrive`` an item (started now or held), ``done`` when a started one ends (what starts then)."""
 
-    def __init__(self, limit: int, headroom: float = 0.0) -> None:
+    def __init__(self, limit: int, headroom: float = 0.0, yield_share: bool = False) -> None:
         self.limit = max(1, limit)
+        self.yield_share = yield_share
         self.ceiling = self.limit + int(headroom * self.limit)  # slots taken at most, past the limit
         self.running: dict[str, int] = {}  # per key, items started and not done
         self.total = 0
@@ -64,6 +67,8 @@ class FairSlots(Generic[T]):
         self.total -= 1
         started: list[T] = []
         while self._waiting and self.total < self.limit:
+            if self.yield_share and self._yields(self._peek()):
+                break
             started.append(self._next())
         self._forget_idle()
         return started
@@ -90,6 +95,17 @@ class FairSlots(Generic[T]):
         self._clock = max(self._clock, self._pass[key])
         self._pass[key] += 1.0 / self._weight[key]
         return item
+
+    def _peek(self) -> str:
+        return min(self._waiting, key=lambda k: (self.running.get(k, 0) / self._weight[k], self._pass[k]))
+
+    def _yields(self, key: str) -> bool:
+        """Another tenant has messages running here and ``key`` holds its share already: its slot stays free."""
+        if not any(k != key for k in self.running):
+            return False
+        active = {*self.running, *self._waiting}
+        weights = sum(self._weight.get(k, 1.0) for k in active)
+        return self.running.get(key, 0) >= self.limit * self._weight[key] / weights
 
     def _next(self) -> T:
         # the held key with the fewest slots per unit of weight; among equals the one served least lately per unit

@@ -76,6 +76,7 @@ class PullFeed:
     limit: int  # messages running at once (``LW_MAX_IN_FLIGHT``)
     lookahead: int  # messages held beyond those, waiting for a slot
     headroom: float  # ``FairSlots``' room past the limit
+    yield_share: bool  # ``FairSlots``: a tenant at its share takes no freed slot while another runs here
     locks: _RunLocks
     deliver: Callable[[Msg, type[Any], Handler[Any]], Awaitable[bool]]
     span: Callable[[Msg], AbstractContextManager[None]] | None
@@ -94,8 +95,9 @@ class _Pull:
         self.limit = feed.limit
         self.window = self.limit + feed.lookahead  # messages held at most
         self.held: dict[int, Msg] = {}  # id(msg) -> msg (nats-py messages are not hashable): running or waiting
+        self.acked_wait: dict[int, float] = {}  # id(msg) -> when its ack wait began (delivered or heartbeaten)
         # which held message gets a slot: by tenant, fair share (running ones count against their tenant)
-        self.slots: FairSlots[Msg] = FairSlots(self.limit, feed.headroom)
+        self.slots: FairSlots[Msg] = FairSlots(self.limit, feed.headroom, feed.yield_share)
         self.tasks: set[asyncio.Task[None]] = set()
         self.pending = 0  # messages asked for and not yet delivered
         self.requests: deque[float] = deque()  # expiry time of each live pull request
@@ -146,6 +148,7 @@ class _Pull:
                 await msg.nak()
             return
         self.held[id(msg)] = msg
+        self.acked_wait[id(msg)] = time.monotonic()
         tenant, weight = self.tenant_of(msg)
         if self.slots.arrive(tenant, msg, weight) is not None:
             self.begin(msg, tenant)
@@ -206,10 +209,25 @@ class _Pull:
         except Exception:
             log.exception("%s: delivering %s failed; it will be redelivered", self.service, msg.subject)
         finally:
-            self.held.pop(id(msg), None)
+            self.drop(msg)
             for held in self.slots.done(tenant):  # the slot goes to whoever is owed it
                 self.begin(held, self.tenant_of(held)[0])
             self.wake.set()
+
+    def drop(self, msg: Msg) -> None:
+        """``msg`` is no longer held here (acked, handed back or dead-lettered)."""
+        self.held.pop(id(msg), None)
+        self.acked_wait.pop(id(msg), None)
+
+    def due(self, now: float, age: float) -> list[Msg]:
+        """The held messages whose ack wait began ``age`` ago or more, marked as heartbeaten ``now``: a message is
+        heartbeaten when its ack wait needs it, not at every tick (most are handled long before)."""
+        out = []
+        for key, began in self.acked_wait.items():
+            if now - began >= age and (msg := self.held.get(key)) is not None:
+                out.append(msg)
+                self.acked_wait[key] = now
+        return out
 
     def run_of(self, msg: Msg) -> str | None:
         """The run whose messages this one waits behind (one at a time per run in a replica)."""
@@ -271,7 +289,7 @@ class _Pull:
         while self.tasks and (left := deadline - time.monotonic()) > 0:
             await asyncio.wait(set(self.tasks), timeout=left, return_when=asyncio.FIRST_COMPLETED)
         for msg in self.slots.drain():
-            self.held.pop(id(msg), None)
+            self.drop(msg)
             with contextlib.suppress(Exception):
                 await msg.nak()
         late = set(self.tasks)

@@ -8,9 +8,12 @@ now) that says whether it changed anything."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from pydantic import BaseModel, Field
 
 from shared.flow.quotas import Usage, refusal
+from shared.flow.rules import Share, pick
 from shared.messages import Refusal
 from shared.tenancy import Policy
 
@@ -36,6 +39,19 @@ class FleetRecord(BaseModel):
         description="tenant -> minute -> [seconds its runs that ended waited for the providers' rate limits, runs]",
     )
     stored: dict[str, int] = Field(default_factory=dict, description="tenant -> bytes its ended runs keep stored")
+
+    def copy_to_change(self) -> FleetRecord:
+        """A deep copy, made by hand: every admission round copies the record (its runs in flight by id, hundreds)
+        twice, and pydantic's deep copy (``copy.deepcopy``) of it cost more than the rest of the round."""
+        return FleetRecord.model_construct(
+            queued={t: dict(per) for t, per in self.queued.items()},
+            running={t: dict(runs) for t, runs in self.running.items()},
+            replicas=dict(self.replicas),
+            finished={t: dict(per) for t, per in self.finished.items()},
+            waited={t: {m: list(c) for m, c in per.items()} for t, per in self.waited.items()},
+            rate_limited={t: {m: list(c) for m, c in per.items()} for t, per in self.rate_limited.items()},
+            stored=dict(self.stored),
+        )
 
     def running_of(self, tenant: str) -> int:
         return len(self.running.get(tenant, {}))
@@ -92,15 +108,45 @@ def enqueue(record: FleetRecord, policy: Policy, priority: int, outside: Usage) 
     return refused
 
 
-def take_at_once(record: FleetRecord, policy: Policy, priority: int, run_id: str, capacity: int, now: float) -> bool:
-    """A submit just counted as waiting (``enqueue``) starts at once when no run waits anywhere but it and the fleet
-    and its tenant have room: what the rules would pick next is then this run, so it skips the queue (no ticket to
-    publish and take). Otherwise it waits its turn."""
+def take_at_once(
+    record: FleetRecord,
+    policy: Policy,
+    priority: int,
+    run_id: str,
+    capacity: int,
+    now: float,
+    *,
+    others: Mapping[str, Policy] | None = None,
+    headroom: int = 0,
+) -> bool:
+    """A submit just counted as waiting (``enqueue``), its tenant's only run waiting, starts at once when the rules
+    would pick it next anyway, so it skips the queue (no ticket to publish and take, no record to write twice):
+
+    * no run waits anywhere but it, and the fleet and its tenant have room; or
+    * its tenant is ahead of every other tenant with runs waiting (strictly fewer runs in flight per unit of weight)
+      and under its cap, and the fleet has room, or the tenant is below its fair share and the headroom has room
+      (``rules.pick``): a tenant arriving at a fleet full of another's backlog starts its runs as the next round
+      would, without the round. ``others``: the other tenants' policies (weights, caps; default weight 1).
+
+    Otherwise it waits its turn."""
     tenant = policy.tenant
-    if record.waiting != 1 or record.queued_of(tenant) != 1 or record.total >= capacity:
+    if record.queued_of(tenant) != 1:
         return False
     if policy.max_running is not None and record.running_of(tenant) >= policy.max_running:
         return False
+    if record.waiting == 1 and record.total < capacity:
+        return admit(record, tenant, run_id, now, waited_s=0.0, priority=priority)
+    shares = []
+    for t in {*record.queued, *record.running, tenant}:
+        p = policy if t == tenant else (others or {}).get(t)
+        weight = p.weight if p is not None else 1.0
+        cap = p.max_running if p is not None else None
+        shares.append(Share(t, weight, cap, record.running_of(t), record.queued_by(t)))
+    if pick(shares, capacity, record.total, headroom) != (tenant, priority):
+        return False
+    mine = record.running_of(tenant) / policy.weight
+    if any(s.tenant != tenant and s.eligible and s.running / s.weight <= mine for s in shares):
+        return False  # a tie: the rounds break it (the queue keeps the order it came in)
     return admit(record, tenant, run_id, now, waited_s=0.0, priority=priority)
 
 

@@ -32,6 +32,9 @@ class Policies:
         self.settings = settings
         self.read = configured or _none
         self.last: dict[str, TenantPolicy] | None = None  # the configured map read last
+        # each tenant's policy resolved from the map read last (every submit and budget request asks for one)
+        self._resolved: dict[str, Policy] = {}
+        self._resolved_from: dict[str, TenantPolicy] | None = None
 
     async def configured(self) -> dict[str, TenantPolicy] | None:
         try:
@@ -41,7 +44,16 @@ class Policies:
         return self.last
 
     async def of(self, tenant: str) -> Policy:
-        return self.settings.tenant_policy(tenant, await self.configured())
+        configured = await self.configured()
+        if configured is not self._resolved_from:  # resolved again once the map read is another one
+            self._resolved.clear()
+            self._resolved_from = configured
+        policy = self._resolved.get(tenant)
+        if policy is None:
+            if len(self._resolved) >= 4096:
+                self._resolved.clear()
+            policy = self._resolved[tenant] = self.settings.tenant_policy(tenant, configured)
+        return policy
 
     def known(self, tenant: str) -> Policy:
         """The tenant's policy as last read, without a read (a metric's callback)."""

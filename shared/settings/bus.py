@@ -95,6 +95,11 @@ class BusSettings(BaseModel):
         description="share of LW_MAX_IN_FLIGHT a replica may run past it for tenants below their share of a durable's "
         "slots: their messages start at once rather than waiting for another tenant's handlers to end",
     )
+    dispatch_yield: bool = Field(
+        False,
+        description="while another tenant has messages running in a durable, a tenant holding its share of the "
+        "slots takes no more as they free (fewer of a backlog's handlers beside another tenant's)",
+    )
     event_loop: Literal["uvloop", "asyncio"] = Field(
         "uvloop", description="a service's event loop: uvloop (libuv; less CPU per message) or the standard asyncio one"
     )

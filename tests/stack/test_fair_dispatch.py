@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 
+import nats
 import pytest
 from nats.aio.msg import Msg
 
@@ -126,6 +127,93 @@ async def test_messages_held_for_a_slot_outlive_the_ack_wait_and_are_not_redeliv
     finally:
         await bus.stop()
     assert seen == {name: [1] for name in names}
+
+
+async def test_a_message_is_heartbeaten_when_its_ack_wait_needs_it_not_at_every_tick(stack: LocalStack) -> None:
+    """120 messages through 2 slots (0.1 s each) with 8 held beyond them: each is held about 0.5 s, far less than a
+    third of the 9 s ack wait, so none is heartbeaten (a tick heartbeating every held message sent one to each of
+    the ~10 held at the time); one held 5 s, past a third of it and the tick after, is heartbeaten."""
+    marker = os.urandom(4).hex()
+    subject = S.tool_execute(f"test_beat_{marker}")
+    durable = f"beattest_{marker}"
+    bus = fair_bus(stack, "beattest", 8, ack_wait_s=9)
+    seen: dict[str, list[int]] = {}
+    long = f"beat-{marker}-long"
+
+    @bus.consumer(durable=durable, filter_subjects=[subject], model=RunAdvance)
+    async def on_msg(ev: RunAdvance) -> None:
+        seen.setdefault(ev.run_id, []).append(current_deliveries())
+        await asyncio.sleep(5.0 if ev.run_id == long else 0.1)
+
+    beats: list[str] = []
+
+    async def on_ack(msg: Msg) -> None:
+        if msg.data == b"+WPI":
+            beats.append(msg.subject)
+
+    watcher = await nats.connect(str(stack.nats_url))
+    await watcher.subscribe(f"$JS.ACK.*.{durable}.>", cb=on_ack)
+    await bus.connect()
+    try:
+        names = [f"beat-{marker}-{i}" for i in range(120)]
+        for name in names:
+            await bus.publish(subject, RunAdvance(run_id=name, iteration=0), msg_id=name)
+        await bus.start()
+        await eventually(lambda: len(seen) == 120, what="all handled", within=bound(60))
+        await watcher.flush()
+        assert beats == [], f"{len(beats)} heartbeats for messages handled well within a third of the ack wait"
+        await bus.publish(subject, RunAdvance(run_id=long, iteration=0), msg_id=long)
+        await eventually(lambda: long in seen, what="the long one started", within=bound(10))
+        await eventually(lambda: len(beats) >= 1, what="the long one heartbeaten", within=bound(10))
+    finally:
+        await bus.stop()
+        await watcher.close()
+    assert all(deliveries == [1] for deliveries in seen.values())
+
+
+@pytest.mark.parametrize("yield_share", [True, False])
+async def test_with_yield_a_backlog_runs_no_more_than_its_share_beside_another_tenant(
+    stack: LocalStack, yield_share: bool
+) -> None:
+    """``LW_DISPATCH_YIELD``: 4 slots, a's 30 messages (0.2 s each) and then b's one (1.5 s): while b's runs, a runs
+    at most 2 (its share of two tenants) with it on; without it a takes back every slot but b's."""
+    marker = os.urandom(4).hex()
+    subject = S.tool_execute(f"test_yield_{marker}")
+    bus = fair_bus(stack, "yieldtest", 40, max_in_flight=4, dispatch_headroom=0.5, dispatch_yield=yield_share)
+    running: dict[str, int] = {"a": 0, "b": 0}
+    beside_b: list[int] = []  # a's running count each time one of a's starts while b runs
+    done = asyncio.Event()
+    handled = 0
+
+    @bus.consumer(durable=f"yieldtest_{marker}", filter_subjects=[subject], model=RunAdvance)
+    async def on_msg(ev: RunAdvance) -> None:
+        nonlocal handled
+        tenant = ev.run_id.split("-")[0]
+        running[tenant] += 1
+        if tenant == "a" and running["b"]:
+            beside_b.append(running["a"])
+        await asyncio.sleep(1.5 if tenant == "b" else 0.2)
+        running[tenant] -= 1
+        handled += 1
+        if handled == 31:
+            done.set()
+
+    await bus.connect()
+    try:
+        with tenant_scope("a"):
+            for i in range(30):
+                await bus.publish(subject, RunAdvance(run_id=f"a-{marker}-{i}", iteration=0))
+        with tenant_scope("b"):
+            await bus.publish(subject, RunAdvance(run_id=f"b-{marker}", iteration=0))
+        await bus.start()
+        await asyncio.wait_for(done.wait(), bound(60))
+    finally:
+        await bus.stop()
+    assert beside_b, "none of a's started while b's ran"
+    if yield_share:
+        assert max(beside_b) <= 2, beside_b
+    else:
+        assert max(beside_b) == 3, beside_b  # every slot but b's
 
 
 async def test_a_replica_stopping_with_messages_held_hands_back_what_it_cannot_handle_in_its_grace(

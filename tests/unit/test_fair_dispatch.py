@@ -121,3 +121,25 @@ def test_a_clients_submit_is_its_subjects_tenant_whatever_its_headers_say() -> N
     assert _Pull.tenant_of(Msg(None, subject=replay, headers=forged)) == ("acme", 1.0)  # type: ignore[arg-type]
     command = S.tool_execute("calculator")
     assert _Pull.tenant_of(Msg(None, subject=command, headers=forged)) == ("someone-else", 999.0)  # type: ignore[arg-type]
+
+
+class TestYieldingItsShare:
+    """``yield_share`` (``LW_DISPATCH_YIELD``): while another tenant has messages running, a tenant that holds its
+    share takes no slot that frees; alone, it takes every one."""
+
+    def test_a_backlog_at_its_share_leaves_freed_slots_while_another_tenant_runs(self) -> None:
+        slots: FairSlots[str] = FairSlots(limit=4, headroom=0.5, yield_share=True)
+        fill(slots, "a", 10)
+        assert fill(slots, "b", 1) == ["b0"]  # below its share: at once, within the headroom
+        assert slots.done("a") == []  # 4 running: a holds 3, its share is 2
+        assert slots.done("a") == []  # a holds 2 = its share, b runs: the slot stays free
+        assert slots.total == 3 and slots.running == {"a": 2, "b": 1}
+        assert slots.done("b") == ["a4", "a5"]  # b is done: a alone takes every slot again
+        assert slots.total == 4
+
+    def test_without_it_a_backlog_takes_every_slot_that_frees(self) -> None:
+        slots: FairSlots[str] = FairSlots(limit=4, headroom=0.5)
+        fill(slots, "a", 10)
+        fill(slots, "b", 1)
+        assert slots.done("a") == []
+        assert slots.done("a") == ["a4"]  # back to the limit: a's next starts

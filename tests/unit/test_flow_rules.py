@@ -276,3 +276,54 @@ def test_the_view_shows_each_tenants_queue_slots_rates_waits_and_quotas() -> Non
     runs = next(q for q in a.quotas if q.quota == "max_runs")
     assert (runs.limit, runs.current) == (10, 7)
     assert b.waiting_for_people == 2 and b.running == 0
+
+
+def test_a_record_copied_to_change_is_equal_and_shares_nothing_with_its_original() -> None:
+    record = FleetRecord()
+    admit(record, "a", "run-1", 600.0, waited_s=2.0, priority=None)
+    admit(record, "b", "run-2", 601.0)
+    release(record, "run-2", 602.0, ended=True, stored_bytes=10, rate_limited_s=1.5)
+    record.queued["a"] = {"0": 3}
+    heartbeat(record, "planner-1", 600.0, ttl=6.0)
+    # every field set, so a field added later and not copied by hand shows here
+    assert all(getattr(record, name) for name in FleetRecord.model_fields), record
+    copy = record.copy_to_change()
+    assert copy == record and copy.model_dump_json() == record.model_dump_json()
+    admit(copy, "a", "run-3", 603.0, waited_s=1.0)
+    release(copy, "run-1", 604.0, ended=True, stored_bytes=5, rate_limited_s=1.0)
+    copy.queued["a"]["0"] = 1
+    heartbeat(copy, "planner-2", 603.0, ttl=6.0)
+    assert record.running == {"a": {"run-1": 600.0}} and record.queued == {"a": {"0": 3}}
+    assert list(record.replicas) == ["planner-1"] and record.stored == {"b": 10}
+    assert record.finished == {"b": {"10": 1}} and record.waited["a"]["10"] == [2.0, 1.0]
+    assert record.rate_limited["b"]["10"] == [1.5, 1.0]
+
+
+def test_a_tenant_ahead_of_a_backlog_starts_at_once_as_the_next_round_would_start_it() -> None:
+    """a fills the fleet (4 of 4) with 6 more waiting; b's submits start at once while b is below its share and the
+    headroom has room (the round would pick b first), then wait; a's own next submit waits behind its backlog."""
+    rec = FleetRecord(running={"a": {f"a{k}": 0.0 for k in range(4)}}, queued={"a": {"5": 6}})
+    a, b = policy("a"), policy("b")
+    others = {"a": a}
+    assert enqueue(rec, b, 5, Usage()) is None
+    assert take_at_once(rec, b, 5, "b1", capacity=4, now=1.0, others=others, headroom=2)
+    assert enqueue(rec, b, 5, Usage()) is None
+    assert take_at_once(rec, b, 5, "b2", capacity=4, now=1.0, others=others, headroom=2)
+    assert enqueue(rec, b, 5, Usage()) is None  # the headroom is used up: b waits its turn
+    assert not take_at_once(rec, b, 5, "b3", capacity=4, now=1.0, others=others, headroom=2)
+    assert rec.running_of("b") == 2 and rec.queued_of("b") == 1
+    assert enqueue(rec, a, 5, Usage()) is None and not take_at_once(rec, a, 5, "a9", capacity=4, now=1.0, others=others)
+
+
+def test_a_tie_or_a_heavier_tenant_waiting_keeps_a_submit_in_the_queue() -> None:
+    # room in the fleet, another tenant waits with as few runs in flight: the rounds decide (the queue's order)
+    rec = FleetRecord(running={"a": {"a1": 0.0}}, queued={"a": {"5": 1}})
+    b = policy("b")
+    assert enqueue(rec, b, 5, Usage()) is None
+    assert rec.running_of("b") == 0
+    rec.running["b"] = {"b0": 0.0}
+    assert not take_at_once(rec, b, 5, "b1", capacity=10, now=1.0, others={"a": policy("a")})
+    # a weight-3 tenant with 2 in flight is ahead of b with 1 (2/3 < 1): b waits
+    heavy = FleetRecord(running={"h": {"h1": 0.0, "h2": 0.0}, "b": {"b0": 0.0}}, queued={"h": {"5": 4}})
+    assert enqueue(heavy, b, 5, Usage()) is None
+    assert not take_at_once(heavy, b, 5, "b1", capacity=10, now=1.0, others={"h": policy("h", weight=3)})
