@@ -25,7 +25,7 @@ from bench import contenders
 from bench.throughput import ONE_EACH, floor_steps, run_many, sched_cpu_s, steps_scenario
 from loopwarden.client import Client
 from loopwarden.stack import LocalStack, free_port
-from shared.opcounts import DELIVERIES, ROUND_TRIPS
+from shared.opcounts import CLEAN_UP, DELIVERIES, ROUND_TRIPS
 from shared.settings import Settings
 
 SERVICES = ("planner", "executor", "validator", "governor")  # on a step's path (judge, escalation: idle)
@@ -224,7 +224,7 @@ def round_trips(ops: dict[str, dict[str, float]]) -> float:
 
 def report(r: dict[str, Any]) -> list[str]:
     ops: dict[str, dict[str, float]] = r["ops"]
-    kinds = [k for k in (*ROUND_TRIPS, *DELIVERIES) if any(c.get(k, 0) >= 0.05 for c in ops.values())]
+    kinds = [k for k in (*ROUND_TRIPS, *CLEAN_UP, *DELIVERIES) if any(c.get(k, 0) >= 0.05 for c in ops.values())]
     shown = [s for s in (*SERVICES, *sorted(set(ops) - set(SERVICES))) if s in ops]
     lines = [
         f"operations per step, by service and kind (a 40-step run less a 10-step one; load {r['load']:.1f})",
@@ -240,6 +240,10 @@ def report(r: dict[str, Any]) -> list[str]:
     lines.append(
         f"  round trips per step (publish with ack, KV get/put, direct get, request/reply, payload): {total:.1f}"
         f"   target <= 12: {'met' if total <= 12 else 'MISSED'}"
+    )
+    removed = sum(c.get("remove", 0) for c in ops.values())
+    lines.append(
+        f"  clean-up per step, after the run ended, awaited by no handler (handled commands deleted): {removed:.1f}"
     )
     conns = r["conn_msgs"]
     lines.append(

@@ -10,10 +10,13 @@ Counted where the bus sends, by what the subject says the operation is:
 * ``rpc`` - a core request/reply (the governor's budget, a tenant's read);
 * ``payload_put`` / ``payload_fetch`` - a claim-check body's chunk stored or fetched;
 * ``js_api`` - any other JetStream API request (consumer info, stream info);
+* ``remove`` - a handled message deleted from its stream (a submit once its run is recorded, a run's commands
+  once it ended: ``services/planner/removals.py``), in the background, awaited by no handler;
 * ``pull`` - a pull request on a durable; ``delivered`` - a message a durable delivered to a handler
   (acknowledged or handed back once it is handled).
 
-The first seven are round trips a handler awaits; ``pull`` and ``delivered`` are the two halves of a
+The first eight are round trips a handler awaits (``ROUND_TRIPS``); ``remove`` is clean-up after the fact,
+counted apart (``CLEAN_UP``); ``pull`` and ``delivered`` are the two halves of a
 delivery (a hand-off through the server), counted apart. Here, not in ``shared/bus/``: the claim-check
 store (``shared/payloads.py``) counts too, and the bus imports it. ``dump`` writes them for a benchmark: on
 ``SIGUSR1`` when ``LW_OP_COUNTS_DIR`` is set (``shared/service.py``).
@@ -29,8 +32,9 @@ from pathlib import Path
 from shared.subjects import PAYLOAD_PREFIX, STREAM_PAYLOADS
 
 ROUND_TRIPS = ("publish", "kv_put", "kv_get", "direct_get", "rpc", "payload_put", "payload_fetch", "js_api")
+CLEAN_UP = ("remove",)
 DELIVERIES = ("pull", "delivered")
-KINDS = ROUND_TRIPS + DELIVERIES
+KINDS = ROUND_TRIPS + CLEAN_UP + DELIVERIES
 
 COUNTS: Counter[str] = Counter()
 """This process's counts by kind (every ``Bus`` of the process adds to it)."""
@@ -49,6 +53,8 @@ def kind_of(subject: str) -> str:
         return "payload_fetch" if rest.startswith(STREAM_PAYLOADS + ".") else "direct_get"
     if subject.startswith("$JS.API.CONSUMER.MSG.NEXT."):
         return "pull"
+    if subject.startswith("$JS.API.STREAM.MSG.DELETE."):
+        return "remove"
     if subject.startswith("$JS."):
         return "js_api"
     if subject.startswith(PAYLOAD_PREFIX + "."):

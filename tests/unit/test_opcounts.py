@@ -24,6 +24,7 @@ from shared import subjects as S
         (f"{S.P}.payload.planner.abc.0", "payload_put"),
         ("$JS.API.CONSUMER.MSG.NEXT.LW_CMD.executor_calculator", "pull"),
         ("$JS.API.CONSUMER.INFO.LW_CMD.executor_calculator", "js_api"),
+        (f"$JS.API.STREAM.MSG.DELETE.{S.STREAM_CMD}", "remove"),
     ],
 )
 def test_a_subject_is_one_kind_of_operation(subject: str, kind: str) -> None:
