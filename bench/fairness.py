@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.throughput import sched_cpu_s  # the release before flow control has it too
 from loopwarden.client import Client
 from loopwarden.stack import LocalStack, free_port
 from shared import subjects as S
@@ -161,15 +162,12 @@ async def latencies(
     return [finishes.at[s.run_id] - started[s.run_id] for s in submits]
 
 
-def sched_cpu_s(pid: int) -> float:
-    """CPU seconds of one process to the nanosecond, all its threads (as bench/throughput.py's)."""
-    total = 0
-    for path in Path(f"/proc/{pid}/task").glob("*/schedstat"):
-        try:
-            total += int(path.read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            continue
-    return total / 1e9
+async def warmed(client: Client, timeout: float) -> Finishes:
+    """Final events followed from now, after 8 of b's runs warmed the stack up."""
+    finishes = Finishes()
+    await finishes.start(client)
+    await latencies(client, finishes, "b", 8, timeout)
+    return finishes
 
 
 def cpu_by_process(stack: LocalStack) -> dict[str, float]:
@@ -212,9 +210,7 @@ def run(burst: int = 1000, small: int = 20, env: dict[str, str] | None = None) -
 
         async def main() -> None:
             async with Client(Settings(nats_url=stack.nats_url)) as client:
-                finishes = Finishes()
-                await finishes.start(client)
-                await latencies(client, finishes, "b", 8, timeout)  # warm-up
+                finishes = await warmed(client, timeout)
                 alone = await latencies(client, finishes, "b", small, timeout)
                 # a alone: throughput
                 phase = await alone_phase(client, finishes, stack, burst, timeout)
@@ -305,9 +301,7 @@ def run_alone(
 
         async def main() -> None:
             async with Client(Settings(nats_url=stack.nats_url)) as client:
-                finishes = Finishes()
-                await finishes.start(client)
-                await latencies(client, finishes, "b", 8, timeout)  # warm-up
+                finishes = await warmed(client, timeout)
                 idle.update(await idle_cpu(stack, IDLE_S))
                 for k in range(rounds):
                     load = os.getloadavg()[0]

@@ -127,20 +127,23 @@ async def test_a_full_submit_stream_refuses_the_submit_at_once_and_typed(
     small_submit_stream: LocalStack, tmp_path: Any
 ) -> None:
     url = small_submit_stream.nats_url or ""
+    path = tmp_path / "s.yaml"
+    path.write_text("name: s\ntask: t\nplanner: [{text: done}]\n")
+    # a planner removes each submit it handled: the stream fills only while the planners are behind (here: stopped)
+    planner = next(p for p in small_submit_stream.procs if p.name == "planner")
+    small_submit_stream.stop_procs([planner])
     async with Client(Settings(nats_url=url)) as client:
-        # the stream keeps handled submits until retention purges them: FULL_AT fill it
         accepted = await asyncio.gather(*(client.submit(two_turns(0.0), accepted=False) for _ in range(FULL_AT)))
         with pytest.raises(QuotaExceeded) as full:
             await client.submit(two_turns(0.0))
         assert (full.value.quota, full.value.limit, full.value.current) == ("submit_stream", FULL_AT, FULL_AT)
         assert "LW_SUBMIT" in full.value.reason and "was not stored" in full.value.reason
+        proc = cli(url, "submit", "--scenario", str(path))
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        small_submit_stream.wait_ready([small_submit_stream.start_service("planner")])
         assert await client.state(full.value.run_id) is None  # nothing of it was stored
         for run_id in accepted:  # nothing accepted was dropped
             assert (await client.wait(run_id, timeout=bound(60))).status == "completed"
-    path = tmp_path / "s.yaml"
-    path.write_text("name: s\ntask: t\nplanner: [{text: done}]\n")
-    proc = cli(url, "submit", "--scenario", str(path))
-    assert proc.returncode == 1, proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "the submit stream (LW_SUBMIT) is full" in lines[0], proc.stderr
     assert f"(quota submit_stream: limit {FULL_AT}, current {FULL_AT})" in lines[0]

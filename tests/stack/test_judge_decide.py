@@ -19,6 +19,7 @@ from shared import subjects as S
 from shared.messages import RunSnapshot, RunSubmit, Verdict
 from tests.support.runs import GOOD_SEARCH, escalations_of, run_scenario, submit, tool_results
 from tests.support.timing import bound
+from tests.support.wire import Wire
 
 RUBRIC = {"threshold": 0.8, "criteria": [{"name": "accurate", "weight": 2}, {"name": "cites a source", "hard": True}]}
 ANSWER_309 = (
@@ -37,8 +38,13 @@ async def verdicts(client: Client, run_id: str) -> list[Verdict]:
     return [Verdict.model_validate(e.payload) for e in await client.events(run_id, subjects=S.JUDGE_VERDICT)]
 
 
-async def judge_requests(client: Client, run_id: str) -> list[dict[str, Any]]:
-    return [e.payload for e in await client.events(run_id, subjects=S.JUDGE_SCORE)]
+def judge_requests(wire: Wire, run_id: str) -> list[dict[str, Any]]:
+    """The judge requests the stream stored, as the wire relayed them (the planner removes a run's handled commands
+    from the stream once the run ended; a publish the stream dropped as a duplicate has a message id seen before)."""
+    stored: dict[str, dict[str, Any]] = {}
+    for m in wire.seen:
+        stored.setdefault(m.headers.get("Nats-Msg-Id", str(len(stored))), json.loads(m.data))
+    return [r for r in stored.values() if r["run_id"] == run_id]
 
 
 def decisions(events: list[Any]) -> list[tuple[int, str]]:
@@ -284,29 +290,30 @@ async def test_partial_credit_names_as_written_and_hard_criteria(client: Client)
 
 
 async def test_retry_death_a_stale_answer_is_never_rescored(client: Client) -> None:
-    state = await run_scenario(
-        client,
-        {
-            "name": "d5-retry-death",
-            "task": "Explain JetStream de-duplication.",
-            "answer_mode": "text",
-            "planner": [
-                {"text": ANSWER_309},  # iteration 1: a candidate, scored 0.30 -> retry
-                {"tool_calls": [search("jetstream dedupe window")]},  # iteration 2: tools only, no text
-                {"tool_calls": [search("nats-msg-id")]},  # iteration 3: tools only, no text
-                {"text": ANSWER_309 + " Source: https://docs.nats.io/x"},  # iteration 4: a fresh candidate
-            ],
-            "judge": [
-                {"scores": {"accurate": 0.3, "cites a source": 0.3}, "reasons": {"cites a source": "no URL"}},
-                {"scores": {"accurate": 0.95, "cites a source": 1.0}},
-            ],
-            "tools": {"search": [{"output": GOOD_SEARCH, "times": 2}]},
-            "rubric": RUBRIC,
-            "limits": {"max_judge_retries": 3},
-        },
-    )
+    async with Wire(client, S.JUDGE_SCORE) as wire:
+        state = await run_scenario(
+            client,
+            {
+                "name": "d5-retry-death",
+                "task": "Explain JetStream de-duplication.",
+                "answer_mode": "text",
+                "planner": [
+                    {"text": ANSWER_309},  # iteration 1: a candidate, scored 0.30 -> retry
+                    {"tool_calls": [search("jetstream dedupe window")]},  # iteration 2: tools only, no text
+                    {"tool_calls": [search("nats-msg-id")]},  # iteration 3: tools only, no text
+                    {"text": ANSWER_309 + " Source: https://docs.nats.io/x"},  # iteration 4: a fresh candidate
+                ],
+                "judge": [
+                    {"scores": {"accurate": 0.3, "cites a source": 0.3}, "reasons": {"cites a source": "no URL"}},
+                    {"scores": {"accurate": 0.95, "cites a source": 1.0}},
+                ],
+                "tools": {"search": [{"output": GOOD_SEARCH, "times": 2}]},
+                "rubric": RUBRIC,
+                "limits": {"max_judge_retries": 3},
+            },
+        )
     assert state.status == "completed" and state.passed is True
-    requests = await judge_requests(client, state.run_id)
+    requests = judge_requests(wire, state.run_id)
     assert [r["candidate"]["iteration"] for r in requests] == [1, 4]  # each candidate judged once
     assert [len(r["candidate"]["content"]) for r in requests] == [309, 309 + 31]
     assert [v.candidate_id for v in await verdicts(client, state.run_id)] == [r["candidate"]["id"] for r in requests]

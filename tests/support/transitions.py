@@ -76,29 +76,35 @@ def events(out: Outbox) -> list[str]:
     return [RunEvent.model_validate_json(i.payload).root.kind for i in out.items if i.model not in commands]
 
 
+def run_config(**overrides: Any) -> RunConfig:
+    """A run's resolved config with small limits, as the pure tests build a state by hand; ``overrides`` change it."""
+    fields: dict[str, Any] = {
+        "max_iterations": 5,
+        "max_judge_retries": 0,
+        "max_schema_corrections": 1,
+        "cost_ceiling_usd": 1,
+        "run_token_budget": 1000,
+        "context_budget_tokens": 1000,
+        "not_judged_policy": "fail",
+        "loop_policy": "stop",
+        "loop_window": 6,
+        "loop_repeat_threshold": 3,
+        "answer_mode": "text",
+        "terminal_tools": [],
+        "allowed_tools": None,
+        "rubric": None,
+        "lessons": False,
+        "model": "claude-sonnet-4-5",
+        "max_output_tokens": 100,
+        "max_tool_result_tokens": 100,
+        "keep_recent_turns": 2,
+    }
+    return RunConfig(**(fields | overrides))
+
+
 def state_of(n: int) -> RunState:
     """A run in its first iteration with ``n`` messages of history (about 50 words each)."""
-    cfg = RunConfig(
-        max_iterations=5,
-        max_judge_retries=0,
-        max_schema_corrections=1,
-        cost_ceiling_usd=1,
-        run_token_budget=1000,
-        context_budget_tokens=1000,
-        not_judged_policy="fail",
-        loop_policy="stop",
-        loop_window=6,
-        loop_repeat_threshold=3,
-        answer_mode="submit",
-        terminal_tools=["submit_result"],
-        allowed_tools=None,
-        rubric=None,
-        lessons=False,
-        model="claude-sonnet-4-5",
-        max_output_tokens=100,
-        max_tool_result_tokens=100,
-        keep_recent_turns=3,
-    )
+    cfg = run_config(answer_mode="submit", terminal_tools=["submit_result"], keep_recent_turns=3)
     msgs = [
         ChatMessage(role="user" if i % 2 == 0 else "assistant", content=[TextBlock(text=f"m{i} " * 50)])
         for i in range(n)

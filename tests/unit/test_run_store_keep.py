@@ -4,32 +4,13 @@ queued submits must not push out the states of the runs in flight (each would be
 
 from __future__ import annotations
 
-from services.planner.state import Iteration, RunConfig, RunState
+from services.planner.state import Iteration, RunState
 from services.planner.store import RunStore
 from shared.bus import Bus
 from shared.settings import Settings
+from tests.support.transitions import run_config
 
-CONFIG = RunConfig(
-    max_iterations=10,
-    max_judge_retries=0,
-    max_schema_corrections=1,
-    cost_ceiling_usd=1,
-    run_token_budget=10_000,
-    context_budget_tokens=5000,
-    not_judged_policy="fail",
-    loop_policy="stop",
-    loop_window=6,
-    loop_repeat_threshold=3,
-    answer_mode="text",
-    terminal_tools=[],
-    allowed_tools=None,
-    rubric=None,
-    lessons=False,
-    model="m",
-    max_output_tokens=100,
-    max_tool_result_tokens=100,
-    keep_recent_turns=2,
-)
+CONFIG = run_config(max_iterations=10, run_token_budget=10_000, context_budget_tokens=5000, model="m")
 
 
 def run(run_id: str, status: str = "running") -> RunState:

@@ -12,32 +12,19 @@ one run that compacted at step ~370).
 from __future__ import annotations
 
 from services.planner import context as C
-from services.planner.state import Iteration, RunConfig, RunState
+from services.planner.state import Iteration, RunState
 from services.planner.turns import apply_compaction
 from shared.messages import ChatMessage, TextBlock, ToolResultBlock, ToolUseBlock, Usage
 from shared.providers.scripted import TurnMeter, request_tokens
+from tests.support.transitions import run_config
 
 
 def state(turns: int) -> RunState:
-    cfg = RunConfig(
+    cfg = run_config(
         max_iterations=1000,
-        max_judge_retries=0,
-        max_schema_corrections=1,
         cost_ceiling_usd=100,
         run_token_budget=10_000_000,
         context_budget_tokens=100_000,
-        not_judged_policy="fail",
-        loop_policy="stop",
-        loop_window=6,
-        loop_repeat_threshold=3,
-        answer_mode="text",
-        terminal_tools=[],
-        allowed_tools=None,
-        rubric=None,
-        lessons=False,
-        model="claude-sonnet-4-5",
-        max_output_tokens=100,
-        max_tool_result_tokens=100,
         keep_recent_turns=4,
     )
     s = RunState(
