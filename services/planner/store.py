@@ -61,7 +61,9 @@ class RunStore:
         if not state.tail_stored:  # this save drops the tail the record carries: it must be stored first
             await self.store_tail(state)
         state.seal()
-        revision = await self.bus.kv_put(S.KV_RUNS, state.run_id, state, revision=revision)
+        # a running run's record is replaced at its next step (the bucket keeps the last): stored lean only at rest
+        lean = state.status != "running"
+        revision = await self.bus.kv_put(S.KV_RUNS, state.run_id, state, revision=revision, lean=lean)
         self.keep(state, revision)
         return revision
 

@@ -145,10 +145,14 @@ class Buckets(Publishing):
             return result
         raise CasConflict(f"{bucket}/{key}: still contended after {attempts} attempts")
 
-    async def kv_put(self, bucket: str, key: str, value: BaseModel, *, revision: int | None = None) -> int:
-        """Write ``value``; with ``revision`` it is a compare-and-swap (0 = must not exist yet)."""
+    async def kv_put(
+        self, bucket: str, key: str, value: BaseModel, *, revision: int | None = None, lean: bool = True
+    ) -> int:
+        """Write ``value``; with ``revision`` it is a compare-and-swap (0 = must not exist yet). ``lean``: its empty
+        defaults left out (``lean_json``, ~2.5x the dump's CPU); off for a value the next write soon replaces (a
+        running run's record: the bucket keeps only the last), which readers read the same either way."""
         kv = await self.kv(bucket)
-        data = lean_json(value).encode()
+        data = (lean_json(value) if lean else value.model_dump_json(by_alias=True)).encode()
         data = await self.payloads.offload_value(self.broker.connection, data)
         pre = natsx.kv_subject_prefix(kv)
         if not natsx.key_valid(key) or len(pre) + len(key) > MAX_SUBJECT:
