@@ -9,11 +9,12 @@ import pytest
 from services.planner.admission import Refused, admit, tenant_of
 from services.planner.delegation import DELEGATE
 from services.planner.outcomes import answers
-from services.planner.state import Iteration, RunConfig, RunState, ToolCallRecord
+from services.planner.state import Iteration, RunState, ToolCallRecord
 from shared import subjects as S
 from shared.canonical import digest_of
 from shared.messages import RunSubmit, ToolOutcome
 from shared.settings import Settings
+from tests.support.transitions import run_config
 
 SETTINGS = Settings()
 
@@ -90,29 +91,7 @@ def test_settings_refuse_a_cap_on_no_limit() -> None:
 
 def state_with(tool: str, children: dict[str, str] | None = None) -> tuple[RunState, ToolCallRecord]:
     record = ToolCallRecord(call_id="toolu_1", tool=tool, arguments={}, iteration=1, signature="s")
-    config = RunConfig.model_validate(
-        {
-            "max_iterations": 5,
-            "max_judge_retries": 1,
-            "max_schema_corrections": 1,
-            "cost_ceiling_usd": 1.0,
-            "run_token_budget": 10_000,
-            "context_budget_tokens": 5000,
-            "not_judged_policy": "fail",
-            "loop_policy": "stop",
-            "loop_window": 6,
-            "loop_repeat_threshold": 3,
-            "answer_mode": "text",
-            "terminal_tools": [],
-            "allowed_tools": None,
-            "rubric": None,
-            "lessons": False,
-            "model": "m",
-            "max_output_tokens": 100,
-            "max_tool_result_tokens": 100,
-            "keep_recent_turns": 2,
-        }
-    )
+    config = run_config(max_judge_retries=1, run_token_budget=10_000, context_budget_tokens=5000, model="m")
     state = RunState(
         run_id="victim", task="t", config=config, iteration=Iteration(n=1, tool_calls=[record]), children=children or {}
     )
