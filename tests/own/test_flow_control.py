@@ -222,7 +222,9 @@ async def test_the_cli_says_a_refusal_in_one_line_and_exits_1(
     flow_stack: LocalStack, flow_client: Client, tmp_path: Any
 ) -> None:
     path = tmp_path / "slow.yaml"
-    path.write_text(yaml.safe_dump(slow(3.0)))
+    # the first run must still hold the quota's one slot when the second CLI (a new process: 1-4 s to start on a
+    # loaded machine) submits
+    path.write_text(yaml.safe_dump(slow(8.0)))
     env = {"LW_TENANT": "quota"}  # a client of tenant quota (tenant-bound: it reads through the planner)
     ok = cli(flow_stack, "submit", "--scenario", str(path), env=env)
     assert ok.returncode == 0, ok.stderr
