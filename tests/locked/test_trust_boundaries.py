@@ -72,23 +72,69 @@ async def admin(url: str) -> AsyncIterator[Client]:
         yield c
 
 
+class Refusals:
+    """The permissions violations a raw connection was sent (nats-py hands them to its error callback)."""
+
+    def __init__(self) -> None:
+        self.said: list[str] = []
+        self.arrived = asyncio.Event()
+
+    async def on_error(self, err: Exception) -> None:
+        self.said.append(str(err).lower())
+        self.arrived.set()
+
+    async def of(self, subject: str, since: int) -> None:
+        """Returns once a violation for publishing to ``subject`` came, among those after the first ``since``."""
+        said = f'publish to "{subject.lower()}"'
+        while not any(said in e for e in self.said[since:]):
+            self.arrived.clear()
+            await self.arrived.wait()
+
+
+REFUSALS: dict[int, Refusals] = {}  # by id() of the raw connection
+
+
 @contextlib.asynccontextmanager
 async def raw(url: str, user: str) -> AsyncIterator[nats.NATS]:
     """A bare nats-py connection as ``user`` (what an attacker holding that password has)."""
-    nc = await nats.connect(url, user=user, password=L.PASSWORDS[user], inbox_prefix=L.inbox_of(user))
+    refusals = Refusals()
+    nc = await nats.connect(
+        url, user=user, password=L.PASSWORDS[user], inbox_prefix=L.inbox_of(user), error_cb=refusals.on_error
+    )
+    REFUSALS[id(nc)] = refusals
     try:
         yield nc
     finally:
+        REFUSALS.pop(id(nc), None)
         await nc.close()
 
 
 async def api(nc: nats.NATS, subject: str, body: dict[str, Any] | bytes) -> dict[str, Any] | None:
-    """A JetStream API request; None when no answer came (the server refused the publish)."""
+    """A JetStream API request; None when no answer came: the server refused the publish (said at once, as a
+    permissions violation for the subject), or nothing answered within the bound."""
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    refusals = REFUSALS[id(nc)]
+    since = len(refusals.said)
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox, max_msgs=1)
     try:
-        reply = await nc.request(subject, data, timeout=bound(0.5))  # an allowed API request answers in ms
-    except Exception:
-        return None
+        await nc.publish(subject, data, reply=inbox)
+        refused = asyncio.ensure_future(refusals.of(subject, since))
+        answered = asyncio.ensure_future(sub.next_msg(timeout=bound(0.5)))  # an allowed API request answers in ms
+        await asyncio.wait({refused, answered}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (refused, answered):
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+        if refused.done() and not refused.cancelled():
+            return None
+        try:
+            reply = answered.result()
+        except BaseException:  # timed out (or cancelled): nothing answered
+            return None
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
     try:
         return json.loads(reply.data) if reply.data else {"status": (reply.headers or {}).get("Status")}
     except ValueError:
@@ -286,8 +332,8 @@ async def test_no_one_replaces_a_stored_body(url: str) -> None:
         ref = await planner.payloads.offload(planner.nc, body, headers)
         async with raw(url, "client") as nc:
             with contextlib.suppress(Exception):  # the old attack: the object store's meta, replaced
-                await nc.jetstream().object_store("lw_payloads")
-                await (await nc.jetstream().object_store("lw_payloads")).put(headers["Lw-Payload-Ref"], b"tampered")
+                js = nc.jetstream(timeout=bound(1))  # an allowed API request answers in ms; a refused one never
+                await (await js.object_store("lw_payloads")).put(headers["Lw-Payload-Ref"], b"tampered")
             for chunk in range(2):  # the planner's own chunks: not the client's to write
                 errors = await L.publish_refusals(url, "client", S.payload_subject("planner", body_digest(ref), chunk))
                 assert errors
