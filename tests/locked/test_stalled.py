@@ -112,6 +112,20 @@ async def submit_live(client: Client, fake_model: FakeModel, replies: list[dict[
     return run_id
 
 
+@pytest.fixture(scope="module")
+async def outage_runs(url: str, fake_model: FakeModel) -> dict[str, str]:
+    """A run for each test below that reads a stall, each in a model outage of its own (no reply scripted yet: every
+    request answers HTTP 500), all submitted as the first of those tests starts: their delivery budgets (~5 s each)
+    run out together, not one test after another. ``tenant``'s is tenant acme's, the others the default tenant's."""
+    runs: dict[str, str] = {}
+    async with Client(as_user(url, "client"), identity="client") as client:
+        for name in ("outage", "requeue", "abort"):
+            runs[name] = await submit_live(client, fake_model, [])
+    async with Client(as_user(url, "client_acme", tenant="acme"), identity="client_acme") as acme:
+        runs["tenant"] = await submit_live(acme, fake_model, [])
+    return runs
+
+
 def end_outage(fake_model: FakeModel, run_id: str, replies: list[dict[str, Any]]) -> None:
     fake_model.script(run_id.removeprefix("run-stall-"), replies)
 
@@ -130,9 +144,9 @@ def kinds(events: list[Event]) -> list[str]:
 
 # --- a dead letter -----------------------------------------------------------------------------------------
 async def test_a_model_outage_past_the_delivery_budget_stalls_the_run_and_a_requeue_after_it_completes_it(
-    url: str, stalled_client: Client, alice: Client, fake_model: FakeModel
+    url: str, stalled_client: Client, alice: Client, fake_model: FakeModel, outage_runs: dict[str, str]
 ) -> None:
-    run_id = await submit_live(stalled_client, fake_model, [])  # no reply scripted yet: every request answers 500
+    run_id = outage_runs["outage"]  # no reply scripted yet: every request answers 500
     state = await stalled(stalled_client, run_id)
     stall = state.stall
     assert stall is not None and len(stall.letters) == 1, stall
@@ -171,9 +185,9 @@ async def test_a_model_outage_past_the_delivery_budget_stalls_the_run_and_a_requ
 
 
 async def test_a_person_requeues_the_letter_from_the_queue_item_and_the_run_completes(
-    stalled_client: Client, alice: Client, fake_model: FakeModel
+    stalled_client: Client, alice: Client, fake_model: FakeModel, outage_runs: dict[str, str]
 ) -> None:
-    run_id = await submit_live(stalled_client, fake_model, [])
+    run_id = outage_runs["requeue"]
     state = await stalled(stalled_client, run_id)
     assert state.stall is not None and state.stall.escalation_id
     end_outage(fake_model, run_id, [ANSWER])
@@ -185,9 +199,9 @@ async def test_a_person_requeues_the_letter_from_the_queue_item_and_the_run_comp
 
 
 async def test_a_person_aborts_a_stalled_run_from_its_queue_item(
-    stalled_client: Client, alice: Client, fake_model: FakeModel
+    stalled_client: Client, alice: Client, outage_runs: dict[str, str]
 ) -> None:
-    run_id = await submit_live(stalled_client, fake_model, [])
+    run_id = outage_runs["abort"]
     state = await stalled(stalled_client, run_id)
     assert state.stall is not None and state.stall.escalation_id
     done = await alice.resolve(state.stall.escalation_id, "alice", "abort", "the provider is gone for the day")
@@ -197,9 +211,9 @@ async def test_a_person_aborts_a_stalled_run_from_its_queue_item(
     assert ended.final_reason == "aborted by alice: the provider is gone for the day", ended.final_reason
 
 
-async def test_a_tenant_reads_its_stalled_run_through_the_planner(url: str, fake_model: FakeModel) -> None:
+async def test_a_tenant_reads_its_stalled_run_through_the_planner(url: str, outage_runs: dict[str, str]) -> None:
     async with Client(as_user(url, "client_acme", tenant="acme"), identity="client_acme") as acme:
-        run_id = await submit_live(acme, fake_model, [])
+        run_id = outage_runs["tenant"]  # submitted as acme
         state = await stalled(acme, run_id)  # rpc.runs.state.acme: the tenant reads no bucket
         assert state.stall is not None and state.stall.letters and "gave up on" in state.stall.reason
 
