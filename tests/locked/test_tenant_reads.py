@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import nats
@@ -30,7 +32,7 @@ from shared.scenario import parse_scenario
 from shared.settings import Settings
 from tests.support import locked as L
 from tests.support.stacks import TEST_ENV
-from tests.support.timing import bound
+from tests.support.timing import BoundExpired, bound, eventually
 
 # acme's day must outlast a 300 KB answer (the test default is $0.05 for every tenant but the default one)
 # and a run's limits a long history (a few 80 KB turns, more than one answer of a 300 KB max_payload holds)
@@ -197,6 +199,37 @@ async def test_another_tenants_run_is_answered_exactly_as_a_missing_one(
 # --- no direct read of the runs, the events or the queue; no other tenant's read subject ---------------------------
 
 
+def refusals(errors: list[str], subject: str) -> list[str]:
+    """The permissions violations among ``errors`` for publishing to ``subject`` itself (the server quotes it)."""
+    said = f'publish to "{subject.lower()}"'
+    return [e for e in errors if "permissions violation" in e.lower() and said in e.lower()]
+
+
+async def said_or_after(said: Callable[[], object], seconds: float) -> None:
+    """Returns once ``said()`` is truthy, or after ``seconds`` either way (the caller's assertions judge)."""
+    with contextlib.suppress(BoundExpired):
+        await eventually(said, what="the server's answer", within=seconds, every=0.02)
+
+
+async def ask(nc: NatsClient, errors: list[str], subject: str, body: bytes, seconds: float) -> bytes | None:
+    """A request on ``nc`` (whose error callback fills ``errors``): its answer, or None once the server refused the
+    publish (no one can answer it then) or after ``seconds`` with no answer."""
+    answers: list[bytes] = []
+
+    async def on_answer(msg: Any) -> None:
+        answers.append(msg.data)
+
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox, cb=on_answer, max_msgs=1)
+    try:
+        await nc.publish(subject, body, reply=inbox)
+        await said_or_after(lambda: answers or refusals(errors, subject), seconds)
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+    return answers[0] if answers else None
+
+
 async def acme_connection(url: str, errors: list[str]) -> NatsClient:
     async def on_error(err: Exception) -> None:
         errors.append(str(err))
@@ -245,10 +278,11 @@ async def test_a_tenant_client_gets_nothing_from_the_runs_buckets_event_stream_l
             await nc.subscribe(inbox, cb=on_answer)
             await nc.publish(subject, body, reply=inbox)
             await nc.flush()
-            await asyncio.sleep(0.5)
+            # a refused publish reaches no one, so nothing can answer it once the server said so
+            await said_or_after(functools.partial(refusals, errors, subject), bound(0.5))
         finally:
             await nc.close()
-        refused = [e for e in errors if "permissions violation" in e.lower() and subject.lower() in e.lower()]
+        refused = refusals(errors, subject)
         assert refused, (subject, errors, answers[:1])
         assert not any(theirs.encode() in a for a in answers), (subject, answers[:1])
     # live events: the subscription is refused, and nothing of the run arrives on it
@@ -288,13 +322,16 @@ async def test_a_tenant_client_reads_no_other_tenants_large_body_from_the_claim_
     leaked: list[str] = []
     try:
         subjects: list[str] = []
-        with contextlib.suppress(nats.errors.TimeoutError):  # the subject index names every body
-            info = await nc.request(
-                f"$JS.API.STREAM.INFO.{S.STREAM_PAYLOADS}",
-                json.dumps({"subjects_filter": f"{S.PAYLOAD_PREFIX}.>"}).encode(),
-                timeout=bound(1),
-            )
-            subjects = list((json.loads(info.data).get("state") or {}).get("subjects") or {})
+        # the subject index names every body
+        info = await ask(
+            nc,
+            errors,
+            f"$JS.API.STREAM.INFO.{S.STREAM_PAYLOADS}",
+            json.dumps({"subjects_filter": f"{S.PAYLOAD_PREFIX}.>"}).encode(),
+            bound(1),
+        )
+        if info is not None:
+            subjects = list((json.loads(info).get("state") or {}).get("subjects") or {})
         asks = [
             *subjects,
             S.payload_subject("client", known.sha256, 0),
@@ -302,10 +339,9 @@ async def test_a_tenant_client_reads_no_other_tenants_large_body_from_the_claim_
             f"{S.PAYLOAD_PREFIX}.planner.>",
         ]
         for subject in asks:
-            with contextlib.suppress(nats.errors.TimeoutError):
-                got = await nc.request(f"$JS.API.DIRECT.GET.{S.STREAM_PAYLOADS}.{subject}", b"", timeout=bound(0.5))
-                if secret.encode() in (got.data or b""):
-                    leaked.append(subject)
+            got = await ask(nc, errors, f"$JS.API.DIRECT.GET.{S.STREAM_PAYLOADS}.{subject}", b"", bound(0.5))
+            if secret.encode() in (got or b""):
+                leaked.append(subject)
     finally:
         await nc.close()
     assert leaked == [], leaked[:3]
