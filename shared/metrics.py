@@ -59,6 +59,7 @@ POLL_ERRORS = "loopwarden.metrics.poll_errors"  # counter {what: consumer | stre
 JUDGE_VERDICTS = "loopwarden.judge.verdicts"  # counter {status}
 BUDGET_DECISIONS = "loopwarden.budget.decisions"  # counter {action}
 BUDGET_ESTIMATED_COST = "loopwarden.budget.estimated_cost"  # counter, USD {gen_ai.request.model}
+BUDGET_LEASED_TURNS = "loopwarden.budget.leased_turns"  # counter (planner): turns taken on a decision's lease
 TENANT_COST = "loopwarden.tenant.cost"  # counter, USD {tenant}: spend accounted to a tenant with a ceiling
 TENANT_SPENT_TODAY = "loopwarden.tenant.spent_today"  # gauge, USD {tenant}: its UTC day so far
 TENANT_DAILY_CEILING = "loopwarden.tenant.daily_ceiling"  # gauge, USD {tenant}: what it may spend per UTC day
@@ -287,6 +288,7 @@ CATALOGUE: dict[str, tuple[Kind, str, tuple[str, ...]]] = {
     JUDGE_VERDICTS: ("counter", "", ("judge",)),
     BUDGET_DECISIONS: ("counter", "", ("governor",)),
     BUDGET_ESTIMATED_COST: ("counter", "USD", ("governor",)),
+    BUDGET_LEASED_TURNS: ("counter", "", ("planner",)),
     TENANT_COST: ("counter", "USD", ("governor",)),
     TENANT_SPENT_TODAY: ("gauge", "USD", ("governor",)),
     TENANT_DAILY_CEILING: ("gauge", "USD", ("governor",)),

@@ -86,7 +86,12 @@ class Planner:
         self.store = RunStore(bus)
         # gen_ai.client.token.usage / .operation.duration are recorded per model call
         limiter = RateLimiter(bus, settings, telemetry.meter("loopwarden.ratelimit"))
-        self.turns = ModelTurns(bus, settings, self.store, self.catalogue, self.tracer, telemetry.gen_ai, cost, limiter)
+        leased = meter.create_counter(
+            M.BUDGET_LEASED_TURNS, description="model turns taken on a budget decision's lease, without asking"
+        )
+        self.turns = ModelTurns(
+            bus, settings, self.store, self.catalogue, self.tracer, telemetry.gen_ai, cost, limiter, leased
+        )
         self.fault = settings.fault_inject  # TEST ONLY (tests/test_run_history.py, tests/test_inline_turns.py)
         if self.fault is not None:
             log.warning("TEST FAULT INJECTION: this planner exits at %s", self.fault)
@@ -220,6 +225,7 @@ class Planner:
             if not applied.was_done:
                 self.count(applied.items)
         if any(not applied.was_done for _, applied, _ in done) and state.done:
+            self.turns.leases.drop(run_id)
             self.finished(state)
             if self.tracing:
                 self.agent_span(state)
