@@ -164,9 +164,9 @@ class Governor:
         self.bus, self.settings = bus, settings
         self.tracer = telemetry.tracer("loopwarden.governor")
         meter = telemetry.meter("loopwarden.governor")
-        self.decisions = meter.create_counter(M.BUDGET_DECISIONS, description="budget decisions by action")
-        self.estimated_cost = meter.create_counter(
-            M.BUDGET_ESTIMATED_COST, unit="USD", description="estimated cost of allowed calls (cache rates)"
+        self.decisions = M.Tally(meter, M.BUDGET_DECISIONS, description="budget decisions by action")
+        self.estimated_cost = M.Tally(
+            meter, M.BUDGET_ESTIMATED_COST, unit="USD", description="estimated cost of allowed calls (cache rates)"
         )
         self.tenant_spend = meter.create_counter(M.TENANT_COST, unit="USD", description="spend accounted to tenants")
         # each tenant's UTC day against its ceiling, as this replica last accounted it (read at collection)

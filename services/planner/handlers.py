@@ -75,10 +75,10 @@ class Planner:
         self.tracing = telemetry.exporting
         meter = telemetry.meter("loopwarden.planner")
         self.runs = M.RunMetrics(meter)  # started, finished by status, duration, cost and tokens; by tenant and agent
-        self.decisions = meter.create_counter(M.DECIDE_DECISIONS, description="Decide outcomes by row")
-        cost = meter.create_counter(M.MODEL_COST, unit="USD", description="billed model cost")
-        self.corrections = meter.create_counter(
-            M.TOOL_CORRECTIONS, description="schema-failure streaks by outcome: recovered, escalated"
+        self.decisions = M.Tally(meter, M.DECIDE_DECISIONS, description="Decide outcomes by row")
+        cost = M.Tally(meter, M.MODEL_COST, unit="USD", description="billed model cost")
+        self.corrections = M.Tally(
+            meter, M.TOOL_CORRECTIONS, description="schema-failure streaks by outcome: recovered, escalated"
         )
         self.catalogue = Catalogue(bus)
         # Runs: the record and its history, and what this replica last stored or read of each
@@ -86,8 +86,8 @@ class Planner:
         self.store = RunStore(bus)
         # gen_ai.client.token.usage / .operation.duration are recorded per model call
         limiter = RateLimiter(bus, settings, telemetry.meter("loopwarden.ratelimit"))
-        leased = meter.create_counter(
-            M.BUDGET_LEASED_TURNS, description="model turns taken on a budget decision's lease, without asking"
+        leased = M.Tally(
+            meter, M.BUDGET_LEASED_TURNS, description="model turns taken on a budget decision's lease, without asking"
         )
         self.turns = ModelTurns(
             bus, settings, self.store, self.catalogue, self.tracer, telemetry.gen_ai, cost, limiter, leased

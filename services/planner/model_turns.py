@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
-from opentelemetry.metrics import Counter
 from opentelemetry.trace import Tracer
 
 from services.planner import context as C
@@ -37,6 +36,7 @@ from shared import subjects as S
 from shared.backoff import BackoffPolicy
 from shared.bus import Bus, RequestRefused, TryLater
 from shared.messages import BudgetDecision, BudgetRequest, ChatMessage, RunAdvance, ToolContract, Usage
+from shared.metrics import Tally
 from shared.providers.base import ModelRequest, ModelResponse, ProviderError, StopReasonError, complete_with_retry
 from shared.providers.select import run_provider
 from shared.ratelimit.gate import Gate, Purpose, RateLimiter, RateLimitWait, shown_on
@@ -95,9 +95,9 @@ class ModelTurns:
         catalogue: Catalogue,
         tracer: Tracer,
         gen_ai: GenAiMetrics,
-        cost: Counter,
+        cost: Tally,
         limiter: RateLimiter,
-        leased: Counter | None = None,
+        leased: Tally | None = None,
     ) -> None:
         self.bus, self.settings, self.store, self.catalogue = bus, settings, store, catalogue
         self.tracer, self.gen_ai, self.cost = tracer, gen_ai, cost
