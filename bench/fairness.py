@@ -96,9 +96,9 @@ class Finishes:
     waiters: dict[str, asyncio.Future[float]] = field(default_factory=dict)
     started: dict[str, float] = field(default_factory=dict)  # its run.started (admitted, on a release that queues)
     accepted: dict[str, float] = field(default_factory=dict)  # its first run.queued or run.started: taken in
-    # the runs whose every hop is timed (b's), and when each hop's event arrived: model turns, tool results
-    traced: set[str] = field(default_factory=set)
+    # when each hop's event of a traced run (b's) arrived: its model turns, its tool results
     hops: dict[str, list[float]] = field(default_factory=dict)
+    client: Any = None  # what ``start`` subscribed with
 
     async def start(self, client: Client) -> None:
         async def on_start(msg: Any) -> None:
@@ -110,14 +110,6 @@ class Finishes:
 
         for kind in ("queued", "started"):
             await client.bus.nc.subscribe(S.any_run(S.run_event(kind)), cb=on_start)
-
-        async def on_hop(msg: Any) -> None:
-            rid = (msg.headers or {}).get(RUN_ID_HEADER, "") or msg.subject.rsplit(".", 1)[-1]
-            if rid in self.traced:
-                self.hops.setdefault(rid, []).append(time.perf_counter())
-
-        await client.bus.nc.subscribe(S.any_run(S.run_event("model_called")), cb=on_hop)
-        await client.bus.nc.subscribe(f"{S.TOOL_SUCCEEDED_PREFIX}.*.*", cb=on_hop)  # any tool, any run
 
         async def on_msg(msg: Any) -> None:
             rid = (msg.headers or {}).get(RUN_ID_HEADER, "") or msg.subject.rsplit(".", 1)[-1]
@@ -132,6 +124,19 @@ class Finishes:
 
         for status in ENDED:
             await client.bus.nc.subscribe(S.any_run(S.run_event(status)), cb=on_msg)
+        self.client = client
+
+    async def trace(self, run_ids: list[str]) -> None:
+        """Time every hop of these runs (their model turns' and tool results' events): subscribed per run, so the
+        server sends this process only theirs, not the burst's thousands."""
+
+        async def on_hop(msg: Any) -> None:
+            rid = msg.subject.rsplit(".", 1)[-1]
+            self.hops.setdefault(rid, []).append(time.perf_counter())
+
+        for rid in run_ids:
+            await self.client.bus.nc.subscribe(f"{S.run_event('model_called')}.{rid}", cb=on_hop)
+            await self.client.bus.nc.subscribe(f"{S.TOOL_SUCCEEDED_PREFIX}.*.{rid}", cb=on_hop)  # any tool
 
     async def until(self, run_ids: list[str], timeout: float) -> None:
         loop = asyncio.get_running_loop()
@@ -161,7 +166,7 @@ async def latencies(
     submits = [submit_of(two_turns()) for _ in range(n)]
     started = {}
     if parts is not None:
-        finishes.traced.update(s.run_id for s in submits)
+        await finishes.trace([s.run_id for s in submits])
     subject = S.run_submit(tenant)
 
     async def one(s: RunSubmit) -> None:
@@ -181,7 +186,7 @@ async def latencies(
             marks = [finishes.started[rid], *finishes.hops.get(rid, []), finishes.at[rid]]
             if len(marks) == len(HOPS) + 1:
                 for name, a, b in zip(HOPS, marks, marks[1:], strict=False):
-                    parts.setdefault(name, []).append(b - a)
+                    parts.setdefault(name, []).append(max(0.0, b - a))  # the last two leave together
     return [finishes.at[s.run_id] - started[s.run_id] for s in submits]
 
 
