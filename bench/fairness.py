@@ -51,6 +51,8 @@ except ImportError:  # an earlier release (the tree before flow control): the id
 TWO_TWO = ("planner", "planner", "executor", "executor", "validator", "judge", "governor", "escalation")
 ENV = {"LW_LOG_LEVEL": "WARNING"}
 ENDED = ("completed", "stopped", "failed", "refused")
+# a two_turns run's hops after its start, each timed to the event that ends it
+HOPS = ("start -> turn 1", "turn 1 -> tool result", "tool result -> turn 2", "turn 2 -> final")
 IDLE_S = 5.0  # how long ``--alone`` measures the stack's CPU with no run going
 
 
@@ -94,6 +96,9 @@ class Finishes:
     waiters: dict[str, asyncio.Future[float]] = field(default_factory=dict)
     started: dict[str, float] = field(default_factory=dict)  # its run.started (admitted, on a release that queues)
     accepted: dict[str, float] = field(default_factory=dict)  # its first run.queued or run.started: taken in
+    # when each hop's event of a traced run (b's) arrived: its model turns, its tool results
+    hops: dict[str, list[float]] = field(default_factory=dict)
+    client: Any = None  # what ``start`` subscribed with
 
     async def start(self, client: Client) -> None:
         async def on_start(msg: Any) -> None:
@@ -119,6 +124,19 @@ class Finishes:
 
         for status in ENDED:
             await client.bus.nc.subscribe(S.any_run(S.run_event(status)), cb=on_msg)
+        self.client = client
+
+    async def trace(self, run_ids: list[str]) -> None:
+        """Time every hop of these runs (their model turns' and tool results' events): subscribed per run, so the
+        server sends this process only theirs, not the burst's thousands."""
+
+        async def on_hop(msg: Any) -> None:
+            rid = msg.subject.rsplit(".", 1)[-1]
+            self.hops.setdefault(rid, []).append(time.perf_counter())
+
+        for rid in run_ids:
+            await self.client.bus.nc.subscribe(f"{S.run_event('model_called')}.{rid}", cb=on_hop)
+            await self.client.bus.nc.subscribe(f"{S.TOOL_SUCCEEDED_PREFIX}.*.{rid}", cb=on_hop)  # any tool
 
     async def until(self, run_ids: list[str], timeout: float) -> None:
         loop = asyncio.get_running_loop()
@@ -147,6 +165,8 @@ async def latencies(
     also to its intake and to its start)."""
     submits = [submit_of(two_turns()) for _ in range(n)]
     started = {}
+    if parts is not None:
+        await finishes.trace([s.run_id for s in submits])
     subject = S.run_submit(tenant)
 
     async def one(s: RunSubmit) -> None:
@@ -157,8 +177,16 @@ async def latencies(
     await finishes.until([s.run_id for s in submits], timeout)
     if parts is not None:
         ids = [s.run_id for s in submits]
-        parts["intake"] = [finishes.accepted[r] - started[r] for r in ids if r in finishes.accepted]
-        parts["start"] = [finishes.started[r] - started[r] for r in ids if r in finishes.started]
+        parts.setdefault("intake", []).extend(finishes.accepted[r] - started[r] for r in ids if r in finishes.accepted)
+        parts.setdefault("start", []).extend(finishes.started[r] - started[r] for r in ids if r in finishes.started)
+        # each hop after the start: first model turn, tool result, second model turn, final event
+        for rid in ids:
+            if rid not in finishes.started or rid not in finishes.at:
+                continue
+            marks = [finishes.started[rid], *finishes.hops.get(rid, []), finishes.at[rid]]
+            if len(marks) == len(HOPS) + 1:
+                for name, a, b in zip(HOPS, marks, marks[1:], strict=False):
+                    parts.setdefault(name, []).append(max(0.0, b - a))  # the last two leave together
     return [finishes.at[s.run_id] - started[s.run_id] for s in submits]
 
 
@@ -211,17 +239,18 @@ def run(burst: int = 1000, small: int = 20, env: dict[str, str] | None = None) -
         async def main() -> None:
             async with Client(Settings(nats_url=stack.nats_url)) as client:
                 finishes = await warmed(client, timeout)
-                alone = await latencies(client, finishes, "b", small, timeout)
+                alone_parts: dict[str, list[float]] = {}
+                alone = await latencies(client, finishes, "b", small, timeout, alone_parts)
                 # a alone: throughput
                 phase = await alone_phase(client, finishes, stack, burst, timeout)
                 r["a_alone_s"], r["a_alone_cpu"] = phase["wall_s"], phase
-                alone += await latencies(client, finishes, "b", small, timeout)
+                alone += await latencies(client, finishes, "b", small, timeout, alone_parts)
                 # b behind a's burst
                 burst_a = [submit_of(two_turns()) for _ in range(burst)]
                 t0 = await publish(client, "a", burst_a)
                 parts: dict[str, list[float]] = {}
                 behind = await latencies(client, finishes, "b", small, timeout, parts)
-                r["b_parts"] = parts
+                r["b_parts"], r["b_alone_parts"] = parts, alone_parts
                 await finishes.until([s.run_id for s in burst_a], timeout)
                 r["a_shared_s"] = max(finishes.at[s.run_id] for s in burst_a) - t0
                 r["b_alone"], r["b_behind"] = alone, behind
@@ -255,6 +284,12 @@ def report(r: dict[str, Any]) -> list[str]:
         + (f"{pct(r['b_parts']['intake'], 0.5):.2f} s" if r["b_parts"].get("intake") else "-")
         + ", submit -> started p50 "
         + (f"{pct(r['b_parts']['start'], 0.5):.2f} s" if r["b_parts"].get("start") else "-"),
+        "    where b's time goes, p50 alone -> behind a: "
+        + ", ".join(
+            f"{name} {pct(r['b_alone_parts'][name], 0.5):.2f} -> {pct(r['b_parts'][name], 0.5):.2f} s"
+            for name in ("start", *HOPS)
+            if r["b_alone_parts"].get(name) and r["b_parts"].get(name)
+        ),
         f"  tenant a alone: {r['burst']} runs in {r['a_alone_s']:.1f} s = {r['burst'] / r['a_alone_s']:.1f} runs/s; "
         f"with b's beside: {r['a_shared_s']:.1f} s; runs of a's not completed: {r['not_completed']}",
         "  " + cpu_line(r["a_alone_cpu"]),

@@ -29,11 +29,11 @@ class CallIdentity:
     @classmethod
     def of(cls, message: ToolCall | ToolResultRaw | ToolOutcome) -> CallIdentity:
         """The identity a call message carries."""
-        return cls(**{f.name: getattr(message, f.name) for f in fields(cls)})
+        return cls(**{name: getattr(message, name) for name in _NAMES})
 
     def fields(self) -> dict[str, Any]:
         """The identity's fields by name, as every call message spells them."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return {name: getattr(self, name) for name in _NAMES}
 
     def as_fallback(self, tool: str, note: FallbackNote) -> CallIdentity:
         """The same call run again by its fallback ``tool``: its own attempt id, the reason in ``note``."""
@@ -79,3 +79,6 @@ class CallIdentity:
             attempts=attempts,
             **{k: v for k, v in extra.items() if v is not None},
         )
+
+
+_NAMES = tuple(f.name for f in fields(CallIdentity))  # the identity's fields, in order (read per message)

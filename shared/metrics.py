@@ -14,7 +14,7 @@ most ``MAX_LABEL_VALUES`` distinct values of such a label per process, and repor
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Literal
+from typing import Any, Literal
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
@@ -59,6 +59,7 @@ POLL_ERRORS = "loopwarden.metrics.poll_errors"  # counter {what: consumer | stre
 JUDGE_VERDICTS = "loopwarden.judge.verdicts"  # counter {status}
 BUDGET_DECISIONS = "loopwarden.budget.decisions"  # counter {action}
 BUDGET_ESTIMATED_COST = "loopwarden.budget.estimated_cost"  # counter, USD {gen_ai.request.model}
+BUDGET_LEASED_TURNS = "loopwarden.budget.leased_turns"  # counter (planner): turns taken on a decision's lease
 TENANT_COST = "loopwarden.tenant.cost"  # counter, USD {tenant}: spend accounted to a tenant with a ceiling
 TENANT_SPENT_TODAY = "loopwarden.tenant.spent_today"  # gauge, USD {tenant}: its UTC day so far
 TENANT_DAILY_CEILING = "loopwarden.tenant.daily_ceiling"  # gauge, USD {tenant}: what it may spend per UTC day
@@ -238,6 +239,33 @@ class Gauges:
         return [Observation(v, dict(row)) for row, v in list(self.values.items())]
 
 
+class Tally:
+    """A counter whose sums are kept in the process and read at collection (an observable counter): ``add``
+    is a dict update, where the SDK's counter aggregates each call (~20 us on a step's path, every step, in
+    every service). A scrape reads the same monotonic sum per label set a counter exports, under the same
+    name and unit; past ``MAX_ROWS`` label sets a further one is counted in the overflow set, as the SDK's
+    cardinality limit does."""
+
+    MAX_ROWS = 2000
+    OVERFLOW: tuple[tuple[str, Any], ...] = (("otel.metric.overflow", True),)
+
+    def __init__(self, meter: Meter, name: str, *, unit: str = "", description: str = "") -> None:
+        self.values: dict[tuple[tuple[str, Any], ...], float] = {}
+        meter.create_observable_counter(name, callbacks=[self.observe], unit=unit, description=description)
+
+    def add(self, amount: float, attributes: Mapping[str, Any] | None = None) -> None:
+        if amount < 0:  # a counter only grows (the SDK drops a negative add too)
+            return
+        row = tuple(sorted(attributes.items())) if attributes else ()
+        values = self.values
+        if row not in values and len(values) >= self.MAX_ROWS:
+            row = self.OVERFLOW
+        values[row] = values.get(row, 0) + amount
+
+    def observe(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(v, dict(row)) for row, v in list(self.values.items())]
+
+
 def computed_gauge(
     meter: Meter,
     name: str,
@@ -287,6 +315,7 @@ CATALOGUE: dict[str, tuple[Kind, str, tuple[str, ...]]] = {
     JUDGE_VERDICTS: ("counter", "", ("judge",)),
     BUDGET_DECISIONS: ("counter", "", ("governor",)),
     BUDGET_ESTIMATED_COST: ("counter", "USD", ("governor",)),
+    BUDGET_LEASED_TURNS: ("counter", "", ("planner",)),
     TENANT_COST: ("counter", "USD", ("governor",)),
     TENANT_SPENT_TODAY: ("gauge", "USD", ("governor",)),
     TENANT_DAILY_CEILING: ("gauge", "USD", ("governor",)),

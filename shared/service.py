@@ -33,6 +33,9 @@ from shared.urls import redact_url
 # young generation of 10k allocations lets a message's short-lived objects die by refcount first.
 GC_THRESHOLDS = (10_000, 20, 10)
 
+# The services that count tokens before a model call (the planner's turns, the judge's scoring): ``warm_up``.
+COUNTS_TOKENS = frozenset({"planner", "judge"})
+
 # build(bus, settings, telemetry) registers handlers and returns an optional
 # coroutine factory run once the broker is connected (e.g. registering tool contracts).
 AfterConnect = Callable[[], Awaitable[None]] | None
@@ -49,6 +52,15 @@ def configure_logging(level: str) -> None:
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(level)))
 
 
+def warm_up(service: str) -> None:
+    """Load now what the services that count a model call's tokens would otherwise load in their first run's first
+    turn: the tokenizer's BPE table (~0.15 s; each replica started, e.g. by a rolling upgrade, made a run wait)."""
+    if service in COUNTS_TOKENS:
+        from shared import tokens
+
+        tokens.encoding()
+
+
 async def serve(service: str, build: Build, settings: Settings | None = None) -> None:
     settings = settings or load_settings(service)
     configure_logging(settings.log_level)
@@ -56,6 +68,7 @@ async def serve(service: str, build: Build, settings: Settings | None = None) ->
     bus = Bus(settings, service, telemetry.bus_tracer_provider, telemetry.meter_provider)
     after_connect = build(bus, settings, telemetry)
     registration = Registration(bus, service)  # this replica in lw_replicas while it runs (shared/replicas.py)
+    warm_up(service)
     gc.collect()
     gc.freeze()  # the modules, settings and handlers built so far: out of every later collection
     gc.set_threshold(*GC_THRESHOLDS)

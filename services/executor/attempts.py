@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any, assert_never
 
-from opentelemetry.metrics import Counter, Histogram
+from opentelemetry.metrics import Histogram
 from opentelemetry.trace import Status, StatusCode, Tracer
 
 from services.executor import ids
@@ -28,6 +28,7 @@ from shared.bus import Bus
 from shared.call_identity import CallIdentity
 from shared.canonical import cache_key
 from shared.messages import CachedToolResult, ToolCall, ToolResultRaw
+from shared.metrics import Tally
 from shared.settings import FaultPoint, Settings
 from shared.tools import ToolContext, ToolFailure, ToolFn
 
@@ -63,7 +64,7 @@ class Attempts:
         bus: Bus,
         settings: Settings,
         tracer: Tracer,
-        attempts: Counter,
+        attempts: Tally,
         fault: Callable[[FaultPoint], None],
         ownership: Ownership,
         finisher: Finisher,

@@ -49,7 +49,7 @@ class Executor:
         self.bus, self.settings, self.registry = bus, settings, registry
         self.tracer = telemetry.tracer("loopwarden.executor")
         meter = telemetry.meter("loopwarden.executor")
-        self.attempts = meter.create_counter(M.TOOL_ATTEMPTS, description="tool attempts by result")
+        self.attempts = M.Tally(meter, M.TOOL_ATTEMPTS, description="tool attempts by result")
         durations = meter.create_histogram(
             M.TOOL_DURATION,
             unit="s",

@@ -16,13 +16,19 @@
   fallback model is used if that fits, otherwise one last tool-less wrap-up turn if *that*
   fits, otherwise the run stops gracefully (block).
 * A daily cost ceiling per tenant (the handler keeps what each tenant spent today).
+* A lease (``lease_for``): an ``allow`` with nothing to say may cover the run's next turns, within bounds
+  on the history and the run's spend at whose corner the rule above was asked and still allows the same;
+  the planner takes those turns without asking and reports their calls when it next asks (``observe``).
 """
 
 from __future__ import annotations
 
+import math
+from typing import TypedDict, Unpack
+
 from pydantic import BaseModel, Field
 
-from shared.messages import BudgetDecision, BudgetRequest, SectionTokens, Usage
+from shared.messages import BudgetDecision, BudgetLease, BudgetRequest, SectionTokens, Usage
 from shared.pricing import cost_usd
 
 SHARES = {"goal": 0.10, "history": 0.40, "tools": 0.30, "output": 0.20}
@@ -47,6 +53,8 @@ class BudgetLedger(BaseModel):
     last_call: Usage = Field(default_factory=Usage, description="the provider's usage of the last call")
     tenant_accounted_usd: float = Field(0.0, description="this run's spend already added to its tenant's day")
     delegated_usd: float = Field(0.0, description="the part of the run's spend its sub-agents account themselves")
+    last_turn: int = Field(0, description="the turn of the last decision")
+    leased_to: int = Field(0, description="the last turn that decision's lease covered (0: none)")
 
 
 def allocate(total: int) -> dict[str, int]:
@@ -74,10 +82,14 @@ def rebalance(alloc: dict[str, int], used: SectionTokens) -> dict[str, int]:
 # --- calibration ------------------------------------------------------------------------------
 
 
-def observe(ledger: BudgetLedger, req: BudgetRequest) -> tuple[str, float] | None:
-    """Read what the provider reported for the last call (the growth of the run's spend since it was
-    decided) and remember it; returns a (model, reported/estimated) sample when one is clean: exactly
-    one planner call happened in between (a compaction adds a summary call, so none is taken)."""
+def observe(ledger: BudgetLedger, req: BudgetRequest) -> list[tuple[str, float]]:
+    """Read what the provider reported for the calls since the last decision and remember it; returns
+    the (model, reported/estimated) samples that are clean. Without a lease in between, the growth of
+    the run's spend is the last call's: a sample when exactly one planner call happened (a compaction
+    adds a summary call, so none is taken). After turns taken on a lease, that growth is several calls:
+    each call the planner reports (``req.leased``) is one sample of its own."""
+    if ledger.leased_to > ledger.last_turn and req.turn > ledger.last_turn + 1:
+        return _observe_leased(ledger, req)
     delta = Usage(
         input_tokens=req.spent.input_tokens - ledger.last_spent.input_tokens,
         output_tokens=req.spent.output_tokens - ledger.last_spent.output_tokens,
@@ -87,17 +99,35 @@ def observe(ledger: BudgetLedger, req: BudgetRequest) -> tuple[str, float] | Non
             req.spent.cache_creation_input_tokens - ledger.last_spent.cache_creation_input_tokens
         ),
     )
-    sample = None
+    samples = []
     if ledger.last_prompt_estimate > 0 and delta.input_tokens > 0:
         ledger.last_call = delta
         ratio = delta.input_tokens / ledger.last_prompt_estimate
-        lo, hi = CALIBRATION_BOUNDS
         # A ratio far outside what two tokenizers differ by measures something else (a scripted or
         # overridden usage, a provider-side addition): it is not taken.
-        if ledger.last_action in ("allow", "warn") and lo <= ratio <= hi:
-            sample = (ledger.last_model, ratio)
+        if ledger.last_action in ("allow", "warn") and _plausible(ratio):
+            samples.append((ledger.last_model, ratio))
     ledger.last_spent = req.spent
-    return sample
+    return samples
+
+
+def _plausible(ratio: float) -> bool:
+    lo, hi = CALIBRATION_BOUNDS
+    return lo <= ratio <= hi
+
+
+def _observe_leased(ledger: BudgetLedger, req: BudgetRequest) -> list[tuple[str, float]]:
+    """The calls made on the last decision's lease (an ``allow`` of ``ledger.last_model``), as the planner
+    reports them: none reported (another replica took the turns, or the planner restarted) is no sample."""
+    samples = []
+    for call in req.leased:
+        if ledger.last_turn < call.turn < req.turn and call.prompt_tokens > 0 and call.usage.input_tokens > 0:
+            ledger.last_call = call.usage
+            ratio = call.usage.input_tokens / call.prompt_tokens
+            if _plausible(ratio):
+                samples.append((ledger.last_model, ratio))
+    ledger.last_spent = req.spent
+    return samples
 
 
 def updated_ratio(old: float | None, sample: float, weight: float) -> float:
@@ -282,4 +312,103 @@ def evaluate(
         usage_ratio=round(ratio, 4),
         calibration=calibration,
         estimated_cost_usd=round(estimate, 8),
+    )
+
+
+# --- the lease -------------------------------------------------------------------------------
+
+
+class Rule(TypedDict):
+    """``evaluate``'s settings for one decision (its tenant ceiling aside)."""
+
+    warn_at: float
+    compact_at: float
+    fallback_model: str | None
+    exhausted_policy: str
+    compact_at_cached: float
+    wrap_up_reserve_usd: float
+    wrap_up_output_tokens: int
+    calibration: float
+
+
+def lease_for(
+    req: BudgetRequest,
+    ledger: BudgetLedger,
+    decision: BudgetDecision,
+    *,
+    turns: int,
+    seconds: float,
+    **rule: Unpack[Rule],
+) -> BudgetLease | None:
+    """The later turns ``decision`` may cover (``rule``: ``evaluate``'s keyword arguments, its
+    ``calibration`` included, no tenant ceiling): none unless it allows with nothing to say. The
+    bounds: the history may grow half the way to where the rule compacts or the context overflows;
+    the run's spent tokens and cost up to where, with that history, the rule would warn, block, fall
+    back or wrap up, at the dearest cache rates. Every condition of the rule only tightens as the
+    history and the spend grow (the other sections, the model and the ledger's flags held as they
+    are), so where it allows the same at the corner of the bounds it does everywhere inside them:
+    that is checked, by asking the rule itself at the corner, before the lease is given."""
+    if turns <= 0 or req.wrap_up or decision.action != "allow" or decision.reasons or decision.fired:
+        return None
+    c = decision.calibration
+    alloc = decision.allocations
+    s = req.sections
+    out = min(s.output, alloc["output"]) if alloc.get("output") else s.output  # as ``evaluate`` caps the reply
+
+    def at(history: int) -> SectionTokens:
+        return calibrated(SectionTokens(goal=s.goal, history=history, tools=s.tools, output=s.output), c)
+
+    def fits(history: int) -> bool:
+        cs = at(history)
+        room = alloc.get("history", 0)
+        return (
+            room > 0
+            and cs.history / room < rule["compact_at"]
+            and cs.goal + cs.history + cs.tools + out <= req.context_budget_tokens
+        )
+
+    head = at(0)
+    top = min(rule["compact_at"] * alloc.get("history", 0), req.context_budget_tokens - head.goal - head.tools - out)
+    limit = int(max(0.0, top) / c) + 2
+    while limit >= s.history and not fits(limit):
+        limit -= 1
+    if limit < s.history:
+        return None
+    history = s.history + (limit - s.history) // 2
+    cs = at(history)
+    prompt = cs.goal + cs.history + cs.tools
+    share = 1.0 if "warn" in ledger.fired else rule["warn_at"]
+    tokens = math.ceil(share * req.run_token_budget - prompt - out) - 1
+    while tokens >= 0 and (tokens + prompt + out) / req.run_token_budget >= share:
+        tokens -= 1
+    dearest = max(cost_usd(decision.model, prompt, out), cost_usd(decision.model, prompt, out, cache_write=prompt))
+    usd = round(req.cost_ceiling_usd - rule["wrap_up_reserve_usd"] - dearest, 8) - 1e-8
+    spent = req.spent
+    if tokens < spent.input_tokens + spent.output_tokens or usd < spent.cost_usd:
+        return None
+    corner = req.model_copy(
+        update={
+            "turn": req.turn + turns,
+            "sections": SectionTokens(goal=s.goal, history=history, tools=s.tools, output=s.output),
+            "spent": Usage(input_tokens=tokens, cost_usd=usd),
+        }
+    )
+    uncached, written = Usage(), Usage(input_tokens=1, cache_creation_input_tokens=1)  # the dearest: all written
+    for last_call, last_model in ((uncached, ledger.last_model), (written, "")):
+        asked = ledger.model_copy(deep=True, update={"last_call": last_call, "last_model": last_model})
+        d = evaluate(corner, asked, **rule)
+        if (d.action, d.model, d.max_output_tokens, d.reasons, d.fired) != (
+            "allow",
+            decision.model,
+            decision.max_output_tokens,
+            [],
+            [],
+        ):
+            return None
+    return BudgetLease(
+        until_turn=req.turn + turns,
+        expires_in_s=seconds,
+        max_history_tokens=history,
+        max_spent_tokens=tokens,
+        max_spent_usd=usd,
     )

@@ -1,6 +1,7 @@
-"""Governor handlers: one budget decision per (run, turn), stored, so a retried request gets
-the same answer and thresholds fire once; per-model calibration of the token estimate; what
-each tenant spent today (from budget requests, and from each run's final usage)."""
+"""Governor handlers: one budget decision per (run, turn) asked about, stored, so a retried request gets
+the same answer and thresholds fire once (a plain allow may lease the run's next turns: ``budget.lease_for``);
+per-model calibration of the token estimate; what each tenant spent today (from budget requests, and from
+each run's final usage)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from collections import OrderedDict
 from pydantic import BaseModel, Field
 
 from services.governor import ids
-from services.governor.budget import BudgetLedger, evaluate, observe, updated_ratio
+from services.governor.budget import BudgetLedger, Rule, evaluate, lease_for, observe, updated_ratio
 from shared import metrics as M
 from shared import subjects as S
 from shared import telemetry as T
@@ -163,9 +164,9 @@ class Governor:
         self.bus, self.settings = bus, settings
         self.tracer = telemetry.tracer("loopwarden.governor")
         meter = telemetry.meter("loopwarden.governor")
-        self.decisions = meter.create_counter(M.BUDGET_DECISIONS, description="budget decisions by action")
-        self.estimated_cost = meter.create_counter(
-            M.BUDGET_ESTIMATED_COST, unit="USD", description="estimated cost of allowed calls (cache rates)"
+        self.decisions = M.Tally(meter, M.BUDGET_DECISIONS, description="budget decisions by action")
+        self.estimated_cost = M.Tally(
+            meter, M.BUDGET_ESTIMATED_COST, unit="USD", description="estimated cost of allowed calls (cache rates)"
         )
         self.tenant_spend = meter.create_counter(M.TENANT_COST, unit="USD", description="spend accounted to tenants")
         # each tenant's UTC day against its ceiling, as this replica last accounted it (read at collection)
@@ -334,16 +335,11 @@ class Governor:
             ledger = ledger or BudgetLedger(run_id=req.run_id, tenant=req.tenant)
             if str(req.turn) in ledger.decisions:  # asked again (a redelivery): the same answer
                 return Unchanged(ledger.decisions[str(req.turn)])
-            samples.clear()
-            sample = observe(ledger, req)
-            if sample is not None:
-                samples.append(sample)
+            samples[:] = observe(ledger, req)
             calibration = self.learned(req.model, samples)
             ledger.tenant_accounted_usd = own
             ledger.delegated_usd = req.delegated_usd
-            decision = evaluate(
-                req,
-                ledger,
+            rule = Rule(
                 warn_at=s.warn_at,
                 compact_at=s.compact_at,
                 fallback_model=s.fallback_model,
@@ -352,9 +348,14 @@ class Governor:
                 wrap_up_reserve_usd=s.wrap_up_reserve_usd,
                 wrap_up_output_tokens=s.wrap_up_output_tokens,
                 calibration=calibration,
-                tenant_spent_usd=tenant_spent,
-                tenant_ceiling_usd=ceiling,
             )
+            decision = evaluate(req, ledger, **rule, tenant_spent_usd=tenant_spent, tenant_ceiling_usd=ceiling)
+            if ceiling is None:  # a tenant with a ceiling asks every turn: its day is read against it each time
+                decision.lease = lease_for(
+                    req, ledger, decision, turns=s.budget_lease_turns, seconds=s.budget_lease_s, **rule
+                )
+            ledger.last_turn = req.turn
+            ledger.leased_to = decision.lease.until_turn if decision.lease is not None else 0
             ledger.decisions[str(req.turn)] = decision
             for old in sorted(ledger.decisions, key=int)[:-KEEP_DECISIONS]:  # the ledger does not grow with the run
                 del ledger.decisions[old]
@@ -374,6 +375,8 @@ class Governor:
             span.set_attribute(T.LW_BUDGET_ACTION, decision.action)
             span.set_attribute("loopwarden.budget.calibration", decision.calibration)
             span.set_attribute("loopwarden.budget.estimated_cost_usd", decision.estimated_cost_usd)
+            if decision.lease is not None:
+                span.set_attribute("loopwarden.budget.lease_until_turn", decision.lease.until_turn)
         for model, sample in samples:
             self.learn(model, sample)
         self.decisions.add(1, {"action": decision.action})

@@ -75,10 +75,10 @@ class Planner:
         self.tracing = telemetry.exporting
         meter = telemetry.meter("loopwarden.planner")
         self.runs = M.RunMetrics(meter)  # started, finished by status, duration, cost and tokens; by tenant and agent
-        self.decisions = meter.create_counter(M.DECIDE_DECISIONS, description="Decide outcomes by row")
-        cost = meter.create_counter(M.MODEL_COST, unit="USD", description="billed model cost")
-        self.corrections = meter.create_counter(
-            M.TOOL_CORRECTIONS, description="schema-failure streaks by outcome: recovered, escalated"
+        self.decisions = M.Tally(meter, M.DECIDE_DECISIONS, description="Decide outcomes by row")
+        cost = M.Tally(meter, M.MODEL_COST, unit="USD", description="billed model cost")
+        self.corrections = M.Tally(
+            meter, M.TOOL_CORRECTIONS, description="schema-failure streaks by outcome: recovered, escalated"
         )
         self.catalogue = Catalogue(bus)
         # Runs: the record and its history, and what this replica last stored or read of each
@@ -86,7 +86,12 @@ class Planner:
         self.store = RunStore(bus)
         # gen_ai.client.token.usage / .operation.duration are recorded per model call
         limiter = RateLimiter(bus, settings, telemetry.meter("loopwarden.ratelimit"))
-        self.turns = ModelTurns(bus, settings, self.store, self.catalogue, self.tracer, telemetry.gen_ai, cost, limiter)
+        leased = M.Tally(
+            meter, M.BUDGET_LEASED_TURNS, description="model turns taken on a budget decision's lease, without asking"
+        )
+        self.turns = ModelTurns(
+            bus, settings, self.store, self.catalogue, self.tracer, telemetry.gen_ai, cost, limiter, leased
+        )
         self.fault = settings.fault_inject  # TEST ONLY (tests/test_run_history.py, tests/test_inline_turns.py)
         if self.fault is not None:
             log.warning("TEST FAULT INJECTION: this planner exits at %s", self.fault)
@@ -220,6 +225,7 @@ class Planner:
             if not applied.was_done:
                 self.count(applied.items)
         if any(not applied.was_done for _, applied, _ in done) and state.done:
+            self.turns.leases.drop(run_id)
             self.finished(state)
             if self.tracing:
                 self.agent_span(state)

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
-from opentelemetry.metrics import Counter
 from opentelemetry.trace import Tracer
 
 from services.planner import context as C
 from services.planner.catalogue import Catalogue
 from services.planner.hosting import Hosting
+from services.planner.leases import Leases
 from services.planner.state import PublishRecord, RunState
 from services.planner.store import RunStore
 from services.planner.transaction import scheduled_turn
@@ -36,6 +36,7 @@ from shared import subjects as S
 from shared.backoff import BackoffPolicy
 from shared.bus import Bus, RequestRefused, TryLater
 from shared.messages import BudgetDecision, BudgetRequest, ChatMessage, RunAdvance, ToolContract, Usage
+from shared.metrics import Tally
 from shared.providers.base import ModelRequest, ModelResponse, ProviderError, StopReasonError, complete_with_retry
 from shared.providers.select import run_provider
 from shared.ratelimit.gate import Gate, Purpose, RateLimiter, RateLimitWait, shown_on
@@ -56,6 +57,7 @@ class Prefetched:
     state: RunState
     contracts: dict[str, ToolContract]
     planned: ModelRequest
+    asked: BudgetRequest
     decision: asyncio.Future[BudgetDecision]
     revision: int | None = None  # what the state was saved at (None: not saved, never used)
 
@@ -93,8 +95,9 @@ class ModelTurns:
         catalogue: Catalogue,
         tracer: Tracer,
         gen_ai: GenAiMetrics,
-        cost: Counter,
+        cost: Tally,
         limiter: RateLimiter,
+        leased: Tally | None = None,
     ) -> None:
         self.bus, self.settings, self.store, self.catalogue = bus, settings, store, catalogue
         self.tracer, self.gen_ai, self.cost = tracer, gen_ai, cost
@@ -102,6 +105,8 @@ class ModelTurns:
         # a called tool no running executor replica hosts (through the grace): unknown_tool
         self.hosting = Hosting(catalogue.hosted, grace_s=settings.tool_host_grace_s)
         self.prefetched: OrderedDict[str, Prefetched] = OrderedDict()  # per run: its next turn's budget decision
+        self.leases = Leases()  # per run: the turns its last decision allows without asking (``leases.py``)
+        self.leased = leased  # turns taken on a lease (loopwarden.budget.leased_turns)
         self.fault = settings.fault_inject  # TEST ONLY (tests/test_inline_turns.py)
 
     def request(
@@ -157,6 +162,7 @@ class ModelTurns:
                 return Taken(Blocked(f"{wrap} (the wrap-up turn failed: {err})"))
             return Taken(ProviderFailed(f"model call failed: {err}"))
         self.count_cost(response.usage)
+        self.leases.called(ev.run_id, ev.iteration, response.usage)  # a turn taken on a lease: reported next ask
         if wrap:  # the run's last turn, without tools
             return Taken(WrappedUp(ev.iteration, decision.model, response, wrap, Sent.of(planned)), storing)
         if any(call.name not in contracts for call in response.tool_calls):
@@ -187,9 +193,12 @@ class ModelTurns:
         if contracts is None or state.done or state.status != "running" or state.iteration.n != turn:
             return
         req = self.request(state, contracts, state.model, state.config.max_output_tokens)
-        decision = asyncio.ensure_future(self.ask_budget(C.budget_request(state, req)))
+        budget = C.budget_request(state, req)
+        if self.leases.covers(budget):
+            return  # the turn is on the run's lease: nothing to ask (``reserve`` finds it so again)
+        decision = asyncio.ensure_future(self.ask_budget(self.leases.asking(budget)))
         decision.add_done_callback(_retrieved)
-        self.prefetched[state.run_id] = Prefetched(turn, state, contracts, req, decision)
+        self.prefetched[state.run_id] = Prefetched(turn, state, contracts, req, budget, decision)
         self.prefetched.move_to_end(state.run_id)
         while len(self.prefetched) > PREFETCHED_MAX:
             self.prefetched.popitem(last=False)
@@ -213,9 +222,19 @@ class ModelTurns:
         early = self.prefetched.pop(state.run_id, None)
         if early is not None and early.fits(state, self.store.revision(state), contracts):
             # the early ask is this turn's ask: its failure (no answer, a refusal) is the turn's, as it would be now
-            return await early.decision, early.planned
+            decision = await early.decision
+            self.leases.decided(early.asked, decision)
+            return decision, early.planned
         req = self.request(state, contracts, state.model, state.config.max_output_tokens)
-        return await self.ask_budget(C.budget_request(state, req)), req
+        budget = C.budget_request(state, req)
+        leased = self.leases.allow(budget)
+        if leased is not None:  # the run's last decision allows this turn as it is: no round trip to the governor
+            if self.leased is not None:
+                self.leased.add(1)
+            return leased, req
+        decision = await self.ask_budget(self.leases.asking(budget))
+        self.leases.decided(budget, decision)
+        return decision, req
 
     # --- the model ---------------------------------------------------------------------------------
     def policy(self) -> BackoffPolicy:

@@ -22,7 +22,8 @@ class Validator:
         self.bus = bus
         self.tracer = telemetry.tracer("loopwarden.validator")
         meter = telemetry.meter("loopwarden.validator")
-        self.outputs = meter.create_counter(
+        self.outputs = M.Tally(
+            meter,
             M.TOOL_OUTPUTS,
             description="validated tool outputs by result: valid, repaired, invalid, unparseable",
         )

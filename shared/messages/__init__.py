@@ -29,9 +29,12 @@ from shared.failures import needs_human as needs_human
 
 # The contracts, one module per concept.
 from shared.messages.budget import (
+    LEASED_CALLS_MAX,
     BudgetAction,
     BudgetDecision,
+    BudgetLease,
     BudgetRequest,
+    LeasedCall,
     SectionTokens,
 )
 from shared.messages.config import (
@@ -262,6 +265,7 @@ __all__ = [
     "FINAL_STATUSES",
     "FINISHED_STATUSES",
     "HUMAN_FAILURES",
+    "LEASED_CALLS_MAX",
     "NAME_PATTERN",
     "PLANNER_FAILURES",
     "PRIORITY_MAX",
@@ -287,6 +291,7 @@ __all__ = [
     "Boundary",
     "BudgetAction",
     "BudgetDecision",
+    "BudgetLease",
     "BudgetRequest",
     "BudgetThreshold",
     "BudgetThresholdKind",
@@ -338,6 +343,7 @@ __all__ = [
     "JudgeRequested",
     "Judged",
     "JudgedDetail",
+    "LeasedCall",
     "LetterHandled",
     "LoopDetail",
     "LoopDetected",

@@ -171,9 +171,10 @@ class ScriptedProvider:
         self.prompt_caching = prompt_caching
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
-        response = await self._complete(request)
+        response = await self._complete(request)  # a new object each call: given its id in place, not copied
         # a stable id per replayed reply, as a real provider's message id (gen_ai.response.id)
-        return response.model_copy(update={"id": f"scripted_{request.purpose}_{request.run_id or '_'}_{request.seq}"})
+        response.id = f"scripted_{request.purpose}_{request.run_id or '_'}_{request.seq}"
+        return response
 
     async def _complete(self, request: ModelRequest) -> ModelResponse:
         if request.purpose == "plan":

@@ -80,6 +80,21 @@ class RunSettings(BaseModel):
     compact_at: float = Field(0.80, gt=0, lt=1, description="share of the history allocation")
     keep_recent_turns: int = Field(6, ge=1)
     budget_exhausted_policy: Literal["fallback_model", "stop"] = "fallback_model"
+    budget_lease_turns: int = Field(
+        8,
+        ge=0,
+        le=64,
+        description="an allow may cover this many later turns of the run (a lease): the planner takes them without "
+        "asking while the run stays inside bounds the governor checked against its rule; a tenant with a daily "
+        "ceiling gets none (0: every turn asks)",
+    )
+    budget_lease_s: float = Field(
+        5.0,
+        gt=0,
+        le=600,
+        description="how long a lease lasts: a turn after it asks (a tenant's new ceiling or a calibration learned "
+        "meanwhile applies to a leased run within this)",
+    )
 
     # --- cost as the bill says it (issue 11) --------------------------------------------
     prompt_caching: bool = Field(True, description="send planner turns with prompt-cache breakpoints")

@@ -107,10 +107,10 @@ def test_calibration_samples_the_reported_tokens_of_the_last_call() -> None:
     decide(req(1), ledger)
     assert ledger.last_prompt_estimate == 2300
     sample = observe(ledger, req(2, spent=Usage(input_tokens=2760, output_tokens=50)))
-    assert sample == ("claude-sonnet-4-5", pytest.approx(1.2))
+    assert sample == [("claude-sonnet-4-5", pytest.approx(1.2))]
     # a scripted 100-token usage is no tokenizer difference: not taken
     decide(req(2), ledger)
-    assert observe(ledger, req(3, spent=Usage(input_tokens=2860, output_tokens=60))) is None
+    assert observe(ledger, req(3, spent=Usage(input_tokens=2860, output_tokens=60))) == []
     assert updated_ratio(None, 1.2, 0.2) == 1.2 and updated_ratio(1.0, 2.0, 0.2) == 1.2
     assert calibrated(SectionTokens(goal=100, history=1000, tools=10, output=500), 1.5) == SectionTokens(
         goal=150, history=1500, tools=15, output=500

@@ -32,7 +32,9 @@ def test_every_catalogued_name_follows_the_scheme() -> None:
 def test_every_instrument_is_named_by_a_catalogued_constant() -> None:
     """No metric name is a string literal at the instrument: each comes from shared/metrics.py, and is catalogued."""
     root = Path(__file__).resolve().parents[2]
-    created = re.compile(r"create_(?:counter|histogram|observable_gauge|gauge|up_down_counter)\(\s*([^,)\s]+)")
+    created = re.compile(
+        r"(?:create_(?:counter|histogram|observable_gauge|gauge|up_down_counter)\(|Tally\(\s*\w+,)\s*([^,)\s]+)"
+    )
     names = set()
     for path in [*root.glob("shared/**/*.py"), *root.glob("services/**/*.py"), *root.glob("loopwarden/**/*.py")]:
         for arg in created.findall(path.read_text()):
