@@ -20,7 +20,7 @@ from services.governor.budget import BudgetLedger
 from shared import subjects as S
 from shared.messages import BudgetRequest
 from shared.scenario import parse_scenario
-from tests.support.runs import calculator_steps
+from tests.support.runs import budget_layers, calculator_steps
 from tests.support.stacks import TEST_ENV, running, settings_for
 from tests.support.timing import bound
 from tests.support.wire import Wire
@@ -105,27 +105,11 @@ async def test_a_tenant_with_a_daily_ceiling_asks_at_every_turn_and_its_run_is_t
     )
 
 
-def calc(i: int) -> dict[str, Any]:
-    return {
-        "tool_calls": [{"name": "calculator", "input": {"expression": f"{i} * 1000 + 7"}}],
-        "text": f"Step {i}: " + "working through the numbers carefully. " * 12,
-    }
-
-
 async def test_on_leases_the_thresholds_still_fire_each_once_and_the_run_stops_within_its_budget(
     lease_client: Client,
 ) -> None:
     client = lease_client
-    state, asks = await asks_of(
-        client,
-        {
-            "name": "budget-layers-leased",
-            "task": "Add up many things.",
-            "planner": [calc(i) for i in range(30)],
-            "summaries": ["Steps so far computed i*1000+7 for the first few i; nothing else of note."],
-            "limits": {"max_iterations": 30, "context_budget_tokens": 4000, "run_token_budget": 40_000},
-        },
-    )
+    state, asks = await asks_of(client, budget_layers("budget-layers-leased"))
     kinds = [e.kind for e in await client.events(state.run_id) if e.kind.startswith("budget.")]
     assert kinds.count("budget.warn") == 1 and kinds.count("budget.block") == 1 and "budget.compact" in kinds
     assert kinds.index("budget.warn") < kinds.index("budget.block")

@@ -2,19 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from loopwarden.client import Client
 from shared import tokens
-from tests.support.runs import run_scenario, submit, tool_results
+from tests.support.runs import budget_layers, run_scenario, submit, tool_results, worded_calc
 from tests.support.timing import bound
-
-
-def calc(i: int) -> dict[str, Any]:
-    return {
-        "tool_calls": [{"name": "calculator", "input": {"expression": f"{i} * 1000 + 7"}}],
-        "text": f"Step {i}: " + "working through the numbers carefully. " * 12,
-    }
 
 
 async def budget_events(client: Client, run_id: str) -> list[str]:
@@ -24,13 +15,7 @@ async def budget_events(client: Client, run_id: str) -> list[str]:
 async def test_thresholds_warn_then_compact_then_stop(client: Client) -> None:
     state = await run_scenario(
         client,
-        {
-            "name": "budget-layers",
-            "task": "Add up many things.",
-            "planner": [calc(i) for i in range(30)],
-            "summaries": ["Steps so far computed i*1000+7 for the first few i; nothing else of note."],
-            "limits": {"max_iterations": 30, "context_budget_tokens": 4000, "run_token_budget": 40_000},
-        },
+        budget_layers("budget-layers"),
         timeout=bound(60),
     )
     kinds = await budget_events(client, state.run_id)
@@ -49,7 +34,7 @@ async def test_compaction_keeps_recent_turns_verbatim_and_shrinks_the_context(cl
         {
             "name": "compaction",
             "task": "Work, then submit.",
-            "planner": [calc(i) for i in range(8)] + [submit("done")],
+            "planner": [worded_calc(i) for i in range(8)] + [submit("done")],
             "summaries": ["Eight steps of arithmetic; results were 7, 1007, 2007 and so on."],
             "limits": {"max_iterations": 20, "context_budget_tokens": 3000},
             # its tools named: a tool another test left on this stack would grow the tools section (the

@@ -29,6 +29,25 @@ def submit(answer: str) -> dict[str, Any]:
     return {"tool_calls": [{"name": "submit_result", "input": {"answer": answer}}]}
 
 
+def worded_calc(i: int) -> dict[str, Any]:
+    """A model turn that calls the calculator with a long text beside it (history grows fast)."""
+    return {
+        "tool_calls": [{"name": "calculator", "input": {"expression": f"{i} * 1000 + 7"}}],
+        "text": f"Step {i}: " + "working through the numbers carefully. " * 12,
+    }
+
+
+def budget_layers(name: str) -> dict[str, Any]:
+    """A scripted run whose growing history crosses the budget's warn, compact and stop thresholds in turn."""
+    return {
+        "name": name,
+        "task": "Add up many things.",
+        "planner": [worded_calc(i) for i in range(30)],
+        "summaries": ["Steps so far computed i*1000+7 for the first few i; nothing else of note."],
+        "limits": {"max_iterations": 30, "context_budget_tokens": 4000, "run_token_budget": 40_000},
+    }
+
+
 def calculator_steps(name: str, steps: int) -> dict[str, Any]:
     """A scripted run of ``steps`` calculator calls, one per turn, then a text answer."""
     return {
