@@ -38,7 +38,9 @@ class ModelPrice:
 
 PRICES: dict[str, ModelPrice] = {
     "claude-opus-4-1": ModelPrice.of(15.0, 75.0),
+    "claude-opus-4-6": ModelPrice.of(5.0, 25.0),
     "claude-opus-4-5": ModelPrice.of(5.0, 25.0),
+    "claude-sonnet-4-6": ModelPrice.of(3.0, 15.0),
     "claude-sonnet-4-5": ModelPrice.of(3.0, 15.0),
     "claude-sonnet-4": ModelPrice.of(3.0, 15.0),
     "claude-haiku-4-5": ModelPrice.of(1.0, 5.0),

@@ -16,7 +16,7 @@ ProviderName = Literal["auto"] | Provider  # auto: the first live provider whose
 class ModelSettings(BaseModel):
     # --- models ----------------------------------------------------------------------
     planner_provider: ProviderName = "auto"
-    planner_model: str = "claude-sonnet-4-5"
+    planner_model: str = "claude-sonnet-4-6"  # claude-sonnet-4-5 reached its end of life on 2026-11-30
     planner_max_output_tokens: int = Field(2048, ge=16)
     judge_provider: ProviderName = "auto"
     judge_model: str = "claude-haiku-4-5"

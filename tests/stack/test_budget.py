@@ -92,5 +92,5 @@ async def test_cost_pressure_switches_to_the_fallback_model(client: Client) -> N
     )
     assert state.status == "completed", state.final_reason
     assert state.model == "claude-haiku-4-5"
-    assert any("switched model claude-sonnet-4-5 -> claude-haiku-4-5" in w for w in state.warnings)
+    assert any("switched model claude-sonnet-4-6 -> claude-haiku-4-5" in w for w in state.warnings)
     assert "budget.fallback" in await budget_events(client, state.run_id)

@@ -371,7 +371,7 @@ async def test_judge_model_is_configured_apart_from_the_planner(client: Client) 
         },
     )
     (verdict,) = await verdicts(client, state.run_id)
-    assert verdict.judge_model == "claude-haiku-4-5" and state.model == "claude-sonnet-4-5"
+    assert verdict.judge_model == "claude-haiku-4-5" and state.model == "claude-sonnet-4-6"
 
 
 async def test_lessons_from_earlier_runs_are_opt_in(client: Client, messages_api: FakeModel) -> None:

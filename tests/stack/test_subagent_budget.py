@@ -14,7 +14,7 @@ from tests.support.model_turns import turn, use
 from tests.support.reads import planner_record
 from tests.support.timing import bound
 
-# ~$0.0285 a call at claude-sonnet-4-5's rates: a child's two calls are ~$0.057, more than half of $0.10
+# ~$0.0285 a call at claude-sonnet-4-6's rates: a child's two calls are ~$0.057, more than half of $0.10
 DEAR = {"input_tokens": 7000, "output_tokens": 500}
 
 

@@ -95,7 +95,7 @@ ALL = frozenset({"stop_reasons", "http_errors", "timeouts", "cache"})
 
 
 class AnthropicHarness:
-    name, model, can = "anthropic", "claude-sonnet-4-5", ALL
+    name, model, can = "anthropic", "claude-sonnet-4-6", ALL
     STOPS = raw_words(ANTHROPIC_STOPS)
 
     def __init__(self, api: MessagesApiServer) -> None:
@@ -172,7 +172,7 @@ class OpenAIHarness:
 
 
 class ScriptedHarness:
-    name, model, can = "scripted", "claude-sonnet-4-5", frozenset[str]()
+    name, model, can = "scripted", "claude-sonnet-4-6", frozenset[str]()
 
     def __init__(self) -> None:
         self.turns: dict[str, list[dict[str, Any]]] = {}
