@@ -218,15 +218,21 @@ class RunMetrics:
             self._tokens.add(output_tokens, {**who, "gen_ai.token.type": "output"})
 
 
-Row = tuple[tuple[str, str], ...]
+class _Table:
+    """Values per label set, kept in the process and read at collection (an observable instrument's callback)."""
+
+    values: dict[tuple[tuple[str, Any], ...], float]
+
+    def observe(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(v, dict(row)) for row, v in list(self.values.items())]
 
 
-class Gauges:
+class Gauges(_Table):
     """An observable gauge whose values are set where they are known (a background poll, an event) and read
     at collection: a scrape costs no I/O. ``replace`` swaps the whole table (a poll's rows)."""
 
     def __init__(self, meter: Meter, name: str, *, unit: str = "", description: str = "") -> None:
-        self.values: dict[Row, float] = {}
+        self.values = {}
         meter.create_observable_gauge(name, callbacks=[self.observe], unit=unit, description=description)
 
     def set(self, attributes: Mapping[str, str], value: float) -> None:
@@ -235,11 +241,8 @@ class Gauges:
     def replace(self, rows: Iterable[tuple[Mapping[str, str], float]]) -> None:
         self.values = {tuple(sorted(a.items())): v for a, v in rows}
 
-    def observe(self, options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(v, dict(row)) for row, v in list(self.values.items())]
 
-
-class Tally:
+class Tally(_Table):
     """A counter whose sums are kept in the process and read at collection (an observable counter): ``add``
     is a dict update, where the SDK's counter aggregates each call (~20 us on a step's path, every step, in
     every service). A scrape reads the same monotonic sum per label set a counter exports, under the same
@@ -250,7 +253,7 @@ class Tally:
     OVERFLOW: tuple[tuple[str, Any], ...] = (("otel.metric.overflow", True),)
 
     def __init__(self, meter: Meter, name: str, *, unit: str = "", description: str = "") -> None:
-        self.values: dict[tuple[tuple[str, Any], ...], float] = {}
+        self.values = {}
         meter.create_observable_counter(name, callbacks=[self.observe], unit=unit, description=description)
 
     def add(self, amount: float, attributes: Mapping[str, Any] | None = None) -> None:
@@ -261,9 +264,6 @@ class Tally:
         if row not in values and len(values) >= self.MAX_ROWS:
             row = self.OVERFLOW
         values[row] = values.get(row, 0) + amount
-
-    def observe(self, options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(v, dict(row)) for row, v in list(self.values.items())]
 
 
 def computed_gauge(
