@@ -213,12 +213,12 @@ async def test_a_verb_the_server_does_not_grant_is_refused_at_once_naming_the_pe
         ("bob", ("renew", esc_id, "--as", "alice"), "renew.alice"),
     ]
     runs = [
-        asyncio.to_thread(cli, locked.url, user, "escalations", *args, LW_RPC_TIMEOUT_S="30")
+        asyncio.to_thread(cli, locked.url, user, "escalations", *args, LW_RPC_TIMEOUT_S=f"{bound(30):g}")
         for user, args, _ in attempts
     ]
     started = time.monotonic()
     results = await asyncio.gather(*runs)
-    assert time.monotonic() - started < 25, "a refused verb waited for the request's timeout"
+    assert time.monotonic() - started < bound(25), "a refused verb waited for the request's timeout"
     for (user, args, subject), done in zip(attempts, results, strict=True):
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 1, (user, args, done.returncode, done.stderr)

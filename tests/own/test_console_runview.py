@@ -514,7 +514,7 @@ async def test_the_runs_list_filters_to_failed_runs_in_under_a_second_with_ten_t
     await expect(count).to_have_text(f"page 1 of {-(-len(failed) // 50)} · {len(failed)} run(s) match")
     took = time.perf_counter() - started
     print(f"runs list: {len(failed)} failed of {STORED_RUNS} stored, filtered in {took * 1000:.0f} ms")
-    assert took < 1.0, f"filtering {STORED_RUNS} runs took {took:.2f} s"
+    assert took < bound(1.0), f"filtering {STORED_RUNS} runs took {took:.2f} s"
     rows = page.locator("#runs tr[data-run]")
     await expect(rows).to_have_count(50)
     await expect(rows.first).to_have_attribute("data-run", failed[-1])  # newest first

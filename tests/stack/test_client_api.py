@@ -93,7 +93,7 @@ async def test_a_client_without_settings_uses_the_stack_loopwarden_up_recorded(
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("LW_STATE_DIR", str(tmp_path))
     LocalStack(state_dir=tmp_path / "stack", nats_url=stack.nats_url).save(tmp_path / "stack.json")  # as `up` does
-    async with asyncio.timeout(60), Client() as client:
+    async with asyncio.timeout(bound(60)), Client() as client:
         assert client.settings.nats_url == stack.nats_url
         state = await client.run_scenario(load_scenario(DEMO), timeout=bound(50))
     assert state.status == "completed", state.final_reason
@@ -113,10 +113,10 @@ async def test_nothing_listening_is_one_error_naming_the_url_within_seconds_neve
     async def refused(client: Client) -> str:
         started = time.monotonic()
         with pytest.raises(Unreachable) as caught:
-            async with asyncio.timeout(20):  # without the bound, nats-py retries forever
+            async with asyncio.timeout(bound(20)):  # without the bound, nats-py retries forever
                 async with client:
                     pass
-        assert time.monotonic() - started < 8, f"took {time.monotonic() - started:.1f}s"
+        assert time.monotonic() - started < bound(8), f"took {time.monotonic() - started:.1f}s"
         message = str(caught.value)
         assert "\n" not in message and "cannot reach NATS at nats://" in message
         return message
@@ -146,7 +146,7 @@ async def test_the_environment_wins_over_the_recorded_stack(
     LocalStack(state_dir=tmp_path / "stack", nats_url=stack.nats_url).save(tmp_path / "stack.json")
     monkeypatch.setenv("LW_NATS_URL", dead)
     with pytest.raises(Unreachable, match=re.escape(dead)):
-        async with asyncio.timeout(20), Client():
+        async with asyncio.timeout(bound(20)), Client():
             pass
 
 
@@ -165,11 +165,11 @@ def test_submit_wait_prints_the_run_id_first_and_exits_5_at_once_when_the_run_wa
         scenario.write_text(text)
     env = _env(LW_NATS_URL=str(stack.nats_url), LW_STATE_DIR=str(tmp_path))
     started = time.monotonic()
-    done = _lw("submit", "--scenario", str(scenario), "--wait", "--timeout", "60", env=env)
+    done = _lw("submit", "--scenario", str(scenario), "--wait", "--timeout", f"{bound(60):g}", env=env)
     took = time.monotonic() - started
     lines = done.stdout.splitlines()
     assert done.returncode == 5, done.stdout + done.stderr
-    assert took < 30, f"waited {took:.0f}s: it waited for the run to end, not for the human"
+    assert took < bound(30), f"waited {took:.0f}s: it waited for the run to end, not for the human"
     assert re.fullmatch(r"run-[0-9a-f]+", lines[0]), lines
     assert lines[1].startswith("awaiting_human: escalation "), lines
     if expect == "completed":
