@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -24,13 +25,34 @@ from tests.support.otlp_collector import OtlpCollector
 from tests.support.stragglers import pytest_sessionfinish, pytest_terminal_summary  # noqa: F401 (hooks)
 from tests.support.timing import bound, scale_test_timeout
 
+# The order test modules are handed to the workers (``make test``: ``--dist loadfile``): the folders whose modules
+# start processes of their own first, the pure ones last. xdist's default hands out the modules with the most tests
+# first, which left the suite's longest modules (a few tests each: a rolling upgrade, chaos, a cluster) to the end,
+# one worker running them while the other had nothing left; unit tests at the end fill the gaps instead.
+FOLDERS_FIRST_TO_LAST = ("own", "locked", "stack", "repo", "unit")
+
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     stragglers.pytest_configure(config)  # a run id every process the run starts inherits
     scale_test_timeout(config)
+    if hasattr(config.option, "loadscopereorder"):  # xdist: hand out the modules in the collected order
+        config.option.loadscopereorder = False
     # every stack the run starts, in this process or a CLI's, waits for readiness on the same scale
     os.environ.setdefault("LW_STACK_READY_TIMEOUT_S", f"{bound(60):g}")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules of ``own/`` first, then ``locked/``, ``stack/``, ``repo/``, ``unit/`` (``FOLDERS_FIRST_TO_LAST``); the
+    order within a folder, and of the tests within a module, stays as collected."""
+
+    tests = Path(__file__).parent
+
+    def rank(item: pytest.Item) -> int:
+        folder = item.path.relative_to(tests).parts[0] if item.path.is_relative_to(tests) else ""
+        return FOLDERS_FIRST_TO_LAST.index(folder) if folder in FOLDERS_FIRST_TO_LAST else len(FOLDERS_FIRST_TO_LAST)
+
+    items.sort(key=rank)
 
 
 @pytest.fixture(scope="session")
