@@ -19,35 +19,29 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib
 import inspect
 import os
 import sys
 
-from loopwarden import (
-    cli_agents,
-    cli_config,
-    cli_fleet,
-    cli_offline,
-    cli_queue,
-    cli_records,
-    cli_runs,
-    cli_stack,
-    fake_model,
-)
 from loopwarden.cli_common import EXIT_CODES_HELP, INTERRUPTED, OK, UserError, bus_failure, env_nats_url, say
+from shared import gc_policy
 from shared.version import package_version
 
+# The modules whose ``register(sub)`` add the commands, in the order ``--help`` lists them (fake_model: live runs
+# offline). ``build_parser`` imports them, not this module's top: between them they load most of the tree (~0.4 s),
+# and ``main`` sets the garbage collector's thresholds first (shared/gc_policy.py: ~0.1 s of a command's start-up).
 AUDIENCES = (
-    cli_stack,
-    cli_runs,
-    cli_fleet,
-    cli_agents,
-    cli_queue,
-    cli_records,
-    cli_offline,
-    cli_config,
-    fake_model,
-)  # fake_model: live runs offline
+    "cli_stack",
+    "cli_runs",
+    "cli_fleet",
+    "cli_agents",
+    "cli_queue",
+    "cli_records",
+    "cli_offline",
+    "cli_config",
+    "fake_model",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for audience in AUDIENCES:
-        audience.register(sub)
+        importlib.import_module(f"loopwarden.{audience}").register(sub)
     for child in sub.choices.values():  # every command's --help ends with the exit codes
         child.epilog = child.epilog or EXIT_CODES_HELP
         child.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -79,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    gc_policy.set_thresholds()  # before the commands' modules load (AUDIENCES)
     for stream in (sys.stdout, sys.stderr):  # a terminal that cannot show a character gets '?', not a traceback
         with contextlib.suppress(AttributeError, ValueError):
             stream.reconfigure(errors="replace")  # type: ignore[union-attr]

@@ -17,8 +17,8 @@ from typing import Any
 
 import uvloop
 
+from shared import gc_policy, opcounts
 from shared import metrics as M
-from shared import opcounts
 from shared.bus import Bus
 from shared.health import HealthServer
 from shared.jetstream_gauges import JetStreamGauges, reported_streams
@@ -26,12 +26,6 @@ from shared.replica_registry import Registration
 from shared.settings import Settings, load_settings
 from shared.telemetry import Telemetry, setup_telemetry
 from shared.urls import redact_url
-
-# A service keeps many runs' states, messages and memos alive: with the default thresholds the cyclic
-# GC walked them all over and over (measured in the planner on a loaded box: ~1.8 s in full collections
-# of ~4.5 s of CPU for a 64-run benchmark). What exists once handlers are built is never garbage; a
-# young generation of 10k allocations lets a message's short-lived objects die by refcount first.
-GC_THRESHOLDS = (10_000, 20, 10)
 
 # The services that count tokens before a model call (the planner's turns, the judge's scoring): ``warm_up``.
 COUNTS_TOKENS = frozenset({"planner", "judge"})
@@ -70,8 +64,8 @@ async def serve(service: str, build: Build, settings: Settings | None = None) ->
     registration = Registration(bus, service)  # this replica in lw_replicas while it runs (shared/replicas.py)
     warm_up(service)
     gc.collect()
-    gc.freeze()  # the modules, settings and handlers built so far: out of every later collection
-    gc.set_threshold(*GC_THRESHOLDS)
+    gc.freeze()  # the modules, settings and handlers built so far: never garbage, out of every later collection
+    gc_policy.set_thresholds()  # services/__init__.py set them already, unless served from elsewhere (a bench)
     stop = asyncio.Event()
     started = asyncio.Event()
 

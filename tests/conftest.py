@@ -10,6 +10,7 @@ are. Helpers live in ``tests/support/``; a module imports nothing from a conftes
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 
 from loopwarden.fake_model import FakeModel
 from loopwarden.stack import LocalStack, tail
+from shared import gc_policy
 from shared.settings import Settings
 from shared.telemetry import Telemetry, setup_telemetry
 from tests.support import stragglers
@@ -36,6 +38,7 @@ FOLDERS_FIRST_TO_LAST = ("own", "locked", "stack", "repo", "unit")
 def pytest_configure(config: pytest.Config) -> None:
     stragglers.pytest_configure(config)  # a run id every process the run starts inherits
     scale_test_timeout(config)
+    gc_policy.set_thresholds()  # as a service's: importing the test modules is most of a worker's start
     if hasattr(config.option, "loadscopereorder"):  # xdist: hand out the modules in the collected order
         config.option.loadscopereorder = False
     # every stack the run starts, in this process or a CLI's, waits for readiness on the same scale
@@ -53,6 +56,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return FOLDERS_FIRST_TO_LAST.index(folder) if folder in FOLDERS_FIRST_TO_LAST else len(FOLDERS_FIRST_TO_LAST)
 
     items.sort(key=rank)
+
+
+def pytest_collection_finish() -> None:
+    """The test modules, the tree they imported and pytest's items live until the run ends: out of every later
+    collection, as a service freezes what it built (``shared/service.py``)."""
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.fixture(scope="session")
