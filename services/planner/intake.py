@@ -27,7 +27,7 @@ from services.planner.store import RunStore
 from services.planner.turns import begin_run, queue_run, refuse_run, resolve_config
 from shared import metrics as M
 from shared import subjects as S
-from shared.bus import Bus, CasConflict, Unchanged, current_deliveries, current_seq
+from shared.bus import Bus, CasConflict, FairGate, Unchanged, current_deliveries, current_seq
 from shared.messages import DEFAULT_PRIORITY, AgentRecord, Refusal, RunSubmit, utcnow
 from shared.providers.select import provider_name
 from shared.settings import Settings
@@ -44,6 +44,7 @@ class Host(Protocol):
     store: RunStore
     catalogue: Catalogue
     runs: M.RunMetrics
+    commits: FairGate  # the replica's commits, shared by tenant (``LW_DISPATCH_COMMITS``)
 
     tracing: bool
     tracer: Tracer
@@ -106,15 +107,16 @@ class Intake:
             return
         config = with_agent(resolve_config(submit, self.settings, await self.catalogue.contracts()), record)
         out = queue_run(submit, config, priority)
-        if at_once:  # nothing waits and there is room: it starts now, without a ticket
-            await self.start(submit, out.state, is_replay(subject))
-            return
-        out.state.pending_scenario = submit.scenario  # bound when it starts (``Planner.begin``)
-        out.state.pending_replay = is_replay(subject)
-        if await self.record(out.state, out.items):
-            self.flow.queued()
-        else:  # counted as waiting, but the run id is taken: it does not wait
-            self.flow.dequeue(tenant, priority)
+        async with self.planner.commits.section(tenant, policy.weight):  # shared with every tenant's commits
+            if at_once:  # nothing waits and there is room: it starts now, without a ticket
+                await self.start(submit, out.state, is_replay(subject))
+                return
+            out.state.pending_scenario = submit.scenario  # bound when it starts (``Planner.begin``)
+            out.state.pending_replay = is_replay(subject)
+            if await self.record(out.state, out.items):
+                self.flow.queued()
+            else:  # counted as waiting, but the run id is taken: it does not wait
+                self.flow.dequeue(tenant, priority)
 
     async def start(self, submit: RunSubmit, state: RunState, replay: bool) -> None:
         """A run that took its slot at the door: its scenario bound, its lessons read, its first message and

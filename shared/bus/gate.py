@@ -6,7 +6,8 @@ on a model. The work after the wait (saving the run, publishing what it produced
 and the server's, and a backlog's turns that end together (a burst's runs were admitted at once) all do it at the
 same moment: every other tenant's step then waits for the CPU behind them. Run inside a gate, that work is served by
 tenant as well: another tenant's section starts next rather than behind the backlog's, and a tenant alone has every
-place. The tenant is the handled message's (``wire.current_tenant``)."""
+place. The tenant is the handled message's (``wire.current_tenant``) unless the section names it (a client's submit
+carries none: its subject says whose it is)."""
 
 from __future__ import annotations
 
@@ -36,11 +37,13 @@ class FairGate:
         return len(self._slots)
 
     @contextlib.asynccontextmanager
-    async def section(self) -> AsyncIterator[None]:
+    async def section(self, tenant: str | None = None, weight: float = 1.0) -> AsyncIterator[None]:
+        """A section of ``tenant``'s (None: the handled message's tenant and weight)."""
         if self.limit <= 0:
             yield
             return
-        tenant, weight = current_tenant()
+        if tenant is None:
+            tenant, weight = current_tenant()
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if self._slots.arrive(tenant, (tenant, waiter), weight) is None:
             await waiter  # cancelled while waiting: ``_release`` passes the place on when it comes
