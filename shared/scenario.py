@@ -388,7 +388,14 @@ async def bound_scenario(bus: Bus, run_id: str) -> Scenario | None:
     kept = _BOUND.setdefault(bus, OrderedDict())
     if run_id not in kept:
         scenario, _ = await bus.kv_get(KV_SCENARIOS, run_id, Scenario)
-        kept[run_id] = scenario
-        while len(kept) > SCENARIOS_KEPT:
-            kept.popitem(last=False)
+        keep_bound(bus, run_id, scenario)
     return kept[run_id]
+
+
+def keep_bound(bus: Bus, run_id: str, scenario: Scenario | None) -> None:
+    """What the planner just bound to the run as it starts (None: a live run, any stray scenario removed), kept
+    as ``bound_scenario`` would read it: the run's first model turn, often on this replica, reads nothing."""
+    kept = _BOUND.setdefault(bus, OrderedDict())
+    kept[run_id] = scenario
+    while len(kept) > SCENARIOS_KEPT:
+        kept.popitem(last=False)

@@ -96,6 +96,7 @@ class Round:
     stale_upto: dict[str, int] = field(default_factory=dict)  # subject -> last ticket of a run already admitted
     planned: int = 0
     unfilled: int = 0  # picks no ticket read was left for (another replica took them first): read again
+    unread: int = 0  # picks of runs waiting as stored whose tickets were not read (the record had moved on)
 
 
 class Flow(FlowReads):
@@ -221,7 +222,9 @@ class Flow(FlowReads):
                 apply_op(draft, op, now)
             policies = {t: await self.policies.of(t) for t in {*draft.queued, *draft.running}}
             picks = self._plan(draft, policies, now)
-            candidates = await self._candidates(picks, draft)
+            # a (tenant, priority) with no run waiting before this round's submits has no ticket to read (a ticket is
+            # published after the write that counts its run): a submit that starts at the door reads none
+            candidates = await self._candidates([p for p in picks if record.queued_by(p[0]).get(p[1])], draft)
             result = Round()
 
             def change(stored: FleetRecord | None) -> tuple[FleetRecord, Round] | Unchanged[Round]:
@@ -249,6 +252,9 @@ class Flow(FlowReads):
                     ticket = next_ticket(pool.get((tenant, priority), []), rec, taken, result)
                     if ticket is None:
                         result.unfilled += 1
+                        before = stored.queued_by(tenant) if stored is not None else {}
+                        if (tenant, priority) not in pool and before.get(priority):
+                            result.unread += 1  # runs wait there as stored, unseen by this replica: read next round
                         continue
                     waited = max(0.0, now - ticket[0].queued_at.timestamp())
                     admit(rec, tenant, ticket[0].run_id, now, waited_s=waited, priority=priority)
@@ -281,7 +287,8 @@ class Flow(FlowReads):
             self.admitted.add(1, {"tenant": self.tenant_label(ticket.tenant)})
             self.waited.record(result.waited[ticket.run_id], {"tenant": self.tenant_label(ticket.tenant)})
             self._start(ticket.run_id, ticket.tenant)
-        return bool(result.admitted) and (len(result.admitted) >= result.planned > 0 or result.unfilled > 0)
+        more = bool(result.admitted) and (len(result.admitted) >= result.planned > 0 or result.unfilled > 0)
+        return more or result.unread > 0
 
     def _plan(self, record: FleetRecord, policies: dict[str, Policy], now: float) -> list[tuple[str, int]]:
         """Who the free slots (and the headroom for tenants below their share) go to, by the rules."""

@@ -38,7 +38,16 @@ from services.planner.turns import Answered, apply_turn, resolve_config, start_r
 from shared import metrics as M
 from shared import subjects as S
 from shared.bounded import bounded_outcome
-from shared.bus import Bus, CasConflict, TryLater, Unchanged, current_deliveries, current_subject, tenant_scope
+from shared.bus import (
+    Bus,
+    CasConflict,
+    FairGate,
+    TryLater,
+    Unchanged,
+    current_deliveries,
+    current_subject,
+    tenant_scope,
+)
 from shared.describe import describe
 from shared.failures import replaceable
 from shared.messages import (
@@ -84,6 +93,8 @@ class Planner:
         # Runs: the record and its history, and what this replica last stored or read of each
         # (a transaction tries its CAS on that without reading first; a conflict re-reads).
         self.store = RunStore(bus)
+        # saving a run and publishing what it produced: given to tenants by fair share (``LW_DISPATCH_COMMITS``)
+        self.commits = FairGate(settings.dispatch_commits)
         # gen_ai.client.token.usage / .operation.duration are recorded per model call
         limiter = RateLimiter(bus, settings, telemetry.meter("loopwarden.ratelimit"))
         leased = M.Tally(
@@ -196,14 +207,15 @@ class Planner:
                 self.turns.prefetch(state, applied.items)  # the next turn's budget ask travels while this is saved
             return state, applied
 
-        applied = await self.store.update(run_id, step)
-        if applied is None:
-            return None
-        self.saved()
-        if not applied.was_done:
-            self.turns.prefetch_saved(applied.state)
-        items, turn = applied.scheduled() if take_turn else (applied.items, None)
-        await self.committed(run_id, [(msg_id, applied, items)], before)
+        async with self.commits.section():
+            applied = await self.store.update(run_id, step)
+            if applied is None:
+                return None
+            self.saved()
+            if not applied.was_done:
+                self.turns.prefetch_saved(applied.state)
+            items, turn = applied.scheduled() if take_turn else (applied.items, None)
+            await self.committed(run_id, [(msg_id, applied, items)], before)
         return turn
 
     async def committed(
@@ -296,12 +308,13 @@ class Planner:
             turned = apply_message(state, advanced, lambda s: apply_turn(s, taken.result))
             if turned is None:
                 return "taken"
-            try:
-                await self.store.save(state, revision)
-            except CasConflict:
-                return "taken"  # another replica moved the run: the usual way applies the message to it
-            self.saved()
-            await self.committed(run_id, [(msg_id, applied, items), (advanced, turned, turned.items)], before)
+            async with self.commits.section():
+                try:
+                    await self.store.save(state, revision)
+                except CasConflict:
+                    return "taken"  # another replica moved the run: the usual way applies the message to it
+                self.saved()
+                await self.committed(run_id, [(msg_id, applied, items), (advanced, turned, turned.items)], before)
         finally:
             if taken.storing is not None:
                 await taken.storing

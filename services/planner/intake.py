@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Protocol
+from typing import Any, Protocol
 
 from opentelemetry import propagate
 from opentelemetry.trace import Tracer
@@ -22,12 +22,13 @@ from services.planner.admission import Refused, admit, check_limits, is_replay, 
 from services.planner.catalogue import Catalogue
 from services.planner.flow import Flow
 from services.planner.removals import Removals
+from services.planner.starting import accepted_run
 from services.planner.state import PublishRecord, RunState
 from services.planner.store import RunStore
 from services.planner.turns import begin_run, queue_run, refuse_run, resolve_config
 from shared import metrics as M
 from shared import subjects as S
-from shared.bus import Bus, CasConflict, Unchanged, current_deliveries, current_seq
+from shared.bus import Bus, CasConflict, FairGate, Unchanged, current_deliveries, current_seq
 from shared.messages import DEFAULT_PRIORITY, AgentRecord, Refusal, RunSubmit, utcnow
 from shared.providers.select import provider_name
 from shared.settings import Settings
@@ -44,6 +45,7 @@ class Host(Protocol):
     store: RunStore
     catalogue: Catalogue
     runs: M.RunMetrics
+    commits: FairGate  # the replica's commits, shared by tenant (``LW_DISPATCH_COMMITS``)
 
     tracing: bool
     tracer: Tracer
@@ -82,8 +84,44 @@ class Intake:
         except Refused as err:
             await self.refuse(submit.model_copy(update={"tenant": tenant}), Refusal(reason=str(err)), subject)
             return
-        if await self.known(submit, subject):
+        # the tenant's figures the fleet's record does not hold are read while the submit is looked at: a read
+        # of its own, awaited only once the submit is to be counted
+        policy = await self.flow.policies.of(tenant)
+        reading = asyncio.ensure_future(self.flow.outside(tenant, policy))
+        try:
+            checked = await self.check(submit, subject)
+            if checked is None:
+                return
+            submit, record = checked
+            outside = await reading
+        finally:
+            if not reading.done():
+                reading.cancel()
+            reading.add_done_callback(_retrieved)
+        priority = submit.priority if submit.priority is not None else DEFAULT_PRIORITY
+        over, at_once = await self.flow.enqueue(policy, priority, outside, submit.run_id)
+        if over is not None:
+            await self.refuse(submit, over, subject, letter=False)
             return
+        config = with_agent(resolve_config(submit, self.settings, await self.catalogue.contracts()), record)
+        async with self.planner.commits.section(tenant, policy.weight):  # shared with every tenant's commits
+            if at_once:  # nothing waits and there is room: it starts now, without a ticket or a queued event
+                await self.start(submit, accepted_run(submit, config, priority), is_replay(subject))
+                return
+            out = queue_run(submit, config, priority)
+            out.state.pending_scenario = submit.scenario  # bound when it starts (``Planner.begin``)
+            out.state.pending_replay = is_replay(subject)
+            if await self.record(out.state, out.items):
+                self.flow.queued()
+            else:  # counted as waiting, but the run id is taken: it does not wait
+                self.flow.dequeue(tenant, priority)
+
+    async def check(self, submit: RunSubmit, subject: str) -> tuple[RunSubmit, AgentRecord | None] | None:
+        """The submit as it is to be counted (a registered agent's definition resolved into it) and that agent's
+        record; None: it was handled here (a run already stored, or refused: an agent that cannot be run, its
+        limits over their caps, a bad scenario)."""
+        if await self.known(submit, subject):
+            return None
         record: AgentRecord | None = None
         try:
             if submit.agent is not None:  # a registered agent's run: its definition as of now
@@ -92,29 +130,12 @@ class Intake:
                 check_limits(submit, self.settings)  # the agent's limits are capped like a submit's
         except Refused as err:
             await self.refuse(submit, Refusal(reason=str(err)), subject)
-            return
+            return None
         problem = submission.scenario_error(submit) if submit.scenario is not None else None
         if problem is not None:
             await self.refuse(submit, Refusal(reason=problem), subject, msg_id=ids.refused_scenario(submit.run_id))
-            return
-        priority = submit.priority if submit.priority is not None else DEFAULT_PRIORITY
-        policy = await self.flow.policies.of(tenant)
-        outside = await self.flow.outside(tenant, policy)
-        over, at_once = await self.flow.enqueue(policy, priority, outside, submit.run_id)
-        if over is not None:
-            await self.refuse(submit, over, subject, letter=False)
-            return
-        config = with_agent(resolve_config(submit, self.settings, await self.catalogue.contracts()), record)
-        out = queue_run(submit, config, priority)
-        if at_once:  # nothing waits and there is room: it starts now, without a ticket
-            await self.start(submit, out.state, is_replay(subject))
-            return
-        out.state.pending_scenario = submit.scenario  # bound when it starts (``Planner.begin``)
-        out.state.pending_replay = is_replay(subject)
-        if await self.record(out.state, out.items):
-            self.flow.queued()
-        else:  # counted as waiting, but the run id is taken: it does not wait
-            self.flow.dequeue(tenant, priority)
+            return None
+        return submit, record
 
     async def start(self, submit: RunSubmit, state: RunState, replay: bool) -> None:
         """A run that took its slot at the door: its scenario bound, its lessons read, its first message and
@@ -239,3 +260,9 @@ class Intake:
             log.warning("planner: refused the submit of %s (tenant %s): %s", submit.run_id, tenant, why.reason)
         if letter:
             await submission.refuse(self.bus, submit, subject, why.reason, msg_id)
+
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    """A read nobody awaits any more (the submit was handled before it was needed): its failure is not reported."""
+    if not task.cancelled():
+        task.exception()

@@ -71,7 +71,7 @@ def resolve_config(submit: RunSubmit, settings: Settings, contracts: dict[str, T
 
 def start_run(submit: RunSubmit, config: RunConfig, lessons: list[str]) -> Outbox:
     """A run started at once (a sub-agent's, which is never queued): queued and begun in one step."""
-    state = queue_run(submit, config).state
+    state = accepted_run(submit, config)
     out = begin_run(state, lessons, at=state.created_at)
     assert out is not None
     return out
@@ -81,18 +81,7 @@ def queue_run(submit: RunSubmit, config: RunConfig, priority: int = DEFAULT_PRIO
     """The record of an accepted run that waits for its tenant's share of the fleet (status ``queued``): its
     configuration is resolved now, everything that starts it (its first message, lessons, the first turn) when
     it is admitted (``begin_run``). The outbox says it is queued and holds its ticket."""
-    state = RunState(
-        run_id=submit.run_id,
-        task=submit.task,
-        status="queued",
-        config=config,
-        iteration=Iteration(n=0),
-        model=config.model,
-        priority=priority,
-        tenant=submit.tenant,
-        agent=config.agent,
-        agent_version=config.agent_version,
-    )
+    state = accepted_run(submit, config, priority)
     out = Outbox(state)
     tenant = submit.tenant or S.DEFAULT_TENANT
     out.event(
@@ -104,6 +93,23 @@ def queue_run(submit: RunSubmit, config: RunConfig, priority: int = DEFAULT_PRIO
     ticket = FlowTicket(run_id=submit.run_id, tenant=tenant, priority=priority, queued_at=state.created_at)
     out.add(S.flow_ticket(tenant, priority), ticket, ids.ticket(submit.run_id))
     return out
+
+
+def accepted_run(submit: RunSubmit, config: RunConfig, priority: int = DEFAULT_PRIORITY) -> RunState:
+    """The state of an accepted run before it starts (status ``queued``), nothing published: a run that starts at
+    the door goes from here to ``begin_run`` at once, without the queue's event and ticket (``queue_run``)."""
+    return RunState(
+        run_id=submit.run_id,
+        task=submit.task,
+        status="queued",
+        config=config,
+        iteration=Iteration(n=0),
+        model=config.model,
+        priority=priority,
+        tenant=submit.tenant,
+        agent=config.agent,
+        agent_version=config.agent_version,
+    )
 
 
 def begin_run(state: RunState, lessons: list[str], at: datetime, problem: str | None = None) -> Outbox | None:

@@ -16,7 +16,7 @@ from shared import subjects as S
 from shared.bus import Bus
 from shared.canonical import digest_of
 from shared.messages import DeadLetter, RunSubmit, Wire
-from shared.scenario import Scenario, ScenarioError, parse_scenario
+from shared.scenario import Scenario, ScenarioError, keep_bound, parse_scenario
 
 log = logging.getLogger("loopwarden.planner")
 
@@ -82,6 +82,7 @@ async def bind_scenario(bus: Bus, run_id: str, data: dict[str, object], replay: 
     scenario = scenario.model_copy(update={"replay": replay})  # the subject says, never the scenario
     stored, _, created = await bus.create_or_get(S.KV_SCENARIOS, run_id, scenario)
     if created or _scenario_digest(stored) == _scenario_digest(scenario):
+        keep_bound(bus, run_id, stored)  # the run's first turn here reads nothing
         return None
     return f"another scenario is already bound to run {run_id}"
 
@@ -132,7 +133,8 @@ async def unbind_stray_scenario(bus: Bus, run_id: str) -> None:
     try:
         stray = await kv.get(run_id)  # read raw: an unreadable one is removed too
     except KeyNotFoundError:
-        return
-    if stray.value is not None and stray.operation not in ("DEL", "PURGE"):
+        stray = None
+    if stray is not None and stray.value is not None and stray.operation not in ("DEL", "PURGE"):
         await kv.delete(run_id)
         log.warning("planner: removed a scenario stored for live run %s before it started", run_id)
+    keep_bound(bus, run_id, None)  # live: the run's first turn here reads nothing

@@ -10,6 +10,7 @@ The parts, one concept each (laid out as ``temporalio/converter`` is, re-exporte
 - ``publishing``: JetStream publishes, one or a batch, resent with their ids across a failover.
 - ``letters``: dead letters, written and read back.
 - ``requests``: core NATS responders and requests.
+- ``gate``: a replica's sections of work given places by tenant, as fair dispatch gives slots.
 - ``pulls``: driving a durable pull consumer on nats-py; ``consuming``: registering and delivering.
 - ``requeue``: a dead letter handed back runs once more through its consumer.
 - ``kv``: buckets (direct-get reads, compare-and-swap writes, claim-checked values).
@@ -33,6 +34,7 @@ from shared.bus.errors import (
     Undecodable,
     describe_nats_error,
 )
+from shared.bus.gate import FairGate
 from shared.bus.infra import (
     KV_HISTORY,
     KV_MAX_AGE_S,
@@ -66,6 +68,7 @@ from shared.bus.wire import (
     WRONG_LAST_SEQUENCE,
     ack_consumer,
     check_subject,
+    current_tenant,
     decode,
     landed_where_expected,
     num_delivered,
@@ -98,6 +101,7 @@ __all__ = [
     "CasConflict",
     "ConsumerSpec",
     "Declaration",
+    "FairGate",
     "Handler",
     "InfrastructureNotReady",
     "RequestRefused",
@@ -115,6 +119,7 @@ __all__ = [
     "current_deliveries",
     "current_seq",
     "current_subject",
+    "current_tenant",
     "declarations",
     "decode",
     "describe_nats_error",

@@ -59,15 +59,25 @@ def tenant_headers(headers: dict[str, str]) -> None:
             headers[TENANT_WEIGHT_HEADER] = current[1]
 
 
+def current_tenant() -> tuple[str, float]:
+    """The tenant of the message being handled (or of ``tenant_scope``; "" for none) and its weight."""
+    current = _TENANT.get()
+    return (current[0], _weight(current[1])) if current is not None else ("", 1.0)
+
+
 def tenant_of(headers: dict[str, str] | None) -> tuple[str, float]:
     """The tenant a received message's headers name ("" for none) and its weight (1 unless a positive number)."""
     if not headers:
         return "", 1.0
+    return headers.get(TENANT_HEADER, ""), _weight(headers.get(TENANT_WEIGHT_HEADER))
+
+
+def _weight(text: str | None) -> float:
     try:
-        weight = float(headers.get(TENANT_WEIGHT_HEADER) or 1.0)
+        weight = float(text or 1.0)
     except ValueError:
-        weight = 1.0
-    return headers.get(TENANT_HEADER, ""), weight if 0 < weight < 1e6 else 1.0
+        return 1.0
+    return weight if 0 < weight < 1e6 else 1.0
 
 
 def handling(headers: dict[str, str] | None) -> contextvars.Token[tuple[str, str] | None]:

@@ -100,6 +100,14 @@ class BusSettings(BaseModel):
         description="while another tenant has messages running in a durable, a tenant holding its share of the "
         "slots takes no more as they free (fewer of a backlog's handlers beside another tenant's)",
     )
+    dispatch_commits: int = Field(
+        16,
+        ge=0,
+        le=10_000,
+        description="a planner replica's commits at once (saving a run after a message or a model turn and "
+        "publishing what it produced), given to tenants by fair share as slots are: a backlog's turns that end "
+        "together no longer take the CPU another tenant's commit needs (0: no bound)",
+    )
     event_loop: Literal["uvloop", "asyncio"] = Field(
         "uvloop", description="a service's event loop: uvloop (libuv; less CPU per message) or the standard asyncio one"
     )

@@ -240,3 +240,27 @@ async def test_a_batch_of_keys_with_one_invalid_key_writes_none_of_them(client: 
     await sub.unsubscribe()
     assert read == [a, b]
     assert headers == [None, None]  # stored as a plain put stores them: no (empty) header block
+
+
+# --- the door: a run that starts at once ----------------------------------------------------------------
+
+
+async def test_a_run_started_at_the_door_reads_no_ticket_and_its_first_turn_reads_no_scenario(
+    one_client: Client,
+) -> None:
+    """Nothing waits in the fleet: the submit starts at the door, in the write that counts it. No waiting ticket is
+    read for it (it has none), its scenario is bound once, and the planner that bound it takes the first turn
+    without reading it back (one planner here: it is that one)."""
+    client = one_client
+    run_id = f"run-door-{uuid.uuid4().hex[:12]}"
+    tickets = f"$JS.API.DIRECT.GET.{S.STREAM_FLOW}"
+    binding = f"$KV.{S.KV_SCENARIOS}.{run_id}"
+    read_back = f"$JS.API.DIRECT.GET.KV_{S.KV_SCENARIOS}.{binding}"
+    async with Wire(client, tickets, binding, read_back) as wire:
+        await client.submit_scenario(parse_scenario(calculator_steps("door", 1)), run_id=run_id)
+        state = await client.wait(run_id, timeout=bound(30))
+    assert state.status == "completed", state.final_reason
+    assert [m for m in wire.seen if m.subject == tickets] == []
+    assert len([m for m in wire.seen if m.subject == binding]) == 1
+    readers = [m.reply for m in wire.seen if m.subject == read_back]
+    assert not any(r.startswith(S.inbox_prefix("planner")) for r in readers), readers

@@ -1,0 +1,89 @@
+"""``shared.bus.gate.FairGate``: a replica's sections of work (the planner's commits) given places by tenant."""
+
+from __future__ import annotations
+
+import asyncio
+
+from shared.bus import FairGate, tenant_scope
+
+
+async def _section(gate: FairGate, tenant: str, log: list[str], release: asyncio.Event, peak: list[int]) -> None:
+    with tenant_scope(tenant):
+        async with gate.section():
+            log.append(tenant)
+            peak[0] = max(peak[0], gate.running)
+            await release.wait()
+
+
+async def test_no_more_sections_run_at_once_than_the_limit_and_every_one_runs() -> None:
+    gate, log, peak, release = FairGate(2, headroom=0), [], [0], asyncio.Event()
+    tasks = [asyncio.create_task(_section(gate, "a", log, release, peak)) for _ in range(10)]
+    await asyncio.sleep(0)
+    assert (len(log), len(gate)) == (2, 8)
+    release.set()
+    await asyncio.gather(*tasks)
+    assert (len(log), peak[0], gate.running, len(gate)) == (10, 2, 0, 0)
+
+
+async def test_another_tenants_section_goes_before_a_backlogs_waiting_ones() -> None:
+    """a holds both places and has 6 waiting; b's two sections arrive. Sections end in the order they started: b
+    is given the first place that frees and then holds one of the two (its share) until its two are done, not
+    after a's backlog (first come, first served: places 8 and 9)."""
+    gate = FairGate(2, headroom=0)
+    order: list[str] = []
+    running: list[asyncio.Event] = []  # in the order the sections started
+
+    async def one(tenant: str) -> None:
+        with tenant_scope(tenant):
+            async with gate.section():
+                order.append(tenant)
+                release = asyncio.Event()
+                running.append(release)
+                await release.wait()
+
+    tasks = [asyncio.create_task(one("a")) for _ in range(8)]
+    await asyncio.sleep(0)
+    tasks += [asyncio.create_task(one("b")) for _ in range(2)]
+    await asyncio.sleep(0)
+    assert order == ["a", "a"]
+    for n in range(10):
+        running[n].set()
+        for _ in range(3):
+            await asyncio.sleep(0)
+    await asyncio.gather(*tasks)
+    assert [n for n, tenant in enumerate(order) if tenant == "b"] == [2, 4], order
+
+
+async def test_a_tenant_below_its_share_starts_at_once_within_the_headroom() -> None:
+    gate, log, peak, release = FairGate(4, headroom=0.25), [], [0], asyncio.Event()
+    tasks = [asyncio.create_task(_section(gate, "a", log, release, peak)) for _ in range(8)]
+    await asyncio.sleep(0)
+    tasks.append(asyncio.create_task(_section(gate, "b", log, release, peak)))
+    await asyncio.sleep(0)
+    assert log == ["a"] * 4 + ["b"]  # b started past the limit, by the headroom's one place
+    release.set()
+    await asyncio.gather(*tasks)
+
+
+async def test_a_section_cancelled_while_it_waits_passes_its_place_on() -> None:
+    gate, log, peak, release = FairGate(1, headroom=0), [], [0], asyncio.Event()
+    first = asyncio.create_task(_section(gate, "a", log, release, peak))
+    await asyncio.sleep(0)
+    cancelled = asyncio.create_task(_section(gate, "b", log, release, peak))
+    last = asyncio.create_task(_section(gate, "c", log, release, peak))
+    await asyncio.sleep(0)
+    cancelled.cancel()
+    await asyncio.sleep(0)
+    release.set()
+    await asyncio.gather(first, last)
+    assert cancelled.cancelled() and log == ["a", "c"]
+    assert (gate.running, len(gate)) == (0, 0)
+
+
+async def test_a_limit_of_zero_bounds_nothing() -> None:
+    gate, log, peak, release = FairGate(0), [], [0], asyncio.Event()
+    tasks = [asyncio.create_task(_section(gate, "a", log, release, peak)) for _ in range(50)]
+    await asyncio.sleep(0)
+    assert len(log) == 50
+    release.set()
+    await asyncio.gather(*tasks)
