@@ -2,13 +2,14 @@
 
 A process sets them as it starts, before it imports the rest of the tree: ``services/__init__.py`` (every
 ``python -m services.<name>`` imports that package first), ``loopwarden/console/__init__.py`` and the CLI's
-``main``. Start-up builds some 180 pydantic models' validators, a few hundred dataclasses and faststream's
-broker; with CPython's default young generation (700 allocations) the collector walked that growing heap again
-and again, ~0.1 s of CPU in a service's ~0.65 s of imports (``python -X importtime``; the CPU time of
-``import services.planner.__main__`` with and without). Once running, a service keeps many runs' states,
-messages and memos alive, and with the defaults the collector walked them all over and over (measured in the
-planner on a loaded box: ~1.8 s in full collections of ~4.5 s of CPU for a 64-run benchmark): a young
-generation of 10k allocations lets a message's short-lived objects die by refcount first.
+``main``, the test suite's workers (``tests/conftest.py``). Start-up builds some 180 pydantic models' validators, a
+few hundred dataclasses and faststream's broker; with CPython's default young generation (700 allocations) the
+collector walked that growing heap again and again: 0.01-0.03 s of the ~0.5 s of CPU ``import
+services.planner.__main__`` takes on an idle machine, ~0.1 s at load 4 (traversals slow down most under load), and
+half of a test worker's collection, which builds the asserts' rewritten ASTs (8.2 -> 4.5 s). Once running, a
+service keeps many runs' states, messages and memos alive, and with the defaults the collector walked them all over
+and over (measured in the planner on a loaded box: ~1.8 s in full collections of ~4.5 s of CPU for a 64-run
+benchmark): a young generation of 10k allocations lets a message's short-lived objects die by refcount first.
 """
 
 from __future__ import annotations
