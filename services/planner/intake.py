@@ -144,7 +144,7 @@ class Intake:
             problem = await submission.bind_scenario(self.bus, submit.run_id, submit.scenario, replay)
         else:
             problem = None
-            await submission.unbind_stray_scenario(self.bus, submit.run_id)
+            await submission.unbind_stray_scenario(self.bus, submit.run_id, taken=lambda: self.stored(submit.run_id))
         lessons = await submission.lessons_for(self.bus, state.task, state.tenant, state.agent, state.config.lessons)
         out = begin_run(state, lessons, state.created_at, problem)
         assert out is not None
@@ -154,6 +154,10 @@ class Intake:
             self.flow.moved(state, "queued")
         else:
             self.planner.runs.started(state.tenant or S.DEFAULT_TENANT, state.agent)
+
+    async def stored(self, run_id: str) -> bool:
+        """Whether a run's record is stored under ``run_id``."""
+        return await self.store.load(run_id, fresh=True) is not None
 
     async def begin(self, run_id: str) -> str | None:
         """Start a queued run its tenant's share of the fleet was just given to (``Flow``): its first message,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Awaitable, Callable
 
 from nats.js.errors import KeyNotFoundError
 from pydantic import Field
@@ -126,15 +127,19 @@ async def refuse(bus: Bus, submit: RunSubmit, subject: str, reason: str, msg_id:
     log.error("planner: refused the submit of %s: %s", submit.run_id, reason)
 
 
-async def unbind_stray_scenario(bus: Bus, run_id: str) -> None:
+async def unbind_stray_scenario(bus: Bus, run_id: str, taken: Callable[[], Awaitable[bool]] | None = None) -> None:
     """A run submitted without a scenario is live: a scenario stored under its id by anyone else (an
-    admin could) is removed before the run starts, so nothing treats the run as scripted."""
+    admin could) is removed before the run starts, so nothing treats the run as scripted. ``taken``: whether
+    the id is another run's already (a submit at the door creates its record after this): then the scenario is
+    that run's own, bound to it, and stays (the record's create finds the id taken)."""
     kv = await bus.kv(S.KV_SCENARIOS)
     try:
         stray = await kv.get(run_id)  # read raw: an unreadable one is removed too
     except KeyNotFoundError:
         stray = None
     if stray is not None and stray.value is not None and stray.operation not in ("DEL", "PURGE"):
+        if taken is not None and await taken():
+            return
         await kv.delete(run_id)
         log.warning("planner: removed a scenario stored for live run %s before it started", run_id)
     keep_bound(bus, run_id, None)  # live: the run's first turn here reads nothing

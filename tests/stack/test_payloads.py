@@ -185,6 +185,33 @@ async def test_a_bound_scenario_is_immutable_and_must_match_its_digest(client: C
     assert state.final_output == "1"  # the bound scenario is the one replayed
 
 
+async def test_a_live_submit_of_a_taken_run_id_leaves_that_runs_scenario_bound(client: Client) -> None:
+    """A submit without a scenario removes one stored under its run id before it starts (a live run is never
+    scripted), but not when the id is another run's: that run's bound scenario stays, for its replay and its turns.
+    The submit is removed from ``LW_SUBMIT`` once handled: then the scenario is read."""
+    base = {"name": "kept", "task": "Submit 1.", "planner": [submit("1")]}
+    run_id = await client.submit_scenario(parse_scenario(base))
+    assert (await client.wait(run_id, timeout=bound(60))).final_output == "1"
+    kv = await client.bus.kv(S.KV_SCENARIOS)
+    assert (await kv.get(run_id)).value
+    live = RunSubmit(run_id=run_id, task="Submit 1.")
+    ack = await client.bus.publish(S.run_submit(), live, msg_id=f"live.{run_id}")
+    js = client.bus.nc.jetstream()
+    for _ in range(polls(100)):
+        try:
+            await js.get_msg(S.STREAM_SUBMIT, ack.seq)
+        except nats.js.errors.NotFoundError:
+            break
+        await asyncio.sleep(0.1)
+    else:
+        raise AssertionError("the live submit was not handled")
+    try:
+        stored = (await kv.get(run_id)).value
+    except (nats.js.errors.KeyDeletedError, nats.js.errors.KeyNotFoundError):
+        stored = None
+    assert stored, "the taken run's scenario was removed"
+
+
 # --- test doubles never touch live runs -------------------------------------------------------------
 
 
