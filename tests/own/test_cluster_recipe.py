@@ -39,6 +39,16 @@ def _routes(port: int) -> int:
         return -1
 
 
+def _meta_ready(port: int) -> bool:
+    """Whether this node's JetStream meta group has a leader and a size of three: routes come up first, and
+    a stream placed with 3 replicas before then is refused ("no suitable peers for placement")."""
+    try:
+        meta = _monitor(port, "jsz").get("meta_cluster") or {}
+    except OSError:
+        return False
+    return bool(meta.get("leader")) and meta.get("cluster_size") == 3
+
+
 def _three_free() -> int:
     """A port whose next two are free too (each node's is the first plus N-1)."""
     for _ in range(200):
@@ -101,6 +111,8 @@ def test_three_nodes_on_one_machine_from_the_generated_configs(tmp_path: Path) -
             wait_for_port(client + n)
         for n in (0, 1, 2):
             eventually_sync(lambda n=n: _routes(http + n) == 2, what=f"node {n + 1}'s two routes", within=bound(30))
+        for n in (0, 1, 2):
+            eventually_sync(lambda n=n: _meta_ready(http + n), what=f"node {n + 1}'s JetStream peers", within=bound(30))
         servers = ",".join(f"nats://127.0.0.1:{client + n}" for n in range(3))
         admin = {"LW_NATS_URL": servers, "LW_NATS_USER": "admin", "LW_NATS_PASSWORD": passwords["admin"]}
         done = lw("bootstrap", **admin, LW_MANAGE_STREAMS="false", LW_STREAM_REPLICAS="3")
