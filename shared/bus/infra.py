@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -167,6 +168,25 @@ def _fits(what: str, setting: str, held_bytes: int, held_msgs: int, max_bytes: i
         )
 
 
+NO_PEERS_YET = 10005  # "no suitable peers for placement": a cluster still forming (its routes up, its meta group not)
+
+_Made = TypeVar("_Made")
+
+
+async def _placed(make: Callable[[], Awaitable[_Made]], what: str, settings: Settings) -> _Made:
+    """``make()`` (a stream or bucket created with its replicas), asked again while the cluster has too few peers
+    for it, for up to ``LW_FAILOVER_RETRY_S``: bootstrap run just after the nodes started would fail otherwise."""
+    deadline = time.monotonic() + settings.failover_retry_s
+    while True:
+        try:
+            return await make()
+        except APIError as err:
+            if err.err_code != NO_PEERS_YET or time.monotonic() >= deadline:
+                raise
+            log.info("%s: the cluster has too few peers yet (%s); asking again", what, err.description)
+            await asyncio.sleep(0.5)
+
+
 def _no_room(err: APIError, what: str, setting: str) -> BoundTooSmall | APIError:
     if err.err_code == 10047:  # insufficient storage resources: every bound is reserved in the server's store
         return BoundTooSmall(
@@ -211,7 +231,7 @@ async def ensure_streams(js: JetStreamContext, settings: Settings, *, update: bo
             )
     for cfg in missing:
         try:
-            await js.add_stream(cfg)
+            await _placed(functools.partial(js.add_stream, cfg), f"stream {cfg.name}", settings)
             changed.append(f"created stream {cfg.name} (replicas {cfg.num_replicas}, max_bytes {cfg.max_bytes})")
         except APIError as err:  # another process created it in between
             if "already in use" not in str(err):
@@ -277,17 +297,16 @@ async def ensure_buckets(
             await js.key_value(bucket)
         except BucketNotFoundError:
             try:
-                await js.create_key_value(
-                    KeyValueConfig(
-                        bucket=bucket,
-                        history=kv_history(bucket),
-                        ttl=kv_max_age(bucket, settings),
-                        max_bytes=settings.bucket_bytes(bucket),
-                        storage=StorageType.FILE,
-                        replicas=settings.kv_replicas,
-                        direct=True,
-                    )
+                config = KeyValueConfig(
+                    bucket=bucket,
+                    history=kv_history(bucket),
+                    ttl=kv_max_age(bucket, settings),
+                    max_bytes=settings.bucket_bytes(bucket),
+                    storage=StorageType.FILE,
+                    replicas=settings.kv_replicas,
+                    direct=True,
                 )
+                await _placed(functools.partial(js.create_key_value, config), f"bucket {bucket}", settings)
                 changed.append(f"created bucket {bucket} (replicas {settings.kv_replicas})")
             except APIError as err:  # another process created it in between
                 if "already in use" not in str(err):
