@@ -170,10 +170,8 @@ def _fits(what: str, setting: str, held_bytes: int, held_msgs: int, max_bytes: i
 
 NO_PEERS_YET = 10005  # "no suitable peers for placement": a cluster still forming (its routes up, its meta group not)
 
-_Made = TypeVar("_Made")
 
-
-async def _placed(make: Callable[[], Awaitable[_Made]], what: str, settings: Settings) -> _Made:
+async def _placed(make: Callable[[], Awaitable[R]], what: str, settings: Settings) -> R:
     """``make()`` (a stream or bucket created with its replicas), asked again while the cluster has too few peers
     for it, for up to ``LW_FAILOVER_RETRY_S``: bootstrap run just after the nodes started would fail otherwise."""
     deadline = time.monotonic() + settings.failover_retry_s
