@@ -192,7 +192,7 @@ def run(steps: int = 80, reps: int = 300) -> dict[str, Any]:
                 budgeted = await _run(client, steps, whole_history=False)
                 whole = await _run(client, steps, whole_history=True)
                 contracts: dict[str, ToolContract] = {}
-                for key in await (await client.bus.kv(S.KV_CONTRACTS)).keys():
+                for key in await client.bus.keys(S.KV_CONTRACTS):
                     contract, _ = await client.bus.kv_get(S.KV_CONTRACTS, key, ToolContract)
                     if contract is not None:
                         contracts[contract.name] = contract

@@ -219,11 +219,15 @@ class Buckets(Publishing):
             return (stored or value), revision, False
         return value, revision, True
 
+    async def keys(self, bucket: str) -> list[str]:
+        """Every key of ``bucket`` (``kv_keys``: a key deleted by a marker is listed too; none: an empty list)."""
+        await self.kv(bucket)  # created if missing
+        return await kv_keys(self.nc, bucket)
+
     async def kv_values(self, bucket: str, model: type[M]) -> dict[str, M]:
         """Every value in ``bucket`` by key (keys deleted meanwhile are left out)."""
         found: dict[str, M] = {}
-        await self.kv(bucket)  # created if missing
-        for key in await kv_keys(self.nc, bucket):  # not kv.keys(): it misses keys written meanwhile
+        for key in await self.keys(bucket):  # not kv.keys(): it misses keys written meanwhile
             value, _ = await self.kv_get(bucket, key, model)
             if value is not None:
                 found[key] = value

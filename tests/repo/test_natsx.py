@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import re
+from pathlib import Path
 from typing import Any
 
 import nats.aio.client
@@ -15,6 +17,7 @@ from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 
 from shared.bus import natsx
+from tests.support.paths import ROOT
 
 OWNERS: dict[str, Any] = {"Client": Client, "JetStreamContext": JetStreamContext, "KeyValue": KeyValue}
 
@@ -90,3 +93,19 @@ def test_no_module_but_natsx_touches_a_private_nats_py_name() -> None:
         if uses.search(line)
     ]
     assert not found, "private nats-py names outside shared/bus/natsx.py:\n" + "\n".join(found)
+
+
+def test_no_code_lists_a_bucket_with_nats_py_keys() -> None:
+    """``KeyValue.keys`` watches the bucket until nothing is pending, and under load it can decide so before the
+    first key arrives: a full bucket listed as empty (``NoKeysError``). ``Bus.keys`` asks the server's index."""
+    listing = re.compile(r"await [^#\n]*\.keys\(\)")
+    found = [
+        f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+        for top in ("shared", "services", "loopwarden", "tests", "bench")
+        for path in sorted((ROOT / top).rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if listing.search(line) and path != Path(__file__)
+    ]
+    assert found == [], "list a bucket with Bus.keys, not KeyValue.keys:\n" + "\n".join(found)
+    assert listing.search("keys = [k for k in await ledger.keys() if k]")
+    assert not listing.search("keys = await client.bus.keys(S.KV_RUNS)")

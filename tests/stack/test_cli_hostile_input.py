@@ -151,13 +151,8 @@ def crafted_export(customer: str) -> dict[str, Any]:
 
 
 async def charges_of(client: Client, customer: str) -> list[str]:
-    kv = await client.bus.kv(S.KV_DEMO)
-    try:
-        keys = await kv.keys()
-    except Exception:  # no keys at all
-        return []
-    found = []
-    for key in keys:
+    kv, found = await client.bus.kv(S.KV_DEMO), []
+    for key in await client.bus.keys(S.KV_DEMO):
         if key.startswith("charge."):
             entry = await kv.get(key)
             if json.loads(entry.value or b"{}").get("customer_id") == customer:

@@ -227,9 +227,8 @@ async def test_contract_metrics_are_exported_as_opentelemetry_metrics(client: Cl
 
 
 async def contracts_in_kv(client: Client) -> list[ToolContract]:
-    kv = await client.bus.kv(S.KV_CONTRACTS)
     out = []
-    for key in await kv.keys():
+    for key in await client.bus.keys(S.KV_CONTRACTS):
         contract, _ = await client.bus.kv_get(S.KV_CONTRACTS, key, ToolContract)
         if contract:
             out.append(contract)

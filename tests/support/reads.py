@@ -24,7 +24,7 @@ async def planner_record(client: Client, run_id: str) -> RunState:
 async def registered(client: Client) -> dict[str, ToolContract]:
     """Every tool contract registered on the bus, by name."""
     found: dict[str, ToolContract] = {}
-    for key in await (await client.bus.kv(S.KV_CONTRACTS)).keys():
+    for key in await client.bus.keys(S.KV_CONTRACTS):
         contract, _ = await client.bus.kv_get(S.KV_CONTRACTS, key, ToolContract)
         if contract is not None:
             found[contract.name] = contract
