@@ -94,7 +94,8 @@ class Planner:
         # (a transaction tries its CAS on that without reading first; a conflict re-reads).
         self.store = RunStore(bus)
         # saving a run and publishing what it produced: given to tenants by fair share (``LW_DISPATCH_COMMITS``)
-        self.commits = FairGate(settings.dispatch_commits, settings.dispatch_headroom)
+        # while another tenant has messages in this replica (a tenant alone runs every commit at once)
+        self.commits = FairGate(settings.dispatch_commits, settings.dispatch_headroom, bus.presence)
         # gen_ai.client.token.usage / .operation.duration are recorded per model call
         limiter = RateLimiter(bus, settings, telemetry.meter("loopwarden.ratelimit"))
         leased = M.Tally(

@@ -18,6 +18,7 @@ from pydantic import BaseModel
 
 from shared import subjects as S
 from shared.bus.errors import TryLater, Undecodable
+from shared.bus.gate import Presence
 from shared.bus.infra import ConsumerSpec, consumer_config, consumer_drift
 from shared.bus.letters import Letters
 from shared.bus.pulls import Handler, PullFeed, _Pull, _Requeue, _RunLocks
@@ -65,12 +66,14 @@ class Consuming(Letters):
     _pulls: list[_Pull]  # every durable this replica consumes, its requeue durables included
     _unstarted: list[_Pull]  # registered after the start: pulled once reconciled
     _run_locks: _RunLocks  # one run's messages one after another in this replica, across its durables
+    presence: Presence  # the tenants with messages held in this replica (``gate.FairGate`` shares only then)
 
     def _init_state(self) -> None:
         super()._init_state()
         self._pulls = []
         self._unstarted = []
         self._run_locks = _RunLocks()
+        self.presence = Presence()
 
     async def _requeue(self, msg: Msg) -> None:
         """Run a dead letter handed back (``Requeue``) through the consumer that takes it: ``Requeueing``'s."""
@@ -85,6 +88,7 @@ class Consuming(Letters):
             headroom=self.settings.dispatch_headroom,
             yield_share=self.settings.dispatch_yield,
             locks=self._run_locks,
+            presence=self.presence,
             deliver=self._deliver,
             span=self._processing if self._tracer is not None else None,
         )

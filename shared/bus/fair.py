@@ -84,6 +84,10 @@ class FairSlots(Generic[T]):
         """Per key with something held, how many items."""
         return {key: len(queue) for key, queue in self._waiting.items()}
 
+    def others(self, key: str) -> bool:
+        """Whether a key other than ``key`` has items running or held."""
+        return any(k != key for k in self.running) or any(k != key for k in self._waiting)
+
     def _below_share(self, key: str) -> bool:
         active = {*self.running, *self._waiting, key}
         weights = sum(self._weight.get(k, 1.0) for k in active)

@@ -24,6 +24,7 @@ from pydantic import BaseModel
 from shared import opcounts
 from shared import subjects as S
 from shared.bus.fair import FairSlots
+from shared.bus.gate import Presence
 from shared.bus.infra import ConsumerSpec
 from shared.bus.wire import RUN_ID_HEADER, tenant_of
 from shared.messages import Requeue
@@ -78,6 +79,7 @@ class PullFeed:
     headroom: float  # ``FairSlots``' room past the limit
     yield_share: bool  # ``FairSlots``: a tenant at its share takes no freed slot while another runs here
     locks: _RunLocks
+    presence: Presence  # the tenants with messages held in the replica, every durable together (``gate.py``)
     deliver: Callable[[Msg, type[Any], Handler[Any]], Awaitable[bool]]
     span: Callable[[Msg], AbstractContextManager[None]] | None
 
@@ -150,6 +152,7 @@ class _Pull:
         self.held[id(msg)] = msg
         self.acked_wait[id(msg)] = time.monotonic()
         tenant, weight = self.tenant_of(msg)
+        self.feed.presence.arrive(tenant)
         if self.slots.arrive(tenant, msg, weight) is not None:
             self.begin(msg, tenant)
 
@@ -216,7 +219,8 @@ class _Pull:
 
     def drop(self, msg: Msg) -> None:
         """``msg`` is no longer held here (acked, handed back or dead-lettered)."""
-        self.held.pop(id(msg), None)
+        if self.held.pop(id(msg), None) is not None:
+            self.feed.presence.leave(self.tenant_of(msg)[0])
         self.acked_wait.pop(id(msg), None)
 
     def due(self, now: float, age: float) -> list[Msg]:

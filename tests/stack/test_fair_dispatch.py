@@ -15,7 +15,7 @@ from nats.aio.msg import Msg
 from loopwarden.client import Client
 from loopwarden.stack import LocalStack
 from shared import subjects as S
-from shared.bus import TENANT_HEADER, TENANT_WEIGHT_HEADER, Bus, current_deliveries, tenant_scope
+from shared.bus import TENANT_HEADER, TENANT_WEIGHT_HEADER, Bus, FairGate, current_deliveries, tenant_scope
 from shared.messages import RunAdvance
 from shared.scenario import parse_scenario
 from shared.settings import Settings
@@ -291,3 +291,46 @@ async def test_the_planner_writes_the_runs_tenant_on_its_commands_and_the_execut
     tenant = state.tenant or S.DEFAULT_TENANT
     # the planner's tool call, and the executor's result for the validator
     assert headers == {"tool": tenant, "result": tenant}
+
+
+async def test_a_commit_gate_bounds_a_tenant_only_while_another_tenant_has_messages_in_the_replica(
+    stack: LocalStack,
+) -> None:
+    """The planner's commit gate (``FairGate`` on the bus's ``presence``): with tenant a's messages alone in the
+    replica, every handler's section runs at once; once tenant b's message is held there, b's section starts at
+    once and a's next ones are bounded (the gate's limit, 2: one beside b's), the rest waiting for a place."""
+    marker = os.urandom(4).hex()
+    subject = S.tool_execute(f"test_gate_{marker}")
+    bus = fair_bus(stack, "gatetest", 40, max_in_flight=20)
+    gate = FairGate(2, headroom=0, presence=bus.presence)
+    release, seen = asyncio.Event(), []
+
+    @bus.consumer(durable=f"gatetest_{marker}", filter_subjects=[subject], model=RunAdvance)
+    async def on_msg(ev: RunAdvance) -> None:
+        async with gate.section():
+            seen.append(ev.run_id)
+            await release.wait()
+
+    async def publish(tenant: str, ids: range) -> None:
+        with tenant_scope(tenant):
+            for i in ids:
+                await bus.publish(subject, RunAdvance(run_id=f"{tenant}-{marker}-{i}", iteration=0))
+
+    await bus.connect()
+    try:
+        await bus.start()
+        await publish("a", range(8))
+        await eventually(lambda: len(seen) == 8, what="a's eight sections running at once", within=bound(10))
+        assert (gate.loose, len(gate)) == (8, 0)
+        await publish("b", range(1))
+        await eventually(lambda: len(seen) == 9, what="b's section running", within=bound(10))
+        await publish("a", range(8, 16))
+        await eventually(lambda: len(seen) == 10, what="a's next section beside b's", within=bound(10))
+        await eventually(lambda: len(gate) == 7, what="a's other seven waiting", within=bound(10))
+        await asyncio.sleep(0.3)
+        assert (len(seen), gate.loose, gate.running) == (10, 8, 10)
+        release.set()
+        await eventually(lambda: len(seen) == 17, what="every message handled", within=bound(10))
+    finally:
+        await bus.stop()
+    assert seen[8] == f"b-{marker}-0"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from shared.bus import FairGate, tenant_scope
+from shared.bus.gate import Presence
 
 
 async def _section(gate: FairGate, tenant: str, log: list[str], release: asyncio.Event, peak: list[int]) -> None:
@@ -85,5 +86,82 @@ async def test_a_limit_of_zero_bounds_nothing() -> None:
     tasks = [asyncio.create_task(_section(gate, "a", log, release, peak)) for _ in range(50)]
     await asyncio.sleep(0)
     assert len(log) == 50
+    release.set()
+    await asyncio.gather(*tasks)
+
+
+async def test_a_tenant_alone_in_the_replica_runs_every_section_at_once() -> None:
+    """Nobody else has work here: bounding the lone tenant's sections would share nothing."""
+    presence = Presence()
+    presence.arrive("a")
+    gate, log, peak, release = FairGate(2, headroom=0, presence=presence), [], [0], asyncio.Event()
+    tasks = [asyncio.create_task(_section(gate, "a", log, release, peak)) for _ in range(10)]
+    await asyncio.sleep(0)
+    assert (len(log), len(gate), gate.running) == (10, 0, 10)
+    release.set()
+    await asyncio.gather(*tasks)
+    assert gate.running == 0
+
+
+async def test_the_bound_holds_once_another_tenant_is_present_and_its_sections_start_at_once() -> None:
+    """a's sections ran unbounded while it was alone; b's message arrives in the replica: a's next sections wait
+    for a place (the limit counts only the bounded ones), and b's start at once, as the gate's rule gives them."""
+    presence = Presence()
+    presence.arrive("a")
+    gate, log, peak, release = FairGate(2, headroom=0, presence=presence), [], [0], asyncio.Event()
+    alone = [asyncio.create_task(_section(gate, "a", log, release, peak)) for _ in range(6)]
+    await asyncio.sleep(0)
+    presence.arrive("b")
+    shared = [asyncio.create_task(_section(gate, "a", log, release, peak)) for _ in range(6)]
+    shared.append(asyncio.create_task(_section(gate, "b", log, release, peak)))
+    await asyncio.sleep(0)
+    assert log == ["a"] * 8  # the six loose ones and the limit's two: b's waits for the first place to free
+    assert (gate.loose, len(gate)) == (6, 5)
+    release.set()
+    await asyncio.gather(*alone, *shared)
+    assert log.index("b") < 10 and (gate.running, len(gate)) == (0, 0)
+
+
+async def test_a_tenant_below_its_share_starts_at_once_beside_a_loose_backlog() -> None:
+    presence = Presence()
+    presence.arrive("a")
+    gate, log, peak, release = FairGate(4, headroom=0.25, presence=presence), [], [0], asyncio.Event()
+    tasks = [asyncio.create_task(_section(gate, "a", log, release, peak)) for _ in range(20)]
+    await asyncio.sleep(0)
+    presence.arrive("b")
+    tasks.append(asyncio.create_task(_section(gate, "b", log, release, peak)))
+    await asyncio.sleep(0)
+    assert log == ["a"] * 20 + ["b"]  # a's loose sections are not the bounded ones b is measured against
+    release.set()
+    await asyncio.gather(*tasks)
+
+
+def test_presence_counts_held_messages_per_tenant_and_a_tenant_gone_lingers() -> None:
+    now = [100.0]
+    presence = Presence(linger_s=1.0, clock=lambda: now[0])
+    assert not presence.others("a")
+    presence.arrive("a")
+    presence.arrive("a")
+    assert not presence.others("a") and presence.others("b")
+    presence.arrive("b")
+    assert presence.others("a")
+    presence.leave("b")
+    now[0] += 0.5
+    assert presence.others("a")  # b's last message was handled half a second ago: its next may be on its way
+    now[0] += 0.6
+    assert not presence.others("a")
+    presence.leave("a")
+    assert presence.others("b")
+    presence.leave("a")
+    assert presence.others("b") and not presence.others("a")  # a lingers too, for another tenant
+    now[0] += 2
+    assert not presence.others("b")
+
+
+async def test_without_presence_the_bound_is_always_kept() -> None:
+    gate, log, peak, release = FairGate(2, headroom=0), [], [0], asyncio.Event()
+    tasks = [asyncio.create_task(_section(gate, "a", log, release, peak)) for _ in range(5)]
+    await asyncio.sleep(0)
+    assert (len(log), len(gate)) == (2, 3)
     release.set()
     await asyncio.gather(*tasks)
