@@ -23,7 +23,7 @@ from shared.messages import (
 )
 
 PROGRESS_STEMS = frozenset(S.run_event(e.model_fields["kind"].default) for e in PROGRESS_EVENTS)
-FINAL_STEMS = {S.run_event(status): status for status in FINAL_STATUSES}
+_FINAL_STEMS = {S.run_event(status): status for status in FINAL_STATUSES}
 ACCEPTED: tuple[str, ...] = tuple(s for s in get_args(RunStatus) if s != "refused")  # a planner took it in
 
 
@@ -113,8 +113,8 @@ class Waiting(Queue):  # (a Queue reads runs too: the last turns it shows with a
                 stem = msg.subject.rsplit(".", 1)[0]
                 if stem in PROGRESS_STEMS:
                     return  # a step's progress: the status is unchanged, nothing to read again
-                if stem in FINAL_STEMS:
-                    self._finals_seen[run_id] = FINAL_STEMS[stem]
+                if stem in _FINAL_STEMS:
+                    self._finals_seen[run_id] = _FINAL_STEMS[stem]
                 for waiter in self._waiters.get(run_id, ()):
                     waiter.set()
 
