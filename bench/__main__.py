@@ -63,12 +63,12 @@ def main() -> int:
     if args.only in (None, "storage"):  # bytes per run, retention, soak (issue 15)
         from bench import storage
 
-        kept = storage.run(runs=40, batch=20) if args.quick else storage.run(runs=1000, batch=50)
-        print("\n".join(storage.report(kept)), flush=True)
-        measured["stored_bytes"] = sum(b for b, _ in kept.per_run.values())
-        if args.quick:
+        if args.quick:  # the smoke in tests/own/test_bench_smoke.py: one stack, swept after each batch
             print("\n".join(storage.report(storage.run(runs=40, batch=20, sweep=True))), flush=True)
         else:
+            kept = storage.run(runs=1000, batch=50)
+            print("\n".join(storage.report(kept)), flush=True)
+            measured["stored_bytes"] = sum(b for b, _ in kept.per_run.values())
             print("\n".join(storage.report(storage.run(runs=storage.soak_runs(), batch=50, sweep=True))), flush=True)
     if args.only in (None, "cost"):  # cost as the bill says it (issue 11)
         from bench import cost

@@ -116,6 +116,7 @@ class Connection:
         self.ready_timeout = ready_timeout  # None: wait without limit (a client started before bootstrap)
         self._waiters: dict[str, set[asyncio.Event]] = {}
         self._run_events: dict[str, list[Any]] = {}  # run id -> subscriptions to its run events
+        self._finals_seen: dict[str, str] = {}  # run id -> the final status whose event those relayed
         self.telemetry: Telemetry | None = telemetry or setup_telemetry(self.identity, self.settings)
         self.bus = Bus(self.settings, self.identity, self.telemetry.bus_tracer_provider)
         self.refusals = Refusals(self.identity, self.bus.inbox_prefix, self.settings.tenant)

@@ -13,6 +13,7 @@ from loopwarden.client.reads import TENANT_POLL_S
 from loopwarden.client.refusals import guarded
 from shared import subjects as S
 from shared.messages import (
+    FINAL_STATUSES,
     FINISHED_STATUSES,
     PROGRESS_EVENTS,
     ChatMessage,
@@ -22,6 +23,7 @@ from shared.messages import (
 )
 
 PROGRESS_STEMS = frozenset(S.run_event(e.model_fields["kind"].default) for e in PROGRESS_EVENTS)
+_FINAL_STEMS = {S.run_event(status): status for status in FINAL_STATUSES}
 ACCEPTED: tuple[str, ...] = tuple(s for s in get_args(RunStatus) if s != "refused")  # a planner took it in
 
 
@@ -51,13 +53,13 @@ class Waiting(Queue):  # (a Queue reads runs too: the last turns it shows with a
             while time.monotonic() < deadline:
                 changed.clear()
                 try:
-                    state = await self.state(run_id)
+                    state, stored = await self._state_and_final(run_id)
                 except TimeoutError:  # the server did not answer in time (an overloaded machine): ask again
                     continue
                 if state is not None and state.status == "refused" and "refused" not in until:
                     raise refusal_error(run_id, state.refusal or Refusal(reason=state.final_reason or "refused"))
                 if state is not None and state.status in until:
-                    if state.done:
+                    if state.done and stored != state.status:
                         await self._settled(run_id, state.status, deadline, changed)
                     elif state.awaiting is not None:
                         await self._filed(run_id, state.awaiting.escalation_id, deadline)
@@ -73,6 +75,20 @@ class Waiting(Queue):  # (a Queue reads runs too: the last turns it shows with a
             f"run {run_id} did not reach {until} in {timeout:.0f}s (last status: "
             f"{state.status if state else 'not stored'})"
         )
+
+    async def _state_and_final(self, run_id: str) -> tuple[RunSnapshot | None, str | None]:
+        """The run's state and, once the run's own final event was relayed live to this client, whether the
+        stream stores it, read together: (state, that status if found stored). A live event is not yet a
+        stored one (the stream may take it a moment after it is relayed), so it is read, but beside the
+        state, not after it: the planner publishes the final event only after it saved the final state, so
+        the state read with it is final too. Without a final event seen, the state alone (``None``)."""
+        final = self._finals_seen.get(run_id)
+        if final is None:
+            return await self.state(run_id), None
+        state, found = await asyncio.gather(
+            self.state(run_id), self.events(run_id, subjects=S.run_event(final), timeout=0.2)
+        )
+        return state, final if found else None
 
     async def _history_by(self, state: RunSnapshot, deadline: float) -> list[ChatMessage]:
         """The run's messages, asked again while the server does not answer in time (a stream electing a new
@@ -94,8 +110,11 @@ class Waiting(Queue):  # (a Queue reads runs too: the last turns it shows with a
             subs = self._run_events[run_id] = []
 
             async def dispatch(msg: Any) -> None:
-                if msg.subject.rsplit(".", 1)[0] in PROGRESS_STEMS:
+                stem = msg.subject.rsplit(".", 1)[0]
+                if stem in PROGRESS_STEMS:
                     return  # a step's progress: the status is unchanged, nothing to read again
+                if stem in _FINAL_STEMS:
+                    self._finals_seen[run_id] = _FINAL_STEMS[stem]
                 for waiter in self._waiters.get(run_id, ()):
                     waiter.set()
 
@@ -110,6 +129,7 @@ class Waiting(Queue):  # (a Queue reads runs too: the last turns it shows with a
         waiters.discard(changed)
         if not waiters:
             del self._waiters[run_id]
+            self._finals_seen.pop(run_id, None)
             for sub in self._run_events.pop(run_id, []):
                 with contextlib.suppress(Exception):
                     await sub.unsubscribe()

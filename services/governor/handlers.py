@@ -154,6 +154,15 @@ class TenantDays:
         self._writers.pop(key, None)
 
 
+def first_ask(req: BudgetRequest) -> bool:
+    """Whether ``req`` is, most likely, its run's first ask: the run has made no model call yet, so no turn of
+    it was asked about (a ledger is written only by an ask). A guess that the ledger is absent, never trusted:
+    its write is a create, which fails where a ledger exists (a redelivered ask, another replica's), and the
+    ledger is then read and decided upon as for any other ask."""
+    spent = req.spent
+    return not req.leased and spent.input_tokens == 0 and spent.output_tokens == 0 and spent.cost_usd == 0
+
+
 def _retrieved(fut: asyncio.Future[float]) -> None:
     if not fut.cancelled():
         fut.exception()  # a write no one awaited failed: logged by the writer, not "never retrieved"
@@ -327,7 +336,9 @@ class Governor:
         day = self.account(req.tenant or S.DEFAULT_TENANT, "spend", req.run_id, own, now=ceiling is not None)
         tenant_spent = await day if ceiling is not None else None
         key = S.kv_key(req.run_id)
-        known = self._ledgers.pop(key, None)
+        known: tuple[BudgetLedger | None, int] | None = self._ledgers.pop(key, None)
+        if known is None and first_ask(req):  # no ledger yet, most likely: created without a read first
+            known = (None, 0)
         await self.ratio(req.model)  # loads the shared ratios once
         samples: list[tuple[str, float]] = []
 

@@ -107,7 +107,7 @@ class Buckets(Publishing):
         change: Callable[[M | None], tuple[M, R] | Unchanged[R]],
         attempts: int = 20,
         *,
-        known: tuple[M, int] | None = None,
+        known: tuple[M | None, int] | None = None,
         saved: Callable[[M | None, int], None] | None = None,
     ) -> R:
         """Read-modify-write under compare-and-swap: ``change`` gets the current value (None if
@@ -116,8 +116,10 @@ class Buckets(Publishing):
         from the second conflict on.
 
         ``known`` is a (value, revision) the caller already holds (e.g. what it wrote last): it is
-        tried first without reading; ``change`` may mutate it. ``saved(value, revision)`` is told
-        what is stored once the update is done, so the caller can keep it for next time."""
+        tried first without reading; ``change`` may mutate it. ``(None, 0)`` guesses the key absent: the
+        first write is a create, and a key that exists makes it a conflict, read and decided upon as any.
+        ``saved(value, revision)`` is told what is stored once the update is done, so the caller can keep
+        it for next time."""
         current: M | None
         for attempt in range(attempts):
             if attempt > 1:  # writers racing for one key (a tenant's day): back off, jittered, so one wins

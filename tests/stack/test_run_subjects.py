@@ -19,7 +19,7 @@ from shared.messages import SimulatedCall
 from shared.scenario import parse_scenario
 from tests.support.runs import run_scenario
 from tests.support.stacks import settings_for
-from tests.support.timing import bound
+from tests.support.timing import bound, eventually
 
 NOISE_RUNS = 40
 NOISE_PER_RUN = 10
@@ -138,7 +138,11 @@ async def test_waiting_for_one_run_is_not_woken_by_other_runs(client: Client, st
         run_id = f"run-waited-{id(waiter):x}"
         before = received(waiter)
         waiting = asyncio.create_task(waiter.wait(run_id, timeout=bound(60)))
-        await asyncio.sleep(bound(0.3))  # subscribed to the run's events before anything is published
+        # subscribed to the run's events before anything is published: polled, not slept on (a sleep raced the task)
+        filters = len(S.run_filters(run_id, f"{S.RUN_EVENT_PREFIX}.>"))
+        subscribed = lambda: len(waiter._run_events.get(run_id, ())) == filters  # noqa: E731
+        await eventually(subscribed, what="the wait's subscriptions", within=bound(10))
+        await waiter.bus.nc.flush()  # and the server has them
         noise = await other_runs_events(client, "wait")  # other runs' run events while it waits
         await client.submit_scenario(parse_scenario(ONE_TOOL), run_id=run_id)
         state = await waiting

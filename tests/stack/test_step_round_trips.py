@@ -21,10 +21,11 @@ from nats.aio.msg import Msg
 
 from loopwarden.client import Client
 from loopwarden.stack import LocalStack
+from services.governor.budget import BudgetLedger
 from services.governor.handlers import CALIBRATION_KEY, Calibration
 from shared import subjects as S
 from shared.flow import day_key, today
-from shared.messages import ToolCall
+from shared.messages import BudgetDecision, BudgetRequest, SectionTokens, ToolCall, Usage
 from shared.scenario import parse_scenario
 from tests.support.reads import tenant_spent
 from tests.support.runs import calculator_steps
@@ -264,3 +265,85 @@ async def test_a_run_started_at_the_door_reads_no_ticket_and_its_first_turn_read
     assert len([m for m in wire.seen if m.subject == binding]) == 1
     readers = [m.reply for m in wire.seen if m.subject == read_back]
     assert not any(r.startswith(S.inbox_prefix("planner")) for r in readers), readers
+
+
+# --- a run's first budget ask ----------------------------------------------------------------------------
+
+
+def first_ask(run_id: str) -> BudgetRequest:
+    return BudgetRequest(
+        run_id=run_id,
+        turn=1,
+        model="m",
+        sections=SectionTokens(goal=10),
+        spent=Usage(),
+        context_budget_tokens=100_000,
+        run_token_budget=100_000,
+        cost_ceiling_usd=10.0,
+    )
+
+
+async def test_a_runs_first_budget_ask_creates_its_ledger_without_reading_it(one_client: Client) -> None:
+    """The governor's first ask of a run (nothing spent yet) writes its ledger with a create, reading nothing first."""
+    client = one_client
+    run_id = f"run-ledger-{uuid.uuid4().hex[:12]}"
+    key = f"$KV.{S.KV_BUDGETS}.{S.kv_key(run_id)}"
+    read = f"$JS.API.DIRECT.GET.KV_{S.KV_BUDGETS}.{key}"
+    async with Wire(client, key, read) as wire:
+        await client.submit_scenario(parse_scenario(calculator_steps("first-ask", 1)), run_id=run_id)
+        state = await client.wait(run_id, timeout=bound(30))
+    assert state.status == "completed", state.final_reason
+    seen = [m.subject for m in wire.seen]
+    # its first operation on the ledger is the create (the one read is the run's end: its total to the tenant's day)
+    assert seen and seen[0] == key and wire.seen[0].headers.get(CREATE_HEADER) == "0", seen
+
+
+async def test_a_first_budget_ask_whose_ledger_exists_gets_the_stored_answer(one_client: Client) -> None:
+    """The ask of a run that has spent nothing, whose ledger another replica wrote (it answered this turn before:
+    the planner's request timed out and is asked again here): the create the guess makes finds the ledger there,
+    it is read, and the turn's stored decision is the answer; nothing more is written."""
+    client = one_client
+    other, run_id = (f"run-again-{uuid.uuid4().hex[:12]}" for _ in range(2))
+    key = f"$KV.{S.KV_BUDGETS}.{S.kv_key(run_id)}"
+    read = f"$JS.API.DIRECT.GET.KV_{S.KV_BUDGETS}.{key}"
+    asked = await client.bus.nc.request(S.BUDGET_RESERVE, first_ask(other).model_dump_json().encode(), bound(5))
+    stored, _ = await client.bus.kv_get(S.KV_BUDGETS, S.kv_key(other), BudgetLedger)
+    assert stored is not None and list(stored.decisions) == ["1"]
+    decided = stored.decisions["1"].model_copy(update={"reasons": ["decided by another replica"]})
+    theirs = stored.model_copy(update={"run_id": run_id, "decisions": {"1": decided}})
+    await client.bus.kv_put(S.KV_BUDGETS, S.kv_key(run_id), theirs, revision=0)
+    async with Wire(client, key, read) as wire:
+        again = await client.bus.nc.request(S.BUDGET_RESERVE, first_ask(run_id).model_dump_json().encode(), bound(5))
+    assert BudgetDecision.model_validate_json(asked.data) == stored.decisions["1"]
+    assert BudgetDecision.model_validate_json(again.data) == decided
+    seen = [m.subject for m in wire.seen]
+    assert seen[0] == key and wire.seen[0].headers.get(CREATE_HEADER) == "0", seen  # a create, refused
+    assert read in seen and key not in seen[seen.index(read) :], seen  # then read: nothing more written
+    ledger, _ = await client.bus.kv_get(S.KV_BUDGETS, S.kv_key(run_id), BudgetLedger)
+    assert ledger == theirs
+
+
+# --- the client's wait, at a run's end -------------------------------------------------------------------
+
+
+async def test_a_wait_reads_the_final_state_and_the_final_event_together_once_that_event_is_relayed(
+    one_client: Client,
+) -> None:
+    """Woken by the run's final event, ``wait`` reads the run's state and looks for that event in the stream
+    together (both asked before either answer is in), not one after the other; it returns the final state and
+    reads nothing more."""
+    client = one_client
+    run_id = f"run-wait-{uuid.uuid4().hex[:12]}"
+    state_read = f"$JS.API.DIRECT.GET.KV_{S.KV_RUNS}.$KV.{S.KV_RUNS}.{run_id}"
+    events_read = f"$JS.API.DIRECT.GET.{S.STREAM_EVT}"
+    inboxes = f"{client.bus.nc._inbox_prefix.decode()}.>"
+    await client.submit_scenario(parse_scenario(calculator_steps("wait-together", 1)), run_id=run_id)
+    async with Wire(client, state_read, events_read, inboxes) as wire:
+        state = await client.wait(run_id, timeout=bound(30), history=False)
+    assert state.status == "completed", state.final_reason
+    reads = [i for i, m in enumerate(wire.seen) if m.subject == state_read]
+    finals = [i for i, m in enumerate(wire.seen) if m.subject == events_read and run_id.encode() in m.data]
+    assert len(finals) == 1, [m.subject for m in wire.seen]  # the final event, read once
+    last = reads[-1]  # the read of the final state
+    answered = [i for i, m in enumerate(wire.seen) if m.subject == wire.seen[last].reply]
+    assert answered and finals[0] < answered[0], "the final event was read only after the state's answer"
