@@ -12,7 +12,6 @@ table (``shared/channels.py``).
 
 from __future__ import annotations
 
-import functools
 import re
 from typing import TYPE_CHECKING
 
@@ -361,16 +360,41 @@ def payload_subject(user: str, digest: str, chunk: int) -> str:
 
 def stream_for(subject: str) -> str | None:
     """The stream whose subjects hold ``subject`` (a subject, or a pattern one stream's subjects cover);
-    None for a subject no stream holds (request/reply)."""
-    return _stream_for(subject)
+    None for a subject no stream holds (request/reply).
 
-
-@functools.lru_cache(maxsize=4096)
-def _stream_for(subject: str) -> str | None:
-    for stream, patterns in STREAM_SUBJECTS.items():
-        if any(p == subject or matches(p, subject) for p in patterns):
+    Asked on every publish (``wire.landed_where_expected``), most of them subjects that carry a run id, each new:
+    the streams' subjects are looked up as exact names and ``<prefix>.>`` prefixes, not matched pattern by
+    pattern (no two streams' subjects overlap, so the first found is the only one)."""
+    found = _EXACT_STREAM.get(subject)
+    if found is not None:
+        return found
+    for prefix, stream in _PREFIX_STREAMS:
+        if subject.startswith(prefix):
+            return stream
+    for pattern, stream in _PATTERN_STREAMS:
+        if matches(pattern, subject):
             return stream
     return None
+
+
+def _streams_by_form() -> tuple[dict[str, str], list[tuple[str, str]], list[tuple[str, str]]]:
+    """``STREAM_SUBJECTS`` as exact subjects (each pattern itself too), ``<prefix>.>`` prefixes (the prefix with
+    its dot) and any other pattern."""
+    exact: dict[str, str] = {}
+    prefixes: list[tuple[str, str]] = []
+    others: list[tuple[str, str]] = []
+    for stream, patterns in STREAM_SUBJECTS.items():
+        for pattern in patterns:
+            exact[pattern] = stream
+            *head, last = pattern.split(".")
+            if "*" in head or ">" in head or last == "*":
+                others.append((pattern, stream))
+            elif last == ">":
+                prefixes.append((pattern[:-1], stream))
+    return exact, prefixes, others
+
+
+_EXACT_STREAM, _PREFIX_STREAMS, _PATTERN_STREAMS = _streams_by_form()
 
 
 def matches(pattern: str, subject: str) -> bool:

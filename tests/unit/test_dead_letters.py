@@ -120,6 +120,24 @@ def test_subject_patterns_match_as_nats_matches_them(pattern: str, subject: str,
     assert S.matches(pattern, subject) is matches
 
 
+def test_a_subjects_stream_is_the_one_whose_patterns_match_it() -> None:
+    """``stream_for`` looks streams up by exact name and prefix: the same answers as matching every pattern."""
+
+    def by_matching(subject: str) -> str | None:
+        found = [s for s, patterns in S.STREAM_SUBJECTS.items() if any(S.matches(p, subject) for p in patterns)]
+        return found[0] if found else None
+
+    patterns = [p for ps in S.STREAM_SUBJECTS.values() for p in ps]
+    asked = [*patterns, *(p.replace(">", "x.y") for p in patterns), *(p + ".extra" for p in patterns)]
+    asked += ["lw.v1.evt.run.completed.run-1", "lw.v1.cmd.run", "lw.v1.rpc.budget", "lw.v1.evt", "lw.v1.*.run.advance"]
+    for subject in asked:
+        assert S.stream_for(subject) == by_matching(subject), subject
+    assert S.stream_for("lw.v1.evt.>") == S.STREAM_EVT  # a pattern one stream covers
+    assert S.stream_for("lw.v1.evt.run.*.r1") == S.STREAM_EVT
+    assert S.stream_for("lw.v1.cmd.tool.execute.search") == S.STREAM_CMD
+    assert S.stream_for("lw.v1.rpc.budget") is None
+
+
 def test_the_requeue_durable_cannot_be_a_tools_durable() -> None:
     assert S.requeue_durable("executor") != S.executor_durable("requeue")
     assert S.requeue("executor") == "lw.v1.cmd.requeue.executor"
