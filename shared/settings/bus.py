@@ -101,7 +101,7 @@ class BusSettings(BaseModel):
         "slots takes no more as they free (fewer of a backlog's handlers beside another tenant's)",
     )
     dispatch_commits: int = Field(
-        16,
+        6,
         ge=0,
         le=10_000,
         description="a planner replica's commits at once (saving a run after a message or a model turn and "
