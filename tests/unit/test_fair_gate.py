@@ -17,6 +17,7 @@ async def _section(gate: FairGate, tenant: str, log: list[str], release: asyncio
 
 
 async def test_no_more_sections_run_at_once_than_the_limit_and_every_one_runs() -> None:
+    """A gate without a replica's presence keeps its bound always (a tenant alone too)."""
     gate, log, peak, release = FairGate(2, headroom=0), [], [0], asyncio.Event()
     tasks = [asyncio.create_task(_section(gate, "a", log, release, peak)) for _ in range(10)]
     await asyncio.sleep(0)
@@ -90,11 +91,17 @@ async def test_a_limit_of_zero_bounds_nothing() -> None:
     await asyncio.gather(*tasks)
 
 
+def present(*tenants: str) -> Presence:
+    """A replica's presence with one message held of each of ``tenants``."""
+    presence = Presence()
+    for tenant in tenants:
+        presence.arrive(tenant)
+    return presence
+
+
 async def test_a_tenant_alone_in_the_replica_runs_every_section_at_once() -> None:
     """Nobody else has work here: bounding the lone tenant's sections would share nothing."""
-    presence = Presence()
-    presence.arrive("a")
-    gate, log, peak, release = FairGate(2, headroom=0, presence=presence), [], [0], asyncio.Event()
+    gate, log, peak, release = FairGate(2, headroom=0, presence=present("a")), [], [0], asyncio.Event()
     tasks = [asyncio.create_task(_section(gate, "a", log, release, peak)) for _ in range(10)]
     await asyncio.sleep(0)
     assert (len(log), len(gate), gate.running) == (10, 0, 10)
@@ -106,8 +113,7 @@ async def test_a_tenant_alone_in_the_replica_runs_every_section_at_once() -> Non
 async def test_the_bound_holds_once_another_tenant_is_present_and_its_sections_start_at_once() -> None:
     """a's sections ran unbounded while it was alone; b's message arrives in the replica: a's next sections wait
     for a place (the limit counts only the bounded ones), and b's start at once, as the gate's rule gives them."""
-    presence = Presence()
-    presence.arrive("a")
+    presence = present("a")
     gate, log, peak, release = FairGate(2, headroom=0, presence=presence), [], [0], asyncio.Event()
     alone = [asyncio.create_task(_section(gate, "a", log, release, peak)) for _ in range(6)]
     await asyncio.sleep(0)
@@ -123,8 +129,7 @@ async def test_the_bound_holds_once_another_tenant_is_present_and_its_sections_s
 
 
 async def test_a_tenant_below_its_share_starts_at_once_beside_a_loose_backlog() -> None:
-    presence = Presence()
-    presence.arrive("a")
+    presence = present("a")
     gate, log, peak, release = FairGate(4, headroom=0.25, presence=presence), [], [0], asyncio.Event()
     tasks = [asyncio.create_task(_section(gate, "a", log, release, peak)) for _ in range(20)]
     await asyncio.sleep(0)
@@ -156,12 +161,3 @@ def test_presence_counts_held_messages_per_tenant_and_a_tenant_gone_lingers() ->
     assert presence.others("b") and not presence.others("a")  # a lingers too, for another tenant
     now[0] += 2
     assert not presence.others("b")
-
-
-async def test_without_presence_the_bound_is_always_kept() -> None:
-    gate, log, peak, release = FairGate(2, headroom=0), [], [0], asyncio.Event()
-    tasks = [asyncio.create_task(_section(gate, "a", log, release, peak)) for _ in range(5)]
-    await asyncio.sleep(0)
-    assert (len(log), len(gate)) == (2, 3)
-    release.set()
-    await asyncio.gather(*tasks)
