@@ -19,6 +19,7 @@ from services.governor.budget import BudgetLedger, Rule, evaluate, lease_for, ob
 from shared import metrics as M
 from shared import subjects as S
 from shared import telemetry as T
+from shared.aio import retrieved
 from shared.bus import Bus, Unchanged
 from shared.flow import Policies, TenantDay, day_key, today
 from shared.live_config import LiveConfig
@@ -97,7 +98,7 @@ class TenantDays:
         batch = self._batches.get(key)
         if batch is None:
             batch = self._batches[key] = ([], asyncio.get_running_loop().create_future(), asyncio.Event())
-            batch[1].add_done_callback(_retrieved)
+            batch[1].add_done_callback(retrieved)
         batch[0].append((op, run_id, usd))
         if now:
             batch[2].set()
@@ -161,11 +162,6 @@ def first_ask(req: BudgetRequest) -> bool:
     ledger is then read and decided upon as for any other ask."""
     spent = req.spent
     return not req.leased and spent.input_tokens == 0 and spent.output_tokens == 0 and spent.cost_usd == 0
-
-
-def _retrieved(fut: asyncio.Future[float]) -> None:
-    if not fut.cancelled():
-        fut.exception()  # a write no one awaited failed: logged by the writer, not "never retrieved"
 
 
 class Governor:

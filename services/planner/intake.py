@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Protocol
+from typing import Protocol
 
 from opentelemetry import propagate
 from opentelemetry.trace import Tracer
@@ -28,6 +28,7 @@ from services.planner.store import RunStore
 from services.planner.turns import begin_run, queue_run, refuse_run, resolve_config
 from shared import metrics as M
 from shared import subjects as S
+from shared.aio import retrieved
 from shared.bus import Bus, CasConflict, FairGate, Unchanged, current_deliveries, current_seq
 from shared.messages import DEFAULT_PRIORITY, AgentRecord, Refusal, RunSubmit, utcnow
 from shared.providers.select import provider_name
@@ -97,7 +98,7 @@ class Intake:
         finally:
             if not reading.done():
                 reading.cancel()
-            reading.add_done_callback(_retrieved)
+            reading.add_done_callback(retrieved)
         priority = submit.priority if submit.priority is not None else DEFAULT_PRIORITY
         over, at_once = await self.flow.enqueue(policy, priority, outside, submit.run_id)
         if over is not None:
@@ -264,9 +265,3 @@ class Intake:
             log.warning("planner: refused the submit of %s (tenant %s): %s", submit.run_id, tenant, why.reason)
         if letter:
             await submission.refuse(self.bus, submit, subject, why.reason, msg_id)
-
-
-def _retrieved(task: asyncio.Future[Any]) -> None:
-    """A read nobody awaits any more (the submit was handled before it was needed): its failure is not reported."""
-    if not task.cancelled():
-        task.exception()

@@ -33,6 +33,7 @@ from services.planner.turns import (
     apply_compaction,
 )
 from shared import subjects as S
+from shared.aio import retrieved
 from shared.backoff import BackoffPolicy
 from shared.bus import Bus, RequestRefused, TryLater
 from shared.messages import BudgetDecision, BudgetRequest, ChatMessage, RunAdvance, ToolContract, Usage
@@ -78,12 +79,6 @@ class Taken:
 
     result: TurnResult
     storing: asyncio.Task[int] | None = None
-
-
-def _retrieved(task: asyncio.Future[BudgetDecision]) -> None:
-    """A prefetch nobody awaited (its turn asked again, or it was dropped) must not log an unretrieved error."""
-    if not task.cancelled():
-        task.exception()
 
 
 class ModelTurns:
@@ -197,7 +192,7 @@ class ModelTurns:
         if self.leases.covers(budget):
             return  # the turn is on the run's lease: nothing to ask (``reserve`` finds it so again)
         decision = asyncio.ensure_future(self.ask_budget(self.leases.asking(budget)))
-        decision.add_done_callback(_retrieved)
+        decision.add_done_callback(retrieved)
         self.prefetched[state.run_id] = Prefetched(turn, state, contracts, req, budget, decision)
         self.prefetched.move_to_end(state.run_id)
         while len(self.prefetched) > PREFETCHED_MAX:

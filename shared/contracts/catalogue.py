@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
 
 from shared import opcounts
 from shared import subjects as S
+from shared.aio import retrieved
 from shared.bus import Bus, kv_scan
 from shared.messages import ToolContract
 
@@ -40,7 +40,7 @@ class ContractCatalogue:
         if not refresh and cached is not None:
             if time.monotonic() - self._listed[0] > FRESH_S / 2 and (self._listing is None or self._listing.done()):
                 self._listing = asyncio.ensure_future(self._list())  # read ahead, in the background
-                self._listing.add_done_callback(_retrieved)
+                self._listing.add_done_callback(retrieved)
             return cached
         # One listing at a time: the many messages in flight when the listing expires share it (each
         # listing is a consumer on the bucket plus a get per contract, not a step's worth of work).
@@ -60,7 +60,7 @@ class ContractCatalogue:
         if contract is not None and age < FRESH_S:
             if age > FRESH_S / 2 and tool not in self._reading:  # read ahead, in the background
                 task = self._reading[tool] = asyncio.ensure_future(self._get(tool))
-                task.add_done_callback(_retrieved)
+                task.add_done_callback(retrieved)
                 task.add_done_callback(lambda _: self._reading.pop(tool, None))
             return contract
         return await self._get(tool)
@@ -89,9 +89,3 @@ class ContractCatalogue:
                 found[contract.name] = contract
         self._listed = (listed_at, found)
         return found
-
-
-def _retrieved(task: asyncio.Future[Any]) -> None:
-    """A read ahead nobody awaits: its failure (the server busy a moment) is not logged as unretrieved."""
-    if not task.cancelled():
-        task.exception()
