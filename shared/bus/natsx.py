@@ -28,6 +28,7 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("Client", "_flush_queue"),
     ("Client", "_send_command"),
     ("Client", "_flush_pending"),
+    ("Client", "_pending_data_size"),
     ("Client", "_error_cb"),
     ("JetStreamContext", "_prefix"),
     ("KeyValue", "_pre"),
@@ -51,6 +52,18 @@ async def send_command(nc: NatsClient, command: bytes) -> None:
     """Write a protocol command as ``nc.publish`` does, flushing when nothing else is queued."""
     await nc._send_command(command)
     if nc._flush_queue is not None and nc._flush_queue.empty():
+        await nc._flush_pending()
+
+
+async def send_with_next_write(nc: NatsClient, command: bytes) -> None:
+    """Queue a protocol command without waking nats-py's flusher: it goes out with the next write of
+    the connection (``flush_if_pending`` sends it when none comes)."""
+    await nc._send_command(command)
+
+
+async def flush_if_pending(nc: NatsClient) -> None:
+    """Write what is queued, if anything is (and the connection is up: a closing one writes it itself)."""
+    if nc._pending_data_size > 0 and is_connected(nc):
         await nc._flush_pending()
 
 

@@ -216,6 +216,40 @@ async def test_with_yield_a_backlog_runs_no_more_than_its_share_beside_another_t
         assert max(beside_b) == 3, beside_b  # every slot but b's
 
 
+async def test_a_handled_message_is_acked_though_its_replica_writes_nothing_after_it(stack: LocalStack) -> None:
+    """An ack waits for the connection's next write (``consuming.ACK_LINGER_S``), and a replica that has nothing
+    more to write sends it alone: the server holds no ack pending soon after the handler returns, and the message
+    is not delivered again once its ack wait has passed."""
+    marker = os.urandom(4).hex()
+    subject = S.tool_execute(f"test_lone_{marker}")
+    durable = f"lonetest_{marker}"
+    # 16 slots: the pull request the freed slot would send (another write) waits for a quarter of them free
+    bus = fair_bus(stack, "lonetest", 0, ack_wait_s=1, max_in_flight=16)
+    seen: list[int] = []
+
+    @bus.consumer(durable=durable, filter_subjects=[subject], model=RunAdvance)
+    async def on_msg(ev: RunAdvance) -> None:
+        seen.append(current_deliveries())
+
+    watcher = await nats.connect(str(stack.nats_url))  # asked on a connection of its own: a write on the bus's
+    await bus.connect()  # connection would carry the ack out with it
+    try:
+        await bus.publish(subject, RunAdvance(run_id=f"lone-{marker}", iteration=0), msg_id=f"lone-{marker}")
+        await bus.start()
+        await eventually(lambda: len(seen) == 1, what="the message handled", within=bound(10))
+
+        async def acked() -> bool:
+            info = await watcher.jetstream().consumer_info(S.stream_for(subject), durable)
+            return info.num_ack_pending == 0
+
+        await eventually(acked, what="its ack at the server", within=bound(0.5))
+        await asyncio.sleep(2.5)  # past two ack waits: a message never acked would have come again
+    finally:
+        await bus.stop()
+        await watcher.close()
+    assert seen == [1]
+
+
 async def test_a_replica_stopping_with_messages_held_hands_back_what_it_cannot_handle_in_its_grace(
     stack: LocalStack,
 ) -> None:
