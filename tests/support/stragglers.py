@@ -69,16 +69,22 @@ def describe(proc: psutil.Process) -> str:
 
 def kill_stragglers(run_id: str, exclude: set[int]) -> list[str]:
     """Kill what the run left running (after a short grace for processes already on their way out);
-    returns one line per process killed."""
-    _, alive = psutil.wait_procs(run_processes(run_id, exclude), timeout=bound(2))
-    named = [describe(p) for p in alive]
-    for proc in alive:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            continue
-    _, still = psutil.wait_procs(alive, timeout=bound(5))
-    named += [f"{describe(p)} (still alive after SIGKILL)" for p in still]
+    returns one line per process killed. The scan is repeated until one finds nothing: a process read at the
+    wrong moment (its environment unreadable for an instant on a loaded machine) is caught by the next."""
+    named: list[str] = []
+    for _ in range(3):
+        _, alive = psutil.wait_procs(run_processes(run_id, exclude), timeout=bound(2) if not named else 0)
+        if not alive:
+            break
+        named += [describe(p) for p in alive]
+        for proc in alive:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                continue
+        _, still = psutil.wait_procs(alive, timeout=bound(5))
+        named += [f"{describe(p)} (still alive after SIGKILL)" for p in still]
+        exclude = exclude | {p.pid for p in still}
     return named
 
 
