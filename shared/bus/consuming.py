@@ -290,7 +290,8 @@ class Consuming(Letters):
 
     def _flush_acks(self) -> None:
         self._ack_flush = None
-        self._spawn(natsx.flush_if_pending(self.nc), name="flush acks")
+        if natsx.unwritten(self.nc):  # most often a write since carried them out: nothing to wake for
+            self._spawn(natsx.flush(self.nc), name="flush acks")
 
     async def _heartbeats(self) -> None:
         """Every held message (running or waiting for a slot) is heartbeaten once its ack wait is a third gone, so

@@ -61,10 +61,14 @@ async def send_with_next_write(nc: NatsClient, command: bytes) -> None:
     await nc._send_command(command)
 
 
-async def flush_if_pending(nc: NatsClient) -> None:
-    """Write what is queued, if anything is (and the connection is up: a closing one writes it itself)."""
-    if nc._pending_data_size > 0 and is_connected(nc):
-        await nc._flush_pending()
+def unwritten(nc: NatsClient) -> bool:
+    """Something is queued that the connection has not written yet (and it is up: a closing one writes it)."""
+    return nc._pending_data_size > 0 and is_connected(nc)
+
+
+async def flush(nc: NatsClient) -> None:
+    """Write what is queued now (wakes nats-py's flusher, as a publish does)."""
+    await nc._flush_pending()
 
 
 def error_callback(nc: NatsClient) -> ErrorCallback:
