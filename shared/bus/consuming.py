@@ -36,7 +36,8 @@ from shared.bus.wire import (
 log = logging.getLogger("loopwarden.bus")
 M = TypeVar("M", bound=BaseModel)
 
-# How long a handled message's ack may wait for the connection's next write before it is sent alone. An ack
+# How long a handled message's ack may wait for the connection's next write before it is sent alone (at most
+# twice this: ``Consuming._flush_acks``). An ack
 # is a message of its own; sent the moment its handler returns, it costs a wake-up of nats-py's flusher, a
 # write and a read in nats-server, for nothing anyone waits on. Sent with the next write (a step later, at
 # one run: the service's next publish), it costs neither. A process that dies inside the window has its
@@ -83,6 +84,7 @@ class Consuming(Letters):
         self._run_locks = _RunLocks()
         self.presence = Presence()
         self._ack_flush: asyncio.TimerHandle | None = None
+        self._ack_batch: object = None  # what was queued on the connection when the ack timer was armed
 
     async def _requeue(self, msg: Msg) -> None:
         """Run a dead letter handed back (``Requeue``) through the consumer that takes it: ``Requeueing``'s."""
@@ -286,12 +288,24 @@ class Consuming(Letters):
             return
         await natsx.send_with_next_write(nc, f"PUB {msg.reply} 0\r\n\r\n".encode())
         if self._ack_flush is None:
-            self._ack_flush = asyncio.get_running_loop().call_later(ACK_LINGER_S, self._flush_acks)
+            self._arm_ack_flush()
+
+    def _arm_ack_flush(self) -> None:
+        self._ack_batch = natsx.unwritten_batch(self.nc)
+        self._ack_flush = asyncio.get_running_loop().call_later(ACK_LINGER_S, self._flush_acks)
 
     def _flush_acks(self) -> None:
+        """The acks queued when the timer was armed are written now if no write took them since. Acks queued
+        after a write took those get a linger of their own (so an ack waits at most twice ``ACK_LINGER_S``):
+        at one run a service writes once a step, and the ack of each step rides the next."""
         self._ack_flush = None
-        if natsx.unwritten(self.nc):  # most often a write since carried them out: nothing to wake for
-            self._spawn(natsx.flush(self.nc), name="flush acks")
+        nc = self.nc
+        if not natsx.unwritten(nc):
+            return
+        if natsx.unwritten_batch(nc) is self._ack_batch:
+            self._spawn(natsx.flush(nc), name="flush acks")
+        else:
+            self._arm_ack_flush()
 
     async def _heartbeats(self) -> None:
         """Every held message (running or waiting for a slot) is heartbeaten once its ack wait is a third gone, so

@@ -29,6 +29,7 @@ PRIVATE_NAMES: tuple[tuple[str, str], ...] = (
     ("Client", "_send_command"),
     ("Client", "_flush_pending"),
     ("Client", "_pending_data_size"),
+    ("Client", "_pending"),
     ("Client", "_error_cb"),
     ("JetStreamContext", "_prefix"),
     ("KeyValue", "_pre"),
@@ -64,6 +65,12 @@ async def send_with_next_write(nc: NatsClient, command: bytes) -> None:
 def unwritten(nc: NatsClient) -> bool:
     """Something is queued that the connection has not written yet (and it is up: a closing one writes it)."""
     return nc._pending_data_size > 0 and is_connected(nc)
+
+
+def unwritten_batch(nc: NatsClient) -> object:
+    """What is queued now, as one batch: the same object until a write takes it (nats-py starts a new list)."""
+    batch: object = nc._pending
+    return batch
 
 
 async def flush(nc: NatsClient) -> None:
