@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import contenders
-from bench.throughput import ONE_EACH, floor_steps, run_many, sched_cpu_s, steps_scenario
+from bench.throughput import ONE_EACH, floor_steps, run_many, sched_cpu_s, steps_scenario, write_calls
 from loopwarden.client import Client
 from loopwarden.stack import LocalStack, free_port
 from shared.opcounts import CLEAN_UP, DELIVERIES, ROUND_TRIPS
@@ -34,10 +34,12 @@ SERVICES = ("planner", "executor", "validator", "governor")  # on a step's path 
 @dataclass
 class Snapshot:
     """Everything counted at one moment: per service its operations by kind, per process its CPU
-    seconds, per connection (by name) the messages it sent nats-server, and the server's total."""
+    seconds and its write system calls, per connection (by name) the messages it sent nats-server, and the
+    server's total."""
 
     ops: dict[str, dict[str, int]] = field(default_factory=dict)
     cpu: dict[str, float] = field(default_factory=dict)
+    writes: dict[str, int] = field(default_factory=dict)
     conn_msgs: dict[str, int] = field(default_factory=dict)
     server_in: int = 0
 
@@ -47,13 +49,15 @@ class Snapshot:
             for svc, counts in self.ops.items()
         }
         cpu = {p: v - other.cpu.get(p, 0.0) for p, v in self.cpu.items()}
+        writes = {p: v - other.writes.get(p, 0) for p, v in self.writes.items()}
         conns = {c: v - other.conn_msgs.get(c, 0) for c, v in self.conn_msgs.items()}
-        return Snapshot(ops, cpu, conns, self.server_in - other.server_in)
+        return Snapshot(ops, cpu, writes, conns, self.server_in - other.server_in)
 
     def scaled(self, by: float) -> dict[str, Any]:
         return {
             "ops": {s: {k: v / by for k, v in c.items()} for s, c in self.ops.items()},
             "cpu_ms": {p: v / by * 1000 for p, v in self.cpu.items()},
+            "writes": {p: v / by for p, v in self.writes.items()},
             "conn_msgs": {c: v / by for c, v in self.conn_msgs.items()},
             "server_in": self.server_in / by,
         }
@@ -87,6 +91,7 @@ class Counter:
             for k, v in counts.items():
                 mine[k] = mine.get(k, 0) + v
         snap.cpu = {p.name: sched_cpu_s(p.popen.pid) for p in self.stack.procs}
+        snap.writes = {p.name: write_calls(p.popen.pid) for p in self.stack.procs}
         conns = self.monitoring("/connz?limit=4096")
         for c in conns.get("connections", []):
             name = str(c.get("name") or "?").removeprefix("loopwarden-")
@@ -116,6 +121,7 @@ def _add(a: Snapshot, b: Snapshot) -> Snapshot:
         Snapshot(
             {s: {k: -v for k, v in c.items()} for s, c in b.ops.items()},
             {p: -v for p, v in b.cpu.items()},
+            {p: -v for p, v in b.writes.items()},
             {c: -v for c, v in b.conn_msgs.items()},
             -b.server_in,
         )
@@ -255,6 +261,11 @@ def report(r: dict[str, Any]) -> list[str]:
     lines.append(
         f"  CPU per step by process (schedstat): {sum(cpu.values()):.2f} ms = "
         + ", ".join(f"{p} {v:.2f}" for p, v in sorted(cpu.items(), key=lambda kv: -kv[1]) if v >= 0.01)
+    )
+    writes = r["writes"]
+    lines.append(
+        f"  write system calls per step by process (/proc/PID/io syscw): {sum(writes.values()):.1f} = "
+        + ", ".join(f"{p} {v:.2f}" for p, v in sorted(writes.items(), key=lambda kv: -kv[1]) if v >= 0.05)
     )
     lines += side_by_side(r)
     if "profile_dir" in r:

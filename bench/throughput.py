@@ -86,6 +86,19 @@ def sched_cpu_s(pid: int) -> float:
     return total / 1e9
 
 
+def write_calls(pid: int) -> int:
+    """Write system calls the process made (``syscw`` of ``/proc/PID/io``, all its threads). On this machine a
+    write to a loopback socket costs the writer the receiving side's TCP work too: what a step costs is mostly
+    how many of them it takes, in every process (``docs/benchmarks.md``)."""
+    try:
+        for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+            if line.startswith("syscw:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 @dataclass
 class StepClock:
     """When each run's model turns were announced (``run.model_called``), as they arrive, and the
