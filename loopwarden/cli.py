@@ -12,6 +12,12 @@ The commands live by audience; a new command goes in the module of the people wh
 - ``cli_offline`` checks that need no stack: lint, check-contract, check-scenario
 - ``cli_config``  the admin: config check|apply|show|hash (tenants and operators), cluster-config
 - ``cli_common``  the conventions they share: exit codes, UserError, bounded connect, output
+
+Start-up is part of every command's answer (and the test suite runs some 300 commands as processes), so
+building the parser is cheap: a command module imports at its top only what its ``register`` needs (argparse,
+``cli_common``, the standard library, small tables such as ``shared.escalation_actions``), and a command's handler
+imports what it runs (the client, the bus, the wire models, the stack) when it is called. ``--help``, a usage
+error and ``--version`` load neither pydantic nor NATS (tests/unit/test_cli_startup.py holds this).
 """
 
 from __future__ import annotations
@@ -26,11 +32,10 @@ import sys
 
 from loopwarden.cli_common import EXIT_CODES_HELP, INTERRUPTED, OK, UserError, bus_failure, env_nats_url, say
 from shared import gc_policy
-from shared.version import package_version
 
 # The modules whose ``register(sub)`` add the commands, in the order ``--help`` lists them (fake_model: live runs
-# offline). ``build_parser`` imports them, not this module's top: between them they load most of the tree (~0.4 s),
-# and ``main`` sets the garbage collector's thresholds first (shared/gc_policy.py: ~0.1 s of a command's start-up).
+# offline). ``build_parser`` imports them, not this module's top, and ``main`` sets the garbage collector's
+# thresholds first (shared/gc_policy.py): what a command runs still loads most of the tree.
 AUDIENCES = (
     "cli_stack",
     "cli_runs",
@@ -54,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXIT_CODES_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
+    parser.add_argument("--version", action=ShowVersion)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for audience in AUDIENCES:
         importlib.import_module(f"loopwarden.{audience}").register(sub)
@@ -62,6 +67,21 @@ def build_parser() -> argparse.ArgumentParser:
         child.epilog = child.epilog or EXIT_CODES_HELP
         child.formatter_class = argparse.RawDescriptionHelpFormatter
     return parser
+
+
+class ShowVersion(argparse.Action):
+    """argparse's ``version`` action, except that the release is read when asked for, not by every command
+    (``shared.version`` reads pyproject.toml, else the installed metadata through importlib.metadata)."""
+
+    def __init__(self, option_strings: list[str], dest: str) -> None:
+        text = "show program's version number and exit"
+        super().__init__(option_strings, argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0, help=text)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        from shared.version import package_version
+
+        print(f"{parser.prog} {package_version()}")
+        parser.exit()
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,8 +8,6 @@ import argparse
 from typing import TYPE_CHECKING
 
 from loopwarden.cli_common import OK, add_json_flag, connected, emit_json, say
-from shared.ratelimit.bucket import KeyView
-from shared.ratelimit.fleet import describe
 
 if TYPE_CHECKING:
     from shared.messages import FleetView, QuotaUse
@@ -41,6 +39,9 @@ def quota_text(q: QuotaUse) -> str:
 
 
 def render(view: FleetView) -> list[str]:
+    from shared.ratelimit.bucket import KeyView
+    from shared.ratelimit.fleet import describe
+
     lines = [
         f"fleet: {view.running} of {view.capacity} runs in flight, {view.queued} queued, {view.planners} planner(s) "
         f"alive (rates over the last {view.window_s / 60:.0f} min)",

@@ -21,9 +21,7 @@ from loopwarden.cli_common import (
     say,
     settings,
 )
-from shared import subjects as S
 from shared.escalation_actions import ACTIONS, KINDS, withheld
-from shared.messages import ToolContract
 
 _NEEDS_FLAG = {"json": "--result", "text": "--answer", "note": "--note"}
 
@@ -87,6 +85,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 async def cmd_escalations(args: argparse.Namespace) -> int:
+    from shared import subjects as S
+    from shared.messages import ToolContract
+
     result: Any = None
     if args.action == "resolve":  # local input first: a bad --result never reaches the server
         result = json_arg(args.result, "--result") if args.result else None

@@ -10,10 +10,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from loopwarden.cli_common import FAILED, OK, TIMED_OUT, UserError, connected, json_safe, say, settings
-from shared.describe import describe
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -81,7 +78,10 @@ async def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> Any:
+    from pydantic import ValidationError
+
     from loopwarden.replay import LiveToolsRefused, load_record, scenario_yaml, unrecorded_calls
+    from shared.describe import describe
 
     try:  # the local file first: a bad one never waits for a connection
         record = load_record(args.file)

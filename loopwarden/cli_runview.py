@@ -4,12 +4,13 @@ terminal (``loopwarden.runtext``), read from the run's record (``loopwarden.reco
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from loopwarden import records as R
-from loopwarden import runtree as T
 from loopwarden.cli_common import FAILED, OK, UserError, add_json_flag, connected, emit_json, plain, say
-from loopwarden.runtext import step_lines, tree_lines
-from shared.records import RunRecord
+
+if TYPE_CHECKING:
+    from loopwarden.runtree import Step
+    from shared.records import RunRecord
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -27,15 +28,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 async def _record(run_id: str) -> RunRecord:
+    from loopwarden.records import RecordNotFound
+
     async with connected() as client:
         try:
             return await client.export(run_id)
-        except R.RecordNotFound as err:
+        except RecordNotFound as err:
             raise UserError(str(err), FAILED) from None
 
 
 def lines_of(record: RunRecord, step: str | None = None, full: bool = False) -> list[str]:
     """What ``show`` (and ``events --full``) print: the tree, then the chosen steps whole."""
+    from loopwarden import runtree as T
+    from loopwarden.runtext import step_lines, tree_lines
+
     tree = T.build(record)
     if step is None and not full:
         return tree_lines(tree)
@@ -55,11 +61,13 @@ def lines_of(record: RunRecord, step: str | None = None, full: bool = False) -> 
     return out
 
 
-def _under(step: T.Step) -> list[T.Step]:
+def _under(step: Step) -> list[Step]:
     return [c for child in step.children for c in (child, *_under(child))]
 
 
 async def cmd_show(args: argparse.Namespace) -> int:
+    from loopwarden import runtree as T
+
     record = await _record(args.run_id)
     if args.json:
         tree = T.build(record)

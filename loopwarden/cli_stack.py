@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loopwarden.cli_common import (
     FAILED,
@@ -30,9 +30,10 @@ from loopwarden.cli_common import (
     stack_file,
     state_dir,
 )
-from loopwarden.stack import LocalStack, StackError, saved_alive, stop_saved
-from loopwarden.supervise import SUPERVISED, spawn_supervisor, supervised_metrics
 from shared.urls import redact_url
+
+if TYPE_CHECKING:
+    from loopwarden.stack import LocalStack
 
 DEFAULT_PORT = 4222  # the README's: `up` starts nats-server here unless told otherwise
 
@@ -146,6 +147,8 @@ async def _run_and_watch(nats_url: str, scenario: Any, scenario_path: Path | Non
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from loopwarden.stack import LocalStack, StackError
+
     scenario_path = None if args.live else Path(args.scenario or default_scenario())
     scenario = load_scenario_file(scenario_path) if scenario_path is not None else None  # before starting anything
     nats_url = env_nats_url()
@@ -172,6 +175,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 # --- up / down ----------------------------------------------------------------------------------
 def cmd_up(args: argparse.Namespace) -> int:
+    from loopwarden.stack import LocalStack, StackError, saved_alive
+    from loopwarden.supervise import SUPERVISED, spawn_supervisor, supervised_metrics
+
     path = stack_file()
     if recorded_stack() is not None:
         running = saved_alive(path)
@@ -253,6 +259,8 @@ def _locked_setup(root: Path, access: str | None) -> Any:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
+    from loopwarden.stack import stop_saved
+
     path = stack_file()
     if not path.exists():
         say(f"nothing was running (no stack recorded in {path})")
