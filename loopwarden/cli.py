@@ -93,7 +93,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The process's entry (``loopwarden``, ``python -m loopwarden.cli``): one command, its exit code."""
     gc_policy.set_thresholds()  # before the commands' modules load (AUDIENCES)
+    try:
+        return run_command(argv)
+    finally:
+        gc_policy.ending()  # the process exits next (also on --help and on a usage error: argparse's SystemExit)
+
+
+def run_command(argv: list[str] | None) -> int:
     for stream in (sys.stdout, sys.stderr):  # a terminal that cannot show a character gets '?', not a traceback
         with contextlib.suppress(AttributeError, ValueError):
             stream.reconfigure(errors="replace")  # type: ignore[union-attr]
