@@ -17,7 +17,7 @@ Start-up is part of every command's answer (and the test suite runs some 300 com
 building the parser is cheap: a command module imports at its top only what its ``register`` needs (argparse,
 ``cli_common``, the standard library, small tables such as ``shared.escalation_actions``), and a command's handler
 imports what it runs (the client, the bus, the wire models, the stack) when it is called. ``--help``, a usage
-error and ``--version`` load neither pydantic nor NATS (tests/unit/test_cli_startup.py holds this).
+error and ``--version`` load neither pydantic nor NATS (tests/repo/test_cli_startup.py holds this).
 """
 
 from __future__ import annotations

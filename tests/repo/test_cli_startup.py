@@ -1,17 +1,21 @@
 """The CLI builds its parser without loading what its commands run (loopwarden/cli.py's docstring).
 
-Every ``loopwarden`` command is a fresh process, and the test suite starts some 300 of them: when building the
-parser imported the commands' implementations, ``loopwarden --help`` took ~0.9 s of CPU (the wire models'
-pydantic validators, faststream, OpenTelemetry's SDK, the stack's channel table), ~0.2 s after. The guard is a
-property, not a timing: ``--help`` of every command, a usage error and ``--version`` leave none of those modules
-loaded, so a command module that imports one at its top again fails here, naming it.
+Every ``loopwarden`` command is a fresh process, and the test suite starts some 300 of them. When building the
+parser imported the commands' implementations (the wire models' pydantic validators, faststream, OpenTelemetry's
+SDK, the stack's channel table), ``loopwarden --help`` took 0.39 s of CPU on a quiet machine, and every command
+paid it; after, 0.06 s. The guard is a property, not a timing: ``--help`` of every command, a usage error and
+``--version`` leave none of those modules loaded, so a command module that imports one at its top again fails here,
+naming it; and the commands that need no server (``check-scenario``, ``down`` with nothing running) load neither the
+bus nor the libraries under it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.support.paths import ROOT
 from tests.support.timing import bound
@@ -27,6 +31,8 @@ HEAVY_OURS = (
     "loopwarden.stack",
     "loopwarden.records",
 )
+BUS_ROOTS = ("faststream", "nats", "opentelemetry", "tiktoken")
+BUS_OURS = ("shared.bus", "loopwarden.client")
 
 # In one process: every command's --help (the nested ones too: `dlq requeue`, `escalations resolve`, `agents
 # register`), a usage error and --version, each as main() runs it; then the modules loaded, as JSON.
@@ -70,3 +76,37 @@ def test_help_usage_errors_and_version_load_no_command_implementation() -> None:
         if m.split(".")[0] in HEAVY_ROOTS or any(m == o or m.startswith(f"{o}.") for o in HEAVY_OURS)
     ]
     assert loaded == [], f"building the CLI's parser loaded {loaded}: import them in the command's handler"
+
+
+# One command as main() runs it, then the modules loaded, as JSON.
+OFFLINE_PROBE = """
+import contextlib, io, json, sys
+from loopwarden.cli import main
+
+with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    code = main(sys.argv[1:])
+print(json.dumps({"code": code, "modules": sorted(sys.modules)}))
+"""
+
+
+def test_commands_that_need_no_server_load_no_bus(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("LW_NATS_URL", "NATS_URL")}
+    for argv in (["check-scenario", str(ROOT / "scenarios" / "demo.yaml")], ["down"]):
+        proc = subprocess.run(
+            [sys.executable, "-c", OFFLINE_PROBE, *argv],
+            cwd=ROOT,
+            env={**env, "LW_STATE_DIR": str(tmp_path)},
+            capture_output=True,
+            text=True,
+            timeout=bound(60),
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
+        found = json.loads(proc.stdout)
+        assert found["code"] == 0, (argv, found["code"])
+        loaded = [
+            m
+            for m in found["modules"]
+            if m.split(".")[0] in BUS_ROOTS or any(m == o or m.startswith(f"{o}.") for o in BUS_OURS)
+        ]
+        assert loaded == [], f"`loopwarden {argv[0]}` loaded {loaded}: it talks to no server"
