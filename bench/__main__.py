@@ -34,6 +34,13 @@ def main() -> int:
         "--before", action="store_true", help="ratelimit: also run with LW_RATE_LIMIT_FLEET=false, for comparison"
     )
     parser.add_argument("--profile", metavar="DIR", help="with --only step: py-spy the services, stacks kept in DIR")
+    parser.add_argument(
+        "--profile-runs",
+        type=int,
+        default=16,
+        metavar="N",
+        help="with --profile: runs at once while profiled (default 16; 1: what a lone run's step costs)",
+    )
     args = parser.parse_args()
     measured: dict[str, float] = {}  # the headline figures, for the regression guard (bench/guard.py)
     if args.only in (None, "validation"):
@@ -53,7 +60,10 @@ def main() -> int:
     if args.only in (None, "step"):  # what a step costs, counted by service and kind (issue 36)
         from bench import step
 
-        result_s = step.run(quick=args.quick, profile_dir=Path(args.profile) if args.profile else None)
+        if args.profile_runs < 1:
+            parser.error(f"--profile-runs must be at least 1 (got {args.profile_runs})")
+        profile_dir = Path(args.profile) if args.profile else None
+        result_s = step.run(quick=args.quick, profile_dir=profile_dir, profile_runs=args.profile_runs)
         print("\n".join(step.report(result_s)), flush=True)
         measured.update(guard.from_step(result_s))
     if args.only in (None, "durability"):  # a step with JetStream's fsync on every write vs the default (issue 28)

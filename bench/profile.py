@@ -85,10 +85,10 @@ def summarise(path: Path) -> dict[str, Any]:
 PLUMBING = ("service.py", "__main__.py", "pulls.py", "consuming.py", "Requests._answer", "app.py")
 
 
-def report(out: Path, cpu_ms: dict[str, float]) -> list[str]:
+def report(out: Path, cpu_ms: dict[str, float], runs: int = 16) -> list[str]:
     """The profile in DIR, as ms per step (each process's share of its CPU per step, ``cpu_ms``)."""
     lines = [
-        f"profile (py-spy {RATE} Hz, --nonblocking, 16 runs at once; collapsed stacks in {out}): CPU per step "
+        f"profile (py-spy {RATE} Hz, --nonblocking, {runs} run(s) at once; collapsed stacks in {out}): CPU per step "
         + ", ".join(f"{n} {v:.2f}" for n, v in cpu_ms.items())
         + " ms; by cause, ms per step:"
     ]

@@ -128,8 +128,9 @@ def _add(a: Snapshot, b: Snapshot) -> Snapshot:
     )
 
 
-async def profiled(stack: LocalStack, client: Client, out: Path, seconds: float) -> dict[str, float]:
-    """Steps of 16 runs at once for ``seconds`` under py-spy (``bench.profile``): CPU ms per step by process."""
+async def profiled(stack: LocalStack, client: Client, out: Path, seconds: float, runs: int) -> dict[str, float]:
+    """Steps of ``runs`` runs at once for ``seconds`` under py-spy (``bench.profile``): CPU ms per step by
+    process. At 16 runs the services batch their writes; at 1 every message is a write of its own."""
     from bench import profile
 
     procs = {p.name: p.popen.pid for p in stack.procs if p.service in SERVICES}
@@ -137,15 +138,15 @@ async def profiled(stack: LocalStack, client: Client, out: Path, seconds: float)
     before = {n: sched_cpu_s(pid) for n, pid in procs.items()}
     steps, t0 = 0, time.monotonic()
     while time.monotonic() - t0 < seconds:
-        await run_many(client, [steps_scenario(20) for _ in range(16)])
-        steps += 16 * 20
+        await run_many(client, [steps_scenario(20) for _ in range(runs)])
+        steps += runs * 20
     cpu = {n: (sched_cpu_s(pid) - before[n]) / steps * 1000 for n, pid in procs.items()}
     for spy in spies:
         await asyncio.to_thread(spy.wait, 60)
     return cpu
 
 
-def run(quick: bool = False, profile_dir: Path | None = None) -> dict[str, Any]:
+def run(quick: bool = False, profile_dir: Path | None = None, profile_runs: int = 16) -> dict[str, Any]:
     counts_dir = Path(tempfile.mkdtemp(prefix="lw-opcounts-"))
     monitor = free_port()
     env = {"LW_LOG_LEVEL": "WARNING", "LW_OP_COUNTS_DIR": str(counts_dir)}
@@ -170,8 +171,9 @@ def run(quick: bool = False, profile_dir: Path | None = None) -> dict[str, Any]:
                 r["side"] = await contenders.measure(loopwarden, rounds=1 if quick else 5)
                 r["load_after"] = os.getloadavg()[0]
                 if profile_dir is not None:
-                    r["profile_cpu_ms"] = await profiled(stack, client, profile_dir, 8 if quick else 20)
-                    r["profile_dir"] = profile_dir
+                    seconds = 8 if quick else 20
+                    r["profile_cpu_ms"] = await profiled(stack, client, profile_dir, seconds, profile_runs)
+                    r["profile_dir"], r["profile_runs"] = profile_dir, profile_runs
                 return r
 
         r = asyncio.run(main())
@@ -271,5 +273,5 @@ def report(r: dict[str, Any]) -> list[str]:
     if "profile_dir" in r:
         from bench import profile
 
-        lines += profile.report(r["profile_dir"], r["profile_cpu_ms"])
+        lines += profile.report(r["profile_dir"], r["profile_cpu_ms"], r["profile_runs"])
     return lines
