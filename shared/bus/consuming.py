@@ -37,12 +37,11 @@ log = logging.getLogger("loopwarden.bus")
 M = TypeVar("M", bound=BaseModel)
 
 # How long a handled message's ack may wait for the connection's next write before it is sent alone (at most
-# twice this: ``Consuming._flush_acks``). An ack
-# is a message of its own; sent the moment its handler returns, it costs a wake-up of nats-py's flusher, a
-# write and a read in nats-server, for nothing anyone waits on. Sent with the next write (a step later, at
-# one run: the service's next publish), it costs neither. A process that dies inside the window has its
-# message delivered again once the ack wait passes, as when it dies inside the handler: every handler takes
-# a redelivery (the run's transaction, the tool ledger, de-duplication by message id).
+# twice this: ``Consuming._flush_acks``). An ack is a message of its own; sent the moment its handler returns,
+# it costs a wake-up of nats-py's flusher, a write and a read in nats-server, for nothing anyone waits on. Sent
+# with the next write (a step later, at one run: the service's next publish), it costs neither. A process that
+# dies inside the window has its message delivered again once the ack wait passes, as when it dies inside the
+# handler: every handler takes a redelivery (the run's transaction, the tool ledger, de-duplication by id).
 ACK_LINGER_S = 0.02
 MIN_RETRY_S = 0.1  # the shortest wait before a handler that said "try later" is tried again in place
 _DELIVERIES: contextvars.ContextVar[int] = contextvars.ContextVar("lw_deliveries", default=1)
@@ -280,8 +279,8 @@ class Consuming(Letters):
         return False
 
     async def _ack(self, msg: Msg) -> None:
-        """Ack a handled message with the connection's next write, or within ``ACK_LINGER_S`` when none
-        comes (what ``msg.ack()`` sends: an empty message to its reply subject)."""
+        """Ack a handled message with the connection's next write, or after ``ACK_LINGER_S`` (at most twice it)
+        when none comes; the bytes are what ``msg.ack()`` sends: an empty message to its reply subject."""
         nc = self.nc
         if not msg.reply or not natsx.is_connected(nc):
             await msg.ack()  # a connection reconnecting: nats-py's own path (it buffers)

@@ -58,7 +58,7 @@ async def send_command(nc: NatsClient, command: bytes) -> None:
 
 async def send_with_next_write(nc: NatsClient, command: bytes) -> None:
     """Queue a protocol command without waking nats-py's flusher: it goes out with the next write of
-    the connection (``flush_if_pending`` sends it when none comes)."""
+    the connection (the caller ``flush``-es when none comes: ``unwritten``, ``unwritten_batch``)."""
     await nc._send_command(command)
 
 
