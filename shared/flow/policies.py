@@ -44,7 +44,14 @@ class Policies:
         return self.last
 
     async def of(self, tenant: str) -> Policy:
-        configured = await self.configured()
+        return self._resolve(tenant, await self.configured())
+
+    def known(self, tenant: str) -> Policy:
+        """The tenant's policy as last read, without a read (a metric's callback; the weight of every commit the
+        planner publishes)."""
+        return self._resolve(tenant, self.last)
+
+    def _resolve(self, tenant: str, configured: dict[str, TenantPolicy] | None) -> Policy:
         if configured is not self._resolved_from:  # resolved again once the map read is another one
             self._resolved.clear()
             self._resolved_from = configured
@@ -54,10 +61,6 @@ class Policies:
                 self._resolved.clear()
             policy = self._resolved[tenant] = self.settings.tenant_policy(tenant, configured)
         return policy
-
-    def known(self, tenant: str) -> Policy:
-        """The tenant's policy as last read, without a read (a metric's callback)."""
-        return self.settings.tenant_policy(tenant, self.last)
 
     async def tenants(self) -> dict[str, TenantPolicy]:
         """Every tenant a policy names (``LW_TENANTS`` and the configured map)."""
