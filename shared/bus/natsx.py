@@ -51,9 +51,9 @@ def max_payload(nc: NatsClient) -> int:
 
 async def send_command(nc: NatsClient, command: bytes) -> None:
     """Write a protocol command as ``nc.publish`` does, flushing when nothing else is queued."""
-    await nc._send_command(command)
+    await send_with_next_write(nc, command)
     if nc._flush_queue is not None and nc._flush_queue.empty():
-        await nc._flush_pending()
+        await flush(nc)
 
 
 async def send_with_next_write(nc: NatsClient, command: bytes) -> None:
