@@ -149,11 +149,18 @@ CONTENDERS: dict[str, tuple[str, Contender]] = {
 SHAPES = ((1, 10), (1, 40), (16, 10))  # (runs at once, steps per run)
 
 
-async def measure(loopwarden: Contender, rounds: int) -> dict[str, dict[tuple[int, int], float]]:
+async def measure(
+    loopwarden: Contender, rounds: int, extra: dict[str, Contender] | None = None
+) -> dict[str, dict[tuple[int, int], float]]:
     """Median ms per step of every contender at every shape, over ``rounds`` interleaved rounds (each round
-    runs every contender once per shape, the order rotated)."""
-    names = ["loopwarden", *available()]
-    fns: dict[str, Contender] = {"loopwarden": loopwarden, **{n: CONTENDERS[n][1] for n in names[1:]}}
+    runs every contender once per shape, the order rotated); ``extra``: more contenders, by name (the bus's
+    floor, ``bench.bus_floor``)."""
+    fns: dict[str, Contender] = {
+        "loopwarden": loopwarden,
+        **{n: CONTENDERS[n][1] for n in available()},
+        **(extra or {}),
+    }
+    names = list(fns)
     for n in names:  # warm-up: imports, first connections
         await fns[n](1, 3)
     seen: dict[str, dict[tuple[int, int], list[float]]] = {n: {s: [] for s in SHAPES} for n in names}
@@ -166,4 +173,8 @@ async def measure(loopwarden: Contender, rounds: int) -> dict[str, dict[tuple[in
 
 
 def label(name: str) -> str:
-    return "Loopwarden (one replica each)" if name == "loopwarden" else CONTENDERS[name][0]
+    from bench import bus_floor
+
+    if name == "loopwarden":
+        return "Loopwarden (one replica each)"
+    return CONTENDERS[name][0] if name in CONTENDERS else bus_floor.SHAPES[name]

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import contenders
+from bench import bus_floor, contenders
 from bench.throughput import ONE_EACH, floor_steps, run_many, sched_cpu_s, steps_scenario, write_calls
 from loopwarden.client import Client
 from loopwarden.stack import LocalStack, free_port
@@ -168,7 +168,13 @@ def run(quick: bool = False, profile_dir: Path | None = None, profile_runs: int 
                     wall, _ = await run_many(client, [steps_scenario(steps) for _ in range(runs)])
                     return wall / (runs * steps) * 1000
 
-                r["side"] = await contenders.measure(loopwarden, rounds=1 if quick else 5)
+                floor = bus_floor.Floor()
+                try:
+                    await floor.start()
+                    r["side"] = await contenders.measure(loopwarden, 1 if quick else 5, extra=floor.contenders())
+                    r["floor_cpu_ms"] = floor.cpu_at_one_run()
+                finally:
+                    await floor.stop()
                 r["load_after"] = os.getloadavg()[0]
                 if profile_dir is not None:
                     seconds = 8 if quick else 20
@@ -221,8 +227,34 @@ def side_by_side(r: dict[str, Any]) -> list[str]:
             f"  LangGraph + SQLite / Loopwarden: 10 steps {a:.2f}x, 40 steps {b:.2f}x   target >= 1.5x both: "
             f"{'met' if min(a, b) >= 1.5 else 'MISSED'}"
         )
+        if "floor_stored" in side:
+            fs, fh = side["floor_stored"], side["floor_handoffs"]
+            lines.append(
+                f"    (met needs a step of at most {lg[shapes[0]] / 1.5:.2f} / {lg[shapes[1]] / 1.5:.2f} ms at 10 / 40"
+                f" steps; the bus alone takes {fs[shapes[0]]:.2f} / {fs[shapes[1]]:.2f} as Loopwarden stores,"
+                f" {fh[shapes[0]]:.2f} / {fh[shapes[1]]:.2f} with hand-offs only)"
+            )
     else:
         lines.append("  LangGraph + SQLite: not installed (pip install -e '.[bench]')")
+    lines += floor_cpu(r)
+    return lines
+
+
+def floor_cpu(r: dict[str, Any]) -> list[str]:
+    """CPU per step at one run: the bus's floor by process beside Loopwarden's, so what is above the floor
+    is where Loopwarden's own code spends it."""
+    floor: dict[str, dict[str, float]] = r.get("floor_cpu_ms", {})
+    if not floor:
+        return []
+    mine: dict[str, float] = r["cpu_ms"]
+    lines = ["  CPU per step at one run, ms, by process: the bus floor beside Loopwarden (bench.bus_floor)"]
+    procs = ("nats-server", *bus_floor.HOPS)
+    lines.append("  " + f"{'':54}" + "".join(f"{p:>13}" for p in (*procs, "others", "all")))
+    rows = {bus_floor.SHAPES[s]: c for s, c in floor.items()} | {"Loopwarden (one replica each)": mine}
+    for name, by in rows.items():
+        shown = [by.get(p, 0.0) for p in procs]
+        total = sum(by.values())
+        lines.append("  " + f"{name:54}" + "".join(f"{v:13.2f}" for v in (*shown, total - sum(shown), total)))
     return lines
 
 

@@ -1,4 +1,4 @@
-"""The short forms of the cost and storage benchmarks run in every `make test`, so a change that
+"""The short forms of the cost, storage, step and overload benchmarks run in every `make test`, so a change that
 breaks `make bench` (a module reading a field that moved) fails here, not on a user's machine."""
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
     [
         ("cost", ["cost: 24-step scripted run", "budget check at step 24", "tools section, 30 tools"]),
         ("storage", ["storage per run: 40 demo runs", "retention sweep after each batch"]),
+        # the step's counts, the side-by-side with the bus's floor (bench.bus_floor) and the regression guard
+        ("step", ["round trips per step", "bus floor: 3 processes, as Loopwarden stores", "regression guard"]),
         # overload's short form: 1,000 runs at once, small quotas - every run completes or is refused with its reason
         ("overload", ["overload: 1000 runs submitted at once", "lost 0", "target 0 lost: met", "peak resident memory"]),
     ],
