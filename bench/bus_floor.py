@@ -4,19 +4,20 @@ the same invocation as the side-by-side.
 
 Each hop is what Loopwarden's is: a message from a durable pull consumer (explicit ack, a long pull
 request, the ack riding the next write), the next hop's message published and its PubAck awaited before
-the ack. Two shapes:
+the ack. Three shapes (``PLANS``):
 
 - **hand-offs only**: each process publishes the next hop's message and nothing else (3 stored messages a
-  step) - the least any design with these three processes pays;
-- **as Loopwarden stores**: each process also stores what Loopwarden's stores before it hands off, in the
-  same order and of about the same size (``STORED``: the planner the model's answer, then the run's record,
-  then the two events, the two history messages and the command together; the executor its ledger entry,
-  then the command; the validator its event) - 10 stored messages a step, as ``python -m bench --only step``
-  counts them.
+  step) - the least any design with these three processes pays, durable or not;
+- **+ run record, tool ledger**: the planner also saves the run's record before its hand-off, the executor its
+  ledger entry (5 stored) - about the least that crash safety and exactly-once tool effects need;
+- **as Loopwarden stores**: what Loopwarden's services store, in the same order and of about the same size (the
+  planner the model's answer, then the run's record, then the two events, the two history entries and the
+  command together; the executor its ledger entry, then the command; the validator its event) - 10 stored
+  messages a step, as ``python -m bench --only step`` counts them.
 
 A run is one message going round the ring ``steps`` times; ``runs`` at once are that many messages. The
 file store and fsync are nats-server's defaults, as a local stack's. ``python -m bench --only step`` prints
-both shapes beside the contenders, and CPU per step (the three processes and nats-server) at one run.
+the shapes beside the contenders, and CPU per step by process at one run beside Loopwarden's.
 """
 
 from __future__ import annotations
@@ -38,19 +39,32 @@ from loopwarden.stack import LocalStack
 
 ROOT = str(Path(__file__).resolve().parent.parent)  # the role processes import this module from here
 STREAM, STORE = "FLOOR", "FLOORSTORE"
-HOPS = {"planner": "exec", "executor": "validate", "validator": "outcome"}  # role -> the subject it publishes
+HOPS = {"planner": "exec", "executor": "validate", "validator": "outcome"}  # role -> the subject it hands off on
 CONSUMES = {"planner": "outcome", "executor": "exec", "validator": "validate"}
 
-# what each role stores before its hand-off, in order: a tuple is published together (PubAcks awaited together);
-# bytes are about Loopwarden's at one run (the record ~4.5 KB, an event or history entry ~0.6-0.9 KB)
-STORED: dict[str, list[tuple[int, ...]]] = {
-    "planner": [(800,), (4500,), (600, 600, 800, 800)],  # model call; run record; 2 events + 2 history
-    "executor": [(600,)],  # the ledger's entry
-    "validator": [],  # its event is the hand-off
+HAND_OFF = 0  # in a shape's groups: the next hop's message
+# Per shape and role, what the role publishes for a step, in order: a group is published together (its PubAcks
+# awaited together), a number is a stored message of that many bytes (about Loopwarden's at one run: the record
+# ~4.5 KB, an event, a history entry or a ledger entry ~0.6-0.9 KB), HAND_OFF the next hop's message.
+PLANS: dict[str, dict[str, list[tuple[int, ...]]]] = {
+    "floor_handoffs": {role: [(HAND_OFF,)] for role in HOPS},
+    # what exactly-once and crash safety need at the least: the run's record saved once, the tool's ledger entry
+    "floor_durable": {
+        "planner": [(4500,), (HAND_OFF,)],
+        "executor": [(600,), (HAND_OFF,)],
+        "validator": [(HAND_OFF,)],
+    },
+    "floor_stored": {
+        # the model's answer; the run's record; then 2 events, 2 history entries and the command together
+        "planner": [(800,), (4500,), (600, 600, 800, 800, HAND_OFF)],
+        "executor": [(600,), (HAND_OFF,)],  # the ledger's entry, then the command
+        "validator": [(HAND_OFF,)],  # its event is the hand-off
+    },
 }
-SHAPES = {  # contender name -> its label in the side-by-side
-    "floor_handoffs": "bus floor: 3 processes, hand-offs only (no code)",
-    "floor_stored": "bus floor: 3 processes, as Loopwarden stores",
+SHAPES = {  # contender name -> its label in the side-by-side, and in a sentence
+    "floor_handoffs": ("bus floor: hand-offs only (3 stored a step)", "hand-offs only"),
+    "floor_durable": ("bus floor: + run record, tool ledger (5 stored)", "+ record and ledger"),
+    "floor_stored": ("bus floor: as Loopwarden stores (10 stored)", "as Loopwarden stores"),
 }
 
 
@@ -61,29 +75,27 @@ async def role(name: str, url: str) -> None:
     nc = await nats.connect(url, name=f"floor-{name}")
     js = nc.jetstream()
     inbox = nc.new_inbox()
-    pads = {n: b"x" * n for sizes in STORED.values() for group in sizes for n in group}
+    pads = {n: b"x" * n for plan in PLANS.values() for groups in plan.values() for g in groups for n in g}
     seq = 0
 
-    async def store(sizes: tuple[int, ...]) -> None:
-        nonlocal seq
-        seq += 1
-        keys = [f"floorstore.{name}.{seq}.{i}" for i in range(len(sizes))]
-        await asyncio.gather(*(js.publish(k, pads[n]) for k, n in zip(keys, sizes, strict=True)))
-
     async def handle(msg: Any) -> None:
+        nonlocal seq
         body = json.loads(msg.data)
         left = body["left"] - (name == "planner")
         if left < 0:  # the run's last step came back: tell whoever waits
             await nc.publish(f"floor.done.{body['run']}", b"")
         else:
-            out, hand_off = json.dumps({**body, "left": left}).encode(), f"floor.{HOPS[name]}"
-            groups = STORED[name] if body["shape"] == "floor_stored" else []
-            for sizes in groups[:-1] if name == "planner" else groups:
-                await store(sizes)
-            if groups and name == "planner":  # its last group goes out with the command
-                await asyncio.gather(store(groups[-1]), js.publish(hand_off, out))
-            else:
-                await js.publish(hand_off, out)
+            out = json.dumps({**body, "left": left}).encode()
+            for group in PLANS[body["shape"]][name]:
+                seq += 1
+                await asyncio.gather(
+                    *(
+                        js.publish(f"floor.{HOPS[name]}", out)
+                        if n == HAND_OFF
+                        else js.publish(f"floorstore.{name}.{seq}.{i}", pads[n])
+                        for i, n in enumerate(group)
+                    )
+                )
         await nc.publish(msg.reply, b"")  # the ack: queued, it rides the next write
 
     tasks: set[asyncio.Task[None]] = set()

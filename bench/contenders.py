@@ -177,4 +177,4 @@ def label(name: str) -> str:
 
     if name == "loopwarden":
         return "Loopwarden (one replica each)"
-    return CONTENDERS[name][0] if name in CONTENDERS else bus_floor.SHAPES[name]
+    return CONTENDERS[name][0] if name in CONTENDERS else bus_floor.SHAPES[name][0]

@@ -227,12 +227,14 @@ def side_by_side(r: dict[str, Any]) -> list[str]:
             f"  LangGraph + SQLite / Loopwarden: 10 steps {a:.2f}x, 40 steps {b:.2f}x   target >= 1.5x both: "
             f"{'met' if min(a, b) >= 1.5 else 'MISSED'}"
         )
-        if "floor_stored" in side:
-            fs, fh = side["floor_stored"], side["floor_handoffs"]
+        if all(shape in side for shape in bus_floor.SHAPES):
+            bus = "; ".join(
+                f"{side[name][shapes[0]]:.2f} / {side[name][shapes[1]]:.2f} {what}"
+                for name, (_, what) in bus_floor.SHAPES.items()
+            )
             lines.append(
                 f"    (met needs a step of at most {lg[shapes[0]] / 1.5:.2f} / {lg[shapes[1]] / 1.5:.2f} ms at 10 / 40"
-                f" steps; the bus alone takes {fs[shapes[0]]:.2f} / {fs[shapes[1]]:.2f} as Loopwarden stores,"
-                f" {fh[shapes[0]]:.2f} / {fh[shapes[1]]:.2f} with hand-offs only)"
+                f" steps; the bus alone, no code, takes {bus})"
             )
     else:
         lines.append("  LangGraph + SQLite: not installed (pip install -e '.[bench]')")
@@ -250,7 +252,7 @@ def floor_cpu(r: dict[str, Any]) -> list[str]:
     lines = ["  CPU per step at one run, ms, by process: the bus floor beside Loopwarden (bench.bus_floor)"]
     procs = ("nats-server", *bus_floor.HOPS)
     lines.append("  " + f"{'':54}" + "".join(f"{p:>13}" for p in (*procs, "others", "all")))
-    rows = {bus_floor.SHAPES[s]: c for s, c in floor.items()} | {"Loopwarden (one replica each)": mine}
+    rows = {bus_floor.SHAPES[s][0]: c for s, c in floor.items()} | {"Loopwarden (one replica each)": mine}
     for name, by in rows.items():
         shown = [by.get(p, 0.0) for p in procs]
         total = sum(by.values())
