@@ -109,17 +109,23 @@ async def role(name: str, url: str) -> None:
 
     await nc.subscribe(inbox, cb=on_msg)
     nxt = f"$JS.API.CONSUMER.MSG.NEXT.{STREAM}.{CONSUMES[name]}"
-    while True:  # one long pull at a time, renewed before it expires, as the services' pulls are
+    parent = os.getppid()
+    while os.getppid() == parent:  # a role outlives no benchmark, however it ended
+        # one long pull at a time, renewed before it expires, as the services' pulls are
         await nc.publish(nxt, json.dumps({"batch": 10_000, "expires": int(30e9)}).encode(), reply=inbox)
-        await asyncio.sleep(25)
+        for _ in range(25):
+            await asyncio.sleep(1)
+            if os.getppid() != parent:
+                break
+    await nc.close()
 
 
 # --- the coordinator ---------------------------------------------------------------------------------------
 @dataclass
 class Floor:
-    """A nats-server and the three role processes; ``steps(shape)`` is a contender (runs, steps) -> ms per
-    step, and ``cpu_ms`` keeps CPU ms per step by process (nats-server and each role) of every ring, by shape and
-    runs at once."""
+    """A nats-server and the three role processes. ``ring`` sends runs round them and says ms per step;
+    ``contenders`` are the shapes as the side-by-side calls them; ``cpu_ms`` keeps every ring's CPU ms per step
+    by process (nats-server and each role), by shape and runs at once."""
 
     stack: LocalStack = field(default_factory=lambda: LocalStack(state_dir=Path(tempfile.mkdtemp(prefix="lw-floor-"))))
     roles: list[asyncio.subprocess.Process] = field(default_factory=list)
@@ -169,7 +175,14 @@ class Floor:
         t0 = time.perf_counter()
         starts = [json.dumps({"run": i, "left": steps, "shape": shape}).encode() for i in ids]
         await asyncio.gather(*(js.publish("floor.outcome", start) for start in starts))
-        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in done.values())), 120)
+        try:
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in done.values())), 120)
+        except TimeoutError:
+            gone = {n: r.returncode for n, r in zip(HOPS, self.roles, strict=True) if r.returncode is not None}
+            raise RuntimeError(
+                f"bus floor: {shape}, {runs} run(s) of {steps} steps not round in 120 s "
+                f"(roles exited: {gone or 'none'})"
+            ) from None
         wall = time.perf_counter() - t0
         per_step = {n: (v - cpu0[n]) / (runs * steps) * 1000 for n, v in self.cpu_s().items()}
         self.cpu_ms.setdefault((shape, runs), []).append(per_step)

@@ -28,6 +28,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from bench import bus_floor
+
 Contender = Callable[[int, int], Awaitable[float]]
 """(runs at once, steps per run) -> ms per step."""
 
@@ -173,8 +175,6 @@ async def measure(
 
 
 def label(name: str) -> str:
-    from bench import bus_floor
-
     if name == "loopwarden":
         return "Loopwarden (one replica each)"
     return CONTENDERS[name][0] if name in CONTENDERS else bus_floor.SHAPES[name][0]
