@@ -72,7 +72,10 @@ SHAPES = {  # contender name -> its label in the side-by-side, and in a sentence
 async def role(name: str, url: str) -> None:
     import nats
 
-    nc = await nats.connect(url, name=f"floor-{name}")
+    async def quiet(err: Exception) -> None:  # what ends the role is said once, by ``main``
+        pass
+
+    nc = await nats.connect(url, name=f"floor-{name}", error_cb=quiet, max_reconnect_attempts=2, connect_timeout=2)
     js = nc.jetstream()
     inbox = nc.new_inbox()
     pads = {n: b"x" * n for plan in PLANS.values() for groups in plan.values() for g in groups for n in g}
@@ -221,10 +224,22 @@ class Floor:
         self.stack.stop()
 
 
-if __name__ == "__main__":
+def main(argv: list[str]) -> int:
+    """A role's process: ``python -m bench.bus_floor ROLE NATS_URL`` (``Floor.start`` runs three)."""
+    if len(argv) != 2 or argv[0] not in HOPS:
+        print(f"usage: python -m bench.bus_floor {{{','.join(HOPS)}}} NATS_URL (got {argv})", file=sys.stderr)
+        return 2
     import uvloop
 
     try:
-        uvloop.run(role(sys.argv[1], sys.argv[2]))
+        uvloop.run(role(argv[0], argv[1]))
     except KeyboardInterrupt:
         pass
+    except Exception as err:  # the server gone or never there: one line, the role and the URL named
+        print(f"bus floor {argv[0]} at {argv[1]}: {err!r}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
