@@ -173,6 +173,7 @@ def run(quick: bool = False, profile_dir: Path | None = None, profile_runs: int 
                     await floor.start()
                     r["side"] = await contenders.measure(loopwarden, 1 if quick else 5, extra=floor.contenders())
                     r["floor_cpu_ms"] = floor.cpu_at_one_run()
+                    r["many"] = await many_at_once(stack, client, floor, quick)
                 finally:
                     await floor.stop()
                 r["load_after"] = os.getloadavg()[0]
@@ -188,6 +189,40 @@ def run(quick: bool = False, profile_dir: Path | None = None, profile_runs: int 
     own = asyncio.run(floor_steps(1 if quick else 5, 40))
     r["own_floor_ms"] = statistics.median(own) * 1000
     return r
+
+
+async def many_at_once(stack: LocalStack, client: Client, floor: bus_floor.Floor, quick: bool) -> dict[str, Any]:
+    """CPU ms per step by process with many runs at once, split from each run's start and end: a batch of
+    ``runs`` runs of ``long`` steps less one of ``short`` steps (medians over rounds); beside it the bus's floor as
+    Loopwarden stores, as many runs at once. ``python -m bench.throughput``'s CPU per step at 64 runs is the two
+    together (runs of 20 steps, start and end included)."""
+    runs, short, long, rounds = (16, 4, 10, 1) if quick else (64, 10, 30, 3)
+    procs = {p.name: p.popen.pid for p in stack.procs}
+
+    def cpu() -> dict[str, float]:
+        return {n: sched_cpu_s(pid) for n, pid in procs.items()}
+
+    steps: list[dict[str, float]] = []
+    ends: list[dict[str, float]] = []  # a run's start and end, by process
+    for _ in range(rounds):
+        a = cpu()
+        await run_many(client, [steps_scenario(short) for _ in range(runs)])
+        b = cpu()
+        await run_many(client, [steps_scenario(long) for _ in range(runs)])
+        c = cpu()
+        per_step = {n: ((c[n] - b[n]) - (b[n] - a[n])) / (runs * (long - short)) * 1000 for n in procs}
+        steps.append(per_step)
+        ends.append({n: (b[n] - a[n]) / runs * 1000 - short * per_step[n] for n in procs})
+    for _ in range(rounds):
+        await floor.ring("floor_stored", runs, 20)
+    seen = floor.cpu_ms[("floor_stored", runs)]
+    return {
+        "runs": runs,
+        "step_ms": {n: statistics.median(s[n] for s in steps) for n in procs},
+        "run_ms": {n: statistics.median(s[n] for s in ends) for n in procs},
+        "floor_ms": {p: statistics.median(s[p] for s in seen) for p in seen[0]},
+        "load": os.getloadavg()[0],
+    }
 
 
 def side_by_side(r: dict[str, Any]) -> list[str]:
@@ -248,15 +283,39 @@ def floor_cpu(r: dict[str, Any]) -> list[str]:
     floor: dict[str, dict[str, float]] = r.get("floor_cpu_ms", {})
     if not floor:
         return []
-    mine: dict[str, float] = r["cpu_ms"]
-    lines = ["  CPU per step at one run, ms, by process: the bus floor beside Loopwarden (bench.bus_floor)"]
     procs = ("nats-server", *bus_floor.HOPS)
-    lines.append("  " + f"{'':54}" + "".join(f"{p:>13}" for p in (*procs, "others", "all")))
-    rows = {bus_floor.SHAPES[s][0]: c for s, c in floor.items()} | {"Loopwarden (one replica each)": mine}
-    for name, by in rows.items():
-        shown = [by.get(p, 0.0) for p in procs]
-        total = sum(by.values())
-        lines.append("  " + f"{name:54}" + "".join(f"{v:13.2f}" for v in (*shown, total - sum(shown), total)))
+
+    def table(rows: dict[str, dict[str, float]]) -> list[str]:
+        out = ["  " + f"{'':54}" + "".join(f"{p:>13}" for p in (*procs, "others", "all"))]
+        for name, by in rows.items():
+            shown = [by.get(p, 0.0) for p in procs]
+            total = sum(by.values())
+            out.append("  " + f"{name:54}" + "".join(f"{v:13.2f}" for v in (*shown, total - sum(shown), total)))
+        return out
+
+    lines = ["  CPU per step at one run, ms, by process: the bus floor beside Loopwarden (bench.bus_floor)"]
+    lines += table(
+        {bus_floor.SHAPES[s][0]: c for s, c in floor.items()} | {"Loopwarden (one replica each)": r["cpu_ms"]}
+    )
+    many = r.get("many")
+    if many:
+        n = many["runs"]
+        lines.append(
+            f"  CPU per step at {n} runs at once, ms, by process: a batch of {n} longer runs less one of {n} shorter"
+            f" (load {many['load']:.1f})"
+        )
+        lines += table(
+            {
+                bus_floor.SHAPES["floor_stored"][0]: many["floor_ms"],
+                "Loopwarden (one replica each), each step": many["step_ms"],
+            }
+        )
+        run = many["run_ms"]
+        lines.append(
+            f"  and each run's start and end, once a run: {sum(run.values()):.1f} ms ("
+            + ", ".join(f"{p} {v:.1f}" for p, v in sorted(run.items(), key=lambda kv: -kv[1]) if abs(v) >= 0.05)
+            + ")"
+        )
     return lines
 
 
