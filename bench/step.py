@@ -192,10 +192,11 @@ def run(quick: bool = False, profile_dir: Path | None = None, profile_runs: int 
 
 
 async def many_at_once(stack: LocalStack, client: Client, floor: bus_floor.Floor, quick: bool) -> dict[str, Any]:
-    """CPU ms per step by process with many runs at once, split from each run's start and end: a batch of
-    ``runs`` runs of ``long`` steps less one of ``short`` steps (medians over rounds); beside it the bus's floor as
-    Loopwarden stores, as many runs at once. ``python -m bench.throughput``'s CPU per step at 64 runs is the two
-    together (runs of 20 steps, start and end included)."""
+    """CPU ms per step by process with many runs at once, without each run's start and end: a batch of ``runs``
+    runs of ``long`` steps less one of ``short`` steps (medians over rounds); beside it the bus's floor as
+    Loopwarden stores, as many runs at once. ``python -m bench.throughput``'s CPU per step at 64 runs has the
+    runs' starts and ends in it (runs of 20 steps). What a run's start and end cost is the intercept of the same
+    two batches, too noisy at three rounds to print (one run gave -2 ms)."""
     runs, short, long, rounds = (16, 4, 10, 1) if quick else (64, 10, 30, 3)
     procs = {p.name: p.popen.pid for p in stack.procs}
 
@@ -203,7 +204,6 @@ async def many_at_once(stack: LocalStack, client: Client, floor: bus_floor.Floor
         return {n: sched_cpu_s(pid) for n, pid in procs.items()}
 
     steps: list[dict[str, float]] = []
-    ends: list[dict[str, float]] = []  # a run's start and end, by process
     for _ in range(rounds):
         a = cpu()
         await run_many(client, [steps_scenario(short) for _ in range(runs)])
@@ -212,14 +212,13 @@ async def many_at_once(stack: LocalStack, client: Client, floor: bus_floor.Floor
         c = cpu()
         per_step = {n: ((c[n] - b[n]) - (b[n] - a[n])) / (runs * (long - short)) * 1000 for n in procs}
         steps.append(per_step)
-        ends.append({n: (b[n] - a[n]) / runs * 1000 - short * per_step[n] for n in procs})
     for _ in range(rounds):
         await floor.ring("floor_stored", runs, 20)
     seen = floor.cpu_ms[("floor_stored", runs)]
     return {
         "runs": runs,
+        "steps": (short, long),
         "step_ms": {n: statistics.median(s[n] for s in steps) for n in procs},
-        "run_ms": {n: statistics.median(s[n] for s in ends) for n in procs},
         "floor_ms": {p: statistics.median(s[p] for s in seen) for p in seen[0]},
         "load": os.getloadavg()[0],
     }
@@ -299,22 +298,16 @@ def floor_cpu(r: dict[str, Any]) -> list[str]:
     )
     many = r.get("many")
     if many:
-        n = many["runs"]
+        n, (short, long) = many["runs"], many["steps"]
         lines.append(
-            f"  CPU per step at {n} runs at once, ms, by process: a batch of {n} longer runs less one of {n} shorter"
-            f" (load {many['load']:.1f})"
+            f"  CPU per step at {n} runs at once, ms, by process: {n} runs of {long} steps less {n} of {short},"
+            f" no run's start or end (load {many['load']:.1f})"
         )
         lines += table(
             {
                 bus_floor.SHAPES["floor_stored"][0]: many["floor_ms"],
-                "Loopwarden (one replica each), each step": many["step_ms"],
+                "Loopwarden (one replica each)": many["step_ms"],
             }
-        )
-        run = many["run_ms"]
-        lines.append(
-            f"  and each run's start and end, once a run: {sum(run.values()):.1f} ms ("
-            + ", ".join(f"{p} {v:.1f}" for p, v in sorted(run.items(), key=lambda kv: -kv[1]) if abs(v) >= 0.05)
-            + ")"
         )
     return lines
 
