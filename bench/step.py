@@ -4,7 +4,9 @@ run of the same scenario, so the run's start and end cancel out.
 
 The services count what their bus sends (``shared/opcounts.py``) and write it on SIGUSR1
 (``LW_OP_COUNTS_DIR``); nats-server's monitoring endpoint (``/varz``, ``/connz``) says what every
-connection sent it. ``python -m bench --only step``.
+connection sent it. Then the side-by-side (``bench.contenders``) with the bus's floor as contenders
+(``bench.bus_floor``), and CPU per step by process of the floor beside Loopwarden's, at one run and with 64
+runs at once. ``python -m bench --only step``.
 """
 
 from __future__ import annotations
@@ -277,8 +279,8 @@ def side_by_side(r: dict[str, Any]) -> list[str]:
 
 
 def floor_cpu(r: dict[str, Any]) -> list[str]:
-    """CPU per step at one run: the bus's floor by process beside Loopwarden's, so what is above the floor
-    is where Loopwarden's own code spends it."""
+    """CPU per step by process, the bus's floor beside Loopwarden, at one run and with many at once: what is
+    above the floor is what Loopwarden's own code spends."""
     floor: dict[str, dict[str, float]] = r.get("floor_cpu_ms", {})
     if not floor:
         return []

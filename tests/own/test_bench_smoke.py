@@ -20,7 +20,15 @@ ROOT = Path(__file__).resolve().parents[2]
         ("cost", ["cost: 24-step scripted run", "budget check at step 24", "tools section, 30 tools"]),
         ("storage", ["storage per run: 40 demo runs", "retention sweep after each batch"]),
         # the step's counts, the side-by-side with the bus's floor (bench.bus_floor) and the regression guard
-        ("step", ["round trips per step", "bus floor: as Loopwarden stores (10 stored)", "regression guard"]),
+        (
+            "step",
+            [
+                "round trips per step",
+                "bus floor: as Loopwarden stores (10 stored)",
+                "runs at once, ms, by process",
+                "regression guard",
+            ],
+        ),
         # overload's short form: 1,000 runs at once, small quotas - every run completes or is refused with its reason
         ("overload", ["overload: 1000 runs submitted at once", "lost 0", "target 0 lost: met", "peak resident memory"]),
     ],
