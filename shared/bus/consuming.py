@@ -17,7 +17,7 @@ from opentelemetry.trace import SpanKind
 from pydantic import BaseModel
 
 from shared import subjects as S
-from shared.bus import natsx
+from shared.bus.acks import LingeringAcks
 from shared.bus.errors import TryLater, Undecodable
 from shared.bus.gate import Presence
 from shared.bus.infra import ConsumerSpec, consumer_config, consumer_drift
@@ -36,13 +36,6 @@ from shared.bus.wire import (
 log = logging.getLogger("loopwarden.bus")
 M = TypeVar("M", bound=BaseModel)
 
-# How long a handled message's ack may wait for the connection's next write before it is sent alone (at most
-# twice this: ``Consuming._flush_acks``). An ack is a message of its own; sent the moment its handler returns,
-# it costs a wake-up of nats-py's flusher, a write and a read in nats-server, for nothing anyone waits on. Sent
-# with the next write (a step later, at one run: the service's next publish), it costs neither. A process that
-# dies inside the window has its message delivered again once the ack wait passes, as when it dies inside the
-# handler: every handler takes a redelivery (the run's transaction, the tool ledger, de-duplication by id).
-ACK_LINGER_S = 0.02
 MIN_RETRY_S = 0.1  # the shortest wait before a handler that said "try later" is tried again in place
 _DELIVERIES: contextvars.ContextVar[int] = contextvars.ContextVar("lw_deliveries", default=1)
 
@@ -82,8 +75,8 @@ class Consuming(Letters):
         self._unstarted = []
         self._run_locks = _RunLocks()
         self.presence = Presence()
-        self._ack_flush: asyncio.TimerHandle | None = None
-        self._ack_batch: object = None  # what was queued on the connection when the ack timer was armed
+        # a handled message's ack rides the connection's next write (``acks``)
+        self._acks = LingeringAcks(lambda: self.nc, lambda coro, name: self._spawn(coro, name=name))
 
     async def _requeue(self, msg: Msg) -> None:
         """Run a dead letter handed back (``Requeue``) through the consumer that takes it: ``Requeueing``'s."""
@@ -267,7 +260,7 @@ class Consuming(Letters):
             _MSG.reset(msg_token)
             handled(tenant_token)
         if waited is None:
-            await self._ack(msg)
+            await self._acks.ack(msg)
             return True
         if deliveries >= limit:  # not ready through every delivery: say so, not "crashed"
             log.error("%s: giving up on %s: %s", self.service, msg.subject, waited)
@@ -277,34 +270,6 @@ class Consuming(Letters):
             log.info("%s: retry later, handed back (%s)", self.service, waited)
             await msg.nak(delay=waited.delay)
         return False
-
-    async def _ack(self, msg: Msg) -> None:
-        """Ack a handled message with the connection's next write, or after ``ACK_LINGER_S`` (at most twice it)
-        when none comes; the bytes are what ``msg.ack()`` sends: an empty message to its reply subject."""
-        nc = self.nc
-        if not msg.reply or not natsx.is_connected(nc):
-            await msg.ack()  # a connection reconnecting: nats-py's own path (it buffers)
-            return
-        await natsx.send_with_next_write(nc, f"PUB {msg.reply} 0\r\n\r\n".encode())
-        if self._ack_flush is None:
-            self._arm_ack_flush()
-
-    def _arm_ack_flush(self) -> None:
-        self._ack_batch = natsx.unwritten_batch(self.nc)
-        self._ack_flush = asyncio.get_running_loop().call_later(ACK_LINGER_S, self._flush_acks)
-
-    def _flush_acks(self) -> None:
-        """The acks queued when the timer was armed are written now if no write took them since. Acks queued
-        after a write took those get a linger of their own (so an ack waits at most twice ``ACK_LINGER_S``):
-        at one run a service writes once a step, and the ack of each step rides the next."""
-        self._ack_flush = None
-        nc = self.nc
-        if not natsx.unwritten(nc):
-            return
-        if natsx.unwritten_batch(nc) is self._ack_batch:
-            self._spawn(natsx.flush(nc), name="flush acks")
-        else:
-            self._arm_ack_flush()
 
     async def _heartbeats(self) -> None:
         """Every held message (running or waiting for a slot) is heartbeaten once its ack wait is a third gone, so

@@ -217,7 +217,7 @@ async def test_with_yield_a_backlog_runs_no_more_than_its_share_beside_another_t
 
 
 async def test_a_handled_message_is_acked_though_its_replica_writes_nothing_after_it(stack: LocalStack) -> None:
-    """An ack waits for the connection's next write (``consuming.ACK_LINGER_S``), and a replica that has nothing
+    """An ack waits for the connection's next write (``acks.ACK_LINGER_S``), and a replica that has nothing
     more to write sends it alone: the server holds no ack pending soon after the handler returns, and the message
     is not delivered again once its ack wait has passed."""
     marker = os.urandom(4).hex()
