@@ -2,83 +2,126 @@
 processes in a ring over JetStream (a planner, a tool executor, a validator), no domain code, measured in
 the same invocation as the side-by-side.
 
-Each hop is what Loopwarden's is: a message from a durable pull consumer (explicit ack, a long pull
-request, the ack riding the next write), the next hop's message published and its PubAck awaited before
-the ack. Three shapes (``PLANS``):
+Each hop does what a Loopwarden hop must and sends it as Loopwarden's bus does: a message from a durable pull
+consumer (explicit ack, long pull requests), every stored message published with a ``Nats-Msg-Id`` (what
+exactly-once de-duplicates by) through the bus's reply collector (``shared/bus/replies.py``: one inbox, a
+future per PubAck), the PubAcks awaited before the ack, and the ack riding the connection's next write
+(``shared/bus/acks.py``). What a Loopwarden hop adds - decoding, its own code, encoding, the headers it carries
+- is what the floor leaves out. Three shapes (``PLANS``):
 
 - **hand-offs only**: each process publishes the next hop's message and nothing else (3 stored messages a
-  step) - the least any design with these three processes pays, durable or not;
+  step) - the least a design that hands off through JetStream between these three processes pays;
 - **+ run record, tool ledger**: the planner also saves the run's record before its hand-off, the executor its
   ledger entry (5 stored) - about the least that crash safety and exactly-once tool effects need;
-- **as Loopwarden stores**: what Loopwarden's services store, in the same order and of about the same size (the
-  planner the model's answer, then the run's record, then the two events, the two history entries and the
-  command together; the executor its ledger entry, then the command; the validator its event) - 10 stored
-  messages a step, as ``python -m bench --only step`` counts them.
+- **as Loopwarden stores**: what Loopwarden's services store, with the same waits between them and of about
+  the same size (10 stored: counted per subject by ``python -m bench --only step``). The planner stores the
+  model's answer while it saves the run's record (``ModelTurns`` stores the answer in the background, the
+  record's save awaits it at the end), then the two events, the two history entries and the command
+  together; the executor its ledger entry, then the command; the validator its event.
 
 A run is one message going round the ring ``steps`` times; ``runs`` at once are that many messages. The
 file store and fsync are nats-server's defaults, as a local stack's. ``python -m bench --only step`` prints
-the shapes beside the contenders, and CPU per step by process at one run beside Loopwarden's.
+the shapes beside the contenders, and CPU per step by process - each ring's CPU, a longer ring's less a
+shorter one's, so a run's start and end cancel out as in Loopwarden's figures - beside Loopwarden's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import json
 import os
+import shutil
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from bench.throughput import sched_cpu_s
-from loopwarden.stack import LocalStack
+if TYPE_CHECKING:  # the coordinator's; a role process imports no more than it sends with
+    from nats.aio.client import Client as NatsClient
+
+    from bench.contenders import Contender
+    from loopwarden.stack import LocalStack
 
 ROOT = str(Path(__file__).resolve().parent.parent)  # the role processes import this module from here
 STREAM, STORE = "FLOOR", "FLOORSTORE"
-HOPS = {"planner": "exec", "executor": "validate", "validator": "outcome"}  # role -> the subject it hands off on
-CONSUMES = {"planner": "outcome", "executor": "exec", "validator": "validate"}
+RING = {"planner": "exec", "executor": "validate", "validator": "outcome"}  # role -> the subject it hands off on
+_ORDER = list(RING)
+CONSUMES = {_ORDER[(i + 1) % len(_ORDER)]: RING[r] for i, r in enumerate(_ORDER)}  # role -> what the one before sends
+BATCH = 1_000  # messages a pull asks for; a role asks again once it has half of them
 
-HAND_OFF = 0  # in a shape's groups: the next hop's message
+HAND_OFF: Literal["hand-off"] = "hand-off"
+Group = tuple[int | Literal["hand-off"], ...]
 # Per shape and role, what the role publishes for a step, in order: a group is published together (its PubAcks
-# awaited together), a number is a stored message of that many bytes (about Loopwarden's at one run: the record
-# ~4.5 KB, an event, a history entry or a ledger entry ~0.6-0.9 KB), HAND_OFF the next hop's message.
-PLANS: dict[str, dict[str, list[tuple[int, ...]]]] = {
-    "floor_handoffs": {role: [(HAND_OFF,)] for role in HOPS},
-    # what exactly-once and crash safety need at the least: the run's record saved once, the tool's ledger entry
+# awaited together); a number is a stored message of that many bytes (about Loopwarden's at one run: the record
+# ~4.5 KB, the model's answer, an event, a history entry or a ledger entry ~0.6-0.9 KB), HAND_OFF the next hop's.
+PLANS: dict[str, dict[str, list[Group]]] = {
+    "floor_handoffs": {role: [(HAND_OFF,)] for role in RING},
     "floor_durable": {
-        "planner": [(4500,), (HAND_OFF,)],
-        "executor": [(600,), (HAND_OFF,)],
+        "planner": [(4500,), (HAND_OFF,)],  # the run's record, then the command
+        "executor": [(600,), (HAND_OFF,)],  # the ledger's entry, then the command
         "validator": [(HAND_OFF,)],
     },
     "floor_stored": {
-        # the model's answer; the run's record; then 2 events, 2 history entries and the command together
-        "planner": [(800,), (4500,), (600, 600, 800, 800, HAND_OFF)],
-        "executor": [(600,), (HAND_OFF,)],  # the ledger's entry, then the command
+        # the model's answer and the run's record; then 2 events, 2 history entries and the command
+        "planner": [(800, 4500), (600, 600, 800, 800, HAND_OFF)],
+        "executor": [(600,), (HAND_OFF,)],
         "validator": [(HAND_OFF,)],  # its event is the hand-off
     },
 }
-SHAPES = {  # contender name -> its label in the side-by-side, and in a sentence
-    "floor_handoffs": ("bus floor: hand-offs only (3 stored a step)", "hand-offs only"),
-    "floor_durable": ("bus floor: + run record, tool ledger (5 stored)", "+ record and ledger"),
-    "floor_stored": ("bus floor: as Loopwarden stores (10 stored)", "as Loopwarden stores"),
+WHAT = {
+    "floor_handoffs": "hand-offs only",
+    "floor_durable": "+ run record, tool ledger",
+    "floor_stored": "as Loopwarden stores",
 }
+
+
+def stored(shape: str) -> int:
+    """Messages the shape stores a step (its hand-offs included)."""
+    return sum(len(group) for groups in PLANS[shape].values() for group in groups)
+
+
+SHAPES = {shape: (f"bus floor: {what} ({stored(shape)} stored a step)", what) for shape, what in WHAT.items()}
+"""Contender name -> its label in the side-by-side, and in a sentence."""
 
 
 # --- a role: one process ---------------------------------------------------------------------------------
 async def role(name: str, url: str) -> None:
+    """One hop of the ring: take a message from this role's durable, publish what the message's shape says this
+    role stores and hands off, ack it. Ends when the process that started it is gone, or at a hop that failed
+    (raised: ``main`` says it in one line)."""
     import nats
+
+    from shared.bus.acks import LingeringAcks
+    from shared.bus.replies import _Replies
 
     async def quiet(err: Exception) -> None:  # what ends the role is said once, by ``main``
         pass
 
     nc = await nats.connect(url, name=f"floor-{name}", error_cb=quiet, max_reconnect_attempts=2, connect_timeout=2)
-    js = nc.jetstream()
-    inbox = nc.new_inbox()
-    pads = {n: b"x" * n for plan in PLANS.values() for groups in plan.values() for g in groups for n in g}
+    tasks: set[asyncio.Task[None]] = set()
+
+    def spawn(coro: Any, label: str) -> None:
+        task = asyncio.create_task(coro, name=label)
+        tasks.add(task)
+        task.add_done_callback(done)
+
+    failed: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+
+    def done(task: asyncio.Task[None]) -> None:
+        tasks.discard(task)
+        error = None if task.cancelled() else task.exception()
+        if error is not None and not failed.done():
+            failed.set_result(error)
+
+    replies, acks = _Replies(lambda: nc, 5.0), LingeringAcks(lambda: nc, spawn)
+    pads = {
+        n: b"x" * n for plan in PLANS.values() for groups in plan.values() for g in groups for n in g if n != HAND_OFF
+    }
     seq = 0
 
     async def handle(msg: Any) -> None:
@@ -90,50 +133,60 @@ async def role(name: str, url: str) -> None:
         else:
             out = json.dumps({**body, "left": left}).encode()
             for group in PLANS[body["shape"]][name]:
-                seq += 1
-                await asyncio.gather(
-                    *(
-                        js.publish(f"floor.{HOPS[name]}", out)
-                        if n == HAND_OFF
-                        else js.publish(f"floorstore.{name}.{seq}.{i}", pads[n])
-                        for i, n in enumerate(group)
+                sent = []
+                for n in group:
+                    seq += 1
+                    subject, payload = (
+                        (f"floor.{RING[name]}", out) if n == HAND_OFF else (f"floorstore.{name}.{seq}", pads[n])
                     )
-                )
-        await nc.publish(msg.reply, b"")  # the ack: queued, it rides the next write
+                    sent.append(await replies.send(subject, payload, {"Nats-Msg-Id": f"{name}-{os.getpid()}-{seq}"}))
+                for _, fut in sent:  # every PubAck in (a timeout raises) before the next group
+                    await fut
+        await acks.ack(msg)
 
-    tasks: set[asyncio.Task[None]] = set()
+    received = 0
+    pull = f"$JS.API.CONSUMER.MSG.NEXT.{STREAM}.{CONSUMES[name]}"
+    inbox = nc.new_inbox()
+
+    async def ask() -> None:  # a long pull, as a service's; asked again before it runs dry or expires
+        await nc.publish(pull, json.dumps({"batch": BATCH, "expires": int(30e9)}).encode(), reply=inbox)
 
     async def on_msg(msg: Any) -> None:
-        if not msg.reply:  # a pull's status (timeout, heartbeat)
+        nonlocal received
+        if not msg.reply:  # a pull's status (expired, heartbeat)
             return
-        task = asyncio.create_task(handle(msg))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
+        received += 1
+        if received % (BATCH // 2) == 0:
+            await ask()
+        spawn(handle(msg), "hop")
 
     await nc.subscribe(inbox, cb=on_msg)
-    nxt = f"$JS.API.CONSUMER.MSG.NEXT.{STREAM}.{CONSUMES[name]}"
     parent = os.getppid()
-    while os.getppid() == parent:  # a role outlives no benchmark, however it ended
-        # one long pull at a time, renewed before it expires, as the services' pulls are
-        await nc.publish(nxt, json.dumps({"batch": 10_000, "expires": int(30e9)}).encode(), reply=inbox)
-        for _ in range(25):
-            await asyncio.sleep(1)
-            if os.getppid() != parent:
-                break
-    await nc.close()
+    try:
+        while os.getppid() == parent:  # a role outlives no benchmark, however it ended
+            await ask()
+            for _ in range(25):
+                if failed.done():
+                    raise failed.result()
+                await asyncio.sleep(1)
+                if os.getppid() != parent:
+                    break
+    finally:
+        replies.close()
+        await nc.close()
 
 
 # --- the coordinator ---------------------------------------------------------------------------------------
 @dataclass
 class Floor:
-    """A nats-server and the three role processes. ``ring`` sends runs round them and says ms per step;
-    ``contenders`` are the shapes as the side-by-side calls them; ``cpu_ms`` keeps every ring's CPU ms per step
-    by process (nats-server and each role), by shape and runs at once."""
+    """A nats-server and the three role processes. ``ring`` sends runs round them and says ms per step, keeping
+    each ring's CPU seconds by process (nats-server and each role) under a tag; ``contenders`` are the shapes as
+    the side-by-side calls them (tag "side"); ``cpu_per_step`` subtracts a shorter ring's CPU from a longer's."""
 
-    stack: LocalStack = field(default_factory=lambda: LocalStack(state_dir=Path(tempfile.mkdtemp(prefix="lw-floor-"))))
+    stack: LocalStack = field(default_factory=lambda: _stack())  # defined below: looked up when a Floor is made
     roles: list[asyncio.subprocess.Process] = field(default_factory=list)
-    cpu_ms: dict[tuple[str, int], list[dict[str, float]]] = field(default_factory=dict)
-    nc: Any = None
+    rings: dict[tuple[str, str, int, int], list[dict[str, float]]] = field(default_factory=dict)
+    nc: NatsClient | None = None
 
     async def start(self) -> None:
         import nats
@@ -142,29 +195,32 @@ class Floor:
         url = await asyncio.to_thread(self.stack.start_nats)
         self.nc = await nats.connect(url)
         js = self.nc.jetstream()
-        await js.add_stream(StreamConfig(name=STREAM, subjects=["floor.exec", "floor.validate", "floor.outcome"],
+        await js.add_stream(StreamConfig(name=STREAM, subjects=[f"floor.{s}" for s in RING.values()],
                                          storage=StorageType.FILE))  # fmt: skip
         await js.add_stream(StreamConfig(name=STORE, subjects=["floorstore.>"], storage=StorageType.FILE))
-        for durable in CONSUMES.values():
-            cfg = ConsumerConfig(durable_name=durable, filter_subject=f"floor.{durable}", ack_policy=AckPolicy.EXPLICIT,
-                                 ack_wait=30, max_ack_pending=1000)  # fmt: skip
+        for subject in CONSUMES.values():
+            cfg = ConsumerConfig(durable_name=subject, filter_subject=f"floor.{subject}", ack_policy=AckPolicy.EXPLICIT,
+                                 ack_wait=30, max_ack_pending=BATCH)  # fmt: skip
             await js.add_consumer(STREAM, cfg)
         env = {**os.environ, "PYTHONPATH": ROOT}
-        for name in HOPS:
+        for name in RING:
             self.roles.append(
                 await asyncio.create_subprocess_exec(sys.executable, "-m", "bench.bus_floor", name, url, env=env)
             )
-        await self.ring("floor_handoffs", 1, 3)  # every role is up and pulling once a message has gone round
-        self.cpu_ms.clear()
+        await self.ring("floor_handoffs", 1, 3, tag="warm-up")  # every role is up and pulling once it came round
 
     def cpu_s(self) -> dict[str, float]:
         """CPU seconds so far of nats-server and each role."""
+        from bench.throughput import sched_cpu_s
+
         pids = {p.name: p.popen.pid for p in self.stack.procs} | {
-            n: r.pid for n, r in zip(HOPS, self.roles, strict=True)
+            n: r.pid for n, r in zip(RING, self.roles, strict=True)
         }
         return {name: sched_cpu_s(pid) for name, pid in pids.items()}
 
-    async def ring(self, shape: str, runs: int, steps: int) -> float:
+    async def ring(self, shape: str, runs: int, steps: int, tag: str = "side") -> float:
+        """``runs`` runs of ``steps`` steps round the ring at once: ms per step (their wall time / all steps)."""
+        assert self.nc is not None, "start() first"
         ids = [uuid.uuid4().hex for _ in range(runs)]
         done = {i: asyncio.Event() for i in ids}
 
@@ -178,56 +234,66 @@ class Floor:
         t0 = time.perf_counter()
         starts = [json.dumps({"run": i, "left": steps, "shape": shape}).encode() for i in ids]
         await asyncio.gather(*(js.publish("floor.outcome", start) for start in starts))
+        all_done = asyncio.ensure_future(asyncio.gather(*(e.wait() for e in done.values())))
         try:
-            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in done.values())), 120)
-        except TimeoutError:
-            gone = {n: r.returncode for n, r in zip(HOPS, self.roles, strict=True) if r.returncode is not None}
-            raise RuntimeError(
-                f"bus floor: {shape}, {runs} run(s) of {steps} steps not round in 120 s "
-                f"(roles exited: {gone or 'none'})"
-            ) from None
+            while not all_done.done():  # a role that exited is said at once, not after the bound
+                await asyncio.wait({all_done}, timeout=1)
+                gone = {n: r.returncode for n, r in zip(RING, self.roles, strict=True) if r.returncode is not None}
+                if gone or time.perf_counter() - t0 > 120:
+                    raise RuntimeError(
+                        f"bus floor: {shape}, {runs} run(s) of {steps} steps not round after "
+                        f"{time.perf_counter() - t0:.0f} s (roles exited: {gone or 'none'})"
+                    )
+        finally:
+            all_done.cancel()
+            await sub.unsubscribe()
         wall = time.perf_counter() - t0
-        per_step = {n: (v - cpu0[n]) / (runs * steps) * 1000 for n, v in self.cpu_s().items()}
-        self.cpu_ms.setdefault((shape, runs), []).append(per_step)
-        await sub.unsubscribe()
+        cpu1 = self.cpu_s()
+        self.rings.setdefault((tag, shape, runs, steps), []).append({n: v - cpu0[n] for n, v in cpu1.items()})
         return wall / (runs * steps) * 1000
 
-    def contenders(self) -> dict[str, Any]:
+    def contenders(self) -> dict[str, Contender]:
         """Each shape as a side-by-side contender: (runs at once, steps per run) -> ms per step."""
+        return {shape: functools.partial(self.ring, shape) for shape in SHAPES}
 
-        def one(shape: str) -> Any:
-            async def steps(runs: int, n: int) -> float:
-                return await self.ring(shape, runs, n)
-
-            return steps
-
-        return {shape: one(shape) for shape in SHAPES}
-
-    def cpu_at_one_run(self) -> dict[str, dict[str, float]]:
-        """Per shape, the median over its one-run rings of CPU ms per step, by process."""
-        out = {}
-        for (shape, runs), seen in self.cpu_ms.items():
-            if runs == 1:
-                out[shape] = {p: statistics.median(s[p] for s in seen) for p in seen[0]}
-        return out
+    def cpu_per_step(self, tag: str, shape: str, runs: int, short: int, long: int) -> dict[str, float]:
+        """CPU ms per step by process: each ring of ``long`` steps less the one of ``short`` steps taken in the
+        same round (the n-th of each), per step between them; the median over the rounds."""
+        shorts, longs = self.rings.get((tag, shape, runs, short), []), self.rings.get((tag, shape, runs, long), [])
+        pairs = zip(shorts, longs, strict=True)  # one of each a round
+        per = [{p: (b[p] - a[p]) / (runs * (long - short)) * 1000 for p in b} for a, b in pairs]
+        return {p: statistics.median(x[p] for x in per) for p in per[0]} if per else {}
 
     async def stop(self) -> None:
         for r in self.roles:
-            r.terminate()
+            with contextlib.suppress(ProcessLookupError):  # one that exited already
+                r.terminate()
         for r in self.roles:
             try:
                 await asyncio.wait_for(r.wait(), 5)
             except TimeoutError:
-                r.kill()
-        if self.nc is not None:
-            await self.nc.close()
-        self.stack.stop()
+                with contextlib.suppress(ProcessLookupError):
+                    r.kill()
+        try:
+            if self.nc is not None:
+                await self.nc.close()
+        finally:
+            self.stack.stop()
+            shutil.rmtree(self.stack.state_dir, ignore_errors=True)
+
+
+def _stack() -> LocalStack:
+    import tempfile
+
+    from loopwarden.stack import LocalStack
+
+    return LocalStack(state_dir=Path(tempfile.mkdtemp(prefix="lw-floor-")))
 
 
 def main(argv: list[str]) -> int:
     """A role's process: ``python -m bench.bus_floor ROLE NATS_URL`` (``Floor.start`` runs three)."""
-    if len(argv) != 2 or argv[0] not in HOPS:
-        print(f"usage: python -m bench.bus_floor {{{','.join(HOPS)}}} NATS_URL (got {argv})", file=sys.stderr)
+    if len(argv) != 2 or argv[0] not in RING:
+        print(f"usage: python -m bench.bus_floor {{{','.join(RING)}}} NATS_URL (got {argv})", file=sys.stderr)
         return 2
     import uvloop
 
@@ -235,7 +301,7 @@ def main(argv: list[str]) -> int:
         uvloop.run(role(argv[0], argv[1]))
     except KeyboardInterrupt:
         pass
-    except Exception as err:  # the server gone or never there: one line, the role and the URL named
+    except Exception as err:  # the server gone or never there, a hop that failed: one line, the role named
         print(f"bus floor {argv[0]} at {argv[1]}: {err!r}", file=sys.stderr)
         return 1
     return 0

@@ -102,20 +102,22 @@ class Counter:
         return snap
 
 
-async def per_step(counter: Counter, client: Client, short: int, long: int, rounds: int) -> dict[str, Any]:
-    """The difference between a ``long``-step and a ``short``-step run, per step, summed over ``rounds``
-    pairs (a pair after another, one run at a time)."""
+async def per_step(
+    counter: Counter, client: Client, short: int, long: int, rounds: int, runs: int = 1
+) -> dict[str, Any]:
+    """The difference between ``runs`` runs at once of ``long`` steps and as many of ``short`` steps, per step,
+    summed over ``rounds`` pairs (a pair after another)."""
     total: Snapshot | None = None
     for _ in range(rounds):
         a = await counter.snapshot()
-        await run_many(client, [steps_scenario(short)])
+        await run_many(client, [steps_scenario(short) for _ in range(runs)])
         b = await counter.snapshot()
-        await run_many(client, [steps_scenario(long)])
+        await run_many(client, [steps_scenario(long) for _ in range(runs)])
         c = await counter.snapshot()
         d = c.minus(b).minus(b.minus(a))  # (long run) - (short run)
         total = d if total is None else _add(total, d)
     assert total is not None
-    return total.scaled((long - short) * rounds)
+    return total.scaled((long - short) * rounds * runs)
 
 
 def _add(a: Snapshot, b: Snapshot) -> Snapshot:
@@ -174,8 +176,9 @@ def run(quick: bool = False, profile_dir: Path | None = None, profile_runs: int 
                 try:
                     await floor.start()
                     r["side"] = await contenders.measure(loopwarden, 1 if quick else 5, extra=floor.contenders())
-                    r["floor_cpu_ms"] = floor.cpu_at_one_run()
-                    r["many"] = await many_at_once(stack, client, floor, quick)
+                    (_, short_), (_, long_) = contenders.SHAPES[:2]  # 1 run of 10 steps, 1 of 40
+                    r["floor_cpu_ms"] = {s: floor.cpu_per_step("side", s, 1, short_, long_) for s in bus_floor.SHAPES}
+                    r["many"] = await many_at_once(counter, client, floor, quick)
                 finally:
                     await floor.stop()
                 r["load_after"] = os.getloadavg()[0]
@@ -193,35 +196,22 @@ def run(quick: bool = False, profile_dir: Path | None = None, profile_runs: int 
     return r
 
 
-async def many_at_once(stack: LocalStack, client: Client, floor: bus_floor.Floor, quick: bool) -> dict[str, Any]:
-    """CPU ms per step by process with many runs at once, without each run's start and end: a batch of ``runs``
-    runs of ``long`` steps less one of ``short`` steps (medians over rounds); beside it the bus's floor as
-    Loopwarden stores, as many runs at once. ``python -m bench.throughput``'s CPU per step at 64 runs has the
-    runs' starts and ends in it (runs of 20 steps). What a run's start and end cost is the intercept of the same
-    two batches, too noisy at three rounds to print (one run gave -2 ms)."""
-    runs, short, long, rounds = (16, 4, 10, 1) if quick else (64, 10, 30, 3)
-    procs = {p.name: p.popen.pid for p in stack.procs}
-
-    def cpu() -> dict[str, float]:
-        return {n: sched_cpu_s(pid) for n, pid in procs.items()}
-
-    steps: list[dict[str, float]] = []
-    for _ in range(rounds):
-        a = cpu()
-        await run_many(client, [steps_scenario(short) for _ in range(runs)])
-        b = cpu()
-        await run_many(client, [steps_scenario(long) for _ in range(runs)])
-        c = cpu()
-        per_step = {n: ((c[n] - b[n]) - (b[n] - a[n])) / (runs * (long - short)) * 1000 for n in procs}
-        steps.append(per_step)
-    for _ in range(rounds):
-        await floor.ring("floor_stored", runs, 20)
-    seen = floor.cpu_ms[("floor_stored", runs)]
+async def many_at_once(counter: Counter, client: Client, floor: bus_floor.Floor, quick: bool) -> dict[str, Any]:
+    """CPU ms per step by process with many runs at once, without each run's start and end (``per_step`` with
+    ``runs`` runs at once), and the bus's floor as Loopwarden stores measured the same way, in the same rounds.
+    ``python -m bench.throughput``'s CPU per step at 64 runs has the runs' starts and ends in it (runs of 20
+    steps)."""
+    runs, short, long, rounds = (8, 4, 10, 1) if quick else (64, 10, 30, 3)
+    mine = []
+    for _ in range(rounds):  # one round each, in turn
+        mine.append((await per_step(counter, client, short, long, rounds=1, runs=runs))["cpu_ms"])
+        for steps in (short, long):
+            await floor.ring("floor_stored", runs, steps, tag="many")
     return {
         "runs": runs,
         "steps": (short, long),
-        "step_ms": {n: statistics.median(s[n] for s in steps) for n in procs},
-        "floor_ms": {p: statistics.median(s[p] for s in seen) for p in seen[0]},
+        "step_ms": {p: statistics.median(m[p] for m in mine) for p in mine[0]},
+        "floor_ms": floor.cpu_per_step("many", "floor_stored", runs, short, long),
         "load": os.getloadavg()[0],
     }
 
@@ -284,7 +274,7 @@ def floor_cpu(r: dict[str, Any]) -> list[str]:
     floor: dict[str, dict[str, float]] = r.get("floor_cpu_ms", {})
     if not floor:
         return []
-    procs = ("nats-server", *bus_floor.HOPS)
+    procs = ("nats-server", *bus_floor.RING)
 
     def table(rows: dict[str, dict[str, float]]) -> list[str]:
         out = ["  " + f"{'':54}" + "".join(f"{p:>13}" for p in (*procs, "others", "all"))]

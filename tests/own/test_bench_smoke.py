@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
             "step",
             [
                 "round trips per step",
-                "bus floor: as Loopwarden stores (10 stored)",
+                "bus floor: as Loopwarden stores (10 stored a step)",
                 "runs at once, ms, by process",
                 "regression guard",
             ],
