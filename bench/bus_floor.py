@@ -222,11 +222,12 @@ class Floor:
         """``runs`` runs of ``steps`` steps round the ring at once: ms per step (their wall time / all steps)."""
         assert self.nc is not None, "start() first"
         ids = [uuid.uuid4().hex for _ in range(runs)]
-        done = {i: asyncio.Event() for i in ids}
+        left, finished = set(ids), asyncio.Event()
 
         async def on_done(msg: Any) -> None:
-            if (event := done.get(msg.subject.rsplit(".", 1)[1])) is not None:
-                event.set()
+            left.discard(msg.subject.rsplit(".", 1)[1])
+            if not left:
+                finished.set()
 
         sub = await self.nc.subscribe("floor.done.*", cb=on_done)
         js = self.nc.jetstream()
@@ -234,10 +235,10 @@ class Floor:
         t0 = time.perf_counter()
         starts = [json.dumps({"run": i, "left": steps, "shape": shape}).encode() for i in ids]
         await asyncio.gather(*(js.publish("floor.outcome", start) for start in starts))
-        all_done = asyncio.ensure_future(asyncio.gather(*(e.wait() for e in done.values())))
         try:
-            while not all_done.done():  # a role that exited is said at once, not after the bound
-                await asyncio.wait({all_done}, timeout=1)
+            while not finished.is_set():  # a role that exited is said at once, not after the bound
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(finished.wait(), 1)
                 gone = {n: r.returncode for n, r in zip(RING, self.roles, strict=True) if r.returncode is not None}
                 if gone or time.perf_counter() - t0 > 120:
                     raise RuntimeError(
@@ -245,7 +246,6 @@ class Floor:
                         f"{time.perf_counter() - t0:.0f} s (roles exited: {gone or 'none'})"
                     )
         finally:
-            all_done.cancel()
             await sub.unsubscribe()
         wall = time.perf_counter() - t0
         cpu1 = self.cpu_s()
