@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-if TYPE_CHECKING:  # the coordinator's; a role process imports no more than it sends with
+if TYPE_CHECKING:  # the coordinator's (a role imports the bus's sending parts, and with them the bus package)
     from nats.aio.client import Client as NatsClient
 
     from bench.contenders import Contender
@@ -98,6 +98,7 @@ async def role(name: str, url: str) -> None:
 
     from shared.bus.acks import LingeringAcks
     from shared.bus.replies import _Replies
+    from shared.bus.wire import pub_ack
 
     async def quiet(err: Exception) -> None:  # what ends the role is said once, by ``main``
         pass
@@ -140,15 +141,16 @@ async def role(name: str, url: str) -> None:
                         (f"floor.{RING[name]}", out) if n == HAND_OFF else (f"floorstore.{name}.{seq}", pads[n])
                     )
                     sent.append(await replies.send(subject, payload, {"Nats-Msg-Id": f"{name}-{os.getpid()}-{seq}"}))
-                for _, fut in sent:  # every PubAck in (a timeout raises) before the next group
-                    await fut
+                for _, fut in sent:  # every PubAck in and read, as the bus reads it (an error or a timeout raises)
+                    pub_ack(await fut)
         await acks.ack(msg)
 
     received = 0
     pull = f"$JS.API.CONSUMER.MSG.NEXT.{STREAM}.{CONSUMES[name]}"
     inbox = nc.new_inbox()
 
-    async def ask() -> None:  # a long pull, as a service's; asked again before it runs dry or expires
+    async def ask() -> None:  # one pull for many messages, asked again before it runs dry or expires (a service
+        # asks for its free slots, for 5 s, and again as they free: 0.07 pulls a step at one run; the floor fewer)
         await nc.publish(pull, json.dumps({"batch": BATCH, "expires": int(30e9)}).encode(), reply=inbox)
 
     async def on_msg(msg: Any) -> None:
@@ -234,8 +236,8 @@ class Floor:
         cpu0 = self.cpu_s()
         t0 = time.perf_counter()
         starts = [json.dumps({"run": i, "left": steps, "shape": shape}).encode() for i in ids]
-        await asyncio.gather(*(js.publish("floor.outcome", start) for start in starts))
         try:
+            await asyncio.gather(*(js.publish("floor.outcome", start) for start in starts))
             while not finished.is_set():  # a role that exited is said at once, not after the bound
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(finished.wait(), 1)
@@ -257,29 +259,41 @@ class Floor:
         return {shape: functools.partial(self.ring, shape) for shape in SHAPES}
 
     def cpu_per_step(self, tag: str, shape: str, runs: int, short: int, long: int) -> dict[str, float]:
-        """CPU ms per step by process: each ring of ``long`` steps less the one of ``short`` steps taken in the
-        same round (the n-th of each), per step between them; the median over the rounds."""
+        """CPU ms per step by process of the rings of ``shape`` under ``tag`` (``cpu_between``)."""
         shorts, longs = self.rings.get((tag, shape, runs, short), []), self.rings.get((tag, shape, runs, long), [])
-        pairs = zip(shorts, longs, strict=True)  # one of each a round
-        per = [{p: (b[p] - a[p]) / (runs * (long - short)) * 1000 for p in b} for a, b in pairs]
-        return {p: statistics.median(x[p] for x in per) for p in per[0]} if per else {}
+        return cpu_between(shorts, longs, runs, short, long)
 
     async def stop(self) -> None:
-        for r in self.roles:
-            with contextlib.suppress(ProcessLookupError):  # one that exited already
-                r.terminate()
-        for r in self.roles:
-            try:
-                await asyncio.wait_for(r.wait(), 5)
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    r.kill()
+        """The roles, then the server; the server and its state go whatever happened before (a role that
+        exited, an interrupt while waiting for one)."""
         try:
+            for r in self.roles:
+                with contextlib.suppress(ProcessLookupError):  # one that exited already
+                    r.terminate()
+            for r in self.roles:
+                try:
+                    await asyncio.wait_for(r.wait(), 5)
+                except TimeoutError:
+                    with contextlib.suppress(ProcessLookupError):
+                        r.kill()
             if self.nc is not None:
                 await self.nc.close()
         finally:
             self.stack.stop()
             shutil.rmtree(self.stack.state_dir, ignore_errors=True)
+
+
+def cpu_between(
+    shorts: list[dict[str, float]], longs: list[dict[str, float]], runs: int, short: int, long: int
+) -> dict[str, float]:
+    """CPU ms per step by process, from the CPU seconds of batches of ``runs`` runs: each batch of ``long`` steps
+    less the batch of ``short`` steps of the same round (the n-th of each), per step between them, so the runs'
+    starts and ends cancel out; the median over the rounds. Loopwarden's side of the side-by-side the same way."""
+    per = [
+        {p: (b[p] - a[p]) / (runs * (long - short)) * 1000 for p in b}
+        for a, b in zip(shorts, longs, strict=True)  # one of each a round
+    ]
+    return {p: statistics.median(x[p] for x in per) for p in per[0]} if per else {}
 
 
 def _stack() -> LocalStack:
